@@ -1,0 +1,490 @@
+#include "cache/cache.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "common/logging.h"
+#include "common/strings.h"
+
+namespace tce {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kChunk = 64 << 10;
+constexpr size_t kFatesKept = 65536;
+
+uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string RandomSessionId() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  char hex[33];
+  for (int i = 0; i < 16; ++i) snprintf(hex + 2 * i, 3, "%02x", bytes[i]);
+  return std::string(hex, 32);
+}
+
+}  // namespace
+
+Cache::Cache(uint64_t budget_bytes) : budget_(budget_bytes) {}
+
+uint64_t Cache::CapacityFor(uint64_t size) {
+  if (size < kChunk) return RoundUp(size, kPage);
+  return RoundUp(size + std::min<uint64_t>(size / 64, 64 << 20), kChunk);
+}
+
+bool Cache::Fits(uint64_t capacity, uint64_t size) {
+  return size <= capacity && capacity <= size + size / 8 + (1 << 20);
+}
+
+std::string Cache::OpenSession(uid_t uid, pid_t pid) {
+  std::string id = RandomSessionId();
+  std::lock_guard<std::mutex> lock(mu_);
+  sessions_[id] = Session{uid, pid, {}};
+  TCE_LOG(kInfo, "session") << "opened session=" << id.substr(0, 8) << " uid=" << uid
+                            << " pid=" << pid;
+  return id;
+}
+
+bool Cache::HasSession(const std::string& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sessions_.count(session) != 0;
+}
+
+void Cache::CloseSession(const std::string& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto sit = sessions_.find(session);
+  if (sit == sessions_.end()) return;
+  size_t aborted = 0, dropped = 0;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second.session == session) {
+      uint64_t buffer_id = it->second.buffer_id;
+      RecordFate(it->first, Fate::kAborted);
+      it = pending_.erase(it);
+      ReleaseBuffer(buffer_id);
+      ++aborted;
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.session == session) {
+      auto b = buffers_.find(it->second.buffer_id);
+      it = leases_.erase(it);
+      if (b != buffers_.end() && --b->second.leases == 0 &&
+          b->second.state == BufState::kDraining)
+        b->second.state = BufState::kFree;
+      ++dropped;
+    } else {
+      ++it;
+    }
+  }
+  std::vector<uint64_t> ids;
+  for (auto& [id, buf] : buffers_) ids.push_back(id);
+  for (uint64_t id : ids) {
+    auto b = buffers_.find(id);
+    if (b != buffers_.end()) DropMapper(b->second, session);
+  }
+  TCE_LOG(kInfo, "session") << "closed session=" << session.substr(0, 8)
+                            << " pid=" << sit->second.pid << " aborted=" << aborted
+                            << " leases_dropped=" << dropped;
+  sessions_.erase(sit);
+}
+
+Status Cache::CheckSession(const std::string& session) const {
+  if (sessions_.count(session)) return Status::OK();
+  return Status::Unauthenticated(
+      "unknown session '" + session.substr(0, 32) +
+      "': open a session on the server's fd socket (<socket>.fd) first");
+}
+
+void Cache::DropMapper(Buf& buf, const std::string& session) {
+  if (!buf.mappers.erase(session)) return;
+  if (buf.state == BufState::kRetiring && buf.mappers.empty()) {
+    used_ -= buf.capacity;
+    TCE_LOG(kDebug, "cache") << "retired buffer=" << buf.id << " released by its last mapper";
+    buffers_.erase(buf.id);
+  }
+}
+
+void Cache::TakeUnmaps(const std::string& session, std::vector<uint64_t>* out) {
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  out->insert(out->end(), it->second.pending_unmap.begin(), it->second.pending_unmap.end());
+  it->second.pending_unmap.clear();
+}
+
+void Cache::RecordFate(uint64_t id, Fate fate) {
+  fates_[id] = fate;
+  fate_order_.push_back(id);
+  if (fate_order_.size() > kFatesKept) {
+    fates_.erase(fate_order_.front());
+    fate_order_.pop_front();
+  }
+}
+
+void Cache::ReleaseBuffer(uint64_t buffer_id) {
+  auto it = buffers_.find(buffer_id);
+  if (it == buffers_.end()) return;
+  Buf& buf = it->second;
+  buf.allocation_id = 0;
+  buf.state = buf.leases > 0 ? BufState::kDraining : BufState::kFree;
+}
+
+CacheStats Cache::TallyLocked() const {
+  CacheStats s;
+  s.budget = budget_;
+  s.used = used_ + reserved_;
+  for (const auto& [id, b] : buffers_) {
+    switch (b.state) {
+      case BufState::kFree: s.free += b.capacity; break;
+      case BufState::kPending: s.pending += b.capacity; break;
+      case BufState::kCached:
+      case BufState::kDraining: s.cached += b.capacity; break;
+      case BufState::kRetiring: s.retiring += b.capacity; break;
+    }
+  }
+  s.buffers = buffers_.size();
+  s.files = files_.size();
+  s.sessions = sessions_.size();
+  s.leases = leases_.size();
+  s.buffers_created = buffers_created_;
+  s.buffers_reused = buffers_reused_;
+  return s;
+}
+
+std::string Cache::FullMessage(uint64_t need) const {
+  CacheStats s = TallyLocked();
+  return "cache full: need " + std::to_string(need) + " bytes (" + HumanBytes(need) +
+         "), budget " + HumanBytes(s.budget) + ", used " + HumanBytes(s.used) + " (cached " +
+         HumanBytes(s.cached) + ", pending " + HumanBytes(s.pending) + ", free " +
+         HumanBytes(s.free) + ", retiring " + HumanBytes(s.retiring) + ")";
+}
+
+void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint64_t>* unmap) {
+  // Cheapest first: buffers nobody maps, then ours, then other sessions'
+  // (those only free their bytes once every mapper has unmapped them).
+  for (int pass = 0; pass < 3 && used_ + reserved_ + need > budget_; ++pass) {
+    std::vector<uint64_t> victims;
+    for (auto& [id, b] : buffers_) {
+      if (b.state != BufState::kFree || b.leases) continue;
+      bool only_us = b.mappers.size() == 1 && b.mappers.count(session);
+      bool pick = pass == 0 ? b.mappers.empty() : pass == 1 ? only_us : !b.mappers.empty() && !only_us;
+      if (pick) victims.push_back(id);
+    }
+    for (uint64_t id : victims) {
+      if (used_ + reserved_ + need <= budget_) break;
+      Buf& b = buffers_[id];
+      if (pass == 2) {
+        b.state = BufState::kRetiring;
+        b.mem.reset();
+        for (const auto& m : b.mappers) sessions_[m].pending_unmap.push_back(id);
+        TCE_LOG(kInfo, "cache") << "retiring buffer=" << id << " capacity=" << b.capacity
+                                << " (waiting for " << b.mappers.size() << " session(s) to unmap)";
+        continue;
+      }
+      if (pass == 1) unmap->push_back(id);
+      used_ -= b.capacity;
+      TCE_LOG(kInfo, "cache") << "destroyed free buffer=" << id << " capacity=" << b.capacity;
+      buffers_.erase(id);
+    }
+  }
+}
+
+void Cache::StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult* out) {
+  Allocation a;
+  a.id = next_allocation_id_++;
+  a.session = req.session;
+  a.buffer_id = buf.id;
+  a.file.job = req.job;
+  a.file.tag = req.tag;
+  a.file.path = req.path;
+  a.file.rank = req.rank;
+  a.file.size = req.size;
+  a.file.state = FileState::kPending;
+  a.file.buffer_id = buf.id;
+  a.file.capacity = buf.capacity;
+  a.file.created_unix_ns = NowNs();
+  buf.state = BufState::kPending;
+  buf.allocation_id = a.id;
+  out->allocation_id = a.id;
+  out->buffer_id = buf.id;
+  out->capacity = buf.capacity;
+  pending_.emplace(a.id, std::move(a));
+}
+
+Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
+  Status s = ValidateName("job", req.job, /*allow_empty=*/false, /*allow_slash=*/true);
+  if (s.ok()) s = ValidateName("tag", req.tag, /*allow_empty=*/true, /*allow_slash=*/false);
+  if (s.ok()) s = ValidatePath(req.path);
+  if (s.ok() && req.size == 0) s = Status::InvalidArgument("size must be > 0");
+  if (s.ok() && req.size > budget_)
+    s = Status::ResourceExhausted("file of " + std::to_string(req.size) + " bytes (" +
+                                  HumanBytes(req.size) + ") exceeds the cache budget of " +
+                                  std::to_string(budget_) + " bytes (" + HumanBytes(budget_) + ")");
+  std::unique_lock<std::mutex> lock(mu_);
+  if (s.ok()) s = CheckSession(req.session);
+  if (!s.ok()) {
+    TCE_LOG(kWarning, "cache") << "refused allocate job=" << req.job << " path=" << req.path
+                               << " size=" << req.size << ": " << s.ToString();
+    return s;
+  }
+  TakeUnmaps(req.session, &out->unmap_buffer_ids);
+
+  // 1. A free buffer that fits, never one another live session has mapped;
+  //    ours first (no mmap, no fd passing), then the smallest.
+  Buf* best = nullptr;
+  for (auto& [id, b] : buffers_) {
+    if (b.state != BufState::kFree || b.leases || !Fits(b.capacity, req.size)) continue;
+    bool ours = b.mappers.count(req.session) != 0;
+    if (b.mappers.size() > (ours ? 1u : 0u)) continue;
+    if (!best) {
+      best = &b;
+      continue;
+    }
+    bool best_ours = best->mappers.count(req.session) != 0;
+    if ((ours && !best_ours) || (ours == best_ours && b.capacity < best->capacity)) best = &b;
+  }
+  if (best) {
+    ++buffers_reused_;
+    StartAllocation(req, *best, out);
+    TCE_LOG(kInfo, "cache") << "allocated job=" << req.job << " tag=" << req.tag
+                            << " path=" << req.path << " size=" << req.size
+                            << " buffer=" << best->id << " (reused)";
+    return Status::OK();
+  }
+
+  // 2. A new buffer, after reclaiming free ones if the budget needs it.
+  const uint64_t capacity = std::min(CapacityFor(req.size), std::max(req.size, budget_));
+  if (used_ + reserved_ + capacity > budget_) Reclaim(req.session, capacity, &out->unmap_buffer_ids);
+  if (used_ + reserved_ + capacity > budget_) {
+    Status full = Status::ResourceExhausted(FullMessage(capacity));
+    TCE_LOG(kWarning, "cache") << "refused allocate job=" << req.job << " path=" << req.path
+                               << ": " << full.message();
+    return full;
+  }
+  const uint64_t id = next_buffer_id_++;
+  reserved_ += capacity;
+  lock.unlock();
+  std::unique_ptr<Buffer> mem;
+  s = Buffer::Create(id, capacity, &mem);
+  lock.lock();
+  reserved_ -= capacity;
+  if (!s.ok()) {
+    TCE_LOG(kError, "cache") << "cannot create buffer of " << capacity << " bytes: " << s.ToString();
+    return s;
+  }
+  if (!sessions_.count(req.session)) return CheckSession(req.session);  // closed meanwhile
+  Buf& buf = buffers_[id];
+  buf.mem = std::move(mem);
+  buf.id = id;
+  buf.capacity = capacity;
+  used_ += capacity;
+  ++buffers_created_;
+  StartAllocation(req, buf, out);
+  TCE_LOG(kInfo, "cache") << "allocated job=" << req.job << " tag=" << req.tag
+                          << " path=" << req.path << " size=" << req.size << " buffer=" << id
+                          << " capacity=" << capacity << " (new)";
+  return Status::OK();
+}
+
+Status Cache::FindAllocation(const std::string& session, uint64_t id,
+                             std::map<uint64_t, Allocation>::iterator* it) {
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  *it = pending_.find(id);
+  if (*it != pending_.end()) {
+    if ((*it)->second.session != session)
+      return Status::PermissionDenied("allocation " + std::to_string(id) +
+                                      " belongs to another session");
+    return Status::OK();
+  }
+  auto fate = fates_.find(id);
+  if (fate == fates_.end()) return Status::NotFound("unknown allocation " + std::to_string(id));
+  return Status::FailedPrecondition(
+      "allocation " + std::to_string(id) +
+      (fate->second == Fate::kCommitted ? " was already committed" : " was aborted"));
+}
+
+Status Cache::Commit(const std::string& session, uint64_t allocation_id,
+                     std::vector<Record> records, FileInfo* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<uint64_t, Allocation>::iterator it;
+  Status s = FindAllocation(session, allocation_id, &it);
+  if (s.ok()) {
+    const uint64_t size = it->second.file.size;
+    uint64_t end = 0;
+    for (size_t i = 0; i < records.size() && s.ok(); ++i) {
+      const Record& r = records[i];
+      std::string where = "record " + std::to_string(i) + " '" + r.name + "'";
+      if (r.name.empty()) s = Status::InvalidArgument("record " + std::to_string(i) + " has no name");
+      else if (r.header_offset >= r.data_offset)
+        s = Status::InvalidArgument(where + ": header_offset must be < data_offset");
+      else if (r.data_offset > size || r.size > size - r.data_offset)
+        s = Status::InvalidArgument(where + " ends past the file's " + std::to_string(size) + " bytes");
+      else if (r.header_offset < end)
+        s = Status::InvalidArgument(where + " overlaps the previous record or is out of order");
+      else end = r.data_offset + r.size;
+    }
+  }
+  if (!s.ok()) {
+    TCE_LOG(kWarning, "cache") << "refused commit allocation=" << allocation_id << ": "
+                               << s.ToString();
+    return s;
+  }
+  Allocation a = std::move(it->second);
+  pending_.erase(it);
+  RecordFate(allocation_id, Fate::kCommitted);
+  a.file.state = FileState::kCached;
+  a.file.committed_unix_ns = NowNs();
+  a.file.records = std::move(records);
+  buffers_[a.buffer_id].state = BufState::kCached;
+  buffers_[a.buffer_id].allocation_id = 0;
+  FileKey key{a.file.job, a.file.path};
+  auto old = files_.find(key);
+  if (old != files_.end()) {
+    ReleaseBuffer(old->second.buffer_id);
+    old->second = a.file;
+  } else {
+    files_.emplace(key, a.file);
+  }
+  *out = a.file;
+  TCE_LOG(kInfo, "cache") << "committed job=" << a.file.job << " tag=" << a.file.tag
+                          << " path=" << a.file.path << " size=" << a.file.size
+                          << " buffer=" << a.buffer_id
+                          << (old != files_.end() ? " (replaced)" : "");
+  return Status::OK();
+}
+
+Status Cache::Abort(const std::string& session, uint64_t allocation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<uint64_t, Allocation>::iterator it;
+  Status s = FindAllocation(session, allocation_id, &it);
+  if (!s.ok()) return s;
+  uint64_t buffer_id = it->second.buffer_id;
+  TCE_LOG(kInfo, "cache") << "aborted allocation=" << allocation_id
+                          << " path=" << it->second.file.path;
+  pending_.erase(it);
+  RecordFate(allocation_id, Fate::kAborted);
+  ReleaseBuffer(buffer_id);
+  return Status::OK();
+}
+
+Status Cache::Lookup(const std::string& session, const std::string& job, const std::string& path,
+                     bool lease, FileInfo* out, uint64_t* lease_id,
+                     std::vector<uint64_t>* unmap_buffer_ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  TakeUnmaps(session, unmap_buffer_ids);
+  auto it = files_.find({job, path});
+  if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
+  *out = it->second;
+  *lease_id = 0;
+  if (lease) {
+    *lease_id = next_lease_id_++;
+    leases_[*lease_id] = Lease{session, it->second.buffer_id};
+    ++buffers_[it->second.buffer_id].leases;
+  }
+  return Status::OK();
+}
+
+Status Cache::Release(const std::string& session, const std::vector<uint64_t>& lease_ids,
+                      const std::vector<uint64_t>& unmapped_buffer_ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  for (uint64_t id : lease_ids) {
+    auto it = leases_.find(id);
+    if (it == leases_.end() || it->second.session != session)
+      return Status::NotFound("unknown lease " + std::to_string(id) + " for this session");
+  }
+  for (uint64_t id : lease_ids) {
+    auto it = leases_.find(id);
+    auto b = buffers_.find(it->second.buffer_id);
+    leases_.erase(it);
+    if (b != buffers_.end() && --b->second.leases == 0 && b->second.state == BufState::kDraining)
+      b->second.state = BufState::kFree;
+  }
+  for (uint64_t id : unmapped_buffer_ids) {
+    auto b = buffers_.find(id);
+    if (b != buffers_.end()) DropMapper(b->second, session);
+  }
+  return Status::OK();
+}
+
+Status Cache::Remove(const std::string& session, const std::string& job, const std::string& path,
+                     FileInfo* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  auto it = files_.find({job, path});
+  if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
+  *out = it->second;
+  ReleaseBuffer(it->second.buffer_id);
+  files_.erase(it);
+  TCE_LOG(kInfo, "cache") << "removed job=" << job << " path=" << path;
+  return Status::OK();
+}
+
+std::vector<FileInfo> Cache::List(const std::string& job, const std::string& tag) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<FileInfo> out;
+  auto want = [&](const FileInfo& f) {
+    return (job.empty() || f.job == job) && (tag.empty() || f.tag == tag);
+  };
+  for (const auto& [key, f] : files_)
+    if (want(f)) out.push_back(f);
+  for (const auto& [id, a] : pending_)
+    if (want(a.file)) out.push_back(a.file);
+  std::sort(out.begin(), out.end(), [](const FileInfo& a, const FileInfo& b) {
+    return std::tie(a.job, a.tag, a.path, a.state) < std::tie(b.job, b.tag, b.path, b.state);
+  });
+  return out;
+}
+
+Status Cache::FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
+                    uint64_t* capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  auto it = buffers_.find(buffer_id);
+  if (it == buffers_.end() || !it->second.mem)
+    return Status::NotFound("unknown buffer " + std::to_string(buffer_id));
+  Buf& b = it->second;
+  bool owns = b.state == BufState::kPending && pending_.count(b.allocation_id) &&
+              pending_[b.allocation_id].session == session;
+  bool leased = false;
+  if (!owns) {
+    for (const auto& [id, l] : leases_)
+      if (l.buffer_id == buffer_id && l.session == session) leased = true;
+  }
+  if (!owns && !leased)
+    return Status::PermissionDenied("buffer " + std::to_string(buffer_id) +
+                                    " is not allocated to or leased by this session");
+  s = b.mem->NewFd(owns, fd);
+  if (!s.ok()) return s;
+  if (owns) b.mappers.insert(session);
+  *writable = owns;
+  *capacity = b.capacity;
+  return Status::OK();
+}
+
+CacheStats Cache::Stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return TallyLocked();
+}
+
+}  // namespace tce

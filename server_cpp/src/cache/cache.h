@@ -1,0 +1,169 @@
+// Cache: the node's checkpoint memory. It owns every buffer, hands buffers to
+// client sessions for writing, keeps committed files keyed by (job, path),
+// recycles freed buffers and keeps the total within a byte budget.
+//
+// All public methods are thread-safe (one mutex); creating a memfd (slow:
+// fallocate zero-fills it) happens outside the lock after the bytes are
+// reserved.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cache/buffer.h"
+#include "common/status.h"
+
+namespace tce {
+
+enum class FileState { kPending = 1, kCached = 2 };
+
+struct Record {
+  std::string name;
+  uint64_t header_offset = 0;
+  uint64_t data_offset = 0;
+  uint64_t size = 0;
+  uint32_t crc32 = 0;
+};
+
+struct FileInfo {
+  std::string job, tag, path;
+  int32_t rank = 0;
+  uint64_t size = 0;
+  FileState state = FileState::kPending;
+  uint64_t buffer_id = 0;
+  uint64_t capacity = 0;
+  int64_t created_unix_ns = 0;
+  int64_t committed_unix_ns = 0;
+  std::vector<Record> records;
+};
+
+struct AllocateRequest {
+  std::string session, job, tag, path;
+  int32_t rank = 0;
+  uint64_t size = 0;
+};
+
+struct AllocateResult {
+  uint64_t allocation_id = 0;
+  uint64_t buffer_id = 0;
+  uint64_t capacity = 0;
+  std::vector<uint64_t> unmap_buffer_ids;
+};
+
+struct CacheStats {
+  uint64_t budget = 0, used = 0, cached = 0, pending = 0, free = 0, retiring = 0;
+  uint64_t buffers = 0, files = 0, sessions = 0, leases = 0;
+  uint64_t buffers_created = 0, buffers_reused = 0;
+};
+
+class Cache {
+ public:
+  explicit Cache(uint64_t budget_bytes);
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  // Capacity of a new buffer for a file of `size` bytes: a little headroom so
+  // the next checkpoint of the same model (a few bytes longer) fits it.
+  static uint64_t CapacityFor(uint64_t size);
+  // Whether a free buffer of `capacity` may serve a file of `size` bytes.
+  static bool Fits(uint64_t capacity, uint64_t size);
+
+  // Sessions: one per client connection on the fd socket.
+  std::string OpenSession(uid_t uid, pid_t pid);
+  // Aborts the session's PENDING allocations, drops its leases and mappings.
+  void CloseSession(const std::string& session);
+
+  Status Allocate(const AllocateRequest& req, AllocateResult* out);
+  Status Commit(const std::string& session, uint64_t allocation_id,
+                std::vector<Record> records, FileInfo* out);
+  Status Abort(const std::string& session, uint64_t allocation_id);
+  // The committed file; with `lease`, the buffer is kept until the lease ends.
+  Status Lookup(const std::string& session, const std::string& job, const std::string& path,
+                bool lease, FileInfo* out, uint64_t* lease_id,
+                std::vector<uint64_t>* unmap_buffer_ids);
+  // Validates every id first, then applies; unmap acks are idempotent.
+  Status Release(const std::string& session, const std::vector<uint64_t>& lease_ids,
+                 const std::vector<uint64_t>& unmapped_buffer_ids);
+  Status Remove(const std::string& session, const std::string& job, const std::string& path,
+                FileInfo* out);
+  // Files (CACHED and PENDING), filtered by non-empty job/tag, sorted.
+  std::vector<FileInfo> List(const std::string& job, const std::string& tag);
+  // A new fd for a buffer: writable when it is PENDING for this session,
+  // read-only when this session leases it. The caller owns the fd.
+  Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
+               uint64_t* capacity);
+  CacheStats Stats();
+  bool HasSession(const std::string& session);
+
+ private:
+  enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };
+
+  struct Buf {
+    std::unique_ptr<Buffer> mem;  // null once RETIRING
+    uint64_t id = 0;
+    uint64_t capacity = 0;
+    BufState state = BufState::kFree;
+    std::set<std::string> mappers;  // sessions holding a writable mapping
+    int leases = 0;
+    uint64_t allocation_id = 0;  // while PENDING
+  };
+  struct Allocation {
+    uint64_t id = 0;
+    std::string session;
+    uint64_t buffer_id = 0;
+    FileInfo file;
+  };
+  enum class Fate { kCommitted, kAborted };
+  struct Lease {
+    std::string session;
+    uint64_t buffer_id = 0;
+  };
+  struct Session {
+    uid_t uid = 0;
+    pid_t pid = 0;
+    std::vector<uint64_t> pending_unmap;  // delivered with the next response
+  };
+  using FileKey = std::pair<std::string, std::string>;  // (job, path)
+
+  Status CheckSession(const std::string& session) const;  // REQUIRES mu_
+  Status FindAllocation(const std::string& session, uint64_t id,
+                        std::map<uint64_t, Allocation>::iterator* it);  // REQUIRES mu_
+  void RecordFate(uint64_t id, Fate fate);                              // REQUIRES mu_
+  // The buffer of a replaced/removed/aborted file goes back to the pool (or
+  // drains while leased).
+  void ReleaseBuffer(uint64_t buffer_id);  // REQUIRES mu_
+  // Makes room for `need` more bytes; appends ids this session must unmap.
+  void Reclaim(const std::string& session, uint64_t need,
+               std::vector<uint64_t>* unmap);  // REQUIRES mu_
+  void DropMapper(Buf& buf, const std::string& session);  // REQUIRES mu_; may erase buf
+  void TakeUnmaps(const std::string& session, std::vector<uint64_t>* out);  // REQUIRES mu_
+  std::string FullMessage(uint64_t need) const;                               // REQUIRES mu_
+  CacheStats TallyLocked() const;                                             // REQUIRES mu_
+  void StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult* out);  // REQUIRES mu_
+
+  const uint64_t budget_;
+  std::mutex mu_;
+  uint64_t used_ = 0;      // GUARDED_BY(mu_): capacity of every buffer in buffers_
+  uint64_t reserved_ = 0;  // GUARDED_BY(mu_): bytes of buffers being created
+  uint64_t next_buffer_id_ = 1, next_allocation_id_ = 1, next_lease_id_ = 1;  // GUARDED_BY(mu_)
+  uint64_t buffers_created_ = 0, buffers_reused_ = 0;                          // GUARDED_BY(mu_)
+  std::map<uint64_t, Buf> buffers_;                 // GUARDED_BY(mu_)
+  std::map<uint64_t, Allocation> pending_;          // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Fate> fates_;        // GUARDED_BY(mu_)
+  std::deque<uint64_t> fate_order_;                 // GUARDED_BY(mu_)
+  std::map<FileKey, FileInfo> files_;               // GUARDED_BY(mu_)
+  std::map<uint64_t, Lease> leases_;                // GUARDED_BY(mu_)
+  std::map<std::string, Session> sessions_;         // GUARDED_BY(mu_)
+};
+
+}  // namespace tce

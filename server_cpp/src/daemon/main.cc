@@ -1,0 +1,140 @@
+// tce-server: the per-node TCE cache daemon. The only place that exits.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <memory>
+
+#include "cache/cache.h"
+#include "cache/memory_limits.h"
+#include "common/logging.h"
+#include "common/strings.h"
+#include "daemon/options.h"
+#include "rpc/fd_server.h"
+#include "rpc/service.h"
+
+extern char** environ;
+
+namespace tce {
+namespace {
+
+int Fail(const std::string& msg, int code) {
+  std::cerr << "tce-server: " << msg << std::endl;
+  return code;
+}
+
+Status MkdirP(const std::string& dir) {
+  if (dir.empty()) return Status::OK();
+  struct stat st;
+  if (stat(dir.c_str(), &st) == 0) return Status::OK();
+  size_t slash = dir.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    Status s = MkdirP(dir.substr(0, slash));
+    if (!s.ok()) return s;
+  }
+  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    return Status::FromErrno(errno, "mkdir " + dir);
+  return Status::OK();
+}
+
+// Removes a stale socket file; refuses if a live server answers on it.
+Status ClaimSocket(const std::string& path, int type) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) return Status::OK();
+  if (!S_ISSOCK(st.st_mode)) return Status::FailedPrecondition(path + " exists and is not a socket");
+  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  struct sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  int rc = connect(fd, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr));
+  close(fd);
+  if (rc == 0) return Status::FailedPrecondition("another tce-server is listening on " + path);
+  if (unlink(path.c_str()) != 0) return Status::FromErrno(errno, "unlink stale " + path);
+  TCE_LOG(kInfo, "daemon") << "removed stale socket " << path;
+  return Status::OK();
+}
+
+int Run(int argc, char** argv) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq) env[std::string(*e, eq - *e)] = eq + 1;
+  }
+  Options opt;
+  Action action;
+  Status s = ParseOptions(std::vector<std::string>(argv + 1, argv + argc), env, &opt, &action);
+  if (!s.ok()) return Fail(s.message(), 2);
+  switch (action) {
+    case Action::kHelp: std::cout << HelpText(); return 0;
+    case Action::kVersion: std::cout << "tce-server " << TCE_VERSION << "\n"; return 0;
+    case Action::kPrintConfig: std::cout << FormatConfig(opt); return 0;
+    case Action::kRun: break;
+  }
+  LogLevel level;
+  ParseLogLevel(opt.log_level, &level);
+  SetLogLevel(level);
+  uint64_t budget;
+  s = ResolveBudget(opt.memory_budget, DetectMemoryLimits(""), &budget);
+  if (!s.ok()) return Fail("memory_budget: " + s.message(), 2);
+  std::set<uid_t> uids;
+  s = ParseUids(opt.allowed_uids, getuid(), &uids);
+  if (!s.ok()) return Fail("allowed_uids: " + s.message(), 2);
+
+  // Signals are taken by sigwait below; every thread inherits this mask.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  const std::string fd_path = opt.socket + ".fd";
+  size_t slash = opt.socket.rfind('/');
+  if (!(s = MkdirP(opt.socket.substr(0, slash))).ok()) return Fail(s.message(), 1);
+  if (!(s = ClaimSocket(opt.socket, SOCK_STREAM)).ok()) return Fail(s.message(), 1);
+  if (!(s = ClaimSocket(fd_path, SOCK_SEQPACKET)).ok()) return Fail(s.message(), 1);
+
+  Cache cache(budget);
+  CacheService service(&cache, opt.socket);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + opt.socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt.rpc_threads);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) return Fail("cannot listen on unix:" + opt.socket, 1);
+  chmod(opt.socket.c_str(), 0666);
+  FdServer fds(&cache, fd_path, uids, static_cast<size_t>(opt.max_sessions));
+  if (!(s = fds.Start()).ok()) {
+    server->Shutdown();
+    unlink(opt.socket.c_str());
+    return Fail(s.message(), 1);
+  }
+  TCE_LOG(kInfo, "daemon") << "ready socket=" << opt.socket << " budget=" << budget << " ("
+                           << HumanBytes(budget) << ") pid=" << getpid();
+
+  int sig = 0;
+  sigwait(&stop, &sig);
+  TCE_LOG(kInfo, "daemon") << "received " << strsignal(sig) << ", shutting down";
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  fds.Stop();
+  unlink(opt.socket.c_str());
+  unlink(fd_path.c_str());
+  TCE_LOG(kInfo, "daemon") << "stopped";
+  return 0;
+}
+
+}  // namespace
+}  // namespace tce
+
+int main(int argc, char** argv) { return tce::Run(argc, argv); }

@@ -1,0 +1,246 @@
+#include "daemon/options.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "common/logging.h"
+#include "common/strings.h"
+
+namespace tce {
+namespace {
+
+struct Setting {
+  const char* key;
+  const char* env;
+  const char* flag;
+};
+const Setting kSettings[] = {
+    {"socket", "TCE_SOCKET", "--socket"},
+    {"memory_budget", "TCE_MEMORY_BUDGET", "--memory-budget"},
+    {"log_level", "TCE_LOG_LEVEL", "--log-level"},
+    {"allowed_uids", "TCE_ALLOWED_UIDS", "--allowed-uids"},
+    {"rpc_threads", "TCE_RPC_THREADS", "--rpc-threads"},
+    {"max_sessions", "TCE_MAX_SESSIONS", "--max-sessions"},
+};
+
+bool ParseInt(const std::string& s, long lo, long hi, int* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  long v = std::strtol(s.c_str(), &end, 10);
+  if (*end || v < lo || v > hi) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+Status SetOption(Options* o, const std::string& key, const std::string& value) {
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("bad value for " + key + ": '" + value + "' (" + why + ")");
+  };
+  if (key == "socket") {
+    if (value.empty() || value[0] != '/') return bad("must be an absolute path");
+    if (value.size() + 3 >= 108) return bad("too long for a Unix socket path");
+    o->socket = value;
+  } else if (key == "memory_budget") {
+    uint64_t ignored;
+    Status s = ResolveBudget(value, MemoryLimits{0, uint64_t{1} << 40}, &ignored);
+    if (!s.ok()) return bad("a size like 8GiB, a percentage like 50%, or auto");
+    o->memory_budget = value;
+  } else if (key == "log_level") {
+    LogLevel l;
+    if (!ParseLogLevel(value, &l)) return bad("debug, info, warning or error");
+    o->log_level = value;
+  } else if (key == "allowed_uids") {
+    std::set<uid_t> ignored;
+    if (!ParseUids(value, 0, &ignored).ok()) return bad("comma-separated uids");
+    o->allowed_uids = value;
+  } else if (key == "rpc_threads") {
+    if (!ParseInt(value, 1, 256, &o->rpc_threads)) return bad("an integer from 1 to 256");
+  } else if (key == "max_sessions") {
+    if (!ParseInt(value, 1, 65536, &o->max_sessions)) return bad("an integer from 1 to 65536");
+  } else {
+    return Status::InvalidArgument("unknown setting '" + key + "'");
+  }
+  return Status::OK();
+}
+
+Status ParseConfigText(const std::string& text, const std::string& name,
+                       std::vector<std::pair<std::string, std::string>>* out) {
+  std::istringstream in(text);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    auto where = [&] { return name + " line " + std::to_string(n) + ": "; };
+    // Strip a comment that is not inside a string.
+    bool quoted = false;
+    for (size_t i = 0; i < line.size(); ++i) {
+      if (line[i] == '\\' && quoted) ++i;
+      else if (line[i] == '"') quoted = !quoted;
+      else if (line[i] == '#' && !quoted) {
+        line.resize(i);
+        break;
+      }
+    }
+    line = Trim(line);
+    if (line.empty()) continue;
+    size_t eq = line.find('=');
+    if (eq == std::string::npos) return Status::InvalidArgument(where() + "expected key = value");
+    std::string key = Trim(line.substr(0, eq)), raw = Trim(line.substr(eq + 1));
+    bool known = false;
+    for (const Setting& s : kSettings) known = known || key == s.key;
+    if (!known) return Status::InvalidArgument(where() + "unknown key '" + key + "'");
+    std::string value;
+    if (!raw.empty() && raw[0] == '"') {
+      size_t i = 1;
+      for (; i < raw.size() && raw[i] != '"'; ++i) {
+        if (raw[i] == '\\' && i + 1 < raw.size()) ++i;
+        value += raw[i];
+      }
+      if (i >= raw.size() || Trim(raw.substr(i + 1)) != "")
+        return Status::InvalidArgument(where() + "unterminated string or trailing text");
+    } else {
+      value = raw;  // integer or true/false; SetOption validates
+      if (value.empty()) return Status::InvalidArgument(where() + "missing value for " + key);
+    }
+    out->emplace_back(key, value);
+  }
+  return Status::OK();
+}
+
+Status ParseOptions(const std::vector<std::string>& args,
+                    const std::map<std::string, std::string>& env, Options* out, Action* action) {
+  *action = Action::kRun;
+  // Flags first (collected), so that --config is known before the file is read.
+  std::vector<std::pair<std::string, std::string>> flags;
+  std::string config;
+  if (auto it = env.find("TCE_CONFIG"); it != env.end()) config = it->second;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i], value;
+    if (a == "--help" || a == "-h") { *action = Action::kHelp; return Status::OK(); }
+    if (a == "--version") { *action = Action::kVersion; return Status::OK(); }
+    if (a == "--print-config") { *action = Action::kPrintConfig; continue; }
+    size_t eq = a.find('=');
+    std::string name = a.substr(0, eq);
+    bool is_config = name == "--config";
+    const Setting* setting = nullptr;
+    for (const Setting& s : kSettings)
+      if (name == s.flag) setting = &s;
+    if (!setting && !is_config) return Status::InvalidArgument("unknown flag '" + a + "' (see --help)");
+    if (eq != std::string::npos) value = a.substr(eq + 1);
+    else if (i + 1 < args.size()) value = args[++i];
+    else return Status::InvalidArgument("flag " + name + " needs a value");
+    if (is_config) config = value;
+    else flags.emplace_back(setting->key, value);
+  }
+  Options o;
+  if (!config.empty()) {
+    std::ifstream f(config);
+    if (!f) return Status::InvalidArgument("cannot read config file " + config);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::vector<std::pair<std::string, std::string>> kv;
+    Status s = ParseConfigText(ss.str(), config, &kv);
+    for (const auto& [k, v] : kv) {
+      if (!s.ok()) break;
+      s = SetOption(&o, k, v);
+      if (!s.ok()) s = Status::InvalidArgument(config + ": " + s.message());
+    }
+    if (!s.ok()) return s;
+    o.config = config;
+  }
+  for (const Setting& st : kSettings) {
+    auto it = env.find(st.env);
+    if (it == env.end() || it->second.empty()) continue;
+    Status s = SetOption(&o, st.key, it->second);
+    if (!s.ok()) return Status::InvalidArgument(std::string(st.env) + ": " + s.message());
+  }
+  for (const auto& [k, v] : flags) {
+    Status s = SetOption(&o, k, v);
+    if (!s.ok()) return s;
+  }
+  *out = o;
+  return Status::OK();
+}
+
+Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64_t* out) {
+  uint64_t detected = limits.cgroup_limit ? limits.cgroup_limit : limits.mem_total;
+  if (text == "auto") {
+    *out = AutoBudget(limits);
+  } else if (!text.empty() && text.back() == '%') {
+    char* end = nullptr;
+    double pct = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() - 1 || !(pct > 0 && pct <= 100))
+      return Status::InvalidArgument("bad percentage " + text);
+    *out = static_cast<uint64_t>(static_cast<double>(detected) * pct / 100);
+  } else if (!ParseSize(text, out)) {
+    return Status::InvalidArgument("bad size " + text);
+  }
+  if (*out == 0) return Status::InvalidArgument("memory budget is zero");
+  return Status::OK();
+}
+
+Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out) {
+  out->clear();
+  if (Trim(text).empty()) {
+    out->insert(self);
+    out->insert(0);
+    return Status::OK();
+  }
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    part = Trim(part);
+    char* end = nullptr;
+    unsigned long v = std::strtoul(part.c_str(), &end, 10);
+    if (part.empty() || *end || v > 0xFFFFFFFEul) return Status::InvalidArgument("bad uid '" + part + "'");
+    out->insert(static_cast<uid_t>(v));
+  }
+  return Status::OK();
+}
+
+std::string FormatConfig(const Options& o) {
+  std::ostringstream out;
+  out << "# tce-server effective configuration\n"
+      << "socket = " << Quote(o.socket) << "\n"
+      << "memory_budget = " << Quote(o.memory_budget) << "\n"
+      << "log_level = " << Quote(o.log_level) << "\n"
+      << "allowed_uids = " << Quote(o.allowed_uids) << "\n"
+      << "rpc_threads = " << o.rpc_threads << "\n"
+      << "max_sessions = " << o.max_sessions << "\n";
+  return out.str();
+}
+
+std::string HelpText() {
+  return "usage: tce-server [flags]\n"
+         "\n"
+         "The TCE per-node checkpoint cache server.\n"
+         "Precedence: defaults < --config FILE (or TCE_CONFIG) < TCE_* environment < flags.\n"
+         "\n"
+         "  --socket PATH          gRPC socket; the fd socket is PATH.fd   [TCE_SOCKET, /run/tce/tce.sock]\n"
+         "  --memory-budget SIZE   bytes, 8GiB, 50%, or auto (90% of the cgroup limit, else 50% of RAM)\n"
+         "                                                                  [TCE_MEMORY_BUDGET, auto]\n"
+         "  --log-level LEVEL      debug|info|warning|error                  [TCE_LOG_LEVEL, info]\n"
+         "  --allowed-uids LIST    uids that may open sessions               [TCE_ALLOWED_UIDS, own uid + root]\n"
+         "  --rpc-threads N        gRPC worker threads                       [TCE_RPC_THREADS, 4]\n"
+         "  --max-sessions N       concurrent client sessions                [TCE_MAX_SESSIONS, 1024]\n"
+         "  --config FILE          flat TOML config file                     [TCE_CONFIG]\n"
+         "  --print-config         print the effective configuration and exit\n"
+         "  --version, --help\n";
+}
+
+}  // namespace tce

@@ -1,0 +1,50 @@
+// Options: the daemon's settings. Precedence: defaults < config file (flat
+// TOML: `key = value`, # comments) < TCE_* environment < command-line flags.
+// Plain data plus pure functions; any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cache/memory_limits.h"
+#include "common/status.h"
+
+namespace tce {
+
+struct Options {
+  std::string socket = "/run/tce/tce.sock";
+  std::string memory_budget = "auto";
+  std::string log_level = "info";
+  std::string allowed_uids;  // empty: the server's own uid and root
+  int rpc_threads = 4;
+  int max_sessions = 1024;
+  std::string config;  // the file read, if any
+};
+
+enum class Action { kRun, kPrintConfig, kHelp, kVersion };
+
+// `env` maps variable names to values (main passes the real environment).
+Status ParseOptions(const std::vector<std::string>& args,
+                    const std::map<std::string, std::string>& env, Options* out, Action* action);
+
+// Validates one setting and stores it; `key` is the config-file name.
+Status SetOption(Options* o, const std::string& key, const std::string& value);
+
+// Parses flat TOML text into key/value pairs (strings unquoted).
+Status ParseConfigText(const std::string& text, const std::string& name,
+                       std::vector<std::pair<std::string, std::string>>* out);
+
+// "auto", "NN%", or a size -> bytes.
+Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64_t* out);
+// "" -> {self, 0}; "1000,1001" -> {1000, 1001}.
+Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out);
+
+std::string FormatConfig(const Options& o);
+std::string HelpText();
+
+}  // namespace tce

@@ -1,0 +1,109 @@
+#include "daemon/options.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+
+namespace tce {
+namespace {
+
+Status Parse(const std::vector<std::string>& args, const std::map<std::string, std::string>& env,
+             Options* o) {
+  Action a;
+  return ParseOptions(args, env, o, &a);
+}
+
+std::string WriteConfig(const std::string& text) {
+  char path[] = "/tmp/tce-config-XXXXXX";
+  int fd = mkstemp(path);
+  close(fd);
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(Options, Defaults) {
+  Options o;
+  ASSERT_TRUE(Parse({}, {}, &o).ok());
+  EXPECT_EQ(o.socket, "/run/tce/tce.sock");
+  EXPECT_EQ(o.memory_budget, "auto");
+  EXPECT_EQ(o.log_level, "info");
+  EXPECT_EQ(o.rpc_threads, 4);
+  EXPECT_EQ(o.max_sessions, 1024);
+}
+
+TEST(Options, FileThenEnvironmentThenFlags) {
+  std::string cfg = WriteConfig(
+      "# comment\nsocket = \"/tmp/file.sock\"  # trailing comment\n"
+      "memory_budget = \"2GiB\"\nlog_level = \"debug\"\nrpc_threads = 7\n");
+  Options o;
+  ASSERT_TRUE(Parse({"--config", cfg}, {}, &o).ok());
+  EXPECT_EQ(o.socket, "/tmp/file.sock");
+  EXPECT_EQ(o.memory_budget, "2GiB");
+  EXPECT_EQ(o.rpc_threads, 7);
+  ASSERT_TRUE(Parse({"--config=" + cfg}, {{"TCE_MEMORY_BUDGET", "3GiB"}, {"TCE_RPC_THREADS", "2"}}, &o).ok());
+  EXPECT_EQ(o.memory_budget, "3GiB");
+  EXPECT_EQ(o.rpc_threads, 2);
+  EXPECT_EQ(o.log_level, "debug");
+  ASSERT_TRUE(Parse({"--memory-budget", "4GiB"}, {{"TCE_CONFIG", cfg}, {"TCE_MEMORY_BUDGET", "3GiB"}}, &o).ok());
+  EXPECT_EQ(o.memory_budget, "4GiB");
+  EXPECT_EQ(o.socket, "/tmp/file.sock");
+  unlink(cfg.c_str());
+}
+
+TEST(Options, ErrorsNameTheSetting) {
+  Options o;
+  std::string cfg = WriteConfig("socket = \"/tmp/x.sock\"\nbudget = 5\n");
+  Status s = Parse({"--config", cfg}, {}, &o);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("line 2: unknown key 'budget'"), std::string::npos) << s.message();
+  unlink(cfg.c_str());
+  s = Parse({"--memory-budget", "lots"}, {}, &o);
+  EXPECT_NE(s.message().find("memory_budget: 'lots'"), std::string::npos) << s.message();
+  s = Parse({}, {{"TCE_LOG_LEVEL", "loud"}}, &o);
+  EXPECT_NE(s.message().find("TCE_LOG_LEVEL"), std::string::npos) << s.message();
+  EXPECT_FALSE(Parse({"--socket", "relative.sock"}, {}, &o).ok());
+  EXPECT_FALSE(Parse({"--rpc-threads", "0"}, {}, &o).ok());
+  EXPECT_FALSE(Parse({"--bogus"}, {}, &o).ok());
+  EXPECT_FALSE(Parse({"--socket"}, {}, &o).ok());
+  EXPECT_FALSE(Parse({"--config", "/nonexistent/tce.toml"}, {}, &o).ok());
+}
+
+TEST(Options, PrintedConfigReadsBack) {
+  Options o;
+  ASSERT_TRUE(Parse({"--socket", "/tmp/a b\"c.sock", "--allowed-uids", "1000,1001"}, {}, &o).ok());
+  std::string cfg = WriteConfig(FormatConfig(o));
+  Options back;
+  ASSERT_TRUE(Parse({"--config", cfg}, {}, &back).ok());
+  EXPECT_EQ(back.socket, o.socket);
+  EXPECT_EQ(back.allowed_uids, "1000,1001");
+  unlink(cfg.c_str());
+}
+
+TEST(Options, Budget) {
+  MemoryLimits limited{8ull << 30, 64ull << 30}, unlimited{0, 64ull << 30};
+  uint64_t b;
+  ASSERT_TRUE(ResolveBudget("auto", limited, &b).ok());
+  EXPECT_EQ(b, (8ull << 30) / 10 * 9);
+  ASSERT_TRUE(ResolveBudget("auto", unlimited, &b).ok());
+  EXPECT_EQ(b, 32ull << 30);
+  ASSERT_TRUE(ResolveBudget("25%", limited, &b).ok());
+  EXPECT_EQ(b, 2ull << 30);
+  ASSERT_TRUE(ResolveBudget("1GiB", limited, &b).ok());
+  EXPECT_EQ(b, 1ull << 30);
+  EXPECT_FALSE(ResolveBudget("0", limited, &b).ok());
+  EXPECT_FALSE(ResolveBudget("150%", limited, &b).ok());
+}
+
+TEST(Options, Uids) {
+  std::set<uid_t> u;
+  ASSERT_TRUE(ParseUids("", 1234, &u).ok());
+  EXPECT_EQ(u, (std::set<uid_t>{0, 1234}));
+  ASSERT_TRUE(ParseUids("5, 6", 1234, &u).ok());
+  EXPECT_EQ(u, (std::set<uid_t>{5, 6}));
+  EXPECT_FALSE(ParseUids("5,x", 1234, &u).ok());
+}
+
+}  // namespace
+}  // namespace tce

@@ -1,0 +1,124 @@
+#include "rpc/service.h"
+
+#include <unistd.h>
+
+namespace tce {
+
+grpc::Status ToGrpc(const tce::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(static_cast<int>(s.code())), s.message());
+}
+
+void ToProto(const FileInfo& f, v1::FileInfo* out) {
+  out->set_job(f.job);
+  out->set_tag(f.tag);
+  out->set_rank(f.rank);
+  out->set_path(f.path);
+  out->set_size(f.size);
+  out->set_state(f.state == FileState::kCached ? v1::FILE_STATE_CACHED : v1::FILE_STATE_PENDING);
+  out->set_buffer_id(f.buffer_id);
+  out->set_capacity(f.capacity);
+  out->set_created_unix_ns(f.created_unix_ns);
+  out->set_committed_unix_ns(f.committed_unix_ns);
+  for (const Record& r : f.records) {
+    v1::Record* p = out->add_records();
+    p->set_name(r.name);
+    p->set_header_offset(r.header_offset);
+    p->set_data_offset(r.data_offset);
+    p->set_size(r.size);
+    p->set_crc32(r.crc32);
+  }
+}
+
+CacheService::CacheService(Cache* cache, std::string socket_path)
+    : cache_(cache), socket_path_(std::move(socket_path)), started_(std::chrono::steady_clock::now()) {}
+
+grpc::Status CacheService::Allocate(grpc::ServerContext*, const v1::AllocateRequest* req,
+                                    v1::AllocateResponse* resp) {
+  AllocateRequest r{req->session(), req->job(), req->tag(), req->path(), req->rank(), req->size()};
+  AllocateResult out;
+  tce::Status s = cache_->Allocate(r, &out);
+  if (!s.ok()) return ToGrpc(s);
+  resp->set_allocation_id(out.allocation_id);
+  resp->set_buffer_id(out.buffer_id);
+  resp->set_capacity(out.capacity);
+  for (uint64_t id : out.unmap_buffer_ids) resp->add_unmap_buffer_ids(id);
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheService::Commit(grpc::ServerContext*, const v1::CommitRequest* req,
+                                  v1::CommitResponse* resp) {
+  std::vector<Record> records;
+  records.reserve(req->records_size());
+  for (const auto& p : req->records())
+    records.push_back(Record{p.name(), p.header_offset(), p.data_offset(), p.size(), p.crc32()});
+  FileInfo f;
+  tce::Status s = cache_->Commit(req->session(), req->allocation_id(), std::move(records), &f);
+  if (s.ok()) ToProto(f, resp->mutable_file());
+  return ToGrpc(s);
+}
+
+grpc::Status CacheService::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
+                                 v1::AbortResponse*) {
+  return ToGrpc(cache_->Abort(req->session(), req->allocation_id()));
+}
+
+grpc::Status CacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req,
+                                  v1::LookupResponse* resp) {
+  FileInfo f;
+  uint64_t lease = 0;
+  std::vector<uint64_t> unmap;
+  tce::Status s = cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
+                                 &lease, &unmap);
+  for (uint64_t id : unmap) resp->add_unmap_buffer_ids(id);
+  if (!s.ok()) return ToGrpc(s);
+  ToProto(f, resp->mutable_file());
+  resp->set_lease_id(lease);
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheService::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
+                                   v1::ReleaseResponse*) {
+  std::vector<uint64_t> leases(req->lease_ids().begin(), req->lease_ids().end());
+  std::vector<uint64_t> unmapped(req->unmapped_buffer_ids().begin(),
+                                 req->unmapped_buffer_ids().end());
+  return ToGrpc(cache_->Release(req->session(), leases, unmapped));
+}
+
+grpc::Status CacheService::Remove(grpc::ServerContext*, const v1::RemoveRequest* req,
+                                  v1::RemoveResponse* resp) {
+  FileInfo f;
+  tce::Status s = cache_->Remove(req->session(), req->job(), req->path(), &f);
+  if (s.ok()) ToProto(f, resp->mutable_file());
+  return ToGrpc(s);
+}
+
+grpc::Status CacheService::List(grpc::ServerContext*, const v1::ListRequest* req,
+                                v1::ListResponse* resp) {
+  for (const FileInfo& f : cache_->List(req->job(), req->tag())) ToProto(f, resp->add_files());
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*,
+                                  v1::StatusResponse* resp) {
+  CacheStats s = cache_->Stats();
+  resp->set_version(TCE_VERSION);
+  resp->set_pid(getpid());
+  resp->set_uptime_s(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  resp->set_budget_bytes(s.budget);
+  resp->set_used_bytes(s.used);
+  resp->set_cached_bytes(s.cached);
+  resp->set_pending_bytes(s.pending);
+  resp->set_free_bytes(s.free);
+  resp->set_buffers(s.buffers);
+  resp->set_files(s.files);
+  resp->set_sessions(s.sessions);
+  resp->set_leases(s.leases);
+  resp->set_socket(socket_path_);
+  resp->set_buffers_created(s.buffers_created);
+  resp->set_buffers_reused(s.buffers_reused);
+  return grpc::Status::OK;
+}
+
+}  // namespace tce

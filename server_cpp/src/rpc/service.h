@@ -1,0 +1,37 @@
+// CacheService: the gRPC face of the Cache (tce.v1.Cache). Thin: protobuf in,
+// Cache call, protobuf out; a Status becomes a grpc::Status with the same
+// code and message. Called concurrently by gRPC's worker threads.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "cache/cache.h"
+#include "tce/v1/tce.grpc.pb.h"
+
+namespace tce {
+
+class CacheService final : public v1::Cache::Service {
+ public:
+  CacheService(Cache* cache, std::string socket_path);
+
+  grpc::Status Allocate(grpc::ServerContext*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
+  grpc::Status Commit(grpc::ServerContext*, const v1::CommitRequest*, v1::CommitResponse*) override;
+  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
+  grpc::Status Lookup(grpc::ServerContext*, const v1::LookupRequest*, v1::LookupResponse*) override;
+  grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest*, v1::ReleaseResponse*) override;
+  grpc::Status Remove(grpc::ServerContext*, const v1::RemoveRequest*, v1::RemoveResponse*) override;
+  grpc::Status List(grpc::ServerContext*, const v1::ListRequest*, v1::ListResponse*) override;
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
+
+ private:
+  Cache* const cache_;
+  const std::string socket_path_;
+  const std::chrono::steady_clock::time_point started_;
+};
+
+// Protobuf <-> internal conversions (exposed for tests).
+void ToProto(const FileInfo& f, v1::FileInfo* out);
+grpc::Status ToGrpc(const tce::Status& s);
+
+}  // namespace tce
