@@ -1,0 +1,53 @@
+"""Comparison helpers for round-trip tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def assert_same(a: Any, b: Any, path: str = "obj") -> None:
+    """Recursively equal, tensors bitwise (dtype, shape, stride, bytes)."""
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
+        assert a.stride() == b.stride(), f"{path}: stride {a.stride()} != {b.stride()}"
+        assert a.storage_offset() == b.storage_offset(), f"{path}: storage offset"
+        assert a.requires_grad == b.requires_grad, f"{path}: requires_grad"
+        sa, sb = a.untyped_storage(), b.untyped_storage()
+        assert sa.nbytes() == sb.nbytes(), f"{path}: storage size"
+        ta = torch.empty(0, dtype=torch.uint8).set_(sa, 0, (sa.nbytes(),), (1,))
+        tb = torch.empty(0, dtype=torch.uint8).set_(sb, 0, (sb.nbytes(),), (1,))
+        assert torch.equal(ta, tb), f"{path}: bytes differ"
+    elif isinstance(a, (torch.UntypedStorage, torch.storage.TypedStorage)):
+        ua = a if isinstance(a, torch.UntypedStorage) else a._untyped_storage
+        ub = b if isinstance(b, torch.UntypedStorage) else b._untyped_storage
+        assert bytes(ua) == bytes(ub), f"{path}: storage bytes differ"
+    elif isinstance(a, dict):
+        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{path}: len"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def every_dtype() -> list[torch.dtype]:
+    names = [
+        "float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32",
+        "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
+        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+    ]
+    return [getattr(torch, n) for n in names if hasattr(torch, n)]
+
+
+def sample_tensor(dtype: torch.dtype, n: int = 37) -> torch.Tensor:
+    raw = torch.arange(n * torch.empty(0, dtype=dtype).element_size(), dtype=torch.uint8)
+    raw = (raw * 37 + 11) % 251
+    if dtype == torch.bool:
+        return (raw[:n] % 2).bool()
+    return raw.view(dtype)
