@@ -1,0 +1,39 @@
+"""TCE: a checkpoint costs only a memory copy.
+
+``tce.save`` / ``tce.load`` stream state dicts into the node's cache server
+(``tce-server``) through shared memory; the files have torch.save's format.
+Importing this package does nothing else.
+"""
+
+from tce._api import cached, close, load, remove, save, status
+from tce._knobs import configure
+from tce.errors import (
+    CacheFullError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotCachedError,
+    PermissionDeniedError,
+    ServerUnavailableError,
+    TCEError,
+    UnauthenticatedError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CacheFullError",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "NotCachedError",
+    "PermissionDeniedError",
+    "ServerUnavailableError",
+    "TCEError",
+    "UnauthenticatedError",
+    "cached",
+    "close",
+    "configure",
+    "load",
+    "remove",
+    "save",
+    "status",
+]

@@ -1,0 +1,224 @@
+"""The direct API: tce.save / tce.load and friends."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from tce import _knobs, _layout
+from tce._client import Client
+from tce.errors import CacheFullError, NotCachedError, ServerUnavailableError, TCEError
+
+log = logging.getLogger(__name__)
+
+# The functions TCE falls back to. Captured once so that a patched torch.save /
+# torch.load (tce.patch_torch) never sees TCE's own calls.
+_torch_save = torch.serialization.save
+_torch_load = torch.serialization.load
+
+_client_lock = threading.Lock()
+_client: Client | None = None
+_warned_fallback = False
+
+
+def _get_client() -> Client:
+    """This process's session with the server (reconnects after fork or restart)."""
+    global _client
+    socket_path = _knobs.get("socket")
+    with _client_lock:
+        c = _client
+        if c is not None and (c.closed or c.pid != os.getpid() or c.socket_path != socket_path):
+            if c.pid == os.getpid():
+                c.close()
+            c = _client = None
+        if c is None:
+            c = _client = Client(socket_path, rpc_timeout=_knobs.get("rpc_timeout"))
+        return c
+
+
+def _drop_client(c: Client) -> None:
+    global _client
+    with _client_lock:
+        if _client is c:
+            _client = None
+    c.close()
+
+
+def _with_client(fn):
+    """Run fn(client); on a lost server or session, reconnect once and retry."""
+    c = _get_client()
+    try:
+        return fn(c)
+    except (ServerUnavailableError, TCEError) as e:
+        if not isinstance(e, ServerUnavailableError) and e.code != "UNAUTHENTICATED":
+            raise
+        _drop_client(c)
+        return fn(_get_client())
+
+
+def close() -> None:
+    """End this process's session with the server (it reconnects on next use)."""
+    global _client
+    with _client_lock:
+        c, _client = _client, None
+    if c is not None:
+        c.close()
+
+
+def _is_path(f: Any) -> bool:
+    return isinstance(f, (str, os.PathLike))
+
+
+def _norm(path: str | os.PathLike) -> str:
+    return os.path.abspath(os.fspath(path))
+
+
+def _job(job: str | None) -> str:
+    return job if job is not None else _knobs.get("job")
+
+
+def _rank(rank: int | None) -> int:
+    if rank is not None:
+        return rank
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def _fallback_warning(reason: str) -> None:
+    global _warned_fallback
+    if not _warned_fallback:
+        _warned_fallback = True
+        warnings.warn(
+            f"TCE: {reason}; writing with plain torch.save instead "
+            "(set TCE_ON_UNAVAILABLE=raise to make this an error)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    else:
+        log.warning("TCE: %s; wrote with plain torch.save", reason)
+
+
+def save(
+    obj: Any,
+    f: str | os.PathLike,
+    pickle_module: Any = pickle,
+    pickle_protocol: int = 2,
+    *,
+    job: str | None = None,
+    tag: str = "",
+    rank: int | None = None,
+) -> None:
+    """Save ``obj`` to ``f`` through the node's cache, as ``torch.save`` would.
+
+    Returns once the bytes are safe in the cache. The file has exactly
+    torch.save's format. When the server is unreachable (or its cache is full),
+    falls back to a plain ``torch.save`` with a warning, or raises when the
+    ``on_unavailable`` setting is ``raise``. File-like targets go straight to
+    torch.save.
+
+    Args:
+        obj: anything torch.save accepts.
+        f: the file's path (absolute or relative to the working directory).
+        job: job name (default: the ``job`` setting).
+        tag: the checkpoint this file belongs to (e.g. ``global_step200``).
+        rank: the writing rank (default: torch.distributed rank, else $RANK, else 0).
+    """
+    if not _is_path(f):
+        return _torch_save(obj, f, pickle_module, pickle_protocol)
+    path = _norm(f)
+    job = _job(job)
+    plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+    try:
+        _with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path))
+        return None
+    except (ServerUnavailableError, CacheFullError) as e:
+        if _knobs.get("on_unavailable") == "raise":
+            raise
+        error = e
+    reason = str(error)
+    if isinstance(error, CacheFullError):
+        # The cache is reachable but full: make sure no older copy of this
+        # path can shadow the file we are about to write.
+        try:
+            _with_client(lambda c: c.remove(job, path))
+        except TCEError:
+            pass
+    _fallback_warning(reason)
+    _torch_save(obj, path, pickle_module, pickle_protocol)
+    return None
+
+
+def load(
+    f: str | os.PathLike,
+    map_location: Any = None,
+    pickle_module: Any = None,
+    *,
+    weights_only: bool | None = None,
+    mmap: bool | None = None,
+    job: str | None = None,
+    **pickle_load_args: Any,
+) -> Any:
+    """Load a file saved with :func:`save`, as ``torch.load`` would.
+
+    Reads from the cache without copying (tensors view a private,
+    copy-on-write mapping of the cached bytes); when the file is not cached or
+    the server is unreachable, loads the file from disk with torch.load.
+    ``mmap`` only matters for that fallback: cached loads are always mapped.
+    """
+    if not _is_path(f):
+        return _torch_load(
+            f, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
+            **pickle_load_args,
+        )
+    path = _norm(f)
+    job = _job(job)
+    try:
+        info, mm = _with_client(lambda c: c.open(job, path))
+    except (ServerUnavailableError, NotCachedError) as e:
+        log.debug("loading %s from disk: %s", path, e)
+        return _torch_load(
+            path, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
+            **pickle_load_args,
+        )
+    from tce._torchload import load_mapping
+
+    t0 = time.perf_counter()
+    result = load_mapping(
+        mm, info.size, map_location, pickle_module, weights_only=weights_only,
+        **pickle_load_args,
+    )
+    log.debug("loaded %s from cache (%d bytes) in %.3fs", path, info.size, time.perf_counter() - t0)
+    return result
+
+
+def cached(f: str | os.PathLike, *, job: str | None = None) -> bool:
+    """Whether ``f`` is in the cache (committed) for the job."""
+    try:
+        _with_client(lambda c: c.lookup(_job(job), _norm(f)))
+        return True
+    except (NotCachedError, ServerUnavailableError):
+        return False
+
+
+def remove(f: str | os.PathLike, *, job: str | None = None) -> None:
+    """Drop ``f`` from the cache (the file on disk, if any, is untouched)."""
+    _with_client(lambda c: c.remove(_job(job), _norm(f)))
+
+
+def status() -> dict[str, Any]:
+    """The server's status as a dict (memory, buffers, files, sessions)."""
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(
+        _with_client(lambda c: c.status()),
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )

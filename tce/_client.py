@@ -1,0 +1,319 @@
+"""A session with the node's cache server: gRPC control plus the fd socket.
+
+The session lives as long as the fd-socket connection; the server reclaims a
+session's PENDING buffers and leases when it closes (the process exited or was
+killed). Buffers this process writes stay mapped (``MAP_SHARED``) for the
+buffer's lifetime and are faulted in once, so a steady-state save does no
+mmap, no fd passing and no page faults. Loads map the buffer privately (copy-on-write)
+under a lease that is released when the last tensor viewing it dies.
+
+Thread-safe: any thread may save or load; releases queued by finalizers are
+sent with the next call.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import mmap
+import os
+import socket
+import threading
+import weakref
+from typing import Iterable
+
+import grpc
+
+from tce import _layout
+from tce.errors import CacheFullError, ServerUnavailableError, TCEError, error_for
+from tce.v1 import tce_pb2 as pb
+from tce.v1 import tce_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+_CODE_NAMES = {sc.value[0]: sc.name for sc in grpc.StatusCode}
+_FD_PACKET = 4096
+
+
+def fd_socket_path(socket_path: str) -> str:
+    return socket_path + ".fd"
+
+
+class _Mapping:
+    """A writable shared mapping of one buffer, kept for the buffer's life."""
+
+    __slots__ = ("buffer_id", "capacity", "mm", "view", "tensor")
+
+    def __init__(self, buffer_id: int, capacity: int, fd: int) -> None:
+        import torch
+
+        self.buffer_id = buffer_id
+        self.capacity = capacity
+        self.mm = mmap.mmap(
+            fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        )
+        self.view = memoryview(self.mm)
+        self.tensor = torch.frombuffer(self.mm, dtype=torch.uint8)
+        # Fault every page in once, now, so no save into this buffer ever takes
+        # a page fault. Measured on a 1 GiB memfd: read-touching one byte per
+        # page takes 0.3 s and maps writable entries (shmem needs no write
+        # notification); MAP_POPULATE took 1.8 s and MADV_POPULATE_WRITE 1.5 s.
+        self.tensor[:: mmap.PAGESIZE].max()
+
+    def close(self) -> None:
+        self.tensor = None
+        self.view.release()
+        self.mm.close()
+
+
+class Client:
+    """One session with a tce-server."""
+
+    def __init__(self, socket_path: str, *, rpc_timeout: float) -> None:
+        self.socket_path = socket_path
+        self.pid = os.getpid()
+        self._timeout = rpc_timeout
+        self._fd_sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._fd_sock.connect(fd_socket_path(socket_path))
+            packet = self._fd_sock.recv(_FD_PACKET)
+        except OSError as e:
+            self._fd_sock.close()
+            raise ServerUnavailableError(
+                f"cannot reach the TCE server at {socket_path}: {e.strerror or e}"
+            ) from None
+        if not packet:
+            self._fd_sock.close()
+            raise ServerUnavailableError(f"the TCE server at {socket_path} closed the connection")
+        hello = pb.SessionHello.FromString(packet)
+        if hello.code != 0:
+            self._fd_sock.close()
+            raise error_for(_CODE_NAMES.get(hello.code, "UNKNOWN"), hello.message)
+        self.session = hello.session
+        self.server_version = hello.server_version
+        self._channel = grpc.insecure_channel(
+            "unix:" + os.path.abspath(socket_path),
+            options=[
+                ("grpc.max_receive_message_length", 256 << 20),
+                ("grpc.enable_http_proxy", 0),
+            ],
+        )
+        self._stub = pb_grpc.CacheStub(self._channel)
+        self._lock = threading.Lock()  # guards _mappings and _unmapped
+        self._fd_lock = threading.Lock()  # one request/reply at a time on the fd socket
+        self._mappings: dict[int, _Mapping] = {}
+        self._unmapped: list[int] = []
+        self._released: collections.deque[int] = collections.deque()  # appended by finalizers
+        self._leases: dict[int, weakref.ref] = {}  # live lease id -> its private mapping
+        self.fd_requests = 0  # fds received so far (a steady-state save needs none)
+        self.closed = False
+
+    # ---- plumbing -------------------------------------------------------
+
+    def _call(self, method: str, request):
+        try:
+            return getattr(self._stub, method)(request, timeout=self._timeout)
+        except grpc.RpcError as e:
+            code = e.code().name if e.code() is not None else "UNKNOWN"
+            raise error_for(code, e.details() or code) from None
+
+    def _flush(self) -> None:
+        """Send queued lease releases and unmap acknowledgements."""
+        leases = []
+        while self._released:
+            leases.append(self._released.popleft())
+        with self._lock:
+            unmapped, self._unmapped = self._unmapped, []
+        if leases or unmapped:
+            self._call(
+                "Release",
+                pb.ReleaseRequest(
+                    session=self.session, lease_ids=leases, unmapped_buffer_ids=unmapped
+                ),
+            )
+
+    def _unmap(self, buffer_ids: Iterable[int]) -> None:
+        for buffer_id in buffer_ids:
+            with self._lock:
+                m = self._mappings.pop(buffer_id, None)
+                self._unmapped.append(buffer_id)
+            if m is not None:
+                m.close()
+                log.debug("unmapped retired buffer %d", buffer_id)
+
+    def _request_fd(self, buffer_id: int) -> int:
+        with self._fd_lock:
+            self.fd_requests += 1
+            try:
+                self._fd_sock.send(pb.FdRequest(buffer_id=buffer_id).SerializeToString())
+                packet, fds, _, _ = socket.recv_fds(self._fd_sock, _FD_PACKET, 1)
+            except OSError as e:
+                raise ServerUnavailableError(f"fd socket failed: {e}") from None
+        if not packet:
+            for fd in fds:
+                os.close(fd)
+            raise ServerUnavailableError("the TCE server closed the fd socket")
+        reply = pb.FdReply.FromString(packet)
+        if reply.code != 0 or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            if reply.code == 0:
+                raise TCEError(f"fd reply for buffer {buffer_id} carried {len(fds)} fds")
+            raise error_for(_CODE_NAMES.get(reply.code, "UNKNOWN"), reply.message)
+        return fds[0]
+
+    def _writable_mapping(self, buffer_id: int, capacity: int) -> _Mapping:
+        with self._lock:
+            m = self._mappings.get(buffer_id)
+        if m is not None:
+            return m
+        fd = self._request_fd(buffer_id)
+        try:
+            m = _Mapping(buffer_id, capacity, fd)
+        finally:
+            os.close(fd)
+        with self._lock:
+            self._mappings[buffer_id] = m
+        return m
+
+    # ---- operations -----------------------------------------------------
+
+    def save(self, plan: _layout.Plan, *, job: str, tag: str, rank: int, path: str) -> pb.FileInfo:
+        """Write a planned file into a fresh buffer and commit it."""
+        self._flush()
+        request = pb.AllocateRequest(
+            session=self.session, job=job, tag=tag, rank=rank, path=path, size=plan.size
+        )
+        try:
+            resp = self._call("Allocate", request)
+        except CacheFullError:
+            if not self.detach_leases():
+                raise
+            resp = self._call("Allocate", request)  # our loads no longer pin buffers
+        self._unmap(resp.unmap_buffer_ids)
+        try:
+            m = self._writable_mapping(resp.buffer_id, resp.capacity)
+            plan.write(m.view, m.tensor)
+            records = [
+                pb.Record(name=r.name, header_offset=r.header_offset,
+                          data_offset=r.data_offset, size=r.size)
+                for r in plan.records
+            ]
+            return self._call(
+                "Commit",
+                pb.CommitRequest(
+                    session=self.session, allocation_id=resp.allocation_id, records=records
+                ),
+            ).file
+        except BaseException:
+            try:
+                self._call(
+                    "Abort", pb.AbortRequest(session=self.session, allocation_id=resp.allocation_id)
+                )
+            except TCEError:
+                pass
+            raise
+
+    def open(self, job: str, path: str) -> tuple[pb.FileInfo, mmap.mmap]:
+        """Map a cached file privately (copy-on-write) under a lease.
+
+        The lease is released once the returned mapping is garbage (all views
+        of it, e.g. loaded tensors, are gone). Raises NotCachedError.
+        """
+        self._flush()
+        resp = self._call(
+            "Lookup", pb.LookupRequest(session=self.session, job=job, path=path, lease=True)
+        )
+        self._unmap(resp.unmap_buffer_ids)
+        info = resp.file
+        try:
+            fd = self._request_fd(info.buffer_id)
+            try:
+                mm = mmap.mmap(
+                    fd, info.size, flags=mmap.MAP_PRIVATE,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                )
+            finally:
+                os.close(fd)
+        except BaseException:
+            self._released.append(resp.lease_id)
+            raise
+        lease = resp.lease_id
+        with self._lock:
+            self._leases[lease] = weakref.ref(mm)
+        weakref.finalize(mm, self._lease_done, lease)
+        return info, mm
+
+    def _lease_done(self, lease: int) -> None:
+        # Runs in whichever thread drops the last view: no I/O, no blocking.
+        self._leases.pop(lease, None)
+        self._released.append(lease)
+
+    def detach_leases(self) -> int:
+        """Make every live load independent of the cache, then release its lease.
+
+        Loaded tensors view a private (copy-on-write) mapping of a cached
+        buffer, which keeps the buffer from being reused while they live (an
+        optimizer keeps its loaded state for the whole run). Writing one byte
+        per page forces the kernel to give each page its own copy; after that
+        the buffer may be reused. Returns the number of leases released.
+        """
+        import torch
+
+        with self._lock:
+            live = [(lease, ref()) for lease, ref in self._leases.items()]
+        released = 0
+        for lease, mm in live:
+            if mm is None:
+                continue
+            pages = torch.frombuffer(mm, dtype=torch.uint8)[:: mmap.PAGESIZE]
+            pages.copy_(pages.clone())
+            del pages
+            if self._leases.pop(lease, None) is not None:
+                self._released.append(lease)
+                released += 1
+        self._flush()
+        return released
+
+    def lookup(self, job: str, path: str) -> pb.FileInfo:
+        return self._call(
+            "Lookup", pb.LookupRequest(session=self.session, job=job, path=path)
+        ).file
+
+    def remove(self, job: str, path: str) -> pb.FileInfo:
+        return self._call(
+            "Remove", pb.RemoveRequest(session=self.session, job=job, path=path)
+        ).file
+
+    def list(self, job: str = "", tag: str = "") -> list[pb.FileInfo]:
+        return list(self._call("List", pb.ListRequest(job=job, tag=tag)).files)
+
+    def status(self) -> pb.StatusResponse:
+        return self._call("Status", pb.StatusRequest())
+
+    def flush(self) -> None:
+        """Send pending lease releases now."""
+        self._flush()
+
+    @property
+    def mapped_buffers(self) -> int:
+        with self._lock:
+            return len(self._mappings)
+
+    def close(self) -> None:
+        """End the session (the server frees what it holds for us)."""
+        if self.closed:
+            return
+        self.closed = True
+        if os.getpid() != self.pid:
+            return  # a forked child must not touch the parent's channel
+        try:
+            self._flush()
+        except TCEError:
+            pass
+        with self._lock:
+            mappings, self._mappings = self._mappings, {}
+        for m in mappings.values():
+            m.close()
+        self._fd_sock.close()
+        self._channel.close()

@@ -1,0 +1,76 @@
+"""TCE's exception hierarchy.
+
+Every error the server reports carries its status code (the gRPC code name,
+e.g. ``RESOURCE_EXHAUSTED``) and the server's message.
+"""
+
+from __future__ import annotations
+
+
+class TCEError(Exception):
+    """Base class of every error TCE raises."""
+
+    code: str = "UNKNOWN"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class ServerUnavailableError(TCEError):
+    """The cache server cannot be reached (not running, socket missing)."""
+
+    code = "UNAVAILABLE"
+
+
+class NotCachedError(TCEError):
+    """The file (or allocation, lease, buffer) is not known to the server."""
+
+    code = "NOT_FOUND"
+
+
+class InvalidArgumentError(TCEError):
+    code = "INVALID_ARGUMENT"
+
+
+class PermissionDeniedError(TCEError):
+    code = "PERMISSION_DENIED"
+
+
+class CacheFullError(TCEError):
+    """The cache has no room for the file within its memory budget."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class FailedPreconditionError(TCEError):
+    code = "FAILED_PRECONDITION"
+
+
+class UnauthenticatedError(TCEError):
+    code = "UNAUTHENTICATED"
+
+
+_BY_CODE = {
+    cls.code: cls
+    for cls in (
+        ServerUnavailableError,
+        NotCachedError,
+        InvalidArgumentError,
+        PermissionDeniedError,
+        CacheFullError,
+        FailedPreconditionError,
+        UnauthenticatedError,
+    )
+}
+
+
+def error_for(code: str, message: str) -> TCEError:
+    """The TCEError subclass for a status code name."""
+    cls = _BY_CODE.get(code, TCEError)
+    return cls(message, code=code)

@@ -1,0 +1,63 @@
+"""Black-box fixtures: the real tce-server on a temp socket (Redis's habit)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tce
+from tce import _api, _knobs
+from tce._server import LocalServer
+
+
+def _start(budget: str) -> LocalServer:
+    return LocalServer(memory_budget=budget).start()
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    """One server for the tests that do not care about budgets or restarts."""
+    server = _start("3GiB")
+    yield server
+    code = server.stop()
+    server.cleanup()
+    assert code == 0, f"tce-server exited with {code}:\n{server.log()}"
+
+
+@pytest.fixture
+def server(shared_server):
+    """The shared server, with this process's client pointed at it."""
+    with _knobs.override(socket=shared_server.socket, job=f"test-{os.getpid()}"):
+        yield shared_server
+        _api.close()
+
+
+@pytest.fixture
+def make_server():
+    """Factory for private servers (own budget); stopped after the test."""
+    started: list[LocalServer] = []
+
+    def make(budget: str = "256MiB") -> LocalServer:
+        s = _start(budget)
+        started.append(s)
+        return s
+
+    yield make
+    _api.close()
+    for s in started:
+        code = s.stop()
+        s.cleanup()
+        assert code == 0, f"tce-server exited with {code}:\n{s.log()}"
+
+
+def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    """Run code in a fresh interpreter; return stdout (raises on failure)."""
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, **(env or {})),
+    )
+    assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    return p.stdout
