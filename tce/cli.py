@@ -1,0 +1,130 @@
+"""The ``tce`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _cmd_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    from tce._server import server_binary
+
+    binary = server_binary()
+    os.execv(binary, [binary, *rest])
+    return 1  # not reached
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import tce
+
+    st = tce.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    budget, used = int(st["budget_bytes"]), int(st["used_bytes"])
+    print(f"tce-server {st['version']} pid {st['pid']} on {st['socket']}, up {float(st['uptime_s']):.0f}s")
+    print(f"memory    {_human(used)} used of {_human(budget)} budget "
+          f"({100 * used / budget if budget else 0:.1f}%)")
+    print(f"          cached {_human(int(st['cached_bytes']))}, pending {_human(int(st['pending_bytes']))}, "
+          f"free for reuse {_human(int(st['free_bytes']))}")
+    print(f"buffers   {st['buffers']} live, {st['buffers_created']} created, {st['buffers_reused']} reuses")
+    print(f"files     {st['files']}   sessions {st['sessions']}   leases {st['leases']}")
+    return 0
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from tce._api import _with_client
+
+    files = _with_client(lambda c: c.list(args.job or "", args.tag or ""))
+    from tce.v1 import tce_pb2 as pb
+
+    rows = [("JOB", "TAG", "RANK", "STATE", "SIZE", "PATH")]
+    for f in files:
+        state = pb.FileState.Name(f.state).removeprefix("FILE_STATE_")
+        rows.append((f.job, f.tag or "-", str(f.rank), state, _human(f.size), f.path))
+    if args.json:
+        print(json.dumps([dict(zip((h.lower() for h in rows[0]), r)) for r in rows[1:]], indent=2))
+        return 0
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    print(f"{len(files)} file(s)")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from tce import _bench
+
+    return _bench.main(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from tce import _demo
+
+    return _demo.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tce", description="TCE checkpoint cache")
+    p.add_argument("--socket", help="server socket (default: $TCE_SOCKET or /run/tce/tce.sock)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("server", help="run tce-server (arguments go to the server; try --help)",
+                   add_help=False)
+
+    s = sub.add_parser("status", help="show the server's memory, buffers and sessions")
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("ls", help="list cached files")
+    s.add_argument("--job")
+    s.add_argument("--tag")
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("bench", help="save/load throughput against torch.save/torch.load")
+    from tce._bench import add_arguments
+
+    add_arguments(s)
+
+    s = sub.add_parser("demo", help="train, crash, resume from the cache; print the timings")
+    from tce._demo import add_arguments as add_demo_arguments
+
+    add_demo_arguments(s)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "server":  # everything else goes to the daemon untouched
+        if args.socket:
+            rest = ["--socket", args.socket, *rest]
+        return _cmd_server(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.socket:
+        from tce import _knobs
+
+        _knobs.configure(socket=args.socket)
+    handler = {"status": _cmd_status, "ls": _cmd_ls, "bench": _cmd_bench, "demo": _cmd_demo}
+    from tce.errors import TCEError
+
+    try:
+        return handler[args.command](args)
+    except TCEError as e:
+        print(f"tce {args.command}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

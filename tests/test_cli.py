@@ -1,0 +1,76 @@
+"""The `tce` command against a real server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+import tce
+from tce import _server
+
+
+def _tce(*args: str, socket: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "tce.cli"]
+    if socket:
+        cmd += ["--socket", socket]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def test_status_and_ls(server, tmp_path):
+    job = f"cli-{os.getpid()}"
+    tce.save({"w": torch.ones(1000)}, tmp_path / "a.pt", tag="step1", job=job)
+    tce.save({"w": torch.ones(10)}, tmp_path / "b.pt", tag="step2", job=job)
+    p = _tce("ls", "--job", job, socket=server.socket)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].split() == ["JOB", "TAG", "RANK", "STATE", "SIZE", "PATH"]
+    assert any(l.split()[:4] == [job, "step1", "0", "CACHED"] and l.endswith(str(tmp_path / "a.pt"))
+               for l in lines[1:])
+    assert lines[-1] == "2 file(s)"
+    p = _tce("ls", "--job", job, "--tag", "step2", "--json", socket=server.socket)
+    rows = json.loads(p.stdout)
+    assert [(r["tag"], r["path"]) for r in rows] == [("step2", str(tmp_path / "b.pt"))]
+    p = _tce("status", "--json", socket=server.socket)
+    st = json.loads(p.stdout)
+    assert int(st["files"]) >= 2 and int(st["budget_bytes"]) == 3 << 30
+    p = _tce("status", socket=server.socket)
+    assert p.returncode == 0 and "budget" in p.stdout
+
+
+def test_status_without_server(tmp_path):
+    p = _tce("status", socket=str(tmp_path / "none.sock"))
+    assert p.returncode == 1
+    assert "UNAVAILABLE: cannot reach the TCE server" in p.stderr
+
+
+def test_server_passthrough_print_config(tmp_path):
+    sock = str(tmp_path / "s.sock")
+    p = _tce("server", "--memory-budget", "2GiB", "--print-config", socket=sock)
+    assert p.returncode == 0, p.stderr
+    config = dict(l.split(" = ", 1) for l in p.stdout.splitlines() if " = " in l)
+    assert config["socket"] == f'"{sock}"'
+    assert config["memory_budget"].strip('"') in ("2GiB", str(2 << 30))
+
+
+def test_bench_json(tmp_path):
+    p = _tce("bench", "--size", "32MiB", "--repeats", "2", "--dir", str(tmp_path), "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    for key in ("memcpy_s", "tce_save_first_s", "tce_save_s", "tce_load_s", "tce_restore_s",
+                "torch_save_s", "torch_save_fsync_s", "torch_load_s", "torch_restore_s"):
+        assert res[key] > 0, key
+    assert 30 << 20 <= res["bytes"] <= 40 << 20
+    assert os.listdir(tmp_path) == []  # the bench cleans up after itself
+
+
+def test_demo_resumes_bitwise(tmp_path):
+    p = _tce("demo", "--steps", "12", "--every", "4", "--crash-at", "10", "--dim", "64",
+             "--layers", "2", "--vocab", "256", "--memory-budget", "256MiB", timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "simulated crash" in p.stdout
+    assert "(identical)" in p.stdout
+    assert "from the cache: True" in p.stdout
