@@ -1,0 +1,60 @@
+# The two commands a newcomer types: `make demo` and `make test`.
+# Both run `setup` first, which installs whatever a fresh Debian 12 machine lacks.
+
+PYTHON      ?= python3
+PIP         := $(PYTHON) -m pip
+TORCH_PIN   := torch==2.13.0
+BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
+STAMPS      := build/.stamps
+# Debian packages: compilers/build tools, gRPC + protobuf for the server,
+# SQLite/MariaDB/libfabric for the metadata and ring pieces, gtest.
+APT_PACKAGES := build-essential cmake ninja-build pkg-config \
+	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev
+
+.PHONY: setup build test test-cpp test-py demo bench clean
+
+setup: $(STAMPS)/apt $(STAMPS)/python build
+
+$(STAMPS)/apt:
+	@mkdir -p $(STAMPS)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@touch $@
+
+# torch: keep whatever is installed; where none is, the pinned CPU build
+# (an unpinned torch would pull several GB of CUDA wheels).
+$(STAMPS)/python: pyproject.toml
+	@mkdir -p $(STAMPS)
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
+	$(PIP) install -q "scikit-build-core>=0.10" "grpcio-tools>=1.60" "grpcio>=1.60" \
+		"protobuf>=5.26" numpy "pytest>=7" pytest-timeout
+	@touch $@
+
+# Editable install: builds tce-server (and the C++ tests) with CMake in
+# $(BUILD_DIR), generates the protobuf modules, links the package to tce/.
+build: $(STAMPS)/apt $(STAMPS)/python
+	$(PIP) install -q --no-build-isolation --no-deps \
+		--config-settings=cmake.define.TCE_BUILD_TESTS=ON -e .
+
+test-cpp: build
+	ctest --test-dir $(BUILD_DIR)/server_cpp --output-on-failure -j2
+
+test-py: build
+	$(PYTHON) -m pytest -q
+
+test: test-cpp test-py
+
+demo: setup
+	$(PYTHON) -m tce.cli demo
+
+bench: setup
+	$(PYTHON) -m tce.cli bench
+
+clean:
+	rm -rf build tce/v1 *.egg-info
