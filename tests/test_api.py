@@ -273,3 +273,30 @@ def test_live_loads_do_not_pin_the_cache(make_server, tmp_path):
         assert torch.equal(held["w"], v(1)["w"])  # the held load kept its own copy
         assert torch.equal(tce.load(p1, weights_only=True)["w"], v(4)["w"])
         assert torch.equal(tce.load(p2, weights_only=True)["w"], v(3)["w"])
+
+
+def test_concurrent_clients(server, tmp_path):
+    """Four processes save and load at once; each gets its own bytes back."""
+    import subprocess
+    import sys
+
+    code = """
+import os, sys, torch, tce
+rank = int(sys.argv[1])
+tce.configure(on_unavailable="raise")
+for step in range(5):
+    sd = {"w": torch.full((1 << 18,), float(rank * 100 + step))}
+    path = os.path.join(sys.argv[2], f"rank{rank}.pt")
+    tce.save(sd, path, rank=rank, tag=f"step{step}")
+    assert torch.equal(tce.load(path, weights_only=True)["w"], sd["w"]), (rank, step)
+print("ok", rank)
+"""
+    env = dict(os.environ, TCE_SOCKET=server.socket, TCE_JOB=_knobs.get("job"))
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(4)]
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.strip() == f"ok {r}", err
+    for r in range(4):
+        assert tce.load(tmp_path / f"rank{r}.pt", weights_only=True)["w"][0].item() == r * 100 + 4
