@@ -1,0 +1,78 @@
+#include "env/fault_env.h"
+
+#include <cerrno>
+
+namespace tce {
+namespace {
+
+class FaultFile final : public WritableFile {
+ public:
+  FaultFile(FaultInjectionEnv* env, std::unique_ptr<WritableFile> base)
+      : env_(env), base_(std::move(base)) {}
+  Status Append(const char* data, size_t n) override {
+    Status s = env_->BeforeAppend();
+    return s.ok() ? base_->Append(data, n) : s;
+  }
+  Status Sync() override { return base_->Sync(); }
+  Status Close() override { return base_->Close(); }
+
+ private:
+  FaultInjectionEnv* const env_;
+  std::unique_ptr<WritableFile> base_;
+};
+
+}  // namespace
+
+void FaultInjectionEnv::FailAppends(int err, int count) {
+  std::lock_guard<std::mutex> l(mu_);
+  append_err_ = err;
+  append_failures_ = count;
+}
+
+void FaultInjectionEnv::FailRenames(int count) {
+  std::lock_guard<std::mutex> l(mu_);
+  rename_failures_ = count;
+}
+
+int FaultInjectionEnv::appends() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return appends_;
+}
+
+int FaultInjectionEnv::renames() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return renames_;
+}
+
+Status FaultInjectionEnv::BeforeAppend() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++appends_;
+  if (append_failures_ > 0) {
+    --append_failures_;
+    return Status::FromErrno(append_err_, "write (injected)");
+  }
+  return Status::OK();
+}
+
+Status FaultInjectionEnv::NewWritableFile(const std::string& path,
+                                          std::unique_ptr<WritableFile>* out) {
+  std::unique_ptr<WritableFile> base;
+  Status s = base_->NewWritableFile(path, &base);
+  if (!s.ok()) return s;
+  out->reset(new FaultFile(this, std::move(base)));
+  return Status::OK();
+}
+
+Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string& to) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++renames_;
+    if (rename_failures_ > 0) {
+      --rename_failures_;
+      return Status::FromErrno(EIO, "rename (injected)");
+    }
+  }
+  return base_->RenameFile(from, to);
+}
+
+}  // namespace tce

@@ -1,0 +1,41 @@
+// FaultInjectionEnv: wraps another Env and fails chosen operations the way a
+// full disk, a dying disk or a crash would. For tests; thread-safe.
+#pragma once
+
+#include <mutex>
+
+#include "env/env.h"
+
+namespace tce {
+
+class FaultInjectionEnv final : public Env {
+ public:
+  explicit FaultInjectionEnv(Env* base) : base_(base) {}
+
+  // The next `count` Appends fail with `err` (ENOSPC, EIO, ...).
+  void FailAppends(int err, int count);
+  // The next `count` renames fail with EIO (as if the process died before it).
+  void FailRenames(int count);
+  int appends() const;
+  int renames() const;
+
+  Status NewWritableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override;
+  Status RenameFile(const std::string& from, const std::string& to) override;
+  Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
+  Status CreateDirs(const std::string& dir) override { return base_->CreateDirs(dir); }
+  Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
+  Status ResolvePath(const std::string& p, std::string* out) override {
+    return base_->ResolvePath(p, out);
+  }
+
+  // Called by the files it creates.
+  Status BeforeAppend();
+
+ private:
+  Env* const base_;
+  mutable std::mutex mu_;
+  int append_err_ = 0, append_failures_ = 0, rename_failures_ = 0;  // GUARDED_BY(mu_)
+  int appends_ = 0, renames_ = 0;                                   // GUARDED_BY(mu_)
+};
+
+}  // namespace tce
