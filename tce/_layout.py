@@ -84,6 +84,7 @@ class Record:
     header_offset: int
     data_offset: int
     size: int
+    central_offset: int  # its entry in the central directory
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def _central_zip64(size: int, header_offset: int) -> bytes:
 
 def _compute_layout(prefix: str, sizes: Sequence[tuple[str, int]]) -> _Layout:
     fixed: list[tuple[int, bytes]] = []
-    records: list[Record] = []
+    records: list[tuple[str, int, int, int]] = []
     central: list[bytes] = []
     offset = 0
     for name, size in sizes:
@@ -143,7 +144,7 @@ def _compute_layout(prefix: str, sizes: Sequence[tuple[str, int]]) -> _Layout:
         )
         fixed.append((header_offset, local + full + zip64 + padding))
         data_offset = start + pad
-        records.append(Record(full_name, header_offset, data_offset, size))
+        records.append((full_name, header_offset, data_offset, size))
         offset = data_offset + size
         if size:
             if wide:
@@ -165,6 +166,11 @@ def _compute_layout(prefix: str, sizes: Sequence[tuple[str, int]]) -> _Layout:
         )
     cd_offset = offset
     cd = b"".join(central)
+    entries = []
+    at = cd_offset
+    for rec, entry in zip(records, central):
+        entries.append(Record(*rec, central_offset=at))
+        at += len(entry)
     n = len(records)
     zip64_eocd_offset = cd_offset + len(cd)
     tail = (
@@ -180,7 +186,7 @@ def _compute_layout(prefix: str, sizes: Sequence[tuple[str, int]]) -> _Layout:
         )
     )
     fixed.append((cd_offset, tail))
-    return _Layout(tuple(records), tuple(fixed), cd_offset + len(tail))
+    return _Layout(tuple(entries), tuple(fixed), cd_offset + len(tail))
 
 
 class _LayoutCache:

@@ -94,9 +94,12 @@ def test_records_are_aligned_and_listed():
         "data/0", "data/1", "version", ".data/serialization_id")]
     assert all(r.data_offset % 64 == 0 for r in plan.records)
     assert plan.storage_bytes == 43
-    z = zipfile.ZipFile(io.BytesIO(plan.to_bytes()))
+    data = plan.to_bytes()
+    z = zipfile.ZipFile(io.BytesIO(data))
     for r, info in zip(plan.records, z.infolist()):
         assert (info.filename, info.header_offset, info.file_size) == (r.name, r.header_offset, r.size)
+        entry = data[r.central_offset : r.central_offset + 46 + len(r.name)]
+        assert entry[:4] == b"PK\x01\x02" and entry[46:].decode() == r.name
 
 
 def test_archive_name():

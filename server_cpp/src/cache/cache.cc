@@ -38,7 +38,30 @@ std::string RandomSessionId() {
 
 }  // namespace
 
-Cache::Cache(uint64_t budget_bytes) : budget_(budget_bytes) {}
+Cache::Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots, Env* env)
+    : budget_(budget_bytes), env_(env) {
+  for (const std::string& root : storage_roots) {
+    std::string resolved;
+    roots_.push_back(env_->ResolvePath(root, &resolved).ok() ? resolved : root);
+  }
+}
+
+Status Cache::CheckUnderRoots(const std::string& path) {
+  if (roots_.empty()) return Status::OK();
+  std::string resolved;
+  Status s = env_->ResolvePath(path, &resolved);
+  if (!s.ok()) return Status::PermissionDenied("cannot resolve " + path + ": " + s.message());
+  for (const std::string& root : roots_) {
+    if (root == "/" || resolved == root ||
+        (resolved.size() > root.size() && resolved.compare(0, root.size(), root) == 0 &&
+         resolved[root.size()] == '/'))
+      return Status::OK();
+  }
+  std::string list;
+  for (const std::string& root : roots_) list += (list.empty() ? "" : ", ") + root;
+  return Status::PermissionDenied(path + (resolved != path ? " (resolves to " + resolved + ")" : "") +
+                                  " is not under a storage root (" + list + ")");
+}
 
 uint64_t Cache::CapacityFor(uint64_t size) {
   if (size < kChunk) return RoundUp(size, kPage);
@@ -83,9 +106,10 @@ void Cache::CloseSession(const std::string& session) {
     if (it->second.session == session) {
       auto b = buffers_.find(it->second.buffer_id);
       it = leases_.erase(it);
-      if (b != buffers_.end() && --b->second.leases == 0 &&
-          b->second.state == BufState::kDraining)
-        b->second.state = BufState::kFree;
+      if (b != buffers_.end()) {
+        --b->second.leases;
+        MaybeFree(b->second);
+      }
       ++dropped;
     } else {
       ++it;
@@ -140,7 +164,12 @@ void Cache::ReleaseBuffer(uint64_t buffer_id) {
   if (it == buffers_.end()) return;
   Buf& buf = it->second;
   buf.allocation_id = 0;
-  buf.state = buf.leases > 0 ? BufState::kDraining : BufState::kFree;
+  buf.state = buf.leases > 0 || buf.pins > 0 ? BufState::kDraining : BufState::kFree;
+}
+
+void Cache::MaybeFree(Buf& buf) {
+  if (buf.state == BufState::kDraining && buf.leases == 0 && buf.pins == 0)
+    buf.state = BufState::kFree;
 }
 
 CacheStats Cache::TallyLocked() const {
@@ -162,6 +191,10 @@ CacheStats Cache::TallyLocked() const {
   s.leases = leases_.size();
   s.buffers_created = buffers_created_;
   s.buffers_reused = buffers_reused_;
+  s.persist_queue = persist_queue_.size() + in_flight_.size();
+  s.persisted_files = persisted_files_;
+  s.persisted_bytes = persisted_bytes_;
+  for (const auto& [key, f] : files_) s.failed_files += f.state == FileState::kFailed;
   return s;
 }
 
@@ -230,6 +263,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   if (s.ok()) s = ValidateName("tag", req.tag, /*allow_empty=*/true, /*allow_slash=*/false);
   if (s.ok()) s = ValidatePath(req.path);
   if (s.ok() && req.size == 0) s = Status::InvalidArgument("size must be > 0");
+  if (s.ok()) s = CheckUnderRoots(req.path);
   if (s.ok() && req.size > budget_)
     s = Status::ResourceExhausted("file of " + std::to_string(req.size) + " bytes (" +
                                   HumanBytes(req.size) + ") exceeds the cache budget of " +
@@ -349,6 +383,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
   RecordFate(allocation_id, Fate::kCommitted);
   a.file.state = FileState::kCached;
   a.file.committed_unix_ns = NowNs();
+  a.file.version = allocation_id;
   a.file.records = std::move(records);
   buffers_[a.buffer_id].state = BufState::kCached;
   buffers_[a.buffer_id].allocation_id = 0;
@@ -361,6 +396,10 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
     files_.emplace(key, a.file);
   }
   *out = a.file;
+  if (persistence_enabled()) {
+    persist_queue_.emplace_back(key);
+    persist_cv_.notify_one();
+  }
   TCE_LOG(kInfo, "cache") << "committed job=" << a.file.job << " tag=" << a.file.tag
                           << " path=" << a.file.path << " size=" << a.file.size
                           << " buffer=" << a.buffer_id
@@ -415,8 +454,10 @@ Status Cache::Release(const std::string& session, const std::vector<uint64_t>& l
     auto it = leases_.find(id);
     auto b = buffers_.find(it->second.buffer_id);
     leases_.erase(it);
-    if (b != buffers_.end() && --b->second.leases == 0 && b->second.state == BufState::kDraining)
-      b->second.state = BufState::kFree;
+    if (b != buffers_.end()) {
+      --b->second.leases;
+      MaybeFree(b->second);
+    }
   }
   for (uint64_t id : unmapped_buffer_ids) {
     auto b = buffers_.find(id);
@@ -480,6 +521,110 @@ Status Cache::FdFor(const std::string& session, uint64_t buffer_id, int* fd, boo
   *writable = owns;
   *capacity = b.capacity;
   return Status::OK();
+}
+
+Status Cache::Wait(const std::string& session, const std::string& job,
+                   const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
+                   std::vector<FileInfo>* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  if (!persistence_enabled())
+    return Status::FailedPrecondition(
+        "persistence is off (the server has no storage_roots): files live in memory only");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    out->clear();
+    std::vector<std::string> unfinished;
+    for (const std::string& path : paths) {
+      auto it = files_.find({job, path});
+      if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
+      if (it->second.state == FileState::kCached) unfinished.push_back(path);
+      out->push_back(it->second);
+    }
+    if (unfinished.empty()) return Status::OK();
+    if (stopping_) return Status::Unavailable("the server is shutting down");
+    if (timeout.count() <= 0) {
+      done_cv_.wait(lock);
+    } else if (done_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return Status::DeadlineExceeded(std::to_string(unfinished.size()) + " of " + std::to_string(paths.size()) +
+                        " file(s) not persisted yet, e.g. " + unfinished[0]);
+    }
+  }
+}
+
+bool Cache::NextPersistJob(PersistJob* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (stopping_) return false;
+    if (persist_queue_.empty()) {
+      persist_cv_.wait(lock);
+      continue;
+    }
+    FileKey key = persist_queue_.front();
+    persist_queue_.pop_front();
+    auto it = files_.find(key);
+    if (it == files_.end() || it->second.state != FileState::kCached) continue;  // gone or done
+    auto flying = in_flight_.find(key);
+    if (flying != in_flight_.end() && flying->second == it->second.version) continue;
+    Buf& buf = buffers_[it->second.buffer_id];
+    int fd = -1;
+    Status s = buf.mem->NewFd(/*writable=*/true, &fd);
+    if (!s.ok()) {
+      it->second.state = FileState::kFailed;
+      it->second.reason = s.ToString();
+      done_cv_.notify_all();
+      continue;
+    }
+    ++buf.pins;
+    in_flight_[key] = it->second.version;
+    out->job = key.first;
+    out->path = key.second;
+    out->version = it->second.version;
+    out->buffer_id = buf.id;
+    out->size = it->second.size;
+    out->records = it->second.records;
+    out->fd = fd;
+    return true;
+  }
+}
+
+bool Cache::IsCurrent(const PersistJob& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = files_.find({job.job, job.path});
+  return it != files_.end() && it->second.version == job.version;
+}
+
+void Cache::FinishPersist(const PersistJob& job, const Status& result,
+                          std::vector<Record> records) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto b = buffers_.find(job.buffer_id);
+  if (b != buffers_.end()) {
+    --b->second.pins;
+    MaybeFree(b->second);
+  }
+  auto flying = in_flight_.find({job.job, job.path});
+  if (flying != in_flight_.end() && flying->second == job.version) in_flight_.erase(flying);
+  auto it = files_.find({job.job, job.path});
+  if (it == files_.end() || it->second.version != job.version) return;  // superseded
+  if (result.ok()) {
+    it->second.state = FileState::kPersisted;
+    it->second.persisted_unix_ns = NowNs();
+    it->second.records = std::move(records);
+    ++persisted_files_;
+    persisted_bytes_ += job.size;
+  } else {
+    it->second.state = FileState::kFailed;
+    it->second.reason = result.ToString();
+  }
+  done_cv_.notify_all();
+}
+
+void Cache::StopPersistence() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  persist_cv_.notify_all();
+  done_cv_.notify_all();
 }
 
 CacheStats Cache::Stats() {

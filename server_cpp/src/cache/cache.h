@@ -2,13 +2,18 @@
 // client sessions for writing, keeps committed files keyed by (job, path),
 // recycles freed buffers and keeps the total within a byte budget.
 //
+// With storage roots configured, every committed file is also queued for
+// persistence (see persist/persister.h), and only paths under the roots are
+// accepted. Without roots the cache is memory only.
+//
 // All public methods are thread-safe (one mutex); creating a memfd (slow:
-// fallocate zero-fills it) happens outside the lock after the bytes are
-// reserved.
+// fallocate zero-fills it) and filesystem checks happen outside the lock.
 #pragma once
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -22,10 +27,11 @@
 
 #include "cache/buffer.h"
 #include "common/status.h"
+#include "env/env.h"
 
 namespace tce {
 
-enum class FileState { kPending = 1, kCached = 2 };
+enum class FileState { kPending = 1, kCached = 2, kPersisted = 4, kFailed = 5 };
 
 struct Record {
   std::string name;
@@ -33,6 +39,7 @@ struct Record {
   uint64_t data_offset = 0;
   uint64_t size = 0;
   uint32_t crc32 = 0;
+  uint64_t central_offset = 0;
 };
 
 struct FileInfo {
@@ -44,7 +51,19 @@ struct FileInfo {
   uint64_t capacity = 0;
   int64_t created_unix_ns = 0;
   int64_t committed_unix_ns = 0;
+  int64_t persisted_unix_ns = 0;
+  std::string reason;      // why it FAILED
+  uint64_t version = 0;    // the allocation that wrote it
   std::vector<Record> records;
+};
+
+// One committed file handed to a persistence worker. The buffer is pinned
+// (never reused) until FinishPersist; `fd` is the worker's own, writable.
+struct PersistJob {
+  std::string job, path;
+  uint64_t version = 0, buffer_id = 0, size = 0;
+  std::vector<Record> records;
+  int fd = -1;
 };
 
 struct AllocateRequest {
@@ -64,11 +83,15 @@ struct CacheStats {
   uint64_t budget = 0, used = 0, cached = 0, pending = 0, free = 0, retiring = 0;
   uint64_t buffers = 0, files = 0, sessions = 0, leases = 0;
   uint64_t buffers_created = 0, buffers_reused = 0;
+  uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
 };
 
 class Cache {
  public:
-  explicit Cache(uint64_t budget_bytes);
+  // `storage_roots`: absolute directories files may be persisted under;
+  // empty means memory only.
+  explicit Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots = {},
+                 Env* env = Env::Default());
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
@@ -104,6 +127,23 @@ class Cache {
                uint64_t* capacity);
   CacheStats Stats();
   bool HasSession(const std::string& session);
+  const std::vector<std::string>& storage_roots() const { return roots_; }
+  bool persistence_enabled() const { return !roots_.empty(); }
+
+  // Blocks until every named file is PERSISTED or FAILED (infos in `out`, in
+  // order), or `timeout` passes (DEADLINE_EXCEEDED); <= 0 waits forever.
+  Status Wait(const std::string& session, const std::string& job,
+              const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
+              std::vector<FileInfo>* out);
+
+  // ---- for persistence workers ----
+  // Blocks for the next file to write; false once StopPersistence was called.
+  bool NextPersistJob(PersistJob* out);
+  // Whether the job's version is still the file's current version.
+  bool IsCurrent(const PersistJob& job);
+  // Records the outcome (records carry the CRCs) and unpins the buffer.
+  void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records);
+  void StopPersistence();
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };
@@ -115,6 +155,7 @@ class Cache {
     BufState state = BufState::kFree;
     std::set<std::string> mappers;  // sessions holding a writable mapping
     int leases = 0;
+    int pins = 0;                // persistence workers reading it
     uint64_t allocation_id = 0;  // while PENDING
   };
   struct Allocation {
@@ -142,6 +183,9 @@ class Cache {
   // The buffer of a replaced/removed/aborted file goes back to the pool (or
   // drains while leased).
   void ReleaseBuffer(uint64_t buffer_id);  // REQUIRES mu_
+  // After a lease or pin ends: a DRAINING buffer nobody uses is FREE again.
+  void MaybeFree(Buf& buf);  // REQUIRES mu_
+  Status CheckUnderRoots(const std::string& path);  // filesystem calls; no lock
   // Makes room for `need` more bytes; appends ids this session must unmap.
   void Reclaim(const std::string& session, uint64_t need,
                std::vector<uint64_t>* unmap);  // REQUIRES mu_
@@ -152,7 +196,15 @@ class Cache {
   void StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult* out);  // REQUIRES mu_
 
   const uint64_t budget_;
+  Env* const env_;
+  std::vector<std::string> roots_;  // resolved; immutable after construction
   std::mutex mu_;
+  std::condition_variable persist_cv_;  // a job was queued, or stopping
+  std::condition_variable done_cv_;     // a file was persisted or failed
+  std::deque<std::pair<std::string, std::string>> persist_queue_;  // GUARDED_BY(mu_)
+  std::map<std::pair<std::string, std::string>, uint64_t> in_flight_;  // GUARDED_BY(mu_): key -> version
+  bool stopping_ = false;                                        // GUARDED_BY(mu_)
+  uint64_t persisted_files_ = 0, persisted_bytes_ = 0;           // GUARDED_BY(mu_)
   uint64_t used_ = 0;      // GUARDED_BY(mu_): capacity of every buffer in buffers_
   uint64_t reserved_ = 0;  // GUARDED_BY(mu_): bytes of buffers being created
   uint64_t next_buffer_id_ = 1, next_allocation_id_ = 1, next_lease_id_ = 1;  // GUARDED_BY(mu_)

@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/strings.h"
 #include "daemon/options.h"
+#include "persist/persister.h"
 #include "rpc/fd_server.h"
 #include "rpc/service.h"
 
@@ -103,7 +104,15 @@ int Run(int argc, char** argv) {
   if (!(s = ClaimSocket(opt.socket, SOCK_STREAM)).ok()) return Fail(s.message(), 1);
   if (!(s = ClaimSocket(fd_path, SOCK_SEQPACKET)).ok()) return Fail(s.message(), 1);
 
-  Cache cache(budget);
+  std::vector<std::string> roots;
+  if (!(s = ParseRoots(opt.storage_roots, &roots)).ok()) return Fail("storage_roots: " + s.message(), 2);
+  Cache cache(budget, roots);
+  PersistOptions popt;
+  popt.threads = opt.persist_threads;
+  popt.retries = opt.persist_retries;
+  popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
+  Persister persister(&cache, Env::Default(), popt);
+  if (cache.persistence_enabled()) persister.Start();
   CacheService service(&cache, opt.socket);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -121,11 +130,14 @@ int Run(int argc, char** argv) {
     return Fail(s.message(), 1);
   }
   TCE_LOG(kInfo, "daemon") << "ready socket=" << opt.socket << " budget=" << budget << " ("
-                           << HumanBytes(budget) << ") pid=" << getpid();
+                           << HumanBytes(budget) << ") storage_roots="
+                           << (roots.empty() ? "(none: memory only)" : opt.storage_roots)
+                           << " pid=" << getpid();
 
   int sig = 0;
   sigwait(&stop, &sig);
   TCE_LOG(kInfo, "daemon") << "received " << strsignal(sig) << ", shutting down";
+  persister.Stop();  // wakes Wait() callers before the RPC server drains
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   fds.Stop();
   unlink(opt.socket.c_str());

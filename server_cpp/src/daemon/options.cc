@@ -22,6 +22,10 @@ const Setting kSettings[] = {
     {"allowed_uids", "TCE_ALLOWED_UIDS", "--allowed-uids"},
     {"rpc_threads", "TCE_RPC_THREADS", "--rpc-threads"},
     {"max_sessions", "TCE_MAX_SESSIONS", "--max-sessions"},
+    {"storage_roots", "TCE_STORAGE_ROOTS", "--storage-roots"},
+    {"persist_threads", "TCE_PERSIST_THREADS", "--persist-threads"},
+    {"persist_retries", "TCE_PERSIST_RETRIES", "--persist-retries"},
+    {"persist_backoff_ms", "TCE_PERSIST_BACKOFF_MS", "--persist-backoff-ms"},
 };
 
 bool ParseInt(const std::string& s, long lo, long hi, int* out) {
@@ -74,6 +78,16 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     if (!ParseInt(value, 1, 256, &o->rpc_threads)) return bad("an integer from 1 to 256");
   } else if (key == "max_sessions") {
     if (!ParseInt(value, 1, 65536, &o->max_sessions)) return bad("an integer from 1 to 65536");
+  } else if (key == "storage_roots") {
+    std::vector<std::string> ignored;
+    if (!ParseRoots(value, &ignored).ok()) return bad("comma-separated absolute directories");
+    o->storage_roots = value;
+  } else if (key == "persist_threads") {
+    if (!ParseInt(value, 1, 64, &o->persist_threads)) return bad("an integer from 1 to 64");
+  } else if (key == "persist_retries") {
+    if (!ParseInt(value, 0, 100, &o->persist_retries)) return bad("an integer from 0 to 100");
+  } else if (key == "persist_backoff_ms") {
+    if (!ParseInt(value, 1, 600000, &o->persist_backoff_ms)) return bad("milliseconds, 1 to 600000");
   } else {
     return Status::InvalidArgument("unknown setting '" + key + "'");
   }
@@ -194,6 +208,20 @@ Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64
   return Status::OK();
 }
 
+Status ParseRoots(const std::string& text, std::vector<std::string>* out) {
+  out->clear();
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    part = Trim(part);
+    if (part.empty()) continue;
+    if (part[0] != '/') return Status::InvalidArgument("storage root must be absolute: " + part);
+    while (part.size() > 1 && part.back() == '/') part.pop_back();
+    out->push_back(part);
+  }
+  return Status::OK();
+}
+
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out) {
   out->clear();
   if (Trim(text).empty()) {
@@ -221,7 +249,11 @@ std::string FormatConfig(const Options& o) {
       << "log_level = " << Quote(o.log_level) << "\n"
       << "allowed_uids = " << Quote(o.allowed_uids) << "\n"
       << "rpc_threads = " << o.rpc_threads << "\n"
-      << "max_sessions = " << o.max_sessions << "\n";
+      << "max_sessions = " << o.max_sessions << "\n"
+      << "storage_roots = " << Quote(o.storage_roots) << "\n"
+      << "persist_threads = " << o.persist_threads << "\n"
+      << "persist_retries = " << o.persist_retries << "\n"
+      << "persist_backoff_ms = " << o.persist_backoff_ms << "\n";
   return out.str();
 }
 
@@ -238,6 +270,11 @@ std::string HelpText() {
          "  --allowed-uids LIST    uids that may open sessions               [TCE_ALLOWED_UIDS, own uid + root]\n"
          "  --rpc-threads N        gRPC worker threads                       [TCE_RPC_THREADS, 4]\n"
          "  --max-sessions N       concurrent client sessions                [TCE_MAX_SESSIONS, 1024]\n"
+         "  --storage-roots LIST   dirs files are persisted under; only paths under them are\n"
+         "                         accepted (empty: memory only)             [TCE_STORAGE_ROOTS, empty]\n"
+         "  --persist-threads N    persistence workers                       [TCE_PERSIST_THREADS, 2]\n"
+         "  --persist-retries N    retries of a failed write                 [TCE_PERSIST_RETRIES, 5]\n"
+         "  --persist-backoff-ms N first retry delay, doubled each time      [TCE_PERSIST_BACKOFF_MS, 200]\n"
          "  --config FILE          flat TOML config file                     [TCE_CONFIG]\n"
          "  --print-config         print the effective configuration and exit\n"
          "  --version, --help\n";

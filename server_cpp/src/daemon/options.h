@@ -23,6 +23,10 @@ struct Options {
   std::string allowed_uids;  // empty: the server's own uid and root
   int rpc_threads = 4;
   int max_sessions = 1024;
+  std::string storage_roots;  // comma-separated absolute dirs; empty: memory only
+  int persist_threads = 2;
+  int persist_retries = 5;
+  int persist_backoff_ms = 200;
   std::string config;  // the file read, if any
 };
 
@@ -41,6 +45,8 @@ Status ParseConfigText(const std::string& text, const std::string& name,
 
 // "auto", "NN%", or a size -> bytes.
 Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64_t* out);
+// "/a, /b" -> {"/a", "/b"}; each must be absolute.
+Status ParseRoots(const std::string& text, std::vector<std::string>* out);
 // "" -> {self, 0}; "1000,1001" -> {1000, 1001}.
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out);
 

@@ -15,11 +15,13 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
   out->set_rank(f.rank);
   out->set_path(f.path);
   out->set_size(f.size);
-  out->set_state(f.state == FileState::kCached ? v1::FILE_STATE_CACHED : v1::FILE_STATE_PENDING);
+  out->set_state(static_cast<v1::FileState>(static_cast<int>(f.state)));
   out->set_buffer_id(f.buffer_id);
   out->set_capacity(f.capacity);
   out->set_created_unix_ns(f.created_unix_ns);
   out->set_committed_unix_ns(f.committed_unix_ns);
+  out->set_persisted_unix_ns(f.persisted_unix_ns);
+  out->set_reason(f.reason);
   for (const Record& r : f.records) {
     v1::Record* p = out->add_records();
     p->set_name(r.name);
@@ -27,6 +29,7 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
     p->set_data_offset(r.data_offset);
     p->set_size(r.size);
     p->set_crc32(r.crc32);
+    p->set_central_offset(r.central_offset);
   }
 }
 
@@ -51,7 +54,8 @@ grpc::Status CacheService::Commit(grpc::ServerContext*, const v1::CommitRequest*
   std::vector<Record> records;
   records.reserve(req->records_size());
   for (const auto& p : req->records())
-    records.push_back(Record{p.name(), p.header_offset(), p.data_offset(), p.size(), p.crc32()});
+    records.push_back(Record{p.name(), p.header_offset(), p.data_offset(), p.size(),
+                             /*crc32=*/0, p.central_offset()});
   FileInfo f;
   tce::Status s = cache_->Commit(req->session(), req->allocation_id(), std::move(records), &f);
   if (s.ok()) ToProto(f, resp->mutable_file());
@@ -118,7 +122,22 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
+  for (const std::string& root : cache_->storage_roots()) resp->add_storage_roots(root);
+  resp->set_persist_queue(s.persist_queue);
+  resp->set_persisted_files(s.persisted_files);
+  resp->set_persisted_bytes(s.persisted_bytes);
+  resp->set_failed_files(s.failed_files);
   return grpc::Status::OK;
+}
+
+grpc::Status CacheService::Wait(grpc::ServerContext*, const v1::WaitRequest* req,
+                                v1::WaitResponse* resp) {
+  std::vector<std::string> paths(req->paths().begin(), req->paths().end());
+  std::vector<FileInfo> files;
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(req->timeout_s() * 1000));
+  tce::Status s = cache_->Wait(req->session(), req->job(), paths, timeout, &files);
+  for (const FileInfo& f : files) ToProto(f, resp->add_files());
+  return ToGrpc(s);
 }
 
 }  // namespace tce

@@ -23,6 +23,7 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status Remove(grpc::ServerContext*, const v1::RemoveRequest*, v1::RemoveResponse*) override;
   grpc::Status List(grpc::ServerContext*, const v1::ListRequest*, v1::ListResponse*) override;
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
+  grpc::Status Wait(grpc::ServerContext*, const v1::WaitRequest*, v1::WaitResponse*) override;
 
  private:
   Cache* const cache_;

@@ -1,0 +1,55 @@
+// Persister: worker threads that write committed files to storage, off the
+// training rank's critical path. Each file: CRC-32 fields filled in the
+// buffer, written to a temp file in the target directory, fdatasync, rename
+// over the final path, fsync of the directory; the final path never holds a
+// torn file. I/O errors are retried with exponential backoff; after the
+// retries the file is FAILED with the reason (and stays in memory).
+// Start/Stop from one controlling thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cache/cache.h"
+#include "env/env.h"
+
+namespace tce {
+
+struct PersistOptions {
+  int threads = 2;
+  int retries = 5;  // attempts after the first
+  std::chrono::milliseconds backoff{200};  // doubled per attempt
+  size_t chunk = 16 << 20;                 // bytes per write()
+};
+
+class Persister {
+ public:
+  Persister(Cache* cache, Env* env, PersistOptions options);
+  ~Persister();
+  void Start();
+  void Stop();  // abandons retries; in-flight writes finish their current attempt
+
+  // Temp-file name used for `path` while version `version` is written.
+  static std::string TempPath(const std::string& path, uint64_t version);
+
+ private:
+  void Loop();
+  Status PersistOnce(const PersistJob& job, const unsigned char* data);
+  Status Persist(const PersistJob& job, std::vector<Record>* records);
+  bool SleepUnlessStopping(std::chrono::milliseconds d);
+
+  Cache* const cache_;
+  Env* const env_;
+  const PersistOptions options_;
+  std::vector<std::thread> threads_;
+  std::mutex rename_mu_;  // orders "is this version current?" + rename
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;  // GUARDED_BY(stop_mu_)
+};
+
+}  // namespace tce

@@ -1,0 +1,193 @@
+#include "persist/persister.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "env/fault_env.h"
+#include "persist/crc.h"
+
+namespace tce {
+namespace {
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+uint32_t Get32(const std::string& s, size_t at) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + i]);
+  return v;
+}
+
+// A file shaped like one torch-zip record: header, payload, data descriptor,
+// central directory entry. Only what the persister checks is real.
+struct FakeZip {
+  static constexpr uint64_t kData = 64, kPayload = 1000;
+  static constexpr uint64_t kDesc = kData + kPayload, kCentral = kDesc + 16, kSize = kCentral + 64;
+  static std::vector<Record> Records() { return {{"x/data/0", 0, kData, kPayload, 0, kCentral}}; }
+  static void Fill(unsigned char* p, char fill) {
+    std::memset(p, 0, kSize);
+    std::memset(p + kData, fill, kPayload);
+    std::memcpy(p + kDesc, "PK\x07\x08", 4);
+    std::memcpy(p + kCentral, "PK\x01\x02", 4);
+  }
+};
+
+class PersisterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tce-persist-XXXXXX";
+    root_ = mkdtemp(tmpl);
+  }
+  void TearDown() override {
+    persister_.reset();
+    fs::remove_all(root_);
+  }
+  void Start(int retries = 3) {
+    cache_.reset(new Cache(64 << 20, {root_}, &env_));
+    PersistOptions o;
+    o.threads = 2;
+    o.retries = retries;
+    o.backoff = 5ms;
+    persister_.reset(new Persister(cache_.get(), &env_, o));
+    persister_->Start();
+    session_ = cache_->OpenSession(getuid(), getpid());
+  }
+  // Saves a FakeZip whose payload is `fill` bytes at `path`.
+  void Save(const std::string& path, char fill) {
+    AllocateResult a;
+    ASSERT_TRUE(cache_->Allocate({session_, "job", "t", path, 0, FakeZip::kSize}, &a).ok());
+    int fd;
+    bool w;
+    uint64_t cap;
+    ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
+    auto* p = static_cast<unsigned char*>(mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    FakeZip::Fill(p, fill);
+    munmap(p, cap);
+    close(fd);
+    FileInfo f;
+    ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, FakeZip::Records(), &f).ok());
+  }
+  Status Wait(const std::string& path, std::vector<FileInfo>* out) {
+    return cache_->Wait(session_, "job", {path}, 10s, out);
+  }
+  std::string Read(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  std::string root_;
+  FaultInjectionEnv env_{Env::Default()};
+  std::unique_ptr<Cache> cache_;
+  std::unique_ptr<Persister> persister_;
+  std::string session_;
+};
+
+TEST_F(PersisterTest, WritesTheFileWithCrcsFilled) {
+  Start();
+  std::string path = root_ + "/ckpt/step1/model.pt";  // directories are created
+  Save(path, 'a');
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  ASSERT_EQ(out[0].state, FileState::kPersisted);
+  std::string bytes = Read(path);
+  ASSERT_EQ(bytes.size(), FakeZip::kSize);
+  uint32_t crc = crc32(0, reinterpret_cast<const Bytef*>(bytes.data() + FakeZip::kData), FakeZip::kPayload);
+  EXPECT_EQ(Get32(bytes, FakeZip::kDesc + 4), crc);
+  EXPECT_EQ(Get32(bytes, FakeZip::kCentral + 16), crc);
+  EXPECT_EQ(out[0].records[0].crc32, crc);
+  EXPECT_FALSE(fs::exists(Persister::TempPath(path, out[0].version)));
+  EXPECT_EQ(cache_->Stats().persisted_files, 1u);
+}
+
+TEST_F(PersisterTest, RetriesThroughEnospc) {
+  Start(/*retries=*/3);
+  env_.FailAppends(ENOSPC, 2);
+  std::string path = root_ + "/a.pt";
+  Save(path, 'b');
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kPersisted);
+  EXPECT_EQ(Read(path).size(), FakeZip::kSize);
+}
+
+TEST_F(PersisterTest, FailsWithTheReasonAfterRetriesAndKeepsTheFileInMemory) {
+  Start(/*retries=*/2);
+  env_.FailAppends(EIO, 100);
+  std::string path = root_ + "/b.pt";
+  Save(path, 'c');
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kFailed);
+  EXPECT_NE(out[0].reason.find("Input/output error"), std::string::npos) << out[0].reason;
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_TRUE(fs::is_empty(root_));  // no temp files left behind
+  EXPECT_EQ(cache_->Stats().failed_files, 1u);
+  FileInfo f;
+  uint64_t lease;
+  std::vector<uint64_t> unmap;
+  EXPECT_TRUE(cache_->Lookup(session_, "job", path, false, &f, &lease, &unmap).ok());
+}
+
+TEST_F(PersisterTest, CrashBeforeRenameNeverLeavesATornFile) {
+  Start(/*retries=*/0);
+  std::string path = root_ + "/c.pt";
+  { std::ofstream(path) << "old complete file"; }
+  env_.FailRenames(1);
+  Save(path, 'd');
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kFailed);
+  EXPECT_EQ(Read(path), "old complete file");  // the final path was never touched
+}
+
+TEST_F(PersisterTest, NewestVersionWins) {
+  Start();
+  std::string path = root_ + "/d.pt";
+  for (char c : {'1', '2', '3', '4', '5'}) Save(path, c);
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kPersisted);
+  EXPECT_EQ(Read(path)[FakeZip::kData], '5');
+}
+
+TEST_F(PersisterTest, PathsOutsideTheRootsAreRefusedAtAllocate) {
+  Start();
+  AllocateResult a;
+  Status s = cache_->Allocate({session_, "job", "t", "/etc/tce-test.pt", 0, 100}, &a);
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
+  EXPECT_NE(s.message().find("is not under a storage root"), std::string::npos) << s.message();
+  fs::create_symlink("/etc", root_ + "/escape");
+  s = cache_->Allocate({session_, "job", "t", root_ + "/escape/x.pt", 0, 100}, &a);
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
+  EXPECT_NE(s.message().find("resolves to /etc/x.pt"), std::string::npos) << s.message();
+}
+
+TEST_F(PersisterTest, WaitWithoutPersistenceSaysSo) {
+  Cache memory_only(1 << 20);
+  std::string s = memory_only.OpenSession(1, 1);
+  std::vector<FileInfo> out;
+  EXPECT_EQ(memory_only.Wait(s, "job", {"/x"}, 1s, &out).code(), Status::Code::kFailedPrecondition);
+}
+
+TEST(Crc, MatchesZlibAndRejectsAWrongTable) {
+  std::vector<unsigned char> file(FakeZip::kSize);
+  FakeZip::Fill(file.data(), 'z');
+  std::vector<Record> records = FakeZip::Records();
+  ASSERT_TRUE(FillZipCrcs(file.data(), file.size(), &records).ok());
+  EXPECT_EQ(records[0].crc32, crc32(0, file.data() + FakeZip::kData, FakeZip::kPayload));
+  records[0].central_offset = 10;
+  EXPECT_EQ(FillZipCrcs(file.data(), file.size(), &records).code(), Status::Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tce
