@@ -5,14 +5,16 @@
 Importing this package does nothing else.
 """
 
-from tce._api import cached, close, load, remove, save, status
+from tce._api import cached, close, load, remove, save, status, wait
 from tce._knobs import configure
 from tce.errors import (
     CacheFullError,
+    DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotCachedError,
     PermissionDeniedError,
+    PersistFailedError,
     ServerUnavailableError,
     TCEError,
     UnauthenticatedError,
@@ -22,10 +24,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CacheFullError",
+    "DeadlineExceededError",
     "FailedPreconditionError",
     "InvalidArgumentError",
     "NotCachedError",
     "PermissionDeniedError",
+    "PersistFailedError",
     "ServerUnavailableError",
     "TCEError",
     "UnauthenticatedError",
@@ -36,4 +40,5 @@ __all__ = [
     "remove",
     "save",
     "status",
+    "wait",
 ]

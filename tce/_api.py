@@ -14,7 +14,13 @@ import torch
 
 from tce import _knobs, _layout
 from tce._client import Client
-from tce.errors import CacheFullError, NotCachedError, ServerUnavailableError, TCEError
+from tce.errors import (
+    CacheFullError,
+    NotCachedError,
+    PersistFailedError,
+    ServerUnavailableError,
+    TCEError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +32,9 @@ _torch_load = torch.serialization.load
 _client_lock = threading.Lock()
 _client: Client | None = None
 _warned_fallback = False
+# (socket, job, path) of every file this process saved through a cache server
+# and has not yet seen persisted: what tce.wait() waits for by default.
+_unsettled: dict[tuple[str, str, str], None] = {}
 
 
 def _get_client() -> Client:
@@ -138,6 +147,8 @@ def save(
     plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     try:
         _with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path))
+        with _client_lock:
+            _unsettled[(_knobs.get("socket"), job, path)] = None
         return None
     except (ServerUnavailableError, CacheFullError) as e:
         if _knobs.get("on_unavailable") == "raise":
@@ -197,6 +208,53 @@ def load(
     )
     log.debug("loaded %s from cache (%d bytes) in %.3fs", path, info.size, time.perf_counter() - t0)
     return result
+
+
+def wait(
+    paths: list[str | os.PathLike] | str | os.PathLike | None = None,
+    *,
+    timeout: float | None = None,
+    job: str | None = None,
+) -> None:
+    """Block until files are durable on storage.
+
+    Args:
+        paths: the files to wait for; default: every file this process saved
+            through the cache and has not yet seen persisted.
+        timeout: seconds; None waits as long as it takes.
+
+    Raises:
+        PersistFailedError: the server gave up on some file (reasons attached;
+            the file stays cached in memory).
+        DeadlineExceededError: the timeout passed first.
+        FailedPreconditionError: the server persists nothing (no storage roots).
+    """
+    socket_path = _knobs.get("socket")
+    if paths is None:
+        with _client_lock:
+            keys = [(j, p) for s, j, p in _unsettled if s == socket_path]
+    else:
+        if _is_path(paths):
+            paths = [paths]
+        keys = [(_job(job), _norm(p)) for p in paths]
+    by_job: dict[str, list[str]] = {}
+    for j, p in keys:
+        by_job.setdefault(j, []).append(p)
+    failures: dict[str, str] = {}
+    from tce.v1 import tce_pb2 as pb
+
+    for j, ps in by_job.items():
+        for info in _with_client(lambda c: c.wait(j, ps, timeout)):
+            if info.state == pb.FILE_STATE_FAILED:
+                failures[info.path] = info.reason
+            with _client_lock:
+                _unsettled.pop((socket_path, j, info.path), None)
+    if failures:
+        first = next(iter(failures.items()))
+        raise PersistFailedError(
+            f"{len(failures)} file(s) could not be persisted, e.g. {first[0]}: {first[1]}",
+            failures=failures,
+        )
 
 
 def cached(f: str | os.PathLike, *, job: str | None = None) -> bool:

@@ -196,7 +196,8 @@ class Client:
             plan.write(m.view, m.tensor)
             records = [
                 pb.Record(name=r.name, header_offset=r.header_offset,
-                          data_offset=r.data_offset, size=r.size)
+                          data_offset=r.data_offset, size=r.size,
+                          central_offset=r.central_offset)
                 for r in plan.records
             ]
             return self._call(
@@ -287,6 +288,16 @@ class Client:
 
     def list(self, job: str = "", tag: str = "") -> list[pb.FileInfo]:
         return list(self._call("List", pb.ListRequest(job=job, tag=tag)).files)
+
+    def wait(self, job: str, paths: list[str], timeout: float | None) -> list[pb.FileInfo]:
+        """Block until the files are PERSISTED or FAILED (server-side wait)."""
+        request = pb.WaitRequest(session=self.session, job=job, paths=paths,
+                                 timeout_s=timeout or 0.0)
+        try:
+            return list(self._stub.Wait(request, timeout=None if timeout is None else timeout + 30).files)
+        except grpc.RpcError as e:
+            code = e.code().name if e.code() is not None else "UNKNOWN"
+            raise error_for(code, e.details() or code) from None
 
     def status(self) -> pb.StatusResponse:
         return self._call("Status", pb.StatusRequest())

@@ -57,6 +57,7 @@ class LocalServer:
         *,
         socket_path: str | None = None,
         memory_budget: str = "1GiB",
+        storage_roots: Sequence[str] = (),
         extra_args: Sequence[str] = (),
         log_path: str | None = None,
         env: dict[str, str] | None = None,
@@ -70,6 +71,8 @@ class LocalServer:
             server_binary(), "--socket", socket_path,
             "--memory-budget", memory_budget, *extra_args,
         ]
+        if storage_roots:
+            self.args += ["--storage-roots", ",".join(storage_roots)]
         self.log_path = log_path or os.path.join(
             self._tmpdir or os.path.dirname(socket_path), "tce-server.log"
         )

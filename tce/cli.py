@@ -40,6 +40,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
           f"free for reuse {_human(int(st['free_bytes']))}")
     print(f"buffers   {st['buffers']} live, {st['buffers_created']} created, {st['buffers_reused']} reuses")
     print(f"files     {st['files']}   sessions {st['sessions']}   leases {st['leases']}")
+    roots = st.get("storage_roots") or []
+    if roots:
+        print(f"persist   roots {', '.join(roots)}; queue {st['persist_queue']}, "
+              f"{st['persisted_files']} written ({_human(int(st['persisted_bytes']))}), "
+              f"{st['failed_files']} FAILED")
+    else:
+        print("persist   off (no storage_roots): files live in memory only")
     return 0
 
 

@@ -56,6 +56,25 @@ class UnauthenticatedError(TCEError):
     code = "UNAUTHENTICATED"
 
 
+class DeadlineExceededError(TCEError):
+    """A wait ran out of time."""
+
+    code = "DEADLINE_EXCEEDED"
+
+
+class PersistFailedError(TCEError):
+    """The server gave up writing a file to storage (it stays in memory).
+
+    ``failures`` maps each failed path to the server's reason.
+    """
+
+    code = "PERSIST_FAILED"
+
+    def __init__(self, message: str, *, failures: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = dict(failures or {})
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (
@@ -66,6 +85,7 @@ _BY_CODE = {
         CacheFullError,
         FailedPreconditionError,
         UnauthenticatedError,
+        DeadlineExceededError,
     )
 }
 

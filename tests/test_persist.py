@@ -1,0 +1,137 @@
+"""Asynchronous persistence through a real server onto real filesystems."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+import zipfile
+
+import pytest
+import torch
+
+import tce
+from tce import _api, _knobs
+from tce._server import LocalServer
+from tce.v1 import tce_pb2 as pb
+from conftest import run_python
+from helpers import assert_same, every_dtype, sample_tensor
+
+
+@pytest.fixture
+def storage(tmp_path):
+    root = tmp_path / "storage"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def persisting(storage):
+    s = LocalServer(memory_budget="512MiB", storage_roots=[str(storage)],
+                    extra_args=["--persist-backoff-ms", "10", "--persist-retries", "2"]).start()
+    with _knobs.override(socket=s.socket, job=f"persist-{uuid.uuid4().hex[:8]}",
+                         on_unavailable="raise"):
+        yield s
+        _api.close()
+    assert s.stop() == 0, s.log()
+    s.cleanup()
+
+
+def test_persisted_file_is_a_plain_torch_file(persisting, storage):
+    obj = {"model": {f"w{i}": torch.randn(64, 64) for i in range(3)},
+           "dtypes": {str(d): sample_tensor(d) for d in every_dtype()},
+           "step": 7, "empty": torch.empty(0)}
+    path = storage / "ckpt" / "global_step7" / "mp_rank_00_model_states.pt"
+    tce.save(obj, path, tag="global_step7")
+    tce.wait()
+    assert path.exists()
+    assert zipfile.ZipFile(path).testzip() is None  # every CRC-32 filled by the server
+    info = _api._get_client().lookup(_knobs.get("job"), str(path))
+    assert info.state == pb.FILE_STATE_PERSISTED and info.persisted_unix_ns >= info.committed_unix_ns
+    z = zipfile.ZipFile(path)
+    assert [r.crc32 for r in info.records] == [i.CRC for i in z.infolist()]
+    ref = path.parent / "ref.pt"
+    torch.save(obj, ref)
+    out = run_python(
+        "import sys, torch\n"
+        f"a = torch.load({str(path)!r}, weights_only=True)\n"
+        f"m = torch.load({str(path)!r}, weights_only=True, mmap=True)\n"
+        f"b = torch.load({str(ref)!r}, weights_only=True)\n"
+        "assert 'tce' not in sys.modules\n"
+        "eq = lambda x, y: all(torch.equal(x[k].view(torch.uint8) if x[k].dtype.itemsize == 1 else x[k], "
+        "y[k].view(torch.uint8) if y[k].dtype.itemsize == 1 else y[k]) for k in x)\n"
+        "assert eq(a['model'], b['model']) and eq(m['model'], b['model']) and a['step'] == 7\n"
+        "assert all(torch.equal(a['dtypes'][k].view(torch.uint8), b['dtypes'][k].view(torch.uint8)) "
+        "for k in b['dtypes'] if b['dtypes'][k].numel())\n"
+        "print('ok')\n"
+    )
+    assert out.strip() == "ok"
+    # the cache holds the same bytes the disk does (CRCs included)
+    _, mm = _api._get_client().open(_knobs.get("job"), str(path))
+    assert mm[: info.size] == path.read_bytes()
+
+
+def test_wait_for_named_paths_and_status(persisting, storage):
+    paths = [storage / f"r{i}.pt" for i in range(3)]
+    for i, p in enumerate(paths):
+        tce.save({"x": torch.full((1000,), float(i))}, p)
+    tce.wait([paths[0], str(paths[2])], timeout=30)
+    assert paths[0].exists() and paths[2].exists()
+    tce.wait(timeout=30)
+    st = tce.status()
+    assert int(st["persisted_files"]) == 3 and int(st["persist_queue"]) == 0
+    assert st["storage_roots"] == [os.path.realpath(storage)]
+    assert int(st["failed_files"]) == 0
+
+
+def test_paths_outside_the_roots_are_refused(persisting, storage, tmp_path):
+    with pytest.raises(tce.PermissionDeniedError, match="is not under a storage root"):
+        tce.save({"x": 1}, tmp_path / "elsewhere.pt")
+    os.symlink("/etc", storage / "escape")
+    with pytest.raises(tce.PermissionDeniedError, match="resolves to /etc/x.pt"):
+        tce.save({"x": 1}, storage / "escape" / "x.pt")
+    assert not os.path.exists("/etc/x.pt")
+
+
+def test_wait_on_a_memory_only_server(server, tmp_path):
+    tce.save({"x": 1}, tmp_path / "m.pt")
+    with pytest.raises(tce.FailedPreconditionError, match="persistence is off"):
+        tce.wait([tmp_path / "m.pt"])
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A real 1 MiB tmpfs (needs root, which CI has)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_filesystem_fails_loudly_and_keeps_the_file_in_memory(tiny_fs):
+    s = LocalServer(memory_budget="64MiB", storage_roots=[str(tiny_fs)],
+                    extra_args=["--persist-backoff-ms", "5", "--persist-retries", "2"]).start()
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            small, big = tiny_fs / "small.pt", tiny_fs / "big.pt"
+            tce.save({"x": torch.ones(10)}, small)
+            obj = {"x": torch.randn(1 << 20)}  # 4 MiB > 1 MiB of disk
+            tce.save(obj, big)
+            with pytest.raises(tce.PersistFailedError, match="No space left on device") as ei:
+                tce.wait(timeout=60)
+            assert list(ei.value.failures) == [str(big)]
+            assert small.exists() and not big.exists()
+            assert [f.name for f in tiny_fs.iterdir()] == ["small.pt"]  # no temp files left
+            assert torch.equal(tce.load(big, weights_only=True)["x"], obj["x"])  # still cached
+            assert int(tce.status()["failed_files"]) == 1
+            ls = subprocess.run(["python3", "-m", "tce.cli", "--socket", s.socket, "ls"],
+                                capture_output=True, text=True)
+            assert any("FAILED" in line and line.endswith(str(big)) for line in ls.stdout.splitlines())
+            _api.close()
+    finally:
+        s.stop()
+        s.cleanup()
