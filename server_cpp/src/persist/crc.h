@@ -1,5 +1,8 @@
-// CRC-32 (zip polynomial) of a byte range, and the zip fields that carry it.
-// Pure functions; any thread.
+// CRC-32 (zip polynomial) and the zip fields that carry it. ZipCrcStream
+// computes every record's CRC while the file streams past in chunks of any
+// size, and writes each CRC into the chunk bytes of the record's data
+// descriptor and central directory entry before they go out.
+// Pure computation; one stream per thread.
 #pragma once
 
 #include <cstddef>
@@ -11,11 +14,37 @@
 
 namespace tce {
 
-uint32_t Crc32(const unsigned char* data, size_t n);
+uint32_t Crc32(uint32_t crc, const unsigned char* data, size_t n);
 
-// Computes each record's CRC over `file` (of `size` bytes) and writes it into
-// the record's data descriptor and central directory entry, after checking
-// both are where the record table says. Fills records[i].crc32.
-Status FillZipCrcs(unsigned char* file, uint64_t size, std::vector<Record>* records);
+class ZipCrcStream {
+ public:
+  // `records` sorted by data_offset, inside a file of `size` bytes.
+  ZipCrcStream(std::vector<Record> records, uint64_t size);
+
+  // Feeds bytes [offset, offset + n) of the file, in order. Patches the CRC
+  // fields that fall inside this chunk (their records' data precede them).
+  void Feed(uint64_t offset, unsigned char* chunk, size_t n);
+
+  // The records with their CRCs (valid once the whole file was fed).
+  const std::vector<Record>& records() const { return records_; }
+
+  // (offset, crc) of every CRC field in the file, for patching a copy.
+  std::vector<std::pair<uint64_t, uint32_t>> Fields() const;
+
+ private:
+  struct Field {
+    uint64_t offset;
+    size_t record;
+  };
+  std::vector<Record> records_;
+  std::vector<uint32_t> crc_;
+  std::vector<Field> fields_;  // sorted by offset
+  size_t next_record_ = 0;     // first record whose data is not fully fed
+  size_t next_field_ = 0;      // first field not fully patched
+};
+
+// Checks that each record's data descriptor and central entry signatures are
+// where the table says, reading them from `fd` (a memfd).
+Status ValidateZipTable(int fd, uint64_t size, const std::vector<Record>& records);
 
 }  // namespace tce

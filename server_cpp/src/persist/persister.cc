@@ -1,9 +1,11 @@
 #include "persist/persister.h"
 
-#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "common/logging.h"
 #include "persist/crc.h"
@@ -48,11 +50,19 @@ bool Persister::SleepUnlessStopping(std::chrono::milliseconds d) {
 }
 
 void Persister::Loop() {
+  // Persistence is background work: on a busy node the training ranks'
+  // copies come first (nice applies per thread on Linux).
+  if (options_.nice > 0) {
+    errno = 0;
+    if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), options_.nice) != 0)
+      TCE_LOG(kWarning, "persist") << "setpriority: " << std::strerror(errno);
+  }
+  std::unique_ptr<unsigned char[]> chunk(new unsigned char[options_.chunk]);
   PersistJob job;
   while (cache_->NextPersistJob(&job)) {
     std::vector<Record> records = job.records;
     auto t0 = std::chrono::steady_clock::now();
-    Status s = Persist(job, &records);
+    Status s = Persist(job, chunk.get(), &records);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ::close(job.fd);
     if (s.code() == Status::Code::kAborted) {
@@ -69,17 +79,13 @@ void Persister::Loop() {
   }
 }
 
-Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
-  void* map = mmap(nullptr, job.size, PROT_READ | PROT_WRITE, MAP_SHARED, job.fd, 0);
-  if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer " + std::to_string(job.buffer_id));
-  auto* data = static_cast<unsigned char*>(map);
-  Status s = FillZipCrcs(data, job.size, records);
-  if (!s.ok()) {
-    munmap(map, job.size);
-    return Status::InvalidArgument("the record table does not match the file: " + s.message());
-  }
+Status Persister::Persist(const PersistJob& job, unsigned char* chunk,
+                          std::vector<Record>* records) {
+  Status s = ValidateZipTable(job.fd, job.size, *records);
+  if (!s.ok()) return Status::InvalidArgument("the record table does not match the file: " + s.message());
+  std::vector<std::pair<uint64_t, uint32_t>> fields;
   for (int attempt = 0;; ++attempt) {
-    s = PersistOnce(job, data);
+    s = PersistOnce(job, chunk, records, &fields);
     if (s.ok() || s.code() == Status::Code::kAborted || attempt >= options_.retries) break;
     auto delay = options_.backoff * (1 << std::min(attempt, 10));
     TCE_LOG(kWarning, "persist") << "retrying path=" << job.path << " in " << delay.count()
@@ -87,20 +93,40 @@ Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
                                  << "): " << s.ToString();
     if (!SleepUnlessStopping(delay)) break;
   }
-  munmap(map, job.size);
-  return s;
+  if (!s.ok()) return s;
+  // The cached copy gets the same CRCs, so every later reader (a backup, a
+  // load) sees the bytes that are on disk.
+  for (const auto& [offset, crc] : fields) {
+    unsigned char bytes[4];
+    for (int k = 0; k < 4; ++k) bytes[k] = static_cast<unsigned char>(crc >> (8 * k));
+    if (pwrite(job.fd, bytes, 4, static_cast<off_t>(offset)) != 4)
+      return Status::FromErrno(errno, "patching CRCs into buffer " + std::to_string(job.buffer_id));
+  }
+  return Status::OK();
 }
 
-Status Persister::PersistOnce(const PersistJob& job, const unsigned char* data) {
+Status Persister::PersistOnce(const PersistJob& job, unsigned char* chunk,
+                              std::vector<Record>* records,
+                              std::vector<std::pair<uint64_t, uint32_t>>* crc_fields) {
   const std::string dir = Dirname(job.path);
   const std::string tmp = TempPath(job.path, job.version);
   Status s = env_->CreateDirs(dir);
   if (!s.ok()) return s;
   std::unique_ptr<WritableFile> file;
   s = env_->NewWritableFile(tmp, &file);
-  for (uint64_t off = 0; s.ok() && off < job.size; off += options_.chunk) {
+  ZipCrcStream crcs(*records, job.size);
+  for (uint64_t off = 0; s.ok() && off < job.size;) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk, job.size - off));
-    s = file->Append(reinterpret_cast<const char*>(data + off), n);
+    ssize_t got = pread(job.fd, chunk, n, static_cast<off_t>(off));
+    if (got <= 0) {
+      s = got < 0 && errno == EINTR ? Status::OK()
+                                    : Status::FromErrno(got < 0 ? errno : EIO, "reading the buffer");
+      continue;
+    }
+    crcs.Feed(off, chunk, static_cast<size_t>(got));
+    s = file->Append(reinterpret_cast<const char*>(chunk), static_cast<size_t>(got));
+    if (s.ok()) s = file->StartWriteback(off, static_cast<uint64_t>(got));
+    off += static_cast<uint64_t>(got);
   }
   if (s.ok()) s = file->Sync();
   if (file) {
@@ -120,6 +146,8 @@ Status Persister::PersistOnce(const PersistJob& job, const unsigned char* data) 
     (void)ignored;
     return s;
   }
+  *records = crcs.records();
+  *crc_fields = crcs.Fields();
   return env_->SyncDir(dir);
 }
 

@@ -1,8 +1,9 @@
 // Persister: worker threads that write committed files to storage, off the
-// training rank's critical path. Each file: CRC-32 fields filled in the
-// buffer, written to a temp file in the target directory, fdatasync, rename
-// over the final path, fsync of the directory; the final path never holds a
-// torn file. I/O errors are retried with exponential backoff; after the
+// training rank's critical path. Each file streams through one reused chunk
+// buffer per worker (pread from the memfd: no mapping, no page faults), its
+// CRC-32 fields filled on the way (and then in the cached copy too), into a
+// temp file in the target directory; fdatasync, rename over the final path,
+// fsync of the directory. The final path never holds a torn file. I/O errors are retried with exponential backoff; after the
 // retries the file is FAILED with the reason (and stays in memory).
 // Start/Stop from one controlling thread.
 #pragma once
@@ -24,6 +25,7 @@ struct PersistOptions {
   int retries = 5;  // attempts after the first
   std::chrono::milliseconds backoff{200};  // doubled per attempt
   size_t chunk = 16 << 20;                 // bytes per write()
+  int nice = 10;                           // CPU priority of the workers (0: unchanged)
 };
 
 class Persister {
@@ -38,8 +40,11 @@ class Persister {
 
  private:
   void Loop();
-  Status PersistOnce(const PersistJob& job, const unsigned char* data);
-  Status Persist(const PersistJob& job, std::vector<Record>* records);
+  // One attempt: stream the buffer through `chunk` into a temp file, filling
+  // CRCs on the way, then rename into place.
+  Status PersistOnce(const PersistJob& job, unsigned char* chunk, std::vector<Record>* records,
+                     std::vector<std::pair<uint64_t, uint32_t>>* crc_fields);
+  Status Persist(const PersistJob& job, unsigned char* chunk, std::vector<Record>* records);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   Cache* const cache_;
