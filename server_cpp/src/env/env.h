@@ -19,6 +19,9 @@ class WritableFile {
   virtual ~WritableFile() = default;
   virtual Status Append(const char* data, size_t n) = 0;
   virtual Status Sync() = 0;  // fdatasync
+  // Starts writing back [offset, offset + n) without waiting, so disk I/O
+  // overlaps whatever comes next; Sync() still makes it durable.
+  virtual Status StartWriteback(uint64_t offset, uint64_t n) = 0;
   virtual Status Close() = 0;
 };
 

@@ -14,6 +14,9 @@ class FaultFile final : public WritableFile {
     return s.ok() ? base_->Append(data, n) : s;
   }
   Status Sync() override { return base_->Sync(); }
+  Status StartWriteback(uint64_t offset, uint64_t n) override {
+    return base_->StartWriteback(offset, n);
+  }
   Status Close() override { return base_->Close(); }
 
  private:

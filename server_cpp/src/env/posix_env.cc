@@ -29,6 +29,13 @@ class PosixWritableFile final : public WritableFile {
     }
     return Status::OK();
   }
+  Status StartWriteback(uint64_t offset, uint64_t n) override {
+    if (::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n),
+                          SYNC_FILE_RANGE_WRITE) != 0 &&
+        errno != ESPIPE && errno != EINVAL)  // not supported here: fdatasync does it all
+      return Status::FromErrno(errno, "sync_file_range " + path_);
+    return Status::OK();
+  }
   Status Sync() override {
     if (::fdatasync(fd_) != 0) return Status::FromErrno(errno, "fdatasync " + path_);
     return Status::OK();
