@@ -92,7 +92,64 @@ def _restore_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) ->
         v.copy_(src[k])
 
 
-def run(size: int, *, repeats: int, directory: str, socket_path: str | None) -> dict[str, Any]:
+def _dd(path: str, nbytes: int) -> float:
+    """Seconds for `dd conv=fsync` to write nbytes (16 MiB blocks) to path."""
+    import subprocess
+
+    count = max(1, nbytes // (16 << 20))
+    t0 = time.perf_counter()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={count}", "conv=fsync"],
+                   check=True, capture_output=True)
+    seconds = time.perf_counter() - t0
+    os.unlink(path)
+    return seconds * nbytes / (count * (16 << 20))
+
+
+def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
+                 directory: str) -> dict[str, Any]:
+    """Time-to-persisted through a server with `directory` as storage root,
+    against dd conv=fsync of the same bytes on the same filesystem."""
+    import tce
+    from tce import _api, _knobs
+    from tce._server import LocalServer
+
+    res: dict[str, Any] = {}
+    root = os.path.join(directory, "storage")
+    os.makedirs(root)
+    server = LocalServer(memory_budget=str(6 * nbytes + (256 << 20)), storage_roots=[root]).start()
+    try:
+        with _knobs.override(socket=server.socket, on_unavailable="raise"):
+            a, b = os.path.join(root, "a.pt"), os.path.join(root, "b.pt")
+            for p in (a, b):  # warm both buffers
+                tce.save(sd, p)
+            tce.wait()
+            # Pairs (persist, dd) in turn: a disk's speed drifts, so only
+            # ratios taken side by side mean something.
+            persist, dd, during = [], [], []
+            for _ in range(repeats):
+                tce.save(sd, a)
+                t0 = time.perf_counter()
+                tce.wait([a])
+                persist.append(time.perf_counter() - t0)
+                dd.append(_dd(os.path.join(root, "dd.bin"), nbytes))
+                tce.save(sd, a)  # a's persistence now runs in the background...
+                t0 = time.perf_counter()
+                tce.save(sd, b)  # ...while this save blocks the "training rank"
+                during.append(time.perf_counter() - t0)
+                tce.wait()
+            res["tce_persist_s"] = statistics.median(persist)
+            res["dd_fsync_s"] = statistics.median(dd)
+            res["persist_vs_dd"] = statistics.median(d / p for p, d in zip(persist, dd))
+            res["tce_save_while_persisting_s"] = statistics.median(during)
+            _api.close()
+    finally:
+        server.stop()
+        server.cleanup()
+    return res
+
+
+def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
+        persist_repeats: int = 5) -> dict[str, Any]:
     import tce
     from tce import _api, _knobs
     from tce._server import LocalServer
@@ -130,6 +187,8 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None) -> 
         if server is not None:
             server.stop()
             server.cleanup()
+
+    res.update(_persistence(sd, nbytes, repeats=persist_repeats, directory=directory))
 
     fpath = os.path.join(directory, "tce_bench_torch.pt")
 
@@ -172,6 +231,11 @@ def render(res: dict[str, Any]) -> str:
         ("tce.load (from cache)", res["tce_load_s"],
          f"{res['tce_load_speedup_vs_torch_load']:.1f}x torch.load"),
         ("torch.load (page cache)", res["torch_load_s"], ""),
+        ("tce.save while another file persists", res["tce_save_while_persisting_s"],
+         f"{res['tce_save_s'] / res['tce_save_while_persisting_s']:.0%} of the steady-state speed"),
+        ("time to persisted (commit -> durable)", res["tce_persist_s"],
+         f"{res['persist_vs_dd']:.0%} of dd conv=fsync (median of paired runs)"),
+        ("dd conv=fsync, same bytes, same fs", res["dd_fsync_s"], ""),
         ("restore: tce.load + copy into model", res["tce_restore_s"],
          f"{res['tce_restore_speedup_vs_torch']:.1f}x torch"),
         ("restore: torch.load + copy into model", res["torch_restore_s"], ""),
@@ -189,8 +253,11 @@ def render(res: dict[str, Any]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="1GiB", help="state dict size (default 1GiB)")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
+    p.add_argument("--persist-repeats", type=int, default=5,
+                   help="timed runs of the persistence figures (they write to disk)")
     p.add_argument("--dir", default=None,
-                   help="directory for torch.save files (default: a temp dir under /tmp)")
+                   help="directory for torch.save, dd and persisted files "
+                        "(default: a temp dir under /tmp)")
     p.add_argument("--use-running-server", action="store_true",
                    help="use the server on --socket / $TCE_SOCKET instead of starting one")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -201,7 +268,8 @@ def main(args: argparse.Namespace) -> int:
 
     socket_path = (args.socket or _knobs.get("socket")) if args.use_running_server else None
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        res = run(parse_size(args.size), repeats=args.repeats, directory=d, socket_path=socket_path)
+        res = run(parse_size(args.size), repeats=args.repeats, directory=d,
+                  socket_path=socket_path, persist_repeats=args.persist_repeats)
     print(json.dumps(res, indent=2) if args.json else render(res))
     sys.stdout.flush()
     return 0

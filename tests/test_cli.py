@@ -57,11 +57,13 @@ def test_server_passthrough_print_config(tmp_path):
 
 
 def test_bench_json(tmp_path):
-    p = _tce("bench", "--size", "32MiB", "--repeats", "2", "--dir", str(tmp_path), "--json")
+    p = _tce("bench", "--size", "32MiB", "--repeats", "2", "--persist-repeats", "1",
+             "--dir", str(tmp_path), "--json")
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     for key in ("memcpy_s", "tce_save_first_s", "tce_save_s", "tce_load_s", "tce_restore_s",
-                "torch_save_s", "torch_save_fsync_s", "torch_load_s", "torch_restore_s"):
+                "torch_save_s", "torch_save_fsync_s", "torch_load_s", "torch_restore_s",
+                "tce_persist_s", "tce_save_while_persisting_s", "dd_fsync_s", "persist_vs_dd"):
         assert res[key] > 0, key
     assert 30 << 20 <= res["bytes"] <= 40 << 20
     assert os.listdir(tmp_path) == []  # the bench cleans up after itself
