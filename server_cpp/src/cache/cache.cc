@@ -38,8 +38,9 @@ std::string RandomSessionId() {
 
 }  // namespace
 
-Cache::Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots, Env* env)
-    : budget_(budget_bytes), env_(env) {
+Cache::Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots, Env* env,
+             std::chrono::milliseconds full_timeout)
+    : budget_(budget_bytes), full_timeout_(full_timeout), env_(env) {
   for (const std::string& root : storage_roots) {
     std::string resolved;
     roots_.push_back(env_->ResolvePath(root, &resolved).ok() ? resolved : root);
@@ -195,6 +196,7 @@ CacheStats Cache::TallyLocked() const {
   s.persisted_files = persisted_files_;
   s.persisted_bytes = persisted_bytes_;
   for (const auto& [key, f] : files_) s.failed_files += f.state == FileState::kFailed;
+  s.evicted_files = evicted_files_;
   return s;
 }
 
@@ -277,33 +279,31 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   }
   TakeUnmaps(req.session, &out->unmap_buffer_ids);
 
-  // 1. A free buffer that fits, never one another live session has mapped;
-  //    ours first (no mmap, no fd passing), then the smallest.
-  Buf* best = nullptr;
-  for (auto& [id, b] : buffers_) {
-    if (b.state != BufState::kFree || b.leases || !Fits(b.capacity, req.size)) continue;
-    bool ours = b.mappers.count(req.session) != 0;
-    if (b.mappers.size() > (ours ? 1u : 0u)) continue;
-    if (!best) {
-      best = &b;
+  const uint64_t capacity = std::min(CapacityFor(req.size), std::max(req.size, budget_));
+  const auto deadline = std::chrono::steady_clock::now() + full_timeout_;
+  while (true) {
+    // 1. A free buffer that fits, never one another live session has mapped;
+    //    ours first (no mmap, no fd passing), then the smallest.
+    if (Buf* best = PickFree(req.session, req.size)) {
+      ++buffers_reused_;
+      StartAllocation(req, *best, out);
+      TCE_LOG(kInfo, "cache") << "allocated job=" << req.job << " tag=" << req.tag
+                              << " path=" << req.path << " size=" << req.size
+                              << " buffer=" << best->id << " (reused)";
+      return Status::OK();
+    }
+    // 2. Room for a new buffer, after reclaiming free ones if need be.
+    if (used_ + reserved_ + capacity > budget_) Reclaim(req.session, capacity, &out->unmap_buffer_ids);
+    if (used_ + reserved_ + capacity <= budget_) break;
+    // 3. Evict the least recently committed persisted file, and look again.
+    if (EvictOne()) continue;
+    // 4. Only unpersisted files hold the memory: wait for persistence to
+    //    finish some (never evict what is not on storage), within bounds.
+    if (persistence_enabled() && (!persist_queue_.empty() || !in_flight_.empty()) && !stopping_ &&
+        done_cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
+      if (!sessions_.count(req.session)) return CheckSession(req.session);
       continue;
     }
-    bool best_ours = best->mappers.count(req.session) != 0;
-    if ((ours && !best_ours) || (ours == best_ours && b.capacity < best->capacity)) best = &b;
-  }
-  if (best) {
-    ++buffers_reused_;
-    StartAllocation(req, *best, out);
-    TCE_LOG(kInfo, "cache") << "allocated job=" << req.job << " tag=" << req.tag
-                            << " path=" << req.path << " size=" << req.size
-                            << " buffer=" << best->id << " (reused)";
-    return Status::OK();
-  }
-
-  // 2. A new buffer, after reclaiming free ones if the budget needs it.
-  const uint64_t capacity = std::min(CapacityFor(req.size), std::max(req.size, budget_));
-  if (used_ + reserved_ + capacity > budget_) Reclaim(req.session, capacity, &out->unmap_buffer_ids);
-  if (used_ + reserved_ + capacity > budget_) {
     Status full = Status::ResourceExhausted(FullMessage(capacity));
     TCE_LOG(kWarning, "cache") << "refused allocate job=" << req.job << " path=" << req.path
                                << ": " << full.message();
@@ -332,6 +332,38 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
                           << " path=" << req.path << " size=" << req.size << " buffer=" << id
                           << " capacity=" << capacity << " (new)";
   return Status::OK();
+}
+
+Cache::Buf* Cache::PickFree(const std::string& session, uint64_t size) {
+  Buf* best = nullptr;
+  for (auto& [id, b] : buffers_) {
+    if (b.state != BufState::kFree || !Fits(b.capacity, size)) continue;
+    bool ours = b.mappers.count(session) != 0;
+    if (b.mappers.size() > (ours ? 1u : 0u)) continue;
+    bool best_ours = best && best->mappers.count(session) != 0;
+    if (!best || (ours && !best_ours) || (ours == best_ours && b.capacity < best->capacity))
+      best = &b;
+  }
+  return best;
+}
+
+bool Cache::EvictOne() {
+  FileInfo* victim = nullptr;
+  for (auto& [key, f] : files_) {
+    if (f.state != FileState::kPersisted) continue;
+    const Buf& b = buffers_[f.buffer_id];
+    if (b.leases || b.pins) continue;  // a reader or writer still uses its bytes
+    if (!victim || f.committed_unix_ns < victim->committed_unix_ns) victim = &f;
+  }
+  if (!victim) return false;
+  TCE_LOG(kInfo, "cache") << "evicted job=" << victim->job << " path=" << victim->path
+                          << " size=" << victim->size << " (persisted)";
+  ReleaseBuffer(victim->buffer_id);
+  victim->state = FileState::kEvicted;
+  victim->buffer_id = 0;
+  victim->capacity = 0;
+  ++evicted_files_;
+  return true;
 }
 
 Status Cache::FindAllocation(const std::string& session, uint64_t id,
@@ -390,7 +422,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
   FileKey key{a.file.job, a.file.path};
   auto old = files_.find(key);
   if (old != files_.end()) {
-    ReleaseBuffer(old->second.buffer_id);
+    if (old->second.state != FileState::kEvicted) ReleaseBuffer(old->second.buffer_id);
     old->second = a.file;
   } else {
     files_.emplace(key, a.file);
@@ -430,6 +462,8 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
   TakeUnmaps(session, unmap_buffer_ids);
   auto it = files_.find({job, path});
   if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
+  if (it->second.state == FileState::kEvicted)
+    return Status::NotFound(path + " was evicted from the cache (it is on storage)");
   *out = it->second;
   *lease_id = 0;
   if (lease) {
@@ -474,7 +508,7 @@ Status Cache::Remove(const std::string& session, const std::string& job, const s
   auto it = files_.find({job, path});
   if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
   *out = it->second;
-  ReleaseBuffer(it->second.buffer_id);
+  if (it->second.state != FileState::kEvicted) ReleaseBuffer(it->second.buffer_id);
   files_.erase(it);
   TCE_LOG(kInfo, "cache") << "removed job=" << job << " path=" << path;
   return Status::OK();

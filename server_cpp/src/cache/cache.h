@@ -31,7 +31,7 @@
 
 namespace tce {
 
-enum class FileState { kPending = 1, kCached = 2, kPersisted = 4, kFailed = 5 };
+enum class FileState { kPending = 1, kCached = 2, kPersisted = 4, kFailed = 5, kEvicted = 6 };
 
 struct Record {
   std::string name;
@@ -84,14 +84,17 @@ struct CacheStats {
   uint64_t buffers = 0, files = 0, sessions = 0, leases = 0;
   uint64_t buffers_created = 0, buffers_reused = 0;
   uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
+  uint64_t evicted_files = 0;
 };
 
 class Cache {
  public:
   // `storage_roots`: absolute directories files may be persisted under;
-  // empty means memory only.
+  // empty means memory only. `full_timeout`: how long an allocation that finds
+  // the cache full of not-yet-persisted files waits for persistence.
   explicit Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots = {},
-                 Env* env = Env::Default());
+                 Env* env = Env::Default(),
+                 std::chrono::milliseconds full_timeout = std::chrono::seconds(30));
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
@@ -185,6 +188,10 @@ class Cache {
   void ReleaseBuffer(uint64_t buffer_id);  // REQUIRES mu_
   // After a lease or pin ends: a DRAINING buffer nobody uses is FREE again.
   void MaybeFree(Buf& buf);  // REQUIRES mu_
+  // The best FREE buffer for a `size`-byte file of this session, or null.
+  Buf* PickFree(const std::string& session, uint64_t size);  // REQUIRES mu_
+  // Evicts the least recently committed PERSISTED file nobody reads; false if none.
+  bool EvictOne();  // REQUIRES mu_
   Status CheckUnderRoots(const std::string& path);  // filesystem calls; no lock
   // Makes room for `need` more bytes; appends ids this session must unmap.
   void Reclaim(const std::string& session, uint64_t need,
@@ -196,6 +203,7 @@ class Cache {
   void StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult* out);  // REQUIRES mu_
 
   const uint64_t budget_;
+  const std::chrono::milliseconds full_timeout_;
   Env* const env_;
   std::vector<std::string> roots_;  // resolved; immutable after construction
   std::mutex mu_;
@@ -205,6 +213,7 @@ class Cache {
   std::map<std::pair<std::string, std::string>, uint64_t> in_flight_;  // GUARDED_BY(mu_): key -> version
   bool stopping_ = false;                                        // GUARDED_BY(mu_)
   uint64_t persisted_files_ = 0, persisted_bytes_ = 0;           // GUARDED_BY(mu_)
+  uint64_t evicted_files_ = 0;                                   // GUARDED_BY(mu_)
   uint64_t used_ = 0;      // GUARDED_BY(mu_): capacity of every buffer in buffers_
   uint64_t reserved_ = 0;  // GUARDED_BY(mu_): bytes of buffers being created
   uint64_t next_buffer_id_ = 1, next_allocation_id_ = 1, next_lease_id_ = 1;  // GUARDED_BY(mu_)

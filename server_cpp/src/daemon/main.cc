@@ -106,7 +106,8 @@ int Run(int argc, char** argv) {
 
   std::vector<std::string> roots;
   if (!(s = ParseRoots(opt.storage_roots, &roots)).ok()) return Fail("storage_roots: " + s.message(), 2);
-  Cache cache(budget, roots);
+  Cache cache(budget, roots, Env::Default(),
+              std::chrono::milliseconds(opt.cache_full_timeout_ms));
   PersistOptions popt;
   popt.threads = opt.persist_threads;
   popt.retries = opt.persist_retries;

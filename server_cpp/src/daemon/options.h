@@ -27,6 +27,7 @@ struct Options {
   int persist_threads = 2;
   int persist_retries = 5;
   int persist_backoff_ms = 200;
+  int cache_full_timeout_ms = 30000;
   std::string config;  // the file read, if any
 };
 

@@ -225,3 +225,79 @@ TEST(Crc, ValidateRejectsAWrongTable) {
 
 }  // namespace
 }  // namespace tce
+
+namespace tce {
+namespace {
+
+class EvictionTest : public PersisterTest {
+ protected:
+  void StartSmall(std::chrono::milliseconds full_timeout) {
+    cache_.reset(new Cache(3 * Cache::CapacityFor(FakeZip::kSize), {root_}, &env_, full_timeout));
+    PersistOptions o;
+    o.backoff = 5ms;
+    o.retries = 0;
+    persister_.reset(new Persister(cache_.get(), &env_, o));
+    persister_->Start();
+    session_ = cache_->OpenSession(getuid(), getpid());
+  }
+  // Allocates a file of FakeZip size; returns the status only.
+  Status TryAllocate(const std::string& path) {
+    AllocateResult a;
+    return cache_->Allocate({session_, "job", "t", path, 0, FakeZip::kSize}, &a);
+  }
+};
+
+TEST_F(EvictionTest, PersistedFilesMakeRoomOldestFirst) {
+  StartSmall(2s);
+  for (int i = 0; i < 6; ++i) {  // twice the budget
+    std::string path = root_ + "/f" + std::to_string(i) + ".pt";
+    Save(path, static_cast<char>('a' + i));
+    std::vector<FileInfo> out;
+    ASSERT_TRUE(Wait(path, &out).ok());
+  }
+  std::vector<FileInfo> all = cache_->List("job", "");
+  ASSERT_EQ(all.size(), 6u);
+  EXPECT_EQ(all[0].state, FileState::kEvicted);  // f0..f2, the oldest
+  EXPECT_EQ(all[2].state, FileState::kEvicted);
+  EXPECT_EQ(all[3].state, FileState::kPersisted);
+  EXPECT_EQ(all[5].state, FileState::kPersisted);
+  EXPECT_EQ(cache_->Stats().evicted_files, 3u);
+  FileInfo f;
+  uint64_t lease;
+  std::vector<uint64_t> unmap;
+  Status s = cache_->Lookup(session_, "job", root_ + "/f0.pt", false, &f, &lease, &unmap);
+  EXPECT_EQ(s.code(), Status::Code::kNotFound);
+  EXPECT_NE(s.message().find("evicted"), std::string::npos);
+  EXPECT_EQ(Read(root_ + "/f0.pt")[FakeZip::kData], 'a');  // storage has it
+}
+
+TEST_F(EvictionTest, UnpersistedFilesAreNeverEvicted) {
+  StartSmall(20s);
+  env_.FailAppends(EIO, 1000);  // nothing ever reaches storage
+  std::vector<std::string> paths;
+  for (int i = 0; i < 3; ++i) {
+    paths.push_back(root_ + "/u" + std::to_string(i) + ".pt");
+    Save(paths.back(), 'u');
+  }
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(cache_->Wait(session_, "job", paths, 10s, &out).ok());
+  for (const FileInfo& f : out) ASSERT_EQ(f.state, FileState::kFailed);
+  // Nothing is being persisted, so there is nothing to wait for: refused at once.
+  auto t0 = std::chrono::steady_clock::now();
+  Status s = TryAllocate(root_ + "/u3.pt");
+  EXPECT_EQ(s.code(), Status::Code::kResourceExhausted) << s.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  for (const FileInfo& f : cache_->List("job", "")) EXPECT_EQ(f.state, FileState::kFailed);
+}
+
+TEST_F(EvictionTest, FullCacheWaitsForPersistenceToFreeRoom) {
+  StartSmall(20s);
+  env_.FailAppends(EIO, 2);  // the first writes fail once, then recover after backoff
+  for (int i = 0; i < 3; ++i) Save(root_ + "/w" + std::to_string(i) + ".pt", 'w');
+  Status s = TryAllocate(root_ + "/w3.pt");  // blocks until some file is persisted
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GE(cache_->Stats().evicted_files, 1u);
+}
+
+}  // namespace
+}  // namespace tce

@@ -127,6 +127,7 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   resp->set_persisted_files(s.persisted_files);
   resp->set_persisted_bytes(s.persisted_bytes);
   resp->set_failed_files(s.failed_files);
+  resp->set_evicted_files(s.evicted_files);
   return grpc::Status::OK;
 }
 
