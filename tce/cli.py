@@ -44,7 +44,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if roots:
         print(f"persist   roots {', '.join(roots)}; queue {st['persist_queue']}, "
               f"{st['persisted_files']} written ({_human(int(st['persisted_bytes']))}), "
-              f"{st['failed_files']} FAILED")
+              f"{st['failed_files']} FAILED, {st['evicted_files']} evicted")
     else:
         print("persist   off (no storage_roots): files live in memory only")
     return 0

@@ -135,3 +135,25 @@ def test_full_filesystem_fails_loudly_and_keeps_the_file_in_memory(tiny_fs):
     finally:
         s.stop()
         s.cleanup()
+
+
+def test_checkpoints_beyond_the_budget_evict_persisted_ones(storage):
+    s = LocalServer(memory_budget="40MiB", storage_roots=[str(storage)]).start()
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            paths = [storage / f"step{i}" / "state.pt" for i in range(8)]
+            for i, p in enumerate(paths):  # 8 x 12 MiB into a 40 MiB cache
+                tce.save({"w": torch.full((3 << 20,), float(i))}, p, tag=f"step{i}")
+            tce.wait()
+            states = {f.path: pb.FileState.Name(f.state)
+                      for f in _api._get_client().list(_knobs.get("job"))}
+            assert states[str(paths[-1])] == "FILE_STATE_PERSISTED"
+            assert states[str(paths[0])] == "FILE_STATE_EVICTED"
+            assert int(tce.status()["evicted_files"]) >= 5
+            assert not tce.cached(paths[0]) and tce.cached(paths[-1])
+            for i, p in enumerate(paths):  # every step loads, from cache or storage
+                assert tce.load(p, weights_only=True)["w"][0].item() == float(i)
+            _api.close()
+    finally:
+        s.stop()
+        s.cleanup()
