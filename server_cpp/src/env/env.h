@@ -17,7 +17,10 @@ namespace tce {
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
+  // Direct files (O_DIRECT) need `data` page-aligned and `n` a multiple of
+  // 4096; the caller truncates the padding away at the end.
   virtual Status Append(const char* data, size_t n) = 0;
+  virtual Status Truncate(uint64_t size) = 0;
   virtual Status Sync() = 0;  // fdatasync
   // Starts writing back [offset, offset + n) without waiting, so disk I/O
   // overlaps whatever comes next; Sync() still makes it durable.
@@ -31,8 +34,10 @@ class Env {
   // The process-wide POSIX Env.
   static Env* Default();
 
-  // Creates (or truncates) `path`, mode 0644.
-  virtual Status NewWritableFile(const std::string& path, std::unique_ptr<WritableFile>* out) = 0;
+  // Creates (or truncates) `path`, mode 0644. With `direct`, writes bypass the
+  // page cache (O_DIRECT); NotSupported where the filesystem refuses that.
+  virtual Status NewWritableFile(const std::string& path, bool direct,
+                                 std::unique_ptr<WritableFile>* out) = 0;
   virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
   virtual Status RemoveFile(const std::string& path) = 0;
   // mkdir -p, mode 0755.

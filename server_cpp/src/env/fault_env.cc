@@ -14,6 +14,7 @@ class FaultFile final : public WritableFile {
     return s.ok() ? base_->Append(data, n) : s;
   }
   Status Sync() override { return base_->Sync(); }
+  Status Truncate(uint64_t size) override { return base_->Truncate(size); }
   Status StartWriteback(uint64_t offset, uint64_t n) override {
     return base_->StartWriteback(offset, n);
   }
@@ -57,10 +58,10 @@ Status FaultInjectionEnv::BeforeAppend() {
   return Status::OK();
 }
 
-Status FaultInjectionEnv::NewWritableFile(const std::string& path,
+Status FaultInjectionEnv::NewWritableFile(const std::string& path, bool direct,
                                           std::unique_ptr<WritableFile>* out) {
   std::unique_ptr<WritableFile> base;
-  Status s = base_->NewWritableFile(path, &base);
+  Status s = base_->NewWritableFile(path, direct, &base);
   if (!s.ok()) return s;
   out->reset(new FaultFile(this, std::move(base)));
   return Status::OK();

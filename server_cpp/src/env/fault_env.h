@@ -19,7 +19,8 @@ class FaultInjectionEnv final : public Env {
   int appends() const;
   int renames() const;
 
-  Status NewWritableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override;
+  Status NewWritableFile(const std::string& path, bool direct,
+                         std::unique_ptr<WritableFile>* out) override;
   Status RenameFile(const std::string& from, const std::string& to) override;
   Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
   Status CreateDirs(const std::string& dir) override { return base_->CreateDirs(dir); }

@@ -29,6 +29,11 @@ class PosixWritableFile final : public WritableFile {
     }
     return Status::OK();
   }
+  Status Truncate(uint64_t size) override {
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0)
+      return Status::FromErrno(errno, "ftruncate " + path_);
+    return Status::OK();
+  }
   Status StartWriteback(uint64_t offset, uint64_t n) override {
     if (::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n),
                           SYNC_FILE_RANGE_WRITE) != 0 &&
@@ -54,8 +59,12 @@ class PosixWritableFile final : public WritableFile {
 
 class PosixEnv final : public Env {
  public:
-  Status NewWritableFile(const std::string& path, std::unique_ptr<WritableFile>* out) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  Status NewWritableFile(const std::string& path, bool direct,
+                         std::unique_ptr<WritableFile>* out) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0),
+                    0644);
+    if (fd < 0 && direct && errno == EINVAL)
+      return Status::NotSupported("O_DIRECT is not supported for " + path);
     if (fd < 0) return Status::FromErrno(errno, "create " + path);
     out->reset(new PosixWritableFile(path, fd));
     return Status::OK();

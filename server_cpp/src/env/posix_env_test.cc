@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <cstring>
 #include <fstream>
 
 #include "env/env.h"
@@ -16,7 +17,7 @@ TEST(PosixEnv, WriteRenameRemoveAndResolve) {
   Env* env = Env::Default();
   ASSERT_TRUE(env->CreateDirs(dir + "/a/b").ok());
   std::unique_ptr<WritableFile> f;
-  ASSERT_TRUE(env->NewWritableFile(dir + "/a/b/tmp", &f).ok());
+  ASSERT_TRUE(env->NewWritableFile(dir + "/a/b/tmp", /*direct=*/false, &f).ok());
   ASSERT_TRUE(f->Append("hello", 5).ok());
   ASSERT_TRUE(f->Sync().ok());
   ASSERT_TRUE(f->Close().ok());
@@ -37,6 +38,25 @@ TEST(PosixEnv, WriteRenameRemoveAndResolve) {
   EXPECT_EQ(resolved, "/etc/new/file.pt");
   ASSERT_TRUE(env->ResolvePath(dir + "/not/yet/there.pt", &resolved).ok());
   EXPECT_EQ(resolved, fs::canonical(dir).string() + "/not/yet/there.pt");
+  fs::remove_all(dir);
+}
+
+TEST(PosixEnv, DirectWritesAlignedBlocksThenTruncates) {
+  char tmpl[] = "/tmp/tce-envd-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  Env* env = Env::Default();
+  std::unique_ptr<WritableFile> f;
+  Status s = env->NewWritableFile(dir + "/d", /*direct=*/true, &f);
+  if (s.code() == Status::Code::kUnimplemented) GTEST_SKIP() << s.message();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  void* block = aligned_alloc(4096, 8192);
+  std::memset(block, 'q', 8192);
+  ASSERT_TRUE(f->Append(static_cast<const char*>(block), 8192).ok());
+  ASSERT_TRUE(f->Truncate(5000).ok());
+  ASSERT_TRUE(f->Sync().ok());
+  ASSERT_TRUE(f->Close().ok());
+  free(block);
+  EXPECT_EQ(fs::file_size(dir + "/d"), 5000u);
   fs::remove_all(dir);
 }
 
