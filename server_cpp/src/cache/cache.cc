@@ -617,6 +617,7 @@ bool Cache::NextPersistJob(PersistJob* out) {
     out->version = it->second.version;
     out->buffer_id = buf.id;
     out->size = it->second.size;
+    out->capacity = buf.capacity;
     out->records = it->second.records;
     out->fd = fd;
     return true;

@@ -61,7 +61,7 @@ struct FileInfo {
 // (never reused) until FinishPersist; `fd` is the worker's own, writable.
 struct PersistJob {
   std::string job, path;
-  uint64_t version = 0, buffer_id = 0, size = 0;
+  uint64_t version = 0, buffer_id = 0, size = 0, capacity = 0;
   std::vector<Record> records;
   int fd = -1;
 };

@@ -112,6 +112,7 @@ int Run(int argc, char** argv) {
   popt.threads = opt.persist_threads;
   popt.retries = opt.persist_retries;
   popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
+  popt.direct_io = opt.persist_direct_io;
   Persister persister(&cache, Env::Default(), popt);
   if (cache.persistence_enabled()) persister.Start();
   CacheService service(&cache, opt.socket);

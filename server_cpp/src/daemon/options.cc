@@ -27,6 +27,7 @@ const Setting kSettings[] = {
     {"persist_retries", "TCE_PERSIST_RETRIES", "--persist-retries"},
     {"persist_backoff_ms", "TCE_PERSIST_BACKOFF_MS", "--persist-backoff-ms"},
     {"cache_full_timeout_ms", "TCE_CACHE_FULL_TIMEOUT_MS", "--cache-full-timeout-ms"},
+    {"persist_direct_io", "TCE_PERSIST_DIRECT_IO", "--persist-direct-io"},
 };
 
 bool ParseInt(const std::string& s, long lo, long hi, int* out) {
@@ -89,6 +90,9 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     if (!ParseInt(value, 0, 100, &o->persist_retries)) return bad("an integer from 0 to 100");
   } else if (key == "persist_backoff_ms") {
     if (!ParseInt(value, 1, 600000, &o->persist_backoff_ms)) return bad("milliseconds, 1 to 600000");
+  } else if (key == "persist_direct_io") {
+    if (value != "true" && value != "false") return bad("true or false");
+    o->persist_direct_io = value == "true";
   } else if (key == "cache_full_timeout_ms") {
     if (!ParseInt(value, 0, 3600000, &o->cache_full_timeout_ms))
       return bad("milliseconds, 0 to 3600000");
@@ -258,7 +262,8 @@ std::string FormatConfig(const Options& o) {
       << "persist_threads = " << o.persist_threads << "\n"
       << "persist_retries = " << o.persist_retries << "\n"
       << "persist_backoff_ms = " << o.persist_backoff_ms << "\n"
-      << "cache_full_timeout_ms = " << o.cache_full_timeout_ms << "\n";
+      << "cache_full_timeout_ms = " << o.cache_full_timeout_ms << "\n"
+      << "persist_direct_io = " << (o.persist_direct_io ? "true" : "false") << "\n";
   return out.str();
 }
 
@@ -280,6 +285,7 @@ std::string HelpText() {
          "  --persist-threads N    persistence workers                       [TCE_PERSIST_THREADS, 2]\n"
          "  --persist-retries N    retries of a failed write                 [TCE_PERSIST_RETRIES, 5]\n"
          "  --persist-backoff-ms N first retry delay, doubled each time      [TCE_PERSIST_BACKOFF_MS, 200]\n"
+         "  --persist-direct-io B  write with O_DIRECT where supported       [TCE_PERSIST_DIRECT_IO, true]\n"
          "  --cache-full-timeout-ms N  how long a save into a full cache waits for persistence\n"
          "                         to free room                              [TCE_CACHE_FULL_TIMEOUT_MS, 30000]\n"
          "  --config FILE          flat TOML config file                     [TCE_CONFIG]\n"

@@ -28,6 +28,7 @@ struct Options {
   int persist_retries = 5;
   int persist_backoff_ms = 200;
   int cache_full_timeout_ms = 30000;
+  bool persist_direct_io = true;
   std::string config;  // the file read, if any
 };
 

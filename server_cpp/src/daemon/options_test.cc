@@ -66,6 +66,9 @@ TEST(Options, ErrorsNameTheSetting) {
   EXPECT_FALSE(Parse({"--socket", "relative.sock"}, {}, &o).ok());
   EXPECT_FALSE(Parse({"--rpc-threads", "0"}, {}, &o).ok());
   EXPECT_FALSE(Parse({"--bogus"}, {}, &o).ok());
+  EXPECT_FALSE(Parse({"--persist-direct-io", "maybe"}, {}, &o).ok());
+  ASSERT_TRUE(Parse({}, {{"TCE_PERSIST_DIRECT_IO", "false"}}, &o).ok());
+  EXPECT_FALSE(o.persist_direct_io);
   EXPECT_FALSE(Parse({"--socket"}, {}, &o).ok());
   EXPECT_FALSE(Parse({"--config", "/nonexistent/tce.toml"}, {}, &o).ok());
 }

@@ -59,12 +59,6 @@ void ZipCrcStream::Feed(uint64_t offset, unsigned char* chunk, size_t n) {
   for (size_t i = 0; i < records_.size(); ++i) records_[i].crc32 = crc_[i];
 }
 
-std::vector<std::pair<uint64_t, uint32_t>> ZipCrcStream::Fields() const {
-  std::vector<std::pair<uint64_t, uint32_t>> out;
-  for (const Field& f : fields_) out.emplace_back(f.offset, crc_[f.record]);
-  return out;
-}
-
 Status ValidateZipTable(int fd, uint64_t size, const std::vector<Record>& records) {
   auto has = [&](uint64_t at, const char* sig) {
     char got[4];

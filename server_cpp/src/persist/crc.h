@@ -28,9 +28,6 @@ class ZipCrcStream {
   // The records with their CRCs (valid once the whole file was fed).
   const std::vector<Record>& records() const { return records_; }
 
-  // (offset, crc) of every CRC field in the file, for patching a copy.
-  std::vector<std::pair<uint64_t, uint32_t>> Fields() const;
-
  private:
   struct Field {
     uint64_t offset;

@@ -1,5 +1,6 @@
 #include "persist/persister.h"
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -12,6 +13,9 @@
 
 namespace tce {
 namespace {
+constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment used for every write
+uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
 std::string Dirname(const std::string& path) {
   size_t slash = path.rfind('/');
   return slash == 0 ? "/" : path.substr(0, slash);
@@ -57,12 +61,11 @@ void Persister::Loop() {
     if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), options_.nice) != 0)
       TCE_LOG(kWarning, "persist") << "setpriority: " << std::strerror(errno);
   }
-  std::unique_ptr<unsigned char[]> chunk(new unsigned char[options_.chunk]);
   PersistJob job;
   while (cache_->NextPersistJob(&job)) {
     std::vector<Record> records = job.records;
     auto t0 = std::chrono::steady_clock::now();
-    Status s = Persist(job, chunk.get(), &records);
+    Status s = Persist(job, &records);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ::close(job.fd);
     if (s.code() == Status::Code::kAborted) {
@@ -79,13 +82,25 @@ void Persister::Loop() {
   }
 }
 
-Status Persister::Persist(const PersistJob& job, unsigned char* chunk,
-                          std::vector<Record>* records) {
+Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
   Status s = ValidateZipTable(job.fd, job.size, *records);
   if (!s.ok()) return Status::InvalidArgument("the record table does not match the file: " + s.message());
-  std::vector<std::pair<uint64_t, uint32_t>> fields;
+  // Map whole pages (O_DIRECT writes whole blocks; the tail is truncated).
+  const uint64_t mapped = std::min<uint64_t>(RoundUp(job.size, kBlock), job.capacity);
+  void* map = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, job.fd, 0);
+  if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer " + std::to_string(job.buffer_id));
+  auto* data = static_cast<unsigned char*>(map);
+  ZipCrcStream crcs(*records, job.size);
+  crcs.Feed(0, data, job.size);  // CRC fields patched in the buffer itself
+  *records = crcs.records();
+  bool direct = options_.direct_io && mapped % kBlock == 0;
   for (int attempt = 0;; ++attempt) {
-    s = PersistOnce(job, chunk, records, &fields);
+    s = PersistOnce(job, data, mapped, direct);
+    if (s.code() == Status::Code::kUnimplemented && direct) {  // no O_DIRECT here
+      direct = false;
+      --attempt;
+      continue;
+    }
     if (s.ok() || s.code() == Status::Code::kAborted || attempt >= options_.retries) break;
     auto delay = options_.backoff * (1 << std::min(attempt, 10));
     TCE_LOG(kWarning, "persist") << "retrying path=" << job.path << " in " << delay.count()
@@ -93,46 +108,29 @@ Status Persister::Persist(const PersistJob& job, unsigned char* chunk,
                                  << "): " << s.ToString();
     if (!SleepUnlessStopping(delay)) break;
   }
-  if (!s.ok()) return s;
-  // The cached copy gets the same CRCs, so every later reader (a backup, a
-  // load) sees the bytes that are on disk.
-  for (const auto& [offset, crc] : fields) {
-    unsigned char bytes[4];
-    for (int k = 0; k < 4; ++k) bytes[k] = static_cast<unsigned char>(crc >> (8 * k));
-    if (pwrite(job.fd, bytes, 4, static_cast<off_t>(offset)) != 4)
-      return Status::FromErrno(errno, "patching CRCs into buffer " + std::to_string(job.buffer_id));
-  }
-  return Status::OK();
+  munmap(map, mapped);
+  return s;
 }
 
-Status Persister::PersistOnce(const PersistJob& job, unsigned char* chunk,
-                              std::vector<Record>* records,
-                              std::vector<std::pair<uint64_t, uint32_t>>* crc_fields) {
+Status Persister::PersistOnce(const PersistJob& job, const unsigned char* data, uint64_t mapped,
+                              bool direct) {
   const std::string dir = Dirname(job.path);
   const std::string tmp = TempPath(job.path, job.version);
   Status s = env_->CreateDirs(dir);
   if (!s.ok()) return s;
   std::unique_ptr<WritableFile> file;
-  s = env_->NewWritableFile(tmp, &file);
-  ZipCrcStream crcs(*records, job.size);
-  for (uint64_t off = 0; s.ok() && off < job.size;) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(options_.chunk, job.size - off));
-    ssize_t got = pread(job.fd, chunk, n, static_cast<off_t>(off));
-    if (got <= 0) {
-      s = got < 0 && errno == EINTR ? Status::OK()
-                                    : Status::FromErrno(got < 0 ? errno : EIO, "reading the buffer");
-      continue;
-    }
-    crcs.Feed(off, chunk, static_cast<size_t>(got));
-    s = file->Append(reinterpret_cast<const char*>(chunk), static_cast<size_t>(got));
-    if (s.ok()) s = file->StartWriteback(off, static_cast<uint64_t>(got));
-    off += static_cast<uint64_t>(got);
+  s = env_->NewWritableFile(tmp, direct, &file);
+  if (!s.ok()) return s;
+  for (uint64_t off = 0; s.ok() && off < job.size; off += options_.chunk) {
+    uint64_t n = std::min<uint64_t>(options_.chunk, job.size - off);
+    if (direct) n = std::min(RoundUp(n, kBlock), mapped - off);
+    s = file->Append(reinterpret_cast<const char*>(data + off), static_cast<size_t>(n));
+    if (s.ok() && !direct) s = file->StartWriteback(off, n);
   }
+  if (s.ok() && direct) s = file->Truncate(job.size);
   if (s.ok()) s = file->Sync();
-  if (file) {
-    Status c = file->Close();
-    if (s.ok()) s = c;
-  }
+  Status closed = file->Close();
+  if (s.ok()) s = closed;
   if (s.ok()) {
     std::lock_guard<std::mutex> l(rename_mu_);
     if (!cache_->IsCurrent(job)) {
@@ -146,8 +144,6 @@ Status Persister::PersistOnce(const PersistJob& job, unsigned char* chunk,
     (void)ignored;
     return s;
   }
-  *records = crcs.records();
-  *crc_fields = crcs.Fields();
   return env_->SyncDir(dir);
 }
 

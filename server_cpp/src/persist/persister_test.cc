@@ -50,12 +50,13 @@ class PersisterTest : public ::testing::Test {
     persister_.reset();
     fs::remove_all(root_);
   }
-  void Start(int retries = 3) {
+  void Start(int retries = 3, bool direct_io = true) {
     cache_.reset(new Cache(64 << 20, {root_}, &env_));
     PersistOptions o;
     o.threads = 2;
     o.retries = retries;
     o.backoff = 5ms;
+    o.direct_io = direct_io;
     persister_.reset(new Persister(cache_.get(), &env_, o));
     persister_->Start();
     session_ = cache_->OpenSession(getuid(), getpid());
@@ -107,6 +108,19 @@ TEST_F(PersisterTest, WritesTheFileWithCrcsFilled) {
   EXPECT_EQ(out[0].records[0].crc32, crc);
   EXPECT_FALSE(fs::exists(Persister::TempPath(path, out[0].version)));
   EXPECT_EQ(cache_->Stats().persisted_files, 1u);
+}
+
+TEST_F(PersisterTest, BufferedPathWritesTheSameBytes) {
+  Start(/*retries=*/1, /*direct_io=*/false);
+  std::string path = root_ + "/buffered.pt";
+  Save(path, 'e');
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  ASSERT_EQ(out[0].state, FileState::kPersisted);
+  std::string bytes = Read(path);
+  ASSERT_EQ(bytes.size(), FakeZip::kSize);
+  EXPECT_EQ(bytes[FakeZip::kData], 'e');
+  EXPECT_EQ(Get32(bytes, FakeZip::kCentral + 16), out[0].records[0].crc32);
 }
 
 TEST_F(PersisterTest, RetriesThroughEnospc) {
