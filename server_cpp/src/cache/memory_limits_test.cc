@@ -1,6 +1,8 @@
 #include "cache/memory_limits.h"
 
 #include <gtest/gtest.h>
+
+#include "common/testing.h"
 #include <stdlib.h>
 
 #include <filesystem>
@@ -12,8 +14,7 @@ namespace fs = std::filesystem;
 class FakeRoot : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tce-limits-XXXXXX";
-    root_ = mkdtemp(tmpl);
+    root_ = MakeTempDir("tce-limits");
     Write("proc/meminfo", "MemTotal:       16384000 kB\nMemFree:  1 kB\n");
   }
   void TearDown() override { fs::remove_all(root_); }

@@ -1,9 +1,12 @@
 #include "daemon/options.h"
 
 #include <gtest/gtest.h>
+
+#include "common/testing.h"
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 
 namespace tce {
@@ -16,9 +19,7 @@ Status Parse(const std::vector<std::string>& args, const std::map<std::string, s
 }
 
 std::string WriteConfig(const std::string& text) {
-  char path[] = "/tmp/tce-config-XXXXXX";
-  int fd = mkstemp(path);
-  close(fd);
+  std::string path = MakeTempDir("tce-config") + "/tce.toml";
   std::ofstream(path) << text;
   return path;
 }
@@ -49,7 +50,7 @@ TEST(Options, FileThenEnvironmentThenFlags) {
   ASSERT_TRUE(Parse({"--memory-budget", "4GiB"}, {{"TCE_CONFIG", cfg}, {"TCE_MEMORY_BUDGET", "3GiB"}}, &o).ok());
   EXPECT_EQ(o.memory_budget, "4GiB");
   EXPECT_EQ(o.socket, "/tmp/file.sock");
-  unlink(cfg.c_str());
+  std::filesystem::remove_all(std::filesystem::path(cfg).parent_path());
 }
 
 TEST(Options, ErrorsNameTheSetting) {
@@ -58,7 +59,7 @@ TEST(Options, ErrorsNameTheSetting) {
   Status s = Parse({"--config", cfg}, {}, &o);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(s.message().find("line 2: unknown key 'budget'"), std::string::npos) << s.message();
-  unlink(cfg.c_str());
+  std::filesystem::remove_all(std::filesystem::path(cfg).parent_path());
   s = Parse({"--memory-budget", "lots"}, {}, &o);
   EXPECT_NE(s.message().find("memory_budget: 'lots'"), std::string::npos) << s.message();
   s = Parse({}, {{"TCE_LOG_LEVEL", "loud"}}, &o);
@@ -81,7 +82,7 @@ TEST(Options, PrintedConfigReadsBack) {
   ASSERT_TRUE(Parse({"--config", cfg}, {}, &back).ok());
   EXPECT_EQ(back.socket, o.socket);
   EXPECT_EQ(back.allowed_uids, "1000,1001");
-  unlink(cfg.c_str());
+  std::filesystem::remove_all(std::filesystem::path(cfg).parent_path());
 }
 
 TEST(Options, Budget) {

@@ -1,4 +1,6 @@
 #include <gtest/gtest.h>
+
+#include "common/testing.h"
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -12,8 +14,7 @@ namespace tce {
 namespace fs = std::filesystem;
 
 TEST(PosixEnv, WriteRenameRemoveAndResolve) {
-  char tmpl[] = "/tmp/tce-env-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
+  std::string dir = MakeTempDir("tce-env");
   Env* env = Env::Default();
   ASSERT_TRUE(env->CreateDirs(dir + "/a/b").ok());
   std::unique_ptr<WritableFile> f;
@@ -42,8 +43,7 @@ TEST(PosixEnv, WriteRenameRemoveAndResolve) {
 }
 
 TEST(PosixEnv, DirectWritesAlignedBlocksThenTruncates) {
-  char tmpl[] = "/tmp/tce-envd-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
+  std::string dir = MakeTempDir("tce-envd");
   Env* env = Env::Default();
   std::unique_ptr<WritableFile> f;
   Status s = env->NewWritableFile(dir + "/d", /*direct=*/true, &f);

@@ -1,6 +1,8 @@
 #include "persist/persister.h"
 
 #include <gtest/gtest.h>
+
+#include "common/testing.h"
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -43,8 +45,7 @@ struct FakeZip {
 class PersisterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tce-persist-XXXXXX";
-    root_ = mkdtemp(tmpl);
+    root_ = MakeTempDir("tce-persist");
   }
   void TearDown() override {
     persister_.reset();

@@ -2,6 +2,8 @@
 // real fd socket, a grpc::Channel and a client-side SEQPACKET connection.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+
+#include "common/testing.h"
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -19,8 +21,7 @@ namespace tce {
 namespace {
 
 TEST(Server, AllocateWriteCommitLookupOverTheWire) {
-  char tmpl[] = "/tmp/tce-srv-XXXXXX";
-  std::string dir = mkdtemp(tmpl);
+  std::string dir = MakeTempDir("tce-srv");
   std::string sock = dir + "/tce.sock";
   Cache cache(64 << 20);
   CacheService service(&cache, sock);
