@@ -65,8 +65,8 @@ def _with_client(fn):
     c = _get_client()
     try:
         return fn(c)
-    except (ServerUnavailableError, TCEError) as e:
-        if not isinstance(e, ServerUnavailableError) and e.code != "UNAUTHENTICATED":
+    except TCEError as e:
+        if e.code not in ("UNAVAILABLE", "UNAUTHENTICATED"):
             raise
         _drop_client(c)
         return fn(_get_client())

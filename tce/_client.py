@@ -110,9 +110,12 @@ class Client:
 
     # ---- plumbing -------------------------------------------------------
 
-    def _call(self, method: str, request):
+    def _call(self, method: str, request, *, timeout: float | None = -1.0):
+        """One RPC; gRPC errors become TCEErrors. timeout -1: the client's default."""
         try:
-            return getattr(self._stub, method)(request, timeout=self._timeout)
+            return getattr(self._stub, method)(
+                request, timeout=self._timeout if timeout == -1.0 else timeout
+            )
         except grpc.RpcError as e:
             code = e.code().name if e.code() is not None else "UNKNOWN"
             raise error_for(code, e.details() or code) from None
@@ -293,11 +296,8 @@ class Client:
         """Block until the files are PERSISTED or FAILED (server-side wait)."""
         request = pb.WaitRequest(session=self.session, job=job, paths=paths,
                                  timeout_s=timeout or 0.0)
-        try:
-            return list(self._stub.Wait(request, timeout=None if timeout is None else timeout + 30).files)
-        except grpc.RpcError as e:
-            code = e.code().name if e.code() is not None else "UNKNOWN"
-            raise error_for(code, e.details() or code) from None
+        return list(self._call("Wait", request,
+                               timeout=None if timeout is None else timeout + 30).files)
 
     def status(self) -> pb.StatusResponse:
         return self._call("Status", pb.StatusRequest())
