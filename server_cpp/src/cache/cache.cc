@@ -39,8 +39,8 @@ std::string RandomSessionId() {
 }  // namespace
 
 Cache::Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots, Env* env,
-             std::chrono::milliseconds full_timeout)
-    : budget_(budget_bytes), full_timeout_(full_timeout), env_(env) {
+             std::chrono::milliseconds full_timeout, size_t keep_last)
+    : budget_(budget_bytes), full_timeout_(full_timeout), keep_last_(keep_last), env_(env) {
   for (const std::string& root : storage_roots) {
     std::string resolved;
     roots_.push_back(env_->ResolvePath(root, &resolved).ok() ? resolved : root);
@@ -347,23 +347,48 @@ Cache::Buf* Cache::PickFree(const std::string& session, uint64_t size) {
   return best;
 }
 
+bool Cache::Evictable(const FileInfo& f) {
+  if (f.state != FileState::kPersisted) return false;
+  const Buf& b = buffers_[f.buffer_id];
+  return b.leases == 0 && b.pins == 0;  // nobody reads or writes its bytes
+}
+
+void Cache::Evict(FileInfo& f, const char* why) {
+  TCE_LOG(kInfo, "cache") << "evicted job=" << f.job << " tag=" << f.tag << " path=" << f.path
+                          << " size=" << f.size << " (" << why << ")";
+  ReleaseBuffer(f.buffer_id);
+  f.state = FileState::kEvicted;
+  f.buffer_id = 0;
+  f.capacity = 0;
+  ++evicted_files_;
+}
+
 bool Cache::EvictOne() {
   FileInfo* victim = nullptr;
   for (auto& [key, f] : files_) {
-    if (f.state != FileState::kPersisted) continue;
-    const Buf& b = buffers_[f.buffer_id];
-    if (b.leases || b.pins) continue;  // a reader or writer still uses its bytes
-    if (!victim || f.committed_unix_ns < victim->committed_unix_ns) victim = &f;
+    if (Evictable(f) && (!victim || f.committed_unix_ns < victim->committed_unix_ns)) victim = &f;
   }
   if (!victim) return false;
-  TCE_LOG(kInfo, "cache") << "evicted job=" << victim->job << " path=" << victim->path
-                          << " size=" << victim->size << " (persisted)";
-  ReleaseBuffer(victim->buffer_id);
-  victim->state = FileState::kEvicted;
-  victim->buffer_id = 0;
-  victim->capacity = 0;
-  ++evicted_files_;
+  Evict(*victim, "cache full");
   return true;
+}
+
+void Cache::EnforceKeepLast(const std::string& job) {
+  if (keep_last_ == 0) return;
+  std::map<std::string, int64_t> newest;  // tag -> its newest commit
+  for (const auto& [key, f] : files_) {
+    if (f.job != job || f.tag.empty() || f.state == FileState::kEvicted) continue;
+    newest[f.tag] = std::max(newest[f.tag], f.committed_unix_ns);
+  }
+  if (newest.size() <= keep_last_) return;
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& [tag, t] : newest) order.emplace_back(t, tag);
+  std::sort(order.rbegin(), order.rend());  // newest first
+  std::set<std::string> old;
+  for (size_t i = keep_last_; i < order.size(); ++i) old.insert(order[i].second);
+  for (auto& [key, f] : files_) {
+    if (f.job == job && old.count(f.tag) && Evictable(f)) Evict(f, "keep_last");
+  }
 }
 
 Status Cache::FindAllocation(const std::string& session, uint64_t id,
@@ -432,6 +457,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
     persist_queue_.emplace_back(key);
     persist_cv_.notify_one();
   }
+  EnforceKeepLast(key.first);
   TCE_LOG(kInfo, "cache") << "committed job=" << a.file.job << " tag=" << a.file.tag
                           << " path=" << a.file.path << " size=" << a.file.size
                           << " buffer=" << a.buffer_id
@@ -648,6 +674,7 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
     it->second.records = std::move(records);
     ++persisted_files_;
     persisted_bytes_ += job.size;
+    EnforceKeepLast(job.job);
   } else {
     it->second.state = FileState::kFailed;
     it->second.reason = result.ToString();

@@ -92,9 +92,12 @@ class Cache {
   // `storage_roots`: absolute directories files may be persisted under;
   // empty means memory only. `full_timeout`: how long an allocation that finds
   // the cache full of not-yet-persisted files waits for persistence.
+  // `keep_last`: per job, files of tags older than the newest `keep_last` are
+  // evicted once persisted (0: keep all while there is room).
   explicit Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots = {},
                  Env* env = Env::Default(),
-                 std::chrono::milliseconds full_timeout = std::chrono::seconds(30));
+                 std::chrono::milliseconds full_timeout = std::chrono::seconds(30),
+                 size_t keep_last = 0);
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
@@ -192,6 +195,9 @@ class Cache {
   Buf* PickFree(const std::string& session, uint64_t size);  // REQUIRES mu_
   // Evicts the least recently committed PERSISTED file nobody reads; false if none.
   bool EvictOne();  // REQUIRES mu_
+  bool Evictable(const FileInfo& f);          // REQUIRES mu_
+  void Evict(FileInfo& f, const char* why);   // REQUIRES mu_
+  void EnforceKeepLast(const std::string& job);  // REQUIRES mu_
   Status CheckUnderRoots(const std::string& path);  // filesystem calls; no lock
   // Makes room for `need` more bytes; appends ids this session must unmap.
   void Reclaim(const std::string& session, uint64_t need,
@@ -204,6 +210,7 @@ class Cache {
 
   const uint64_t budget_;
   const std::chrono::milliseconds full_timeout_;
+  const size_t keep_last_;
   Env* const env_;
   std::vector<std::string> roots_;  // resolved; immutable after construction
   std::mutex mu_;

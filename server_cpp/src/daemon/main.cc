@@ -106,8 +106,8 @@ int Run(int argc, char** argv) {
 
   std::vector<std::string> roots;
   if (!(s = ParseRoots(opt.storage_roots, &roots)).ok()) return Fail("storage_roots: " + s.message(), 2);
-  Cache cache(budget, roots, Env::Default(),
-              std::chrono::milliseconds(opt.cache_full_timeout_ms));
+  Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
+              static_cast<size_t>(opt.keep_last));
   PersistOptions popt;
   popt.threads = opt.persist_threads;
   popt.retries = opt.persist_retries;

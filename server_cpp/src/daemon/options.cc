@@ -28,6 +28,7 @@ const Setting kSettings[] = {
     {"persist_backoff_ms", "TCE_PERSIST_BACKOFF_MS", "--persist-backoff-ms"},
     {"cache_full_timeout_ms", "TCE_CACHE_FULL_TIMEOUT_MS", "--cache-full-timeout-ms"},
     {"persist_direct_io", "TCE_PERSIST_DIRECT_IO", "--persist-direct-io"},
+    {"keep_last", "TCE_KEEP_LAST", "--keep-last"},
 };
 
 bool ParseInt(const std::string& s, long lo, long hi, int* out) {
@@ -90,6 +91,8 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     if (!ParseInt(value, 0, 100, &o->persist_retries)) return bad("an integer from 0 to 100");
   } else if (key == "persist_backoff_ms") {
     if (!ParseInt(value, 1, 600000, &o->persist_backoff_ms)) return bad("milliseconds, 1 to 600000");
+  } else if (key == "keep_last") {
+    if (!ParseInt(value, 0, 1000000, &o->keep_last)) return bad("an integer >= 0");
   } else if (key == "persist_direct_io") {
     if (value != "true" && value != "false") return bad("true or false");
     o->persist_direct_io = value == "true";
@@ -263,7 +266,8 @@ std::string FormatConfig(const Options& o) {
       << "persist_retries = " << o.persist_retries << "\n"
       << "persist_backoff_ms = " << o.persist_backoff_ms << "\n"
       << "cache_full_timeout_ms = " << o.cache_full_timeout_ms << "\n"
-      << "persist_direct_io = " << (o.persist_direct_io ? "true" : "false") << "\n";
+      << "persist_direct_io = " << (o.persist_direct_io ? "true" : "false") << "\n"
+      << "keep_last = " << o.keep_last << "\n";
   return out.str();
 }
 
@@ -285,6 +289,8 @@ std::string HelpText() {
          "  --persist-threads N    persistence workers                       [TCE_PERSIST_THREADS, 2]\n"
          "  --persist-retries N    retries of a failed write                 [TCE_PERSIST_RETRIES, 5]\n"
          "  --persist-backoff-ms N first retry delay, doubled each time      [TCE_PERSIST_BACKOFF_MS, 200]\n"
+         "  --keep-last N          per job, evict persisted files of tags older than the\n"
+         "                         newest N (0: keep while there is room)    [TCE_KEEP_LAST, 0]\n"
          "  --persist-direct-io B  write with O_DIRECT where supported       [TCE_PERSIST_DIRECT_IO, true]\n"
          "  --cache-full-timeout-ms N  how long a save into a full cache waits for persistence\n"
          "                         to free room                              [TCE_CACHE_FULL_TIMEOUT_MS, 30000]\n"

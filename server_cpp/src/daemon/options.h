@@ -29,6 +29,7 @@ struct Options {
   int persist_backoff_ms = 200;
   int cache_full_timeout_ms = 30000;
   bool persist_direct_io = true;
+  int keep_last = 0;
   std::string config;  // the file read, if any
 };
 

@@ -63,9 +63,9 @@ class PersisterTest : public ::testing::Test {
     session_ = cache_->OpenSession(getuid(), getpid());
   }
   // Saves a FakeZip whose payload is `fill` bytes at `path`.
-  void Save(const std::string& path, char fill) {
+  void Save(const std::string& path, char fill, const std::string& tag = "t") {
     AllocateResult a;
-    ASSERT_TRUE(cache_->Allocate({session_, "job", "t", path, 0, FakeZip::kSize}, &a).ok());
+    ASSERT_TRUE(cache_->Allocate({session_, "job", tag, path, 0, FakeZip::kSize}, &a).ok());
     int fd;
     bool w;
     uint64_t cap;
@@ -312,6 +312,39 @@ TEST_F(EvictionTest, FullCacheWaitsForPersistenceToFreeRoom) {
   Status s = TryAllocate(root_ + "/w3.pt");  // blocks until some file is persisted
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_GE(cache_->Stats().evicted_files, 1u);
+}
+
+}  // namespace
+}  // namespace tce
+
+namespace tce {
+namespace {
+
+TEST_F(PersisterTest, KeepLastEvictsOlderTagsOncePersisted) {
+  cache_.reset(new Cache(64 << 20, {root_}, &env_, 1s, /*keep_last=*/2));
+  PersistOptions o;
+  o.backoff = 5ms;
+  o.retries = 0;
+  persister_.reset(new Persister(cache_.get(), &env_, o));
+  persister_->Start();
+  session_ = cache_->OpenSession(getuid(), getpid());
+  env_.FailAppends(EIO, 2);  // step1's two files fail: FAILED files are never evicted
+  for (int step = 1; step <= 4; ++step) {
+    for (const char* rank : {"r0", "r1"}) {
+      std::string path = root_ + "/step" + std::to_string(step) + "/" + rank + ".pt";
+      Save(path, 'k', "step" + std::to_string(step));
+      std::vector<FileInfo> out;
+      ASSERT_TRUE(Wait(path, &out).ok());
+    }
+  }
+  std::map<std::string, FileState> states;
+  for (const FileInfo& f : cache_->List("job", "")) states[f.tag + "/" + f.path.substr(f.path.rfind('/') + 1)] = f.state;
+  EXPECT_EQ(states["step1/r0.pt"], FileState::kFailed);
+  EXPECT_EQ(states["step1/r1.pt"], FileState::kFailed);
+  EXPECT_EQ(states["step2/r0.pt"], FileState::kEvicted);
+  EXPECT_EQ(states["step2/r1.pt"], FileState::kEvicted);
+  EXPECT_EQ(states["step3/r0.pt"], FileState::kPersisted);
+  EXPECT_EQ(states["step4/r1.pt"], FileState::kPersisted);
 }
 
 }  // namespace
