@@ -157,3 +157,24 @@ def test_checkpoints_beyond_the_budget_evict_persisted_ones(storage):
     finally:
         s.stop()
         s.cleanup()
+
+
+def test_keep_last_tags_per_job(storage):
+    s = LocalServer(memory_budget="256MiB", storage_roots=[str(storage)],
+                    extra_args=["--keep-last", "1"]).start()
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            for step in range(1, 4):
+                for rank in range(2):
+                    tce.save({"w": torch.full((1000,), float(step))},
+                             storage / f"step{step}" / f"rank{rank}.pt", tag=f"step{step}", rank=rank)
+                tce.wait()
+            states = {(f.tag, f.rank): pb.FileState.Name(f.state)
+                      for f in _api._get_client().list(_knobs.get("job"))}
+            assert states[("step3", 0)] == states[("step3", 1)] == "FILE_STATE_PERSISTED"
+            assert states[("step1", 1)] == states[("step2", 0)] == "FILE_STATE_EVICTED"
+            assert tce.load(storage / "step1" / "rank0.pt")["w"][0].item() == 1.0  # from storage
+            _api.close()
+    finally:
+        s.stop()
+        s.cleanup()
