@@ -223,6 +223,20 @@ TEST(Crc, StreamingInAnyChunkSizeMatchesOnePass) {
   }
 }
 
+TEST(Crc, MatchesZlibForEveryLengthAndAlignment) {
+  std::vector<unsigned char> b(8192);
+  uint32_t seed = 12345;
+  for (auto& c : b) c = static_cast<unsigned char>((seed = seed * 1103515245 + 12345) >> 16);
+  for (size_t off = 0; off < 17; ++off) {
+    for (size_t n = 0; n + off <= b.size(); n += (n < 300 ? 1 : 97)) {
+      uint32_t want = crc32(0, b.data() + off, static_cast<uInt>(n));
+      ASSERT_EQ(Crc32(0, b.data() + off, n), want) << "off=" << off << " n=" << n;
+      // chaining from a non-zero CRC, as streaming does
+      ASSERT_EQ(Crc32(want, b.data(), 100), crc32(want, b.data(), 100)) << n;
+    }
+  }
+}
+
 TEST(Crc, ValidateRejectsAWrongTable) {
   std::unique_ptr<Buffer> b;
   ASSERT_TRUE(Buffer::Create(1, FakeZip::kSize, &b).ok());
