@@ -73,10 +73,10 @@ bool Cache::Fits(uint64_t capacity, uint64_t size) {
   return size <= capacity && capacity <= size + size / 8 + (1 << 20);
 }
 
-std::string Cache::OpenSession(uid_t uid, pid_t pid) {
+std::string Cache::OpenSession(uid_t uid, pid_t pid, gid_t gid) {
   std::string id = RandomSessionId();
   std::lock_guard<std::mutex> lock(mu_);
-  sessions_[id] = Session{uid, pid, {}};
+  sessions_[id] = Session{uid, gid, pid, {}};
   TCE_LOG(kInfo, "session") << "opened session=" << id.substr(0, 8) << " uid=" << uid
                             << " pid=" << pid;
   return id;
@@ -252,6 +252,8 @@ void Cache::StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult
   a.file.buffer_id = buf.id;
   a.file.capacity = buf.capacity;
   a.file.created_unix_ns = NowNs();
+  a.file.owner_uid = sessions_[req.session].uid;
+  a.file.owner_gid = sessions_[req.session].gid;
   buf.state = BufState::kPending;
   buf.allocation_id = a.id;
   out->allocation_id = a.id;
@@ -644,6 +646,8 @@ bool Cache::NextPersistJob(PersistJob* out) {
     out->buffer_id = buf.id;
     out->size = it->second.size;
     out->capacity = buf.capacity;
+    out->uid = it->second.owner_uid;
+    out->gid = it->second.owner_gid;
     out->records = it->second.records;
     out->fd = fd;
     return true;

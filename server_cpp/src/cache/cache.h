@@ -54,6 +54,8 @@ struct FileInfo {
   int64_t persisted_unix_ns = 0;
   std::string reason;      // why it FAILED
   uint64_t version = 0;    // the allocation that wrote it
+  uid_t owner_uid = 0;     // the committing client's identity: files are
+  gid_t owner_gid = 0;     // persisted with its permissions
   std::vector<Record> records;
 };
 
@@ -62,6 +64,8 @@ struct FileInfo {
 struct PersistJob {
   std::string job, path;
   uint64_t version = 0, buffer_id = 0, size = 0, capacity = 0;
+  uid_t uid = 0;  // write as this client
+  gid_t gid = 0;
   std::vector<Record> records;
   int fd = -1;
 };
@@ -108,7 +112,8 @@ class Cache {
   static bool Fits(uint64_t capacity, uint64_t size);
 
   // Sessions: one per client connection on the fd socket.
-  std::string OpenSession(uid_t uid, pid_t pid);
+  // `gid` defaults to "unknown" (persistence then keeps the server's group).
+  std::string OpenSession(uid_t uid, pid_t pid, gid_t gid = static_cast<gid_t>(-1));
   // Aborts the session's PENDING allocations, drops its leases and mappings.
   void CloseSession(const std::string& session);
 
@@ -177,6 +182,7 @@ class Cache {
   };
   struct Session {
     uid_t uid = 0;
+    gid_t gid = static_cast<gid_t>(-1);
     pid_t pid = 0;
     std::vector<uint64_t> pending_unmap;  // delivered with the next response
   };

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/fsuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -82,7 +83,34 @@ void Persister::Loop() {
   }
 }
 
+// Files are written with the committing client's filesystem identity, so the
+// kernel checks that client's permissions and the files belong to it. Only a
+// root server can (and needs to) switch; fsuid/fsgid are per thread.
+class FsIdentity {
+ public:
+  FsIdentity(uid_t uid, gid_t gid) {
+    if (geteuid() != 0 || uid == 0) return;
+    if (gid != static_cast<gid_t>(-1)) setfsgid(gid);
+    setfsuid(uid);
+    switched_ = true;
+  }
+  ~FsIdentity() {
+    if (!switched_) return;
+    setfsuid(0);
+    setfsgid(0);
+  }
+  bool ok(uid_t uid) const {
+    return !switched_ || static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) == uid;
+  }
+
+ private:
+  bool switched_ = false;
+};
+
 Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
+  FsIdentity as_client(job.uid, job.gid);
+  if (!as_client.ok(job.uid))
+    return Status::PermissionDenied("cannot write as uid " + std::to_string(job.uid));
   Status s = ValidateZipTable(job.fd, job.size, *records);
   if (!s.ok()) return Status::InvalidArgument("the record table does not match the file: " + s.message());
   // Map whole pages (O_DIRECT writes whole blocks; the tail is truncated).

@@ -6,7 +6,8 @@
 // the filesystem allows (DMA, no copy through the page cache: measured 2x
 // faster here and far less CPU taken from training), else buffered with
 // writeback started per chunk; fdatasync, rename over the final path, fsync
-// of the directory. The final path never holds a torn file. I/O errors are retried with exponential backoff; after the
+// of the directory. The final path never holds a torn file. A root server
+// writes with the committing client's uid/gid (fsuid), never as root. I/O errors are retried with exponential backoff; after the
 // retries the file is FAILED with the reason (and stays in memory).
 // Start/Stop from one controlling thread.
 #pragma once

@@ -5,6 +5,7 @@
 #include "common/testing.h"
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -359,6 +360,37 @@ TEST_F(PersisterTest, KeepLastEvictsOlderTagsOncePersisted) {
   EXPECT_EQ(states["step2/r1.pt"], FileState::kEvicted);
   EXPECT_EQ(states["step3/r0.pt"], FileState::kPersisted);
   EXPECT_EQ(states["step4/r1.pt"], FileState::kPersisted);
+}
+
+}  // namespace
+}  // namespace tce
+
+namespace tce {
+namespace {
+
+TEST_F(PersisterTest, WritesWithTheClientsIdentity) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  const uid_t nobody = 65534;
+  Start(/*retries=*/0);
+  session_ = cache_->OpenSession(nobody, getpid(), nobody);
+  fs::create_directories(root_ + "/theirs");
+  ASSERT_EQ(chown((root_ + "/theirs").c_str(), nobody, nobody), 0);
+  fs::permissions(root_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                             fs::perms::others_read | fs::perms::others_exec);
+  std::string allowed = root_ + "/theirs/sub/ok.pt", denied = root_ + "/root-owned.pt";
+  Save(allowed, 'n');
+  Save(denied, 'r');
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(cache_->Wait(session_, "job", {allowed, denied}, 10s, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kPersisted) << out[0].reason;
+  EXPECT_EQ(out[1].state, FileState::kFailed);
+  EXPECT_NE(out[1].reason.find("Permission denied"), std::string::npos) << out[1].reason;
+  struct stat st;
+  ASSERT_EQ(stat(allowed.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, nobody);  // the client's file, not root's
+  ASSERT_EQ(stat((root_ + "/theirs/sub").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, nobody);
+  EXPECT_FALSE(fs::exists(denied));
 }
 
 }  // namespace

@@ -123,7 +123,7 @@ void FdServer::Accept() {
     ::close(fd);
     return;
   }
-  std::string session = cache_->OpenSession(cred.uid, cred.pid);
+  std::string session = cache_->OpenSession(cred.uid, cred.pid, cred.gid);
   Status s = SendPacket(fd, Hello(Status::OK(), session), -1);
   if (!s.ok()) {
     cache_->CloseSession(session);
