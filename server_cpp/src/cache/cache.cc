@@ -38,6 +38,55 @@ std::string RandomSessionId() {
 
 }  // namespace
 
+const char* FileStateName(FileState s) {
+  switch (s) {
+    case FileState::kPending: return "PENDING";
+    case FileState::kCached: return "CACHED";
+    case FileState::kPersisted: return "PERSISTED";
+    case FileState::kFailed: return "FAILED";
+    case FileState::kEvicted: return "EVICTED";
+  }
+  return "UNSPECIFIED";
+}
+
+bool ParseFileState(const std::string& name, FileState* out) {
+  for (FileState s : {FileState::kPending, FileState::kCached, FileState::kPersisted,
+                      FileState::kFailed, FileState::kEvicted}) {
+    if (name == FileStateName(s)) {
+      *out = s;
+      return true;
+    }
+  }
+  return false;
+}
+
+void Cache::SetMetaSink(MetaSink* sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  meta_ = sink;
+}
+
+void Cache::Note(const FileInfo& f, bool removed) {
+  if (meta_) meta_->Record(f, removed);
+}
+
+void Cache::Restore(std::vector<FileInfo> files) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (FileInfo& f : files) {
+    if (f.state == FileState::kPersisted || f.state == FileState::kEvicted) {
+      f.state = FileState::kEvicted;  // on storage; the memory did not survive
+    } else if (f.state != FileState::kFailed || f.reason.empty()) {
+      f.state = FileState::kFailed;
+      f.reason = "lost: the server restarted before the file was persisted";
+    }
+    f.buffer_id = 0;
+    f.capacity = 0;
+    next_allocation_id_ = std::max(next_allocation_id_, f.version + 1);
+    Note(f, false);
+    files_[{f.job, f.path}] = std::move(f);
+  }
+  TCE_LOG(kInfo, "cache") << "re-indexed " << files_.size() << " file(s) from metadata";
+}
+
 Cache::Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots, Env* env,
              std::chrono::milliseconds full_timeout, size_t keep_last)
     : budget_(budget_bytes), full_timeout_(full_timeout), keep_last_(keep_last), env_(env) {
@@ -363,6 +412,7 @@ void Cache::Evict(FileInfo& f, const char* why) {
   f.buffer_id = 0;
   f.capacity = 0;
   ++evicted_files_;
+  Note(f, false);
 }
 
 bool Cache::EvictOne() {
@@ -455,6 +505,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
     files_.emplace(key, a.file);
   }
   *out = a.file;
+  Note(a.file, false);
   if (persistence_enabled()) {
     persist_queue_.emplace_back(key);
     persist_cv_.notify_one();
@@ -492,6 +543,8 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
   if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
   if (it->second.state == FileState::kEvicted)
     return Status::NotFound(path + " was evicted from the cache (it is on storage)");
+  if (it->second.buffer_id == 0)  // re-indexed after a restart: the memory is gone
+    return Status::NotFound(path + " is not in memory: " + it->second.reason);
   *out = it->second;
   *lease_id = 0;
   if (lease) {
@@ -537,6 +590,7 @@ Status Cache::Remove(const std::string& session, const std::string& job, const s
   if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
   *out = it->second;
   if (it->second.state != FileState::kEvicted) ReleaseBuffer(it->second.buffer_id);
+  Note(it->second, true);
   files_.erase(it);
   TCE_LOG(kInfo, "cache") << "removed job=" << job << " path=" << path;
   return Status::OK();
@@ -678,10 +732,12 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
     it->second.records = std::move(records);
     ++persisted_files_;
     persisted_bytes_ += job.size;
+    Note(it->second, false);
     EnforceKeepLast(job.job);
   } else {
     it->second.state = FileState::kFailed;
     it->second.reason = result.ToString();
+    Note(it->second, false);
   }
   done_cv_.notify_all();
 }

@@ -26,49 +26,12 @@
 #include <vector>
 
 #include "cache/buffer.h"
+#include "cache/cache_types.h"
+#include "cache/meta_sink.h"
 #include "common/status.h"
 #include "env/env.h"
 
 namespace tce {
-
-enum class FileState { kPending = 1, kCached = 2, kPersisted = 4, kFailed = 5, kEvicted = 6 };
-
-struct Record {
-  std::string name;
-  uint64_t header_offset = 0;
-  uint64_t data_offset = 0;
-  uint64_t size = 0;
-  uint32_t crc32 = 0;
-  uint64_t central_offset = 0;
-};
-
-struct FileInfo {
-  std::string job, tag, path;
-  int32_t rank = 0;
-  uint64_t size = 0;
-  FileState state = FileState::kPending;
-  uint64_t buffer_id = 0;
-  uint64_t capacity = 0;
-  int64_t created_unix_ns = 0;
-  int64_t committed_unix_ns = 0;
-  int64_t persisted_unix_ns = 0;
-  std::string reason;      // why it FAILED
-  uint64_t version = 0;    // the allocation that wrote it
-  uid_t owner_uid = 0;     // the committing client's identity: files are
-  gid_t owner_gid = 0;     // persisted with its permissions
-  std::vector<Record> records;
-};
-
-// One committed file handed to a persistence worker. The buffer is pinned
-// (never reused) until FinishPersist; `fd` is the worker's own, writable.
-struct PersistJob {
-  std::string job, path;
-  uint64_t version = 0, buffer_id = 0, size = 0, capacity = 0;
-  uid_t uid = 0;  // write as this client
-  gid_t gid = 0;
-  std::vector<Record> records;
-  int fd = -1;
-};
 
 struct AllocateRequest {
   std::string session, job, tag, path;
@@ -138,6 +101,12 @@ class Cache {
                uint64_t* capacity);
   CacheStats Stats();
   bool HasSession(const std::string& session);
+
+  // Every later state change is reported to `sink` (null: none). Set before serving.
+  void SetMetaSink(MetaSink* sink);
+  // Re-indexes files recorded before a restart: those on storage become
+  // EVICTED (loads read storage); the rest are FAILED as lost.
+  void Restore(std::vector<FileInfo> files);
   const std::vector<std::string>& storage_roots() const { return roots_; }
   bool persistence_enabled() const { return !roots_.empty(); }
 
@@ -204,6 +173,7 @@ class Cache {
   bool Evictable(const FileInfo& f);          // REQUIRES mu_
   void Evict(FileInfo& f, const char* why);   // REQUIRES mu_
   void EnforceKeepLast(const std::string& job);  // REQUIRES mu_
+  void Note(const FileInfo& f, bool removed);    // REQUIRES mu_
   Status CheckUnderRoots(const std::string& path);  // filesystem calls; no lock
   // Makes room for `need` more bytes; appends ids this session must unmap.
   void Reclaim(const std::string& session, uint64_t need,
@@ -215,6 +185,7 @@ class Cache {
   void StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult* out);  // REQUIRES mu_
 
   const uint64_t budget_;
+  MetaSink* meta_ = nullptr;  // GUARDED_BY(mu_)
   const std::chrono::milliseconds full_timeout_;
   const size_t keep_last_;
   Env* const env_;

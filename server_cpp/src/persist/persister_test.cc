@@ -395,3 +395,39 @@ TEST_F(PersisterTest, WritesWithTheClientsIdentity) {
 
 }  // namespace
 }  // namespace tce
+
+namespace tce {
+namespace {
+
+TEST(Restore, RecordedFilesComeBackWithoutMemory) {
+  Cache cache(1 << 20);
+  FileInfo persisted, cached;
+  persisted.job = cached.job = "job";
+  persisted.path = "/c/p.pt";
+  persisted.state = FileState::kPersisted;
+  persisted.buffer_id = 7;  // a buffer id from the old server: must not be trusted
+  cached.path = "/c/c.pt";
+  cached.state = FileState::kCached;
+  cached.version = 41;
+  cache.Restore({persisted, cached});
+  std::string s = cache.OpenSession(1, 1);
+  FileInfo f;
+  uint64_t lease;
+  std::vector<uint64_t> unmap;
+  Status st = cache.Lookup(s, "job", "/c/p.pt", true, &f, &lease, &unmap);
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_NE(st.message().find("evicted"), std::string::npos);
+  st = cache.Lookup(s, "job", "/c/c.pt", true, &f, &lease, &unmap);
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_NE(st.message().find("lost: the server restarted"), std::string::npos) << st.message();
+  EXPECT_EQ(cache.Stats().buffers, 0u);
+  EXPECT_EQ(cache.Stats().leases, 0u);
+  AllocateResult a;  // allocation ids continue after the recorded versions
+  ASSERT_TRUE(cache.Allocate({s, "job", "t", "/c/c.pt", 0, 100}, &a).ok());
+  EXPECT_GT(a.allocation_id, 41u);
+  ASSERT_TRUE(cache.Commit(s, a.allocation_id, {}, &f).ok());  // a new save replaces the lost entry
+  EXPECT_TRUE(cache.Lookup(s, "job", "/c/c.pt", false, &f, &lease, &unmap).ok());
+}
+
+}  // namespace
+}  // namespace tce

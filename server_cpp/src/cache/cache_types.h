@@ -1,0 +1,54 @@
+// The Cache's plain data: file states, records, file descriptions.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tce {
+
+enum class FileState { kPending = 1, kCached = 2, kPersisted = 4, kFailed = 5, kEvicted = 6 };
+
+struct Record {
+  std::string name;
+  uint64_t header_offset = 0;
+  uint64_t data_offset = 0;
+  uint64_t size = 0;
+  uint32_t crc32 = 0;
+  uint64_t central_offset = 0;
+};
+
+struct FileInfo {
+  std::string job, tag, path;
+  int32_t rank = 0;
+  uint64_t size = 0;
+  FileState state = FileState::kPending;
+  uint64_t buffer_id = 0;
+  uint64_t capacity = 0;
+  int64_t created_unix_ns = 0;
+  int64_t committed_unix_ns = 0;
+  int64_t persisted_unix_ns = 0;
+  std::string reason;      // why it FAILED
+  uint64_t version = 0;    // the allocation that wrote it
+  uid_t owner_uid = 0;     // the committing client's identity: files are
+  gid_t owner_gid = 0;     // persisted with its permissions
+  std::vector<Record> records;
+};
+
+// One committed file handed to a persistence worker. The buffer is pinned
+// (never reused) until FinishPersist; `fd` is the worker's own, writable.
+struct PersistJob {
+  std::string job, path;
+  uint64_t version = 0, buffer_id = 0, size = 0, capacity = 0;
+  uid_t uid = 0;  // write as this client
+  gid_t gid = 0;
+  std::vector<Record> records;
+  int fd = -1;
+};
+
+const char* FileStateName(FileState s);
+bool ParseFileState(const std::string& name, FileState* out);
+
+}  // namespace tce

@@ -1,0 +1,16 @@
+// MetaSink: where the Cache reports every file state change (commit,
+// persisted, failed, evicted, removed). Implementations must not block: the
+// Cache calls them with its lock held. Any thread.
+#pragma once
+
+#include "cache/cache_types.h"
+
+namespace tce {
+
+class MetaSink {
+ public:
+  virtual ~MetaSink() = default;
+  virtual void Record(const FileInfo& file, bool removed) = 0;
+};
+
+}  // namespace tce
