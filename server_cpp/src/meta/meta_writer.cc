@@ -1,0 +1,75 @@
+#include "meta/meta_writer.h"
+
+#include <vector>
+
+#include "common/logging.h"
+
+namespace tce {
+
+MetaWriter::MetaWriter(std::unique_ptr<MetaStore> store, std::chrono::milliseconds max_backoff)
+    : store_(std::move(store)), max_backoff_(max_backoff) {}
+
+MetaWriter::~MetaWriter() { Stop(); }
+
+void MetaWriter::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void MetaWriter::Stop(std::chrono::milliseconds deadline) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) return;
+    stop_ = true;
+    stop_by_ = std::chrono::steady_clock::now() + deadline;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void MetaWriter::Record(const FileInfo& file, bool removed) {
+  std::lock_guard<std::mutex> l(mu_);
+  queue_[{file.job, file.path}] = MetaChange{file, removed};  // newest state wins
+  status_.queued = queue_.size();
+  cv_.notify_one();
+}
+
+MetaStatus MetaWriter::Status() {
+  std::lock_guard<std::mutex> l(mu_);
+  return status_;
+}
+
+void MetaWriter::Loop() {
+  auto backoff = std::chrono::milliseconds(100);
+  std::unique_lock<std::mutex> l(mu_);
+  while (true) {
+    cv_.wait(l, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    std::vector<MetaChange> batch;
+    for (auto& [key, change] : queue_) batch.push_back(change);
+    std::map<std::pair<std::string, std::string>, MetaChange> taken;
+    taken.swap(queue_);
+    l.unlock();
+    tce::Status s = store_->Apply(batch);
+    l.lock();
+    if (s.ok()) {
+      if (!status_.healthy) TCE_LOG(kInfo, "meta") << "metadata store healthy again";
+      status_.healthy = true;
+      status_.written += batch.size();
+      backoff = std::chrono::milliseconds(100);
+    } else {
+      for (auto& [key, change] : taken) queue_.emplace(key, std::move(change));  // newer wins
+      if (status_.healthy || status_.last_error != s.message())
+        TCE_LOG(kError, "meta") << "metadata store unavailable, " << queue_.size()
+                                << " change(s) queued: " << s.message();
+      status_.healthy = false;
+      status_.last_error = s.message();
+      if (stop_ && std::chrono::steady_clock::now() >= stop_by_) {
+        TCE_LOG(kError, "meta") << "stopping with " << queue_.size() << " unwritten change(s)";
+        return;
+      }
+      cv_.wait_for(l, backoff, [this] { return stop_ && std::chrono::steady_clock::now() >= stop_by_; });
+      backoff = std::min(backoff * 2, max_backoff_);
+    }
+    status_.queued = queue_.size();
+  }
+}
+
+}  // namespace tce

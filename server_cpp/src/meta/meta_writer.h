@@ -1,0 +1,53 @@
+// MetaWriter: the Cache's MetaSink. Record() only queues (the data path never
+// waits for the database); a thread writes batches, coalescing changes to the
+// same file, and when the store fails it keeps the queue, retries with
+// backoff and reports the degradation in Status(). Any thread may call.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "cache/meta_sink.h"
+#include "meta/meta_store.h"
+
+namespace tce {
+
+struct MetaStatus {
+  bool healthy = true;
+  uint64_t queued = 0;
+  uint64_t written = 0;
+  std::string last_error;
+};
+
+class MetaWriter final : public MetaSink {
+ public:
+  explicit MetaWriter(std::unique_ptr<MetaStore> store,
+                      std::chrono::milliseconds max_backoff = std::chrono::seconds(30));
+  ~MetaWriter() override;
+  void Start();
+  // Writes what is queued (bounded by `deadline`), then stops the thread.
+  void Stop(std::chrono::milliseconds deadline = std::chrono::seconds(5));
+
+  void Record(const FileInfo& file, bool removed) override;
+  MetaStatus Status();
+
+ private:
+  void Loop();
+
+  std::unique_ptr<MetaStore> store_;  // used by the thread only
+  const std::chrono::milliseconds max_backoff_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<std::string, std::string>, MetaChange> queue_;  // GUARDED_BY(mu_)
+  MetaStatus status_;                                               // GUARDED_BY(mu_)
+  bool stop_ = false;                                               // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point stop_by_;                  // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace tce
