@@ -18,6 +18,8 @@
 #include "common/logging.h"
 #include "common/strings.h"
 #include "daemon/options.h"
+#include "meta/meta_store.h"
+#include "meta/meta_writer.h"
 #include "persist/persister.h"
 #include "rpc/fd_server.h"
 #include "rpc/service.h"
@@ -113,9 +115,32 @@ int Run(int argc, char** argv) {
   popt.retries = opt.persist_retries;
   popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
   popt.direct_io = opt.persist_direct_io;
+  // Metadata: re-index what was recorded before a restart, remove the temp
+  // files of persists that a crash interrupted, then record every change.
+  const std::string meta_url = EffectiveMetadataUrl(opt);
+  std::unique_ptr<MetaWriter> meta;
+  if (!meta_url.empty()) {
+    if (!(s = MkdirP(opt.state_dir)).ok()) return Fail("state_dir: " + s.message(), 2);
+    std::unique_ptr<MetaStore> store;
+    if (!(s = OpenMetaStore(meta_url, &store)).ok()) return Fail("metadata_url: " + s.ToString(), 2);
+    std::vector<FileInfo> recorded;
+    if (!(s = store->LoadFiles(&recorded)).ok()) return Fail("metadata: " + s.ToString(), 1);
+    for (const FileInfo& f : recorded) {
+      if (f.state == FileState::kCached || f.state == FileState::kPending) {
+        Status ignored = Env::Default()->RemoveFile(Persister::TempPath(f.path, f.version));
+        (void)ignored;
+      }
+    }
+    Status hb = store->Heartbeat(opt.socket, getpid());
+    (void)hb;
+    meta = std::make_unique<MetaWriter>(std::move(store));
+    cache.SetMetaSink(meta.get());
+    cache.Restore(std::move(recorded));
+    meta->Start();
+  }
   Persister persister(&cache, Env::Default(), popt);
   if (cache.persistence_enabled()) persister.Start();
-  CacheService service(&cache, opt.socket);
+  CacheService service(&cache, opt.socket, meta.get(), meta_url);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + opt.socket, grpc::InsecureServerCredentials());
@@ -142,6 +167,7 @@ int Run(int argc, char** argv) {
   persister.Stop();  // wakes Wait() callers before the RPC server drains
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   fds.Stop();
+  if (meta) meta->Stop();
   unlink(opt.socket.c_str());
   unlink(fd_path.c_str());
   TCE_LOG(kInfo, "daemon") << "stopped";

@@ -29,6 +29,8 @@ const Setting kSettings[] = {
     {"cache_full_timeout_ms", "TCE_CACHE_FULL_TIMEOUT_MS", "--cache-full-timeout-ms"},
     {"persist_direct_io", "TCE_PERSIST_DIRECT_IO", "--persist-direct-io"},
     {"keep_last", "TCE_KEEP_LAST", "--keep-last"},
+    {"state_dir", "TCE_STATE_DIR", "--state-dir"},
+    {"metadata_url", "TCE_METADATA_URL", "--metadata-url"},
 };
 
 bool ParseInt(const std::string& s, long lo, long hi, int* out) {
@@ -91,6 +93,13 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     if (!ParseInt(value, 0, 100, &o->persist_retries)) return bad("an integer from 0 to 100");
   } else if (key == "persist_backoff_ms") {
     if (!ParseInt(value, 1, 600000, &o->persist_backoff_ms)) return bad("milliseconds, 1 to 600000");
+  } else if (key == "state_dir") {
+    if (value.empty() || value[0] != '/') return bad("must be an absolute path");
+    o->state_dir = value;
+  } else if (key == "metadata_url") {
+    if (!value.empty() && value != "none" && value.find("://") == std::string::npos)
+      return bad("sqlite:///path/tce.db, or none");
+    o->metadata_url = value;
   } else if (key == "keep_last") {
     if (!ParseInt(value, 0, 1000000, &o->keep_last)) return bad("an integer >= 0");
   } else if (key == "persist_direct_io") {
@@ -219,6 +228,12 @@ Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64
   return Status::OK();
 }
 
+std::string EffectiveMetadataUrl(const Options& o) {
+  if (o.metadata_url == "none") return "";
+  if (!o.metadata_url.empty()) return o.metadata_url;
+  return "sqlite://" + o.state_dir + "/tce.db";
+}
+
 Status ParseRoots(const std::string& text, std::vector<std::string>* out) {
   out->clear();
   std::stringstream ss(text);
@@ -267,7 +282,9 @@ std::string FormatConfig(const Options& o) {
       << "persist_backoff_ms = " << o.persist_backoff_ms << "\n"
       << "cache_full_timeout_ms = " << o.cache_full_timeout_ms << "\n"
       << "persist_direct_io = " << (o.persist_direct_io ? "true" : "false") << "\n"
-      << "keep_last = " << o.keep_last << "\n";
+      << "keep_last = " << o.keep_last << "\n"
+      << "state_dir = " << Quote(o.state_dir) << "\n"
+      << "metadata_url = " << Quote(o.metadata_url) << "\n";
   return out.str();
 }
 
@@ -291,6 +308,9 @@ std::string HelpText() {
          "  --persist-backoff-ms N first retry delay, doubled each time      [TCE_PERSIST_BACKOFF_MS, 200]\n"
          "  --keep-last N          per job, evict persisted files of tags older than the\n"
          "                         newest N (0: keep while there is room)    [TCE_KEEP_LAST, 0]\n"
+         "  --state-dir DIR        the server's own files (metadata)         [TCE_STATE_DIR, /var/lib/tce]\n"
+         "  --metadata-url URL     sqlite:///path/tce.db, or none           [TCE_METADATA_URL,\n"
+         "                                                     sqlite://<state_dir>/tce.db]\n"
          "  --persist-direct-io B  write with O_DIRECT where supported       [TCE_PERSIST_DIRECT_IO, true]\n"
          "  --cache-full-timeout-ms N  how long a save into a full cache waits for persistence\n"
          "                         to free room                              [TCE_CACHE_FULL_TIMEOUT_MS, 30000]\n"

@@ -30,6 +30,8 @@ struct Options {
   int cache_full_timeout_ms = 30000;
   bool persist_direct_io = true;
   int keep_last = 0;
+  std::string state_dir = "/var/lib/tce";
+  std::string metadata_url;  // empty: sqlite://<state_dir>/tce.db; "none": no metadata
   std::string config;  // the file read, if any
 };
 
@@ -49,6 +51,8 @@ Status ParseConfigText(const std::string& text, const std::string& name,
 // "auto", "NN%", or a size -> bytes.
 Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64_t* out);
 // "/a, /b" -> {"/a", "/b"}; each must be absolute.
+// The metadata URL in effect ("" for none).
+std::string EffectiveMetadataUrl(const Options& o);
 Status ParseRoots(const std::string& text, std::vector<std::string>* out);
 // "" -> {self, 0}; "1000,1001" -> {1000, 1001}.
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out);

@@ -33,8 +33,10 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
   }
 }
 
-CacheService::CacheService(Cache* cache, std::string socket_path)
-    : cache_(cache), socket_path_(std::move(socket_path)), started_(std::chrono::steady_clock::now()) {}
+CacheService::CacheService(Cache* cache, std::string socket_path, MetaWriter* meta,
+                           std::string metadata_url)
+    : cache_(cache), socket_path_(std::move(socket_path)), meta_(meta),
+      metadata_url_(std::move(metadata_url)), started_(std::chrono::steady_clock::now()) {}
 
 grpc::Status CacheService::Allocate(grpc::ServerContext*, const v1::AllocateRequest* req,
                                     v1::AllocateResponse* resp) {
@@ -128,6 +130,13 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   resp->set_persisted_bytes(s.persisted_bytes);
   resp->set_failed_files(s.failed_files);
   resp->set_evicted_files(s.evicted_files);
+  resp->set_metadata_url(metadata_url_);
+  if (meta_) {
+    MetaStatus m = meta_->Status();
+    resp->set_metadata_healthy(m.healthy);
+    resp->set_metadata_queue(m.queued);
+    resp->set_metadata_error(m.last_error);
+  }
   return grpc::Status::OK;
 }
 

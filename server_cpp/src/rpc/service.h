@@ -7,13 +7,16 @@
 #include <string>
 
 #include "cache/cache.h"
+#include "meta/meta_writer.h"
 #include "tce/v1/tce.grpc.pb.h"
 
 namespace tce {
 
 class CacheService final : public v1::Cache::Service {
  public:
-  CacheService(Cache* cache, std::string socket_path);
+  // `meta` (may be null): the metadata writer whose health Status reports.
+  CacheService(Cache* cache, std::string socket_path, MetaWriter* meta = nullptr,
+               std::string metadata_url = "");
 
   grpc::Status Allocate(grpc::ServerContext*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
   grpc::Status Commit(grpc::ServerContext*, const v1::CommitRequest*, v1::CommitResponse*) override;
@@ -28,6 +31,8 @@ class CacheService final : public v1::Cache::Service {
  private:
   Cache* const cache_;
   const std::string socket_path_;
+  MetaWriter* const meta_;
+  const std::string metadata_url_;
   const std::chrono::steady_clock::time_point started_;
 };
 
