@@ -58,6 +58,7 @@ class LocalServer:
         socket_path: str | None = None,
         memory_budget: str = "1GiB",
         storage_roots: Sequence[str] = (),
+        state_dir: str | None = None,
         extra_args: Sequence[str] = (),
         log_path: str | None = None,
         env: dict[str, str] | None = None,
@@ -73,6 +74,10 @@ class LocalServer:
         ]
         if storage_roots:
             self.args += ["--storage-roots", ",".join(storage_roots)]
+        # Its own metadata (SQLite) next to the socket unless told otherwise,
+        # so servers started side by side never share state.
+        self.state_dir = state_dir or os.path.join(os.path.dirname(socket_path), "state")
+        self.args += ["--state-dir", self.state_dir]
         self.log_path = log_path or os.path.join(
             self._tmpdir or os.path.dirname(socket_path), "tce-server.log"
         )

@@ -40,6 +40,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
           f"free for reuse {_human(int(st['free_bytes']))}")
     print(f"buffers   {st['buffers']} live, {st['buffers_created']} created, {st['buffers_reused']} reuses")
     print(f"files     {st['files']}   sessions {st['sessions']}   leases {st['leases']}")
+    if st.get("metadata_url"):
+        health = "healthy" if st.get("metadata_healthy") else f"DEGRADED: {st.get('metadata_error')}"
+        print(f"metadata  {st['metadata_url']} ({health}, {st.get('metadata_queue', 0)} queued)")
+    else:
+        print("metadata  none")
     roots = st.get("storage_roots") or []
     if roots:
         print(f"persist   roots {', '.join(roots)}; queue {st['persist_queue']}, "
@@ -51,22 +56,26 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    from tce._api import _with_client
-
-    files = _with_client(lambda c: c.list(args.job or "", args.tag or ""))
-    from tce.v1 import tce_pb2 as pb
-
     rows = [("JOB", "TAG", "RANK", "STATE", "SIZE", "PATH")]
-    for f in files:
-        state = pb.FileState.Name(f.state).removeprefix("FILE_STATE_")
-        rows.append((f.job, f.tag or "-", str(f.rank), state, _human(f.size), f.path))
+    if args.metadata:  # straight from the metadata store: works with no server
+        from tce._meta import read_files
+
+        for f in read_files(args.metadata, job=args.job or "", tag=args.tag or ""):
+            rows.append((f.job, f.tag or "-", str(f.rank), f.state, _human(f.size), f.path))
+    else:
+        from tce._api import _with_client
+        from tce.v1 import tce_pb2 as pb
+
+        for f in _with_client(lambda c: c.list(args.job or "", args.tag or "")):
+            state = pb.FileState.Name(f.state).removeprefix("FILE_STATE_")
+            rows.append((f.job, f.tag or "-", str(f.rank), state, _human(f.size), f.path))
     if args.json:
         print(json.dumps([dict(zip((h.lower() for h in rows[0]), r)) for r in rows[1:]], indent=2))
         return 0
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
-    print(f"{len(files)} file(s)")
+    print(f"{len(rows) - 1} file(s)")
     return 0
 
 
@@ -93,9 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="show the server's memory, buffers and sessions")
     s.add_argument("--json", action="store_true")
 
-    s = sub.add_parser("ls", help="list cached files")
+    s = sub.add_parser("ls", help="list the files the server knows")
     s.add_argument("--job")
     s.add_argument("--tag")
+    s.add_argument("--metadata", metavar="URL",
+                   help="read this metadata store (sqlite:///path/tce.db) instead of asking the server")
     s.add_argument("--json", action="store_true")
 
     s = sub.add_parser("bench", help="save/load throughput against torch.save/torch.load")

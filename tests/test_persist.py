@@ -178,3 +178,57 @@ def test_keep_last_tags_per_job(storage):
     finally:
         s.stop()
         s.cleanup()
+
+
+def test_server_killed_mid_persist_restarts_clean(storage):
+    s = LocalServer(memory_budget="2GiB", storage_roots=[str(storage)]).start()
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            done = [storage / "done0.pt", storage / "done1.pt"]
+            for i, p in enumerate(done):
+                tce.save({"w": torch.full((1000,), float(i))}, p, tag="early")
+            tce.wait()
+            big = storage / "big.pt"
+            tce.save({"w": torch.randn(128 << 20)}, big, tag="late")  # 512 MiB
+            s.kill()  # SIGKILL while it is being persisted
+            _api.close()
+            s.start()  # same state dir: re-indexes from metadata
+            states = {f.path: (pb.FileState.Name(f.state), f.reason)
+                      for f in _api._get_client().list(_knobs.get("job"))}
+            assert states[str(done[0])][0] == states[str(done[1])][0] == "FILE_STATE_EVICTED"
+            big_state, reason = states[str(big)]
+            assert [p.name for p in storage.iterdir() if ".tce-tmp-" in p.name] == []
+            if big_state == "FILE_STATE_FAILED":
+                assert "lost: the server restarted" in reason
+                assert not big.exists()  # never a torn file at the final path
+            else:  # it made it before the kill
+                assert big_state == "FILE_STATE_EVICTED"
+                assert zipfile.ZipFile(big).testzip() is None
+            assert tce.load(done[1], weights_only=True)["w"][0].item() == 1.0  # from storage
+            st = tce.status()
+            assert st["metadata_url"].startswith("sqlite://") and st["metadata_healthy"]
+            _api.close()
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def test_ls_reads_metadata_without_a_server(storage):
+    s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)]).start()
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="meta-job"):
+            tce.save({"w": torch.ones(10)}, storage / "a.pt", tag="step5", rank=2)
+            tce.wait()
+            _api.close()
+    finally:
+        s.stop()  # the server is gone; its metadata stays
+    url = f"sqlite://{s.state_dir}/tce.db"
+    p = subprocess.run(["python3", "-m", "tce.cli", "ls", "--metadata", url, "--json"],
+                       capture_output=True, text=True)
+    s.cleanup()
+    assert p.returncode == 0, p.stderr
+    import json
+
+    assert json.loads(p.stdout) == [{"job": "meta-job", "tag": "step5", "rank": "2",
+                                     "state": "PERSISTED", "size": json.loads(p.stdout)[0]["size"],
+                                     "path": str(storage / "a.pt")}]
