@@ -50,15 +50,18 @@ void MetaWriter::Loop() {
     tce::Status s = store_->Apply(batch);
     l.lock();
     if (s.ok()) {
-      if (!status_.healthy) TCE_LOG(kInfo, "meta") << "metadata store healthy again";
+      if (!status_.healthy) {
+        TCE_LOG(kInfo, "meta") << "metadata store healthy again";
+      }
       status_.healthy = true;
       status_.written += batch.size();
       backoff = std::chrono::milliseconds(100);
     } else {
       for (auto& [key, change] : taken) queue_.emplace(key, std::move(change));  // newer wins
-      if (status_.healthy || status_.last_error != s.message())
+      if (status_.healthy || status_.last_error != s.message()) {
         TCE_LOG(kError, "meta") << "metadata store unavailable, " << queue_.size()
                                 << " change(s) queued: " << s.message();
+      }
       status_.healthy = false;
       status_.last_error = s.message();
       if (stop_ && std::chrono::steady_clock::now() >= stop_by_) {

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "meta/meta_store.h"
+#include "meta/mysql_store.h"
 
 namespace tce {
 namespace {
@@ -200,7 +201,9 @@ Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out) {
     *out = std::move(store);
     return Status::OK();
   }
-  return Status::NotSupported("metadata URL scheme not supported (yet): " + url);
+  if (url.compare(0, 8, "mysql://") == 0) return OpenMysqlStore(url, out);
+  return Status::NotSupported("metadata URL scheme not supported: " + url +
+                              " (sqlite:///path or mysql://user:pass@host:port/db)");
 }
 
 std::string EncodeRecords(const std::vector<Record>& records) {

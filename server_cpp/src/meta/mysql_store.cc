@@ -1,0 +1,247 @@
+// MetaStore on MySQL/MariaDB (Connector/C): mysql://user:password@host:port/db
+#include <mysql.h>
+
+#include <cstring>
+#include <vector>
+
+#include "meta/meta_store.h"
+#include "meta/mysql_store.h"
+
+namespace tce {
+namespace {
+
+const char* const kSchema[] = {
+    "CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS jobs (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+    "PRIMARY KEY, first_seen_ns BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS tags (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
+    "tag VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, first_commit_ns BIGINT NOT NULL, "
+    "PRIMARY KEY (job, tag))",
+    // Paths may be 4096 bytes, past InnoDB's key limit: key on a hash of (job, path).
+    "CREATE TABLE IF NOT EXISTS files (file_key BINARY(32) PRIMARY KEY, "
+    "job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, path TEXT NOT NULL, "
+    "tag VARCHAR(255) NOT NULL, `rank` INT NOT NULL, size BIGINT UNSIGNED NOT NULL, "
+    "state VARCHAR(16) NOT NULL, version BIGINT UNSIGNED NOT NULL, records MEDIUMTEXT NOT NULL, "
+    "created_ns BIGINT NOT NULL, committed_ns BIGINT NOT NULL, persisted_ns BIGINT NOT NULL, "
+    "reason TEXT NOT NULL, uid BIGINT NOT NULL, gid BIGINT NOT NULL, KEY (job))",
+    "CREATE TABLE IF NOT EXISTS servers (endpoint VARCHAR(255) PRIMARY KEY, pid BIGINT NOT NULL, "
+    "heartbeat_ns BIGINT NOT NULL)",
+};
+
+// A parameter list for one prepared statement.
+class Params {
+ public:
+  Params& Text(const std::string& s) {
+    texts_.push_back(s);
+    kinds_.push_back(0);
+    return *this;
+  }
+  Params& Int(int64_t v) {
+    ints_.push_back(v);
+    kinds_.push_back(1);
+    return *this;
+  }
+  std::vector<MYSQL_BIND> Bind() {
+    std::vector<MYSQL_BIND> b(kinds_.size());
+    lengths_.assign(kinds_.size(), 0);
+    size_t t = 0, n = 0;
+    for (size_t i = 0; i < kinds_.size(); ++i) {
+      std::memset(&b[i], 0, sizeof(MYSQL_BIND));
+      if (kinds_[i] == 0) {
+        b[i].buffer_type = MYSQL_TYPE_STRING;
+        b[i].buffer = const_cast<char*>(texts_[t].data());
+        lengths_[i] = texts_[t].size();
+        b[i].buffer_length = lengths_[i];
+        b[i].length = &lengths_[i];
+        ++t;
+      } else {
+        b[i].buffer_type = MYSQL_TYPE_LONGLONG;
+        b[i].buffer = &ints_[n++];
+      }
+    }
+    return b;
+  }
+
+ private:
+  std::vector<int> kinds_;
+  std::vector<std::string> texts_;
+  std::vector<int64_t> ints_;
+  std::vector<unsigned long> lengths_;
+};
+
+class MysqlStore final : public MetaStore {
+ public:
+  ~MysqlStore() override {
+    if (db_) mysql_close(db_);
+  }
+
+  Status Connect(const MysqlUrl& url) {
+    url_ = url;
+    db_ = mysql_init(nullptr);
+    unsigned int timeout = 5;
+    mysql_options(db_, MYSQL_OPT_CONNECT_TIMEOUT, &timeout);
+    mysql_options(db_, MYSQL_OPT_READ_TIMEOUT, &timeout);
+    mysql_options(db_, MYSQL_OPT_WRITE_TIMEOUT, &timeout);
+    if (!mysql_real_connect(db_, url.host.c_str(), url.user.c_str(), url.password.c_str(),
+                            url.database.c_str(), url.port, nullptr, 0))
+      return Fail("connect to " + url.host + ":" + std::to_string(url.port));
+    mysql_set_character_set(db_, "utf8mb4");
+    for (const char* sql : kSchema)
+      if (mysql_query(db_, sql) != 0) return Fail("schema");
+    if (mysql_query(db_, "INSERT INTO schema_version SELECT 1 FROM DUAL WHERE NOT EXISTS "
+                         "(SELECT 1 FROM schema_version)") != 0)
+      return Fail("schema version");
+    return Status::OK();
+  }
+
+  Status Apply(const std::vector<MetaChange>& batch) override {
+    Status s = Reconnect();
+    if (!s.ok()) return s;
+    if (mysql_query(db_, "START TRANSACTION") != 0) return Fail("begin");
+    for (const MetaChange& c : batch) {
+      const FileInfo& f = c.file;
+      if (c.removed) {
+        s = Run("DELETE FROM files WHERE file_key = UNHEX(SHA2(CONCAT(?, CHAR(0), ?), 256))",
+                Params().Text(f.job).Text(f.path));
+      } else {
+        s = Run("INSERT IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)",
+                Params().Text(f.job).Int(f.committed_unix_ns));
+        if (s.ok() && !f.tag.empty())
+          s = Run("INSERT IGNORE INTO tags (job, tag, first_commit_ns) VALUES (?, ?, ?)",
+                  Params().Text(f.job).Text(f.tag).Int(f.committed_unix_ns));
+        if (s.ok())
+          s = Run("INSERT INTO files (file_key, job, path, tag, `rank`, size, state, version, records, "
+                  "created_ns, committed_ns, persisted_ns, reason, uid, gid) VALUES "
+                  "(UNHEX(SHA2(CONCAT(?, CHAR(0), ?), 256)), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                  "ON DUPLICATE KEY UPDATE tag=VALUES(tag), `rank`=VALUES(`rank`), size=VALUES(size), "
+                  "state=VALUES(state), version=VALUES(version), records=VALUES(records), "
+                  "created_ns=VALUES(created_ns), committed_ns=VALUES(committed_ns), "
+                  "persisted_ns=VALUES(persisted_ns), reason=VALUES(reason), uid=VALUES(uid), "
+                  "gid=VALUES(gid)",
+                  Params().Text(f.job).Text(f.path).Text(f.job).Text(f.path).Text(f.tag).Int(f.rank)
+                      .Int(static_cast<int64_t>(f.size)).Text(FileStateName(f.state))
+                      .Int(static_cast<int64_t>(f.version)).Text(EncodeRecords(f.records))
+                      .Int(f.created_unix_ns).Int(f.committed_unix_ns).Int(f.persisted_unix_ns)
+                      .Text(f.reason).Int(f.owner_uid).Int(static_cast<int64_t>(f.owner_gid)));
+      }
+      if (!s.ok()) break;
+    }
+    if (s.ok() && mysql_query(db_, "COMMIT") == 0) return Status::OK();
+    if (s.ok()) s = Fail("commit");
+    mysql_query(db_, "ROLLBACK");
+    return s;
+  }
+
+  Status LoadFiles(std::vector<FileInfo>* out) override {
+    Status s = Reconnect();
+    if (!s.ok()) return s;
+    if (mysql_query(db_, "SELECT job, path, tag, `rank`, size, state, version, records, created_ns, "
+                         "committed_ns, persisted_ns, reason, uid, gid FROM files ORDER BY job, path") != 0)
+      return Fail("select files");
+    MYSQL_RES* res = mysql_store_result(db_);
+    if (!res) return Fail("select files");
+    while (MYSQL_ROW row = mysql_fetch_row(res)) {
+      unsigned long* len = mysql_fetch_lengths(res);
+      auto text = [&](int i) { return std::string(row[i] ? row[i] : "", row[i] ? len[i] : 0); };
+      auto num = [&](int i) { return std::stoll(text(i)); };
+      FileInfo f;
+      f.job = text(0);
+      f.path = text(1);
+      f.tag = text(2);
+      f.rank = static_cast<int32_t>(num(3));
+      f.size = static_cast<uint64_t>(std::stoull(text(4)));
+      if (!ParseFileState(text(5), &f.state)) f.state = FileState::kFailed;
+      f.version = static_cast<uint64_t>(std::stoull(text(6)));
+      DecodeRecords(text(7), &f.records);
+      f.created_unix_ns = num(8);
+      f.committed_unix_ns = num(9);
+      f.persisted_unix_ns = num(10);
+      f.reason = text(11);
+      f.owner_uid = static_cast<uid_t>(num(12));
+      f.owner_gid = static_cast<gid_t>(num(13));
+      out->push_back(std::move(f));
+    }
+    mysql_free_result(res);
+    return Status::OK();
+  }
+
+  Status Heartbeat(const std::string& endpoint, int64_t pid) override {
+    Status s = Reconnect();
+    if (!s.ok()) return s;
+    return Run("INSERT INTO servers (endpoint, pid, heartbeat_ns) VALUES (?, ?, "
+               "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000000 AS SIGNED)) "
+               "ON DUPLICATE KEY UPDATE pid=VALUES(pid), heartbeat_ns=VALUES(heartbeat_ns)",
+               Params().Text(endpoint).Int(pid));
+  }
+
+ private:
+  Status Fail(const std::string& what) {
+    return Status::Unavailable("mysql " + what + ": " + (db_ ? mysql_error(db_) : "no connection"));
+  }
+  // After an outage the connection is dead: make a new one.
+  Status Reconnect() {
+    if (db_ && mysql_ping(db_) == 0) return Status::OK();
+    if (db_) mysql_close(db_);
+    db_ = nullptr;
+    return Connect(url_);
+  }
+  Status Run(const char* sql, Params& params) {  // params: a chained temporary
+    MYSQL_STMT* st = mysql_stmt_init(db_);
+    if (!st) return Fail("statement");
+    std::vector<MYSQL_BIND> b = params.Bind();
+    Status s;
+    if (mysql_stmt_prepare(st, sql, std::strlen(sql)) != 0 || mysql_stmt_bind_param(st, b.data()) != 0 ||
+        mysql_stmt_execute(st) != 0)
+      s = Status::Unavailable(std::string("mysql: ") + mysql_stmt_error(st));
+    mysql_stmt_close(st);
+    return s;
+  }
+
+  MysqlUrl url_;
+  MYSQL* db_ = nullptr;
+};
+
+}  // namespace
+
+Status ParseMysqlUrl(const std::string& url, MysqlUrl* out) {
+  const std::string scheme = "mysql://";
+  if (url.compare(0, scheme.size(), scheme) != 0) return Status::InvalidArgument("not a mysql:// URL");
+  std::string rest = url.substr(scheme.size());
+  size_t at = rest.rfind('@');
+  if (at != std::string::npos) {
+    std::string cred = rest.substr(0, at);
+    size_t colon = cred.find(':');
+    out->user = cred.substr(0, colon);
+    if (colon != std::string::npos) out->password = cred.substr(colon + 1);
+    rest = rest.substr(at + 1);
+  }
+  size_t slash = rest.find('/');
+  if (slash == std::string::npos || slash + 1 >= rest.size())
+    return Status::InvalidArgument("mysql URL needs a database: mysql://user:pass@host:port/db");
+  out->database = rest.substr(slash + 1);
+  std::string hostport = rest.substr(0, slash);
+  size_t colon = hostport.rfind(':');
+  out->host = hostport.substr(0, colon);
+  out->port = 3306;
+  if (colon != std::string::npos) {
+    char* end = nullptr;
+    long p = std::strtol(hostport.c_str() + colon + 1, &end, 10);
+    if (*end || p <= 0 || p > 65535) return Status::InvalidArgument("bad port in " + url);
+    out->port = static_cast<unsigned>(p);
+  }
+  if (out->host.empty()) return Status::InvalidArgument("mysql URL needs a host: " + url);
+  return Status::OK();
+}
+
+Status OpenMysqlStore(const std::string& url, std::unique_ptr<MetaStore>* out) {
+  MysqlUrl u;
+  Status s = ParseMysqlUrl(url, &u);
+  if (!s.ok()) return s;
+  auto store = std::make_unique<MysqlStore>();
+  s = store->Connect(u);
+  if (!s.ok()) return s;
+  *out = std::move(store);
+  return Status::OK();
+}
+
+}  // namespace tce

@@ -1,0 +1,20 @@
+// The MySQL/MariaDB MetaStore (Connector/C), created through OpenMetaStore.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "meta/meta_store.h"
+
+namespace tce {
+
+struct MysqlUrl {
+  std::string user, password, host, database;
+  unsigned port = 3306;
+};
+
+// mysql://user:password@host:port/db
+Status ParseMysqlUrl(const std::string& url, MysqlUrl* out);
+Status OpenMysqlStore(const std::string& url, std::unique_ptr<MetaStore>* out);
+
+}  // namespace tce
