@@ -33,7 +33,7 @@ $(STAMPS)/python: pyproject.toml
 	@mkdir -p $(STAMPS)
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q "scikit-build-core>=0.10" "grpcio-tools>=1.60" "grpcio>=1.60" \
-		"protobuf>=5.26" numpy "pytest>=7" pytest-timeout
+		"protobuf>=5.26" numpy pymysql "pytest>=7" pytest-timeout
 	@touch $@
 
 # Editable install: builds tce-server (and the C++ tests) with CMake in

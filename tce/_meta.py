@@ -17,19 +17,42 @@ class FileRow:
     reason: str
 
 
+_QUERY = (
+    "SELECT job, tag, `rank`, state, size, path, reason FROM files "
+    "WHERE (%s = '' OR job = %s) AND (%s = '' OR tag = %s) ORDER BY job, tag, path"
+)
+
+
+def _read_mysql(url: str, job: str, tag: str) -> list[FileRow]:
+    from urllib.parse import unquote, urlsplit
+
+    import pymysql
+
+    u = urlsplit(url)
+    db = pymysql.connect(host=u.hostname, port=u.port or 3306, user=unquote(u.username or ""),
+                         password=unquote(u.password or ""), database=u.path.lstrip("/"),
+                         connect_timeout=5)
+    try:
+        with db.cursor() as cur:
+            cur.execute(_QUERY, (job, job, tag, tag))
+            return [FileRow(*r) for r in cur.fetchall()]
+    finally:
+        db.close()
+
+
 def read_files(url: str, *, job: str = "", tag: str = "") -> list[FileRow]:
-    """Files recorded in the metadata store at `url` (sqlite:///abs/path.db)."""
+    """Files recorded in the metadata store at `url`
+    (sqlite:///abs/path.db or mysql://user:pass@host:port/db)."""
+    if url.startswith("mysql://"):
+        return _read_mysql(url, job, tag)
     prefix = "sqlite://"
     if not url.startswith(prefix) or not url[len(prefix):].startswith("/"):
-        raise ValueError(f"unsupported metadata URL {url!r} (expected sqlite:///abs/path.db)")
+        raise ValueError(f"unsupported metadata URL {url!r} "
+                         "(sqlite:///abs/path.db or mysql://user:pass@host:port/db)")
     path = url[len(prefix):]
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        rows = db.execute(
-            "SELECT job, tag, rank, state, size, path, reason FROM files "
-            "WHERE (? = '' OR job = ?) AND (? = '' OR tag = ?) ORDER BY job, tag, path",
-            (job, job, tag, tag),
-        ).fetchall()
+        rows = db.execute(_QUERY.replace("%s", "?").replace("`", '"'), (job, job, tag, tag)).fetchall()
     finally:
         db.close()
     return [FileRow(*r) for r in rows]

@@ -1,0 +1,109 @@
+"""Metadata in a real MariaDB server that the tests start themselves."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+import torch
+
+import tce
+from tce import _api, _knobs
+from tce._server import LocalServer
+from tce.v1 import tce_pb2 as pb
+
+pytestmark = pytest.mark.mysql
+
+
+@pytest.fixture(scope="module")
+def mariadb():
+    if not shutil.which("mariadbd"):
+        pytest.skip("mariadbd is not installed (make setup installs mariadb-server)")
+    from mariadb_server import MariaDB
+
+    db = MariaDB()
+    yield db
+    db.cleanup()
+
+
+def _server(storage, mariadb):
+    return LocalServer(memory_budget="256MiB", storage_roots=[str(storage)],
+                       extra_args=["--metadata-url", mariadb.url]).start()
+
+
+def _rows(mariadb):
+    out = mariadb.sql("SELECT path, tag, `rank`, state FROM tce.files ORDER BY path")
+    return [tuple(line.split("\t")) for line in out.splitlines()]
+
+
+def test_rows_restart_and_ls(tmp_path, mariadb):
+    storage = tmp_path / "s"
+    storage.mkdir()
+    s = _server(storage, mariadb)
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="mysql-job"):
+            for step in (1, 2):
+                tce.save({"w": torch.full((100,), float(step))}, storage / f"step{step}.pt",
+                         tag=f"step{step}", rank=1)
+            tce.wait()
+            st = tce.status()
+            assert st["metadata_url"] == mariadb.url and st["metadata_healthy"]
+            deadline = time.monotonic() + 20
+            while len(_rows(mariadb)) < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert _rows(mariadb) == [(str(storage / "step1.pt"), "step1", "1", "PERSISTED"),
+                                      (str(storage / "step2.pt"), "step2", "1", "PERSISTED")]
+            assert mariadb.sql("SELECT COUNT(*) FROM tce.schema_version").strip() == "1"
+            _api.close()
+            s.kill()  # the schema is applied again on an existing database, and re-indexed
+            s.start()
+            states = {f.path: pb.FileState.Name(f.state)
+                      for f in _api._get_client().list("mysql-job")}
+            assert set(states.values()) == {"FILE_STATE_EVICTED"} and len(states) == 2
+            assert tce.load(storage / "step2.pt", weights_only=True)["w"][0].item() == 2.0
+            assert mariadb.sql("SELECT COUNT(*) FROM tce.schema_version").strip() == "1"
+            _api.close()
+        p = subprocess.run(["python3", "-m", "tce.cli", "ls", "--metadata", mariadb.url,
+                            "--job", "mysql-job", "--json"], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert [(r["tag"], r["state"]) for r in json.loads(p.stdout)] == [
+            ("step1", "EVICTED"), ("step2", "EVICTED")]
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def test_database_outage_in_the_middle_of_saves(tmp_path, mariadb):
+    storage = tmp_path / "s"
+    storage.mkdir()
+    s = _server(storage, mariadb)
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="outage-job"):
+            tce.save({"w": torch.ones(10)}, storage / "before.pt", tag="a")
+            tce.wait()
+            mariadb.stop()  # the database goes away...
+            for i in range(3):  # ...and no save fails
+                tce.save({"w": torch.full((10,), float(i))}, storage / f"during{i}.pt", tag="b")
+            tce.wait()
+            assert tce.load(storage / "during2.pt", weights_only=True)["w"][0].item() == 2.0
+            deadline = time.monotonic() + 30
+            while tce.status()["metadata_healthy"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            st = tce.status()
+            assert not st["metadata_healthy"] and int(st["metadata_queue"]) >= 3
+            assert "mysql" in st["metadata_error"]
+            mariadb.start()  # it comes back: the queued state lands
+            deadline = time.monotonic() + 60
+            while not tce.status()["metadata_healthy"] and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert tce.status()["metadata_healthy"]
+            rows = {r[0]: r[3] for r in _rows(mariadb) if "/during" in r[0] or "/before" in r[0]}
+            assert rows == {str(storage / "before.pt"): "PERSISTED",
+                            **{str(storage / f"during{i}.pt"): "PERSISTED" for i in range(3)}}
+            _api.close()
+    finally:
+        s.stop()
+        s.cleanup()
