@@ -171,6 +171,7 @@ void Cache::CloseSession(const std::string& session) {
     auto b = buffers_.find(id);
     if (b != buffers_.end()) DropMapper(b->second, session);
   }
+  if (pending_.empty()) quiet_cv_.notify_all();
   TCE_LOG(kInfo, "session") << "closed session=" << session.substr(0, 8)
                             << " pid=" << sit->second.pid << " aborted=" << aborted
                             << " leases_dropped=" << dropped;
@@ -489,6 +490,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
   }
   Allocation a = std::move(it->second);
   pending_.erase(it);
+  if (pending_.empty()) quiet_cv_.notify_all();
   RecordFate(allocation_id, Fate::kCommitted);
   a.file.state = FileState::kCached;
   a.file.committed_unix_ns = NowNs();
@@ -527,6 +529,7 @@ Status Cache::Abort(const std::string& session, uint64_t allocation_id) {
   TCE_LOG(kInfo, "cache") << "aborted allocation=" << allocation_id
                           << " path=" << it->second.file.path;
   pending_.erase(it);
+  if (pending_.empty()) quiet_cv_.notify_all();
   RecordFate(allocation_id, Fate::kAborted);
   ReleaseBuffer(buffer_id);
   return Status::OK();
@@ -708,6 +711,14 @@ bool Cache::NextPersistJob(PersistJob* out) {
   }
 }
 
+std::chrono::milliseconds Cache::WaitForNoSaves(std::chrono::milliseconds max) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (pending_.empty() || stopping_) return std::chrono::milliseconds(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  quiet_cv_.wait_for(lock, max, [this] { return pending_.empty() || stopping_; });
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+}
+
 bool Cache::IsCurrent(const PersistJob& job) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = files_.find({job.job, job.path});
@@ -747,6 +758,7 @@ void Cache::StopPersistence() {
   stopping_ = true;
   persist_cv_.notify_all();
   done_cv_.notify_all();
+  quiet_cv_.notify_all();
 }
 
 CacheStats Cache::Stats() {

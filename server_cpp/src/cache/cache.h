@@ -121,6 +121,10 @@ class Cache {
   bool NextPersistJob(PersistJob* out);
   // Whether the job's version is still the file's current version.
   bool IsCurrent(const PersistJob& job);
+  // Waits (at most `max`) until no save is being written into the cache, so
+  // background persistence never competes with a training rank's copy.
+  // Returns how long it waited.
+  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max);
   // Records the outcome (records carry the CRCs) and unpins the buffer.
   void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records);
   void StopPersistence();
@@ -193,6 +197,7 @@ class Cache {
   std::mutex mu_;
   std::condition_variable persist_cv_;  // a job was queued, or stopping
   std::condition_variable done_cv_;     // a file was persisted or failed
+  std::condition_variable quiet_cv_;    // the last pending allocation ended
   std::deque<std::pair<std::string, std::string>> persist_queue_;  // GUARDED_BY(mu_)
   std::map<std::pair<std::string, std::string>, uint64_t> in_flight_;  // GUARDED_BY(mu_): key -> version
   bool stopping_ = false;                                        // GUARDED_BY(mu_)

@@ -27,10 +27,11 @@ class FaultFile final : public WritableFile {
 
 }  // namespace
 
-void FaultInjectionEnv::FailAppends(int err, int count) {
+void FaultInjectionEnv::FailAppends(int err, int count, int skip) {
   std::lock_guard<std::mutex> l(mu_);
   append_err_ = err;
   append_failures_ = count;
+  append_skip_ = skip;
 }
 
 void FaultInjectionEnv::FailRenames(int count) {
@@ -51,6 +52,10 @@ int FaultInjectionEnv::renames() const {
 Status FaultInjectionEnv::BeforeAppend() {
   std::lock_guard<std::mutex> l(mu_);
   ++appends_;
+  if (append_skip_ > 0) {
+    --append_skip_;
+    return Status::OK();
+  }
   if (append_failures_ > 0) {
     --append_failures_;
     return Status::FromErrno(append_err_, "write (injected)");

@@ -12,8 +12,9 @@ class FaultInjectionEnv final : public Env {
  public:
   explicit FaultInjectionEnv(Env* base) : base_(base) {}
 
-  // The next `count` Appends fail with `err` (ENOSPC, EIO, ...).
-  void FailAppends(int err, int count);
+  // The next `count` Appends fail with `err` (ENOSPC, EIO, ...), after
+  // `skip` more succeed.
+  void FailAppends(int err, int count, int skip = 0);
   // The next `count` renames fail with EIO (as if the process died before it).
   void FailRenames(int count);
   int appends() const;
@@ -36,6 +37,7 @@ class FaultInjectionEnv final : public Env {
   Env* const base_;
   mutable std::mutex mu_;
   int append_err_ = 0, append_failures_ = 0, rename_failures_ = 0;  // GUARDED_BY(mu_)
+  int append_skip_ = 0;                                             // GUARDED_BY(mu_)
   int appends_ = 0, renames_ = 0;                                   // GUARDED_BY(mu_)
 };
 

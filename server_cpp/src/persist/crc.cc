@@ -97,6 +97,7 @@ ZipCrcStream::ZipCrcStream(std::vector<Record> records, uint64_t size)
 
 void ZipCrcStream::Feed(uint64_t offset, unsigned char* chunk, size_t n) {
   const uint64_t end = offset + n;
+  fed_ = end;
   // 1. Hash the record data inside [offset, end).
   for (size_t i = next_record_; i < records_.size(); ++i) {
     const Record& r = records_[i];

@@ -27,6 +27,9 @@ class ZipCrcStream {
   // fields that fall inside this chunk (their records' data precede them).
   void Feed(uint64_t offset, unsigned char* chunk, size_t n);
 
+  // Bytes fed so far (the next Feed must start here).
+  uint64_t fed() const { return fed_; }
+
   // The records with their CRCs (valid once the whole file was fed).
   const std::vector<Record>& records() const { return records_; }
 
@@ -40,6 +43,7 @@ class ZipCrcStream {
   std::vector<Field> fields_;  // sorted by offset
   size_t next_record_ = 0;     // first record whose data is not fully fed
   size_t next_field_ = 0;      // first field not fully patched
+  uint64_t fed_ = 0;
 };
 
 // Checks that each record's data descriptor and central entry signatures are

@@ -119,11 +119,10 @@ Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
   if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer " + std::to_string(job.buffer_id));
   auto* data = static_cast<unsigned char*>(map);
   ZipCrcStream crcs(*records, job.size);
-  crcs.Feed(0, data, job.size);  // CRC fields patched in the buffer itself
-  *records = crcs.records();
   bool direct = options_.direct_io && mapped % kBlock == 0;
+  std::chrono::milliseconds yielded(0);
   for (int attempt = 0;; ++attempt) {
-    s = PersistOnce(job, data, mapped, direct);
+    s = PersistOnce(job, data, mapped, direct, &crcs, &yielded);
     if (s.code() == Status::Code::kUnimplemented && direct) {  // no O_DIRECT here
       direct = false;
       --attempt;
@@ -136,12 +135,16 @@ Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
                                  << "): " << s.ToString();
     if (!SleepUnlessStopping(delay)) break;
   }
+  *records = crcs.records();
   munmap(map, mapped);
+  if (yielded.count() > 0)
+    TCE_LOG(kDebug, "persist") << "path=" << job.path << " yielded " << yielded.count()
+                               << "ms to saves in flight";
   return s;
 }
 
-Status Persister::PersistOnce(const PersistJob& job, const unsigned char* data, uint64_t mapped,
-                              bool direct) {
+Status Persister::PersistOnce(const PersistJob& job, unsigned char* data, uint64_t mapped,
+                              bool direct, ZipCrcStream* crcs, std::chrono::milliseconds* yielded) {
   const std::string dir = Dirname(job.path);
   const std::string tmp = TempPath(job.path, job.version);
   Status s = env_->CreateDirs(dir);
@@ -150,7 +153,9 @@ Status Persister::PersistOnce(const PersistJob& job, const unsigned char* data, 
   s = env_->NewWritableFile(tmp, direct, &file);
   if (!s.ok()) return s;
   for (uint64_t off = 0; s.ok() && off < job.size; off += options_.chunk) {
+    if (*yielded < options_.max_yield) *yielded += cache_->WaitForNoSaves(options_.max_yield - *yielded);
     uint64_t n = std::min<uint64_t>(options_.chunk, job.size - off);
+    if (off == crcs->fed()) crcs->Feed(off, data + off, static_cast<size_t>(n));  // CRCs, in place
     if (direct) n = std::min(RoundUp(n, kBlock), mapped - off);
     s = file->Append(reinterpret_cast<const char*>(data + off), static_cast<size_t>(n));
     if (s.ok() && !direct) s = file->StartWriteback(off, n);

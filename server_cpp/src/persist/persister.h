@@ -21,6 +21,7 @@
 
 #include "cache/cache.h"
 #include "env/env.h"
+#include "persist/crc.h"
 
 namespace tce {
 
@@ -30,6 +31,9 @@ struct PersistOptions {
   std::chrono::milliseconds backoff{200};  // doubled per attempt
   size_t chunk = 16 << 20;                 // bytes per write()
   bool direct_io = true;                   // O_DIRECT where the filesystem supports it
+  // Between chunks a worker waits while a save is being written (training
+  // comes first), at most this long in all for one file.
+  std::chrono::milliseconds max_yield{5000};
   int nice = 10;                           // CPU priority of the workers (0: unchanged)
 };
 
@@ -46,8 +50,11 @@ class Persister {
  private:
   void Loop();
   // One attempt: write `data` (the mapped buffer, `mapped` bytes) to a temp
-  // file and rename it into place.
-  Status PersistOnce(const PersistJob& job, const unsigned char* data, uint64_t mapped, bool direct);
+  // file and rename it into place. Each chunk not yet seen by `crcs` is fed
+  // to it just before it is written (patching the CRC fields in the buffer),
+  // so a retry resumes the CRCs where a failed attempt stopped.
+  Status PersistOnce(const PersistJob& job, unsigned char* data, uint64_t mapped, bool direct,
+                     ZipCrcStream* crcs, std::chrono::milliseconds* yielded);
   Status Persist(const PersistJob& job, std::vector<Record>* records);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "env/fault_env.h"
 #include "persist/crc.h"
@@ -427,6 +428,64 @@ TEST(Restore, RecordedFilesComeBackWithoutMemory) {
   EXPECT_GT(a.allocation_id, 41u);
   ASSERT_TRUE(cache.Commit(s, a.allocation_id, {}, &f).ok());  // a new save replaces the lost entry
   EXPECT_TRUE(cache.Lookup(s, "job", "/c/c.pt", false, &f, &lease, &unmap).ok());
+}
+
+}  // namespace
+}  // namespace tce
+
+namespace tce {
+namespace {
+
+TEST_F(PersisterTest, RetryAfterAFailureMidFileKeepsTheCrcsRight) {
+  cache_.reset(new Cache(64 << 20, {root_}, &env_));
+  PersistOptions o;
+  o.backoff = 5ms;
+  o.retries = 2;
+  o.chunk = 4096;  // a file of several chunks
+  persister_.reset(new Persister(cache_.get(), &env_, o));
+  persister_->Start();
+  session_ = cache_->OpenSession(getuid(), getpid());
+  const uint64_t kPayload = 20000, kData = 64, kDesc = kData + kPayload, kCentral = kDesc + 24,
+                 kSize = kCentral + 64;
+  env_.FailAppends(ENOSPC, 1, /*skip=*/2);  // the 3rd chunk of the first attempt fails
+  AllocateResult a;
+  std::string path = root_ + "/multi.pt";
+  ASSERT_TRUE(cache_->Allocate({session_, "job", "t", path, 0, kSize}, &a).ok());
+  int fd;
+  bool w;
+  uint64_t cap;
+  ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
+  std::vector<unsigned char> bytes(kSize, 0);
+  for (uint64_t i = kData; i < kDesc; ++i) bytes[i] = static_cast<unsigned char>(i * 31);
+  std::memcpy(&bytes[kDesc], "PK\x07\x08", 4);
+  std::memcpy(&bytes[kCentral], "PK\x01\x02", 4);
+  ASSERT_EQ(pwrite(fd, bytes.data(), kSize, 0), static_cast<ssize_t>(kSize));
+  close(fd);
+  FileInfo f;
+  ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, {{"x/data/0", 0, kData, kPayload, 0, kCentral}}, &f).ok());
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  ASSERT_EQ(out[0].state, FileState::kPersisted) << out[0].reason;
+  std::string disk = Read(path);
+  uint32_t crc = crc32(0, &bytes[kData], kPayload);
+  EXPECT_EQ(Get32(disk, kDesc + 4), crc);
+  EXPECT_EQ(Get32(disk, kCentral + 16), crc);
+  EXPECT_EQ(out[0].records[0].crc32, crc);
+  EXPECT_GE(env_.appends(), 8);  // 5 chunks, the first attempt stopped at the 3rd
+}
+
+TEST_F(PersisterTest, PersistenceWaitsForSavesInFlight) {
+  Start();
+  AllocateResult in_flight;  // a training rank is copying into this one
+  ASSERT_TRUE(cache_->Allocate({session_, "job", "t", root_ + "/busy.pt", 0, 4096}, &in_flight).ok());
+  std::string path = root_ + "/waits.pt";
+  Save(path, 'y');
+  std::this_thread::sleep_for(300ms);
+  std::vector<FileInfo> out;
+  EXPECT_EQ(cache_->Wait(session_, "job", {path}, 1ms, &out).code(), Status::Code::kDeadlineExceeded);
+  ASSERT_TRUE(cache_->Abort(session_, in_flight.allocation_id).ok());  // the save is done
+  ASSERT_TRUE(Wait(path, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kPersisted);
 }
 
 }  // namespace
