@@ -79,6 +79,48 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_show(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    path = os.path.abspath(args.path)
+    if args.metadata:
+        from tce._meta import read_files
+
+        rows = [f for f in read_files(args.metadata, job=args.job or "") if f.path == path]
+        if not rows:
+            print(f"tce show: {path} is not recorded in {args.metadata}", file=sys.stderr)
+            return 1
+        for f in rows:
+            print(f"path      {f.path}\njob       {f.job}\ntag       {f.tag or '-'}\n"
+                  f"rank      {f.rank}\nstate     {f.state}\nsize      {f.size} ({_human(f.size)})")
+            if f.reason:
+                print(f"reason    {f.reason}")
+        return 0
+    from tce._api import _with_client
+    from tce.v1 import tce_pb2 as pb
+
+    files = [f for f in _with_client(lambda c: c.list(args.job or "", "")) if f.path == path]
+    if not files:
+        print(f"tce show: the server knows no file {path}", file=sys.stderr)
+        return 1
+
+    def when(ns: int) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9)) if ns else "-"
+
+    for f in files:
+        print(f"path      {f.path}\njob       {f.job}\ntag       {f.tag or '-'}\nrank      {f.rank}")
+        print(f"state     {pb.FileState.Name(f.state).removeprefix('FILE_STATE_')}")
+        print(f"size      {f.size} ({_human(f.size)}), buffer {f.buffer_id or '-'}")
+        print(f"created   {when(f.created_unix_ns)}\ncommitted {when(f.committed_unix_ns)}\n"
+              f"persisted {when(f.persisted_unix_ns)}")
+        if f.reason:
+            print(f"reason    {f.reason}")
+        for r in f.records:
+            print(f"  record {r.name}  offset {r.data_offset}  size {r.size}  crc32 {r.crc32:08x}")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from tce import _bench
 
@@ -109,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read this metadata store (sqlite:///path/tce.db) instead of asking the server")
     s.add_argument("--json", action="store_true")
 
+    s = sub.add_parser("show", help="one file: state, times, reason, records and CRCs")
+    s.add_argument("path")
+    s.add_argument("--job")
+    s.add_argument("--metadata", metavar="URL", help="read the metadata store instead of the server")
+
     s = sub.add_parser("bench", help="save/load throughput against torch.save/torch.load")
     from tce._bench import add_arguments
 
@@ -134,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tce import _knobs
 
         _knobs.configure(socket=args.socket)
-    handler = {"status": _cmd_status, "ls": _cmd_ls, "bench": _cmd_bench, "demo": _cmd_demo}
+    handler = {"status": _cmd_status, "ls": _cmd_ls, "show": _cmd_show, "bench": _cmd_bench,
+               "demo": _cmd_demo}
     from tce.errors import TCEError
 
     try:

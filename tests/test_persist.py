@@ -131,6 +131,15 @@ def test_full_filesystem_fails_loudly_and_keeps_the_file_in_memory(tiny_fs):
             ls = subprocess.run(["python3", "-m", "tce.cli", "--socket", s.socket, "ls"],
                                 capture_output=True, text=True)
             assert any("FAILED" in line and line.endswith(str(big)) for line in ls.stdout.splitlines())
+            show = subprocess.run(["python3", "-m", "tce.cli", "--socket", s.socket, "show", str(big)],
+                                  capture_output=True, text=True)
+            assert show.returncode == 0, show.stderr
+            assert "state     FAILED" in show.stdout and "No space left on device" in show.stdout
+            show = subprocess.run(["python3", "-m", "tce.cli", "--socket", s.socket, "show", str(small)],
+                                  capture_output=True, text=True)
+            crcs = [l.split()[-1] for l in show.stdout.splitlines() if "record" in l]
+            assert "state     PERSISTED" in show.stdout
+            assert crcs == [f"{i.CRC:08x}" for i in zipfile.ZipFile(small).infolist()]
             _api.close()
     finally:
         s.stop()

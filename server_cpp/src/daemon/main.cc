@@ -131,9 +131,7 @@ int Run(int argc, char** argv) {
         (void)ignored;
       }
     }
-    Status hb = store->Heartbeat(opt.socket, getpid());
-    (void)hb;
-    meta = std::make_unique<MetaWriter>(std::move(store));
+    meta = std::make_unique<MetaWriter>(std::move(store), opt.socket, getpid());
     cache.SetMetaSink(meta.get());
     cache.Restore(std::move(recorded));
     meta->Start();

@@ -6,8 +6,10 @@
 
 namespace tce {
 
-MetaWriter::MetaWriter(std::unique_ptr<MetaStore> store, std::chrono::milliseconds max_backoff)
-    : store_(std::move(store)), max_backoff_(max_backoff) {}
+MetaWriter::MetaWriter(std::unique_ptr<MetaStore> store, std::string endpoint, int64_t pid,
+                       std::chrono::milliseconds heartbeat, std::chrono::milliseconds max_backoff)
+    : store_(std::move(store)), endpoint_(std::move(endpoint)), pid_(pid), heartbeat_(heartbeat),
+      max_backoff_(max_backoff) {}
 
 MetaWriter::~MetaWriter() { Stop(); }
 
@@ -39,9 +41,23 @@ MetaStatus MetaWriter::Status() {
 void MetaWriter::Loop() {
   auto backoff = std::chrono::milliseconds(100);
   std::unique_lock<std::mutex> l(mu_);
+  auto next_beat = std::chrono::steady_clock::now();
   while (true) {
-    cv_.wait(l, [this] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, nothing left
+    cv_.wait_until(l, next_beat, [this] { return stop_ || !queue_.empty(); });
+    if (stop_ && queue_.empty()) return;  // nothing left to write
+    if (!endpoint_.empty() && std::chrono::steady_clock::now() >= next_beat) {
+      next_beat = std::chrono::steady_clock::now() + heartbeat_;
+      l.unlock();
+      tce::Status hb = store_->Heartbeat(endpoint_, pid_);
+      l.lock();
+      if (!hb.ok()) {
+        status_.healthy = false;
+        status_.last_error = hb.message();
+      } else if (queue_.empty()) {
+        status_.healthy = true;  // reachable, and nothing is waiting to be written
+      }
+    }
+    if (queue_.empty()) continue;
     std::vector<MetaChange> batch;
     for (auto& [key, change] : queue_) batch.push_back(change);
     std::map<std::pair<std::string, std::string>, MetaChange> taken;

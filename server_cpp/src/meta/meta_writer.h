@@ -26,8 +26,10 @@ struct MetaStatus {
 
 class MetaWriter final : public MetaSink {
  public:
-  explicit MetaWriter(std::unique_ptr<MetaStore> store,
-                      std::chrono::milliseconds max_backoff = std::chrono::seconds(30));
+  // Also records `endpoint`/`pid` in the servers table every `heartbeat`.
+  MetaWriter(std::unique_ptr<MetaStore> store, std::string endpoint = "", int64_t pid = 0,
+             std::chrono::milliseconds heartbeat = std::chrono::seconds(10),
+             std::chrono::milliseconds max_backoff = std::chrono::seconds(30));
   ~MetaWriter() override;
   void Start();
   // Writes what is queued (bounded by `deadline`), then stops the thread.
@@ -40,6 +42,9 @@ class MetaWriter final : public MetaSink {
   void Loop();
 
   std::unique_ptr<MetaStore> store_;  // used by the thread only
+  const std::string endpoint_;
+  const int64_t pid_;
+  const std::chrono::milliseconds heartbeat_;
   const std::chrono::milliseconds max_backoff_;
   std::mutex mu_;
   std::condition_variable cv_;

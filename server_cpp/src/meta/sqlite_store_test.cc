@@ -107,7 +107,7 @@ TEST(MetaWriter, QueuesThroughAnOutageAndCatchesUp) {
   sqlite3* blocker;
   sqlite3_open(db.c_str(), &blocker);
   sqlite3_exec(blocker, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr);
-  MetaWriter writer(std::move(store), 200ms);
+  MetaWriter writer(std::move(store), "", 0, 10s, 200ms);
   writer.Start();
   for (int i = 0; i < 5; ++i) writer.Record(File("/c/f" + std::to_string(i) + ".pt", FileState::kCached), false);
   writer.Record(File("/c/f0.pt", FileState::kPersisted), false);  // coalesces with f0
@@ -124,6 +124,22 @@ TEST(MetaWriter, QueuesThroughAnOutageAndCatchesUp) {
   EXPECT_EQ(writer.Status().queued, 0u);
   EXPECT_EQ(Count(db, "SELECT COUNT(*) FROM files"), 5);
   EXPECT_EQ(Count(db, "SELECT COUNT(*) FROM files WHERE state='PERSISTED'"), 1);
+  fs::remove_all(dir);
+}
+
+TEST(MetaWriter, HeartbeatsWhileIdle) {
+  std::string dir = MakeTempDir("tce-metahb");
+  std::string db = dir + "/tce.db";
+  std::unique_ptr<MetaStore> store;
+  ASSERT_TRUE(OpenMetaStore("sqlite://" + db, &store).ok());
+  MetaWriter writer(std::move(store), "/run/tce/tce.sock", 4321, 50ms);
+  writer.Start();
+  std::this_thread::sleep_for(300ms);
+  int first = Count(db, "SELECT heartbeat_ns % 1000000000 FROM servers");
+  std::this_thread::sleep_for(300ms);
+  writer.Stop();
+  EXPECT_EQ(Count(db, "SELECT pid FROM servers WHERE endpoint = '/run/tce/tce.sock'"), 4321);
+  EXPECT_NE(Count(db, "SELECT heartbeat_ns % 1000000000 FROM servers"), first);  // it beat again
   fs::remove_all(dir);
 }
 
