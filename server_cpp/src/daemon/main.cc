@@ -138,7 +138,7 @@ int Run(int argc, char** argv) {
   }
   Persister persister(&cache, Env::Default(), popt);
   if (cache.persistence_enabled()) persister.Start();
-  CacheService service(&cache, opt.socket, meta.get(), meta_url);
+  CacheService service(&cache, opt.socket, meta.get(), RedactUrl(meta_url));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + opt.socket, grpc::InsecureServerCredentials());

@@ -28,6 +28,9 @@ class MetaStore {
   virtual Status Heartbeat(const std::string& endpoint, int64_t pid) = 0;
 };
 
+// The URL with any password replaced by "***" (for status and logs).
+std::string RedactUrl(const std::string& url);
+
 // "sqlite:///abs/path" -> SQLite. Other schemes: a clear NotSupported.
 Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out);
 

@@ -206,6 +206,15 @@ Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out) {
                               " (sqlite:///path or mysql://user:pass@host:port/db)");
 }
 
+std::string RedactUrl(const std::string& url) {
+  size_t scheme = url.find("://");
+  if (scheme == std::string::npos) return url;
+  size_t at = url.rfind('@');
+  size_t colon = url.find(':', scheme + 3);
+  if (at == std::string::npos || colon == std::string::npos || colon > at) return url;
+  return url.substr(0, colon + 1) + "***" + url.substr(at);
+}
+
 std::string EncodeRecords(const std::vector<Record>& records) {
   std::ostringstream out;
   for (const Record& r : records)  // length-prefixed name: file names may hold any separator

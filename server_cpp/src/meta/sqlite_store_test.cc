@@ -95,6 +95,9 @@ TEST(SqliteStore, BadUrls) {
   EXPECT_EQ(u.host, "127.0.0.1");
   EXPECT_EQ(u.port, 3307u);
   EXPECT_EQ(u.database, "ckpt");
+  EXPECT_EQ(RedactUrl("mysql://tce:p@ss:w@127.0.0.1:3307/ckpt"), "mysql://tce:***@127.0.0.1:3307/ckpt");
+  EXPECT_EQ(RedactUrl("mysql://tce@h/db"), "mysql://tce@h/db");
+  EXPECT_EQ(RedactUrl("sqlite:///var/lib/tce/tce.db"), "sqlite:///var/lib/tce/tce.db");
   EXPECT_FALSE(OpenMetaStore("sqlite:///nonexistent-dir/x/tce.db", &s).ok());
 }
 
