@@ -108,3 +108,16 @@ def test_database_outage_in_the_middle_of_saves(tmp_path, mariadb):
     finally:
         s.stop()
         s.cleanup()
+
+
+def test_a_newer_schema_is_refused(tmp_path, mariadb):
+    mariadb.sql("CREATE DATABASE future; USE future; "
+                "CREATE TABLE schema_version (version INT NOT NULL); "
+                "INSERT INTO schema_version VALUES (99); "
+                f"GRANT ALL ON future.* TO '{mariadb.user}'@'127.0.0.1';")
+    url = mariadb.url.rsplit("/", 1)[0] + "/future"
+    s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url])
+    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 1"):
+        s.start()
+    assert s.proc.returncode == 2
+    s.cleanup()

@@ -1,6 +1,7 @@
 // MetaStore on MySQL/MariaDB (Connector/C): mysql://user:password@host:port/db
 #include <mysql.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -91,6 +92,15 @@ class MysqlStore final : public MetaStore {
     if (mysql_query(db_, "INSERT INTO schema_version SELECT 1 FROM DUAL WHERE NOT EXISTS "
                          "(SELECT 1 FROM schema_version)") != 0)
       return Fail("schema version");
+    if (mysql_query(db_, "SELECT MAX(version) FROM schema_version") != 0) return Fail("schema version");
+    MYSQL_RES* res = mysql_store_result(db_);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : nullptr;
+    const int version = row && row[0] ? std::atoi(row[0]) : 0;
+    if (res) mysql_free_result(res);
+    if (version > kSchemaVersion)
+      return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
+                                        " is newer than this server's " +
+                                        std::to_string(kSchemaVersion));
     return Status::OK();
   }
 
