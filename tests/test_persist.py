@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
+import time
 import zipfile
 
 import pytest
@@ -199,6 +200,11 @@ def test_server_killed_mid_persist_restarts_clean(storage):
             tce.wait()
             big = storage / "big.pt"
             tce.save({"w": torch.randn(128 << 20)}, big, tag="late")  # 512 MiB
+            # The metadata writer is asynchronous: let it record the commit,
+            # so that the restarted server knows the file it lost.
+            deadline = time.monotonic() + 30
+            while int(tce.status()["metadata_queue"]) and time.monotonic() < deadline:
+                time.sleep(0.005)
             s.kill()  # SIGKILL while it is being persisted
             _api.close()
             s.start()  # same state dir: re-indexes from metadata
