@@ -302,6 +302,14 @@ class Client:
     def status(self) -> pb.StatusResponse:
         return self._call("Status", pb.StatusRequest())
 
+    def commit_tag(self, tag: pb.TagInfo) -> pb.TagInfo:
+        """Record that every rank finished ``tag`` (rank 0 calls this)."""
+        return self._call("CommitTag", pb.CommitTagRequest(session=self.session, tag=tag)).tag
+
+    def list_tags(self, job: str) -> list[pb.TagInfo]:
+        """The job's complete tags, oldest first."""
+        return list(self._call("ListTags", pb.ListTagsRequest(job=job)).tags)
+
     def flush(self) -> None:
         """Send pending lease releases now."""
         self._flush()

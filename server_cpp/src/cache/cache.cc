@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <tuple>
 
 #include "common/logging.h"
 #include "common/strings.h"
@@ -597,6 +598,57 @@ Status Cache::Remove(const std::string& session, const std::string& job, const s
   files_.erase(it);
   TCE_LOG(kInfo, "cache") << "removed job=" << job << " path=" << path;
   return Status::OK();
+}
+
+Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
+  std::string why;
+  if (tag.job.empty()) why = "a tag needs a job";
+  else if (tag.tag.empty()) why = "a tag needs a name";
+  else if (tag.world_size < 1) why = "world_size must be >= 1, got " + std::to_string(tag.world_size);
+  else if (tag.files.empty()) why = "tag " + tag.tag + " lists no files";
+  std::sort(tag.files.begin(), tag.files.end(), [](const TagFile& a, const TagFile& b) {
+    return std::tie(a.rank, a.path) < std::tie(b.rank, b.path);
+  });
+  std::set<std::string> seen;
+  for (const TagFile& f : tag.files) {
+    if (!why.empty()) break;
+    if (f.path.empty() || f.path[0] != '/') why = "tag file path must be absolute: '" + f.path + "'";
+    else if (f.rank < 0 || f.rank >= tag.world_size)
+      why = "rank " + std::to_string(f.rank) + " of " + f.path + " is outside world_size " +
+            std::to_string(tag.world_size);
+    else if (!seen.insert(f.path).second) why = "file listed twice in tag " + tag.tag + ": " + f.path;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  if (!why.empty()) {
+    TCE_LOG(kWarning, "cache") << "refused tag job=" << tag.job << " tag=" << tag.tag << ": " << why;
+    return Status::InvalidArgument(why);
+  }
+  tag.complete_unix_ns = NowNs();
+  TCE_LOG(kInfo, "cache") << "tag complete job=" << tag.job << " tag=" << tag.tag
+                          << " files=" << tag.files.size() << " world_size=" << tag.world_size;
+  if (meta_) meta_->RecordTag(tag);
+  *out = tag;
+  tags_[{tag.job, tag.tag}] = std::move(tag);
+  return Status::OK();
+}
+
+std::vector<TagInfo> Cache::ListTags(const std::string& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TagInfo> out;
+  for (const auto& [key, t] : tags_)
+    if (key.first == job) out.push_back(t);
+  std::sort(out.begin(), out.end(), [](const TagInfo& a, const TagInfo& b) {
+    return std::tie(a.complete_unix_ns, a.tag) < std::tie(b.complete_unix_ns, b.tag);
+  });
+  return out;
+}
+
+void Cache::RestoreTags(std::vector<TagInfo> tags) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (TagInfo& t : tags) tags_[{t.job, t.tag}] = std::move(t);
+  TCE_LOG(kInfo, "cache") << "re-indexed " << tags_.size() << " complete tag(s) from metadata";
 }
 
 std::vector<FileInfo> Cache::List(const std::string& job, const std::string& tag) {

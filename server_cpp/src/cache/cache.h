@@ -95,6 +95,13 @@ class Cache {
                 FileInfo* out);
   // Files (CACHED and PENDING), filtered by non-empty job/tag, sorted.
   std::vector<FileInfo> List(const std::string& job, const std::string& tag);
+  // Records that every rank finished `tag` (re-recording replaces it); fills
+  // in complete_unix_ns and sorts the files. Tags are never removed.
+  Status CommitTag(const std::string& session, TagInfo tag, TagInfo* out);
+  // The job's complete tags, oldest first.
+  std::vector<TagInfo> ListTags(const std::string& job);
+  // Tags recorded before a restart (from metadata).
+  void RestoreTags(std::vector<TagInfo> tags);
   // A new fd for a buffer: writable when it is PENDING for this session,
   // read-only when this session leases it. The caller owns the fd.
   Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
@@ -214,6 +221,7 @@ class Cache {
   std::map<FileKey, FileInfo> files_;               // GUARDED_BY(mu_)
   std::map<uint64_t, Lease> leases_;                // GUARDED_BY(mu_)
   std::map<std::string, Session> sessions_;         // GUARDED_BY(mu_)
+  std::map<std::pair<std::string, std::string>, TagInfo> tags_;  // GUARDED_BY(mu_): (job, tag)
 };
 
 }  // namespace tce

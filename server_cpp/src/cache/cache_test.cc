@@ -321,5 +321,69 @@ TEST_F(CacheTest, ListRemoveAndJobsDoNotCollide) {
   (void)p;
 }
 
+TagInfo Tag(const std::string& name, std::vector<TagFile> files, int32_t world = 2) {
+  TagInfo t;
+  t.job = "job";
+  t.tag = name;
+  t.world_size = world;
+  t.files = std::move(files);
+  return t;
+}
+
+TEST_F(CacheTest, CommitTagValidatesAndSorts) {
+  std::string s = cache_.OpenSession(getuid(), getpid());
+  TagInfo out;
+  struct Bad {
+    TagInfo tag;
+    const char* message;
+  } bad[] = {
+      {Tag("", {{0, "/c/a", 1}}), "a tag needs a name"},
+      {Tag("t", {}), "tag t lists no files"},
+      {Tag("t", {{0, "/c/a", 1}}, 0), "world_size must be >= 1, got 0"},
+      {Tag("t", {{0, "rel/a", 1}}), "tag file path must be absolute: 'rel/a'"},
+      {Tag("t", {{2, "/c/a", 1}}), "rank 2 of /c/a is outside world_size 2"},
+      {Tag("t", {{0, "/c/a", 1}, {1, "/c/a", 1}}), "file listed twice in tag t: /c/a"},
+  };
+  for (Bad& b : bad) {
+    Status st = cache_.CommitTag(s, b.tag, &out);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << b.message;
+    EXPECT_EQ(st.message(), b.message);
+  }
+  TagInfo nojob = Tag("t", {{0, "/c/a", 1}});
+  nojob.job.clear();
+  EXPECT_EQ(cache_.CommitTag(s, nojob, &out).message(), "a tag needs a job");
+  EXPECT_EQ(cache_.CommitTag("nobody", Tag("t", {{0, "/c/a", 1}}), &out).code(),
+            Status::Code::kUnauthenticated);
+  EXPECT_TRUE(cache_.ListTags("job").empty());  // nothing refused was recorded
+
+  ASSERT_TRUE(cache_.CommitTag(s, Tag("step2", {{1, "/c/z", 5}, {0, "/c/b", 3}, {0, "/c/a", 4}}), &out).ok());
+  ASSERT_EQ(out.files.size(), 3u);
+  EXPECT_EQ(out.files[0].path, "/c/a");
+  EXPECT_EQ(out.files[1].path, "/c/b");
+  EXPECT_EQ(out.files[2].rank, 1);
+  EXPECT_GT(out.complete_unix_ns, 0);
+}
+
+TEST_F(CacheTest, ListTagsIsPerJobOldestFirstAndReRecordingReplaces) {
+  std::string s = cache_.OpenSession(getuid(), getpid());
+  TagInfo out;
+  ASSERT_TRUE(cache_.CommitTag(s, Tag("step9", {{0, "/c/9", 1}}), &out).ok());
+  ASSERT_TRUE(cache_.CommitTag(s, Tag("step10", {{0, "/c/10", 1}}), &out).ok());
+  TagInfo other = Tag("step1", {{0, "/c/o", 1}});
+  other.job = "other";
+  ASSERT_TRUE(cache_.CommitTag(s, other, &out).ok());
+  std::vector<TagInfo> tags = cache_.ListTags("job");
+  ASSERT_EQ(tags.size(), 2u);
+  EXPECT_EQ(tags[0].tag, "step9");  // by completion time, not by name
+  EXPECT_EQ(tags[1].tag, "step10");
+  ASSERT_TRUE(cache_.CommitTag(s, Tag("step9", {{0, "/c/9", 1}, {1, "/c/9b", 2}}), &out).ok());
+  tags = cache_.ListTags("job");
+  ASSERT_EQ(tags.size(), 2u);
+  EXPECT_EQ(tags[1].tag, "step9");  // replaced, and now the newest
+  EXPECT_EQ(tags[1].files.size(), 2u);
+  EXPECT_EQ(cache_.ListTags("other").size(), 1u);
+  EXPECT_TRUE(cache_.ListTags("nobody").empty());
+}
+
 }  // namespace
 }  // namespace tce

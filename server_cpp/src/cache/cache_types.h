@@ -37,6 +37,21 @@ struct FileInfo {
   std::vector<Record> records;
 };
 
+// One file of a checkpoint tag, as its rank reported it.
+struct TagFile {
+  int32_t rank = 0;
+  std::string path;
+  uint64_t size = 0;
+};
+
+// A tag every rank finished (recorded by rank 0 after all ranks committed).
+struct TagInfo {
+  std::string job, tag;
+  int64_t complete_unix_ns = 0;
+  int32_t world_size = 0;
+  std::vector<TagFile> files;  // sorted by (rank, path)
+};
+
 // One committed file handed to a persistence worker. The buffer is pinned
 // (never reused) until FinishPersist; `fd` is the worker's own, writable.
 struct PersistJob {

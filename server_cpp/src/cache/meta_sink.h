@@ -1,5 +1,5 @@
 // MetaSink: where the Cache reports every file state change (commit,
-// persisted, failed, evicted, removed). Implementations must not block: the
+// persisted, failed, evicted, removed) and every completed tag. Implementations must not block: the
 // Cache calls them with its lock held. Any thread.
 #pragma once
 
@@ -11,6 +11,7 @@ class MetaSink {
  public:
   virtual ~MetaSink() = default;
   virtual void Record(const FileInfo& file, bool removed) = 0;
+  virtual void RecordTag(const TagInfo& tag) = 0;
 };
 
 }  // namespace tce

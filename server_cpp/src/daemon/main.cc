@@ -125,6 +125,9 @@ int Run(int argc, char** argv) {
     if (!(s = OpenMetaStore(meta_url, &store)).ok()) return Fail("metadata_url: " + s.ToString(), 2);
     std::vector<FileInfo> recorded;
     if (!(s = store->LoadFiles(&recorded)).ok()) return Fail("metadata: " + s.ToString(), 1);
+    std::vector<TagInfo> tags;
+    if (!(s = store->LoadTags(&tags)).ok()) return Fail("metadata: " + s.ToString(), 1);
+    cache.RestoreTags(std::move(tags));
     for (const FileInfo& f : recorded) {
       if (f.state == FileState::kCached || f.state == FileState::kPending) {
         Status ignored = Env::Default()->RemoveFile(Persister::TempPath(f.path, f.version));

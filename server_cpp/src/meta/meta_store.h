@@ -13,18 +13,25 @@
 
 namespace tce {
 
+// One queued change: a file's new state (or its removal), or a completed tag.
 struct MetaChange {
   FileInfo file;
   bool removed = false;
+  bool is_tag = false;  // then only `tag` matters
+  TagInfo tag;
 };
 
 class MetaStore {
  public:
-  static constexpr int kSchemaVersion = 1;
+  // v2 added the tags table's complete_ns, world_size and files columns; a v1
+  // database is migrated in place when opened.
+  static constexpr int kSchemaVersion = 2;
   virtual ~MetaStore() = default;
   // Applies a batch in one transaction (all or nothing).
   virtual Status Apply(const std::vector<MetaChange>& batch) = 0;
   virtual Status LoadFiles(std::vector<FileInfo>* out) = 0;
+  // Tags recorded complete (complete_ns != 0).
+  virtual Status LoadTags(std::vector<TagInfo>* out) = 0;
   virtual Status Heartbeat(const std::string& endpoint, int64_t pid) = 0;
 };
 
@@ -38,5 +45,9 @@ Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out);
 // "<name length>:<name> header data size central crc".
 std::string EncodeRecords(const std::vector<Record>& records);
 bool DecodeRecords(const std::string& text, std::vector<Record>* out);
+
+// A tag's files as one text column, a line per file: "rank size <path length>:<path>".
+std::string EncodeTagFiles(const std::vector<TagFile>& files);
+bool DecodeTagFiles(const std::string& text, std::vector<TagFile>* out);
 
 }  // namespace tce

@@ -33,6 +33,16 @@ void MetaWriter::Record(const FileInfo& file, bool removed) {
   cv_.notify_one();
 }
 
+void MetaWriter::RecordTag(const TagInfo& tag) {
+  std::lock_guard<std::mutex> l(mu_);
+  MetaChange change;
+  change.is_tag = true;
+  change.tag = tag;
+  queue_[{tag.job, std::string("\0tag:", 5) + tag.tag}] = std::move(change);
+  status_.queued = queue_.size();
+  cv_.notify_one();
+}
+
 MetaStatus MetaWriter::Status() {
   std::lock_guard<std::mutex> l(mu_);
   return status_;

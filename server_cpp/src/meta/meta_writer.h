@@ -36,6 +36,7 @@ class MetaWriter final : public MetaSink {
   void Stop(std::chrono::milliseconds deadline = std::chrono::seconds(5));
 
   void Record(const FileInfo& file, bool removed) override;
+  void RecordTag(const TagInfo& tag) override;
   MetaStatus Status();
 
  private:
@@ -48,6 +49,7 @@ class MetaWriter final : public MetaSink {
   const std::chrono::milliseconds max_backoff_;
   std::mutex mu_;
   std::condition_variable cv_;
+  // (job, path) for files; (job, "\0tag:" + tag) for tags (paths are absolute).
   std::map<std::pair<std::string, std::string>, MetaChange> queue_;  // GUARDED_BY(mu_)
   MetaStatus status_;                                               // GUARDED_BY(mu_)
   bool stop_ = false;                                               // GUARDED_BY(mu_)

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/logging.h"
 #include "meta/meta_store.h"
 #include "meta/mysql_store.h"
 
@@ -17,6 +18,7 @@ const char* const kSchema[] = {
     "PRIMARY KEY, first_seen_ns BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS tags (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
     "tag VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, first_commit_ns BIGINT NOT NULL, "
+    "complete_ns BIGINT NOT NULL DEFAULT 0, world_size INT NOT NULL DEFAULT 0, files MEDIUMTEXT NULL, "
     "PRIMARY KEY (job, tag))",
     // Paths may be 4096 bytes, past InnoDB's key limit: key on a hash of (job, path).
     "CREATE TABLE IF NOT EXISTS files (file_key BINARY(32) PRIMARY KEY, "
@@ -28,6 +30,15 @@ const char* const kSchema[] = {
     "CREATE TABLE IF NOT EXISTS servers (endpoint VARCHAR(255) PRIMARY KEY, pid BIGINT NOT NULL, "
     "heartbeat_ns BIGINT NOT NULL)",
 };
+
+// v1 -> v2: complete tags. MySQL commits DDL implicitly, so each step is
+// idempotent instead: a column another server added first is no error.
+const char* const kMigrateV1[] = {
+    "ALTER TABLE tags ADD COLUMN complete_ns BIGINT NOT NULL DEFAULT 0",
+    "ALTER TABLE tags ADD COLUMN world_size INT NOT NULL DEFAULT 0",
+    "ALTER TABLE tags ADD COLUMN files MEDIUMTEXT NULL",
+};
+constexpr unsigned kDuplicateColumn = 1060;  // ER_DUP_FIELDNAME
 
 // A parameter list for one prepared statement.
 class Params {
@@ -89,14 +100,20 @@ class MysqlStore final : public MetaStore {
     mysql_set_character_set(db_, "utf8mb4");
     for (const char* sql : kSchema)
       if (mysql_query(db_, sql) != 0) return Fail("schema");
-    if (mysql_query(db_, "INSERT INTO schema_version SELECT 1 FROM DUAL WHERE NOT EXISTS "
-                         "(SELECT 1 FROM schema_version)") != 0)
-      return Fail("schema version");
-    if (mysql_query(db_, "SELECT MAX(version) FROM schema_version") != 0) return Fail("schema version");
-    MYSQL_RES* res = mysql_store_result(db_);
-    MYSQL_ROW row = res ? mysql_fetch_row(res) : nullptr;
-    const int version = row && row[0] ? std::atoi(row[0]) : 0;
-    if (res) mysql_free_result(res);
+    const std::string seed = "INSERT INTO schema_version SELECT " + std::to_string(kSchemaVersion) +
+                             " FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM schema_version)";
+    if (mysql_query(db_, seed.c_str()) != 0) return Fail("schema version");
+    int version = 0;
+    Status s = Version(&version);
+    if (!s.ok()) return s;
+    if (version == 1) {
+      for (const char* sql : kMigrateV1)
+        if (mysql_query(db_, sql) != 0 && mysql_errno(db_) != kDuplicateColumn) return Fail("migrate to 2");
+      if (mysql_query(db_, "UPDATE schema_version SET version = 2 WHERE version = 1") != 0)
+        return Fail("migrate to 2");
+      TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 1 to 2";
+      if (!(s = Version(&version)).ok()) return s;
+    }
     if (version > kSchemaVersion)
       return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
                                         " is newer than this server's " +
@@ -110,7 +127,17 @@ class MysqlStore final : public MetaStore {
     if (mysql_query(db_, "START TRANSACTION") != 0) return Fail("begin");
     for (const MetaChange& c : batch) {
       const FileInfo& f = c.file;
-      if (c.removed) {
+      if (c.is_tag) {
+        const TagInfo& t = c.tag;
+        s = Run("INSERT IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)",
+                Params().Text(t.job).Int(t.complete_unix_ns));
+        if (s.ok())
+          s = Run("INSERT INTO tags (job, tag, first_commit_ns, complete_ns, world_size, files) "
+                  "VALUES (?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE complete_ns=VALUES(complete_ns), "
+                  "world_size=VALUES(world_size), files=VALUES(files)",
+                  Params().Text(t.job).Text(t.tag).Int(t.complete_unix_ns).Int(t.complete_unix_ns)
+                      .Int(t.world_size).Text(EncodeTagFiles(t.files)));
+      } else if (c.removed) {
         s = Run("DELETE FROM files WHERE file_key = UNHEX(SHA2(CONCAT(?, CHAR(0), ?), 256))",
                 Params().Text(f.job).Text(f.path));
       } else {
@@ -175,6 +202,32 @@ class MysqlStore final : public MetaStore {
     return Status::OK();
   }
 
+  Status LoadTags(std::vector<TagInfo>* out) override {
+    Status s = Reconnect();
+    if (!s.ok()) return s;
+    if (mysql_query(db_, "SELECT job, tag, complete_ns, world_size, files FROM tags "
+                         "WHERE complete_ns != 0 ORDER BY job, complete_ns, tag") != 0)
+      return Fail("select tags");
+    MYSQL_RES* res = mysql_store_result(db_);
+    if (!res) return Fail("select tags");
+    while (MYSQL_ROW row = mysql_fetch_row(res)) {
+      unsigned long* len = mysql_fetch_lengths(res);
+      auto text = [&](int i) { return std::string(row[i] ? row[i] : "", row[i] ? len[i] : 0); };
+      TagInfo t;
+      t.job = text(0);
+      t.tag = text(1);
+      t.complete_unix_ns = std::stoll(text(2));
+      t.world_size = static_cast<int32_t>(std::stoll(text(3)));
+      if (!DecodeTagFiles(text(4), &t.files)) {
+        s = Status::Internal("tag " + t.tag + " of job " + t.job + ": unreadable file list");
+        break;
+      }
+      out->push_back(std::move(t));
+    }
+    mysql_free_result(res);
+    return s;
+  }
+
   Status Heartbeat(const std::string& endpoint, int64_t pid) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
@@ -185,6 +238,14 @@ class MysqlStore final : public MetaStore {
   }
 
  private:
+  Status Version(int* version) {
+    if (mysql_query(db_, "SELECT MAX(version) FROM schema_version") != 0) return Fail("schema version");
+    MYSQL_RES* res = mysql_store_result(db_);
+    MYSQL_ROW row = res ? mysql_fetch_row(res) : nullptr;
+    *version = row && row[0] ? std::atoi(row[0]) : 0;
+    if (res) mysql_free_result(res);
+    return Status::OK();
+  }
   Status Fail(const std::string& what) {
     return Status::Unavailable("mysql " + what + ": " + (db_ ? mysql_error(db_) : "no connection"));
   }

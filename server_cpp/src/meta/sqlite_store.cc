@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "common/logging.h"
 #include "meta/meta_store.h"
 #include "meta/mysql_store.h"
 
@@ -12,7 +13,8 @@ const char* const kSchema[] = {
     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS jobs (job TEXT PRIMARY KEY, first_seen_ns INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS tags (job TEXT NOT NULL, tag TEXT NOT NULL, "
-    "first_commit_ns INTEGER NOT NULL, PRIMARY KEY (job, tag))",
+    "first_commit_ns INTEGER NOT NULL, complete_ns INTEGER NOT NULL DEFAULT 0, "
+    "world_size INTEGER NOT NULL DEFAULT 0, files TEXT NOT NULL DEFAULT '', PRIMARY KEY (job, tag))",
     "CREATE TABLE IF NOT EXISTS files (job TEXT NOT NULL, path TEXT NOT NULL, tag TEXT NOT NULL, "
     "rank INTEGER NOT NULL, size INTEGER NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL, "
     "records TEXT NOT NULL, created_ns INTEGER NOT NULL, committed_ns INTEGER NOT NULL, "
@@ -22,10 +24,18 @@ const char* const kSchema[] = {
     "heartbeat_ns INTEGER NOT NULL)",
 };
 
+// v1 -> v2: complete tags.
+const char* const kMigrateV1[] = {
+    "ALTER TABLE tags ADD COLUMN complete_ns INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE tags ADD COLUMN world_size INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE tags ADD COLUMN files TEXT NOT NULL DEFAULT ''",
+    "UPDATE schema_version SET version = 2",
+};
+
 class SqliteStore final : public MetaStore {
  public:
   ~SqliteStore() override {
-    for (sqlite3_stmt* s : {upsert_, remove_, job_, tag_}) sqlite3_finalize(s);
+    for (sqlite3_stmt* s : {upsert_, remove_, job_, tag_, done_}) sqlite3_finalize(s);
     sqlite3_close(db_);
   }
 
@@ -39,15 +49,28 @@ class SqliteStore final : public MetaStore {
     if (s.ok()) s = Exec("BEGIN");
     for (const char* sql : kSchema)
       if (s.ok()) s = Exec(sql);
-    if (s.ok()) s = Exec("INSERT INTO schema_version SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM schema_version)");
-    if (s.ok()) s = Exec("COMMIT");
-    if (!s.ok()) return s;
+    if (s.ok())
+      s = Exec(("INSERT INTO schema_version SELECT " + std::to_string(kSchemaVersion) +
+                " WHERE NOT EXISTS (SELECT 1 FROM schema_version)").c_str());
     int version = 0;
-    sqlite3_stmt* q = nullptr;
-    if (sqlite3_prepare_v2(db_, "SELECT MAX(version) FROM schema_version", -1, &q, nullptr) == SQLITE_OK &&
-        sqlite3_step(q) == SQLITE_ROW)
-      version = sqlite3_column_int(q, 0);
-    sqlite3_finalize(q);
+    if (s.ok()) {
+      sqlite3_stmt* q = nullptr;
+      if (sqlite3_prepare_v2(db_, "SELECT MAX(version) FROM schema_version", -1, &q, nullptr) == SQLITE_OK &&
+          sqlite3_step(q) == SQLITE_ROW)
+        version = sqlite3_column_int(q, 0);
+      sqlite3_finalize(q);
+    }
+    if (s.ok() && version == 1) {  // in the same transaction: all or nothing
+      for (const char* sql : kMigrateV1)
+        if (s.ok()) s = Exec(sql);
+      if (s.ok()) TCE_LOG(kInfo, "meta") << "migrated " << path << " from schema 1 to 2";
+    }
+    if (s.ok()) s = Exec("COMMIT");
+    if (!s.ok()) {
+      Status ignored = Exec("ROLLBACK");
+      (void)ignored;
+      return s;
+    }
     if (version > kSchemaVersion)
       return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
                                         " is newer than this server's " +
@@ -62,7 +85,11 @@ class SqliteStore final : public MetaStore {
                    "reason=excluded.reason, uid=excluded.uid, gid=excluded.gid")
         .ok() && Prepare(&remove_, "DELETE FROM files WHERE job=? AND path=?").ok() &&
         Prepare(&job_, "INSERT OR IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)").ok() &&
-        Prepare(&tag_, "INSERT OR IGNORE INTO tags (job, tag, first_commit_ns) VALUES (?, ?, ?)").ok()
+        Prepare(&tag_, "INSERT OR IGNORE INTO tags (job, tag, first_commit_ns) VALUES (?, ?, ?)").ok() &&
+        Prepare(&done_, "INSERT INTO tags (job, tag, first_commit_ns, complete_ns, world_size, files) "
+                        "VALUES (?,?,?,?,?,?) ON CONFLICT (job, tag) DO UPDATE SET "
+                        "complete_ns=excluded.complete_ns, world_size=excluded.world_size, "
+                        "files=excluded.files").ok()
                ? Status::OK()
                : Fail("prepare");
   }
@@ -71,6 +98,10 @@ class SqliteStore final : public MetaStore {
     Status s = Exec("BEGIN");
     for (const MetaChange& c : batch) {
       if (!s.ok()) break;
+      if (c.is_tag) {
+        s = ApplyTag(c.tag);
+        continue;
+      }
       const FileInfo& f = c.file;
       if (c.removed) {
         Bind(remove_, {f.job, f.path});
@@ -141,6 +172,36 @@ class SqliteStore final : public MetaStore {
     return rc == SQLITE_DONE ? Status::OK() : Fail("read files");
   }
 
+  Status LoadTags(std::vector<TagInfo>* out) override {
+    sqlite3_stmt* q = nullptr;
+    if (sqlite3_prepare_v2(db_,
+                           "SELECT job, tag, complete_ns, world_size, files FROM tags "
+                           "WHERE complete_ns != 0 ORDER BY job, complete_ns, tag",
+                           -1, &q, nullptr) != SQLITE_OK)
+      return Fail("select tags");
+    int rc;
+    Status s;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+      auto text = [q](int i) {
+        const unsigned char* t = sqlite3_column_text(q, i);
+        return std::string(t ? reinterpret_cast<const char*>(t) : "");
+      };
+      TagInfo t;
+      t.job = text(0);
+      t.tag = text(1);
+      t.complete_unix_ns = sqlite3_column_int64(q, 2);
+      t.world_size = sqlite3_column_int(q, 3);
+      if (!DecodeTagFiles(text(4), &t.files)) {
+        s = Status::Internal("tag " + t.tag + " of job " + t.job + ": unreadable file list");
+        break;
+      }
+      out->push_back(std::move(t));
+    }
+    sqlite3_finalize(q);
+    if (!s.ok()) return s;
+    return rc == SQLITE_DONE ? Status::OK() : Fail("read tags");
+  }
+
   Status Heartbeat(const std::string& endpoint, int64_t pid) override {
     sqlite3_stmt* q = nullptr;
     if (sqlite3_prepare_v2(db_,
@@ -158,6 +219,20 @@ class SqliteStore final : public MetaStore {
   }
 
  private:
+  Status ApplyTag(const TagInfo& t) {
+    Bind(job_, {t.job});
+    sqlite3_bind_int64(job_, 2, t.complete_unix_ns);
+    Status s = Step(job_);
+    if (!s.ok()) return s;
+    Bind(done_, {t.job, t.tag});
+    sqlite3_bind_int64(done_, 3, t.complete_unix_ns);
+    sqlite3_bind_int64(done_, 4, t.complete_unix_ns);
+    sqlite3_bind_int64(done_, 5, t.world_size);
+    std::string files = EncodeTagFiles(t.files);
+    sqlite3_bind_text(done_, 6, files.c_str(), -1, SQLITE_TRANSIENT);
+    return Step(done_);
+  }
+
   Status Fail(const std::string& what) {
     return Status::Unavailable("sqlite " + what + ": " + (db_ ? sqlite3_errmsg(db_) : "no database"));
   }
@@ -184,7 +259,8 @@ class SqliteStore final : public MetaStore {
   }
 
   sqlite3* db_ = nullptr;
-  sqlite3_stmt *upsert_ = nullptr, *remove_ = nullptr, *job_ = nullptr, *tag_ = nullptr;
+  sqlite3_stmt *upsert_ = nullptr, *remove_ = nullptr, *job_ = nullptr, *tag_ = nullptr,
+               *done_ = nullptr;
 };
 
 }  // namespace
@@ -239,6 +315,30 @@ bool DecodeRecords(const std::string& text, std::vector<Record>* out) {
       return false;
     out->push_back(std::move(r));
     pos = eol + 1;
+  }
+  return true;
+}
+
+std::string EncodeTagFiles(const std::vector<TagFile>& files) {
+  std::ostringstream out;
+  for (const TagFile& f : files)  // length-prefixed path: paths may hold any byte but NUL
+    out << f.rank << ' ' << f.size << ' ' << f.path.size() << ':' << f.path << '\n';
+  return out.str();
+}
+
+bool DecodeTagFiles(const std::string& text, std::vector<TagFile>* out) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t colon = text.find(':', pos);
+    if (colon == std::string::npos) return false;
+    std::istringstream head(text.substr(pos, colon - pos));
+    TagFile f;
+    size_t len = 0;
+    if (!(head >> f.rank >> f.size >> len)) return false;
+    if (colon + 1 + len >= text.size() || text[colon + 1 + len] != '\n') return false;
+    f.path = text.substr(colon + 1, len);
+    out->push_back(std::move(f));
+    pos = colon + 2 + len;
   }
   return true;
 }

@@ -146,5 +146,92 @@ TEST(MetaWriter, HeartbeatsWhileIdle) {
   fs::remove_all(dir);
 }
 
+MetaChange TagChange(const std::string& tag, int64_t when, std::vector<TagFile> files) {
+  MetaChange c;
+  c.is_tag = true;
+  c.tag.job = "job";
+  c.tag.tag = tag;
+  c.tag.complete_unix_ns = when;
+  c.tag.world_size = 2;
+  c.tag.files = std::move(files);
+  return c;
+}
+
+TEST(SqliteStore, TagsRoundTripWithAnyPath) {
+  std::string dir = MakeTempDir("tce-meta");
+  std::string url = "sqlite://" + dir + "/tce.db";
+  const std::string odd = "/c/we ird:\nname 12:x.pt";
+  {
+    std::unique_ptr<MetaStore> store;
+    ASSERT_TRUE(OpenMetaStore(url, &store).ok());
+    ASSERT_TRUE(store->Apply({{File("/c/a.pt", FileState::kCached, "step2"), false},
+                              TagChange("step2", 2000, {{0, "/c/a.pt", 4242}, {1, odd, 7}}),
+                              TagChange("step1", 1000, {{0, "/c/old.pt", 1}})}).ok());
+  }
+  std::unique_ptr<MetaStore> again;
+  ASSERT_TRUE(OpenMetaStore(url, &again).ok());
+  std::vector<TagInfo> tags;
+  ASSERT_TRUE(again->LoadTags(&tags).ok());
+  ASSERT_EQ(tags.size(), 2u);
+  EXPECT_EQ(tags[0].tag, "step1");
+  EXPECT_EQ(tags[1].tag, "step2");
+  EXPECT_EQ(tags[1].complete_unix_ns, 2000);
+  EXPECT_EQ(tags[1].world_size, 2);
+  ASSERT_EQ(tags[1].files.size(), 2u);
+  EXPECT_EQ(tags[1].files[1].path, odd);
+  EXPECT_EQ(tags[1].files[1].rank, 1);
+  EXPECT_EQ(tags[1].files[1].size, 7u);
+  // a tag that only has files (no completion) is not loaded as complete
+  EXPECT_EQ(Count(dir + "/tce.db", "SELECT COUNT(*) FROM tags"), 2);
+  ASSERT_TRUE(again->Apply({{File("/c/x.pt", FileState::kCached, "step3"), false}}).ok());
+  tags.clear();
+  ASSERT_TRUE(again->LoadTags(&tags).ok());
+  EXPECT_EQ(tags.size(), 2u);
+  fs::remove_all(dir);
+}
+
+TEST(SqliteStore, MigratesAVersion1Database) {
+  std::string dir = MakeTempDir("tce-meta");
+  std::string db = dir + "/tce.db";
+  {  // the schema as version 1 created it, with data
+    sqlite3* h;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+    const char* v1 =
+        "CREATE TABLE schema_version (version INTEGER NOT NULL);"
+        "INSERT INTO schema_version VALUES (1);"
+        "CREATE TABLE jobs (job TEXT PRIMARY KEY, first_seen_ns INTEGER NOT NULL);"
+        "CREATE TABLE tags (job TEXT NOT NULL, tag TEXT NOT NULL, "
+        "first_commit_ns INTEGER NOT NULL, PRIMARY KEY (job, tag));"
+        "INSERT INTO tags VALUES ('job', 'step1', 5);"
+        "CREATE TABLE files (job TEXT NOT NULL, path TEXT NOT NULL, tag TEXT NOT NULL, "
+        "rank INTEGER NOT NULL, size INTEGER NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL, "
+        "records TEXT NOT NULL, created_ns INTEGER NOT NULL, committed_ns INTEGER NOT NULL, "
+        "persisted_ns INTEGER NOT NULL, reason TEXT NOT NULL, uid INTEGER NOT NULL, "
+        "gid INTEGER NOT NULL, PRIMARY KEY (job, path));"
+        "INSERT INTO files VALUES ('job', '/c/a.pt', 'step1', 0, 10, 'PERSISTED', 3, '', 1, 2, 3, '', 0, 0);"
+        "CREATE TABLE servers (endpoint TEXT PRIMARY KEY, pid INTEGER NOT NULL, "
+        "heartbeat_ns INTEGER NOT NULL);";
+    ASSERT_EQ(sqlite3_exec(h, v1, nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(h);
+  }
+  for (int open = 0; open < 2; ++open) {  // migrating, then reopening: idempotent
+    std::unique_ptr<MetaStore> store;
+    Status s = OpenMetaStore("sqlite://" + db, &store);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(Count(db, "SELECT MAX(version) FROM schema_version"), 2);
+    EXPECT_EQ(Count(db, "SELECT COUNT(*) FROM schema_version"), 1);
+    std::vector<FileInfo> files;
+    ASSERT_TRUE(store->LoadFiles(&files).ok());
+    ASSERT_EQ(files.size(), 1u);
+    EXPECT_EQ(files[0].path, "/c/a.pt");
+    std::vector<TagInfo> tags;
+    ASSERT_TRUE(store->LoadTags(&tags).ok());
+    EXPECT_EQ(tags.size(), static_cast<size_t>(open));  // v1's tag row was never complete
+    if (open == 0) ASSERT_TRUE(store->Apply({TagChange("step1", 9, {{0, "/c/a.pt", 10}})}).ok());
+  }
+  EXPECT_EQ(Count(db, "SELECT first_commit_ns FROM tags WHERE tag='step1'"), 5);  // kept
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace tce

@@ -33,6 +33,19 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
   }
 }
 
+void ToProto(const TagInfo& t, v1::TagInfo* out) {
+  out->set_job(t.job);
+  out->set_tag(t.tag);
+  out->set_complete_unix_ns(t.complete_unix_ns);
+  out->set_world_size(t.world_size);
+  for (const TagFile& f : t.files) {
+    v1::TagFile* p = out->add_files();
+    p->set_rank(f.rank);
+    p->set_path(f.path);
+    p->set_size(f.size);
+  }
+}
+
 CacheService::CacheService(Cache* cache, std::string socket_path, MetaWriter* meta,
                            std::string metadata_url)
     : cache_(cache), socket_path_(std::move(socket_path)), meta_(meta),
@@ -148,6 +161,26 @@ grpc::Status CacheService::Wait(grpc::ServerContext*, const v1::WaitRequest* req
   tce::Status s = cache_->Wait(req->session(), req->job(), paths, timeout, &files);
   for (const FileInfo& f : files) ToProto(f, resp->add_files());
   return ToGrpc(s);
+}
+
+grpc::Status CacheService::CommitTag(grpc::ServerContext*, const v1::CommitTagRequest* req,
+                                     v1::CommitTagResponse* resp) {
+  TagInfo t;
+  t.job = req->tag().job();
+  t.tag = req->tag().tag();
+  t.world_size = req->tag().world_size();
+  for (const auto& f : req->tag().files()) t.files.push_back(TagFile{f.rank(), f.path(), f.size()});
+  TagInfo out;
+  tce::Status s = cache_->CommitTag(req->session(), std::move(t), &out);
+  if (s.ok()) ToProto(out, resp->mutable_tag());
+  return ToGrpc(s);
+}
+
+grpc::Status CacheService::ListTags(grpc::ServerContext*, const v1::ListTagsRequest* req,
+                                    v1::ListTagsResponse* resp) {
+  if (req->job().empty()) return ToGrpc(tce::Status::InvalidArgument("ListTags needs a job"));
+  for (const TagInfo& t : cache_->ListTags(req->job())) ToProto(t, resp->add_tags());
+  return grpc::Status::OK;
 }
 
 }  // namespace tce

@@ -27,6 +27,8 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status List(grpc::ServerContext*, const v1::ListRequest*, v1::ListResponse*) override;
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*, v1::StatusResponse*) override;
   grpc::Status Wait(grpc::ServerContext*, const v1::WaitRequest*, v1::WaitResponse*) override;
+  grpc::Status CommitTag(grpc::ServerContext*, const v1::CommitTagRequest*, v1::CommitTagResponse*) override;
+  grpc::Status ListTags(grpc::ServerContext*, const v1::ListTagsRequest*, v1::ListTagsResponse*) override;
 
  private:
   Cache* const cache_;
@@ -38,6 +40,7 @@ class CacheService final : public v1::Cache::Service {
 
 // Protobuf <-> internal conversions (exposed for tests).
 void ToProto(const FileInfo& f, v1::FileInfo* out);
+void ToProto(const TagInfo& t, v1::TagInfo* out);
 grpc::Status ToGrpc(const tce::Status& s);
 
 }  // namespace tce
