@@ -2,10 +2,13 @@
 
 ``tce.save`` / ``tce.load`` stream state dicts into the node's cache server
 (``tce-server``) through shared memory; the files have torch.save's format.
-Importing this package does nothing else.
+Importing this package does nothing else, except that DeepSpeed (if and
+when it is imported) accepts ``"checkpoint_engine": "tce"``.
 """
 
 from tce._api import cached, close, load, remove, save, status, wait
+from tce._deepspeed import attach, install_deepspeed
+from tce._patch import patch_torch, unpatch_torch
 from tce._knobs import configure
 from tce.errors import (
     CacheFullError,
@@ -22,6 +25,17 @@ from tce.errors import (
 
 __version__ = "0.1.0"
 
+install_deepspeed()
+
+
+def __getattr__(name: str):
+    if name == "TCECheckpointEngine":  # subclasses DeepSpeed's: built on first use
+        from tce._deepspeed import engine_class
+
+        return engine_class()
+    raise AttributeError(f"module 'tce' has no attribute {name!r}")
+
+
 __all__ = [
     "CacheFullError",
     "DeadlineExceededError",
@@ -32,13 +46,18 @@ __all__ = [
     "PersistFailedError",
     "ServerUnavailableError",
     "TCEError",
+    "TCECheckpointEngine",
     "UnauthenticatedError",
+    "attach",
     "cached",
     "close",
     "configure",
+    "install_deepspeed",
     "load",
+    "patch_torch",
     "remove",
     "save",
     "status",
+    "unpatch_torch",
     "wait",
 ]

@@ -142,14 +142,22 @@ def save(
     """
     if not _is_path(f):
         return _torch_save(obj, f, pickle_module, pickle_protocol)
+    _save(obj, f, pickle_module, pickle_protocol, job=job, tag=tag, rank=rank)
+    return None
+
+
+def _save(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle, pickle_protocol: int = 2,
+          *, job: str | None = None, tag: str = "", rank: int | None = None) -> Any:
+    """:func:`save` to a path; returns the cached FileInfo, or None when it
+    fell back to a plain torch.save."""
     path = _norm(f)
     job = _job(job)
     plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     try:
-        _with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path))
+        info = _with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path))
         with _client_lock:
             _unsettled[(_knobs.get("socket"), job, path)] = None
-        return None
+        return info
     except (ServerUnavailableError, CacheFullError) as e:
         if _knobs.get("on_unavailable") == "raise":
             raise
@@ -189,6 +197,14 @@ def load(
             f, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
             **pickle_load_args,
         )
+    return _load(f, map_location, pickle_module, weights_only=weights_only, mmap=mmap, job=job,
+                 **pickle_load_args)[0]
+
+
+def _load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = None, *,
+          weights_only: bool | None = None, mmap: bool | None = None, job: str | None = None,
+          **pickle_load_args: Any) -> tuple[Any, bool]:
+    """:func:`load` from a path; returns (object, whether it came from the cache)."""
     path = _norm(f)
     job = _job(job)
     try:
@@ -198,7 +214,7 @@ def load(
         return _torch_load(
             path, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
             **pickle_load_args,
-        )
+        ), False
     from tce._torchload import load_mapping
 
     t0 = time.perf_counter()
@@ -207,7 +223,7 @@ def load(
         **pickle_load_args,
     )
     log.debug("loaded %s from cache (%d bytes) in %.3fs", path, info.size, time.perf_counter() - t0)
-    return result
+    return result, True
 
 
 def wait(

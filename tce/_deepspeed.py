@@ -1,0 +1,479 @@
+"""DeepSpeed integration: ``"checkpoint_engine": "tce"`` selects TCE's engine.
+
+DeepSpeed (0.17.1 and later) builds its checkpoint engine with
+``create_checkpoint_engine(...)``, which ``deepspeed/runtime/engine.py``
+imports by name: wrapping the function where it is defined would not reach
+that name, so the hook wraps the name in ``engine.py``'s globals. Older
+DeepSpeed constructs ``TorchCheckpointEngine()`` inside
+``DeepSpeedEngine._configure_checkpointing``; there the hook wraps that method
+and swaps the engine afterwards. Either way the hook also wraps
+``load_checkpoint`` (to land on the newest complete, recoverable tag) and
+``_get_all_ckpt_names`` (DeepSpeed globs the disk for model files, which may
+exist only in the cache).
+
+Importing DeepSpeed takes seconds, so ``import tce`` never does: when
+DeepSpeed is not imported yet, an import hook applies the wrappers the moment
+``deepspeed.runtime.engine`` finishes loading, in whatever order the user
+imports things.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from tce import _api, _knobs
+from tce.errors import TCEError
+
+log = logging.getLogger("tce.deepspeed")
+
+ENGINE_NAME = "TCECheckpointEngine"
+_ENGINE_MODULE = "deepspeed.runtime.engine"
+_MARK = "__tce_original__"
+_install_lock = threading.RLock()
+_finder: _EngineFinder | None = None  # noqa: F821 (defined below)
+
+
+# ---------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------
+
+def _param_dict(config_params: Any) -> dict:
+    """The user's DeepSpeed config as a dict (DeepSpeedConfig keeps it)."""
+    if config_params is None:
+        return {}
+    if isinstance(config_params, dict):
+        return config_params
+    return getattr(config_params, "_param_dict", None) or {}
+
+
+def wants_tce(config_params: Any) -> bool:
+    """Whether the DeepSpeed config selects TCE (``"checkpoint_engine": "tce"``)."""
+    value = _param_dict(config_params).get("checkpoint_engine")
+    return isinstance(value, str) and value.strip().lower() == "tce"
+
+
+def _options(config_params: Any) -> dict[str, Any]:
+    block = _param_dict(config_params).get("tce") or {}
+    if not isinstance(block, dict):
+        raise TCEError(f'the DeepSpeed config\'s "tce" block must be an object, got {block!r}')
+    return dict(block)
+
+
+# ---------------------------------------------------------------------------
+# torch.distributed helpers (all no-ops in a single process)
+# ---------------------------------------------------------------------------
+
+def _dist() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _world() -> tuple[int, int]:
+    if _dist():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    if not _dist():
+        return [obj]
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def _broadcast(obj: Any) -> Any:
+    if not _dist():
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _tag_of(info: Any) -> str:
+    """The tag of a create/commit argument: CheckpointCommitInfo or (older API) a string."""
+    tag = getattr(info, "tag", info)
+    return "" if tag is None else str(tag)
+
+
+def _in_tag_dir(path: str, tag: str) -> bool:
+    """Whether ``path`` lies in a directory named ``tag`` (DeepSpeed's layout)."""
+    parent = os.path.dirname(path)
+    while parent and parent != os.path.dirname(parent):
+        if os.path.basename(parent) == tag:
+            return True
+        parent = os.path.dirname(parent)
+    return False
+
+
+# ---------------------------------------------------------------------------
+# The engine
+# ---------------------------------------------------------------------------
+
+def _engine_class():
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+    class TCECheckpointEngine(CheckpointEngine):
+        """DeepSpeed's checkpoint engine contract, over the node's TCE cache.
+
+        ``save`` returns once the file is in the cache (a memory copy);
+        persistence happens in the server. ``commit`` synchronises the ranks
+        and rank 0 records the complete tag, so ``latest`` (written by rank 0
+        right after commit) never names a tag some rank did not finish.
+        Options come from the config's ``"tce"`` block: any client setting
+        (``socket``, ``job``, ``on_unavailable``, ``rpc_timeout``).
+        """
+
+        def __init__(self, config_params: Any = None, options: dict[str, Any] | None = None):
+            super().__init__(config_params)
+            self.name = ENGINE_NAME
+            settings = _options(config_params) if options is None else dict(options)
+            if settings:
+                _knobs.configure(**settings)  # unknown names raise here, clearly
+            self.job = _knobs.get("job")
+            self._tag = ""
+            self._files: list[tuple[int, str, int]] = []  # this rank's (rank, path, size)
+            self._saved_paths: list[str] = []
+            self.loads_from_cache = 0
+            self.loads_from_storage = 0
+            rank, _ = _world()
+            message = (f"[TCE] checkpoint engine active: {ENGINE_NAME} "
+                       f"(socket={_knobs.get('socket')}, job={self.job})")
+            log.info(message)
+            if rank == 0:
+                _ds_log(message)
+
+        # -- save ----------------------------------------------------------
+        def create(self, info: Any) -> None:
+            self._tag = _tag_of(info)
+            self._files = []
+
+        def makedirs(self, path: str, exist_ok: bool = False) -> None:
+            os.makedirs(path, exist_ok=exist_ok)
+
+        def save(self, state_dict: Any, path: str) -> None:
+            rank, _ = _world()
+            cached = _api._save(state_dict, path, job=self.job, tag=self._tag, rank=rank)
+            path = os.path.abspath(path)
+            size = cached.size if cached is not None else os.path.getsize(path)
+            self._files.append((rank, path, size))
+            self._saved_paths.append(path)
+
+        def commit(self, info: Any) -> bool:
+            """Every rank's files are cached (each save returned); gather them,
+            and rank 0 records the tag as complete."""
+            tag = _tag_of(info) or self._tag
+            mine = [f for f in self._files if _in_tag_dir(f[1], tag)]
+            everyone = _all_gather(mine)  # also the barrier: every rank finished
+            rank, world = _world()
+            files = sorted(f for part in everyone for f in part)
+            if rank == 0 and files:
+                self._record_tag(tag, world, files)
+            self._files = []
+            return True
+
+        def _record_tag(self, tag: str, world: int, files: list[tuple[int, str, int]]) -> None:
+            from tce.v1 import tce_pb2 as pb
+
+            record = pb.TagInfo(job=self.job, tag=tag, world_size=world,
+                                files=[pb.TagFile(rank=r, path=p, size=s) for r, p, s in files])
+            try:
+                _api._with_client(lambda c: c.commit_tag(record))
+            except TCEError as e:
+                if _knobs.get("on_unavailable") == "raise":
+                    raise
+                log.warning("TCE: could not record tag %s as complete: %s", tag, e)
+
+        # -- load ----------------------------------------------------------
+        def load(self, path: str, map_location: Any = None) -> Any:
+            # weights_only=False like DeepSpeed's own engine: client state
+            # carries arbitrary objects (e.g. argparse.Namespace).
+            obj, from_cache = _api._load(path, map_location=map_location, weights_only=False,
+                                         job=self.job)
+            if from_cache:
+                self.loads_from_cache += 1
+            else:
+                self.loads_from_storage += 1
+            return obj
+
+        # -- the rest of the contract --------------------------------------
+        def is_data_parallel_writer(self, dp_rank: int) -> bool:
+            return dp_rank == 0
+
+        def is_decoupled(self) -> bool:
+            return False  # commit is synchronous: latest is written right after it
+
+        def preserves_storage_sharing(self) -> bool:
+            return True  # the layout keeps torch.save's storage sharing
+
+        def cleanup(self) -> None:
+            pass  # nothing is in flight between calls: saves are complete when they return
+
+        def wait(self, timeout: float | None = None) -> None:
+            """Block until every file this engine saved is durable on storage."""
+            paths, self._saved_paths = self._saved_paths, []
+            if paths:
+                _api.wait(paths, timeout=timeout, job=self.job)
+
+        # -- which tag to load ---------------------------------------------
+        def resolve_tag(self, load_dir: str) -> str | None:
+            """The tag ``load_checkpoint(load_dir)`` should load (collective).
+
+            ``latest`` when it names a complete tag whose files are all
+            recoverable (in this node's cache or on storage); else the newest
+            such tag, with a warning. None: TCE knows no tag here, so DeepSpeed
+            reads ``latest`` itself. Raises when TCE knows tags but none is
+            recoverable.
+            """
+            load_dir = os.path.abspath(load_dir)
+            latest_path = os.path.join(load_dir, "latest")
+            latest = None
+            if os.path.isfile(latest_path):
+                with open(latest_path) as fd:
+                    latest = fd.read().strip() or None
+            rank, world = _world()
+            known: list[tuple[str, list[tuple[int, str, int]]]] | None = None
+            if rank == 0:
+                known = self._known_tags(load_dir)
+            known = _broadcast(known)
+            if not known:
+                return None
+            mine = [all(_recoverable(self.job, p, s) for r, p, s in files if r % world == rank)
+                    for _, files in known]
+            ok = [all(col) for col in zip(*_all_gather(mine))]
+            good = [tag for (tag, _), fine in zip(known, ok) if fine]
+            names = [tag for tag, _ in known]
+            if latest is not None and latest not in names:
+                return None  # not a TCE tag (e.g. written by another engine): DeepSpeed's way
+            if latest is not None and latest in good:
+                return latest
+            if not good:
+                raise TCEError(
+                    f"no recoverable checkpoint in {load_dir}: "
+                    + (f"'latest' names {latest!r}, " if latest else "")
+                    + f"complete tag(s) {names} have files that are neither cached nor on storage"
+                )
+            chosen = good[-1]
+            if latest is not None:
+                message = (f"[TCE] 'latest' in {load_dir} names {latest!r}, whose files are "
+                           f"lost (not cached and not on storage); loading {chosen!r}, the newest "
+                           f"recoverable tag (recoverable: {good})")
+            else:
+                message = f"[TCE] no 'latest' in {load_dir}; loading {chosen!r}, the newest recoverable tag"
+            log.warning(message)
+            if rank == 0:
+                _ds_log(message, warning=True)
+            return chosen
+
+        def _known_tags(self, load_dir: str) -> list[tuple[str, list[tuple[int, str, int]]]]:
+            """Complete tags in ``load_dir``, oldest first."""
+            try:
+                tags = _api._with_client(lambda c: c.list_tags(self.job))
+            except TCEError as e:
+                log.warning("TCE: cannot list tags (%s); DeepSpeed reads 'latest' itself", e)
+                return []
+            out = []
+            for t in tags:
+                files = [(f.rank, f.path, f.size) for f in t.files]
+                prefix = os.path.join(load_dir, t.tag) + os.sep
+                if files and all(p.startswith(prefix) for _, p, _ in files):
+                    out.append((t.tag, files))
+            return out
+
+        def cached_matches(self, pattern: str) -> list[str]:
+            """Cached paths matching a glob pattern (for files not on disk yet)."""
+            try:
+                files = _api._with_client(lambda c: c.list(self.job))
+            except TCEError:
+                return []
+            from tce.v1 import tce_pb2 as pb
+
+            live = (pb.FILE_STATE_CACHED, pb.FILE_STATE_BACKED_UP, pb.FILE_STATE_PERSISTED)
+            return sorted(f.path for f in files
+                          if f.state in live and fnmatch.fnmatchcase(f.path, os.path.abspath(pattern)))
+
+    return TCECheckpointEngine
+
+
+def _recoverable(job: str, path: str, size: int) -> bool:
+    """In this node's cache, or complete on storage."""
+    if _api.cached(path, job=job):
+        return True
+    try:
+        return os.path.getsize(path) == size
+    except OSError:
+        return False
+
+
+def _ds_log(message: str, warning: bool = False) -> None:
+    """Log through DeepSpeed's logger too, so the line shows in its output."""
+    try:
+        from deepspeed.utils import logger
+    except ImportError:
+        return
+    (logger.warning if warning else logger.info)(message)
+
+
+_ENGINE_CLASS = None
+
+
+def engine_class():
+    """TCECheckpointEngine (needs DeepSpeed; built on first use)."""
+    global _ENGINE_CLASS
+    if _ENGINE_CLASS is None:
+        _ENGINE_CLASS = _engine_class()
+    return _ENGINE_CLASS
+
+
+def _is_tce(engine: Any) -> bool:
+    return type(engine).__name__ == ENGINE_NAME and hasattr(engine, "resolve_tag")
+
+
+# ---------------------------------------------------------------------------
+# The hook
+# ---------------------------------------------------------------------------
+
+def _wrap_create(original):
+    @functools.wraps(original)
+    def create_checkpoint_engine(config_params=None, *args, **kwargs):
+        if wants_tce(config_params):
+            return engine_class()(config_params)
+        return original(config_params, *args, **kwargs)
+
+    setattr(create_checkpoint_engine, _MARK, original)
+    return create_checkpoint_engine
+
+
+def _wrap_configure(original):
+    """Older DeepSpeed: no create_checkpoint_engine; swap after it ran."""
+    @functools.wraps(original)
+    def _configure_checkpointing(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if wants_tce(getattr(self, "_config", None)) and not _is_tce(self.checkpoint_engine):
+            self.checkpoint_engine = engine_class()(self._config)
+        return result
+
+    setattr(_configure_checkpointing, _MARK, original)
+    return _configure_checkpointing
+
+
+def _wrap_load_checkpoint(original):
+    @functools.wraps(original)
+    def load_checkpoint(self, load_dir, tag=None, *args, **kwargs):
+        engine = getattr(self, "checkpoint_engine", None)
+        universal = getattr(self, "load_universal_checkpoint", lambda: False)()
+        if tag is None and _is_tce(engine) and not universal:
+            tag = engine.resolve_tag(load_dir)
+        return original(self, load_dir, tag, *args, **kwargs)
+
+    setattr(load_checkpoint, _MARK, original)
+    return load_checkpoint
+
+
+def _wrap_ckpt_names(original):
+    @functools.wraps(original)
+    def _get_all_ckpt_names(self, checkpoints_path, tag):
+        names = original(self, checkpoints_path, tag)
+        engine = getattr(self, "checkpoint_engine", None)
+        if names or not _is_tce(engine):
+            return names
+        # Not on disk (yet): the cache may hold them.
+        pattern = self._get_ckpt_name(checkpoints_path, tag, mp_placeholder="*")
+        return engine.cached_matches(pattern)
+
+    setattr(_get_all_ckpt_names, _MARK, original)
+    return _get_all_ckpt_names
+
+
+def _wrapped(fn: Any) -> bool:
+    return getattr(fn, _MARK, None) is not None
+
+
+def _patch_engine_module(module: Any) -> None:
+    """Apply every wrapper to a loaded deepspeed.runtime.engine (idempotent)."""
+    with _install_lock:
+        if hasattr(module, "create_checkpoint_engine"):
+            if not _wrapped(module.create_checkpoint_engine):
+                module.create_checkpoint_engine = _wrap_create(module.create_checkpoint_engine)
+        cls = module.DeepSpeedEngine
+        wrappers = [("load_checkpoint", _wrap_load_checkpoint),
+                    ("_get_all_ckpt_names", _wrap_ckpt_names)]
+        if not hasattr(module, "create_checkpoint_engine"):
+            wrappers.append(("_configure_checkpointing", _wrap_configure))
+        for name, wrap in wrappers:
+            fn = cls.__dict__.get(name)
+            if fn is not None and not _wrapped(fn):
+                setattr(cls, name, wrap(fn))
+        log.debug("TCE hooked into %s", module.__name__)
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._inner.exec_module(module)
+        _patch_engine_module(module)
+
+
+class _EngineFinder(importlib.abc.MetaPathFinder):
+    """Patches deepspeed.runtime.engine right after it is first imported."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _ENGINE_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+def install_deepspeed() -> None:
+    """Make ``"checkpoint_engine": "tce"`` select TCE (idempotent, harmless
+    without DeepSpeed). ``import tce`` calls it."""
+    global _finder
+    with _install_lock:
+        module = sys.modules.get(_ENGINE_MODULE)
+        if module is not None and hasattr(module, "DeepSpeedEngine"):
+            _patch_engine_module(module)
+        elif _finder is None:
+            _finder = _EngineFinder()
+            sys.meta_path.insert(0, _finder)
+
+
+def attach(engine: Any, **options: Any) -> Any:
+    """Use TCE for an engine returned by ``deepspeed.initialize`` (the explicit
+    form of the config entry). ``options`` are client settings, like the
+    ``"tce"`` block. Returns the TCE checkpoint engine."""
+    import deepspeed.runtime.engine as module
+
+    _patch_engine_module(module)
+    current = getattr(engine, "checkpoint_engine", None)
+    if _is_tce(current) and not options:
+        return current
+    merged = {**_options(getattr(engine, "_config", None)), **options}
+    new = engine_class()(getattr(engine, "_config", None), options=merged)
+    if current is not None and not _is_tce(current):
+        message = f"[TCE] replacing {type(current).__name__} with {ENGINE_NAME}"
+        log.info(message)
+        _ds_log(message)
+    engine.checkpoint_engine = new
+    return new
+
