@@ -4,6 +4,7 @@
 PYTHON      ?= python3
 PIP         := $(PYTHON) -m pip
 TORCH_PIN   := torch==2.13.0
+DEEPSPEED_PIN := deepspeed>=0.17.1,<0.20
 BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
 STAMPS      := build/.stamps
 # Debian packages: compilers/build tools, gRPC + protobuf for the server,
@@ -33,7 +34,10 @@ $(STAMPS)/python: pyproject.toml
 	@mkdir -p $(STAMPS)
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q "scikit-build-core>=0.10" "grpcio-tools>=1.60" "grpcio>=1.60" \
-		"protobuf>=5.26" numpy pymysql "pytest>=7" pytest-timeout
+		"protobuf>=5.26" numpy pymysql "pytest>=7" pytest-timeout huggingface_hub
+	@# DeepSpeed for the engine, its tests and the demo; after torch, so it
+	@# keeps that torch, and with no compiled ops (they build on first use).
+	@$(PYTHON) -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED_PIN)"
 	@touch $@
 
 # Editable install: builds tce-server (and the C++ tests) with CMake in

@@ -9,7 +9,9 @@ DeepSpeed constructs ``TorchCheckpointEngine()`` inside
 and swaps the engine afterwards. Either way the hook also wraps
 ``load_checkpoint`` (to land on the newest complete, recoverable tag) and
 ``_get_all_ckpt_names`` (DeepSpeed globs the disk for model files, which may
-exist only in the cache).
+exist only in the cache) and gives ``deepspeed.runtime.state_dict_factory``
+an ``os`` whose ``path.exists`` also sees cached files while a TCE engine
+loads (it asserts the model file exists on disk).
 
 Importing DeepSpeed takes seconds, so ``import tce`` never does: when
 DeepSpeed is not imported yet, an import hook applies the wrappers the moment
@@ -40,6 +42,7 @@ ENGINE_NAME = "TCECheckpointEngine"
 _ENGINE_MODULE = "deepspeed.runtime.engine"
 _MARK = "__tce_original__"
 _install_lock = threading.RLock()
+_loading = threading.local()  # .engine: the TCE engine inside load_checkpoint
 _finder: _EngineFinder | None = None  # noqa: F821 (defined below)
 
 
@@ -370,10 +373,16 @@ def _wrap_load_checkpoint(original):
     @functools.wraps(original)
     def load_checkpoint(self, load_dir, tag=None, *args, **kwargs):
         engine = getattr(self, "checkpoint_engine", None)
+        if not _is_tce(engine):
+            return original(self, load_dir, tag, *args, **kwargs)
         universal = getattr(self, "load_universal_checkpoint", lambda: False)()
-        if tag is None and _is_tce(engine) and not universal:
+        if tag is None and not universal:
             tag = engine.resolve_tag(load_dir)
-        return original(self, load_dir, tag, *args, **kwargs)
+        _loading.engine = engine
+        try:
+            return original(self, load_dir, tag, *args, **kwargs)
+        finally:
+            _loading.engine = None
 
     setattr(load_checkpoint, _MARK, original)
     return load_checkpoint
@@ -392,6 +401,38 @@ def _wrap_ckpt_names(original):
 
     setattr(_get_all_ckpt_names, _MARK, original)
     return _get_all_ckpt_names
+
+
+class _CacheAwarePath:
+    """os.path for DeepSpeed's state_dict_factory: exists() also sees files
+    that are only in the cache, while a TCE engine loads."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os.path, name)
+
+    @staticmethod
+    def exists(path: Any) -> bool:
+        if os.path.exists(path):
+            return True
+        engine = getattr(_loading, "engine", None)
+        return engine is not None and _api.cached(path, job=engine.job)
+
+
+class _CacheAwareOs:
+    path = _CacheAwarePath()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+
+def _patch_state_dict_factory() -> None:
+    try:
+        import deepspeed.runtime.state_dict_factory as factory
+    except ImportError:
+        return
+    if isinstance(getattr(factory, "os", None), _CacheAwareOs) or getattr(factory, "os", None) is not os:
+        return
+    factory.os = _CacheAwareOs()
 
 
 def _wrapped(fn: Any) -> bool:
@@ -413,6 +454,7 @@ def _patch_engine_module(module: Any) -> None:
             fn = cls.__dict__.get(name)
             if fn is not None and not _wrapped(fn):
                 setattr(cls, name, wrap(fn))
+        _patch_state_dict_factory()
         log.debug("TCE hooked into %s", module.__name__)
 
 

@@ -54,8 +54,9 @@ class Run:
     def logs(self) -> str:
         return "\n".join(Path(f"{self.out}-{r}.log").read_text()[-4000:] for r in range(self.world))
 
-    def wait(self, timeout: float = 240) -> list[dict]:
-        """Until every rank exited 0 (or, with ready, is ready and SIGKILLed)."""
+    def wait(self, timeout: float = 240, fails: bool = False) -> list[dict]:
+        """Until every rank exited 0 (or, with ready, is ready and SIGKILLed;
+        with fails, exited non-zero: then returns nothing)."""
         deadline = time.monotonic() + timeout
         if self.ready:
             while not all(os.path.exists(f"{self.ready}-{r}") for r in range(self.world)):
@@ -71,8 +72,11 @@ class Run:
                 for q in self.procs:
                     q.kill()
                 raise AssertionError(f"training timed out\n{self.logs()}")
-        expected = -signal.SIGKILL if self.ready else 0
         codes = [p.returncode for p in self.procs]
+        if fails:
+            assert all(c not in (0, None) for c in codes), f"exit codes {codes}\n{self.logs()}"
+            return []
+        expected = -signal.SIGKILL if self.ready else 0
         assert codes == [expected] * self.world, f"exit codes {codes}\n{self.logs()}"
         return [torch.load(f"{self.out}-{r}.pt", weights_only=False) for r in range(self.world)]
 
@@ -91,6 +95,15 @@ def _same_state(a: dict, b: dict, what: str) -> None:
     _same(a["params"], b["params"], f"{what} param ")
     _same(a["optim"], b["optim"], f"{what} optimizer state ")
     assert torch.equal(a["seen"], b["seen"]) and a["global_steps"] == b["global_steps"], what
+
+
+def _server(tmp_path, persist: bool = True) -> LocalServer:
+    storage = tmp_path / "storage"
+    storage.mkdir(exist_ok=True)
+    s = LocalServer(memory_budget="1GiB", storage_roots=[str(storage)] if persist else [],
+                    state_dir=str(tmp_path / "state"))
+    s.storage = storage
+    return s
 
 
 @pytest.fixture
@@ -128,8 +141,9 @@ def test_sigkill_and_resume_from_cache_is_bitwise(ds_server, tmp_path, stage, wo
     assert len(model_files) == (world if stage == 3 else 1), garbled
     if stage:
         assert sum("optim_states" in f.name for f in garbled) == world
-    resumed = Run(world, [*common, "--load"], socket_path=ds_server.socket,
-                  out=tmp_path / "resumed").wait()
+    run = Run(world, [*common, "--load"], socket_path=ds_server.socket, out=tmp_path / "resumed")
+    resumed = run.wait()
+    assert "[TCE] checkpoint engine active: TCECheckpointEngine" in run.logs()  # said clearly
     for rank in range(world):
         a, b = first[rank], resumed[rank]
         _same_state(b["at_load"], a["saved"][3], f"rank {rank} after load:")
@@ -137,3 +151,195 @@ def test_sigkill_and_resume_from_cache_is_bitwise(ds_server, tmp_path, stage, wo
         _same_state(b["final"], a["final"], f"rank {rank} at the end:")
         # every read came from the cache, the model file's second read included
         assert b["loads"]["storage"] == 0 and b["loads"]["cache"] >= 2, b["loads"]
+
+
+def test_resume_from_memory_only_cache(tmp_path):
+    """No storage at all: the model files exist only in the cache, where
+    DeepSpeed's glob for them cannot look; the engine finds them."""
+    server = _server(tmp_path, persist=False).start()
+    try:
+        ckpt = tmp_path / "ckpt"
+        common = ["--stage", "2", "--ckpt", str(ckpt), "--steps", "4"]
+        first = Run(2, [*common, "--save-at", "2"], socket_path=server.socket,
+                    out=tmp_path / "first", ready=True).wait()
+        assert sorted(p.name for p in (ckpt / "global_step2").iterdir()) == []  # nothing on disk
+        resumed = Run(2, [*common, "--load"], socket_path=server.socket,
+                      out=tmp_path / "resumed").wait()
+        for rank in range(2):
+            _same_state(resumed[rank]["at_load"], first[rank]["saved"][2], f"rank {rank}:")
+            _same_state(resumed[rank]["final"], first[rank]["final"], f"rank {rank} at the end:")
+    finally:
+        assert server.stop() == 0, server.log()
+        server.cleanup()
+
+
+def test_latest_naming_a_lost_tag_falls_back_to_the_newest_recoverable(tmp_path):
+    """Every node restarted before global_step4 was persisted: 'latest' names
+    it, but its files are gone. load_checkpoint warns and loads global_step2;
+    with global_step2 gone too, it raises and names what it found."""
+    ckpt = tmp_path / "storage" / "ckpt"
+    common = ["--stage", "1", "--ckpt", str(ckpt)]
+    server = _server(tmp_path).start()  # persists global_step2
+    first = Run(1, [*common, "--save-at", "2", "--steps", "2", "--wait-persisted"],
+                socket_path=server.socket, out=tmp_path / "first").wait()
+    assert server.stop() == 0
+    server = _server(tmp_path, persist=False).start()  # same metadata; global_step4 stays in memory
+    try:
+        Run(1, [*common, "--load", "--save-at", "4", "--steps", "4"], socket_path=server.socket,
+            out=tmp_path / "second").wait()
+        _wait_metadata_written(server)
+        server.kill()  # the node restarts: global_step4 dies with the memory
+        server.start()
+        assert (ckpt / "latest").read_text() == "global_step4"
+        assert not (ckpt / "global_step4" / "mp_rank_00_model_states.pt").exists()
+        third = Run(1, [*common, "--load", "--steps", "2"], socket_path=server.socket,
+                    out=tmp_path / "third")
+        resumed = third.wait()[0]
+        assert resumed["loaded_path"].endswith("global_step2/mp_rank_00_model_states.pt")
+        _same_state(resumed["at_load"], first[0]["saved"][2], "after the fallback:")
+        log = third.logs()
+        assert "'latest' in" in log and "names 'global_step4', whose files are lost" in log, log
+        assert "loading 'global_step2', the newest recoverable tag" in log, log
+
+        for f in (ckpt / "global_step2").glob("*.pt"):
+            f.unlink()  # storage lost global_step2 as well
+        fourth = Run(1, [*common, "--load", "--steps", "2"], socket_path=server.socket,
+                     out=tmp_path / "fourth")
+        fourth.wait(fails=True)
+        log = fourth.logs()
+        assert f"no recoverable checkpoint in {ckpt}: 'latest' names 'global_step4', complete " \
+               "tag(s) ['global_step2', 'global_step4'] have files that are neither cached nor on " \
+               "storage" in log, log
+    finally:
+        server.stop()
+        server.cleanup()
+
+
+def _wait_metadata_written(server: LocalServer, timeout: float = 30) -> None:
+    from tce import _api, _knobs
+
+    with _knobs.override(socket=server.socket):
+        deadline = time.monotonic() + timeout
+        while int(_api.status()["metadata_queue"]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _api.close()
+
+
+def test_zero_to_fp32_reads_a_tce_checkpoint_like_a_default_one(ds_server, tmp_path):
+    """DeepSpeed's own zero_to_fp32.py, in a process that never imports TCE,
+    gives the same fp32 weights from a persisted TCE checkpoint as from one
+    written by DeepSpeed's default engine on the same run."""
+    outs = {}
+    for engine in ("attach", "torch"):
+        ckpt = ds_server.storage / f"ckpt-{engine}"
+        args = ["--engine", engine, "--stage", "2", "--ckpt", str(ckpt), "--steps", "3",
+                "--save-at", "3"]
+        if engine == "attach":  # tce.attach(engine) after deepspeed.initialize
+            args.append("--wait-persisted")
+        Run(2, args, socket_path=ds_server.socket, out=tmp_path / engine).wait()
+        out_dir = tmp_path / f"fp32-{engine}"
+        code = ("import runpy, sys\n"
+                f"sys.argv = ['zero_to_fp32.py', {str(ckpt)!r}, {str(out_dir)!r}]\n"
+                f"runpy.run_path({str(ckpt / 'zero_to_fp32.py')!r}, run_name='__main__')\n"
+                "assert 'tce' not in sys.modules, 'TCE was imported'\n")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("TCE_")})
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        (weights,) = list(out_dir.iterdir())
+        outs[engine] = torch.load(weights, weights_only=True)
+    a, b = outs["attach"], outs["torch"]
+    assert a.keys() == b.keys() and len(a) >= 6
+    for k in a:
+        assert a[k].dtype == torch.float32 and torch.equal(a[k], b[k]), k
+
+
+# ---- the hook and the engine contract, in fresh interpreters ----
+
+def _python(code: str, env: dict | None = None) -> str:
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                       env=dict(os.environ, **(env or {})))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout
+
+
+def test_hook_is_idempotent_and_works_in_either_import_order():
+    out = _python(
+        "import sys\n"
+        "import deepspeed.runtime.engine as e\n"       # DeepSpeed first ...
+        "before = e.create_checkpoint_engine\n"
+        "import tce\n"                                   # ... then tce: applied at once
+        "wrapped = e.create_checkpoint_engine\n"
+        "assert wrapped is not before and wrapped.__tce_original__ is before\n"
+        "tce.install_deepspeed(); tce.install_deepspeed()\n"
+        "assert e.create_checkpoint_engine is wrapped  # never wrapped twice\n"
+        "assert e.DeepSpeedEngine.load_checkpoint.__tce_original__ is not None\n"
+        "import deepspeed.runtime.checkpoint_engine as ce\n"
+        "assert ce.create_checkpoint_engine is before  # only the name engine.py looks up\n"
+        "print('ok')\n")
+    assert out.strip().endswith("ok")
+    out = _python(
+        "import tce, sys\n"                              # tce first: DeepSpeed not imported yet
+        "assert 'deepspeed' not in sys.modules\n"
+        "import deepspeed.runtime.engine as e\n"
+        "assert e.create_checkpoint_engine.__tce_original__ is not None\n"
+        "print('ok')\n")
+    assert out.strip().endswith("ok")
+
+
+def test_hook_is_harmless_without_deepspeed():
+    out = _python(
+        "import sys\n"
+        "sys.modules['deepspeed'] = None  # as if DeepSpeed were not installed\n"
+        "import tce, torch\n"
+        "tce.install_deepspeed()\n"
+        "try:\n"
+        "    import deepspeed\n"
+        "except ImportError:\n"
+        "    print('no deepspeed')\n"
+        "try:\n"
+        "    tce.TCECheckpointEngine\n"
+        "except ImportError:\n"
+        "    print('engine needs deepspeed')\n")
+    assert out.split() == ["no", "deepspeed", "engine", "needs", "deepspeed"]
+
+
+def test_engine_contract_with_string_tags_and_config(ds_server, tmp_path):
+    """The whole CheckpointEngine contract, called the way older DeepSpeed
+    calls it (string tags), plus the config selection and a bad "tce" block."""
+    ckpt = ds_server.storage / "c"
+    out = _python(
+        "import argparse, os, torch, tce\n"
+        "import deepspeed.runtime.engine as e\n"
+        "from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine\n"
+        "from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine\n"
+        "make = e.create_checkpoint_engine\n"
+        "kw = dict(groups=None, zero_stage=0, has_moe_layers=False, optimize_dp_state=False)\n"
+        "class Cfg:\n"
+        "    def __init__(self, d): self._param_dict = d\n"
+        "assert type(make(config_params=None, **kw)) is TorchCheckpointEngine\n"
+        "eng = make(config_params=Cfg({'checkpoint_engine': 'tce', 'tce': {'job': 'contract'}}), **kw)\n"
+        "assert isinstance(eng, CheckpointEngine) and eng.name == 'TCECheckpointEngine'\n"
+        "try:\n"
+        "    make(config_params=Cfg({'checkpoint_engine': 'tce', 'tce': {'jobb': 'x'}}), **kw)\n"
+        "except TypeError as err:\n"
+        "    print('refused:', err)\n"
+        f"d = {str(ckpt)!r}\n"
+        "eng.makedirs(os.path.join(d, 'step1'), exist_ok=True)\n"
+        "eng.create('step1')  # the older API: a string, not CheckpointCommitInfo\n"
+        "sd = {'w': torch.arange(6.0), 'ns': argparse.Namespace(lr=0.1)}\n"
+        "eng.save(state_dict=sd, path=os.path.join(d, 'step1', 'model.pt'))\n"
+        "assert eng.commit('step1') is True\n"
+        "for ml in (None, 'cpu', torch.device('cpu'), {'cpu': 'cpu'}, lambda s, loc: s):\n"
+        "    got = eng.load(os.path.join(d, 'step1', 'model.pt'), map_location=ml)\n"
+        "    assert torch.equal(got['w'], sd['w']) and got['ns'].lr == 0.1\n"
+        "assert eng.loads_from_cache == 5 and eng.loads_from_storage == 0\n"
+        "assert eng.is_data_parallel_writer(0) and not eng.is_data_parallel_writer(1)\n"
+        "assert not eng.is_decoupled() and eng.preserves_storage_sharing()\n"
+        "eng.cleanup(); eng.wait(timeout=60)\n"
+        "from tce import _api\n"
+        "(t,) = _api._get_client().list_tags('contract')\n"
+        "print('tag', t.tag, t.world_size, [(f.rank, os.path.basename(f.path)) for f in t.files])\n",
+        env={"TCE_SOCKET": ds_server.socket, "TCE_ON_UNAVAILABLE": "raise"})
+    assert "refused: unknown TCE setting 'jobb'" in out
+    assert "tag step1 1 [(0, 'model.pt')]" in out
+    assert torch.load(ckpt / "step1" / "model.pt", weights_only=False)["ns"].lr == 0.1  # persisted
