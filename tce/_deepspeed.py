@@ -153,7 +153,10 @@ def _engine_class():
                        f"(socket={_knobs.get('socket')}, job={self.job})")
             log.info(message)
             if rank == 0:
-                _ds_log(message)
+                # Printed whatever the log level: the failure this guards
+                # against (no hook, DeepSpeed quietly using torch.save) is
+                # silent, so the success must not be.
+                print(message, file=sys.stderr, flush=True)
 
         # -- save ----------------------------------------------------------
         def create(self, info: Any) -> None:

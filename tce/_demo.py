@@ -1,11 +1,18 @@
-"""``tce demo``: train, checkpoint through TCE, crash, resume from the cache.
+"""``tce demo``: DeepSpeed trains with ``"checkpoint_engine": "tce"``, crashes, resumes.
 
-The orchestrator starts a private tce-server, runs a training process that
-checkpoints a small GPT-like model (weights + AdamW state) every few steps and
-is killed with SIGKILL mid-run, starts a new training process that resumes
-from the newest checkpoint in the cache, and checks the resumed run ends with
-exactly the weights of an uninterrupted run. It prints save and restore times
-next to plain torch.save / torch.load of the same state.
+The orchestrator starts a private tce-server that persists to a temporary
+directory, then runs three DeepSpeed training processes (CPU, gloo, ZeRO):
+
+1. with ``"checkpoint_engine": "tce"``, a checkpoint every few steps, killed
+   with SIGKILL mid-run;
+2. a new process that calls ``engine.load_checkpoint(dir)``: the newest
+   complete checkpoint, read from the cache;
+3. the same training without a crash, checkpointing with DeepSpeed's default
+   engine (``torch.save``), and a final ``load_checkpoint`` of its own
+   checkpoint.
+
+It checks that the resumed run ends with bitwise the weights of the
+uninterrupted one and prints the save stall and restore time of both engines.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -58,167 +66,174 @@ def _digest(model: nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+def _event(args: argparse.Namespace, **fields: Any) -> None:
+    with open(args.report, "a") as f:  # appended line by line: survives the SIGKILL
+        f.write(json.dumps(fields) + "\n")
+
+
 def train(args: argparse.Namespace) -> int:
-    """One training process (the orchestrator runs this as a child)."""
-    import tce
+    """One DeepSpeed training process (the orchestrator runs this as a child)."""
+    if args.engine == "tce":
+        import tce  # noqa: F401  makes "checkpoint_engine": "tce" work
+    import deepspeed
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
-    cfg = dict(vocab=args.vocab, dim=args.dim, layers=args.layers, heads=4, seq=args.seq)
-    model = TinyGPT(**cfg)
+    model = TinyGPT(vocab=args.vocab, dim=args.dim, layers=args.layers, heads=4, seq=args.seq)
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "zero_optimization": {"stage": args.zero_stage},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**6,
+    }
+    if args.engine == "tce":
+        config["checkpoint_engine"] = "tce"
+        config["tce"] = {"job": "tce-demo"}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
     start = 0
-    report: dict[str, Any] = {"saves": []}
-    latest = os.path.join(args.dir, "latest")
-    if args.resume and os.path.exists(latest):
-        with open(latest) as f:
-            tag = f.read().strip()
-        path = os.path.join(args.dir, tag, "state.pt")
-        cmp_path = os.path.join(args.dir, "torch_compare.pt")
-        if args.compare and os.path.exists(cmp_path):  # the same state via plain torch.load
-            t0 = time.perf_counter()
-            ckpt = torch.load(cmp_path, weights_only=True)
-            model.load_state_dict(ckpt["model"])
-            opt.load_state_dict(ckpt["optimizer"])
-            report["torch_restore_s"] = time.perf_counter() - t0
-            del ckpt
+    if args.resume:
         t0 = time.perf_counter()
-        ckpt = tce.load(path, weights_only=True) if args.engine == "tce" else torch.load(path)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        report["restore_s"] = time.perf_counter() - t0
-        report["resumed_from"] = tag
-        report["restore_from_cache"] = args.engine == "tce" and tce.cached(path)
-        start = ckpt["step"]
-        del ckpt
+        path, _ = engine.load_checkpoint(args.dir)
+        seconds = time.perf_counter() - t0
+        ce = engine.checkpoint_engine
+        _event(args, kind="restore", engine=args.engine, seconds=seconds, path=path,
+               from_cache=getattr(ce, "loads_from_cache", 0),
+               from_storage=getattr(ce, "loads_from_storage", 0))
+        start = engine.global_steps
+        print(f"  resumed at step {start} from {path} in {seconds * 1e3:.0f} ms", flush=True)
+    loss = torch.zeros(())
     for step in range(start, args.steps):
         data = _batch(step, args.vocab, args.batch, args.seq)
-        logits = model(data[:, :-1])
+        logits = engine(data[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, args.vocab), data[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        engine.backward(loss)
+        engine.step()
         done = step + 1
         if args.every and done % args.every == 0 and done < args.steps:
-            tag = f"step{done}"
-            state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done}
-            path = os.path.join(args.dir, tag, "state.pt")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            created = tce.status()["buffers_created"] if args.engine == "tce" else 0
+            created = _buffers_created() if args.engine == "tce" else 0
             t0 = time.perf_counter()
-            if args.engine == "tce":
-                tce.save(state, path, tag=tag)
-            else:
-                torch.save(state, path)
-            event = {"step": done, "save_s": time.perf_counter() - t0}
-            if args.engine == "tce":  # did this save need a new buffer (first touch)?
-                event["new_buffer"] = tce.status()["buffers_created"] != created
-            if args.compare:  # the same state through plain torch.save, for the table
-                cmp_path = os.path.join(args.dir, "torch_compare.pt")
-                t0 = time.perf_counter()
-                torch.save(state, cmp_path)
-                event["torch_save_s"] = time.perf_counter() - t0
-            report["saves"].append(event["save_s"])
-            with open(args.dir + ".saves.jsonl", "a") as f:  # survives the SIGKILL
-                f.write(json.dumps(event) + "\n")
-            with open(latest + ".tmp", "w") as f:
-                f.write(tag)
-            os.replace(latest + ".tmp", latest)
-            if args.engine == "tce" and args.keep:  # keep the newest checkpoints only
-                old = done - args.keep * args.every
-                if old > 0:
-                    tce.remove(os.path.join(args.dir, f"step{old}", "state.pt"))
-            print(f"  step {done:3d}  loss {loss.item():.4f}  checkpoint {tag} "
-                  f"saved in {report['saves'][-1] * 1000:.1f} ms", flush=True)
+            engine.save_checkpoint(args.dir)
+            seconds = time.perf_counter() - t0
+            new_buffer = args.engine == "tce" and _buffers_created() != created
+            _event(args, kind="save", engine=args.engine, step=done, seconds=seconds,
+                   new_buffer=new_buffer)
+            print(f"  step {done:3d}  loss {loss.item():.4f}  save_checkpoint "
+                  f"({args.engine}) {seconds * 1e3:6.1f} ms", flush=True)
         if args.crash_at and done == args.crash_at:
             print(f"  step {done:3d}  simulated crash: SIGKILL", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-    report["digest"] = _digest(model)
-    report["final_loss"] = loss.item()
-    report["state_bytes"] = sum(
-        t.untyped_storage().nbytes() for t in model.state_dict().values()
-    ) * 3  # weights + two AdamW moments
-    with open(args.report, "w") as f:
-        json.dump(report, f)
+    state_bytes = sum(p.numel() * p.element_size() for p in engine.module.parameters()) * 3
+    _event(args, kind="end", engine=args.engine, digest=_digest(engine.module),
+           loss=loss.item(), state_bytes=state_bytes)
+    if args.restore_own:  # time DeepSpeed's own restore of the checkpoint it just wrote
+        t0 = time.perf_counter()
+        engine.load_checkpoint(args.dir)
+        _event(args, kind="restore", engine=args.engine, seconds=time.perf_counter() - t0)
     return 0
 
 
+def _buffers_created() -> int:
+    import tce
+
+    return int(tce.status()["buffers_created"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _child(args: argparse.Namespace, socket_path: str, ckpt_dir: str, report: str,
-           *extra: str) -> subprocess.CompletedProcess:
+           *extra: str) -> int:
     cmd = [
-        sys.executable, "-m", "tce._demo", "--socket", socket_path, "--dir", ckpt_dir,
-        "--report", report, "--steps", str(args.steps), "--every", str(args.every),
-        "--dim", str(args.dim), "--layers", str(args.layers), "--vocab", str(args.vocab),
-        "--seq", str(args.seq), "--batch", str(args.batch), "--keep", str(args.keep),
-        "--crash-at", "0", *extra,
+        sys.executable, "-m", "tce._demo", "--dir", ckpt_dir, "--report", report,
+        "--steps", str(args.steps), "--every", str(args.every), "--dim", str(args.dim),
+        "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq", str(args.seq),
+        "--batch", str(args.batch), "--zero-stage", str(args.zero_stage), "--crash-at", "0",
+        *extra,
     ]
-    return subprocess.run(cmd, env=dict(os.environ, TCE_SOCKET=socket_path))
+    env = dict(os.environ, TCE_SOCKET=socket_path, TCE_ON_UNAVAILABLE="raise", RANK="0",
+               WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()))
+    p = subprocess.run(cmd, env=env, stdout=None if args.verbose else subprocess.PIPE,
+                       stderr=None if args.verbose else subprocess.STDOUT, text=True)
+    if not args.verbose:  # DeepSpeed is chatty: show only the demo's own lines
+        for line in (p.stdout or "").splitlines():
+            if line.startswith("  ") or "[TCE]" in line or "Error" in line or "error" in line:
+                print(line)
+    return p.returncode
 
 
 def main(args: argparse.Namespace) -> int:
     from tce._server import LocalServer
 
-    print("TCE demo: a small GPT trained on CPU, checkpointed through the TCE cache.\n")
-    with tempfile.TemporaryDirectory(prefix="tce-demo-") as work, \
-            LocalServer(memory_budget=args.memory_budget) as server:
-        print(f"started tce-server on {server.socket}")
-        ckpt = os.path.join(work, "ckpt")
-        ref = os.path.join(work, "reference")
-        os.makedirs(ckpt)
-        os.makedirs(ref)
-        r_first, r_resume, r_ref = (os.path.join(work, n) for n in ("a.json", "b.json", "c.json"))
-        # the checkpoint dir's sibling "<ckpt>.saves.jsonl" collects save timings
+    print("TCE demo: DeepSpeed trains a small GPT on CPU with \"checkpoint_engine\": \"tce\".\n")
+    with tempfile.TemporaryDirectory(prefix="tce-demo-") as work:
+        storage = os.path.join(work, "storage")
+        os.makedirs(storage)
+        with LocalServer(memory_budget=args.memory_budget, storage_roots=[storage],
+                         state_dir=os.path.join(work, "state"),
+                         extra_args=["--keep-last", str(args.keep)]) as server:
+            print(f"started tce-server on {server.socket}, persisting to {storage}")
+            ckpt, ref = os.path.join(storage, "ckpt"), os.path.join(storage, "reference")
+            report = os.path.join(work, "report.jsonl")
 
-        print(f"\n[1] training, checkpoint every {args.every} steps, crash at step {args.crash_at}")
-        p = _child(args, server.socket, ckpt, r_first, "--crash-at", str(args.crash_at), "--compare")
-        if p.returncode != -signal.SIGKILL:
-            print(f"expected the training process to die by SIGKILL, got {p.returncode}")
-            return 1
-        print("    training process killed; its checkpoints live only in the cache server:")
-        on_disk = [f for _, _, fs in os.walk(ckpt) for f in fs if f.endswith(".pt") and
-                   not f.startswith("torch_compare")]
-        print(f"    {len(on_disk)} checkpoint file(s) on disk (the cache persists them in a later release)")
+            print(f"\n[1] DeepSpeed + TCE, checkpoint every {args.every} steps, crash at step "
+                  f"{args.crash_at} (the first run compiles a DeepSpeed extension once, ~45 s)")
+            code = _child(args, server.socket, ckpt, report, "--crash-at", str(args.crash_at))
+            if code != -signal.SIGKILL:
+                print(f"expected the training process to die by SIGKILL, got {code}")
+                return 1
+            print("    training process killed")
 
-        print("\n[2] a new training process resumes from the newest checkpoint in the cache")
-        p = _child(args, server.socket, ckpt, r_resume, "--resume", "--compare")
-        if p.returncode != 0:
-            return 1
+            print("\n[2] a new process: engine.load_checkpoint(dir) reads the newest complete "
+                  "checkpoint from the cache")
+            if _child(args, server.socket, ckpt, report, "--resume") != 0:
+                return 1
 
-        print("\n[3] reference: the same training without a crash")
-        p = _child(args, server.socket, ref, r_ref, "--engine", "torch", "--every", "0")
-        if p.returncode != 0:
-            return 1
-
-        with open(ckpt + ".saves.jsonl") as f:
-            events = [json.loads(line) for line in f]
-        resumed, reference = (json.load(open(r)) for r in (r_resume, r_ref))
-    return _print_table(resumed, reference, events)
+            print("\n[3] reference: the same run without a crash, DeepSpeed's default engine")
+            if _child(args, server.socket, ref, report, "--engine", "torch",
+                      "--restore-own") != 0:
+                return 1
+            with open(report) as f:
+                events = [json.loads(line) for line in f]
+    return _print_table(events)
 
 
-def _print_table(resumed, reference, events) -> int:
+def _print_table(events: list[dict]) -> int:
+    ends = [e for e in events if e["kind"] == "end"]
+    resumed = next(e for e in ends if e["engine"] == "tce")
+    reference = next(e for e in ends if e["engine"] == "torch")
+    restore = {e["engine"]: e for e in events if e["kind"] == "restore"}
     ok = resumed["digest"] == reference["digest"]
-    print(f"\nresumed from {resumed['resumed_from']} "
-          f"(read from the cache: {resumed.get('restore_from_cache')})")
+    tce_restore = restore["tce"]
+    print(f"\nresumed from {tce_restore['path']}: {tce_restore['from_cache']} file read(s) from "
+          f"the cache, {tce_restore['from_storage']} from storage")
     print(f"final weights, resumed run:       {resumed['digest']}")
     print(f"final weights, uninterrupted run: {reference['digest']}  "
           f"{'(identical)' if ok else '(DIFFERENT)'}")
-    mb = resumed["state_bytes"] / 2**20
-    torch_save = statistics.median(e["torch_save_s"] for e in events)
+    saves = [e for e in events if e["kind"] == "save"]
+    torch_save = statistics.median(e["seconds"] for e in saves if e["engine"] == "torch")
     rows = [
-        ("save stall, new buffer", [e["save_s"] for e in events if e.get("new_buffer")]),
-        ("save stall, recycled buffer", [e["save_s"] for e in events if not e.get("new_buffer")]),
+        ("save_checkpoint, new buffer",
+         [e["seconds"] for e in saves if e["engine"] == "tce" and e["new_buffer"]]),
+        ("save_checkpoint, recycled buffer",
+         [e["seconds"] for e in saves if e["engine"] == "tce" and not e["new_buffer"]]),
     ]
-    print(f"\ncheckpoint: model + AdamW state, {mb:.0f} MiB; times in ms "
-          f"(torch: torch.save/torch.load of the same state, local disk, page cache)")
-    print(f"{'':36s} {'TCE':>8s} {'torch':>8s} {'speed-up':>9s}")
+    mb = resumed["state_bytes"] / 2**20
+    print(f"\ncheckpoint: model + AdamW state, {mb:.0f} MiB; median times in ms "
+          f"(DeepSpeed default: torch.save/torch.load on local disk, page cache)")
+    print(f"{'':38s} {'TCE':>8s} {'default':>8s} {'speed-up':>9s}")
     for name, xs in rows:
         if xs:
             s = statistics.median(xs)
-            print(f"{name + f' ({len(xs)}x)':36s} {s * 1e3:8.1f} {torch_save * 1e3:8.1f} "
+            print(f"{name + f' ({len(xs)}x)':38s} {s * 1e3:8.1f} {torch_save * 1e3:8.1f} "
                   f"{torch_save / s:8.1f}x")
-    r, t = resumed["restore_s"], resumed["torch_restore_s"]
-    print(f"{'restore: load + load_state_dict':36s} {r * 1e3:8.1f} {t * 1e3:8.1f} {t / r:8.1f}x")
-    return 0 if ok else 1
+    r, t = tce_restore["seconds"], restore["torch"]["seconds"]
+    print(f"{'load_checkpoint':38s} {r * 1e3:8.1f} {t * 1e3:8.1f} {t / r:8.1f}x")
+    return 0 if ok and tce_restore["from_storage"] == 0 else 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -230,20 +245,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--zero-stage", type=int, default=2, choices=(0, 1, 2, 3))
     p.add_argument("--keep", type=int, default=2,
-                   help="checkpoints kept in the cache (older ones are removed, so their "
-                        "buffers are recycled)")
+                   help="the server's keep_last: older checkpoints leave the cache once "
+                        "persisted, so their buffers are recycled")
     p.add_argument("--memory-budget", default="4GiB")
+    p.add_argument("--verbose", action="store_true", help="show DeepSpeed's own output")
 
 
 def _train_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m tce._demo")
     add_arguments(p)
-    p.add_argument("--socket", required=True)
     p.add_argument("--dir", required=True)
     p.add_argument("--report", required=True)
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--compare", action="store_true")
+    p.add_argument("--restore-own", action="store_true")
     p.add_argument("--engine", choices=("tce", "torch"), default="tce")
     args = p.parse_args(argv)
     return train(args)
