@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import torch
 
 import tce
@@ -69,10 +71,15 @@ def test_bench_json(tmp_path):
     assert os.listdir(tmp_path) == []  # the bench cleans up after itself
 
 
+@pytest.mark.deepspeed
 def test_demo_resumes_bitwise(tmp_path):
-    p = _tce("demo", "--steps", "12", "--every", "4", "--crash-at", "10", "--dim", "64",
+    p = _tce("demo", "--steps", "16", "--every", "2", "--crash-at", "9", "--dim", "64",
              "--layers", "2", "--vocab", "256", "--memory-budget", "256MiB", timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "simulated crash" in p.stdout
     assert "(identical)" in p.stdout
-    assert "from the cache: True" in p.stdout
+    assert "[TCE] checkpoint engine active: TCECheckpointEngine" in p.stdout
+    assert "resumed at step 8 from" in p.stdout
+    assert "file(s) read from the cache, 0 from storage" in p.stdout
+    for row in ("save_checkpoint, steady state", "load_checkpoint"):
+        assert row in p.stdout

@@ -117,7 +117,68 @@ def test_a_newer_schema_is_refused(tmp_path, mariadb):
                 f"GRANT ALL ON future.* TO '{mariadb.user}'@'127.0.0.1';")
     url = mariadb.url.rsplit("/", 1)[0] + "/future"
     s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url])
-    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 1"):
+    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 2"):
         s.start()
     assert s.proc.returncode == 2
     s.cleanup()
+
+
+def _tag(job, tag, files):
+    return pb.TagInfo(job=job, tag=tag, world_size=2,
+                      files=[pb.TagFile(rank=r, path=p, size=n) for r, p, n in files])
+
+
+def test_complete_tags_survive_a_restart(tmp_path, mariadb):
+    storage = tmp_path / "s"
+    storage.mkdir()
+    s = _server(storage, mariadb)
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="tag-job"):
+            c = _api._get_client()
+            odd = str(storage / "we ird\nname 3:x.pt")
+            c.commit_tag(_tag("tag-job", "global_step2", [(1, odd, 7), (0, str(storage / "a.pt"), 5)]))
+            c.commit_tag(_tag("tag-job", "global_step4", [(0, str(storage / "b.pt"), 9)]))
+            deadline = time.monotonic() + 20
+            while int(tce.status()["metadata_queue"]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert mariadb.sql("SELECT tag, world_size FROM tce.tags WHERE job='tag-job' "
+                               "ORDER BY complete_ns").split() == ["global_step2", "2", "global_step4", "2"]
+            _api.close()
+            s.kill()
+            s.start()
+            tags = _api._get_client().list_tags("tag-job")
+            assert [t.tag for t in tags] == ["global_step2", "global_step4"]
+            assert [(f.rank, f.path, f.size) for f in tags[0].files] == [
+                (0, str(storage / "a.pt"), 5), (1, odd, 7)]
+            _api.close()
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
+    mariadb.sql(
+        "CREATE DATABASE v1db; USE v1db; "
+        "CREATE TABLE schema_version (version INT NOT NULL); INSERT INTO schema_version VALUES (1); "
+        "CREATE TABLE jobs (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PRIMARY KEY, "
+        "first_seen_ns BIGINT NOT NULL); "
+        "CREATE TABLE tags (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
+        "tag VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, first_commit_ns BIGINT NOT NULL, "
+        "PRIMARY KEY (job, tag)); INSERT INTO tags VALUES ('old-job', 'step1', 5); "
+        f"GRANT ALL ON v1db.* TO '{mariadb.user}'@'127.0.0.1';")
+    url = mariadb.url.rsplit("/", 1)[0] + "/v1db"
+    for _ in range(2):  # migrating, then starting again on the migrated database
+        s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url]).start()
+        try:
+            with _knobs.override(socket=s.socket, on_unavailable="raise"):
+                c = _api._get_client()
+                c.commit_tag(_tag("old-job", "step1", [(0, "/x/a.pt", 1)]))
+                deadline = time.monotonic() + 20
+                while int(tce.status()["metadata_queue"]) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                _api.close()
+        finally:
+            s.stop()
+            s.cleanup()
+        assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["2"]
+        assert mariadb.sql("SELECT first_commit_ns, world_size FROM v1db.tags").split() == ["5", "2"]
