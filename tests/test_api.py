@@ -256,6 +256,18 @@ def test_tensor_over_4gib_uses_zip64(make_server, tmp_path):
         assert [r.name.split("/", 1)[1] for r in info.records][4:6] == ["data/0", "data/1"]
         assert info.records[5].header_offset > 1 << 32
         del out
+        # the same through the patched torch.save / torch.load
+        patched = tmp_path / "patched" / "big.pt"
+        tce.patch_torch([patched.parent])
+        try:
+            torch.save(obj, patched)
+            assert tce.cached(patched) and not patched.exists()
+            out = torch.load(patched, weights_only=True)
+            assert torch.equal(out["big"][:: 1 << 20], big[:: 1 << 20])
+            assert torch.equal(out["big"][-100:], big[-100:])
+            del out
+        finally:
+            tce.unpatch_torch()
 
 
 def test_live_loads_do_not_pin_the_cache(make_server, tmp_path):

@@ -32,27 +32,34 @@ def _free_port() -> int:
 
 
 class Run:
-    """One multi-process DeepSpeed run of tests/ds_train.py."""
+    """One multi-process DeepSpeed run of tests/ds_train.py: one process per
+    rank with the variables torchrun sets, or torchrun itself."""
 
     def __init__(self, world: int, args: list[str], *, socket_path: str, out: Path,
-                 job: str = "ds-test", ready: bool = False) -> None:
+                 job: str = "ds-test", ready: bool = False, torchrun: bool = False) -> None:
         port = _free_port()
         self.world, self.out = world, out
         self.ready = str(out) + ".ready" if ready else ""
-        self.procs = []
-        for rank in range(world):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       TCE_SOCKET=socket_path, TCE_JOB=job, TCE_ON_UNAVAILABLE="raise",
-                       OMP_NUM_THREADS="1")
-            cmd = [sys.executable, str(SCRIPT), *args, "--out", str(out)]
-            if self.ready:
-                cmd += ["--ready", self.ready]
-            log = open(f"{out}-{rank}.log", "w")
+        self.procs, self.log_paths = [], []
+        base = dict(os.environ, TCE_SOCKET=socket_path, TCE_JOB=job, TCE_ON_UNAVAILABLE="raise",
+                    OMP_NUM_THREADS="1")
+        script = [str(SCRIPT), *args, "--out", str(out)] + (["--ready", self.ready] if self.ready else [])
+        if torchrun:
+            launches = [([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
+                          "--master_addr", "127.0.0.1", "--master_port", str(port), *script], base)]
+        else:
+            launches = [([sys.executable, *script],
+                         dict(base, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                              LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(port)))
+                        for rank in range(world)]
+        for i, (cmd, env) in enumerate(launches):
+            self.log_paths.append(Path(f"{out}-{i}.log"))
+            log = open(self.log_paths[-1], "w")
             self.procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
 
     def logs(self) -> str:
-        return "\n".join(Path(f"{self.out}-{r}.log").read_text()[-4000:] for r in range(self.world))
+        return "\n".join(p.read_text()[-4000:] for p in self.log_paths)
 
     def wait(self, timeout: float = 240, fails: bool = False) -> list[dict]:
         """Until every rank exited 0 (or, with ready, is ready and SIGKILLed;
@@ -63,6 +70,7 @@ class Run:
                 dead = [p.returncode for p in self.procs if p.poll() is not None]
                 assert not dead and time.monotonic() < deadline, f"exit codes {dead}\n{self.logs()}"
                 time.sleep(0.1)
+            assert len(self.procs) == self.world, "SIGKILL runs start one process per rank"
             for p in self.procs:
                 p.send_signal(signal.SIGKILL)
         for p in self.procs:
@@ -77,7 +85,7 @@ class Run:
             assert all(c not in (0, None) for c in codes), f"exit codes {codes}\n{self.logs()}"
             return []
         expected = -signal.SIGKILL if self.ready else 0
-        assert codes == [expected] * self.world, f"exit codes {codes}\n{self.logs()}"
+        assert codes == [expected] * len(self.procs), f"exit codes {codes}\n{self.logs()}"
         return [torch.load(f"{self.out}-{r}.pt", weights_only=False) for r in range(self.world)]
 
 
@@ -236,7 +244,7 @@ def test_zero_to_fp32_reads_a_tce_checkpoint_like_a_default_one(ds_server, tmp_p
                 "--save-at", "3"]
         if engine == "attach":  # tce.attach(engine) after deepspeed.initialize
             args.append("--wait-persisted")
-        Run(2, args, socket_path=ds_server.socket, out=tmp_path / engine).wait()
+        Run(2, args, socket_path=ds_server.socket, out=tmp_path / engine, torchrun=True).wait()
         out_dir = tmp_path / f"fp32-{engine}"
         code = ("import runpy, sys\n"
                 f"sys.argv = ['zero_to_fp32.py', {str(ckpt)!r}, {str(out_dir)!r}]\n"
