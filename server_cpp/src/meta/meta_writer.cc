@@ -29,7 +29,7 @@ void MetaWriter::Stop(std::chrono::milliseconds deadline) {
 void MetaWriter::Record(const FileInfo& file, bool removed) {
   std::lock_guard<std::mutex> l(mu_);
   queue_[{file.job, file.path}] = MetaChange{file, removed};  // newest state wins
-  status_.queued = queue_.size();
+  status_.queued = queue_.size() + in_flight_;
   cv_.notify_one();
 }
 
@@ -39,7 +39,7 @@ void MetaWriter::RecordTag(const TagInfo& tag) {
   change.is_tag = true;
   change.tag = tag;
   queue_[{tag.job, std::string("\0tag:", 5) + tag.tag}] = std::move(change);
-  status_.queued = queue_.size();
+  status_.queued = queue_.size() + in_flight_;
   cv_.notify_one();
 }
 
@@ -72,9 +72,11 @@ void MetaWriter::Loop() {
     for (auto& [key, change] : queue_) batch.push_back(change);
     std::map<std::pair<std::string, std::string>, MetaChange> taken;
     taken.swap(queue_);
+    in_flight_ = taken.size();  // still counted as queued until written
     l.unlock();
     tce::Status s = store_->Apply(batch);
     l.lock();
+    in_flight_ = 0;
     if (s.ok()) {
       if (!status_.healthy) {
         TCE_LOG(kInfo, "meta") << "metadata store healthy again";
@@ -84,6 +86,7 @@ void MetaWriter::Loop() {
       backoff = std::chrono::milliseconds(100);
     } else {
       for (auto& [key, change] : taken) queue_.emplace(key, std::move(change));  // newer wins
+      status_.queued = queue_.size();
       if (status_.healthy || status_.last_error != s.message()) {
         TCE_LOG(kError, "meta") << "metadata store unavailable, " << queue_.size()
                                 << " change(s) queued: " << s.message();
@@ -97,7 +100,7 @@ void MetaWriter::Loop() {
       cv_.wait_for(l, backoff, [this] { return stop_ && std::chrono::steady_clock::now() >= stop_by_; });
       backoff = std::min(backoff * 2, max_backoff_);
     }
-    status_.queued = queue_.size();
+    status_.queued = queue_.size() + in_flight_;
   }
 }
 

@@ -52,6 +52,7 @@ class MetaWriter final : public MetaSink {
   // (job, path) for files; (job, "\0tag:" + tag) for tags (paths are absolute).
   std::map<std::pair<std::string, std::string>, MetaChange> queue_;  // GUARDED_BY(mu_)
   MetaStatus status_;                                               // GUARDED_BY(mu_)
+  size_t in_flight_ = 0;  // GUARDED_BY(mu_): changes being written now
   bool stop_ = false;                                               // GUARDED_BY(mu_)
   std::chrono::steady_clock::time_point stop_by_;                  // GUARDED_BY(mu_)
   std::thread thread_;
