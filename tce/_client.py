@@ -306,6 +306,11 @@ class Client:
         """Record that every rank finished ``tag`` (rank 0 calls this)."""
         return self._call("CommitTag", pb.CommitTagRequest(session=self.session, tag=tag)).tag
 
+    def set_ring(self, job: str, node_rank: int, endpoints: list[str]) -> str:
+        """Tell the server the job's ring; returns its successor ("" with one node)."""
+        return self._call("SetRing", pb.SetRingRequest(
+            session=self.session, job=job, node_rank=node_rank, endpoints=endpoints)).successor
+
     def list_tags(self, job: str) -> list[pb.TagInfo]:
         """The job's complete tags, oldest first."""
         return list(self._call("ListTags", pb.ListTagsRequest(job=job)).tags)

@@ -62,14 +62,18 @@ class LocalServer:
         extra_args: Sequence[str] = (),
         log_path: str | None = None,
         env: dict[str, str] | None = None,
+        netns: str | None = None,
     ) -> None:
         self._tmpdir = None
         if socket_path is None:
             self._tmpdir = tempfile.mkdtemp(prefix="tce-")
             socket_path = os.path.join(self._tmpdir, "tce.sock")
         self.socket = socket_path
+        # In a network namespace (multi-node tests): its peer traffic uses
+        # that namespace's addresses; the Unix sockets stay reachable by path.
+        prefix = ["ip", "netns", "exec", netns] if netns else []
         self.args = [
-            server_binary(), "--socket", socket_path,
+            *prefix, server_binary(), "--socket", socket_path,
             "--memory-budget", memory_budget, *extra_args,
         ]
         if storage_roots:

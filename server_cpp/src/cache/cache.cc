@@ -43,6 +43,7 @@ const char* FileStateName(FileState s) {
   switch (s) {
     case FileState::kPending: return "PENDING";
     case FileState::kCached: return "CACHED";
+    case FileState::kBackedUp: return "BACKED_UP";
     case FileState::kPersisted: return "PERSISTED";
     case FileState::kFailed: return "FAILED";
     case FileState::kEvicted: return "EVICTED";
@@ -51,7 +52,7 @@ const char* FileStateName(FileState s) {
 }
 
 bool ParseFileState(const std::string& name, FileState* out) {
-  for (FileState s : {FileState::kPending, FileState::kCached, FileState::kPersisted,
+  for (FileState s : {FileState::kPending, FileState::kCached, FileState::kBackedUp, FileState::kPersisted,
                       FileState::kFailed, FileState::kEvicted}) {
     if (name == FileStateName(s)) {
       *out = s;
@@ -244,6 +245,14 @@ CacheStats Cache::TallyLocked() const {
   s.buffers_created = buffers_created_;
   s.buffers_reused = buffers_reused_;
   s.persist_queue = persist_queue_.size() + in_flight_.size();
+  s.backup_queue = backup_queue_.size() + backups_in_flight_;
+  for (const FileKey& key : backup_queue_) {
+    auto it = files_.find(key);
+    if (it != files_.end()) s.backup_lag_bytes += it->second.size;
+  }
+  s.backed_up_files = backed_up_files_;
+  s.backup_failures = backup_failures_;
+  s.backup_error = backup_error_;
   s.persisted_files = persisted_files_;
   s.persisted_bytes = persisted_bytes_;
   for (const auto& [key, f] : files_) s.failed_files += f.state == FileState::kFailed;
@@ -410,6 +419,7 @@ void Cache::Evict(FileInfo& f, const char* why) {
   TCE_LOG(kInfo, "cache") << "evicted job=" << f.job << " tag=" << f.tag << " path=" << f.path
                           << " size=" << f.size << " (" << why << ")";
   ReleaseBuffer(f.buffer_id);
+  QueueDrop(f);
   f.state = FileState::kEvicted;
   f.buffer_id = 0;
   f.capacity = 0;
@@ -513,6 +523,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
     persist_queue_.emplace_back(key);
     persist_cv_.notify_one();
   }
+  QueueBackup(key);
   EnforceKeepLast(key.first);
   TCE_LOG(kInfo, "cache") << "committed job=" << a.file.job << " tag=" << a.file.tag
                           << " path=" << a.file.path << " size=" << a.file.size
@@ -593,7 +604,10 @@ Status Cache::Remove(const std::string& session, const std::string& job, const s
   auto it = files_.find({job, path});
   if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
   *out = it->second;
-  if (it->second.state != FileState::kEvicted) ReleaseBuffer(it->second.buffer_id);
+  if (it->second.state != FileState::kEvicted) {
+    ReleaseBuffer(it->second.buffer_id);
+    QueueDrop(it->second);
+  }
   Note(it->second, true);
   files_.erase(it);
   TCE_LOG(kInfo, "cache") << "removed job=" << job << " path=" << path;
@@ -710,7 +724,8 @@ Status Cache::Wait(const std::string& session, const std::string& job,
     for (const std::string& path : paths) {
       auto it = files_.find({job, path});
       if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
-      if (it->second.state == FileState::kCached) unfinished.push_back(path);
+      if (it->second.state == FileState::kCached || it->second.state == FileState::kBackedUp)
+        unfinished.push_back(path);
       out->push_back(it->second);
     }
     if (unfinished.empty()) return Status::OK();
@@ -735,7 +750,9 @@ bool Cache::NextPersistJob(PersistJob* out) {
     FileKey key = persist_queue_.front();
     persist_queue_.pop_front();
     auto it = files_.find(key);
-    if (it == files_.end() || it->second.state != FileState::kCached) continue;  // gone or done
+    if (it == files_.end() || (it->second.state != FileState::kCached &&
+                               it->second.state != FileState::kBackedUp))
+      continue;  // gone or done
     auto flying = in_flight_.find(key);
     if (flying != in_flight_.end() && flying->second == it->second.version) continue;
     Buf& buf = buffers_[it->second.buffer_id];
@@ -803,6 +820,143 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
     Note(it->second, false);
   }
   done_cv_.notify_all();
+}
+
+void Cache::QueueBackup(const FileKey& key) {
+  auto ring = rings_.find(key.first);
+  if (ring == rings_.end() || ring->second.successor.empty()) return;
+  backup_queue_.push_back(key);
+  backup_cv_.notify_one();
+}
+
+void Cache::QueueDrop(const FileInfo& f) {
+  if (f.backup_holder.empty()) return;
+  BackupJob drop;
+  drop.drop = true;
+  drop.job = f.job;
+  drop.path = f.path;
+  drop.version = f.version;
+  drop.peer = f.backup_holder;
+  drop_queue_.push_back(std::move(drop));
+  backup_cv_.notify_one();
+}
+
+Status Cache::SetRing(const std::string& session, const std::string& job, int32_t node_rank,
+                      std::vector<std::string> endpoints, std::string* successor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  if (job.empty()) return Status::InvalidArgument("a ring needs a job");
+  if (endpoints.empty()) return Status::InvalidArgument("a ring needs at least one endpoint");
+  if (node_rank < 0 || static_cast<size_t>(node_rank) >= endpoints.size())
+    return Status::InvalidArgument("node_rank " + std::to_string(node_rank) + " is outside the " +
+                                   std::to_string(endpoints.size()) + "-node ring");
+  for (const std::string& e : endpoints)
+    if (e.empty() || e.find(':') == std::string::npos)
+      return Status::InvalidArgument("ring endpoint must be host:port, got '" + e + "'");
+  Ring ring;
+  ring.node_rank = node_rank;
+  ring.endpoints = std::move(endpoints);
+  if (ring.endpoints.size() > 1)
+    ring.successor = ring.endpoints[(node_rank + 1) % ring.endpoints.size()];
+  *successor = ring.successor;
+  const bool changed = rings_[job].successor != ring.successor;
+  TCE_LOG(kInfo, "ring") << "job=" << job << " node " << node_rank << " of "
+                         << ring.endpoints.size() << ", successor "
+                         << (ring.successor.empty() ? "none" : ring.successor);
+  rings_[job] = std::move(ring);
+  if (changed) {  // back up what is cached already (to the new successor)
+    for (auto& [key, f] : files_) {
+      if (key.first != job || f.buffer_id == 0 || f.state == FileState::kEvicted ||
+          f.state == FileState::kFailed)
+        continue;
+      f.backup_holder.clear();
+      QueueBackup(key);
+    }
+  }
+  return Status::OK();
+}
+
+bool Cache::NextBackupJob(BackupJob* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    if (stopping_backups_) return false;
+    if (!drop_queue_.empty()) {
+      *out = std::move(drop_queue_.front());
+      drop_queue_.pop_front();
+      return true;
+    }
+    if (backup_queue_.empty()) {
+      backup_cv_.wait(lock);
+      continue;
+    }
+    FileKey key = backup_queue_.front();
+    backup_queue_.pop_front();
+    auto it = files_.find(key);
+    auto ring = rings_.find(key.first);
+    if (it == files_.end() || ring == rings_.end() || ring->second.successor.empty()) continue;
+    FileInfo& f = it->second;
+    if (f.buffer_id == 0 || f.state == FileState::kEvicted || f.state == FileState::kFailed ||
+        f.state == FileState::kPending || f.backup_holder == ring->second.successor)
+      continue;  // gone, not in memory, or already held there
+    Buf& buf = buffers_[f.buffer_id];
+    int fd = -1;
+    if (!buf.mem->NewFd(/*writable=*/false, &fd).ok()) continue;
+    ++buf.pins;
+    ++backups_in_flight_;
+    out->drop = false;
+    out->job = f.job;
+    out->tag = f.tag;
+    out->path = f.path;
+    out->rank = f.rank;
+    out->peer = ring->second.successor;
+    out->version = f.version;
+    out->buffer_id = buf.id;
+    out->size = f.size;
+    out->records = f.records;
+    out->fd = fd;
+    return true;
+  }
+}
+
+void Cache::FinishBackup(const BackupJob& job, const Status& result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job.drop) {
+    if (!result.ok()) {
+      ++backup_failures_;
+      backup_error_ = result.ToString();
+    }
+    return;  // a drop that failed leaves a stale copy; the holder replaces it with the next version
+  }
+  --backups_in_flight_;
+  auto b = buffers_.find(job.buffer_id);
+  if (b != buffers_.end()) {
+    --b->second.pins;
+    MaybeFree(b->second);
+  }
+  auto it = files_.find({job.job, job.path});
+  const bool current = it != files_.end() && it->second.version == job.version &&
+                       it->second.buffer_id != 0;
+  if (!result.ok()) {
+    ++backup_failures_;
+    backup_error_ = job.peer + ": " + result.ToString();
+    if (current) {
+      backup_queue_.push_back({job.job, job.path});  // again, after the worker's backoff
+      backup_cv_.notify_one();
+    }
+    return;
+  }
+  ++backed_up_files_;
+  if (!current) return;  // superseded or evicted meanwhile; the next version goes too
+  it->second.backup_holder = job.peer;
+  if (it->second.state == FileState::kCached) it->second.state = FileState::kBackedUp;
+  Note(it->second, false);
+}
+
+void Cache::StopBackups() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_backups_ = true;
+  backup_cv_.notify_all();
 }
 
 void Cache::StopPersistence() {

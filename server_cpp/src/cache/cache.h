@@ -52,6 +52,8 @@ struct CacheStats {
   uint64_t buffers_created = 0, buffers_reused = 0;
   uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
   uint64_t evicted_files = 0;
+  uint64_t backup_queue = 0, backup_lag_bytes = 0, backed_up_files = 0, backup_failures = 0;
+  std::string backup_error;
 };
 
 class Cache {
@@ -135,6 +137,20 @@ class Cache {
   // Records the outcome (records carry the CRCs) and unpins the buffer.
   void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records);
   void StopPersistence();
+
+  // ---- the ring ----
+  // Sets the job's ring: this node's rank and every node's peer endpoint.
+  // Committed files of the job (and every later commit) are then backed up to
+  // the successor, node (rank + 1) mod n; with one node there is none.
+  Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
+                 std::vector<std::string> endpoints, std::string* successor);
+  // For backup workers: blocks for the next backup (or drop) to send; false
+  // once StopBackups was called. A backup pins its buffer until FinishBackup.
+  bool NextBackupJob(BackupJob* out);
+  // Records the outcome. A failed backup goes back in the queue (the worker
+  // backs off); the file itself is unaffected.
+  void FinishBackup(const BackupJob& job, const Status& result);
+  void StopBackups();
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };
@@ -222,6 +238,21 @@ class Cache {
   std::map<uint64_t, Lease> leases_;                // GUARDED_BY(mu_)
   std::map<std::string, Session> sessions_;         // GUARDED_BY(mu_)
   std::map<std::pair<std::string, std::string>, TagInfo> tags_;  // GUARDED_BY(mu_): (job, tag)
+  struct Ring {
+    int32_t node_rank = 0;
+    std::vector<std::string> endpoints;
+    std::string successor;  // empty: one node, no backups
+  };
+  std::map<std::string, Ring> rings_;                // GUARDED_BY(mu_): by job
+  std::deque<FileKey> backup_queue_;                 // GUARDED_BY(mu_)
+  std::deque<BackupJob> drop_queue_;                 // GUARDED_BY(mu_)
+  std::condition_variable backup_cv_;                // a backup or drop was queued, or stopping
+  bool stopping_backups_ = false;                    // GUARDED_BY(mu_)
+  uint64_t backed_up_files_ = 0, backup_failures_ = 0;  // GUARDED_BY(mu_)
+  uint64_t backups_in_flight_ = 0;                   // GUARDED_BY(mu_)
+  std::string backup_error_;                         // GUARDED_BY(mu_)
+  void QueueBackup(const FileKey& key);              // REQUIRES mu_
+  void QueueDrop(const FileInfo& f);                 // REQUIRES mu_
 };
 
 }  // namespace tce

@@ -9,7 +9,14 @@
 
 namespace tce {
 
-enum class FileState { kPending = 1, kCached = 2, kPersisted = 4, kFailed = 5, kEvicted = 6 };
+enum class FileState {
+  kPending = 1,
+  kCached = 2,
+  kBackedUp = 3,  // cached, and a copy is held by the next node (not yet persisted)
+  kPersisted = 4,
+  kFailed = 5,
+  kEvicted = 6,
+};
 
 struct Record {
   std::string name;
@@ -31,6 +38,7 @@ struct FileInfo {
   int64_t committed_unix_ns = 0;
   int64_t persisted_unix_ns = 0;
   std::string reason;      // why it FAILED
+  std::string backup_holder;  // the peer holding a copy of this version; empty: none
   uint64_t version = 0;    // the allocation that wrote it
   uid_t owner_uid = 0;     // the committing client's identity: files are
   gid_t owner_gid = 0;     // persisted with its permissions
@@ -61,6 +69,18 @@ struct PersistJob {
   gid_t gid = 0;
   std::vector<Record> records;
   int fd = -1;
+};
+
+// One committed file handed to a backup worker: like PersistJob, for the
+// ring successor `peer`. A drop job (drop == true) carries no buffer: it
+// tells `peer` to let go of its copy of (job, path).
+struct BackupJob {
+  std::string job, tag, path, peer;
+  int32_t rank = 0;
+  uint64_t version = 0, buffer_id = 0, size = 0;
+  std::vector<Record> records;
+  int fd = -1;
+  bool drop = false;
 };
 
 const char* FileStateName(FileState s);

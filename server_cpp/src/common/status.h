@@ -43,6 +43,9 @@ class [[nodiscard]] Status {
   static Status Aborted(std::string m) { return Status(Code::kAborted, std::move(m)); }
   static Status NotSupported(std::string m) { return Status(Code::kUnimplemented, std::move(m)); }
   static Status Internal(std::string m) { return Status(Code::kInternal, std::move(m)); }
+  static Status DataLoss(std::string m) { return Status(Code::kDataLoss, std::move(m)); }
+  // A code received from elsewhere (a peer's reply).
+  static Status FromCode(Code code, std::string m) { return Status(code, std::move(m)); }
   // An OS error: ENOMEM/ENOSPC become ResourceExhausted, others Internal.
   static Status FromErrno(int err, const std::string& context);
 

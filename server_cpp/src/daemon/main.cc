@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -19,6 +20,10 @@
 #include "common/strings.h"
 #include "daemon/options.h"
 #include "meta/meta_store.h"
+#include "ring/backup_store.h"
+#include "ring/peer_server.h"
+#include "ring/replicator.h"
+#include "ring/transport.h"
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
 #include "rpc/fd_server.h"
@@ -108,6 +113,22 @@ int Run(int argc, char** argv) {
 
   std::vector<std::string> roots;
   if (!(s = ParseRoots(opt.storage_roots, &roots)).ok()) return Fail("storage_roots: " + s.message(), 2);
+  // The ring: a share of the budget holds the predecessor's backups.
+  const bool ring = !opt.peer_listen.empty();
+  std::string token = opt.peer_token;
+  if (ring && !opt.peer_token_file.empty()) {
+    std::ifstream in(opt.peer_token_file);
+    if (!in) return Fail("peer_token_file: cannot read " + opt.peer_token_file, 2);
+    std::getline(in, token);
+  }
+  if (ring && token.empty())
+    return Fail("peer_listen needs a cluster token: set peer_token or peer_token_file", 2);
+  const uint64_t backup_budget = ring ? budget / 100 * static_cast<uint64_t>(opt.backup_share) : 0;
+  budget -= backup_budget;
+  std::unique_ptr<Transport> transport;
+  if (ring && !(s = NewTransport(opt.ring_transport, &transport)).ok())
+    return Fail("ring_transport: " + s.message(), 2);
+  BackupStore backups(backup_budget);
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
   PersistOptions popt;
@@ -129,7 +150,8 @@ int Run(int argc, char** argv) {
     if (!(s = store->LoadTags(&tags)).ok()) return Fail("metadata: " + s.ToString(), 1);
     cache.RestoreTags(std::move(tags));
     for (const FileInfo& f : recorded) {
-      if (f.state == FileState::kCached || f.state == FileState::kPending) {
+      if (f.state == FileState::kCached || f.state == FileState::kBackedUp ||
+          f.state == FileState::kPending) {
         Status ignored = Env::Default()->RemoveFile(Persister::TempPath(f.path, f.version));
         (void)ignored;
       }
@@ -141,7 +163,26 @@ int Run(int argc, char** argv) {
   }
   Persister persister(&cache, Env::Default(), popt);
   if (cache.persistence_enabled()) persister.Start();
-  CacheService service(&cache, opt.socket, meta.get(), RedactUrl(meta_url));
+  std::unique_ptr<PeerServer> peers;
+  std::unique_ptr<Replicator> replicator;
+  if (ring) {
+    PeerServerOptions po;
+    po.listen = opt.peer_listen;
+    po.advertise = opt.peer_advertise;
+    po.token = token;
+    po.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
+    peers = std::make_unique<PeerServer>(po, transport.get(), &backups);
+    if (!(s = peers->Start()).ok()) return Fail("peer_listen: " + s.ToString(), 1);
+    ReplicatorOptions ro;
+    ro.self = peers->endpoint();
+    ro.token = token;
+    ro.threads = opt.backup_threads;
+    ro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
+    replicator = std::make_unique<Replicator>(&cache, transport.get(), ro);
+    replicator->Start();
+  }
+  CacheService service(&cache, opt.socket, meta.get(), RedactUrl(meta_url), &backups,
+                       peers ? peers->endpoint() : "");
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + opt.socket, grpc::InsecureServerCredentials());
@@ -166,6 +207,8 @@ int Run(int argc, char** argv) {
   sigwait(&stop, &sig);
   TCE_LOG(kInfo, "daemon") << "received " << strsignal(sig) << ", shutting down";
   persister.Stop();  // wakes Wait() callers before the RPC server drains
+  if (replicator) replicator->Stop();
+  if (peers) peers->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   fds.Stop();
   if (meta) meta->Stop();

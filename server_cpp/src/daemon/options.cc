@@ -31,6 +31,14 @@ const Setting kSettings[] = {
     {"keep_last", "TCE_KEEP_LAST", "--keep-last"},
     {"state_dir", "TCE_STATE_DIR", "--state-dir"},
     {"metadata_url", "TCE_METADATA_URL", "--metadata-url"},
+    {"peer_listen", "TCE_PEER_LISTEN", "--peer-listen"},
+    {"peer_advertise", "TCE_PEER_ADVERTISE", "--peer-advertise"},
+    {"peer_token", "TCE_PEER_TOKEN", "--peer-token"},
+    {"peer_token_file", "TCE_PEER_TOKEN_FILE", "--peer-token-file"},
+    {"ring_transport", "TCE_RING_TRANSPORT", "--ring-transport"},
+    {"backup_share", "TCE_BACKUP_SHARE", "--backup-share"},
+    {"backup_threads", "TCE_BACKUP_THREADS", "--backup-threads"},
+    {"peer_timeout_ms", "TCE_PEER_TIMEOUT_MS", "--peer-timeout-ms"},
 };
 
 bool ParseInt(const std::string& s, long lo, long hi, int* out) {
@@ -108,6 +116,28 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
   } else if (key == "cache_full_timeout_ms") {
     if (!ParseInt(value, 0, 3600000, &o->cache_full_timeout_ms))
       return bad("milliseconds, 0 to 3600000");
+  } else if (key == "peer_listen" || key == "peer_advertise") {
+    if (!value.empty()) {
+      size_t colon = value.rfind(':');
+      int port = 0;
+      if (colon == std::string::npos || colon == 0 || !ParseInt(value.substr(colon + 1), 0, 65535, &port))
+        return bad("host:port");
+    }
+    (key == "peer_listen" ? o->peer_listen : o->peer_advertise) = value;
+  } else if (key == "peer_token") {
+    o->peer_token = value;
+  } else if (key == "peer_token_file") {
+    if (!value.empty() && value[0] != '/') return bad("must be an absolute path");
+    o->peer_token_file = value;
+  } else if (key == "ring_transport") {
+    if (value != "tcp") return bad("tcp");
+    o->ring_transport = value;
+  } else if (key == "backup_share") {
+    if (!ParseInt(value, 1, 90, &o->backup_share)) return bad("a percentage from 1 to 90");
+  } else if (key == "peer_timeout_ms") {
+    if (!ParseInt(value, 100, 3600000, &o->peer_timeout_ms)) return bad("milliseconds, 100 to 3600000");
+  } else if (key == "backup_threads") {
+    if (!ParseInt(value, 1, 64, &o->backup_threads)) return bad("an integer from 1 to 64");
   } else {
     return Status::InvalidArgument("unknown setting '" + key + "'");
   }
@@ -284,7 +314,15 @@ std::string FormatConfig(const Options& o) {
       << "persist_direct_io = " << (o.persist_direct_io ? "true" : "false") << "\n"
       << "keep_last = " << o.keep_last << "\n"
       << "state_dir = " << Quote(o.state_dir) << "\n"
-      << "metadata_url = " << Quote(o.metadata_url) << "\n";
+      << "metadata_url = " << Quote(o.metadata_url) << "\n"
+      << "peer_listen = " << Quote(o.peer_listen) << "\n"
+      << "peer_advertise = " << Quote(o.peer_advertise) << "\n"
+      << "peer_token = " << Quote(o.peer_token.empty() ? "" : "***") << "\n"
+      << "peer_token_file = " << Quote(o.peer_token_file) << "\n"
+      << "ring_transport = " << Quote(o.ring_transport) << "\n"
+      << "backup_share = " << o.backup_share << "\n"
+      << "backup_threads = " << o.backup_threads << "\n"
+      << "peer_timeout_ms = " << o.peer_timeout_ms << "\n";
   return out.str();
 }
 
@@ -314,6 +352,15 @@ std::string HelpText() {
          "  --persist-direct-io B  write with O_DIRECT where supported       [TCE_PERSIST_DIRECT_IO, true]\n"
          "  --cache-full-timeout-ms N  how long a save into a full cache waits for persistence\n"
          "                         to free room                              [TCE_CACHE_FULL_TIMEOUT_MS, 30000]\n"
+         "  --peer-listen H:P      join rings: listen for peer servers here (empty: no ring)\n"
+         "                                                                   [TCE_PEER_LISTEN, empty]\n"
+         "  --peer-advertise H:P   the endpoint peers use                    [TCE_PEER_ADVERTISE, peer-listen]\n"
+         "  --peer-token T         the cluster token peers prove             [TCE_PEER_TOKEN, empty]\n"
+         "  --peer-token-file F    read the token from F                     [TCE_PEER_TOKEN_FILE, empty]\n"
+         "  --ring-transport T     tcp                                       [TCE_RING_TRANSPORT, tcp]\n"
+         "  --backup-share PCT     % of the budget for predecessors' backups [TCE_BACKUP_SHARE, 50]\n"
+         "  --backup-threads N     backup workers                            [TCE_BACKUP_THREADS, 1]\n"
+         "  --peer-timeout-ms N    give up on a silent peer after N ms       [TCE_PEER_TIMEOUT_MS, 30000]\n"
          "  --config FILE          flat TOML config file                     [TCE_CONFIG]\n"
          "  --print-config         print the effective configuration and exit\n"
          "  --version, --help\n";

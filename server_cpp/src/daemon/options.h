@@ -32,6 +32,15 @@ struct Options {
   int keep_last = 0;
   std::string state_dir = "/var/lib/tce";
   std::string metadata_url;  // empty: sqlite://<state_dir>/tce.db; "none": no metadata
+  // The ring (peer_listen empty: this server takes part in none).
+  std::string peer_listen;     // host:port for server-to-server connections
+  std::string peer_advertise;  // the endpoint peers should use; empty: peer_listen
+  std::string peer_token;      // the cluster token (a secret; never printed)
+  std::string peer_token_file; // read the token from this file instead
+  std::string ring_transport = "tcp";
+  int backup_share = 50;       // percent of memory_budget for predecessors' backups
+  int backup_threads = 1;
+  int peer_timeout_ms = 30000;  // a peer silent this long is given up on (then retried)
   std::string config;  // the file read, if any
 };
 

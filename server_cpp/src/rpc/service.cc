@@ -22,6 +22,7 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
   out->set_committed_unix_ns(f.committed_unix_ns);
   out->set_persisted_unix_ns(f.persisted_unix_ns);
   out->set_reason(f.reason);
+  out->set_backup_holder(f.backup_holder);
   for (const Record& r : f.records) {
     v1::Record* p = out->add_records();
     p->set_name(r.name);
@@ -47,9 +48,10 @@ void ToProto(const TagInfo& t, v1::TagInfo* out) {
 }
 
 CacheService::CacheService(Cache* cache, std::string socket_path, MetaWriter* meta,
-                           std::string metadata_url)
+                           std::string metadata_url, BackupStore* backups, std::string peer_endpoint)
     : cache_(cache), socket_path_(std::move(socket_path)), meta_(meta),
-      metadata_url_(std::move(metadata_url)), started_(std::chrono::steady_clock::now()) {}
+      metadata_url_(std::move(metadata_url)), backups_(backups),
+      peer_endpoint_(std::move(peer_endpoint)), started_(std::chrono::steady_clock::now()) {}
 
 grpc::Status CacheService::Allocate(grpc::ServerContext*, const v1::AllocateRequest* req,
                                     v1::AllocateResponse* resp) {
@@ -144,6 +146,18 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   resp->set_failed_files(s.failed_files);
   resp->set_evicted_files(s.evicted_files);
   resp->set_metadata_url(metadata_url_);
+  resp->set_peer_endpoint(peer_endpoint_);
+  resp->set_backup_queue(s.backup_queue);
+  resp->set_backup_lag_bytes(s.backup_lag_bytes);
+  resp->set_backed_up_files(s.backed_up_files);
+  resp->set_backup_failures(s.backup_failures);
+  resp->set_backup_error(s.backup_error);
+  if (backups_) {
+    BackupStoreStats b = backups_->Stats();
+    resp->set_held_backups(b.files);
+    resp->set_held_backup_bytes(b.bytes);
+    resp->set_backup_budget_bytes(b.budget);
+  }
   if (meta_) {
     MetaStatus m = meta_->Status();
     resp->set_metadata_healthy(m.healthy);
@@ -181,6 +195,19 @@ grpc::Status CacheService::ListTags(grpc::ServerContext*, const v1::ListTagsRequ
   if (req->job().empty()) return ToGrpc(tce::Status::InvalidArgument("ListTags needs a job"));
   for (const TagInfo& t : cache_->ListTags(req->job())) ToProto(t, resp->add_tags());
   return grpc::Status::OK;
+}
+
+grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingRequest* req,
+                                   v1::SetRingResponse* resp) {
+  if (peer_endpoint_.empty())
+    return ToGrpc(tce::Status::FailedPrecondition(
+        "this server takes part in no ring: start it with peer_listen and a peer token"));
+  std::vector<std::string> endpoints(req->endpoints().begin(), req->endpoints().end());
+  std::string successor;
+  tce::Status s = cache_->SetRing(req->session(), req->job(), req->node_rank(), std::move(endpoints),
+                                  &successor);
+  if (s.ok()) resp->set_successor(successor);
+  return ToGrpc(s);
 }
 
 }  // namespace tce

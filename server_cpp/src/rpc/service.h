@@ -8,6 +8,7 @@
 
 #include "cache/cache.h"
 #include "meta/meta_writer.h"
+#include "ring/backup_store.h"
 #include "tce/v1/tce.grpc.pb.h"
 
 namespace tce {
@@ -16,7 +17,8 @@ class CacheService final : public v1::Cache::Service {
  public:
   // `meta` (may be null): the metadata writer whose health Status reports.
   CacheService(Cache* cache, std::string socket_path, MetaWriter* meta = nullptr,
-               std::string metadata_url = "");
+               std::string metadata_url = "", BackupStore* backups = nullptr,
+               std::string peer_endpoint = "");
 
   grpc::Status Allocate(grpc::ServerContext*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
   grpc::Status Commit(grpc::ServerContext*, const v1::CommitRequest*, v1::CommitResponse*) override;
@@ -29,12 +31,15 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status Wait(grpc::ServerContext*, const v1::WaitRequest*, v1::WaitResponse*) override;
   grpc::Status CommitTag(grpc::ServerContext*, const v1::CommitTagRequest*, v1::CommitTagResponse*) override;
   grpc::Status ListTags(grpc::ServerContext*, const v1::ListTagsRequest*, v1::ListTagsResponse*) override;
+  grpc::Status SetRing(grpc::ServerContext*, const v1::SetRingRequest*, v1::SetRingResponse*) override;
 
  private:
   Cache* const cache_;
   const std::string socket_path_;
   MetaWriter* const meta_;
   const std::string metadata_url_;
+  BackupStore* const backups_;
+  const std::string peer_endpoint_;
   const std::chrono::steady_clock::time_point started_;
 };
 

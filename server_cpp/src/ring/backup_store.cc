@@ -1,0 +1,90 @@
+#include "ring/backup_store.h"
+
+#include "cache/cache.h"
+#include "common/logging.h"
+#include "persist/crc.h"
+
+namespace tce {
+
+Status BackupStore::Reserve(const std::string& job, const std::string& path, uint64_t size,
+                            std::unique_ptr<Buffer>* out) {
+  const uint64_t capacity = Cache::CapacityFor(size);
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    // The copy it replaces counts as free: it goes once the new one is in.
+    auto old = held_.find({job, path});
+    const uint64_t replaced = old == held_.end() ? 0 : old->second.buffer->capacity();
+    if (used_ - replaced + capacity > budget_)
+      return Status::ResourceExhausted("backup share full: need " + std::to_string(capacity) +
+                                       " bytes, " + std::to_string(budget_ - used_) + " of " +
+                                       std::to_string(budget_) + " free");
+    used_ += capacity;
+    id = next_id_++;
+  }
+  Status s = Buffer::Create(id, capacity, out);  // slow (zero-fills): outside the lock
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> l(mu_);
+    used_ -= capacity;
+  }
+  return s;
+}
+
+void BackupStore::Abandon(std::unique_ptr<Buffer> buffer) {
+  if (!buffer) return;
+  std::lock_guard<std::mutex> l(mu_);
+  used_ -= buffer->capacity();
+}
+
+void BackupStore::Commit(HeldBackup held) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto key = std::make_pair(held.file.job, held.file.path);
+  auto old = held_.find(key);
+  if (old != held_.end()) {
+    used_ -= old->second.buffer->capacity();
+    held_.erase(old);
+  }
+  TCE_LOG(kInfo, "ring") << "holding backup job=" << held.file.job << " path=" << held.file.path
+                         << " size=" << held.file.size << " from " << held.owner;
+  held_.emplace(key, std::move(held));
+}
+
+bool BackupStore::Drop(const std::string& job, const std::string& path, uint64_t version) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = held_.find({job, path});
+  if (it == held_.end() || (version != 0 && it->second.file.version != version)) return false;
+  used_ -= it->second.buffer->capacity();
+  held_.erase(it);
+  TCE_LOG(kInfo, "ring") << "dropped backup job=" << job << " path=" << path;
+  return true;
+}
+
+void BackupStore::CountCorrupt() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++corrupt_;
+}
+
+BackupStoreStats BackupStore::Stats() {
+  std::lock_guard<std::mutex> l(mu_);
+  BackupStoreStats s;
+  s.budget = budget_;
+  s.used = used_;
+  s.files = held_.size();
+  for (const auto& [key, h] : held_) s.bytes += h.file.size;
+  s.rejected_corrupt = corrupt_;
+  return s;
+}
+
+Status VerifyRecords(const unsigned char* data, uint64_t size, const std::vector<Record>& records) {
+  for (const Record& r : records) {
+    if (r.data_offset > size || r.size > size - r.data_offset)
+      return Status::InvalidArgument("record " + r.name + " ends past the file");
+    const uint32_t crc = Crc32(0, data + r.data_offset, static_cast<size_t>(r.size));
+    if (crc != r.crc32)
+      return Status::Internal("checksum mismatch in record " + r.name + ": expected " +
+                              std::to_string(r.crc32) + ", got " + std::to_string(crc));
+  }
+  return Status::OK();
+}
+
+}  // namespace tce

@@ -1,0 +1,61 @@
+// BackupStore: the copies this server holds for its ring predecessor, in
+// memfd buffers of their own, bounded by their own share of the memory
+// budget (so holding a neighbour's checkpoint never starves the node's own
+// training ranks). Keyed by (job, path); a newer version replaces the older.
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache/buffer.h"
+#include "cache/cache_types.h"
+#include "common/status.h"
+
+namespace tce {
+
+struct HeldBackup {
+  FileInfo file;   // job, tag, rank, path, size, version, records (with CRCs)
+  std::string owner;  // the peer that sent it
+  std::unique_ptr<Buffer> buffer;
+};
+
+struct BackupStoreStats {
+  uint64_t budget = 0, used = 0, files = 0, bytes = 0, rejected_corrupt = 0;
+};
+
+class BackupStore {
+ public:
+  explicit BackupStore(uint64_t budget) : budget_(budget) {}
+
+  // A buffer for an incoming copy of `size` bytes of (job, path): room is
+  // reserved until Commit or Abandon. RESOURCE_EXHAUSTED when the share is full.
+  Status Reserve(const std::string& job, const std::string& path, uint64_t size,
+                 std::unique_ptr<Buffer>* out);
+  void Abandon(std::unique_ptr<Buffer> buffer);
+  // Keeps the received copy (its CRCs were checked), replacing an older one.
+  void Commit(HeldBackup held);
+  // The owner let go of (job, path) (version 0: any). False if not held.
+  bool Drop(const std::string& job, const std::string& path, uint64_t version);
+  void CountCorrupt();
+  BackupStoreStats Stats();
+
+ private:
+  const uint64_t budget_;
+  std::mutex mu_;
+  uint64_t used_ = 0;  // GUARDED_BY(mu_): capacity of held and reserved buffers
+  uint64_t next_id_ = 1;  // GUARDED_BY(mu_)
+  uint64_t corrupt_ = 0;  // GUARDED_BY(mu_)
+  std::map<std::pair<std::string, std::string>, HeldBackup> held_;  // GUARDED_BY(mu_)
+};
+
+// Checks every record's payload in `data` against its CRC-32. Names the first
+// record that differs.
+Status VerifyRecords(const unsigned char* data, uint64_t size, const std::vector<Record>& records);
+
+}  // namespace tce

@@ -1,0 +1,259 @@
+#include "ring/peer_link.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "tce/v1/tce.pb.h"
+
+namespace tce {
+namespace {
+
+constexpr uint32_t kMaxMessage = 64 << 20;  // a record table of a huge file fits easily
+constexpr int kProtocolVersion = 1;
+
+std::string Mac(const std::string& token, char role, const std::string& nonce) {
+  std::string data(1, role);
+  data += nonce;
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &len);
+  return std::string(reinterpret_cast<char*>(out), len);
+}
+
+void SetTimeouts(int fd, std::chrono::milliseconds timeout) {
+  timeval tv{};
+  tv.tv_sec = timeout.count() / 1000;
+  tv.tv_usec = (timeout.count() % 1000) * 1000;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+}
+
+std::string RemoteAddress(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    port = ntohs(a->sin_port);
+  } else if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+Status Resolve(const std::string& endpoint, bool passive, addrinfo** out) {
+  std::string host;
+  int port = 0;
+  Status s = ParseEndpoint(endpoint, &host, &port);
+  if (!s.ok()) return s;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints, out);
+  if (rc != 0) return Status::InvalidArgument("cannot resolve " + endpoint + ": " + gai_strerror(rc));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ParseEndpoint(const std::string& endpoint, std::string* host, int* port) {
+  size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon + 1 == endpoint.size())
+    return Status::InvalidArgument("peer endpoint must be host:port, got '" + endpoint + "'");
+  *host = endpoint.substr(0, colon);
+  if (host->size() >= 2 && (*host)[0] == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  char* end = nullptr;
+  long p = std::strtol(endpoint.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || p < 0 || p > 65535)
+    return Status::InvalidArgument("bad port in peer endpoint '" + endpoint + "'");
+  *port = static_cast<int>(p);
+  return Status::OK();
+}
+
+Status ListenTcp(const std::string& endpoint, int* fd, std::string* bound) {
+  addrinfo* ai = nullptr;
+  Status s = Resolve(endpoint, true, &ai);
+  if (!s.ok()) return s;
+  int sock = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  if (sock >= 0) setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (sock < 0 || bind(sock, ai->ai_addr, ai->ai_addrlen) != 0 || listen(sock, 64) != 0) {
+    int err = errno;
+    freeaddrinfo(ai);
+    if (sock >= 0) ::close(sock);
+    return Status::FromErrno(err, "listen on " + endpoint);
+  }
+  freeaddrinfo(ai);
+  std::string host;
+  int port = 0;
+  ParseEndpoint(endpoint, &host, &port);
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  getsockname(sock, reinterpret_cast<sockaddr*>(&ss), &len);
+  int real = ss.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port)
+                                     : ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  *bound = endpoint.substr(0, endpoint.rfind(':')) + ":" + std::to_string(real);
+  *fd = sock;
+  return Status::OK();
+}
+
+PeerLink::~PeerLink() { ::close(fd_); }
+
+Status PeerLink::Connect(const std::string& endpoint, const std::string& self,
+                         const std::string& token, std::chrono::milliseconds timeout,
+                         std::unique_ptr<PeerLink>* out) {
+  addrinfo* ai = nullptr;
+  Status s = Resolve(endpoint, false, &ai);
+  if (!s.ok()) return s;
+  int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    freeaddrinfo(ai);
+    return Status::FromErrno(errno, "socket");
+  }
+  int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+  freeaddrinfo(ai);
+  if (rc != 0 && errno == EINPROGRESS) {  // bounded connect: a dead peer must not hang us
+    pollfd p{fd, POLLOUT, 0};
+    rc = poll(&p, 1, static_cast<int>(timeout.count()));
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (rc == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (rc == 1 && err == 0) rc = 0;
+    else errno = rc == 0 ? ETIMEDOUT : err;
+    if (rc != 0) rc = -1;
+  }
+  if (rc != 0) {
+    int err = errno;
+    ::close(fd);
+    return Status::Unavailable("connect to peer " + endpoint + ": " + std::strerror(err));
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // blocking again, with timeouts
+  SetTimeouts(fd, timeout);
+  std::unique_ptr<PeerLink> link(new PeerLink(fd, endpoint));
+  s = link->Handshake(true, self, token);
+  if (!s.ok()) return s;
+  *out = std::move(link);
+  return Status::OK();
+}
+
+Status PeerLink::Accept(int fd, const std::string& self, const std::string& token,
+                        std::chrono::milliseconds timeout, std::unique_ptr<PeerLink>* out) {
+  SetTimeouts(fd, timeout);
+  std::unique_ptr<PeerLink> link(new PeerLink(fd, RemoteAddress(fd)));
+  Status s = link->Handshake(false, self, token);
+  if (!s.ok()) return s;
+  *out = std::move(link);
+  return Status::OK();
+}
+
+Status PeerLink::Handshake(bool connecting, const std::string& self, const std::string& token) {
+  std::string nonce(32, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(&nonce[0]), 32) != 1)
+    return Status::Internal("no randomness for the peer handshake");
+  v1::PeerHello mine, theirs;
+  mine.set_nonce(nonce);
+  mine.set_endpoint(self);
+  mine.set_version(kProtocolVersion);
+  Status s;
+  if (connecting) {
+    if ((s = Send(mine)).ok()) s = Recv(&theirs);
+  } else {
+    if ((s = Recv(&theirs)).ok()) s = Send(mine);
+  }
+  if (!s.ok()) return s;
+  if (theirs.version() != kProtocolVersion || theirs.nonce().size() != 32)
+    return Status::Unauthenticated("peer " + address_ + " speaks protocol version " +
+                                   std::to_string(theirs.version()));
+  // Each proves knowledge of the token for the other's nonce; roles differ.
+  const char my_role = connecting ? 'C' : 'S', their_role = connecting ? 'S' : 'C';
+  v1::PeerAuth proof, their_proof;
+  proof.set_mac(Mac(token, my_role, theirs.nonce()));
+  if (connecting) {
+    if ((s = Send(proof)).ok()) s = Recv(&their_proof);
+  } else {
+    if ((s = Recv(&their_proof)).ok()) s = Send(proof);
+  }
+  if (!s.ok()) return Status::Unauthenticated("peer " + address_ + " did not authenticate: " + s.message());
+  const std::string want = Mac(token, their_role, nonce);
+  if (their_proof.mac().size() != want.size() ||
+      CRYPTO_memcmp(their_proof.mac().data(), want.data(), want.size()) != 0)
+    return Status::Unauthenticated("peer " + address_ + " (says " + theirs.endpoint() +
+                                   ") does not know the cluster token");
+  peer_ = theirs.endpoint();
+  return Status::OK();
+}
+
+Status PeerLink::SendAll(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::send(fd_, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::Unavailable("send to peer " + address_ + ": " + std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return Status::OK();
+}
+
+Status PeerLink::RecvAll(void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t r = ::recv(fd_, p, n, MSG_WAITALL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return Status::Unavailable("peer " + address_ + " closed the connection");
+    if (r < 0) return Status::Unavailable("receive from peer " + address_ + ": " + std::strerror(errno));
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return Status::OK();
+}
+
+Status PeerLink::Send(const google::protobuf::MessageLite& m) {
+  std::string body;
+  if (!m.SerializeToString(&body)) return Status::Internal("cannot serialise a peer message");
+  unsigned char len[4];
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  for (int i = 0; i < 4; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  body.insert(0, reinterpret_cast<char*>(len), 4);
+  return SendAll(body.data(), body.size());
+}
+
+Status PeerLink::Recv(google::protobuf::MessageLite* m) {
+  unsigned char len[4];
+  Status s = RecvAll(len, 4);
+  if (!s.ok()) return s;
+  const uint32_t n = len[0] | (len[1] << 8) | (len[2] << 16) | (static_cast<uint32_t>(len[3]) << 24);
+  if (n > kMaxMessage)
+    return Status::InvalidArgument("peer " + address_ + " sent a " + std::to_string(n) + "-byte message");
+  std::string body(n, '\0');
+  if (n > 0 && !(s = RecvAll(&body[0], n)).ok()) return s;
+  if (!m->ParseFromString(body)) return Status::InvalidArgument("peer " + address_ + " sent an unreadable message");
+  return Status::OK();
+}
+
+}  // namespace tce

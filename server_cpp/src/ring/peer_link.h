@@ -1,0 +1,60 @@
+// PeerLink: one authenticated TCP connection between two tce-servers.
+//
+// Both sides prove they know the cluster token without sending it: each
+// sends a random nonce, and each answers the other's nonce with
+// HMAC-SHA256(token, role || nonce), the role byte differing per direction so
+// that a proof cannot be reflected back. A peer that fails is refused (and
+// the caller logs it). Messages are length-prefixed protobufs; sends and
+// receives time out, so a dead peer or a cut link ends in an error, never a
+// hang. Not thread-safe: one thread uses a link at a time.
+#pragma once
+
+#include <google/protobuf/message_lite.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace tce {
+
+class PeerLink {
+ public:
+  ~PeerLink();
+  PeerLink(const PeerLink&) = delete;
+  PeerLink& operator=(const PeerLink&) = delete;
+
+  // Connects to "host:port" and authenticates. `self` is our own endpoint.
+  static Status Connect(const std::string& endpoint, const std::string& self,
+                        const std::string& token, std::chrono::milliseconds timeout,
+                        std::unique_ptr<PeerLink>* out);
+  // Authenticates an accepted socket (takes ownership of `fd`).
+  static Status Accept(int fd, const std::string& self, const std::string& token,
+                       std::chrono::milliseconds timeout, std::unique_ptr<PeerLink>* out);
+
+  Status Send(const google::protobuf::MessageLite& m);
+  Status Recv(google::protobuf::MessageLite* m);
+  // Raw bytes (the data path of the tcp transport).
+  Status SendAll(const void* data, size_t n);
+  Status RecvAll(void* data, size_t n);
+
+  int fd() const { return fd_; }
+  const std::string& peer() const { return peer_; }  // the endpoint the peer announced
+
+ private:
+  PeerLink(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
+  Status Handshake(bool connecting, const std::string& self, const std::string& token);
+
+  const int fd_;
+  const std::string address_;  // the socket's remote address, for messages
+  std::string peer_;
+};
+
+// "host:port" -> IPv4/IPv6 socket address; a clear error otherwise.
+Status ParseEndpoint(const std::string& endpoint, std::string* host, int* port);
+
+// A listening TCP socket on "host:port" (port 0: any; *bound gets the real one).
+Status ListenTcp(const std::string& endpoint, int* fd, std::string* bound);
+
+}  // namespace tce

@@ -1,0 +1,148 @@
+#include "ring/peer_server.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/logging.h"
+#include "tce/v1/tce.pb.h"
+
+namespace tce {
+
+PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store)
+    : options_(std::move(options)), transport_(transport), store_(store) {}
+
+PeerServer::~PeerServer() { Stop(); }
+
+Status PeerServer::Start() {
+  if (options_.token.empty())
+    return Status::InvalidArgument("the ring needs a cluster token (peer_token or peer_token_file)");
+  std::string bound;
+  Status s = ListenTcp(options_.listen, &listen_fd_, &bound);
+  if (!s.ok()) return s;
+  endpoint_ = options_.advertise.empty() ? bound : options_.advertise;
+  TCE_LOG(kInfo, "ring") << "peer server on " << bound << " (advertised as " << endpoint_
+                         << ", transport " << transport_->name() << ")";
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+  return Status::OK();
+}
+
+void PeerServer::Stop() {
+  if (stop_.exchange(true)) return;
+  if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  std::vector<std::thread> workers;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (int fd : conns_) shutdown(fd, SHUT_RDWR);  // wakes blocked receives
+    workers.swap(workers_);
+  }
+  for (auto& t : workers) t.join();
+}
+
+void PeerServer::AcceptLoop() {
+  while (!stop_) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (!stop_) {
+        TCE_LOG(kError, "ring") << "accept: " << std::strerror(errno);
+      }
+      return;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    if (static_cast<int>(conns_.size()) >= options_.max_connections) {
+      TCE_LOG(kWarning, "ring") << "refused a peer connection: " << conns_.size() << " open";
+      ::close(fd);
+      continue;
+    }
+    conns_.insert(fd);
+    workers_.emplace_back([this, fd] { Serve(fd); });
+  }
+}
+
+void PeerServer::Serve(int fd) {
+  std::unique_ptr<PeerLink> link;
+  Status s = PeerLink::Accept(fd, endpoint_, options_.token, options_.io_timeout, &link);
+  if (!s.ok()) {
+    TCE_LOG(kWarning, "ring") << "refused peer: " << s.ToString();
+    ::close(fd);
+  }
+  while (s.ok() && !stop_) {
+    v1::PeerRequest req;
+    s = link->Recv(&req);
+    if (!s.ok()) break;  // closed or broken: the peer reconnects
+    Status result;
+    if (req.has_backup()) {
+      result = ServeBackup(link.get(), req.backup());
+      if (result.code() == Status::Code::kUnavailable) break;  // the stream is broken
+    } else if (req.has_drop()) {
+      store_->Drop(req.drop().job(), req.drop().path(), req.drop().version());
+    } else {
+      result = Status::InvalidArgument("unknown peer request");
+    }
+    v1::PeerReply reply;
+    reply.set_code(static_cast<int>(result.code()));
+    reply.set_message(result.message());
+    s = link->Send(reply);
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  conns_.erase(fd);  // `link` closes it (after this scope, outside the lock is fine too)
+}
+
+Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
+  std::unique_ptr<Buffer> buffer;
+  Status reserved = store_->Reserve(req.job(), req.path(), req.size(), &buffer);
+  // The bytes follow the header whatever we answer: take them (into the new
+  // buffer, or drain them) so the stream stays in step.
+  void* map = MAP_FAILED;
+  const uint64_t mapped = buffer ? buffer->capacity() : 0;
+  if (reserved.ok() && req.size() > 0)
+    map = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, buffer->fd(), 0);
+  Status s;
+  if (reserved.ok() && (map != MAP_FAILED || req.size() == 0)) {
+    s = transport_->RecvData(link, static_cast<unsigned char*>(map), buffer->fd(), req.size());
+  } else {
+    if (reserved.ok()) reserved = Status::FromErrno(errno, "mmap backup buffer");
+    std::vector<char> sink(1 << 20);
+    for (uint64_t left = req.size(); s.ok() && left > 0;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(left, sink.size()));
+      s = link->RecvAll(sink.data(), n);
+      left -= n;
+    }
+  }
+  if (s.ok() && reserved.ok()) {
+    std::vector<Record> records;
+    for (const auto& r : req.records())
+      records.push_back(Record{r.name(), r.header_offset(), r.data_offset(), r.size(), r.crc32(),
+                               r.central_offset()});
+    s = VerifyRecords(static_cast<unsigned char*>(map), req.size(), records);
+    if (!s.ok()) {
+      store_->CountCorrupt();
+      TCE_LOG(kError, "ring") << "rejected backup from " << link->peer() << " job=" << req.job()
+                              << " path=" << req.path() << ": " << s.message();
+      s = Status::DataLoss(s.message());
+    } else {
+      HeldBackup held;
+      held.file.job = req.job();
+      held.file.tag = req.tag();
+      held.file.rank = req.rank();
+      held.file.path = req.path();
+      held.file.size = req.size();
+      held.file.version = req.version();
+      held.file.records = std::move(records);
+      held.owner = link->peer();
+      held.buffer = std::move(buffer);
+      store_->Commit(std::move(held));
+    }
+  }
+  if (map != MAP_FAILED) munmap(map, mapped);
+  if (buffer) store_->Abandon(std::move(buffer));
+  return reserved.ok() ? s : reserved;
+}
+
+}  // namespace tce

@@ -1,0 +1,57 @@
+// PeerServer: accepts the ring's server-to-server connections. Each
+// connection is authenticated (PeerLink), then serves requests until it
+// closes: a backup is received straight into a new buffer of the
+// BackupStore, its record CRCs are checked, and only then is it kept; a drop
+// lets go of a copy. A bad or unauthenticated peer costs only its own
+// connection. One thread per connection, at most `max_connections`.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ring/backup_store.h"
+#include "ring/transport.h"
+#include "tce/v1/tce.pb.h"
+
+namespace tce {
+
+struct PeerServerOptions {
+  std::string listen;     // host:port to bind (port 0: any)
+  std::string advertise;  // the endpoint peers use; empty: the bound address
+  std::string token;      // the cluster token (required)
+  int max_connections = 64;
+  std::chrono::milliseconds io_timeout{30000};
+};
+
+class PeerServer {
+ public:
+  PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store);
+  ~PeerServer();
+  Status Start();
+  void Stop();
+  // Where peers reach this server (valid after Start).
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void AcceptLoop();
+  void Serve(int fd);
+  Status ServeBackup(PeerLink* link, const v1::PeerBackup& req);
+
+  const PeerServerOptions options_;
+  Transport* const transport_;
+  BackupStore* const store_;
+  std::string endpoint_;
+  int listen_fd_ = -1;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::set<int> conns_;                // GUARDED_BY(mu_): open connection fds
+  std::vector<std::thread> workers_;   // GUARDED_BY(mu_)
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace tce

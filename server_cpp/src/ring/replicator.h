@@ -1,0 +1,56 @@
+// Replicator: worker threads that back committed files up to the ring
+// successor, off the training rank's critical path. Each backup: the record
+// CRCs (computed here, read-only, when persistence has not filled them in
+// yet), a PeerBackup header on an authenticated link, the bytes through the
+// transport, and the peer's verdict. A failure (peer down, link cut, refused)
+// puts the file back in the queue and the worker backs off (doubling, up to
+// max_backoff); it never blocks saves, persistence or eviction: the pin on the
+// buffer lasts one attempt. Links are kept per peer and re-made on failure.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache/cache.h"
+#include "ring/peer_link.h"
+#include "ring/transport.h"
+
+namespace tce {
+
+struct ReplicatorOptions {
+  std::string self;   // our advertised peer endpoint
+  std::string token;  // the cluster token
+  int threads = 1;
+  std::chrono::milliseconds backoff{200};
+  std::chrono::milliseconds max_backoff{10000};
+  std::chrono::milliseconds io_timeout{30000};
+};
+
+class Replicator {
+ public:
+  Replicator(Cache* cache, Transport* transport, ReplicatorOptions options);
+  ~Replicator();
+  void Start();
+  void Stop();
+
+ private:
+  void Loop();
+  Status Send(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  bool SleepUnlessStopping(std::chrono::milliseconds d);
+
+  Cache* const cache_;
+  Transport* const transport_;
+  const ReplicatorOptions options_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // GUARDED_BY(mu_)
+};
+
+}  // namespace tce

@@ -1,0 +1,45 @@
+#include <sys/sendfile.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "ring/transport.h"
+
+namespace tce {
+namespace {
+
+class TcpTransport final : public Transport {
+ public:
+  const char* name() const override { return "tcp"; }
+
+  Status SendData(PeerLink* link, int fd, uint64_t size) override {
+    off_t offset = 0;
+    while (static_cast<uint64_t>(offset) < size) {
+      const size_t chunk = static_cast<size_t>(std::min<uint64_t>(size - offset, 1 << 30));
+      ssize_t n = sendfile(link->fd(), fd, &offset, chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        return Status::Unavailable("sendfile to peer " + link->peer() + ": " +
+                                   (n == 0 ? std::string("end of buffer") : std::strerror(errno)));
+    }
+    return Status::OK();
+  }
+
+  Status RecvData(PeerLink* link, unsigned char* dst, int, uint64_t size) override {
+    return link->RecvAll(dst, static_cast<size_t>(size));
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> NewTcpTransport() { return std::make_unique<TcpTransport>(); }
+
+Status NewTransport(const std::string& name, std::unique_ptr<Transport>* out) {
+  if (name == "tcp") {
+    *out = NewTcpTransport();
+    return Status::OK();
+  }
+  return Status::InvalidArgument("unknown ring transport '" + name + "' (tcp)");
+}
+
+}  // namespace tce

@@ -1,0 +1,35 @@
+// Transport: how a file's bytes move between two servers of the ring. The
+// control messages always travel on the PeerLink; only the bulk data path
+// differs per transport:
+//   tcp: sendfile() from the sender's memfd into the socket (no copy in user
+//        space), recv() straight into the receiver's mapped buffer.
+//   ofi: libfabric RMA writes into the receiver's registered buffer (to come).
+// Implementations are stateless per call and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "ring/peer_link.h"
+
+namespace tce {
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  // Sender: moves bytes [0, size) of memfd `fd` to the peer.
+  virtual Status SendData(PeerLink* link, int fd, uint64_t size) = 0;
+  // Receiver: places the `size` bytes the peer sends at `dst` (a writable
+  // mapping of the receiving buffer, whose memfd is `fd`).
+  virtual Status RecvData(PeerLink* link, unsigned char* dst, int fd, uint64_t size) = 0;
+};
+
+std::unique_ptr<Transport> NewTcpTransport();
+
+// "tcp" -> the tcp transport; others: a clear error naming the choices.
+Status NewTransport(const std::string& name, std::unique_ptr<Transport>* out);
+
+}  // namespace tce

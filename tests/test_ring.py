@@ -1,0 +1,256 @@
+"""The ring: each server backs up what it caches to the next node's server.
+
+Loopback tests run two servers side by side; the multinode tests give every
+"node" its own network namespace (veth pairs on a bridge the test creates),
+so the servers talk only over their namespace addresses.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+import torch
+
+import tce
+from tce import _api, _knobs
+from tce._server import LocalServer
+from tce.errors import FailedPreconditionError, InvalidArgumentError
+from tce.v1 import tce_pb2 as pb
+
+TOKEN = "ring-test-token"
+
+
+def _ring_server(tmp_path, name, *, token=TOKEN, listen="127.0.0.1:0", netns=None, budget="512MiB",
+                 storage=None, extra=()):
+    state = tmp_path / name
+    state.mkdir(exist_ok=True)
+    args = ["--peer-listen", listen, "--peer-token", token, "--peer-timeout-ms", "2000",
+            "--metadata-url", "none", *extra]
+    return LocalServer(memory_budget=budget, socket_path=str(state / "tce.sock"),
+                       storage_roots=[str(storage)] if storage else [], extra_args=args,
+                       netns=netns).start()
+
+
+def _status(server) -> dict:
+    with _knobs.override(socket=server.socket):
+        st = _api.status()
+        _api.close()
+    return st
+
+
+def _set_ring(servers, job="ring-job"):
+    endpoints = [_status(s)["peer_endpoint"] for s in servers]
+    for rank, s in enumerate(servers):
+        with _knobs.override(socket=s.socket):
+            _api._get_client().set_ring(job, rank, endpoints)
+            _api.close()
+    return endpoints
+
+
+def _files(server, job="ring-job") -> dict:
+    with _knobs.override(socket=server.socket):
+        out = {f.path: f for f in _api._get_client().list(job)}
+        _api.close()
+    return out
+
+
+def _until(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _stop(*servers):
+    for s in servers:
+        code = s.stop()
+        s.cleanup()
+        assert code == 0, s.log()
+
+
+def test_backup_reaches_the_successor_and_is_dropped_on_eviction(tmp_path):
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    a = _ring_server(tmp_path, "a", storage=storage, extra=["--keep-last", "1"])
+    b = _ring_server(tmp_path, "b")
+    try:
+        endpoints = _set_ring([a, b])
+        obj = {"w": torch.randn(1 << 20), "step": 1}
+        with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
+            tce.save(obj, storage / "step1.pt", tag="step1")
+            _api.close()
+        f = _until(lambda: _files(a)[str(storage / "step1.pt")].backup_holder and
+                   _files(a)[str(storage / "step1.pt")], what="the backup")
+        assert f.backup_holder == endpoints[1]
+        assert pb.FileState.Name(f.state) in ("FILE_STATE_BACKED_UP", "FILE_STATE_PERSISTED")
+        held = _status(b)
+        assert int(held["held_backups"]) == 1 and int(held["held_backup_bytes"]) == f.size
+        assert int(_status(a)["backed_up_files"]) == 1
+        # a newer tag evicts step1 once persisted (keep_last 1): its copy goes too
+        with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
+            tce.save(obj, storage / "step2.pt", tag="step2")
+            tce.wait()
+            _api.close()
+        _until(lambda: _files(a)[str(storage / "step1.pt")].state == pb.FILE_STATE_EVICTED,
+               what="eviction")
+        _until(lambda: int(_status(b)["held_backups"]) == 1 and
+               int(_status(b)["held_backup_bytes"]) == _files(a)[str(storage / "step2.pt")].size,
+               what="the successor to hold only step2")
+    finally:
+        _stop(a, b)
+
+
+def test_a_peer_without_the_token_is_refused(tmp_path):
+    a = _ring_server(tmp_path, "a")
+    b = _ring_server(tmp_path, "b", token="another-token")
+    try:
+        _set_ring([a, b])
+        with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
+            tce.save({"w": torch.ones(1000)}, "/ckpt/r/x.pt", tag="t")  # saves never wait for the ring
+            _api.close()
+        st = _until(lambda: int(_status(a)["backup_failures"]) >= 1 and _status(a), what="a failure")
+        assert "does not know the cluster token" in st["backup_error"], st["backup_error"]
+        assert int(_status(b)["held_backups"]) == 0
+        assert "does not know the cluster token" in b.log()  # refused and logged on both sides
+        assert int(st["backup_queue"]) >= 0 and _files(a)["/ckpt/r/x.pt"].backup_holder == ""
+    finally:
+        _stop(a, b)
+
+
+def test_ring_settings_are_checked(tmp_path, make_server):
+    plain = make_server("64MiB")
+    with _knobs.override(socket=plain.socket):
+        with pytest.raises(FailedPreconditionError, match="takes part in no ring"):
+            _api._get_client().set_ring("j", 0, ["10.0.0.1:7000"])
+        _api.close()
+    a = _ring_server(tmp_path, "a")
+    try:
+        with _knobs.override(socket=a.socket):
+            c = _api._get_client()
+            with pytest.raises(InvalidArgumentError, match="node_rank 2 is outside the 2-node ring"):
+                c.set_ring("j", 2, ["h:1", "h:2"])
+            with pytest.raises(InvalidArgumentError, match="must be host:port, got 'nohost'"):
+                c.set_ring("j", 0, ["nohost"])
+            assert c.set_ring("j", 0, ["h:1"]) == ""  # one node: no ring, nothing to wait for
+            _api.close()
+        p = subprocess.run([*a.args[:1], "--peer-listen", "127.0.0.1:0", "--socket",
+                            str(tmp_path / "x.sock")], capture_output=True, text=True)
+        assert p.returncode == 2 and "needs a cluster token" in p.stderr
+    finally:
+        _stop(a)
+
+
+# ---- several nodes, one network namespace each ----
+
+class Nodes:
+    """n network namespaces on one bridge: node i is 10.<x>.0.(i+1)."""
+
+    _made = 0
+
+    def __init__(self, n: int) -> None:
+        Nodes._made += 1
+        tag = f"{os.getpid() % 10000}x{Nodes._made}"
+        self.bridge = f"tcebr{tag}"
+        self.names = [f"tce{tag}n{i}" for i in range(n)]
+        self.host_veths = [f"tce{tag}v{i}" for i in range(n)]
+        self.subnet = 40 + (os.getpid() + Nodes._made) % 200
+        self.addresses = [f"10.{self.subnet}.0.{i + 1}" for i in range(n)]
+        try:
+            self._setup()
+        except Exception:
+            self.close()
+            raise
+
+    def _setup(self) -> None:
+        self._ip("link", "add", self.bridge, "type", "bridge")
+        self._ip("link", "set", self.bridge, "up")
+        for name, veth, addr in zip(self.names, self.host_veths, self.addresses):
+            self._ip("netns", "add", name)
+            self._ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name)
+            self._ip("link", "set", veth, "master", self.bridge)
+            self._ip("link", "set", veth, "up")
+            self._ip("-n", name, "addr", "add", f"{addr}/24", "dev", "eth0")
+            self._ip("-n", name, "link", "set", "eth0", "up")
+            self._ip("-n", name, "link", "set", "lo", "up")
+
+    @staticmethod
+    def _ip(*args: str) -> None:
+        p = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"ip {' '.join(args)}: {p.stderr.strip()}")
+
+    def cut(self, i: int) -> None:
+        self._ip("link", "set", self.host_veths[i], "down")
+
+    def restore(self, i: int) -> None:
+        self._ip("link", "set", self.host_veths[i], "up")
+
+    def close(self) -> None:
+        for veth in self.host_veths:
+            subprocess.run(["ip", "link", "del", veth], capture_output=True)
+        for name in self.names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+@pytest.fixture
+def nodes3():
+    if os.geteuid() != 0:
+        pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
+    n = Nodes(3)
+    yield n
+    n.close()
+
+
+@pytest.mark.multinode
+def test_three_nodes_back_up_around_the_ring(tmp_path, nodes3):
+    servers = [_ring_server(tmp_path, f"n{i}", netns=name, listen=f"{addr}:7070")
+               for i, (name, addr) in enumerate(zip(nodes3.names, nodes3.addresses))]
+    try:
+        endpoints = _set_ring(servers)
+        assert endpoints == [f"{a}:7070" for a in nodes3.addresses]
+        for i, s in enumerate(servers):
+            with _knobs.override(socket=s.socket, job="ring-job", on_unavailable="raise"):
+                tce.save({"w": torch.full((1 << 18,), float(i))}, f"/ckpt/step1/rank{i}.pt",
+                         tag="step1", rank=i)
+                _api.close()
+        for i, s in enumerate(servers):
+            f = _until(lambda: _files(s)[f"/ckpt/step1/rank{i}.pt"].backup_holder and
+                       _files(s)[f"/ckpt/step1/rank{i}.pt"], what=f"node {i}'s backup")
+            assert f.backup_holder == endpoints[(i + 1) % 3]
+            assert pb.FileState.Name(f.state) == "FILE_STATE_BACKED_UP"
+        for s in servers:  # each holds exactly its predecessor's file
+            assert int(_status(s)["held_backups"]) == 1
+    finally:
+        _stop(*servers)
+
+
+@pytest.mark.multinode
+def test_a_cut_link_delays_the_backup_but_no_save(tmp_path, nodes3):
+    servers = [_ring_server(tmp_path, f"n{i}", netns=name, listen=f"{addr}:7070")
+               for i, (name, addr) in enumerate(zip(nodes3.names[:2], nodes3.addresses[:2]))]
+    try:
+        _set_ring(servers)
+        nodes3.cut(1)  # node 1 unreachable
+        t0 = time.monotonic()
+        with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
+            for step in range(3):
+                tce.save({"w": torch.full((1 << 20,), float(step))}, f"/ckpt/s{step}.pt", tag=f"s{step}")
+            _api.close()
+        assert time.monotonic() - t0 < 5  # the saves did not wait for the ring
+        st = _until(lambda: int(_status(servers[0])["backup_failures"]) >= 1 and _status(servers[0]),
+                    what="a failed attempt")
+        assert int(st["backup_queue"]) >= 1 and int(st["backup_lag_bytes"]) > 0  # the lag shows
+        nodes3.restore(1)
+        _until(lambda: all(f.backup_holder for f in _files(servers[0]).values()), timeout=60,
+               what="the backups after the link came back")
+        assert int(_status(servers[1])["held_backups"]) == 3
+        assert int(_status(servers[0])["backup_queue"]) == 0
+    finally:
+        _stop(*servers)
