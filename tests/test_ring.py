@@ -254,3 +254,42 @@ def test_a_cut_link_delays_the_backup_but_no_save(tmp_path, nodes3):
         assert int(_status(servers[0])["backup_queue"]) == 0
     finally:
         _stop(*servers)
+
+
+@pytest.mark.multinode
+def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3):
+    """Node 1 loses its server and memory: a fresh server there, told the
+    ring again (as the restarted job does), pulls node 1's files back from
+    node 2, bitwise, and node 0 backs its files up to node 1 again. There is
+    no storage at all: the ring is the only other copy."""
+    servers = [_ring_server(tmp_path, f"n{i}", netns=name, listen=f"{addr}:7070")
+               for i, (name, addr) in enumerate(zip(nodes3.names, nodes3.addresses))]
+    try:
+        endpoints = _set_ring(servers)
+        saved = {}
+        for i, s in enumerate(servers):
+            saved[i] = {"w": torch.randn(1 << 18), "b": torch.arange(1000, dtype=torch.int16), "node": i}
+            with _knobs.override(socket=s.socket, job="ring-job", on_unavailable="raise"):
+                for part in range(2):
+                    tce.save(saved[i], f"/ckpt/step1/rank{i}-{part}.pt", tag="step1", rank=i)
+                _api.close()
+        for s in servers:
+            _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
+        servers[1].kill()  # the node is gone, memory and all
+        fresh = _ring_server(tmp_path, "n1-again", netns=nodes3.names[1], listen=f"{nodes3.addresses[1]}:7070")
+        servers[1] = fresh
+        assert _files(fresh) == {}
+        _set_ring(servers)  # the restarted job tells every server the ring again
+        got = _until(lambda: len(_files(fresh)) == 2 and _files(fresh), what="the recovery")
+        for part in range(2):
+            f = got[f"/ckpt/step1/rank1-{part}.pt"]
+            assert pb.FileState.Name(f.state) == "FILE_STATE_BACKED_UP" and f.backup_holder == endpoints[2]
+        with _knobs.override(socket=fresh.socket, job="ring-job", on_unavailable="raise"):
+            out = tce.load("/ckpt/step1/rank1-1.pt", weights_only=True)  # no file on disk: the ring's copy
+            assert out["node"] == 1 and torch.equal(out["w"], saved[1]["w"]) and torch.equal(out["b"], saved[1]["b"])
+            _api.close()
+        # node 0's copies, lost with node 1's memory, are sent again
+        _until(lambda: int(_status(fresh)["held_backups"]) == 2, what="node 0's files re-sent")
+        assert all(f.backup_holder == endpoints[1] for f in _files(servers[0]).values())
+    finally:
+        _stop(*servers)

@@ -861,6 +861,19 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
     ring.successor = ring.endpoints[(node_rank + 1) % ring.endpoints.size()];
   *successor = ring.successor;
   const bool changed = rings_[job].successor != ring.successor;
+  bool empty = true;  // nothing of this job in memory: a fresh or restarted node
+  for (const auto& [key, f] : files_) empty = empty && !(key.first == job && f.buffer_id != 0);
+  for (const auto& [id, a] : pending_) empty = empty && a.file.job != job;
+  if (empty && !ring.successor.empty()) {
+    BackupJob recover;
+    recover.recover = true;
+    recover.job = job;
+    recover.node = node_rank;
+    recover.peer = ring.successor;
+    recover.predecessor = ring.endpoints[(node_rank + ring.endpoints.size() - 1) % ring.endpoints.size()];
+    drop_queue_.push_back(std::move(recover));
+    backup_cv_.notify_one();
+  }
   TCE_LOG(kInfo, "ring") << "job=" << job << " node " << node_rank << " of "
                          << ring.endpoints.size() << ", successor "
                          << (ring.successor.empty() ? "none" : ring.successor);
@@ -904,12 +917,13 @@ bool Cache::NextBackupJob(BackupJob* out) {
     if (!buf.mem->NewFd(/*writable=*/false, &fd).ok()) continue;
     ++buf.pins;
     ++backups_in_flight_;
-    out->drop = false;
+    *out = BackupJob();
     out->job = f.job;
     out->tag = f.tag;
     out->path = f.path;
     out->rank = f.rank;
     out->peer = ring->second.successor;
+    out->node = ring->second.node_rank;
     out->version = f.version;
     out->buffer_id = buf.id;
     out->size = f.size;
@@ -921,6 +935,15 @@ bool Cache::NextBackupJob(BackupJob* out) {
 
 void Cache::FinishBackup(const BackupJob& job, const Status& result) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (job.recover) {
+    if (!result.ok()) {  // again, after the worker's backoff
+      ++backup_failures_;
+      backup_error_ = "recovery from " + job.peer + ": " + result.ToString();
+      drop_queue_.push_back(job);
+      backup_cv_.notify_one();
+    }
+    return;
+  }
   if (job.drop) {
     if (!result.ok()) {
       ++backup_failures_;
@@ -951,6 +974,84 @@ void Cache::FinishBackup(const BackupJob& job, const Status& result) {
   it->second.backup_holder = job.peer;
   if (it->second.state == FileState::kCached) it->second.state = FileState::kBackedUp;
   Note(it->second, false);
+}
+
+Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t capacity = CapacityFor(size);
+  std::vector<uint64_t> ignored;
+  while (used_ + reserved_ + capacity > budget_) {
+    Reclaim("", capacity, &ignored);
+    if (used_ + reserved_ + capacity <= budget_) break;
+    if (!EvictOne()) return Status::ResourceExhausted(FullMessage(capacity));
+  }
+  const uint64_t id = next_buffer_id_++;
+  reserved_ += capacity;
+  lock.unlock();
+  Status s = Buffer::Create(id, capacity, out);
+  if (!s.ok()) {
+    lock.lock();
+    reserved_ -= capacity;
+  }
+  return s;
+}
+
+void Cache::AbandonRecovery(std::unique_ptr<Buffer> mem) {
+  if (!mem) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_ -= mem->capacity();
+}
+
+Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_ -= mem->capacity();
+  FileKey key{f.job, f.path};
+  auto it = files_.find(key);
+  if (it != files_.end() && it->second.buffer_id != 0)
+    return Status::FailedPrecondition(f.path + " was saved again meanwhile: the newer copy stays");
+  const uint64_t id = mem->id();
+  Buf& buf = buffers_[id];
+  buf.id = id;
+  buf.capacity = mem->capacity();
+  buf.mem = std::move(mem);
+  buf.state = BufState::kCached;
+  used_ += buf.capacity;
+  ++buffers_created_;
+  f.buffer_id = id;
+  f.capacity = buf.capacity;
+  f.state = FileState::kBackedUp;
+  f.version = next_allocation_id_++;
+  f.committed_unix_ns = NowNs();
+  f.reason.clear();
+  files_[key] = f;
+  Note(f, false);
+  if (persistence_enabled()) {  // it may never have reached storage
+    persist_queue_.emplace_back(key);
+    persist_cv_.notify_one();
+  }
+  TCE_LOG(kInfo, "ring") << "recovered job=" << f.job << " path=" << f.path << " size=" << f.size
+                         << " from " << f.backup_holder;
+  return Status::OK();
+}
+
+void Cache::ResendBackups(const std::string& job, const std::string& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (auto& [key, f] : files_) {
+    if (key.first != job || f.backup_holder != peer) continue;
+    f.backup_holder.clear();
+    if (f.state == FileState::kBackedUp) f.state = FileState::kCached;
+    QueueBackup(key);
+    ++n;
+  }
+  TCE_LOG(kInfo, "ring") << peer << " lost its copies of job=" << job << ": re-sending " << n
+                         << " file(s)";
+}
+
+void Cache::NoteBackupError(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++backup_failures_;
+  backup_error_ = message;
 }
 
 void Cache::StopBackups() {

@@ -151,6 +151,16 @@ class Cache {
   // backs off); the file itself is unaffected.
   void FinishBackup(const BackupJob& job, const Status& result);
   void StopBackups();
+  // Recovery: room (within the budget) for a file pulled back from the ring.
+  Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out);
+  // Installs a pulled file (CRCs verified) as BACKED_UP at `f.backup_holder`,
+  // unless a save of the path arrived meanwhile (FAILED_PRECONDITION).
+  Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem);
+  void AbandonRecovery(std::unique_ptr<Buffer> mem);
+  // `peer` lost the copies it held for us: send the job's files again.
+  void ResendBackups(const std::string& job, const std::string& peer);
+  // Counts a ring failure that belongs to no queued job (shown in Stats).
+  void NoteBackupError(const std::string& message);
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };

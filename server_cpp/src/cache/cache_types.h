@@ -77,10 +77,15 @@ struct PersistJob {
 struct BackupJob {
   std::string job, tag, path, peer;
   int32_t rank = 0;
+  int32_t node = 0;  // our node rank in the job's ring
   uint64_t version = 0, buffer_id = 0, size = 0;
   std::vector<Record> records;
   int fd = -1;
   bool drop = false;
+  // A recovery (recover == true): pull this node's copies of `job` back from
+  // `peer` (the successor), then ask `predecessor` to back up to us again.
+  bool recover = false;
+  std::string predecessor;
 };
 
 const char* FileStateName(FileState s);

@@ -171,7 +171,7 @@ int Run(int argc, char** argv) {
     po.advertise = opt.peer_advertise;
     po.token = token;
     po.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
-    peers = std::make_unique<PeerServer>(po, transport.get(), &backups);
+    peers = std::make_unique<PeerServer>(po, transport.get(), &backups, &cache);
     if (!(s = peers->Start()).ok()) return Fail("peer_listen: " + s.ToString(), 1);
     ReplicatorOptions ro;
     ro.self = peers->endpoint();

@@ -59,6 +59,30 @@ bool BackupStore::Drop(const std::string& job, const std::string& path, uint64_t
   return true;
 }
 
+std::vector<HeldBackup> BackupStore::List(const std::string& job, int32_t owner_node) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<HeldBackup> out;
+  for (const auto& [key, h] : held_) {
+    if (key.first != job || h.owner_node != owner_node) continue;
+    HeldBackup copy;
+    copy.file = h.file;
+    copy.owner = h.owner;
+    copy.owner_node = h.owner_node;
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+Status BackupStore::Open(const std::string& job, const std::string& path, HeldBackup* info, int* fd) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = held_.find({job, path});
+  if (it == held_.end()) return Status::NotFound("no copy of " + path + " is held for job " + job);
+  info->file = it->second.file;
+  info->owner = it->second.owner;
+  info->owner_node = it->second.owner_node;
+  return it->second.buffer->NewFd(/*writable=*/false, fd);
+}
+
 void BackupStore::CountCorrupt() {
   std::lock_guard<std::mutex> l(mu_);
   ++corrupt_;

@@ -22,6 +22,7 @@ namespace tce {
 struct HeldBackup {
   FileInfo file;   // job, tag, rank, path, size, version, records (with CRCs)
   std::string owner;  // the peer that sent it
+  int32_t owner_node = 0;  // its node rank in the job's ring
   std::unique_ptr<Buffer> buffer;
 };
 
@@ -42,6 +43,10 @@ class BackupStore {
   void Commit(HeldBackup held);
   // The owner let go of (job, path) (version 0: any). False if not held.
   bool Drop(const std::string& job, const std::string& path, uint64_t version);
+  // The copies held for (job, owner_node).
+  std::vector<HeldBackup> List(const std::string& job, int32_t owner_node);  // buffer left null
+  // A read-only fd of a held copy, and its description.
+  Status Open(const std::string& job, const std::string& path, HeldBackup* info, int* fd);
   void CountCorrupt();
   BackupStoreStats Stats();
 

@@ -12,8 +12,9 @@
 
 namespace tce {
 
-PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store)
-    : options_(std::move(options)), transport_(transport), store_(store) {}
+PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store,
+                       Cache* cache)
+    : options_(std::move(options)), transport_(transport), store_(store), cache_(cache) {}
 
 PeerServer::~PeerServer() { Stop(); }
 
@@ -82,6 +83,21 @@ void PeerServer::Serve(int fd) {
       if (result.code() == Status::Code::kUnavailable) break;  // the stream is broken
     } else if (req.has_drop()) {
       store_->Drop(req.drop().job(), req.drop().path(), req.drop().version());
+    } else if (req.has_list()) {
+      v1::PeerListReply list;
+      for (const HeldBackup& h : store_->List(req.list().job(), req.list().owner_node())) {
+        v1::PeerBackup* b = list.add_files();
+        b->set_job(h.file.job);
+        b->set_path(h.file.path);
+        b->set_size(h.file.size);
+      }
+      s = link->Send(list);
+      continue;
+    } else if (req.has_fetch()) {
+      s = ServeFetch(link.get(), req.fetch());
+      continue;
+    } else if (req.has_resync()) {
+      if (cache_) cache_->ResendBackups(req.resync().job(), link->peer());
     } else {
       result = Status::InvalidArgument("unknown peer request");
     }
@@ -136,6 +152,7 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
       held.file.version = req.version();
       held.file.records = std::move(records);
       held.owner = link->peer();
+      held.owner_node = req.owner_node();
       held.buffer = std::move(buffer);
       store_->Commit(std::move(held));
     }
@@ -143,6 +160,41 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
   if (map != MAP_FAILED) munmap(map, mapped);
   if (buffer) store_->Abandon(std::move(buffer));
   return reserved.ok() ? s : reserved;
+}
+
+Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
+  HeldBackup held;
+  int fd = -1;
+  Status found = store_->Open(req.job(), req.path(), &held, &fd);
+  v1::PeerReply reply;
+  reply.set_code(static_cast<int>(found.code()));
+  reply.set_message(found.message());
+  Status s = link->Send(reply);
+  if (found.ok()) {
+    v1::PeerBackup header;
+    header.set_job(held.file.job);
+    header.set_tag(held.file.tag);
+    header.set_rank(held.file.rank);
+    header.set_path(held.file.path);
+    header.set_size(held.file.size);
+    header.set_version(held.file.version);
+    header.set_owner_node(held.owner_node);
+    for (const Record& r : held.file.records) {
+      v1::Record* p = header.add_records();
+      p->set_name(r.name);
+      p->set_header_offset(r.header_offset);
+      p->set_data_offset(r.data_offset);
+      p->set_size(r.size);
+      p->set_crc32(r.crc32);
+      p->set_central_offset(r.central_offset);
+    }
+    if (s.ok()) s = link->Send(header);
+    if (s.ok()) s = transport_->SendData(link, fd, held.file.size);
+    ::close(fd);
+    TCE_LOG(kInfo, "ring") << "sent back job=" << req.job() << " path=" << req.path() << " to "
+                           << link->peer() << ": " << (s.ok() ? "ok" : s.ToString());
+  }
+  return s;
 }
 
 }  // namespace tce

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache/cache.h"
 #include "ring/backup_store.h"
 #include "ring/transport.h"
 #include "tce/v1/tce.pb.h"
@@ -30,7 +31,9 @@ struct PeerServerOptions {
 
 class PeerServer {
  public:
-  PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store);
+  // `cache` (may be null): told when a peer asks for its backups again.
+  PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store,
+             Cache* cache = nullptr);
   ~PeerServer();
   Status Start();
   void Stop();
@@ -41,10 +44,13 @@ class PeerServer {
   void AcceptLoop();
   void Serve(int fd);
   Status ServeBackup(PeerLink* link, const v1::PeerBackup& req);
+  // Sends the reply itself (header and bytes follow an OK).
+  Status ServeFetch(PeerLink* link, const v1::PeerFetch& req);
 
   const PeerServerOptions options_;
   Transport* const transport_;
   BackupStore* const store_;
+  Cache* const cache_;
   std::string endpoint_;
   int listen_fd_ = -1;
   std::thread acceptor_;

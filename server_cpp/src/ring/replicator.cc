@@ -7,6 +7,7 @@
 
 #include "common/logging.h"
 #include "persist/crc.h"
+#include "ring/backup_store.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
@@ -56,7 +57,9 @@ void Replicator::Loop() {
       continue;
     }
     links.erase(job.peer);  // re-made on the next attempt
-    TCE_LOG(kWarning, "ring") << (job.drop ? "drop" : "backup") << " of " << job.path << " to "
+    links.erase(job.predecessor);
+    TCE_LOG(kWarning, "ring") << (job.recover ? "recovery" : job.drop ? "drop" : "backup") << " of "
+                              << (job.recover ? job.job : job.path) << " with "
                               << job.peer << " failed, retrying in " << backoff.count()
                               << "ms: " << s.ToString();
     if (!SleepUnlessStopping(backoff)) break;
@@ -64,13 +67,108 @@ void Replicator::Loop() {
   }
 }
 
-Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
-  std::unique_ptr<PeerLink>& link = (*links)[job.peer];
-  Status s;
+Status Replicator::Link(const std::string& peer,
+                        std::map<std::string, std::unique_ptr<PeerLink>>* links, PeerLink** out) {
+  std::unique_ptr<PeerLink>& link = (*links)[peer];
   if (!link) {
-    s = PeerLink::Connect(job.peer, options_.self, options_.token, options_.io_timeout, &link);
+    Status s = PeerLink::Connect(peer, options_.self, options_.token, options_.io_timeout, &link);
     if (!s.ok()) return s;
   }
+  *out = link.get();
+  return Status::OK();
+}
+
+Status Replicator::Recover(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
+  PeerLink* link = nullptr;
+  Status s = Link(job.peer, links, &link);
+  if (!s.ok()) return s;
+  v1::PeerRequest req;
+  req.mutable_list()->set_job(job.job);
+  req.mutable_list()->set_owner_node(job.node);
+  v1::PeerListReply list;
+  if (!(s = link->Send(req)).ok() || !(s = link->Recv(&list)).ok()) return s;
+  TCE_LOG(kInfo, "ring") << "recovering job=" << job.job << ": " << list.files_size()
+                         << " file(s) held by " << job.peer;
+  int pulled = 0;
+  for (const v1::PeerBackup& f : list.files()) {
+    Status p = Pull(link, job, f.path());
+    if (p.code() == Status::Code::kUnavailable) return p;  // the link broke: retry the whole
+    if (p.ok()) {
+      ++pulled;
+    } else {  // this file: storage serves it
+      TCE_LOG(kWarning, "ring") << "not recovered job=" << job.job << " path=" << f.path() << ": "
+                                << p.ToString();
+      cache_->NoteBackupError("recovery of " + f.path() + ": " + p.ToString());
+    }
+  }
+  TCE_LOG(kInfo, "ring") << "recovered " << pulled << " of " << list.files_size()
+                         << " file(s) of job=" << job.job << " from " << job.peer;
+  if (job.predecessor.empty() || job.predecessor == options_.self) return Status::OK();
+  PeerLink* pred = nullptr;
+  if (!(s = Link(job.predecessor, links, &pred)).ok()) return s;
+  v1::PeerRequest resync;
+  resync.mutable_resync()->set_job(job.job);
+  v1::PeerReply reply;
+  if (!(s = pred->Send(resync)).ok() || !(s = pred->Recv(&reply)).ok()) return s;
+  return Status::OK();
+}
+
+Status Replicator::Pull(PeerLink* link, const BackupJob& job, const std::string& path) {
+  v1::PeerRequest req;
+  req.mutable_fetch()->set_job(job.job);
+  req.mutable_fetch()->set_path(path);
+  v1::PeerReply reply;
+  Status s = link->Send(req);
+  if (s.ok()) s = link->Recv(&reply);
+  if (!s.ok()) return s;
+  if (reply.code() != 0)
+    return Status::FromCode(static_cast<Status::Code>(reply.code()), reply.message());
+  v1::PeerBackup header;
+  if (!(s = link->Recv(&header)).ok()) return s;
+  std::unique_ptr<Buffer> mem;
+  Status room = cache_->ReserveRecovery(header.size(), &mem);
+  void* map = MAP_FAILED;
+  if (room.ok())
+    map = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
+  if (!room.ok() || map == MAP_FAILED) {  // take the bytes anyway: the stream stays in step
+    if (room.ok()) room = Status::FromErrno(errno, "mmap recovery buffer");
+    std::vector<char> sink(1 << 20);
+    for (uint64_t left = header.size(); s.ok() && left > 0;) {
+      size_t n = static_cast<size_t>(std::min<uint64_t>(left, sink.size()));
+      s = link->RecvAll(sink.data(), n);
+      left -= n;
+    }
+    cache_->AbandonRecovery(std::move(mem));
+    return s.ok() ? room : s;
+  }
+  s = transport_->RecvData(link, static_cast<unsigned char*>(map), mem->fd(), header.size());
+  FileInfo f;
+  f.job = header.job();
+  f.tag = header.tag();
+  f.rank = header.rank();
+  f.path = header.path();
+  f.size = header.size();
+  f.backup_holder = job.peer;
+  for (const auto& r : header.records())
+    f.records.push_back(Record{r.name(), r.header_offset(), r.data_offset(), r.size(), r.crc32(),
+                               r.central_offset()});
+  if (s.ok()) {
+    s = VerifyRecords(static_cast<unsigned char*>(map), f.size, f.records);
+    if (!s.ok()) s = Status::DataLoss("the copy from " + job.peer + " is corrupt: " + s.message());
+  }
+  munmap(map, mem->capacity());
+  if (!s.ok()) {
+    cache_->AbandonRecovery(std::move(mem));
+    return s;
+  }
+  return cache_->AdoptRecovered(std::move(f), std::move(mem));
+}
+
+Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
+  if (job.recover) return Recover(job, links);
+  PeerLink* link = nullptr;
+  Status s = Link(job.peer, links, &link);
+  if (!s.ok()) return s;
   v1::PeerRequest req;
   if (job.drop) {
     v1::PeerDrop* d = req.mutable_drop();
@@ -98,6 +196,7 @@ Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_
     b->set_path(job.path);
     b->set_size(job.size);
     b->set_version(job.version);
+    b->set_owner_node(job.node);
     for (const Record& r : records) {
       v1::Record* p = b->add_records();
       p->set_name(r.name);
@@ -108,7 +207,7 @@ Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_
       p->set_central_offset(r.central_offset);
     }
     s = link->Send(req);
-    if (s.ok()) s = transport_->SendData(link.get(), job.fd, job.size);
+    if (s.ok()) s = transport_->SendData(link, job.fd, job.size);
   }
   if (!s.ok()) return s;
   v1::PeerReply reply;

@@ -42,6 +42,13 @@ class Replicator {
  private:
   void Loop();
   Status Send(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  Status Link(const std::string& peer, std::map<std::string, std::unique_ptr<PeerLink>>* links,
+              PeerLink** out);
+  // Pulls this node's copies back from the successor, then asks the
+  // predecessor to back up to us again.
+  Status Recover(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  // One held copy, fetched into a new cache buffer and checked.
+  Status Pull(PeerLink* link, const BackupJob& job, const std::string& path);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   Cache* const cache_;
