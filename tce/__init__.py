@@ -9,6 +9,7 @@ when it is imported) accepts ``"checkpoint_engine": "tce"``.
 from tce._api import cached, close, load, remove, save, status, wait
 from tce._deepspeed import attach, install_deepspeed
 from tce._patch import patch_torch, unpatch_torch
+from tce._ring import join_ring
 from tce._knobs import configure
 from tce.errors import (
     CacheFullError,
@@ -53,6 +54,7 @@ __all__ = [
     "close",
     "configure",
     "install_deepspeed",
+    "join_ring",
     "load",
     "patch_torch",
     "remove",

@@ -148,6 +148,9 @@ def _engine_class():
             self._saved_paths: list[str] = []
             self.loads_from_cache = 0
             self.loads_from_storage = 0
+            from tce._ring import join_ring
+
+            self.ring = join_ring(self.job)  # every rank builds the engine: a collective
             rank, _ = _world()
             message = (f"[TCE] checkpoint engine active: {ENGINE_NAME} "
                        f"(socket={_knobs.get('socket')}, job={self.job})")

@@ -293,3 +293,37 @@ def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3):
         assert all(f.backup_holder == endpoints[1] for f in _files(servers[0]).values())
     finally:
         _stop(*servers)
+
+
+def test_join_ring_tells_every_server_the_ring(tmp_path):
+    """Two "nodes" (one process each, NODE_RANK set as a launcher would) join
+    the ring with torch.distributed; each node's file is then backed up to
+    the other node's server."""
+    import socket
+    import sys
+
+    servers = [_ring_server(tmp_path, f"j{i}") for i in range(2)]
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [subprocess.Popen(
+            [sys.executable, os.path.join(os.path.dirname(__file__), "ring_job.py")],
+            env=dict(os.environ, RANK=str(i), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                     NODE_RANK=str(i), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                     TCE_SOCKET=servers[i].socket, TCE_JOB="ring-job", TCE_ON_UNAVAILABLE="raise"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs
+        import json
+
+        reports = [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+        endpoints = [_status(s)["peer_endpoint"] for s in servers]
+        assert [r["endpoints"] for r in reports] == [endpoints, endpoints]
+        assert [r["node"] for r in reports] == [0, 1]
+        for i, s in enumerate(servers):
+            f = _until(lambda: _files(s)[f"/ckpt/joined/rank{i}.pt"].backup_holder and
+                       _files(s)[f"/ckpt/joined/rank{i}.pt"], what=f"node {i}'s backup")
+            assert f.backup_holder == endpoints[1 - i]
+    finally:
+        _stop(*servers)
