@@ -52,6 +52,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{st['failed_files']} FAILED, {st['evicted_files']} evicted")
     else:
         print("persist   off (no storage_roots): files live in memory only")
+    if st.get("peer_endpoint"):
+        print(f"ring      peer {st['peer_endpoint']}; backup queue {st['backup_queue']} "
+              f"({_human(int(st['backup_lag_bytes']))} behind), {st['backed_up_files']} backed up, "
+              f"{st['backup_failures']} failed attempts"
+              + (f" (last: {st['backup_error']})" if st.get("backup_error") else ""))
+        print(f"          holding {st['held_backups']} predecessor file(s), "
+              f"{_human(int(st['held_backup_bytes']))} of {_human(int(st['backup_budget_bytes']))}")
+    else:
+        print("ring      off (no peer_listen)")
     return 0
 
 

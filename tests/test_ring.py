@@ -327,3 +327,15 @@ def test_join_ring_tells_every_server_the_ring(tmp_path):
             assert f.backup_holder == endpoints[1 - i]
     finally:
         _stop(*servers)
+
+
+def test_tce_status_shows_the_ring(tmp_path):
+    a = _ring_server(tmp_path, "a")
+    try:
+        p = subprocess.run(["python3", "-m", "tce.cli", "--socket", a.socket, "status"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert f"ring      peer {_status(a)['peer_endpoint']}; backup queue 0" in p.stdout
+        assert "holding 0 predecessor file(s), 0 B of 256.0 MiB" in p.stdout, p.stdout
+    finally:
+        _stop(a)
