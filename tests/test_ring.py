@@ -339,3 +339,47 @@ def test_tce_status_shows_the_ring(tmp_path):
         assert "holding 0 predecessor file(s), 0 B of 256.0 MiB" in p.stdout, p.stdout
     finally:
         _stop(a)
+
+
+def test_corrupted_copies_are_refused_and_storage_serves(tmp_path):
+    """B's transport corrupts every transfer it sends (a fault-injecting
+    transport: wire corruption cannot be caused for real). B's backups to A
+    are refused by A's CRC check; when A restarts, the copy B sends back is
+    refused too, and the file loads from storage, correct."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    a = _ring_server(tmp_path, "a", storage=storage)
+    b = _ring_server(tmp_path, "b", extra=["--ring-fault", "corrupt"])
+    try:
+        _set_ring([a, b])
+        x = {"w": torch.randn(1 << 16), "n": 7}
+        with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
+            tce.save(x, storage / "x.pt", tag="t")
+            tce.wait()
+            _api.close()
+        _until(lambda: _files(a)[str(storage / "x.pt")].backup_holder, what="A's backup")
+        with _knobs.override(socket=b.socket, job="ring-job", on_unavailable="raise"):
+            tce.save({"w": torch.ones(1000)}, "/ckpt/y.pt", tag="t")
+            _api.close()
+        st = _until(lambda: int(_status(b)["backup_failures"]) >= 1 and _status(b), what="a refusal")
+        assert "checksum mismatch" in st["backup_error"], st["backup_error"]
+        assert int(_status(a)["held_backups"]) == 0  # nothing corrupt was kept
+
+        a.kill()
+        a2 = _ring_server(tmp_path, "a2", storage=storage)
+        try:
+            _set_ring([a2, b])
+            st = _until(lambda: "corrupt" in _status(a2)["backup_error"] and _status(a2),
+                        what="the refused recovery")
+            assert "checksum mismatch" in st["backup_error"]
+            assert str(storage / "x.pt") not in _files(a2)  # never installed
+            assert "not recovered" in a2.log()
+            with _knobs.override(socket=a2.socket, job="ring-job", on_unavailable="raise"):
+                out = tce.load(storage / "x.pt", weights_only=True)  # from storage
+                assert torch.equal(out["w"], x["w"]) and out["n"] == 7
+                _api.close()
+        finally:
+            _stop(a2)
+    finally:
+        a.cleanup()
+        _stop(b)

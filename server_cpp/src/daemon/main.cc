@@ -128,6 +128,10 @@ int Run(int argc, char** argv) {
   std::unique_ptr<Transport> transport;
   if (ring && !(s = NewTransport(opt.ring_transport, &transport)).ok())
     return Fail("ring_transport: " + s.message(), 2);
+  if (ring && opt.ring_fault == "corrupt") {
+    TCE_LOG(kWarning, "ring") << "ring_fault=corrupt: every transfer this server sends is corrupted (tests only)";
+    transport = NewCorruptingTransport(std::move(transport));
+  }
   BackupStore backups(backup_budget);
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));

@@ -39,6 +39,7 @@ const Setting kSettings[] = {
     {"backup_share", "TCE_BACKUP_SHARE", "--backup-share"},
     {"backup_threads", "TCE_BACKUP_THREADS", "--backup-threads"},
     {"peer_timeout_ms", "TCE_PEER_TIMEOUT_MS", "--peer-timeout-ms"},
+    {"ring_fault", "TCE_RING_FAULT", "--ring-fault"},
 };
 
 bool ParseInt(const std::string& s, long lo, long hi, int* out) {
@@ -134,6 +135,9 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     o->ring_transport = value;
   } else if (key == "backup_share") {
     if (!ParseInt(value, 1, 90, &o->backup_share)) return bad("a percentage from 1 to 90");
+  } else if (key == "ring_fault") {
+    if (!value.empty() && value != "corrupt") return bad("empty, or corrupt (tests only)");
+    o->ring_fault = value;
   } else if (key == "peer_timeout_ms") {
     if (!ParseInt(value, 100, 3600000, &o->peer_timeout_ms)) return bad("milliseconds, 100 to 3600000");
   } else if (key == "backup_threads") {
@@ -322,7 +326,8 @@ std::string FormatConfig(const Options& o) {
       << "ring_transport = " << Quote(o.ring_transport) << "\n"
       << "backup_share = " << o.backup_share << "\n"
       << "backup_threads = " << o.backup_threads << "\n"
-      << "peer_timeout_ms = " << o.peer_timeout_ms << "\n";
+      << "peer_timeout_ms = " << o.peer_timeout_ms << "\n"
+      << "ring_fault = " << Quote(o.ring_fault) << "\n";
   return out.str();
 }
 
@@ -361,6 +366,8 @@ std::string HelpText() {
          "  --backup-share PCT     % of the budget for predecessors' backups [TCE_BACKUP_SHARE, 50]\n"
          "  --backup-threads N     backup workers                            [TCE_BACKUP_THREADS, 1]\n"
          "  --peer-timeout-ms N    give up on a silent peer after N ms       [TCE_PEER_TIMEOUT_MS, 30000]\n"
+         "  --ring-fault F         tests only: corrupt = flip a byte of every transfer sent\n"
+         "                                                                   [TCE_RING_FAULT, empty]\n"
          "  --config FILE          flat TOML config file                     [TCE_CONFIG]\n"
          "  --print-config         print the effective configuration and exit\n"
          "  --version, --help\n";

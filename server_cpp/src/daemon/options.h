@@ -40,7 +40,8 @@ struct Options {
   std::string ring_transport = "tcp";
   int backup_share = 50;       // percent of memory_budget for predecessors' backups
   int backup_threads = 1;
-  int peer_timeout_ms = 30000;  // a peer silent this long is given up on (then retried)
+  int peer_timeout_ms = 30000;
+  std::string ring_fault;  // tests only: "corrupt" flips a byte of every transfer sent  // a peer silent this long is given up on (then retried)
   std::string config;  // the file read, if any
 };
 

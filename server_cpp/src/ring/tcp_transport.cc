@@ -1,6 +1,9 @@
 #include <sys/sendfile.h>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <string>
 #include <cstring>
 
 #include "ring/transport.h"
@@ -30,7 +33,35 @@ class TcpTransport final : public Transport {
   }
 };
 
+class CorruptingTransport final : public Transport {
+ public:
+  explicit CorruptingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  const char* name() const override { return inner_->name(); }
+
+  Status SendData(PeerLink* link, int fd, uint64_t size) override {
+    std::string bytes(static_cast<size_t>(size), '\0');
+    for (uint64_t off = 0; off < size;) {
+      ssize_t n = pread(fd, &bytes[off], static_cast<size_t>(size - off), static_cast<off_t>(off));
+      if (n <= 0) return Status::FromErrno(errno, "read buffer");
+      off += static_cast<uint64_t>(n);
+    }
+    if (size > 0) bytes[size / 2] ^= 0x5a;
+    return link->SendAll(bytes.data(), bytes.size());
+  }
+
+  Status RecvData(PeerLink* link, unsigned char* dst, int fd, uint64_t size) override {
+    return inner_->RecvData(link, dst, fd, size);
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+};
+
 }  // namespace
+
+std::unique_ptr<Transport> NewCorruptingTransport(std::unique_ptr<Transport> inner) {
+  return std::make_unique<CorruptingTransport>(std::move(inner));
+}
 
 std::unique_ptr<Transport> NewTcpTransport() { return std::make_unique<TcpTransport>(); }
 

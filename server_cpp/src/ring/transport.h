@@ -32,4 +32,9 @@ std::unique_ptr<Transport> NewTcpTransport();
 // "tcp" -> the tcp transport; others: a clear error naming the choices.
 Status NewTransport(const std::string& name, std::unique_ptr<Transport>* out);
 
+// Fault injection for tests (wire corruption cannot be caused for real: TCP
+// checksums it away): wraps `inner` and flips one byte in the middle of
+// every transfer it sends.
+std::unique_ptr<Transport> NewCorruptingTransport(std::unique_ptr<Transport> inner);
+
 }  // namespace tce
