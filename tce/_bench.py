@@ -261,10 +261,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--use-running-server", action="store_true",
                    help="use the server on --socket / $TCE_SOCKET instead of starting one")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--ring", action="store_true",
+                   help="instead: ring backup throughput between two network namespaces "
+                        "against a plain TCP stream (root)")
 
 
 def main(args: argparse.Namespace) -> int:
     from tce import _knobs
+
+    if args.ring:
+        from tce import _ringbench
+
+        return _ringbench.main(parse_size(args.size), args.repeats, args.json)
 
     socket_path = (args.socket or _knobs.get("socket")) if args.use_running_server else None
     with tempfile.TemporaryDirectory(dir=args.dir) as d:

@@ -16,6 +16,7 @@ import torch
 
 import tce
 from tce import _api, _knobs
+from tce._netns import Nodes
 from tce._server import LocalServer
 from tce.errors import FailedPreconditionError, InvalidArgumentError
 from tce.v1 import tce_pb2 as pb
@@ -146,58 +147,7 @@ def test_ring_settings_are_checked(tmp_path, make_server):
         _stop(a)
 
 
-# ---- several nodes, one network namespace each ----
-
-class Nodes:
-    """n network namespaces on one bridge: node i is 10.<x>.0.(i+1)."""
-
-    _made = 0
-
-    def __init__(self, n: int) -> None:
-        Nodes._made += 1
-        tag = f"{os.getpid() % 10000}x{Nodes._made}"
-        self.bridge = f"tcebr{tag}"
-        self.names = [f"tce{tag}n{i}" for i in range(n)]
-        self.host_veths = [f"tce{tag}v{i}" for i in range(n)]
-        self.subnet = 40 + (os.getpid() + Nodes._made) % 200
-        self.addresses = [f"10.{self.subnet}.0.{i + 1}" for i in range(n)]
-        try:
-            self._setup()
-        except Exception:
-            self.close()
-            raise
-
-    def _setup(self) -> None:
-        self._ip("link", "add", self.bridge, "type", "bridge")
-        self._ip("link", "set", self.bridge, "up")
-        for name, veth, addr in zip(self.names, self.host_veths, self.addresses):
-            self._ip("netns", "add", name)
-            self._ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name)
-            self._ip("link", "set", veth, "master", self.bridge)
-            self._ip("link", "set", veth, "up")
-            self._ip("-n", name, "addr", "add", f"{addr}/24", "dev", "eth0")
-            self._ip("-n", name, "link", "set", "eth0", "up")
-            self._ip("-n", name, "link", "set", "lo", "up")
-
-    @staticmethod
-    def _ip(*args: str) -> None:
-        p = subprocess.run(["ip", *args], capture_output=True, text=True)
-        if p.returncode != 0:
-            raise RuntimeError(f"ip {' '.join(args)}: {p.stderr.strip()}")
-
-    def cut(self, i: int) -> None:
-        self._ip("link", "set", self.host_veths[i], "down")
-
-    def restore(self, i: int) -> None:
-        self._ip("link", "set", self.host_veths[i], "up")
-
-    def close(self) -> None:
-        for veth in self.host_veths:
-            subprocess.run(["ip", "link", "del", veth], capture_output=True)
-        for name in self.names:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
-
+# ---- several nodes, one network namespace each (tce._netns) ----
 
 @pytest.fixture
 def nodes3():
