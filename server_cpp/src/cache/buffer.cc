@@ -9,7 +9,26 @@
 
 namespace tce {
 
-Buffer::~Buffer() { ::close(fd_); }
+Buffer::~Buffer() {
+  if (map_) munmap(map_, capacity_);
+  ::close(fd_);
+}
+
+Status Buffer::Mapping(const unsigned char** out) {
+  std::call_once(mapped_, [this] {
+    void* m = mmap(nullptr, capacity_, PROT_READ, MAP_SHARED, fd_, 0);
+    if (m == MAP_FAILED) {
+      map_status_ = Status::FromErrno(errno, "mmap buffer " + std::to_string(id_));
+      return;
+    }
+    map_ = static_cast<unsigned char*>(m);
+    volatile unsigned char sink = 0;  // read-touch a byte per page: no faults later
+    const long page = sysconf(_SC_PAGESIZE);
+    for (uint64_t off = 0; off < capacity_; off += static_cast<uint64_t>(page)) sink = sink + map_[off];
+  });
+  *out = map_;
+  return map_status_;
+}
 
 Status Buffer::Create(uint64_t id, uint64_t capacity, std::unique_ptr<Buffer>* out) {
   std::string name = "tce:" + std::to_string(id);

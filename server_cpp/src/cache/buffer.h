@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "common/status.h"
@@ -30,8 +31,16 @@ class Buffer {
   // through /proc/self/fd, our own process). The caller owns it.
   Status NewFd(bool writable, int* out) const;
 
+  // The server's own shared mapping of the whole buffer, made (and faulted
+  // in) on first use and kept for the buffer's lifetime, so background work
+  // (backups) reads it without mapping or faulting again. Thread-safe.
+  Status Mapping(const unsigned char** out);
+
  private:
   Buffer(uint64_t id, uint64_t capacity, int fd) : id_(id), capacity_(capacity), fd_(fd) {}
+  std::once_flag mapped_;
+  unsigned char* map_ = nullptr;
+  Status map_status_;
   const uint64_t id_;
   const uint64_t capacity_;
   const int fd_;

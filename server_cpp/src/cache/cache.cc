@@ -929,6 +929,10 @@ bool Cache::NextBackupJob(BackupJob* out) {
     out->size = f.size;
     out->records = f.records;
     out->fd = fd;
+    out->data = nullptr;
+    Buffer* mem = buf.mem.get();
+    lock.unlock();  // mapping a new buffer faults it in: not under the lock
+    if (!mem->Mapping(&out->data).ok()) out->data = nullptr;
     return true;
   }
 }

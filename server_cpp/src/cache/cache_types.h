@@ -81,6 +81,7 @@ struct BackupJob {
   uint64_t version = 0, buffer_id = 0, size = 0;
   std::vector<Record> records;
   int fd = -1;
+  const unsigned char* data = nullptr;  // the server's mapping of the buffer (pinned)
   bool drop = false;
   // A recovery (recover == true): pull this node's copies of `job` back from
   // `peer` (the successor), then ask `predecessor` to back up to us again.

@@ -139,4 +139,19 @@ Status ValidateZipTable(int fd, uint64_t size, const std::vector<Record>& record
   return Status::OK();
 }
 
+RecordCrcs::RecordCrcs(const std::vector<Record>& records) : crc_(records.size(), 0) {
+  for (const Record& r : records) spans_.emplace_back(r.data_offset, r.data_offset + r.size);
+}
+
+void RecordCrcs::Feed(uint64_t offset, const unsigned char* chunk, size_t n) {
+  const uint64_t end = offset + n;
+  for (size_t i = next_; i < spans_.size(); ++i) {
+    const auto [begin, stop] = spans_[i];
+    if (begin >= end) break;  // records are in order: the rest come later
+    const uint64_t from = std::max(begin, offset), to = std::min(stop, end);
+    if (to > from) crc_[i] = Crc32(crc_[i], chunk + (from - offset), static_cast<size_t>(to - from));
+    if (stop <= end && i == next_) ++next_;
+  }
+}
+
 }  // namespace tce

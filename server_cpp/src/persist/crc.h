@@ -46,6 +46,20 @@ class ZipCrcStream {
   uint64_t fed_ = 0;
 };
 
+// Every record's CRC-32, computed while the file's bytes stream past in
+// chunks of any size, in order (nothing is patched).
+class RecordCrcs {
+ public:
+  explicit RecordCrcs(const std::vector<Record>& records);
+  void Feed(uint64_t offset, const unsigned char* chunk, size_t n);
+  const std::vector<uint32_t>& crcs() const { return crc_; }
+
+ private:
+  std::vector<std::pair<uint64_t, uint64_t>> spans_;  // [data_offset, end) per record
+  std::vector<uint32_t> crc_;
+  size_t next_ = 0;  // first record not fully fed
+};
+
 // Checks that each record's data descriptor and central entry signatures are
 // where the table says, reading them from `fd` (a memfd).
 Status ValidateZipTable(int fd, uint64_t size, const std::vector<Record>& records);

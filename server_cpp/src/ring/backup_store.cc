@@ -1,20 +1,62 @@
 #include "ring/backup_store.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include "cache/cache.h"
 #include "common/logging.h"
 #include "persist/crc.h"
 
 namespace tce {
 
+Status MappedBuffer::Create(uint64_t id, uint64_t capacity, std::unique_ptr<MappedBuffer>* out) {
+  std::unique_ptr<Buffer> b;
+  Status s = Buffer::Create(id, capacity, &b);
+  if (!s.ok()) return s;
+  void* map = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd(), 0);
+  if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap backup buffer");
+  // Read-touch a byte per page: maps the (fallocated) pages once, so no
+  // receive into this buffer ever faults.
+  volatile unsigned char sink = 0;
+  const long page = sysconf(_SC_PAGESIZE);
+  for (uint64_t off = 0; off < capacity; off += static_cast<uint64_t>(page))
+    sink = sink + static_cast<unsigned char*>(map)[off];
+  out->reset(new MappedBuffer(std::move(b), static_cast<unsigned char*>(map)));
+  return Status::OK();
+}
+
+MappedBuffer::~MappedBuffer() { munmap(data_, buffer_->capacity()); }
+
 Status BackupStore::Reserve(const std::string& job, const std::string& path, uint64_t size,
-                            std::unique_ptr<Buffer>* out) {
+                            std::unique_ptr<MappedBuffer>* out) {
   const uint64_t capacity = Cache::CapacityFor(size);
   uint64_t id = 0;
+  std::vector<std::unique_ptr<MappedBuffer>> destroy;  // freed outside the lock
   {
     std::lock_guard<std::mutex> l(mu_);
+    // 1. A free buffer that fits (the smallest).
+    size_t best = free_.size();
+    for (size_t i = 0; i < free_.size(); ++i)
+      if (Cache::Fits(free_[i]->capacity(), size) &&
+          (best == free_.size() || free_[i]->capacity() < free_[best]->capacity()))
+        best = i;
+    if (best < free_.size()) {
+      *out = std::move(free_[best]);
+      free_.erase(free_.begin() + static_cast<long>(best));
+      ++reused_;
+      return Status::OK();
+    }
+    // 2. A new one, after destroying free ones if the share needs the room.
     // The copy it replaces counts as free: it goes once the new one is in.
     auto old = held_.find({job, path});
     const uint64_t replaced = old == held_.end() ? 0 : old->second.buffer->capacity();
+    while (used_ - replaced + capacity > budget_ && !free_.empty()) {
+      used_ -= free_.back()->capacity();
+      destroy.push_back(std::move(free_.back()));
+      free_.pop_back();
+    }
     if (used_ - replaced + capacity > budget_)
       return Status::ResourceExhausted("backup share full: need " + std::to_string(capacity) +
                                        " bytes, " + std::to_string(budget_ - used_) + " of " +
@@ -22,7 +64,8 @@ Status BackupStore::Reserve(const std::string& job, const std::string& path, uin
     used_ += capacity;
     id = next_id_++;
   }
-  Status s = Buffer::Create(id, capacity, out);  // slow (zero-fills): outside the lock
+  destroy.clear();
+  Status s = MappedBuffer::Create(id, capacity, out);  // slow (zero-fills): outside the lock
   if (!s.ok()) {
     std::lock_guard<std::mutex> l(mu_);
     used_ -= capacity;
@@ -30,10 +73,10 @@ Status BackupStore::Reserve(const std::string& job, const std::string& path, uin
   return s;
 }
 
-void BackupStore::Abandon(std::unique_ptr<Buffer> buffer) {
+void BackupStore::Abandon(std::unique_ptr<MappedBuffer> buffer) {
   if (!buffer) return;
   std::lock_guard<std::mutex> l(mu_);
-  used_ -= buffer->capacity();
+  free_.push_back(std::move(buffer));
 }
 
 void BackupStore::Commit(HeldBackup held) {
@@ -41,7 +84,7 @@ void BackupStore::Commit(HeldBackup held) {
   auto key = std::make_pair(held.file.job, held.file.path);
   auto old = held_.find(key);
   if (old != held_.end()) {
-    used_ -= old->second.buffer->capacity();
+    free_.push_back(std::move(old->second.buffer));  // recycled by the next copy
     held_.erase(old);
   }
   TCE_LOG(kInfo, "ring") << "holding backup job=" << held.file.job << " path=" << held.file.path
@@ -53,7 +96,7 @@ bool BackupStore::Drop(const std::string& job, const std::string& path, uint64_t
   std::lock_guard<std::mutex> l(mu_);
   auto it = held_.find({job, path});
   if (it == held_.end() || (version != 0 && it->second.file.version != version)) return false;
-  used_ -= it->second.buffer->capacity();
+  free_.push_back(std::move(it->second.buffer));
   held_.erase(it);
   TCE_LOG(kInfo, "ring") << "dropped backup job=" << job << " path=" << path;
   return true;
@@ -80,7 +123,7 @@ Status BackupStore::Open(const std::string& job, const std::string& path, HeldBa
   info->file = it->second.file;
   info->owner = it->second.owner;
   info->owner_node = it->second.owner_node;
-  return it->second.buffer->NewFd(/*writable=*/false, fd);
+  return it->second.buffer->buffer().NewFd(/*writable=*/false, fd);
 }
 
 void BackupStore::CountCorrupt() {
@@ -96,6 +139,7 @@ BackupStoreStats BackupStore::Stats() {
   s.files = held_.size();
   for (const auto& [key, h] : held_) s.bytes += h.file.size;
   s.rejected_corrupt = corrupt_;
+  s.reused = reused_;
   return s;
 }
 

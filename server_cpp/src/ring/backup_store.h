@@ -19,26 +19,43 @@
 
 namespace tce {
 
+// A buffer with a writable mapping kept for its lifetime and faulted in
+// once, so receiving a copy into a recycled one takes no page faults.
+class MappedBuffer {
+ public:
+  static Status Create(uint64_t id, uint64_t capacity, std::unique_ptr<MappedBuffer>* out);
+  ~MappedBuffer();
+  Buffer& buffer() { return *buffer_; }
+  unsigned char* data() { return data_; }
+  uint64_t capacity() const { return buffer_->capacity(); }
+
+ private:
+  MappedBuffer(std::unique_ptr<Buffer> b, unsigned char* data) : buffer_(std::move(b)), data_(data) {}
+  std::unique_ptr<Buffer> buffer_;
+  unsigned char* data_;
+};
+
 struct HeldBackup {
   FileInfo file;   // job, tag, rank, path, size, version, records (with CRCs)
   std::string owner;  // the peer that sent it
   int32_t owner_node = 0;  // its node rank in the job's ring
-  std::unique_ptr<Buffer> buffer;
+  std::unique_ptr<MappedBuffer> buffer;
 };
 
 struct BackupStoreStats {
-  uint64_t budget = 0, used = 0, files = 0, bytes = 0, rejected_corrupt = 0;
+  uint64_t budget = 0, used = 0, files = 0, bytes = 0, rejected_corrupt = 0, reused = 0;
 };
 
 class BackupStore {
  public:
   explicit BackupStore(uint64_t budget) : budget_(budget) {}
 
-  // A buffer for an incoming copy of `size` bytes of (job, path): room is
-  // reserved until Commit or Abandon. RESOURCE_EXHAUSTED when the share is full.
+  // A buffer for an incoming copy of `size` bytes of (job, path): a free
+  // one that fits (the copies a newer one replaced are recycled), else a new
+  // one. Returned by Commit or Abandon. RESOURCE_EXHAUSTED when the share is full.
   Status Reserve(const std::string& job, const std::string& path, uint64_t size,
-                 std::unique_ptr<Buffer>* out);
-  void Abandon(std::unique_ptr<Buffer> buffer);
+                 std::unique_ptr<MappedBuffer>* out);
+  void Abandon(std::unique_ptr<MappedBuffer> buffer);
   // Keeps the received copy (its CRCs were checked), replacing an older one.
   void Commit(HeldBackup held);
   // The owner let go of (job, path) (version 0: any). False if not held.
@@ -56,7 +73,9 @@ class BackupStore {
   uint64_t used_ = 0;  // GUARDED_BY(mu_): capacity of held and reserved buffers
   uint64_t next_id_ = 1;  // GUARDED_BY(mu_)
   uint64_t corrupt_ = 0;  // GUARDED_BY(mu_)
+  uint64_t reused_ = 0;   // GUARDED_BY(mu_)
   std::map<std::pair<std::string, std::string>, HeldBackup> held_;  // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<MappedBuffer>> free_;                 // GUARDED_BY(mu_)
 };
 
 // Checks every record's payload in `data` against its CRC-32. Names the first

@@ -8,9 +8,13 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "persist/crc.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
+namespace {
+constexpr uint64_t kChunk = 2 << 20;  // checksummed while the next one arrives (cache-hot)
+}  // namespace
 
 PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store,
                        Cache* cache)
@@ -111,19 +115,53 @@ void PeerServer::Serve(int fd) {
 }
 
 Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
-  std::unique_ptr<Buffer> buffer;
+  std::unique_ptr<MappedBuffer> buffer;
   Status reserved = store_->Reserve(req.job(), req.path(), req.size(), &buffer);
-  // The bytes follow the header whatever we answer: take them (into the new
+  // The bytes follow the header whatever we answer: take them (into the
   // buffer, or drain them) so the stream stays in step.
-  void* map = MAP_FAILED;
-  const uint64_t mapped = buffer ? buffer->capacity() : 0;
-  if (reserved.ok() && req.size() > 0)
-    map = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, buffer->fd(), 0);
+  unsigned char* map = buffer ? buffer->data() : nullptr;
+  std::vector<Record> records;
+  for (const auto& r : req.records())
+    records.push_back(Record{r.name(), r.header_offset(), r.data_offset(), r.size(), r.crc32(),
+                             r.central_offset()});
   Status s;
-  if (reserved.ok() && (map != MAP_FAILED || req.size() == 0)) {
-    s = transport_->RecvData(link, static_cast<unsigned char*>(map), buffer->fd(), req.size());
+  if (reserved.ok() && req.crc_trailer()) {
+    // Checksum each chunk as it arrives (the next one is already on its way),
+    // then compare with the sender's, which follow the bytes.
+    RecordCrcs crcs(records);
+    for (uint64_t off = 0; s.ok() && off < req.size(); off += kChunk) {
+      const uint64_t n = std::min<uint64_t>(kChunk, req.size() - off);
+      s = transport_->RecvData(link, map + off, buffer->buffer().fd(), n);
+      if (s.ok()) crcs.Feed(off, map + off, static_cast<size_t>(n));
+    }
+    v1::PeerChecksums theirs;
+    if (s.ok()) s = link->Recv(&theirs);
+    if (s.ok() && static_cast<size_t>(theirs.crc32_size()) != records.size())
+      s = Status::InvalidArgument("the checksum trailer has " + std::to_string(theirs.crc32_size()) +
+                                  " CRCs for " + std::to_string(records.size()) + " records");
+    for (size_t i = 0; s.ok() && i < records.size(); ++i) records[i].crc32 = theirs.crc32(static_cast<int>(i));
+    for (size_t i = 0; s.ok() && i < records.size(); ++i)
+      if (crcs.crcs()[i] != records[i].crc32)
+        s = Status::Internal("checksum mismatch in record " + records[i].name + ": expected " +
+                             std::to_string(records[i].crc32) + ", got " + std::to_string(crcs.crcs()[i]));
+    if (!s.ok() && s.code() != Status::Code::kUnavailable) {
+      store_->CountCorrupt();
+      TCE_LOG(kError, "ring") << "rejected backup from " << link->peer() << " job=" << req.job()
+                              << " path=" << req.path() << ": " << s.message();
+      s = Status::DataLoss(s.message());
+    }
+  } else if (reserved.ok()) {
+    s = transport_->RecvData(link, map, buffer->buffer().fd(), req.size());
+    if (s.ok()) {
+      s = VerifyRecords(map, req.size(), records);
+      if (!s.ok()) {
+        store_->CountCorrupt();
+        TCE_LOG(kError, "ring") << "rejected backup from " << link->peer() << " job=" << req.job()
+                                << " path=" << req.path() << ": " << s.message();
+        s = Status::DataLoss(s.message());
+      }
+    }
   } else {
-    if (reserved.ok()) reserved = Status::FromErrno(errno, "mmap backup buffer");
     std::vector<char> sink(1 << 20);
     for (uint64_t left = req.size(); s.ok() && left > 0;) {
       size_t n = static_cast<size_t>(std::min<uint64_t>(left, sink.size()));
@@ -132,17 +170,7 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
     }
   }
   if (s.ok() && reserved.ok()) {
-    std::vector<Record> records;
-    for (const auto& r : req.records())
-      records.push_back(Record{r.name(), r.header_offset(), r.data_offset(), r.size(), r.crc32(),
-                               r.central_offset()});
-    s = VerifyRecords(static_cast<unsigned char*>(map), req.size(), records);
-    if (!s.ok()) {
-      store_->CountCorrupt();
-      TCE_LOG(kError, "ring") << "rejected backup from " << link->peer() << " job=" << req.job()
-                              << " path=" << req.path() << ": " << s.message();
-      s = Status::DataLoss(s.message());
-    } else {
+    {
       HeldBackup held;
       held.file.job = req.job();
       held.file.tag = req.tag();
@@ -157,7 +185,6 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
       store_->Commit(std::move(held));
     }
   }
-  if (map != MAP_FAILED) munmap(map, mapped);
   if (buffer) store_->Abandon(std::move(buffer));
   return reserved.ok() ? s : reserved;
 }
@@ -189,7 +216,7 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
       p->set_central_offset(r.central_offset);
     }
     if (s.ok()) s = link->Send(header);
-    if (s.ok()) s = transport_->SendData(link, fd, held.file.size);
+    if (s.ok()) s = transport_->SendData(link, fd, 0, held.file.size);
     ::close(fd);
     TCE_LOG(kInfo, "ring") << "sent back job=" << req.job() << " path=" << req.path() << " to "
                            << link->peer() << ": " << (s.ok() ? "ok" : s.ToString());

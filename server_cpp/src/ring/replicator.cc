@@ -164,6 +164,29 @@ Status Replicator::Pull(PeerLink* link, const BackupJob& job, const std::string&
   return cache_->AdoptRecovered(std::move(f), std::move(mem));
 }
 
+Status Replicator::SendWithChecksums(PeerLink* link, const BackupJob& job) {
+  constexpr uint64_t kChunk = 2 << 20;  // checksummed while cache-hot, just before it goes
+  void* map = nullptr;
+  const unsigned char* data = job.data;
+  if (!data && job.size > 0) {  // no kept mapping: a private one for this backup
+    map = mmap(nullptr, job.size, PROT_READ, MAP_SHARED, job.fd, 0);
+    if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer for backup");
+    data = static_cast<const unsigned char*>(map);
+  }
+  RecordCrcs crcs(job.records);
+  Status s;
+  for (uint64_t off = 0; s.ok() && off < job.size; off += kChunk) {
+    const uint64_t n = std::min<uint64_t>(kChunk, job.size - off);
+    crcs.Feed(off, data + off, static_cast<size_t>(n));
+    s = transport_->SendData(link, job.fd, off, n);
+  }
+  if (map) munmap(map, job.size);
+  if (!s.ok()) return s;
+  v1::PeerChecksums trailer;
+  for (uint32_t c : crcs.crcs()) trailer.add_crc32(c);
+  return link->Send(trailer);
+}
+
 Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
   if (job.recover) return Recover(job, links);
   PeerLink* link = nullptr;
@@ -177,19 +200,14 @@ Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_
     d->set_version(job.version);
     s = link->Send(req);
   } else {
-    // CRCs travel with the header; where persistence has not computed them
-    // yet, compute them from a read-only mapping (the buffer is pinned).
-    std::vector<Record> records = job.records;
+    // CRCs travel with the header when persistence computed them already;
+    // otherwise each chunk is checksummed just before it is sent (the pass
+    // overlaps the transfer) and the CRCs follow the bytes.
+    const std::vector<Record>& records = job.records;
     bool missing = false;
     for (const Record& r : records) missing |= r.crc32 == 0 && r.size > 0;
-    if (missing && job.size > 0) {
-      void* map = mmap(nullptr, job.size, PROT_READ, MAP_SHARED, job.fd, 0);
-      if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer for backup");
-      for (Record& r : records)
-        r.crc32 = Crc32(0, static_cast<const unsigned char*>(map) + r.data_offset, static_cast<size_t>(r.size));
-      munmap(map, job.size);
-    }
     v1::PeerBackup* b = req.mutable_backup();
+    b->set_crc_trailer(missing);
     b->set_job(job.job);
     b->set_tag(job.tag);
     b->set_rank(job.rank);
@@ -207,7 +225,8 @@ Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_
       p->set_central_offset(r.central_offset);
     }
     s = link->Send(req);
-    if (s.ok()) s = transport_->SendData(link, job.fd, job.size);
+    if (s.ok() && !missing) s = transport_->SendData(link, job.fd, 0, job.size);
+    if (s.ok() && missing) s = SendWithChecksums(link, job);
   }
   if (!s.ok()) return s;
   v1::PeerReply reply;

@@ -68,15 +68,16 @@ TEST(PeerLink, ConnectingToNobodyFailsQuickly) {
   EXPECT_EQ(PeerLink::Connect("nocolon", "me:1", "t", 1000ms, &c).code(), Status::Code::kInvalidArgument);
 }
 
-TEST(BackupStore, BudgetReplaceAndDrop) {
+TEST(BackupStore, BudgetRecyclingAndDrop) {
   const uint64_t cap = Cache::CapacityFor(1 << 20);
   BackupStore store(cap * 2);
-  std::unique_ptr<Buffer> a, b, c;
+  std::unique_ptr<MappedBuffer> a, b, c;
   ASSERT_TRUE(store.Reserve("j", "/a", 1 << 20, &a).ok());
   ASSERT_TRUE(store.Reserve("j", "/b", 1 << 20, &b).ok());
   Status full = store.Reserve("j", "/c", 1 << 20, &c);
   EXPECT_EQ(full.code(), Status::Code::kResourceExhausted);
   EXPECT_NE(full.message().find("backup share full"), std::string::npos);
+  a->data()[5] = 42;  // the mapping is writable
   HeldBackup h;
   h.file.job = "j";
   h.file.path = "/a";
@@ -84,14 +85,23 @@ TEST(BackupStore, BudgetReplaceAndDrop) {
   h.file.version = 3;
   h.buffer = std::move(a);
   store.Commit(std::move(h));
-  store.Abandon(std::move(b));
-  ASSERT_TRUE(store.Reserve("j", "/a", 1 << 20, &c).ok());  // a newer /a replaces the held one
+  store.Abandon(std::move(b));  // back to the free pool
+  ASSERT_TRUE(store.Reserve("j", "/c", 1 << 20, &c).ok());  // recycles b: no new memory
+  EXPECT_EQ(store.Stats().reused, 1u);
+  EXPECT_EQ(store.Stats().used, cap * 2);
   store.Abandon(std::move(c));
   EXPECT_FALSE(store.Drop("j", "/a", 4));  // another version: kept
   EXPECT_TRUE(store.Drop("j", "/a", 3));
   BackupStoreStats st = store.Stats();
   EXPECT_EQ(st.files, 0u);
-  EXPECT_EQ(st.used, 0u);
+  EXPECT_EQ(st.used, cap * 2);  // both buffers wait in the pool
+  // A copy too large for the pooled buffers: they are destroyed to make room.
+  const uint64_t big_size = cap + cap / 2;
+  ASSERT_LE(Cache::CapacityFor(big_size), cap * 2);
+  std::unique_ptr<MappedBuffer> big;
+  ASSERT_TRUE(store.Reserve("j", "/big", big_size, &big).ok());
+  EXPECT_EQ(store.Stats().used, Cache::CapacityFor(big_size));
+  store.Abandon(std::move(big));
 }
 
 TEST(VerifyRecords, NamesTheRecordThatDiffers) {
@@ -105,6 +115,28 @@ TEST(VerifyRecords, NamesTheRecordThatDiffers) {
   EXPECT_NE(s.message().find("checksum mismatch in record a/data/1"), std::string::npos) << s.message();
   records[1].size = 1000;
   EXPECT_EQ(VerifyRecords(data.data(), data.size(), records).code(), Status::Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tce
+
+namespace tce {
+namespace {
+
+TEST(RecordCrcs, AnyChunkingGivesTheWholeRecordCrcs) {
+  std::vector<unsigned char> data(100000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
+  std::vector<Record> records = {{"r0", 0, 64, 0, 0, 0},        // empty
+                                 {"r1", 64, 128, 40000, 0, 0},
+                                 {"r2", 40200, 40264, 59000, 0, 0}};
+  for (size_t chunk : {1u, 7u, 4096u, 65536u, 1000000u}) {
+    RecordCrcs crcs(records);
+    for (size_t off = 0; off < data.size(); off += chunk)
+      crcs.Feed(off, data.data() + off, std::min(chunk, data.size() - off));
+    for (size_t i = 0; i < records.size(); ++i)
+      EXPECT_EQ(crcs.crcs()[i], Crc32(0, data.data() + records[i].data_offset, records[i].size))
+          << "chunk " << chunk << " record " << i;
+  }
 }
 
 }  // namespace

@@ -15,10 +15,11 @@ class TcpTransport final : public Transport {
  public:
   const char* name() const override { return "tcp"; }
 
-  Status SendData(PeerLink* link, int fd, uint64_t size) override {
-    off_t offset = 0;
-    while (static_cast<uint64_t>(offset) < size) {
-      const size_t chunk = static_cast<size_t>(std::min<uint64_t>(size - offset, 1 << 30));
+  Status SendData(PeerLink* link, int fd, uint64_t from, uint64_t size) override {
+    off_t offset = static_cast<off_t>(from);
+    const uint64_t end = from + size;
+    while (static_cast<uint64_t>(offset) < end) {
+      const size_t chunk = static_cast<size_t>(std::min<uint64_t>(end - offset, 1 << 30));
       ssize_t n = sendfile(link->fd(), fd, &offset, chunk);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0)
@@ -38,10 +39,10 @@ class CorruptingTransport final : public Transport {
   explicit CorruptingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
   const char* name() const override { return inner_->name(); }
 
-  Status SendData(PeerLink* link, int fd, uint64_t size) override {
+  Status SendData(PeerLink* link, int fd, uint64_t from, uint64_t size) override {
     std::string bytes(static_cast<size_t>(size), '\0');
     for (uint64_t off = 0; off < size;) {
-      ssize_t n = pread(fd, &bytes[off], static_cast<size_t>(size - off), static_cast<off_t>(off));
+      ssize_t n = pread(fd, &bytes[off], static_cast<size_t>(size - off), static_cast<off_t>(from + off));
       if (n <= 0) return Status::FromErrno(errno, "read buffer");
       off += static_cast<uint64_t>(n);
     }

@@ -20,10 +20,11 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
-  // Sender: moves bytes [0, size) of memfd `fd` to the peer.
-  virtual Status SendData(PeerLink* link, int fd, uint64_t size) = 0;
-  // Receiver: places the `size` bytes the peer sends at `dst` (a writable
-  // mapping of the receiving buffer, whose memfd is `fd`).
+  // Sender: moves bytes [offset, offset + size) of memfd `fd` to the peer.
+  // A transfer may be sent in several calls, in order.
+  virtual Status SendData(PeerLink* link, int fd, uint64_t offset, uint64_t size) = 0;
+  // Receiver: places the next `size` bytes the peer sends at `dst` (inside a
+  // writable mapping of the receiving buffer, whose memfd is `fd`).
   virtual Status RecvData(PeerLink* link, unsigned char* dst, int fd, uint64_t size) = 0;
 };
 
