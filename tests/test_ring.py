@@ -333,3 +333,21 @@ def test_corrupted_copies_are_refused_and_storage_serves(tmp_path):
     finally:
         a.cleanup()
         _stop(b)
+
+
+@pytest.mark.multinode
+def test_ring_bench_runs(tmp_path):
+    import json
+
+    def namespaces():
+        return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+
+    before = namespaces()
+    p = subprocess.run(["python3", "-m", "tce.cli", "bench", "--ring", "--size", "16MiB", "--repeats", "2",
+                        "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(p.stdout)
+    assert res["bytes"] == 16 << 20
+    for key in ("floor_s", "tcp_s", "floor_gbps", "tcp_gbps", "tcp_vs_floor"):
+        assert res[key] > 0, key
+    assert namespaces() == before  # the bench removed its namespaces
