@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "cache/record_proto.h"
 #include "common/logging.h"
 #include "persist/crc.h"
 #include "tce/v1/tce.pb.h"
@@ -120,10 +121,7 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
   // The bytes follow the header whatever we answer: take them (into the
   // buffer, or drain them) so the stream stays in step.
   unsigned char* map = buffer ? buffer->data() : nullptr;
-  std::vector<Record> records;
-  for (const auto& r : req.records())
-    records.push_back(Record{r.name(), r.header_offset(), r.data_offset(), r.size(), r.crc32(),
-                             r.central_offset()});
+  std::vector<Record> records = RecordsFromProto(req.records());
   Status s;
   if (reserved.ok() && req.crc_trailer()) {
     // Checksum each chunk as it arrives (the next one is already on its way),
@@ -206,15 +204,7 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     header.set_size(held.file.size);
     header.set_version(held.file.version);
     header.set_owner_node(held.owner_node);
-    for (const Record& r : held.file.records) {
-      v1::Record* p = header.add_records();
-      p->set_name(r.name);
-      p->set_header_offset(r.header_offset);
-      p->set_data_offset(r.data_offset);
-      p->set_size(r.size);
-      p->set_crc32(r.crc32);
-      p->set_central_offset(r.central_offset);
-    }
+    RecordsToProto(held.file.records, header.mutable_records());
     if (s.ok()) s = link->Send(header);
     if (s.ok()) s = transport_->SendData(link, fd, 0, held.file.size);
     ::close(fd);

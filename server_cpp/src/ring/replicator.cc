@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "cache/record_proto.h"
 #include "common/logging.h"
 #include "persist/crc.h"
 #include "ring/backup_store.h"
@@ -149,9 +150,7 @@ Status Replicator::Pull(PeerLink* link, const BackupJob& job, const std::string&
   f.path = header.path();
   f.size = header.size();
   f.backup_holder = job.peer;
-  for (const auto& r : header.records())
-    f.records.push_back(Record{r.name(), r.header_offset(), r.data_offset(), r.size(), r.crc32(),
-                               r.central_offset()});
+  f.records = RecordsFromProto(header.records());
   if (s.ok()) {
     s = VerifyRecords(static_cast<unsigned char*>(map), f.size, f.records);
     if (!s.ok()) s = Status::DataLoss("the copy from " + job.peer + " is corrupt: " + s.message());
@@ -215,15 +214,7 @@ Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_
     b->set_size(job.size);
     b->set_version(job.version);
     b->set_owner_node(job.node);
-    for (const Record& r : records) {
-      v1::Record* p = b->add_records();
-      p->set_name(r.name);
-      p->set_header_offset(r.header_offset);
-      p->set_data_offset(r.data_offset);
-      p->set_size(r.size);
-      p->set_crc32(r.crc32);
-      p->set_central_offset(r.central_offset);
-    }
+    RecordsToProto(records, b->mutable_records());
     s = link->Send(req);
     if (s.ok() && !missing) s = transport_->SendData(link, job.fd, 0, job.size);
     if (s.ok() && missing) s = SendWithChecksums(link, job);

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "cache/record_proto.h"
+
 namespace tce {
 
 grpc::Status ToGrpc(const tce::Status& s) {
@@ -23,15 +25,7 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
   out->set_persisted_unix_ns(f.persisted_unix_ns);
   out->set_reason(f.reason);
   out->set_backup_holder(f.backup_holder);
-  for (const Record& r : f.records) {
-    v1::Record* p = out->add_records();
-    p->set_name(r.name);
-    p->set_header_offset(r.header_offset);
-    p->set_data_offset(r.data_offset);
-    p->set_size(r.size);
-    p->set_crc32(r.crc32);
-    p->set_central_offset(r.central_offset);
-  }
+  RecordsToProto(f.records, out->mutable_records());
 }
 
 void ToProto(const TagInfo& t, v1::TagInfo* out) {
@@ -68,11 +62,7 @@ grpc::Status CacheService::Allocate(grpc::ServerContext*, const v1::AllocateRequ
 
 grpc::Status CacheService::Commit(grpc::ServerContext*, const v1::CommitRequest* req,
                                   v1::CommitResponse* resp) {
-  std::vector<Record> records;
-  records.reserve(req->records_size());
-  for (const auto& p : req->records())
-    records.push_back(Record{p.name(), p.header_offset(), p.data_offset(), p.size(),
-                             /*crc32=*/0, p.central_offset()});
+  std::vector<Record> records = RecordsFromProto(req->records(), /*keep_crc=*/false);  // the server fills CRCs
   FileInfo f;
   tce::Status s = cache_->Commit(req->session(), req->allocation_id(), std::move(records), &f);
   if (s.ok()) ToProto(f, resp->mutable_file());

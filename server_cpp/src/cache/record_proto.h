@@ -1,0 +1,35 @@
+// Record <-> its protobuf form, for every place a record table crosses a
+// wire (gRPC replies, the ring's peer messages).
+#pragma once
+
+#include <vector>
+
+#include "cache/cache_types.h"
+#include "tce/v1/tce.pb.h"
+
+namespace tce {
+
+template <typename Repeated>
+void RecordsToProto(const std::vector<Record>& records, Repeated* out) {
+  for (const Record& r : records) {
+    v1::Record* p = out->Add();
+    p->set_name(r.name);
+    p->set_header_offset(r.header_offset);
+    p->set_data_offset(r.data_offset);
+    p->set_size(r.size);
+    p->set_crc32(r.crc32);
+    p->set_central_offset(r.central_offset);
+  }
+}
+
+template <typename Repeated>
+std::vector<Record> RecordsFromProto(const Repeated& in, bool keep_crc = true) {
+  std::vector<Record> out;
+  out.reserve(in.size());
+  for (const v1::Record& p : in)
+    out.push_back(Record{p.name(), p.header_offset(), p.data_offset(), p.size(),
+                         keep_crc ? p.crc32() : 0, p.central_offset()});
+  return out;
+}
+
+}  // namespace tce
