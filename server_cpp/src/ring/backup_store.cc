@@ -143,16 +143,21 @@ BackupStoreStats BackupStore::Stats() {
   return s;
 }
 
+Status CompareCrcs(const std::vector<Record>& records, const std::vector<uint32_t>& computed) {
+  for (size_t i = 0; i < records.size(); ++i)
+    if (computed[i] != records[i].crc32)
+      return Status::Internal("checksum mismatch in record " + records[i].name + ": expected " +
+                              std::to_string(records[i].crc32) + ", got " + std::to_string(computed[i]));
+  return Status::OK();
+}
+
 Status VerifyRecords(const unsigned char* data, uint64_t size, const std::vector<Record>& records) {
-  for (const Record& r : records) {
+  for (const Record& r : records)
     if (r.data_offset > size || r.size > size - r.data_offset)
       return Status::InvalidArgument("record " + r.name + " ends past the file");
-    const uint32_t crc = Crc32(0, data + r.data_offset, static_cast<size_t>(r.size));
-    if (crc != r.crc32)
-      return Status::Internal("checksum mismatch in record " + r.name + ": expected " +
-                              std::to_string(r.crc32) + ", got " + std::to_string(crc));
-  }
-  return Status::OK();
+  RecordCrcs crcs(records);
+  crcs.Feed(0, data, static_cast<size_t>(size));
+  return CompareCrcs(records, crcs.crcs());
 }
 
 }  // namespace tce

@@ -81,5 +81,7 @@ class BackupStore {
 // Checks every record's payload in `data` against its CRC-32. Names the first
 // record that differs.
 Status VerifyRecords(const unsigned char* data, uint64_t size, const std::vector<Record>& records);
+// The same, for CRCs already computed (one per record, in order).
+Status CompareCrcs(const std::vector<Record>& records, const std::vector<uint32_t>& computed);
 
 }  // namespace tce

@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "tce/v1/tce.pb.h"
 
@@ -231,6 +232,17 @@ Status PeerLink::RecvAll(void* data, size_t n) {
     n -= static_cast<size_t>(r);
   }
   return Status::OK();
+}
+
+Status PeerLink::Discard(uint64_t n) {
+  std::vector<char> sink(static_cast<size_t>(std::min<uint64_t>(n, 1 << 20)));
+  Status s;
+  for (uint64_t left = n; s.ok() && left > 0;) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(left, sink.size()));
+    s = RecvAll(sink.data(), chunk);
+    left -= chunk;
+  }
+  return s;
 }
 
 Status PeerLink::Send(const google::protobuf::MessageLite& m) {

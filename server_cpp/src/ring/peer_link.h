@@ -38,6 +38,8 @@ class PeerLink {
   // Raw bytes (the data path of the tcp transport).
   Status SendAll(const void* data, size_t n);
   Status RecvAll(void* data, size_t n);
+  // Receives and throws away `n` bytes (data that has nowhere to go).
+  Status Discard(uint64_t n);
 
   int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }  // the endpoint the peer announced

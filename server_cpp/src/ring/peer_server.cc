@@ -118,57 +118,39 @@ void PeerServer::Serve(int fd) {
 Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
   std::unique_ptr<MappedBuffer> buffer;
   Status reserved = store_->Reserve(req.job(), req.path(), req.size(), &buffer);
-  // The bytes follow the header whatever we answer: take them (into the
-  // buffer, or drain them) so the stream stays in step.
-  unsigned char* map = buffer ? buffer->data() : nullptr;
   std::vector<Record> records = RecordsFromProto(req.records());
+  // The bytes (and the CRC trailer) follow the header whatever we answer:
+  // take them, into the buffer or away, so the stream stays in step.
   Status s;
-  if (reserved.ok() && req.crc_trailer()) {
-    // Checksum each chunk as it arrives (the next one is already on its way),
-    // then compare with the sender's, which follow the bytes.
-    RecordCrcs crcs(records);
+  RecordCrcs crcs(records);
+  if (reserved.ok()) {
+    // Checksum each chunk as it arrives (the next one is already on its way).
+    unsigned char* map = buffer->data();
     for (uint64_t off = 0; s.ok() && off < req.size(); off += kChunk) {
       const uint64_t n = std::min<uint64_t>(kChunk, req.size() - off);
       s = transport_->RecvData(link, map + off, buffer->buffer().fd(), n);
       if (s.ok()) crcs.Feed(off, map + off, static_cast<size_t>(n));
     }
+  } else {
+    s = link->Discard(req.size());
+  }
+  if (s.ok() && req.crc_trailer()) {  // the sender's CRCs, computed while sending
     v1::PeerChecksums theirs;
-    if (s.ok()) s = link->Recv(&theirs);
+    s = link->Recv(&theirs);
     if (s.ok() && static_cast<size_t>(theirs.crc32_size()) != records.size())
       s = Status::InvalidArgument("the checksum trailer has " + std::to_string(theirs.crc32_size()) +
                                   " CRCs for " + std::to_string(records.size()) + " records");
-    for (size_t i = 0; s.ok() && i < records.size(); ++i) records[i].crc32 = theirs.crc32(static_cast<int>(i));
     for (size_t i = 0; s.ok() && i < records.size(); ++i)
-      if (crcs.crcs()[i] != records[i].crc32)
-        s = Status::Internal("checksum mismatch in record " + records[i].name + ": expected " +
-                             std::to_string(records[i].crc32) + ", got " + std::to_string(crcs.crcs()[i]));
-    if (!s.ok() && s.code() != Status::Code::kUnavailable) {
+      records[i].crc32 = theirs.crc32(static_cast<int>(i));
+  }
+  if (s.ok() && reserved.ok()) {
+    s = CompareCrcs(records, crcs.crcs());
+    if (!s.ok()) {
       store_->CountCorrupt();
       TCE_LOG(kError, "ring") << "rejected backup from " << link->peer() << " job=" << req.job()
                               << " path=" << req.path() << ": " << s.message();
       s = Status::DataLoss(s.message());
-    }
-  } else if (reserved.ok()) {
-    s = transport_->RecvData(link, map, buffer->buffer().fd(), req.size());
-    if (s.ok()) {
-      s = VerifyRecords(map, req.size(), records);
-      if (!s.ok()) {
-        store_->CountCorrupt();
-        TCE_LOG(kError, "ring") << "rejected backup from " << link->peer() << " job=" << req.job()
-                                << " path=" << req.path() << ": " << s.message();
-        s = Status::DataLoss(s.message());
-      }
-    }
-  } else {
-    std::vector<char> sink(1 << 20);
-    for (uint64_t left = req.size(); s.ok() && left > 0;) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(left, sink.size()));
-      s = link->RecvAll(sink.data(), n);
-      left -= n;
-    }
-  }
-  if (s.ok() && reserved.ok()) {
-    {
+    } else {
       HeldBackup held;
       held.file.job = req.job();
       held.file.tag = req.tag();

@@ -133,12 +133,7 @@ Status Replicator::Pull(PeerLink* link, const BackupJob& job, const std::string&
     map = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
   if (!room.ok() || map == MAP_FAILED) {  // take the bytes anyway: the stream stays in step
     if (room.ok()) room = Status::FromErrno(errno, "mmap recovery buffer");
-    std::vector<char> sink(1 << 20);
-    for (uint64_t left = header.size(); s.ok() && left > 0;) {
-      size_t n = static_cast<size_t>(std::min<uint64_t>(left, sink.size()));
-      s = link->RecvAll(sink.data(), n);
-      left -= n;
-    }
+    s = link->Discard(header.size());
     cache_->AbandonRecovery(std::move(mem));
     return s.ok() ? room : s;
   }
