@@ -256,7 +256,8 @@ def _engine_class():
             known = _broadcast(known)
             if not known:
                 return None
-            mine = [all(_recoverable(self.job, p, s) for r, p, s in files if r % world == rank)
+            in_memory = self._in_memory()  # one call, not one per file
+            mine = [all(p in in_memory or _on_storage(p, s) for r, p, s in files if r % world == rank)
                     for _, files in known]
             ok = [all(col) for col in zip(*_all_gather(mine))]
             good = [tag for (tag, _), fine in zip(known, ok) if fine]
@@ -298,25 +299,27 @@ def _engine_class():
                     out.append((t.tag, files))
             return out
 
-        def cached_matches(self, pattern: str) -> list[str]:
-            """Cached paths matching a glob pattern (for files not on disk yet)."""
+        def _in_memory(self) -> set[str]:
+            """The job's paths this node's cache can serve (what tce.load reads from memory)."""
+            from tce.v1 import tce_pb2 as pb
+
             try:
                 files = _api._with_client(lambda c: c.list(self.job))
             except TCEError:
-                return []
-            from tce.v1 import tce_pb2 as pb
+                return set()
+            return {f.path for f in files
+                    if f.buffer_id and f.state not in (pb.FILE_STATE_PENDING, pb.FILE_STATE_EVICTED)}
 
-            live = (pb.FILE_STATE_CACHED, pb.FILE_STATE_BACKED_UP, pb.FILE_STATE_PERSISTED)
-            return sorted(f.path for f in files
-                          if f.state in live and fnmatch.fnmatchcase(f.path, os.path.abspath(pattern)))
+        def cached_matches(self, pattern: str) -> list[str]:
+            """Cached paths matching a glob pattern (for files not on disk yet)."""
+            pattern = os.path.abspath(pattern)
+            return sorted(p for p in self._in_memory() if fnmatch.fnmatchcase(p, pattern))
 
     return TCECheckpointEngine
 
 
-def _recoverable(job: str, path: str, size: int) -> bool:
-    """In this node's cache, or complete on storage."""
-    if _api.cached(path, job=job):
-        return True
+def _on_storage(path: str, size: int) -> bool:
+    """Complete on storage (persisted files are renamed into place whole)."""
     try:
         return os.path.getsize(path) == size
     except OSError:
