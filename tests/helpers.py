@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -51,3 +52,14 @@ def sample_tensor(dtype: torch.dtype, n: int = 37) -> torch.Tensor:
     if dtype == torch.bool:
         return (raw[:n] % 2).bool()
     return raw.view(dtype)
+
+
+def wait_metadata_written(timeout: float = 30.0) -> None:
+    """Until the server in use (the socket setting) has written every queued
+    metadata change: its writer is asynchronous."""
+    import tce
+
+    deadline = time.monotonic() + timeout
+    while int(tce.status()["metadata_queue"]):
+        assert time.monotonic() < deadline, "the metadata writer did not catch up"
+        time.sleep(0.005)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tce._server import LocalServer
+from helpers import wait_metadata_written
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -223,13 +224,11 @@ def test_latest_naming_a_lost_tag_falls_back_to_the_newest_recoverable(tmp_path)
         server.cleanup()
 
 
-def _wait_metadata_written(server: LocalServer, timeout: float = 30) -> None:
+def _wait_metadata_written(server: LocalServer) -> None:
     from tce import _api, _knobs
 
     with _knobs.override(socket=server.socket):
-        deadline = time.monotonic() + timeout
-        while int(_api.status()["metadata_queue"]) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_metadata_written()
         _api.close()
 
 

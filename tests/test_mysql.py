@@ -14,6 +14,7 @@ import tce
 from tce import _api, _knobs
 from tce._server import LocalServer
 from tce.v1 import tce_pb2 as pb
+from helpers import wait_metadata_written
 
 pytestmark = pytest.mark.mysql
 
@@ -138,9 +139,7 @@ def test_complete_tags_survive_a_restart(tmp_path, mariadb):
             odd = str(storage / "we ird\nname 3:x.pt")
             c.commit_tag(_tag("tag-job", "global_step2", [(1, odd, 7), (0, str(storage / "a.pt"), 5)]))
             c.commit_tag(_tag("tag-job", "global_step4", [(0, str(storage / "b.pt"), 9)]))
-            deadline = time.monotonic() + 20
-            while int(tce.status()["metadata_queue"]) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_metadata_written()
             assert mariadb.sql("SELECT tag, world_size FROM tce.tags WHERE job='tag-job' "
                                "ORDER BY complete_ns").split() == ["global_step2", "2", "global_step4", "2"]
             _api.close()
@@ -173,9 +172,7 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
             with _knobs.override(socket=s.socket, on_unavailable="raise"):
                 c = _api._get_client()
                 c.commit_tag(_tag("old-job", "step1", [(0, "/x/a.pt", 1)]))
-                deadline = time.monotonic() + 20
-                while int(tce.status()["metadata_queue"]) and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                wait_metadata_written()
                 _api.close()
         finally:
             s.stop()

@@ -16,7 +16,7 @@ from tce import _api, _knobs
 from tce._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 from conftest import run_python
-from helpers import assert_same, every_dtype, sample_tensor
+from helpers import assert_same, every_dtype, sample_tensor, wait_metadata_written
 
 
 @pytest.fixture
@@ -202,9 +202,7 @@ def test_server_killed_mid_persist_restarts_clean(storage):
             tce.save({"w": torch.randn(128 << 20)}, big, tag="late")  # 512 MiB
             # The metadata writer is asynchronous: let it record the commit,
             # so that the restarted server knows the file it lost.
-            deadline = time.monotonic() + 30
-            while int(tce.status()["metadata_queue"]) and time.monotonic() < deadline:
-                time.sleep(0.005)
+            wait_metadata_written()
             s.kill()  # SIGKILL while it is being persisted
             _api.close()
             s.start()  # same state dir: re-indexes from metadata
