@@ -25,7 +25,6 @@ import tempfile
 import time
 from typing import Any
 
-import torch
 
 _RECEIVER = r"""
 import mmap, os, socket, sys, time

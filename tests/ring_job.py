@@ -3,7 +3,6 @@ ring, save a file through TCE, report. RANK/WORLD_SIZE/MASTER_*/NODE_RANK and
 TCE_SOCKET come from the test."""
 
 import json
-import os
 import sys
 
 import torch

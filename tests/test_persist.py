@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-import time
 import zipfile
 
 import pytest
