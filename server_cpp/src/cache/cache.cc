@@ -252,6 +252,8 @@ CacheStats Cache::TallyLocked() const {
   }
   s.backed_up_files = backed_up_files_;
   s.backup_failures = backup_failures_;
+  s.recovered_files = recovered_files_;
+  s.ring_checksum_mismatches = recovery_mismatches_;
   s.backup_error = backup_error_;
   s.persisted_files = persisted_files_;
   s.persisted_bytes = persisted_bytes_;
@@ -852,14 +854,33 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
     return Status::InvalidArgument("node_rank " + std::to_string(node_rank) + " is outside the " +
                                    std::to_string(endpoints.size()) + "-node ring");
   for (const std::string& e : endpoints)
-    if (e.empty() || e.find(':') == std::string::npos)
+    if (e.empty() || e.find(':') == std::string::npos || e.find('\n') != std::string::npos)
       return Status::InvalidArgument("ring endpoint must be host:port, got '" + e + "'");
+  if (meta_ && !self_endpoint_.empty()) meta_->RecordRing(RingInfo{job, self_endpoint_, node_rank, endpoints});
+  *successor = InstallRing(job, node_rank, std::move(endpoints));
+  return Status::OK();
+}
+
+void Cache::SetSelfEndpoint(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  self_endpoint_ = endpoint;
+}
+
+void Cache::RestoreRings(std::vector<RingInfo> rings) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (RingInfo& r : rings) {
+    if (r.node_rank < 0 || static_cast<size_t>(r.node_rank) >= r.endpoints.size()) continue;
+    TCE_LOG(kInfo, "ring") << "rejoining the ring of job=" << r.job << " recorded in metadata";
+    InstallRing(r.job, r.node_rank, std::move(r.endpoints));
+  }
+}
+
+std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::vector<std::string> endpoints) {
   Ring ring;
   ring.node_rank = node_rank;
   ring.endpoints = std::move(endpoints);
   if (ring.endpoints.size() > 1)
     ring.successor = ring.endpoints[(node_rank + 1) % ring.endpoints.size()];
-  *successor = ring.successor;
   const bool changed = rings_[job].successor != ring.successor;
   bool empty = true;  // nothing of this job in memory: a fresh or restarted node
   for (const auto& [key, f] : files_) empty = empty && !(key.first == job && f.buffer_id != 0);
@@ -877,6 +898,7 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
   TCE_LOG(kInfo, "ring") << "job=" << job << " node " << node_rank << " of "
                          << ring.endpoints.size() << ", successor "
                          << (ring.successor.empty() ? "none" : ring.successor);
+  std::string successor = ring.successor;
   rings_[job] = std::move(ring);
   if (changed) {  // back up what is cached already (to the new successor)
     for (auto& [key, f] : files_) {
@@ -887,7 +909,7 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
       QueueBackup(key);
     }
   }
-  return Status::OK();
+  return successor;
 }
 
 bool Cache::NextBackupJob(BackupJob* out) {
@@ -1013,6 +1035,18 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   auto it = files_.find(key);
   if (it != files_.end() && it->second.buffer_id != 0)
     return Status::FailedPrecondition(f.path + " was saved again meanwhile: the newer copy stays");
+  if (it != files_.end()) {  // known from metadata: its CRCs must agree
+    for (const Record& known : it->second.records) {
+      if (known.crc32 == 0 && known.size > 0) continue;  // never checksummed (not persisted)
+      auto same = std::find_if(f.records.begin(), f.records.end(),
+                               [&](const Record& r) { return r.name == known.name; });
+      if (same == f.records.end() || same->crc32 != known.crc32 || same->size != known.size) {
+        ++recovery_mismatches_;
+        return Status::DataLoss("the ring's copy of " + f.path + " does not match the checksums in "
+                                "metadata (record " + known.name + "): storage serves it");
+      }
+    }
+  }
   const uint64_t id = mem->id();
   Buf& buf = buffers_[id];
   buf.id = id;
@@ -1028,6 +1062,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   f.committed_unix_ns = NowNs();
   f.reason.clear();
   files_[key] = f;
+  ++recovered_files_;
   Note(f, false);
   if (persistence_enabled()) {  // it may never have reached storage
     persist_queue_.emplace_back(key);
@@ -1036,6 +1071,25 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   TCE_LOG(kInfo, "ring") << "recovered job=" << f.job << " path=" << f.path << " size=" << f.size
                          << " from " << f.backup_holder;
   return Status::OK();
+}
+
+std::vector<std::string> Cache::RingPeers(const std::string& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = rings_.find(job);
+  std::vector<std::string> out;
+  if (it == rings_.end()) return out;
+  const Ring& r = it->second;
+  const size_t n = r.endpoints.size();
+  for (size_t i = 1; i < n; ++i) out.push_back(r.endpoints[(r.node_rank + i) % n]);
+  return out;
+}
+
+bool Cache::MayBeInRing(const std::string& job, const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto ring = rings_.find(job);
+  if (ring == rings_.end() || ring->second.successor.empty()) return false;
+  auto it = files_.find({job, path});
+  return it == files_.end() || (it->second.buffer_id == 0 && it->second.state != FileState::kEvicted);
 }
 
 void Cache::ResendBackups(const std::string& job, const std::string& peer) {

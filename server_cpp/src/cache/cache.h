@@ -53,6 +53,7 @@ struct CacheStats {
   uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
   uint64_t evicted_files = 0;
   uint64_t backup_queue = 0, backup_lag_bytes = 0, backed_up_files = 0, backup_failures = 0;
+  uint64_t recovered_files = 0, ring_checksum_mismatches = 0;
   std::string backup_error;
 };
 
@@ -144,6 +145,17 @@ class Cache {
   // the successor, node (rank + 1) mod n; with one node there is none.
   Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
                  std::vector<std::string> endpoints, std::string* successor);
+  // This server's peer endpoint: rings it is told are recorded for it.
+  void SetSelfEndpoint(const std::string& endpoint);
+  // Rings recorded in metadata before a restart: joined again, and (the
+  // memory being empty) this node's files recovered from the ring.
+  void RestoreRings(std::vector<RingInfo> rings);
+  // The other members of the job's ring, the successor first (empty: no ring).
+  std::vector<std::string> RingPeers(const std::string& job);
+  // Whether a load that missed (job, path) may find it in the ring: it is
+  // unknown here, or lost from memory, but not evicted by us (the ring's
+  // copy goes when the original is evicted).
+  bool MayBeInRing(const std::string& job, const std::string& path);
   // For backup workers: blocks for the next backup (or drop) to send; false
   // once StopBackups was called. A backup pins its buffer until FinishBackup.
   bool NextBackupJob(BackupJob* out);
@@ -154,7 +166,9 @@ class Cache {
   // Recovery: room (within the budget) for a file pulled back from the ring.
   Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out);
   // Installs a pulled file (CRCs verified) as BACKED_UP at `f.backup_holder`,
-  // unless a save of the path arrived meanwhile (FAILED_PRECONDITION).
+  // unless a save of the path arrived meanwhile (FAILED_PRECONDITION) or its
+  // CRCs differ from those metadata recorded for the path (DATA_LOSS: the
+  // copy is not the file metadata knows, and storage serves it instead).
   Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem);
   void AbandonRecovery(std::unique_ptr<Buffer> mem);
   // `peer` lost the copies it held for us: send the job's files again.
@@ -259,9 +273,14 @@ class Cache {
   std::condition_variable backup_cv_;                // a backup or drop was queued, or stopping
   bool stopping_backups_ = false;                    // GUARDED_BY(mu_)
   uint64_t backed_up_files_ = 0, backup_failures_ = 0;  // GUARDED_BY(mu_)
+  uint64_t recovered_files_ = 0, recovery_mismatches_ = 0;  // GUARDED_BY(mu_)
   uint64_t backups_in_flight_ = 0;                   // GUARDED_BY(mu_)
   std::string backup_error_;                         // GUARDED_BY(mu_)
+  std::string self_endpoint_;                        // GUARDED_BY(mu_)
   void QueueBackup(const FileKey& key);              // REQUIRES mu_
+  // Sets the job's ring; returns the successor ("" for one node).
+  std::string InstallRing(const std::string& job, int32_t node_rank,
+                          std::vector<std::string> endpoints);  // REQUIRES mu_
   void QueueDrop(const FileInfo& f);                 // REQUIRES mu_
 };
 

@@ -53,6 +53,15 @@ struct TagFile {
 };
 
 // A tag every rank finished (recorded by rank 0 after all ranks committed).
+// A job's ring as a server was told it; kept in metadata so that a
+// restarted server rejoins (and recovers) without being told again.
+struct RingInfo {
+  std::string job;
+  std::string self;  // the server's own peer endpoint (the row's owner)
+  int32_t node_rank = 0;
+  std::vector<std::string> endpoints;
+};
+
 struct TagInfo {
   std::string job, tag;
   int64_t complete_unix_ns = 0;

@@ -12,6 +12,7 @@ class MetaSink {
   virtual ~MetaSink() = default;
   virtual void Record(const FileInfo& file, bool removed) = 0;
   virtual void RecordTag(const TagInfo& tag) = 0;
+  virtual void RecordRing(const RingInfo& ring) = 0;
 };
 
 }  // namespace tce

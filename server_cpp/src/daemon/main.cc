@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 
@@ -23,6 +24,7 @@
 #include "ring/backup_store.h"
 #include "ring/peer_server.h"
 #include "ring/replicator.h"
+#include "ring/fabric_select.h"
 #include "ring/transport.h"
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
@@ -85,6 +87,11 @@ int Run(int argc, char** argv) {
     case Action::kHelp: std::cout << HelpText(); return 0;
     case Action::kVersion: std::cout << "tce-server " << TCE_VERSION << "\n"; return 0;
     case Action::kPrintConfig: std::cout << FormatConfig(opt); return 0;
+    case Action::kFabricInfo: {
+      const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+      std::cout << FabricInfoJson(opt.ofi_provider, lws ? std::max(1, std::atoi(lws)) : 1);
+      return 0;
+    }
     case Action::kRun: break;
   }
   LogLevel level;
@@ -126,8 +133,21 @@ int Run(int argc, char** argv) {
   const uint64_t backup_budget = ring ? budget / 100 * static_cast<uint64_t>(opt.backup_share) : 0;
   budget -= backup_budget;
   std::unique_ptr<Transport> transport;
-  if (ring && !(s = NewTransport(opt.ring_transport, &transport)).ok())
-    return Fail("ring_transport: " + s.message(), 2);
+  if (ring) {
+    TransportOptions to;
+    to.name = opt.ring_transport;
+    to.ofi_provider = opt.ofi_provider;
+    std::string variable;
+    to.ofi_devices = DeviceSpecFromEnv(&variable);
+    int ignored_port;
+    if (!ParseEndpoint(opt.peer_advertise.empty() ? opt.peer_listen : opt.peer_advertise,
+                       &to.source_host, &ignored_port).ok())
+      to.source_host.clear();
+    if (to.source_host == "0.0.0.0" || to.source_host == "::") to.source_host.clear();
+    to.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
+    if (!(s = NewTransport(to, &transport)).ok())
+      return Fail("ring_transport " + opt.ring_transport + ": " + s.message(), 2);
+  }
   if (ring && opt.ring_fault == "corrupt") {
     TCE_LOG(kWarning, "ring") << "ring_fault=corrupt: every transfer this server sends is corrupted (tests only)";
     transport = NewCorruptingTransport(std::move(transport));
@@ -144,6 +164,7 @@ int Run(int argc, char** argv) {
   // files of persists that a crash interrupted, then record every change.
   const std::string meta_url = EffectiveMetadataUrl(opt);
   std::unique_ptr<MetaWriter> meta;
+  std::vector<RingInfo> recorded_rings;
   if (!meta_url.empty()) {
     if (!(s = MkdirP(opt.state_dir)).ok()) return Fail("state_dir: " + s.message(), 2);
     std::unique_ptr<MetaStore> store;
@@ -153,6 +174,11 @@ int Run(int argc, char** argv) {
     std::vector<TagInfo> tags;
     if (!(s = store->LoadTags(&tags)).ok()) return Fail("metadata: " + s.ToString(), 1);
     cache.RestoreTags(std::move(tags));
+    // The rings this server was told before a restart (found by its peer
+    // endpoint, so only a fixed one finds them).
+    if (ring && !(s = store->LoadRings(opt.peer_advertise.empty() ? opt.peer_listen : opt.peer_advertise,
+                                       &recorded_rings)).ok())
+      return Fail("metadata: " + s.ToString(), 1);
     for (const FileInfo& f : recorded) {
       if (f.state == FileState::kCached || f.state == FileState::kBackedUp ||
           f.state == FileState::kPending) {
@@ -169,6 +195,7 @@ int Run(int argc, char** argv) {
   if (cache.persistence_enabled()) persister.Start();
   std::unique_ptr<PeerServer> peers;
   std::unique_ptr<Replicator> replicator;
+  std::function<Status(const std::string&, const std::string&)> service_ring;
   if (ring) {
     PeerServerOptions po;
     po.listen = opt.peer_listen;
@@ -184,9 +211,14 @@ int Run(int argc, char** argv) {
     ro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
     replicator = std::make_unique<Replicator>(&cache, transport.get(), ro);
     replicator->Start();
+    cache.SetSelfEndpoint(peers->endpoint());
+    Replicator* r = replicator.get();
+    service_ring = [r](const std::string& job, const std::string& path) { return r->FetchForLoad(job, path); };
+    cache.RestoreRings(std::move(recorded_rings));
   }
   CacheService service(&cache, opt.socket, meta.get(), RedactUrl(meta_url), &backups,
                        peers ? peers->endpoint() : "");
+  if (ring) service.SetRing(service_ring, opt.ring_transport);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + opt.socket, grpc::InsecureServerCredentials());

@@ -36,6 +36,7 @@ const Setting kSettings[] = {
     {"peer_token", "TCE_PEER_TOKEN", "--peer-token"},
     {"peer_token_file", "TCE_PEER_TOKEN_FILE", "--peer-token-file"},
     {"ring_transport", "TCE_RING_TRANSPORT", "--ring-transport"},
+    {"ofi_provider", "TCE_OFI_PROVIDER", "--ofi-provider"},
     {"backup_share", "TCE_BACKUP_SHARE", "--backup-share"},
     {"backup_threads", "TCE_BACKUP_THREADS", "--backup-threads"},
     {"peer_timeout_ms", "TCE_PEER_TIMEOUT_MS", "--peer-timeout-ms"},
@@ -131,8 +132,10 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     if (!value.empty() && value[0] != '/') return bad("must be an absolute path");
     o->peer_token_file = value;
   } else if (key == "ring_transport") {
-    if (value != "tcp") return bad("tcp");
+    if (value != "tcp" && value != "ofi") return bad("tcp or ofi");
     o->ring_transport = value;
+  } else if (key == "ofi_provider") {
+    o->ofi_provider = value;
   } else if (key == "backup_share") {
     if (!ParseInt(value, 1, 90, &o->backup_share)) return bad("a percentage from 1 to 90");
   } else if (key == "ring_fault") {
@@ -202,6 +205,7 @@ Status ParseOptions(const std::vector<std::string>& args,
     if (a == "--help" || a == "-h") { *action = Action::kHelp; return Status::OK(); }
     if (a == "--version") { *action = Action::kVersion; return Status::OK(); }
     if (a == "--print-config") { *action = Action::kPrintConfig; continue; }
+    if (a == "--fabric-info") { *action = Action::kFabricInfo; continue; }
     size_t eq = a.find('=');
     std::string name = a.substr(0, eq);
     bool is_config = name == "--config";
@@ -324,6 +328,7 @@ std::string FormatConfig(const Options& o) {
       << "peer_token = " << Quote(o.peer_token.empty() ? "" : "***") << "\n"
       << "peer_token_file = " << Quote(o.peer_token_file) << "\n"
       << "ring_transport = " << Quote(o.ring_transport) << "\n"
+      << "ofi_provider = " << Quote(o.ofi_provider) << "\n"
       << "backup_share = " << o.backup_share << "\n"
       << "backup_threads = " << o.backup_threads << "\n"
       << "peer_timeout_ms = " << o.peer_timeout_ms << "\n"
@@ -362,7 +367,10 @@ std::string HelpText() {
          "  --peer-advertise H:P   the endpoint peers use                    [TCE_PEER_ADVERTISE, peer-listen]\n"
          "  --peer-token T         the cluster token peers prove             [TCE_PEER_TOKEN, empty]\n"
          "  --peer-token-file F    read the token from F                     [TCE_PEER_TOKEN_FILE, empty]\n"
-         "  --ring-transport T     tcp                                       [TCE_RING_TRANSPORT, tcp]\n"
+         "  --ring-transport T     tcp, or ofi (libfabric RMA)               [TCE_RING_TRANSPORT, tcp]\n"
+         "  --ofi-provider P       ofi: the libfabric provider (verbs, efa,  [TCE_OFI_PROVIDER, empty:\n"
+         "                         tcp...); devices: TCE_RDMA_DEVICES, else   the first with RMA]\n"
+         "                         NCCL_IB_HCA\n"
          "  --backup-share PCT     % of the budget for predecessors' backups [TCE_BACKUP_SHARE, 50]\n"
          "  --backup-threads N     backup workers                            [TCE_BACKUP_THREADS, 1]\n"
          "  --peer-timeout-ms N    give up on a silent peer after N ms       [TCE_PEER_TIMEOUT_MS, 30000]\n"
@@ -370,6 +378,7 @@ std::string HelpText() {
          "                                                                   [TCE_RING_FAULT, empty]\n"
          "  --config FILE          flat TOML config file                     [TCE_CONFIG]\n"
          "  --print-config         print the effective configuration and exit\n"
+         "  --fabric-info          print the fabric devices and providers (JSON) and exit\n"
          "  --version, --help\n";
 }
 

@@ -37,15 +37,16 @@ struct Options {
   std::string peer_advertise;  // the endpoint peers should use; empty: peer_listen
   std::string peer_token;      // the cluster token (a secret; never printed)
   std::string peer_token_file; // read the token from this file instead
-  std::string ring_transport = "tcp";
+  std::string ring_transport = "tcp";  // tcp | ofi
+  std::string ofi_provider;    // ofi: libfabric provider name; empty: the first with RMA
   int backup_share = 50;       // percent of memory_budget for predecessors' backups
   int backup_threads = 1;
   int peer_timeout_ms = 30000;
-  std::string ring_fault;  // tests only: "corrupt" flips a byte of every transfer sent  // a peer silent this long is given up on (then retried)
+  std::string ring_fault;  // tests only: "corrupt" flips a byte of every transfer sent
   std::string config;  // the file read, if any
 };
 
-enum class Action { kRun, kPrintConfig, kHelp, kVersion };
+enum class Action { kRun, kPrintConfig, kHelp, kVersion, kFabricInfo };
 
 // `env` maps variable names to values (main passes the real environment).
 Status ParseOptions(const std::vector<std::string>& args,

@@ -19,19 +19,23 @@ struct MetaChange {
   bool removed = false;
   bool is_tag = false;  // then only `tag` matters
   TagInfo tag;
+  bool is_ring = false;  // then only `ring` matters
+  RingInfo ring;
 };
 
 class MetaStore {
  public:
-  // v2 added the tags table's complete_ns, world_size and files columns; a v1
-  // database is migrated in place when opened.
-  static constexpr int kSchemaVersion = 2;
+  // v2 added the tags table's complete_ns, world_size and files columns, v3
+  // the rings table; an older database is migrated in place when opened.
+  static constexpr int kSchemaVersion = 3;
   virtual ~MetaStore() = default;
   // Applies a batch in one transaction (all or nothing).
   virtual Status Apply(const std::vector<MetaChange>& batch) = 0;
   virtual Status LoadFiles(std::vector<FileInfo>* out) = 0;
   // Tags recorded complete (complete_ns != 0).
   virtual Status LoadTags(std::vector<TagInfo>* out) = 0;
+  // The rings recorded for the server at peer endpoint `self`.
+  virtual Status LoadRings(const std::string& self, std::vector<RingInfo>* out) = 0;
   virtual Status Heartbeat(const std::string& endpoint, int64_t pid) = 0;
 };
 
@@ -47,6 +51,10 @@ std::string EncodeRecords(const std::vector<Record>& records);
 bool DecodeRecords(const std::string& text, std::vector<Record>* out);
 
 // A tag's files as one text column, a line per file: "rank size <path length>:<path>".
+// A ring's endpoints as one text column, one per line.
+std::string EncodeEndpoints(const std::vector<std::string>& endpoints);
+std::vector<std::string> DecodeEndpoints(const std::string& text);
+
 std::string EncodeTagFiles(const std::vector<TagFile>& files);
 bool DecodeTagFiles(const std::string& text, std::vector<TagFile>* out);
 

@@ -43,6 +43,16 @@ void MetaWriter::RecordTag(const TagInfo& tag) {
   cv_.notify_one();
 }
 
+void MetaWriter::RecordRing(const RingInfo& ring) {
+  std::lock_guard<std::mutex> l(mu_);
+  MetaChange change;
+  change.is_ring = true;
+  change.ring = ring;
+  queue_[{ring.job, std::string("\0ring:", 6) + ring.self}] = std::move(change);
+  status_.queued = queue_.size() + in_flight_;
+  cv_.notify_one();
+}
+
 MetaStatus MetaWriter::Status() {
   std::lock_guard<std::mutex> l(mu_);
   return status_;

@@ -37,6 +37,7 @@ class MetaWriter final : public MetaSink {
 
   void Record(const FileInfo& file, bool removed) override;
   void RecordTag(const TagInfo& tag) override;
+  void RecordRing(const RingInfo& ring) override;
   MetaStatus Status();
 
  private:

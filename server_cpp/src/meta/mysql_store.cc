@@ -29,6 +29,9 @@ const char* const kSchema[] = {
     "reason TEXT NOT NULL, uid BIGINT NOT NULL, gid BIGINT NOT NULL, KEY (job))",
     "CREATE TABLE IF NOT EXISTS servers (endpoint VARCHAR(255) PRIMARY KEY, pid BIGINT NOT NULL, "
     "heartbeat_ns BIGINT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS rings (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
+    "self VARCHAR(255) NOT NULL, node_rank INT NOT NULL, endpoints MEDIUMTEXT NOT NULL, "
+    "PRIMARY KEY (job, self))",
 };
 
 // v1 -> v2: complete tags. MySQL commits DDL implicitly, so each step is
@@ -114,6 +117,12 @@ class MysqlStore final : public MetaStore {
       TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 1 to 2";
       if (!(s = Version(&version)).ok()) return s;
     }
+    if (version == 2) {  // v3: the rings table, which the schema above created
+      if (mysql_query(db_, "UPDATE schema_version SET version = 3 WHERE version = 2") != 0)
+        return Fail("migrate to 3");
+      TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 2 to 3";
+      if (!(s = Version(&version)).ok()) return s;
+    }
     if (version > kSchemaVersion)
       return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
                                         " is newer than this server's " +
@@ -127,7 +136,12 @@ class MysqlStore final : public MetaStore {
     if (mysql_query(db_, "START TRANSACTION") != 0) return Fail("begin");
     for (const MetaChange& c : batch) {
       const FileInfo& f = c.file;
-      if (c.is_tag) {
+      if (c.is_ring) {
+        const RingInfo& r = c.ring;
+        s = Run("INSERT INTO rings (job, self, node_rank, endpoints) VALUES (?, ?, ?, ?) "
+                "ON DUPLICATE KEY UPDATE node_rank=VALUES(node_rank), endpoints=VALUES(endpoints)",
+                Params().Text(r.job).Text(r.self).Int(r.node_rank).Text(EncodeEndpoints(r.endpoints)));
+      } else if (c.is_tag) {
         const TagInfo& t = c.tag;
         s = Run("INSERT IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)",
                 Params().Text(t.job).Int(t.complete_unix_ns));
@@ -197,6 +211,29 @@ class MysqlStore final : public MetaStore {
       f.owner_uid = static_cast<uid_t>(num(12));
       f.owner_gid = static_cast<gid_t>(num(13));
       out->push_back(std::move(f));
+    }
+    mysql_free_result(res);
+    return Status::OK();
+  }
+
+  Status LoadRings(const std::string& self, std::vector<RingInfo>* out) override {
+    Status s = Reconnect();
+    if (!s.ok()) return s;
+    std::string quoted(self.size() * 2 + 1, '\0');
+    quoted.resize(mysql_real_escape_string(db_, &quoted[0], self.data(), self.size()));
+    const std::string sql = "SELECT job, node_rank, endpoints FROM rings WHERE self = '" + quoted + "' ORDER BY job";
+    if (mysql_query(db_, sql.c_str()) != 0) return Fail("select rings");
+    MYSQL_RES* res = mysql_store_result(db_);
+    if (!res) return Fail("select rings");
+    while (MYSQL_ROW row = mysql_fetch_row(res)) {
+      unsigned long* len = mysql_fetch_lengths(res);
+      auto text = [&](int i) { return std::string(row[i] ? row[i] : "", row[i] ? len[i] : 0); };
+      RingInfo r;
+      r.job = text(0);
+      r.self = self;
+      r.node_rank = static_cast<int32_t>(std::stoll(text(1)));
+      r.endpoints = DecodeEndpoints(text(2));
+      out->push_back(std::move(r));
     }
     mysql_free_result(res);
     return Status::OK();

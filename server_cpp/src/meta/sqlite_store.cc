@@ -22,6 +22,8 @@ const char* const kSchema[] = {
     "gid INTEGER NOT NULL, PRIMARY KEY (job, path))",
     "CREATE TABLE IF NOT EXISTS servers (endpoint TEXT PRIMARY KEY, pid INTEGER NOT NULL, "
     "heartbeat_ns INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS rings (job TEXT NOT NULL, self TEXT NOT NULL, node_rank INTEGER NOT NULL, "
+    "endpoints TEXT NOT NULL, PRIMARY KEY (job, self))",
 };
 
 // v1 -> v2: complete tags.
@@ -29,7 +31,6 @@ const char* const kMigrateV1[] = {
     "ALTER TABLE tags ADD COLUMN complete_ns INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE tags ADD COLUMN world_size INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE tags ADD COLUMN files TEXT NOT NULL DEFAULT ''",
-    "UPDATE schema_version SET version = 2",
 };
 
 class SqliteStore final : public MetaStore {
@@ -60,10 +61,15 @@ class SqliteStore final : public MetaStore {
         version = sqlite3_column_int(q, 0);
       sqlite3_finalize(q);
     }
-    if (s.ok() && version == 1) {  // in the same transaction: all or nothing
+    // In the same transaction: all or nothing. v2 -> v3 is the rings table,
+    // which the schema above created.
+    if (s.ok() && version == 1)
       for (const char* sql : kMigrateV1)
         if (s.ok()) s = Exec(sql);
-      if (s.ok()) TCE_LOG(kInfo, "meta") << "migrated " << path << " from schema 1 to 2";
+    if (s.ok() && (version == 1 || version == 2)) {
+      s = Exec(("UPDATE schema_version SET version = " + std::to_string(kSchemaVersion)).c_str());
+      if (s.ok())
+        TCE_LOG(kInfo, "meta") << "migrated " << path << " from schema " << version << " to " << kSchemaVersion;
     }
     if (s.ok()) s = Exec("COMMIT");
     if (!s.ok()) {
@@ -100,6 +106,10 @@ class SqliteStore final : public MetaStore {
       if (!s.ok()) break;
       if (c.is_tag) {
         s = ApplyTag(c.tag);
+        continue;
+      }
+      if (c.is_ring) {
+        s = ApplyRing(c.ring);
         continue;
       }
       const FileInfo& f = c.file;
@@ -170,6 +180,43 @@ class SqliteStore final : public MetaStore {
     }
     sqlite3_finalize(q);
     return rc == SQLITE_DONE ? Status::OK() : Fail("read files");
+  }
+
+  Status ApplyRing(const RingInfo& r) {
+    sqlite3_stmt* q = nullptr;
+    if (sqlite3_prepare_v2(db_,
+                           "INSERT INTO rings (job, self, node_rank, endpoints) VALUES (?, ?, ?, ?) "
+                           "ON CONFLICT (job, self) DO UPDATE SET node_rank=excluded.node_rank, "
+                           "endpoints=excluded.endpoints",
+                           -1, &q, nullptr) != SQLITE_OK)
+      return Fail("prepare ring");
+    const std::string endpoints = EncodeEndpoints(r.endpoints);
+    sqlite3_bind_text(q, 1, r.job.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(q, 2, r.self.c_str(), -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(q, 3, r.node_rank);
+    sqlite3_bind_text(q, 4, endpoints.c_str(), -1, SQLITE_TRANSIENT);
+    Status s = Step(q);
+    sqlite3_finalize(q);
+    return s;
+  }
+
+  Status LoadRings(const std::string& self, std::vector<RingInfo>* out) override {
+    sqlite3_stmt* q = nullptr;
+    if (sqlite3_prepare_v2(db_, "SELECT job, node_rank, endpoints FROM rings WHERE self = ? ORDER BY job",
+                           -1, &q, nullptr) != SQLITE_OK)
+      return Fail("select rings");
+    sqlite3_bind_text(q, 1, self.c_str(), -1, SQLITE_TRANSIENT);
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+      RingInfo r;
+      r.job = reinterpret_cast<const char*>(sqlite3_column_text(q, 0));
+      r.self = self;
+      r.node_rank = sqlite3_column_int(q, 1);
+      r.endpoints = DecodeEndpoints(reinterpret_cast<const char*>(sqlite3_column_text(q, 2)));
+      out->push_back(std::move(r));
+    }
+    sqlite3_finalize(q);
+    return rc == SQLITE_DONE ? Status::OK() : Fail("read rings");
   }
 
   Status LoadTags(std::vector<TagInfo>* out) override {
@@ -317,6 +364,22 @@ bool DecodeRecords(const std::string& text, std::vector<Record>* out) {
     pos = eol + 1;
   }
   return true;
+}
+
+std::string EncodeEndpoints(const std::vector<std::string>& endpoints) {
+  std::string out;
+  for (const std::string& e : endpoints) out += e + "\n";
+  return out;
+}
+
+std::vector<std::string> DecodeEndpoints(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0, nl;
+  while ((nl = text.find('\n', start)) != std::string::npos) {
+    out.push_back(text.substr(start, nl - start));
+    start = nl + 1;
+  }
+  return out;
 }
 
 std::string EncodeTagFiles(const std::vector<TagFile>& files) {

@@ -218,7 +218,7 @@ TEST(SqliteStore, MigratesAVersion1Database) {
     std::unique_ptr<MetaStore> store;
     Status s = OpenMetaStore("sqlite://" + db, &store);
     ASSERT_TRUE(s.ok()) << s.ToString();
-    EXPECT_EQ(Count(db, "SELECT MAX(version) FROM schema_version"), 2);
+    EXPECT_EQ(Count(db, "SELECT MAX(version) FROM schema_version"), 3);
     EXPECT_EQ(Count(db, "SELECT COUNT(*) FROM schema_version"), 1);
     std::vector<FileInfo> files;
     ASSERT_TRUE(store->LoadFiles(&files).ok());
@@ -231,6 +231,38 @@ TEST(SqliteStore, MigratesAVersion1Database) {
   }
   EXPECT_EQ(Count(db, "SELECT first_commit_ns FROM tags WHERE tag='step1'"), 5);  // kept
   fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tce
+
+namespace tce {
+namespace {
+
+TEST(SqliteStore, RingsAreKeptPerServer) {
+  std::string dir = MakeTempDir("tce-meta");
+  const std::string url = "sqlite://" + dir + "/tce.db";
+  {
+    std::unique_ptr<MetaStore> store;
+    ASSERT_TRUE(OpenMetaStore(url, &store).ok());
+    std::vector<MetaChange> batch(3);
+    for (auto& c : batch) c.is_ring = true;
+    batch[0].ring = {"job", "10.0.0.1:7070", 0, {"10.0.0.1:7070", "10.0.0.2:7070"}};
+    batch[1].ring = {"job", "10.0.0.2:7070", 1, {"10.0.0.1:7070", "10.0.0.2:7070"}};
+    batch[2].ring = {"job", "10.0.0.1:7070", 2, {"a:1", "b:2", "10.0.0.1:7070"}};  // told again: replaces
+    ASSERT_TRUE(store->Apply(batch).ok());
+  }
+  std::unique_ptr<MetaStore> store;
+  ASSERT_TRUE(OpenMetaStore(url, &store).ok());
+  std::vector<RingInfo> rings;
+  ASSERT_TRUE(store->LoadRings("10.0.0.1:7070", &rings).ok());
+  ASSERT_EQ(rings.size(), 1u);
+  EXPECT_EQ(rings[0].job, "job");
+  EXPECT_EQ(rings[0].node_rank, 2);
+  EXPECT_EQ(rings[0].endpoints, (std::vector<std::string>{"a:1", "b:2", "10.0.0.1:7070"}));
+  rings.clear();
+  ASSERT_TRUE(store->LoadRings("elsewhere:1", &rings).ok());
+  EXPECT_TRUE(rings.empty());
 }
 
 }  // namespace

@@ -13,10 +13,6 @@
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
-namespace {
-constexpr uint64_t kChunk = 2 << 20;  // checksummed while the next one arrives (cache-hot)
-}  // namespace
-
 PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store,
                        Cache* cache)
     : options_(std::move(options)), transport_(transport), store_(store), cache_(cache) {}
@@ -123,16 +119,13 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
   // take them, into the buffer or away, so the stream stays in step.
   Status s;
   RecordCrcs crcs(records);
-  if (reserved.ok()) {
-    // Checksum each chunk as it arrives (the next one is already on its way).
+  if (reserved.ok()) {  // checksummed chunk by chunk as they land (the next is on its way)
     unsigned char* map = buffer->data();
-    for (uint64_t off = 0; s.ok() && off < req.size(); off += kChunk) {
-      const uint64_t n = std::min<uint64_t>(kChunk, req.size() - off);
-      s = transport_->RecvData(link, map + off, buffer->buffer().fd(), n);
-      if (s.ok()) crcs.Feed(off, map + off, static_cast<size_t>(n));
-    }
+    s = transport_->Recv(link, map, req.size(),
+                         [&](uint64_t off, uint64_t n) { crcs.Feed(off, map + off, static_cast<size_t>(n)); });
   } else {
-    s = link->Discard(req.size());
+    s = transport_->Refuse(link, req.size(), reserved);
+    if (!s.ok() && s.code() != Status::Code::kUnavailable) return reserved;  // refused, link in step
   }
   if (s.ok() && req.crc_trailer()) {  // the sender's CRCs, computed while sending
     v1::PeerChecksums theirs;
@@ -188,8 +181,12 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     header.set_owner_node(held.owner_node);
     RecordsToProto(held.file.records, header.mutable_records());
     if (s.ok()) s = link->Send(header);
-    if (s.ok()) s = transport_->SendData(link, fd, 0, held.file.size);
+    if (s.ok()) s = transport_->Send(link, SendSource{fd, held.file.size}, nullptr);
     ::close(fd);
+    if (!s.ok() && s.code() != Status::Code::kUnavailable) {  // refused by the puller: link in step
+      TCE_LOG(kWarning, "ring") << "not sent back job=" << req.job() << " path=" << req.path() << ": " << s.ToString();
+      return Status::OK();
+    }
     TCE_LOG(kInfo, "ring") << "sent back job=" << req.job() << " path=" << req.path() << " to "
                            << link->peer() << ": " << (s.ok() ? "ok" : s.ToString());
   }

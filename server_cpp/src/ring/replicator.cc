@@ -133,11 +133,11 @@ Status Replicator::Pull(PeerLink* link, const BackupJob& job, const std::string&
     map = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
   if (!room.ok() || map == MAP_FAILED) {  // take the bytes anyway: the stream stays in step
     if (room.ok()) room = Status::FromErrno(errno, "mmap recovery buffer");
-    s = link->Discard(header.size());
+    s = transport_->Refuse(link, header.size(), room);
     cache_->AbandonRecovery(std::move(mem));
     return s.ok() ? room : s;
   }
-  s = transport_->RecvData(link, static_cast<unsigned char*>(map), mem->fd(), header.size());
+  s = transport_->Recv(link, static_cast<unsigned char*>(map), header.size(), nullptr);
   FileInfo f;
   f.job = header.job();
   f.tag = header.tag();
@@ -158,8 +158,33 @@ Status Replicator::Pull(PeerLink* link, const BackupJob& job, const std::string&
   return cache_->AdoptRecovered(std::move(f), std::move(mem));
 }
 
+Status Replicator::FetchForLoad(const std::string& job, const std::string& path) {
+  Status last = Status::NotFound(path + " is held by no peer of job " + job);
+  for (const std::string& peer : cache_->RingPeers(job)) {
+    std::unique_ptr<PeerLink> link;
+    Status s = PeerLink::Connect(peer, options_.self, options_.token, options_.io_timeout, &link);
+    if (!s.ok()) {
+      TCE_LOG(kWarning, "ring") << "remote read of " << path << ": " << s.ToString();
+      continue;
+    }
+    BackupJob from;
+    from.job = job;
+    from.peer = peer;
+    s = Pull(link.get(), from, path);
+    if (s.ok() || s.code() == Status::Code::kFailedPrecondition) {
+      TCE_LOG(kInfo, "ring") << "remote read of job=" << job << " path=" << path << " from " << peer;
+      return s;
+    }
+    if (s.code() != Status::Code::kNotFound) {
+      TCE_LOG(kWarning, "ring") << "remote read of " << path << " from " << peer << ": " << s.ToString();
+      cache_->NoteBackupError("remote read of " + path + ": " + s.ToString());
+      last = s;
+    }
+  }
+  return last;
+}
+
 Status Replicator::SendWithChecksums(PeerLink* link, const BackupJob& job) {
-  constexpr uint64_t kChunk = 2 << 20;  // checksummed while cache-hot, just before it goes
   void* map = nullptr;
   const unsigned char* data = job.data;
   if (!data && job.size > 0) {  // no kept mapping: a private one for this backup
@@ -167,13 +192,10 @@ Status Replicator::SendWithChecksums(PeerLink* link, const BackupJob& job) {
     if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer for backup");
     data = static_cast<const unsigned char*>(map);
   }
+  // Each chunk is checksummed just before it goes, while cache-hot.
   RecordCrcs crcs(job.records);
-  Status s;
-  for (uint64_t off = 0; s.ok() && off < job.size; off += kChunk) {
-    const uint64_t n = std::min<uint64_t>(kChunk, job.size - off);
-    crcs.Feed(off, data + off, static_cast<size_t>(n));
-    s = transport_->SendData(link, job.fd, off, n);
-  }
+  Status s = transport_->Send(link, SendSource{job.fd, job.size},
+                              [&](uint64_t off, uint64_t n) { crcs.Feed(off, data + off, static_cast<size_t>(n)); });
   if (map) munmap(map, job.size);
   if (!s.ok()) return s;
   v1::PeerChecksums trailer;
@@ -211,7 +233,7 @@ Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_
     b->set_owner_node(job.node);
     RecordsToProto(records, b->mutable_records());
     s = link->Send(req);
-    if (s.ok() && !missing) s = transport_->SendData(link, job.fd, 0, job.size);
+    if (s.ok() && !missing) s = transport_->Send(link, SendSource{job.fd, job.size}, nullptr);
     if (s.ok() && missing) s = SendWithChecksums(link, job);
   }
   if (!s.ok()) return s;

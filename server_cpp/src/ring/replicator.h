@@ -38,6 +38,10 @@ class Replicator {
   ~Replicator();
   void Start();
   void Stop();
+  // A load missed (job, path): fetch it into the cache from the ring member
+  // that holds it, the successor first. NOT_FOUND if none does; DATA_LOSS if
+  // the copy is corrupt or differs from metadata. Called by RPC threads.
+  Status FetchForLoad(const std::string& job, const std::string& path);
 
  private:
   void Loop();

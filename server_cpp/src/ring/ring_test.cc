@@ -141,3 +141,173 @@ TEST(RecordCrcs, AnyChunkingGivesTheWholeRecordCrcs) {
 
 }  // namespace
 }  // namespace tce
+
+#include <sys/mman.h>
+
+#include "ring/fabric_select.h"
+#include "ring/transport.h"
+
+namespace tce {
+namespace {
+
+// A memfd of `size` patterned bytes.
+int PatternFd(uint64_t size) {
+  int fd = memfd_create("t", MFD_CLOEXEC);
+  std::string bytes(size, '\0');
+  for (uint64_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i * 31 + i / 4093);
+  EXPECT_EQ(write(fd, bytes.data(), size), static_cast<ssize_t>(size));
+  return fd;
+}
+
+class TransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    TransportOptions o;
+    o.name = GetParam();
+    o.ofi_provider = "tcp";
+    o.source_host = "127.0.0.1";
+    o.io_timeout = 5000ms;
+    Status st = NewTransport(o, &sender_);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE((st = NewTransport(o, &receiver_)).ok()) << st.ToString();
+    Status cs, ss;
+    Pair("t", "t", &cs, &ss, &c_, &s_);
+    ASSERT_TRUE(cs.ok() && ss.ok());
+  }
+  std::unique_ptr<Transport> sender_, receiver_;
+  std::unique_ptr<PeerLink> c_, s_;
+};
+
+TEST_P(TransportTest, MovesEveryByteAndReportsChunksInOrder) {
+  for (uint64_t size : {uint64_t{0}, uint64_t{1}, kTransferChunk, 5 * kTransferChunk + 12345}) {
+    int fd = PatternFd(size);
+    std::vector<unsigned char> dst(size + 1, 0xee);
+    std::vector<std::pair<uint64_t, uint64_t>> before, landed;
+    Status rs;
+    std::thread rx([&] {
+      rs = receiver_->Recv(s_.get(), dst.data(), size, [&](uint64_t o, uint64_t n) { landed.push_back({o, n}); });
+    });
+    Status ss = sender_->Send(c_.get(), SendSource{fd, size}, [&](uint64_t o, uint64_t n) { before.push_back({o, n}); });
+    rx.join();
+    ASSERT_TRUE(ss.ok()) << ss.ToString();
+    ASSERT_TRUE(rs.ok()) << rs.ToString();
+    std::vector<unsigned char> want(size);
+    ASSERT_EQ(pread(fd, want.data(), size, 0), static_cast<ssize_t>(size));
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), dst.begin())) << "size " << size;
+    EXPECT_EQ(dst[size], 0xee);  // nothing past the end
+    for (auto* seen : {&before, &landed}) {
+      uint64_t next = 0;
+      for (auto [o, n] : *seen) {
+        EXPECT_EQ(o, next);
+        next += n;
+      }
+      EXPECT_EQ(next, size);
+    }
+    close(fd);
+  }
+}
+
+TEST_P(TransportTest, ARefusedTransferFailsTheSenderWithTheReason) {
+  const uint64_t size = 3 * kTransferChunk;
+  int fd = PatternFd(size);
+  Status rs;
+  std::thread rx([&] { rs = receiver_->Refuse(s_.get(), size, Status::ResourceExhausted("backup share full")); });
+  Status ss = sender_->Send(c_.get(), SendSource{fd, size}, nullptr);
+  rx.join();
+  close(fd);
+  if (GetParam() == "tcp") {  // tcp drains: both sides stay in step
+    EXPECT_TRUE(ss.ok() && rs.ok()) << ss.ToString() << rs.ToString();
+  } else {
+    EXPECT_EQ(ss.code(), Status::Code::kResourceExhausted) << ss.ToString();
+    EXPECT_NE(ss.message().find("backup share full"), std::string::npos);
+    EXPECT_EQ(rs.code(), Status::Code::kResourceExhausted);
+  }
+  // The link still carries messages.
+  v1::PeerDrop m, got;
+  m.set_path("/after");
+  ASSERT_TRUE(c_->Send(m).ok());
+  ASSERT_TRUE(s_->Recv(&got).ok());
+  EXPECT_EQ(got.path(), "/after");
+}
+
+TEST_P(TransportTest, TheCorruptingTransportFlipsOneByte) {
+  std::unique_ptr<Transport> bad = NewCorruptingTransport(std::move(sender_));
+  const uint64_t size = kTransferChunk + 7;
+  int fd = PatternFd(size);
+  std::vector<unsigned char> dst(size), want(size);
+  ASSERT_EQ(pread(fd, want.data(), size, 0), static_cast<ssize_t>(size));
+  Status rs;
+  std::thread rx([&] { rs = receiver_->Recv(s_.get(), dst.data(), size, nullptr); });
+  ASSERT_TRUE(bad->Send(c_.get(), SendSource{fd, size}, nullptr).ok());
+  rx.join();
+  ASSERT_TRUE(rs.ok());
+  size_t differ = 0;
+  for (uint64_t i = 0; i < size; ++i) differ += dst[i] != want[i];
+  EXPECT_EQ(differ, 1u);
+  close(fd);
+}
+
+INSTANTIATE_TEST_SUITE_P(Both, TransportTest, ::testing::Values("tcp", "ofi"),
+                         [](const auto& info) { return info.param; });
+
+TEST(Transport, UnknownNamesAndDevicesAreClearErrors) {
+  std::unique_ptr<Transport> t;
+  TransportOptions o;
+  o.name = "carrier-pigeon";
+  Status s = NewTransport(o, &t);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("(tcp, ofi)"), std::string::npos) << s.message();
+  o.name = "ofi";
+  o.ofi_provider = "tcp";
+  o.ofi_devices = "=no_such_hca";
+  s = NewTransport(o, &t);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("no fabric device matches '=no_such_hca' (devices: "), std::string::npos) << s.message();
+  o.ofi_devices.clear();
+  o.ofi_provider = "no-such-provider";
+  s = NewTransport(o, &t);
+  EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("(provider 'no-such-provider')"), std::string::npos) << s.message();
+}
+
+TEST(DeviceFilter, FollowsNcclIbHcaSyntax) {
+  const std::vector<std::string> all = {"mlx5_0", "mlx5_1", "mlx5_10", "mlx4_0", "eth0"};
+  using V = std::vector<std::string>;
+  EXPECT_EQ(FilterDevices(all, ParseDeviceFilter("")), all);
+  EXPECT_EQ(FilterDevices(all, ParseDeviceFilter("mlx5_1")), (V{"mlx5_1", "mlx5_10"}));  // prefixes
+  EXPECT_EQ(FilterDevices(all, ParseDeviceFilter("=mlx5_1")), (V{"mlx5_1"}));           // exact
+  EXPECT_EQ(FilterDevices(all, ParseDeviceFilter("mlx5_0:1, mlx4")), (V{"mlx5_0", "mlx4_0"}));
+  EXPECT_EQ(FilterDevices(all, ParseDeviceFilter("^mlx5")), (V{"mlx4_0", "eth0"}));
+  EXPECT_EQ(FilterDevices(all, ParseDeviceFilter("^=mlx5_1")), (V{"mlx5_0", "mlx5_10", "mlx4_0", "eth0"}));
+  DeviceFilter f = ParseDeviceFilter("^=a:1,b");
+  EXPECT_TRUE(f.exclude && f.exact);
+  EXPECT_EQ(f.names, (V{"a", "b"}));
+}
+
+TEST(DeviceFilter, DividesDevicesAmongLocalRanks) {
+  using V = std::vector<std::string>;
+  const V four = {"d0", "d1", "d2", "d3"};
+  EXPECT_EQ(DevicesForLocalRank(four, 0, 2), (V{"d0", "d1"}));
+  EXPECT_EQ(DevicesForLocalRank(four, 1, 2), (V{"d2", "d3"}));
+  EXPECT_EQ(DevicesForLocalRank(four, 3, 4), (V{"d3"}));
+  EXPECT_EQ(DevicesForLocalRank(four, 5, 8), (V{"d1"}));  // fewer devices than ranks
+  EXPECT_EQ(DevicesForLocalRank({}, 0, 8), V{});
+}
+
+TEST(DeviceFilter, EnvironmentPrecedence) {
+  std::string var;
+  unsetenv("TCE_RDMA_DEVICES");
+  setenv("NCCL_IB_HCA", "^mlx5_3", 1);
+  EXPECT_EQ(DeviceSpecFromEnv(&var), "^mlx5_3");
+  EXPECT_EQ(var, "NCCL_IB_HCA");
+  setenv("TCE_RDMA_DEVICES", "=lo", 1);
+  EXPECT_EQ(DeviceSpecFromEnv(&var), "=lo");
+  EXPECT_EQ(var, "TCE_RDMA_DEVICES");
+  unsetenv("TCE_RDMA_DEVICES");
+  unsetenv("NCCL_IB_HCA");
+  EXPECT_EQ(DeviceSpecFromEnv(&var), "");
+  EXPECT_EQ(var, "");
+}
+
+}  // namespace
+}  // namespace tce

@@ -3,11 +3,17 @@
 // differs per transport:
 //   tcp: sendfile() from the sender's memfd into the socket (no copy in user
 //        space), recv() straight into the receiver's mapped buffer.
-//   ofi: libfabric RMA writes into the receiver's registered buffer (to come).
-// Implementations are stateless per call and thread-safe.
+//   ofi: libfabric RMA writes into the receiver's buffer, registered for that
+//        one transfer; the link carries the registration and the progress.
+// Both move a transfer in chunks of kTransferChunk and tell the caller about
+// each one (the sender just before it goes, the receiver once it has landed),
+// so checksums run while the chunk is cache-hot and overlap the transfer.
+// Implementations are thread-safe; a link is used by one thread at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -16,22 +22,49 @@
 
 namespace tce {
 
+constexpr uint64_t kTransferChunk = 2 << 20;
+
+// (offset, size) of one chunk of a transfer.
+using ChunkFn = std::function<void(uint64_t offset, uint64_t n)>;
+
+// What a sender sends: bytes [0, size) of memfd `fd`.
+struct SendSource {
+  int fd = -1;
+  uint64_t size = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
-  // Sender: moves bytes [offset, offset + size) of memfd `fd` to the peer.
-  // A transfer may be sent in several calls, in order.
-  virtual Status SendData(PeerLink* link, int fd, uint64_t offset, uint64_t size) = 0;
-  // Receiver: places the next `size` bytes the peer sends at `dst` (inside a
-  // writable mapping of the receiving buffer, whose memfd is `fd`).
-  virtual Status RecvData(PeerLink* link, unsigned char* dst, int fd, uint64_t size) = 0;
+  // Sender: moves all of `src` to the peer. `before` (may be empty) runs just
+  // before each chunk goes, in order.
+  virtual Status Send(PeerLink* link, const SendSource& src, const ChunkFn& before) = 0;
+  // Receiver: places the `size` bytes the peer sends at `dst` (a writable
+  // mapping). `landed` (may be empty) runs as each chunk arrives, in order.
+  virtual Status Recv(PeerLink* link, unsigned char* dst, uint64_t size, const ChunkFn& landed) = 0;
+  // Receiver with nowhere to put the bytes: refuses or drains them, so the
+  // link stays usable or is reported broken (UNAVAILABLE). `why` is sent to
+  // the sender where the transport can say it.
+  virtual Status Refuse(PeerLink* link, uint64_t size, const Status& why) = 0;
+};
+
+struct TransportOptions {
+  std::string name = "tcp";       // tcp | ofi
+  std::string ofi_provider;       // ofi: libfabric provider ("" = any with RMA)
+  std::string ofi_devices;        // ofi: device filter (TCE_RDMA_DEVICES/NCCL_IB_HCA syntax)
+  std::string source_host;        // ofi without a filter: the device that owns this address
+  std::chrono::milliseconds io_timeout{30000};
 };
 
 std::unique_ptr<Transport> NewTcpTransport();
 
-// "tcp" -> the tcp transport; others: a clear error naming the choices.
-Status NewTransport(const std::string& name, std::unique_ptr<Transport>* out);
+// The transport `o.name` names; a clear error naming the choices otherwise,
+// or saying why the fabric cannot be opened.
+Status NewTransport(const TransportOptions& o, std::unique_ptr<Transport>* out);
+
+// libfabric RMA (ofi_transport.cc).
+Status NewOfiTransport(const TransportOptions& o, std::unique_ptr<Transport>* out);
 
 // Fault injection for tests (wire corruption cannot be caused for real: TCP
 // checksums it away): wraps `inner` and flips one byte in the middle of

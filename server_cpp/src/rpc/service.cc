@@ -81,6 +81,17 @@ grpc::Status CacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest*
   std::vector<uint64_t> unmap;
   tce::Status s = cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                  &lease, &unmap);
+  // A load that missed: the ring may hold the file (this node's own copy at
+  // its successor, or another node's, for a rank that moved here).
+  if (s.code() == tce::Status::Code::kNotFound && req->lease() && fetch_remote_ &&
+      cache_->MayBeInRing(req->job(), req->path())) {
+    tce::Status fetched = fetch_remote_(req->job(), req->path());
+    if (fetched.ok() || fetched.code() == tce::Status::Code::kFailedPrecondition) {
+      if (fetched.ok()) ++remote_reads_;
+      unmap.clear();
+      s = cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f, &lease, &unmap);
+    }
+  }
   for (uint64_t id : unmap) resp->add_unmap_buffer_ids(id);
   if (!s.ok()) return ToGrpc(s);
   ToProto(f, resp->mutable_file());
@@ -142,6 +153,10 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   resp->set_backed_up_files(s.backed_up_files);
   resp->set_backup_failures(s.backup_failures);
   resp->set_backup_error(s.backup_error);
+  resp->set_recovered_files(s.recovered_files);
+  resp->set_ring_checksum_mismatches(s.ring_checksum_mismatches);
+  resp->set_remote_reads(remote_reads_.load());
+  resp->set_ring_transport(ring_transport_);
   if (backups_) {
     BackupStoreStats b = backups_->Stats();
     resp->set_held_backups(b.files);

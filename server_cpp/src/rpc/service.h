@@ -3,7 +3,9 @@
 // code and message. Called concurrently by gRPC's worker threads.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "cache/cache.h"
@@ -33,6 +35,14 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status ListTags(grpc::ServerContext*, const v1::ListTagsRequest*, v1::ListTagsResponse*) override;
   grpc::Status SetRing(grpc::ServerContext*, const v1::SetRingRequest*, v1::SetRingResponse*) override;
 
+  // The ring's part (set before serving): `fetch` brings (job, path) from a
+  // peer into the cache for a load that missed; `transport` is shown in Status.
+  void SetRing(std::function<tce::Status(const std::string& job, const std::string& path)> fetch,
+               std::string transport) {
+    fetch_remote_ = std::move(fetch);
+    ring_transport_ = std::move(transport);
+  }
+
  private:
   Cache* const cache_;
   const std::string socket_path_;
@@ -40,6 +50,9 @@ class CacheService final : public v1::Cache::Service {
   const std::string metadata_url_;
   BackupStore* const backups_;
   const std::string peer_endpoint_;
+  std::function<tce::Status(const std::string&, const std::string&)> fetch_remote_;
+  std::string ring_transport_;
+  std::atomic<uint64_t> remote_reads_{0};
   const std::chrono::steady_clock::time_point started_;
 };
 
