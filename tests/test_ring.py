@@ -21,15 +21,25 @@ from tce._server import LocalServer
 from tce.errors import FailedPreconditionError, InvalidArgumentError
 from tce.v1 import tce_pb2 as pb
 
+from helpers import wait_metadata_written
+
 TOKEN = "ring-test-token"
 
 
-def _ring_server(tmp_path, name, *, token=TOKEN, listen="127.0.0.1:0", netns=None, budget="512MiB",
-                 storage=None, extra=()):
+@pytest.fixture(params=["tcp", "ofi"])
+def transport(request):
+    """Every ring test runs over both transports: ofi through libfabric's tcp
+    provider, the same RMA code path a verbs or efa fabric takes."""
+    return request.param
+
+
+def _ring_server(tmp_path, transport, name, *, token=TOKEN, listen="127.0.0.1:0", netns=None,
+                 budget="512MiB", storage=None, extra=(), metadata=False):
     state = tmp_path / name
     state.mkdir(exist_ok=True)
     args = ["--peer-listen", listen, "--peer-token", token, "--peer-timeout-ms", "2000",
-            "--metadata-url", "none", *extra]
+            "--ring-transport", transport, "--ofi-provider", "tcp",
+            *(["--state-dir", str(state)] if metadata else ["--metadata-url", "none"]), *extra]
     return LocalServer(memory_budget=budget, socket_path=str(state / "tce.sock"),
                        storage_roots=[str(storage)] if storage else [], extra_args=args,
                        netns=netns).start()
@@ -75,11 +85,11 @@ def _stop(*servers):
         assert code == 0, s.log()
 
 
-def test_backup_reaches_the_successor_and_is_dropped_on_eviction(tmp_path):
+def test_backup_reaches_the_successor_and_is_dropped_on_eviction(tmp_path, transport):
     storage = tmp_path / "storage"
     storage.mkdir()
-    a = _ring_server(tmp_path, "a", storage=storage, extra=["--keep-last", "1"])
-    b = _ring_server(tmp_path, "b")
+    a = _ring_server(tmp_path, transport, "a", storage=storage, extra=["--keep-last", "1"])
+    b = _ring_server(tmp_path, transport, "b")
     try:
         endpoints = _set_ring([a, b])
         obj = {"w": torch.randn(1 << 20), "step": 1}
@@ -107,9 +117,9 @@ def test_backup_reaches_the_successor_and_is_dropped_on_eviction(tmp_path):
         _stop(a, b)
 
 
-def test_a_peer_without_the_token_is_refused(tmp_path):
-    a = _ring_server(tmp_path, "a")
-    b = _ring_server(tmp_path, "b", token="another-token")
+def test_a_peer_without_the_token_is_refused(tmp_path, transport):
+    a = _ring_server(tmp_path, transport, "a")
+    b = _ring_server(tmp_path, transport, "b", token="another-token")
     try:
         _set_ring([a, b])
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
@@ -124,13 +134,13 @@ def test_a_peer_without_the_token_is_refused(tmp_path):
         _stop(a, b)
 
 
-def test_ring_settings_are_checked(tmp_path, make_server):
+def test_ring_settings_are_checked(tmp_path, make_server, transport):
     plain = make_server("64MiB")
     with _knobs.override(socket=plain.socket):
         with pytest.raises(FailedPreconditionError, match="takes part in no ring"):
             _api._get_client().set_ring("j", 0, ["10.0.0.1:7000"])
         _api.close()
-    a = _ring_server(tmp_path, "a")
+    a = _ring_server(tmp_path, transport, "a")
     try:
         with _knobs.override(socket=a.socket):
             c = _api._get_client()
@@ -143,6 +153,14 @@ def test_ring_settings_are_checked(tmp_path, make_server):
         p = subprocess.run([*a.args[:1], "--peer-listen", "127.0.0.1:0", "--socket",
                             str(tmp_path / "x.sock")], capture_output=True, text=True)
         assert p.returncode == 2 and "needs a cluster token" in p.stderr
+        base = [*a.args[:1], "--peer-listen", "127.0.0.1:0", "--peer-token", "t", "--metadata-url", "none",
+                "--socket", str(tmp_path / "x.sock")]
+        p = subprocess.run([*base, "--ring-transport", "rdma"], capture_output=True, text=True)
+        assert p.returncode == 2 and "ring_transport" in p.stderr and "tcp or ofi" in p.stderr, p.stderr
+        p = subprocess.run([*base, "--ring-transport", "ofi", "--ofi-provider", "tcp"], capture_output=True,
+                           text=True, env=dict(os.environ, TCE_RDMA_DEVICES="=no_such_hca"), timeout=30)
+        assert p.returncode == 2, p.stderr
+        assert "ring_transport ofi: no fabric device matches '=no_such_hca' (devices: " in p.stderr, p.stderr
     finally:
         _stop(a)
 
@@ -159,8 +177,8 @@ def nodes3():
 
 
 @pytest.mark.multinode
-def test_three_nodes_back_up_around_the_ring(tmp_path, nodes3):
-    servers = [_ring_server(tmp_path, f"n{i}", netns=name, listen=f"{addr}:7070")
+def test_three_nodes_back_up_around_the_ring(tmp_path, nodes3, transport):
+    servers = [_ring_server(tmp_path, transport, f"n{i}", netns=name, listen=f"{addr}:7070")
                for i, (name, addr) in enumerate(zip(nodes3.names, nodes3.addresses))]
     try:
         endpoints = _set_ring(servers)
@@ -182,8 +200,8 @@ def test_three_nodes_back_up_around_the_ring(tmp_path, nodes3):
 
 
 @pytest.mark.multinode
-def test_a_cut_link_delays_the_backup_but_no_save(tmp_path, nodes3):
-    servers = [_ring_server(tmp_path, f"n{i}", netns=name, listen=f"{addr}:7070")
+def test_a_cut_link_delays_the_backup_but_no_save(tmp_path, nodes3, transport):
+    servers = [_ring_server(tmp_path, transport, f"n{i}", netns=name, listen=f"{addr}:7070")
                for i, (name, addr) in enumerate(zip(nodes3.names[:2], nodes3.addresses[:2]))]
     try:
         _set_ring(servers)
@@ -207,12 +225,12 @@ def test_a_cut_link_delays_the_backup_but_no_save(tmp_path, nodes3):
 
 
 @pytest.mark.multinode
-def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3):
+def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3, transport):
     """Node 1 loses its server and memory: a fresh server there, told the
     ring again (as the restarted job does), pulls node 1's files back from
     node 2, bitwise, and node 0 backs its files up to node 1 again. There is
     no storage at all: the ring is the only other copy."""
-    servers = [_ring_server(tmp_path, f"n{i}", netns=name, listen=f"{addr}:7070")
+    servers = [_ring_server(tmp_path, transport, f"n{i}", netns=name, listen=f"{addr}:7070")
                for i, (name, addr) in enumerate(zip(nodes3.names, nodes3.addresses))]
     try:
         endpoints = _set_ring(servers)
@@ -226,7 +244,7 @@ def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3):
         for s in servers:
             _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
         servers[1].kill()  # the node is gone, memory and all
-        fresh = _ring_server(tmp_path, "n1-again", netns=nodes3.names[1], listen=f"{nodes3.addresses[1]}:7070")
+        fresh = _ring_server(tmp_path, transport, "n1-again", netns=nodes3.names[1], listen=f"{nodes3.addresses[1]}:7070")
         servers[1] = fresh
         assert _files(fresh) == {}
         _set_ring(servers)  # the restarted job tells every server the ring again
@@ -245,14 +263,129 @@ def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3):
         _stop(*servers)
 
 
-def test_join_ring_tells_every_server_the_ring(tmp_path):
+@pytest.mark.multinode
+def test_a_restarted_server_rejoins_its_ring_from_metadata(tmp_path, nodes3, transport):
+    """Node 1's server dies (SIGKILL, memory gone) and comes back on the same
+    endpoint with its metadata. Nobody tells it the ring: it finds the ring in
+    metadata, pulls its files back from node 2 bitwise (there is no storage),
+    and node 0 backs up to it again."""
+    servers = [_ring_server(tmp_path, transport, f"n{i}", netns=name, listen=f"{addr}:7070", metadata=True)
+               for i, (name, addr) in enumerate(zip(nodes3.names, nodes3.addresses))]
+    try:
+        endpoints = _set_ring(servers)
+        x = {"w": torch.randn(1 << 18), "i": torch.arange(77)}
+        with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
+            tce.save(x, "/ckpt/step7/rank1.pt", tag="step7", rank=1)
+            _api.close()
+        with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
+            tce.save({"n": 0}, "/ckpt/step7/rank0.pt", tag="step7", rank=0)
+            _api.close()
+        for s in servers[:2]:
+            _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
+        with _knobs.override(socket=servers[1].socket):
+            wait_metadata_written()
+            _api.close()
+        servers[1].kill()
+        servers[1] = _ring_server(tmp_path, transport, "n1", netns=nodes3.names[1],
+                                  listen=f"{nodes3.addresses[1]}:7070", metadata=True)
+        f = _until(lambda: _files(servers[1]).get("/ckpt/step7/rank1.pt"), what="the recovery")
+        f = _until(lambda: pb.FileState.Name(_files(servers[1])["/ckpt/step7/rank1.pt"].state)
+                   == "FILE_STATE_BACKED_UP" and _files(servers[1])["/ckpt/step7/rank1.pt"], what="BACKED_UP")
+        assert f.backup_holder == endpoints[2]
+        assert "rejoining the ring of job=ring-job recorded in metadata" in servers[1].log()
+        with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
+            out = tce.load("/ckpt/step7/rank1.pt", weights_only=True)
+            assert torch.equal(out["w"], x["w"]) and torch.equal(out["i"], x["i"])
+            assert int(tce.status()["recovered_files"]) == 1
+            _api.close()
+        _until(lambda: int(_status(servers[1])["held_backups"]) == 1, what="node 0's file re-sent")
+    finally:
+        _stop(*servers)
+
+
+@pytest.mark.multinode
+def test_a_rank_on_another_node_reads_its_shard_from_the_peer(tmp_path, nodes3, transport):
+    """Node 0 saved rank 0's file, backed up to node 1. The rank now runs on
+    node 2, whose server has never seen the file and no storage exists: its
+    load is served by fetching the copy from the peer that holds it."""
+    servers = [_ring_server(tmp_path, transport, f"n{i}", netns=name, listen=f"{addr}:7070")
+               for i, (name, addr) in enumerate(zip(nodes3.names, nodes3.addresses))]
+    try:
+        endpoints = _set_ring(servers)
+        x = {"w": torch.randn(1 << 18), "step": 12}
+        with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
+            tce.save(x, "/ckpt/step12/rank0.pt", tag="step12", rank=0)
+            _api.close()
+        _until(lambda: _files(servers[0])["/ckpt/step12/rank0.pt"].backup_holder, what="the backup")
+        servers[0].kill()  # the owner is gone too: only node 1's copy is left
+        with _knobs.override(socket=servers[2].socket, job="ring-job", on_unavailable="raise"):
+            assert "/ckpt/step12/rank0.pt" not in _files(servers[2])
+            out = tce.load("/ckpt/step12/rank0.pt", weights_only=True)
+            assert torch.equal(out["w"], x["w"]) and out["step"] == 12
+            st = tce.status()
+            assert int(st["remote_reads"]) == 1
+            assert st["ring_transport"] == transport
+            f = _files(servers[2])["/ckpt/step12/rank0.pt"]
+            assert f.backup_holder == endpoints[1]
+            with pytest.raises(FileNotFoundError):  # held nowhere, on no storage: a clear miss
+                tce.load("/ckpt/step12/nobody.pt", weights_only=True)
+            _api.close()
+    finally:
+        servers[0].cleanup()
+        _stop(*servers[1:])
+
+
+@pytest.mark.multinode
+def test_a_stale_ring_copy_is_refused_against_metadata(tmp_path, nodes3, transport):
+    """Node 0's backup of x.pt (version 1) reached node 1; then the link was
+    cut, and version 2 was saved and persisted (metadata records its CRCs)
+    but never backed up. Node 0's server dies and comes back: the ring's
+    copy is intact but is not the file metadata knows, so it is refused,
+    counted, and version 2 loads from storage."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    servers = [_ring_server(tmp_path, transport, f"n{i}", netns=name, listen=f"{addr}:7070",
+                            metadata=True, storage=storage)
+               for i, (name, addr) in enumerate(zip(nodes3.names[:2], nodes3.addresses[:2]))]
+    try:
+        _set_ring(servers)
+        path = storage / "x.pt"
+        with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
+            tce.save({"v": torch.full((1 << 16,), 1.0)}, path, tag="t1")
+            _until(lambda: _files(servers[0])[str(path)].backup_holder, what="version 1's backup")
+            nodes3.cut(1)
+            tce.save({"v": torch.full((1 << 16,), 2.0)}, path, tag="t2")
+            tce.wait()
+            wait_metadata_written()
+            assert not _files(servers[0])[str(path)].backup_holder
+            _api.close()
+        # Version 2's attempt has failed (both ends timed out): its bytes,
+        # still in flight on the cut link, can no longer land as a backup.
+        _until(lambda: int(_status(servers[0])["backup_failures"]) >= 1, what="a failed attempt")
+        servers[0].kill()
+        nodes3.restore(1)
+        servers[0] = _ring_server(tmp_path, transport, "n0", netns=nodes3.names[0],
+                                  listen=f"{nodes3.addresses[0]}:7070", metadata=True, storage=storage)
+        st = _until(lambda: int(_status(servers[0])["ring_checksum_mismatches"]) >= 1 and _status(servers[0]),
+                    what="the refused copy")
+        assert "does not match the checksums in metadata" in st["backup_error"], st["backup_error"]
+        assert int(st["recovered_files"]) == 0
+        with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
+            out = tce.load(path, weights_only=True)
+            assert out["v"][0].item() == 2.0
+            _api.close()
+    finally:
+        _stop(*servers)
+
+
+def test_join_ring_tells_every_server_the_ring(tmp_path, transport):
     """Two "nodes" (one process each, NODE_RANK set as a launcher would) join
     the ring with torch.distributed; each node's file is then backed up to
     the other node's server."""
     import socket
     import sys
 
-    servers = [_ring_server(tmp_path, f"j{i}") for i in range(2)]
+    servers = [_ring_server(tmp_path, transport, f"j{i}") for i in range(2)]
     try:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -279,8 +412,8 @@ def test_join_ring_tells_every_server_the_ring(tmp_path):
         _stop(*servers)
 
 
-def test_tce_status_shows_the_ring(tmp_path):
-    a = _ring_server(tmp_path, "a")
+def test_tce_status_shows_the_ring(tmp_path, transport):
+    a = _ring_server(tmp_path, transport, "a")
     try:
         p = subprocess.run(["python3", "-m", "tce.cli", "--socket", a.socket, "status"],
                            capture_output=True, text=True, timeout=60)
@@ -291,15 +424,15 @@ def test_tce_status_shows_the_ring(tmp_path):
         _stop(a)
 
 
-def test_corrupted_copies_are_refused_and_storage_serves(tmp_path):
+def test_corrupted_copies_are_refused_and_storage_serves(tmp_path, transport):
     """B's transport corrupts every transfer it sends (a fault-injecting
     transport: wire corruption cannot be caused for real). B's backups to A
     are refused by A's CRC check; when A restarts, the copy B sends back is
     refused too, and the file loads from storage, correct."""
     storage = tmp_path / "storage"
     storage.mkdir()
-    a = _ring_server(tmp_path, "a", storage=storage)
-    b = _ring_server(tmp_path, "b", extra=["--ring-fault", "corrupt"])
+    a = _ring_server(tmp_path, transport, "a", storage=storage)
+    b = _ring_server(tmp_path, transport, "b", extra=["--ring-fault", "corrupt"])
     try:
         _set_ring([a, b])
         x = {"w": torch.randn(1 << 16), "n": 7}
@@ -316,7 +449,7 @@ def test_corrupted_copies_are_refused_and_storage_serves(tmp_path):
         assert int(_status(a)["held_backups"]) == 0  # nothing corrupt was kept
 
         a.kill()
-        a2 = _ring_server(tmp_path, "a2", storage=storage)
+        a2 = _ring_server(tmp_path, transport, "a2", storage=storage)
         try:
             _set_ring([a2, b])
             st = _until(lambda: "corrupt" in _status(a2)["backup_error"] and _status(a2),
