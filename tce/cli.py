@@ -53,12 +53,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
     else:
         print("persist   off (no storage_roots): files live in memory only")
     if st.get("peer_endpoint"):
-        print(f"ring      peer {st['peer_endpoint']}; backup queue {st['backup_queue']} "
+        print(f"ring      peer {st['peer_endpoint']} ({st.get('ring_transport', 'tcp')}); "
+              f"backup queue {st['backup_queue']} "
               f"({_human(int(st['backup_lag_bytes']))} behind), {st['backed_up_files']} backed up, "
               f"{st['backup_failures']} failed attempts"
               + (f" (last: {st['backup_error']})" if st.get("backup_error") else ""))
         print(f"          holding {st['held_backups']} predecessor file(s), "
               f"{_human(int(st['held_backup_bytes']))} of {_human(int(st['backup_budget_bytes']))}")
+        print(f"          {st.get('recovered_files', 0)} file(s) recovered from the ring, "
+              f"{st.get('ring_checksum_mismatches', 0)} copies refused against metadata's CRCs, "
+              f"{st.get('remote_reads', 0)} remote read(s)")
     else:
         print("ring      off (no peer_listen)")
     return 0
@@ -142,6 +146,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return _demo.main(args)
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from tce import _doctor
+
+    return _doctor.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tce", description="TCE checkpoint cache")
     p.add_argument("--socket", help="server socket (default: $TCE_SOCKET or /run/tce/tce.sock)")
@@ -170,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(s)
 
+    s = sub.add_parser("doctor", help="the fabric devices and providers the ring would use")
+    from tce._doctor import add_arguments as add_doctor_arguments
+
+    add_doctor_arguments(s)
+
     s = sub.add_parser("demo", help="train, crash, resume from the cache; print the timings")
     from tce._demo import add_arguments as add_demo_arguments
 
@@ -191,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         _knobs.configure(socket=args.socket)
     handler = {"status": _cmd_status, "ls": _cmd_ls, "show": _cmd_show, "bench": _cmd_bench,
-               "demo": _cmd_demo}
+               "demo": _cmd_demo, "doctor": _cmd_doctor}
     from tce.errors import TCEError
 
     try:

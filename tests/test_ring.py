@@ -418,7 +418,9 @@ def test_tce_status_shows_the_ring(tmp_path, transport):
         p = subprocess.run(["python3", "-m", "tce.cli", "--socket", a.socket, "status"],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
-        assert f"ring      peer {_status(a)['peer_endpoint']}; backup queue 0" in p.stdout
+        assert f"ring      peer {_status(a)['peer_endpoint']} ({transport}); backup queue 0" in p.stdout
+        assert "0 file(s) recovered from the ring, 0 copies refused against metadata's CRCs, 0 remote read(s)" \
+            in p.stdout, p.stdout
         assert "holding 0 predecessor file(s), 0 B of 256.0 MiB" in p.stdout, p.stdout
     finally:
         _stop(a)

@@ -114,7 +114,8 @@ std::string FabricInfoJson(const std::string& provider, int local_ranks) {
   bool first = true;
   for (fi_info* i = ret == 0 ? all : nullptr; i; i = i->next) {
     const std::string prov = i->fabric_attr->prov_name, fab = i->fabric_attr->name, dev = i->domain_attr->name;
-    const bool rma = (i->caps & FI_RMA) && i->ep_attr->type == FI_EP_RDM;
+    // shm reaches only this node: never a ring device.
+    const bool rma = (i->caps & FI_RMA) && i->ep_attr->type == FI_EP_RDM && prov != "shm";
     if (rma && ProviderMatches(prov, provider) &&
         std::find(usable.begin(), usable.end(), dev) == usable.end())
       usable.push_back(dev);
