@@ -118,7 +118,7 @@ def test_a_newer_schema_is_refused(tmp_path, mariadb):
                 f"GRANT ALL ON future.* TO '{mariadb.user}'@'127.0.0.1';")
     url = mariadb.url.rsplit("/", 1)[0] + "/future"
     s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url])
-    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 2"):
+    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 3"):
         s.start()
     assert s.proc.returncode == 2
     s.cleanup()
@@ -177,5 +177,6 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
         finally:
             s.stop()
             s.cleanup()
-        assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["2"]
+        assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["3"]
+        assert mariadb.sql("SHOW TABLES FROM v1db LIKE 'rings'").split() == ["rings"]  # v3
         assert mariadb.sql("SELECT first_commit_ns, world_size FROM v1db.tags").split() == ["5", "2"]
