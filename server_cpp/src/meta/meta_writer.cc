@@ -26,31 +26,30 @@ void MetaWriter::Stop(std::chrono::milliseconds deadline) {
   if (thread_.joinable()) thread_.join();
 }
 
-void MetaWriter::Record(const FileInfo& file, bool removed) {
+void MetaWriter::Queue(std::pair<std::string, std::string> key, MetaChange change) {
   std::lock_guard<std::mutex> l(mu_);
-  queue_[{file.job, file.path}] = MetaChange{file, removed};  // newest state wins
+  queue_[std::move(key)] = std::move(change);  // the newest change of a key wins
   status_.queued = queue_.size() + in_flight_;
   cv_.notify_one();
 }
 
+void MetaWriter::Record(const FileInfo& file, bool removed) {
+  Queue({file.job, file.path}, MetaChange{file, removed});
+}
+
+// Tags and rings share the queue under keys no path can take (a leading NUL).
 void MetaWriter::RecordTag(const TagInfo& tag) {
-  std::lock_guard<std::mutex> l(mu_);
   MetaChange change;
   change.is_tag = true;
   change.tag = tag;
-  queue_[{tag.job, std::string("\0tag:", 5) + tag.tag}] = std::move(change);
-  status_.queued = queue_.size() + in_flight_;
-  cv_.notify_one();
+  Queue({tag.job, std::string("\0tag:", 5) + tag.tag}, std::move(change));
 }
 
 void MetaWriter::RecordRing(const RingInfo& ring) {
-  std::lock_guard<std::mutex> l(mu_);
   MetaChange change;
   change.is_ring = true;
   change.ring = ring;
-  queue_[{ring.job, std::string("\0ring:", 6) + ring.self}] = std::move(change);
-  status_.queued = queue_.size() + in_flight_;
-  cv_.notify_one();
+  Queue({ring.job, std::string("\0ring:", 6) + ring.self}, std::move(change));
 }
 
 MetaStatus MetaWriter::Status() {

@@ -42,6 +42,7 @@ class MetaWriter final : public MetaSink {
 
  private:
   void Loop();
+  void Queue(std::pair<std::string, std::string> key, MetaChange change);
 
   std::unique_ptr<MetaStore> store_;  // used by the thread only
   const std::string endpoint_;
