@@ -22,6 +22,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <openssl/rand.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -32,7 +33,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -237,12 +237,11 @@ class OfiTransport final : public Transport {
   Status Recv(PeerLink* link, unsigned char* dst, uint64_t size, const ChunkFn& landed) override {
     if (size == 0) return Status::OK();
     fid_mr* mr = nullptr;
-    uint64_t key = 0;
-    {
-      std::lock_guard<std::mutex> l(key_mu_);
-      key = keys_();  // ignored by providers that choose their own (FI_MR_PROV_KEY)
-    }
-    int ret = fi_mr_reg(domain_, dst, size, FI_REMOTE_WRITE, 0, key, 0, &mr, nullptr);
+    uint64_t key = 0;  // ignored by providers that choose their own (FI_MR_PROV_KEY)
+    // The key guards the buffer: from the CSPRNG, as the handshake's nonces.
+    int ret = RAND_bytes(reinterpret_cast<unsigned char*>(&key), sizeof(key)) == 1
+                  ? fi_mr_reg(domain_, dst, size, FI_REMOTE_WRITE, 0, key, 0, &mr, nullptr)
+                  : -FI_EOTHER;
     v1::OfiTarget target;
     if (ret != 0) {
       Status why = Status::Unavailable(FiError("register the receive buffer", ret));
@@ -355,8 +354,6 @@ class OfiTransport final : public Transport {
   std::chrono::milliseconds timeout_{30000};
   std::mutex av_mu_;
   std::map<std::string, fi_addr_t> peers_;  // GUARDED_BY(av_mu_)
-  std::mutex key_mu_;
-  std::mt19937_64 keys_{std::random_device{}()};  // GUARDED_BY(key_mu_)
   std::atomic<bool> stop_{false};
   std::thread progress_;
 };
