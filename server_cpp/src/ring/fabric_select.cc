@@ -98,6 +98,11 @@ bool ProviderMatches(const std::string& prov, const std::string& want) {
 
 }  // namespace
 
+bool CarriesTheRing(const fi_info* i) {
+  return (i->caps & FI_RMA) && i->ep_attr->type == FI_EP_RDM &&
+         std::string(i->fabric_attr->prov_name) != "shm";
+}
+
 std::string FabricInfoJson(const std::string& provider, int local_ranks) {
   std::ostringstream out;
   const uint32_t v = fi_version();
@@ -114,8 +119,7 @@ std::string FabricInfoJson(const std::string& provider, int local_ranks) {
   bool first = true;
   for (fi_info* i = ret == 0 ? all : nullptr; i; i = i->next) {
     const std::string prov = i->fabric_attr->prov_name, fab = i->fabric_attr->name, dev = i->domain_attr->name;
-    // shm reaches only this node: never a ring device.
-    const bool rma = (i->caps & FI_RMA) && i->ep_attr->type == FI_EP_RDM && prov != "shm";
+    const bool rma = CarriesTheRing(i);
     if (rma && ProviderMatches(prov, provider) &&
         std::find(usable.begin(), usable.end(), dev) == usable.end())
       usable.push_back(dev);

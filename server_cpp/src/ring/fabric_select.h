@@ -34,7 +34,14 @@ std::vector<std::string> DevicesForLocalRank(const std::vector<std::string>& dev
 
 }  // namespace tce
 
+struct fi_info;
+
 namespace tce {
+
+// Whether a libfabric offering can carry the ring: RMA over a reliable
+// (RDM) endpoint, reaching other nodes (shm does not). The server picks its
+// device among these, and doctor lists them.
+bool CarriesTheRing(const fi_info* info);
 
 // What `tce doctor` shows, as JSON: libfabric's version, every (provider,
 // fabric, device) it offers and whether it can carry the ring (RMA over a

@@ -114,7 +114,7 @@ class OfiTransport final : public Transport {
     fi_info* pick = nullptr;
     std::vector<std::string> seen;
     for (fi_info* i = all; i && !pick; i = i->next) {
-      if (std::string(i->fabric_attr->prov_name) == "shm") continue;  // this node only
+      if (!CarriesTheRing(i)) continue;
       seen.push_back(i->domain_attr->name);
       if (filter.Matches(i->domain_attr->name)) pick = i;
     }
