@@ -92,7 +92,7 @@ Status Replicator::Recover(const BackupJob& job, std::map<std::string, std::uniq
                          << " file(s) held by " << job.peer;
   int pulled = 0;
   for (const v1::PeerBackup& f : list.files()) {
-    Status p = Pull(link, job, f.path());
+    Status p = Pull(link, job.job, job.peer, f.path());
     if (p.code() == Status::Code::kUnavailable) return p;  // the link broke: retry the whole
     if (p.ok()) {
       ++pulled;
@@ -114,9 +114,10 @@ Status Replicator::Recover(const BackupJob& job, std::map<std::string, std::uniq
   return Status::OK();
 }
 
-Status Replicator::Pull(PeerLink* link, const BackupJob& job, const std::string& path) {
+Status Replicator::Pull(PeerLink* link, const std::string& job, const std::string& peer,
+                        const std::string& path) {
   v1::PeerRequest req;
-  req.mutable_fetch()->set_job(job.job);
+  req.mutable_fetch()->set_job(job);
   req.mutable_fetch()->set_path(path);
   v1::PeerReply reply;
   Status s = link->Send(req);
@@ -144,11 +145,11 @@ Status Replicator::Pull(PeerLink* link, const BackupJob& job, const std::string&
   f.rank = header.rank();
   f.path = header.path();
   f.size = header.size();
-  f.backup_holder = job.peer;
+  f.backup_holder = peer;
   f.records = RecordsFromProto(header.records());
   if (s.ok()) {
     s = VerifyRecords(static_cast<unsigned char*>(map), f.size, f.records);
-    if (!s.ok()) s = Status::DataLoss("the copy from " + job.peer + " is corrupt: " + s.message());
+    if (!s.ok()) s = Status::DataLoss("the copy from " + peer + " is corrupt: " + s.message());
   }
   munmap(map, mem->capacity());
   if (!s.ok()) {
@@ -167,10 +168,7 @@ Status Replicator::FetchForLoad(const std::string& job, const std::string& path)
       TCE_LOG(kWarning, "ring") << "remote read of " << path << ": " << s.ToString();
       continue;
     }
-    BackupJob from;
-    from.job = job;
-    from.peer = peer;
-    s = Pull(link.get(), from, path);
+    s = Pull(link.get(), job, peer, path);
     if (s.ok() || s.code() == Status::Code::kFailedPrecondition) {
       TCE_LOG(kInfo, "ring") << "remote read of job=" << job << " path=" << path << " from " << peer;
       return s;

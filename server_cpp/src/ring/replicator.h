@@ -53,8 +53,8 @@ class Replicator {
   // Pulls this node's copies back from the successor, then asks the
   // predecessor to back up to us again.
   Status Recover(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
-  // One held copy, fetched into a new cache buffer and checked.
-  Status Pull(PeerLink* link, const BackupJob& job, const std::string& path);
+  // (job, path) as `peer` holds it, fetched into a new cache buffer and checked.
+  Status Pull(PeerLink* link, const std::string& job, const std::string& peer, const std::string& path);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   Cache* const cache_;
