@@ -234,6 +234,15 @@ Status PeerLink::RecvAll(void* data, size_t n) {
   return Status::OK();
 }
 
+Status PeerLink::WaitReadable() {
+  pollfd p{fd_, POLLIN, 0};
+  int rc;
+  while ((rc = poll(&p, 1, -1)) < 0 && errno == EINTR) {
+  }
+  if (rc < 0) return Status::FromErrno(errno, "poll on peer " + address_);
+  return Status::OK();
+}
+
 Status PeerLink::Discard(uint64_t n) {
   std::vector<char> sink(static_cast<size_t>(std::min<uint64_t>(n, 1 << 20)));
   Status s;

@@ -29,7 +29,7 @@ class PeerLink {
   static Status Connect(const std::string& endpoint, const std::string& self,
                         const std::string& token, std::chrono::milliseconds timeout,
                         std::unique_ptr<PeerLink>* out);
-  // Authenticates an accepted socket (takes ownership of `fd`).
+  // Authenticates an accepted socket (takes ownership of `fd`, closed on failure).
   static Status Accept(int fd, const std::string& self, const std::string& token,
                        std::chrono::milliseconds timeout, std::unique_ptr<PeerLink>* out);
 
@@ -38,6 +38,8 @@ class PeerLink {
   // Raw bytes (the data path of the tcp transport).
   Status SendAll(const void* data, size_t n);
   Status RecvAll(void* data, size_t n);
+  // Blocks, without the I/O timeout, until a message (or the end) arrives.
+  Status WaitReadable();
   // Receives and throws away `n` bytes (data that has nowhere to go).
   Status Discard(uint64_t n);
 

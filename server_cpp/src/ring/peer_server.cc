@@ -70,13 +70,11 @@ void PeerServer::AcceptLoop() {
 void PeerServer::Serve(int fd) {
   std::unique_ptr<PeerLink> link;
   Status s = PeerLink::Accept(fd, endpoint_, options_.token, options_.io_timeout, &link);
-  if (!s.ok()) {
-    TCE_LOG(kWarning, "ring") << "refused peer: " << s.ToString();
-    ::close(fd);
-  }
+  if (!s.ok()) TCE_LOG(kWarning, "ring") << "refused peer: " << s.ToString();  // Accept closed `fd`
   while (s.ok() && !stop_) {
     v1::PeerRequest req;
-    s = link->Recv(&req);
+    s = link->WaitReadable();  // an idle link stays open; the timeouts apply within a request
+    if (s.ok()) s = link->Recv(&req);
     if (!s.ok()) break;  // closed or broken: the peer reconnects
     Status result;
     if (req.has_backup()) {
