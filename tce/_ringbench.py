@@ -94,7 +94,7 @@ def _floor(nodes, size: int, repeats: int) -> list[float]:
         rx.wait()
 
 
-def _tce_backup(nodes, size: int, repeats: int, transport: str) -> list[float]:
+def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) -> list[float]:
     from tce import _api, _knobs
     from tce._server import LocalServer
     from tce._bench import gpt_state_dict
@@ -110,6 +110,7 @@ def _tce_backup(nodes, size: int, repeats: int, transport: str) -> list[float]:
                 socket_path=os.path.join(d, "tce.sock"), memory_budget=budget, netns=nodes.names[i],
                 extra_args=["--peer-listen", f"{nodes.addresses[i]}:7070", "--peer-token", "bench",
                             "--ring-transport", transport, "--ofi-provider", _OFI_PROVIDER,
+                            "--ring-streams", str(streams),
                             "--metadata-url", "none",
                             "--log-level", "warning"]).start())
         endpoints = [f"{a}:7070" for a in nodes.addresses]
@@ -140,7 +141,12 @@ def _tce_backup(nodes, size: int, repeats: int, transport: str) -> list[float]:
             s.cleanup()
 
 
-def run(size: int, repeats: int, transports: list[str]) -> dict[str, Any]:
+# What is measured: (key, transport, streams). The tcp transport stripes
+# each file over `ring_streams` connections; one stream shows what striping adds.
+RUNS = [("tcp1", "tcp", 1), ("tcp4", "tcp", 4), ("ofi", "ofi", 1)]
+
+
+def run(size: int, repeats: int, runs=RUNS) -> dict[str, Any]:
     from tce._netns import Nodes
 
     if os.geteuid() != 0:
@@ -151,14 +157,14 @@ def run(size: int, repeats: int, transports: list[str]) -> dict[str, Any]:
         # The floor before and after TCE's runs: the link's speed drifts on a
         # shared machine, and the median of both halves is the fairer floor.
         floor = _floor(nodes, size, (repeats + 1) // 2)
-        for t in transports:
-            times = _tce_backup(nodes, size, repeats, t)
+        for t, transport, streams in runs:
+            times = _tce_backup(nodes, size, repeats, transport, streams)
             res[f"{t}_s"] = statistics.median(times)
             res[f"{t}_gbps"] = size / res[f"{t}_s"] / 1e9
         floor += _floor(nodes, size, repeats // 2 + 1)
         res["floor_s"] = statistics.median(floor)
         res["floor_gbps"] = size / res["floor_s"] / 1e9
-        for t in transports:
+        for t, _, _ in runs:
             res[f"{t}_vs_floor"] = res["floor_s"] / res[f"{t}_s"]
         res["ofi_provider"] = _OFI_PROVIDER
         return res
@@ -170,14 +176,15 @@ def render(res: dict[str, Any]) -> str:
     mib = res["bytes"] / 2**20
     lines = [f"ring backup between two network namespaces (veth), {mib:.0f} MiB, "
              f"median of {res['repeats']}",
-             f"{'':44s} {'seconds':>8s} {'GB/s':>7s} {'of floor':>9s}",
-             f"{'plain TCP stream (sendfile -> recv, floor)':44s} {res['floor_s']:8.3f} "
+             f"{'':52s} {'seconds':>8s} {'GB/s':>7s} {'of floor':>9s}",
+             f"{'plain TCP stream (sendfile -> recv, floor)':52s} {res['floor_s']:8.3f} "
              f"{res['floor_gbps']:7.2f} {'100%':>9s}"]
     for key in res:
         if key.endswith("_vs_floor"):
             t = key[: -len("_vs_floor")]
-            label = t if t != "ofi" else f"ofi/{res.get('ofi_provider', '')}"
-            lines.append(f"{'TCE backup, ' + label + ' (commit -> verified copy)':44s} {res[t + '_s']:8.3f} "
+            label = {"tcp1": "tcp, 1 stream", "tcp4": "tcp, 4 streams"}.get(
+                t, f"ofi/{res.get('ofi_provider', '')}")
+            lines.append(f"{'TCE backup, ' + label + ' (commit -> verified copy)':52s} {res[t + '_s']:8.3f} "
                          f"{res[t + '_gbps']:7.2f} {100 * res[key]:8.0f}%")
     return "\n".join(lines)
 
@@ -188,6 +195,6 @@ _OFI_PROVIDER = os.environ.get("TCE_OFI_PROVIDER", "tcp")
 
 
 def main(size: int, repeats: int, as_json: bool) -> int:
-    res = run(size, repeats, ["tcp", "ofi"])
+    res = run(size, repeats)
     print(json.dumps(res, indent=2) if as_json else render(res))
     return 0

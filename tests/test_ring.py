@@ -483,6 +483,7 @@ def test_ring_bench_runs(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads(p.stdout)
     assert res["bytes"] == 16 << 20
-    for key in ("floor_s", "tcp_s", "floor_gbps", "tcp_gbps", "tcp_vs_floor"):
-        assert res[key] > 0, key
+    for run in ("floor", "tcp1", "tcp4", "ofi"):
+        for key in (f"{run}_s", f"{run}_gbps") + ((f"{run}_vs_floor",) if run != "floor" else ()):
+            assert res[key] > 0, key
     assert namespaces() == before  # the bench removed its namespaces

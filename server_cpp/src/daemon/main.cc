@@ -137,6 +137,7 @@ int Run(int argc, char** argv) {
     TransportOptions to;
     to.name = opt.ring_transport;
     to.ofi_provider = opt.ofi_provider;
+    to.streams = opt.ring_streams;
     std::string variable;
     to.ofi_devices = DeviceSpecFromEnv(&variable);
     int ignored_port;

@@ -37,6 +37,7 @@ const Setting kSettings[] = {
     {"peer_token_file", "TCE_PEER_TOKEN_FILE", "--peer-token-file"},
     {"ring_transport", "TCE_RING_TRANSPORT", "--ring-transport"},
     {"ofi_provider", "TCE_OFI_PROVIDER", "--ofi-provider"},
+    {"ring_streams", "TCE_RING_STREAMS", "--ring-streams"},
     {"backup_share", "TCE_BACKUP_SHARE", "--backup-share"},
     {"backup_threads", "TCE_BACKUP_THREADS", "--backup-threads"},
     {"peer_timeout_ms", "TCE_PEER_TIMEOUT_MS", "--peer-timeout-ms"},
@@ -136,6 +137,8 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     o->ring_transport = value;
   } else if (key == "ofi_provider") {
     o->ofi_provider = value;
+  } else if (key == "ring_streams") {
+    if (!ParseInt(value, 1, 16, &o->ring_streams)) return bad("an integer from 1 to 16");
   } else if (key == "backup_share") {
     if (!ParseInt(value, 1, 90, &o->backup_share)) return bad("a percentage from 1 to 90");
   } else if (key == "ring_fault") {
@@ -329,6 +332,7 @@ std::string FormatConfig(const Options& o) {
       << "peer_token_file = " << Quote(o.peer_token_file) << "\n"
       << "ring_transport = " << Quote(o.ring_transport) << "\n"
       << "ofi_provider = " << Quote(o.ofi_provider) << "\n"
+      << "ring_streams = " << o.ring_streams << "\n"
       << "backup_share = " << o.backup_share << "\n"
       << "backup_threads = " << o.backup_threads << "\n"
       << "peer_timeout_ms = " << o.peer_timeout_ms << "\n"

@@ -38,6 +38,7 @@ struct Options {
   std::string peer_token;      // the cluster token (a secret; never printed)
   std::string peer_token_file; // read the token from this file instead
   std::string ring_transport = "tcp";  // tcp | ofi
+  int ring_streams = 4;                // tcp: connections per ring link, chunks striped over them
   std::string ofi_provider;    // ofi: libfabric provider name; empty: the first with RMA
   int backup_share = 50;       // percent of memory_budget for predecessors' backups
   int backup_threads = 1;

@@ -209,6 +209,40 @@ Status PeerLink::Handshake(bool connecting, const std::string& self, const std::
   return Status::OK();
 }
 
+void PeerLink::Break() {
+  for (size_t i = 0; i < lanes(); ++i) shutdown(lane(i)->fd(), SHUT_RDWR);
+}
+
+Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string& self,
+                 const std::string& token, std::chrono::milliseconds timeout, int count) {
+  if (count < 2 || count > kMaxLanes)
+    return Status::InvalidArgument("a link has 2 to " + std::to_string(kMaxLanes) + " lanes, not " +
+                                   std::to_string(count));
+  std::string key(16, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(&key[0]), static_cast<int>(key.size())) != 1)
+    return Status::Internal("no randomness for a lane key");
+  for (int i = 1; i < count; ++i) {
+    std::unique_ptr<PeerLink> lane;
+    Status s = PeerLink::Connect(endpoint, self, token, timeout, &lane);
+    v1::PeerRequest hello;
+    hello.mutable_lane()->set_key(key);
+    hello.mutable_lane()->set_index(i);
+    if (s.ok()) s = lane->Send(hello);
+    if (!s.ok()) return s;
+    link->AddLane(std::move(lane));
+  }
+  v1::PeerRequest bind;
+  bind.mutable_lanes()->set_key(key);
+  bind.mutable_lanes()->set_count(count);
+  v1::PeerReply reply;
+  Status s = link->Send(bind);
+  if (s.ok()) s = link->Recv(&reply);
+  if (s.ok() && reply.code() != 0)
+    s = Status::Unavailable("peer " + endpoint + " did not bind " + std::to_string(count - 1) +
+                            " lanes: " + reply.message());
+  return s;
+}
+
 Status PeerLink::SendAll(const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -46,6 +47,15 @@ class PeerLink {
   int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }  // the endpoint the peer announced
 
+  // Lanes: more connections to the same peer that carry bulk data beside
+  // this one (the tcp transport's streams). Lane 0 is this link itself.
+  void AddLane(std::unique_ptr<PeerLink> lane) { lanes_.push_back(std::move(lane)); }
+  size_t lanes() const { return 1 + lanes_.size(); }
+  PeerLink* lane(size_t i) { return i == 0 ? this : lanes_[i - 1].get(); }
+  // Shuts down the sockets of every lane: whatever blocks on any of them
+  // fails at once. The link is unusable afterwards.
+  void Break();
+
  private:
   PeerLink(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
   Status Handshake(bool connecting, const std::string& self, const std::string& token);
@@ -53,7 +63,15 @@ class PeerLink {
   const int fd_;
   const std::string address_;  // the socket's remote address, for messages
   std::string peer_;
+  std::vector<std::unique_ptr<PeerLink>> lanes_;
 };
+
+constexpr int kMaxLanes = 16;
+
+// Gives `link` (connected to `endpoint`) `count - 1` lanes: connects and
+// authenticates them, and has the peer bind them to its end of the link.
+Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string& self,
+                 const std::string& token, std::chrono::milliseconds timeout, int count);
 
 // "host:port" -> IPv4/IPv6 socket address; a clear error otherwise.
 Status ParseEndpoint(const std::string& endpoint, std::string* host, int* port);

@@ -34,6 +34,10 @@ Status PeerServer::Start() {
 
 void PeerServer::Stop() {
   if (stop_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> l(mu_);  // wakes BindLanes
+  }
+  lanes_cv_.notify_all();
   if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
@@ -77,7 +81,14 @@ void PeerServer::Serve(int fd) {
     if (s.ok()) s = link->Recv(&req);
     if (!s.ok()) break;  // closed or broken: the peer reconnects
     Status result;
-    if (req.has_backup()) {
+    if (req.has_lane()) {
+      s = ParkLane(&link, req.lane());
+      if (s.ok()) return;  // the socket now belongs to the link it serves
+      TCE_LOG(kWarning, "ring") << "refused a lane from " << link->peer() << ": " << s.ToString();
+      break;
+    } else if (req.has_lanes()) {
+      result = BindLanes(link.get(), req.lanes());
+    } else if (req.has_backup()) {
       result = ServeBackup(link.get(), req.backup());
       if (result.code() == Status::Code::kUnavailable) break;  // the stream is broken
     } else if (req.has_drop()) {
@@ -106,7 +117,64 @@ void PeerServer::Serve(int fd) {
     s = link->Send(reply);
   }
   std::lock_guard<std::mutex> l(mu_);
-  conns_.erase(fd);  // `link` closes it (after this scope, outside the lock is fine too)
+  conns_.erase(fd);  // `link` closes it and its lanes (after this scope, outside the lock is fine too)
+  for (size_t i = 1; link && i < link->lanes(); ++i) conns_.erase(link->lane(i)->fd());
+}
+
+Status PeerServer::ParkLane(std::unique_ptr<PeerLink>* lane, const v1::PeerLane& req) {
+  if (req.key().size() != 16 || req.index() < 1 || req.index() >= kMaxLanes)
+    return Status::InvalidArgument("bad lane (key of " + std::to_string(req.key().size()) +
+                                   " bytes, index " + std::to_string(req.index()) + ")");
+  std::vector<std::unique_ptr<PeerLink>> stale;  // closed outside the lock
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = parked_.begin(); it != parked_.end();) {  // never claimed: their link died
+      if (now - it->second.since <= 2 * options_.io_timeout) {
+        ++it;
+        continue;
+      }
+      for (auto& [index, link] : it->second.lanes) {
+        conns_.erase(link->fd());
+        stale.push_back(std::move(link));
+      }
+      it = parked_.erase(it);
+    }
+    Parked& p = parked_[req.key()];
+    if (p.lanes.empty()) p.since = now;
+    if (p.lanes.count(req.index())) return Status::InvalidArgument("lane " + std::to_string(req.index()) + " twice");
+    p.lanes[req.index()] = std::move(*lane);
+  }
+  lanes_cv_.notify_all();
+  return Status::OK();
+}
+
+Status PeerServer::BindLanes(PeerLink* link, const v1::PeerLanes& req) {
+  if (req.count() < 2 || req.count() > kMaxLanes || link->lanes() > 1)
+    return Status::InvalidArgument("cannot bind " + std::to_string(req.count()) + " lanes to a link with " +
+                                   std::to_string(link->lanes()));
+  const size_t want = static_cast<size_t>(req.count() - 1);
+  std::unique_lock<std::mutex> l(mu_);
+  const bool all = lanes_cv_.wait_for(l, options_.io_timeout, [&] {
+    auto it = parked_.find(req.key());
+    return stop_ || (it != parked_.end() && it->second.lanes.size() >= want);
+  });
+  auto it = parked_.find(req.key());
+  if (!all || stop_ || it == parked_.end())
+    return Status::Unavailable("the lanes did not arrive within " + std::to_string(options_.io_timeout.count()) + " ms");
+  Parked p = std::move(it->second);
+  parked_.erase(it);
+  Status s;
+  for (int i = 1; s.ok() && i <= static_cast<int>(want); ++i) {
+    auto lane = p.lanes.find(i);
+    if (lane == p.lanes.end() || lane->second->peer() != link->peer())
+      s = Status::InvalidArgument("lane " + std::to_string(i) + " is missing or from another peer");
+    else
+      link->AddLane(std::move(lane->second));
+  }
+  for (auto& [index, other] : p.lanes)  // unbound ones close with `p`
+    if (other) conns_.erase(other->fd());
+  return s;
 }
 
 Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {

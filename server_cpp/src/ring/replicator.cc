@@ -72,11 +72,23 @@ Status Replicator::Link(const std::string& peer,
                         std::map<std::string, std::unique_ptr<PeerLink>>* links, PeerLink** out) {
   std::unique_ptr<PeerLink>& link = (*links)[peer];
   if (!link) {
-    Status s = PeerLink::Connect(peer, options_.self, options_.token, options_.io_timeout, &link);
-    if (!s.ok()) return s;
+    Status s = Connect(peer, &link);
+    if (!s.ok()) {
+      links->erase(peer);
+      return s;
+    }
   }
   *out = link.get();
   return Status::OK();
+}
+
+Status Replicator::Connect(const std::string& peer, std::unique_ptr<PeerLink>* out) {
+  std::unique_ptr<PeerLink> link;
+  Status s = PeerLink::Connect(peer, options_.self, options_.token, options_.io_timeout, &link);
+  if (s.ok() && transport_->lanes() > 1)
+    s = OpenLanes(link.get(), peer, options_.self, options_.token, options_.io_timeout, transport_->lanes());
+  if (s.ok()) *out = std::move(link);
+  return s;
 }
 
 Status Replicator::Recover(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
@@ -163,7 +175,7 @@ Status Replicator::FetchForLoad(const std::string& job, const std::string& path)
   Status last = Status::NotFound(path + " is held by no peer of job " + job);
   for (const std::string& peer : cache_->RingPeers(job)) {
     std::unique_ptr<PeerLink> link;
-    Status s = PeerLink::Connect(peer, options_.self, options_.token, options_.io_timeout, &link);
+    Status s = Connect(peer, &link);
     if (!s.ok()) {
       TCE_LOG(kWarning, "ring") << "remote read of " << path << ": " << s.ToString();
       continue;

@@ -48,6 +48,8 @@ class Replicator {
   Status Send(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   // The bytes, checksummed chunk by chunk as they go, then the CRCs.
   Status SendWithChecksums(PeerLink* link, const BackupJob& job);
+  // An authenticated link to `peer`, with the transport's lanes.
+  Status Connect(const std::string& peer, std::unique_ptr<PeerLink>* out);
   Status Link(const std::string& peer, std::map<std::string, std::unique_ptr<PeerLink>>* links,
               PeerLink** out);
   // Pulls this node's copies back from the successor, then asks the

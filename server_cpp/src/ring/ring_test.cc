@@ -144,7 +144,10 @@ TEST(RecordCrcs, AnyChunkingGivesTheWholeRecordCrcs) {
 
 #include <sys/mman.h>
 
+#include <csignal>
+
 #include "ring/fabric_select.h"
+#include "ring/peer_server.h"
 #include "ring/transport.h"
 
 namespace tce {
@@ -163,7 +166,8 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     TransportOptions o;
-    o.name = GetParam();
+    o.name = GetParam() == "tcp4" ? "tcp" : GetParam();
+    o.streams = GetParam() == "tcp4" ? 4 : 1;
     o.ofi_provider = "tcp";
     o.source_host = "127.0.0.1";
     o.io_timeout = 5000ms;
@@ -173,6 +177,13 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     Status cs, ss;
     Pair("t", "t", &cs, &ss, &c_, &s_);
     ASSERT_TRUE(cs.ok() && ss.ok());
+    for (int i = 1; i < sender_->lanes(); ++i) {  // what OpenLanes and the PeerServer set up
+      std::unique_ptr<PeerLink> c, s;
+      Pair("t", "t", &cs, &ss, &c, &s);
+      ASSERT_TRUE(cs.ok() && ss.ok());
+      c_->AddLane(std::move(c));
+      s_->AddLane(std::move(s));
+    }
   }
   std::unique_ptr<Transport> sender_, receiver_;
   std::unique_ptr<PeerLink> c_, s_;
@@ -215,7 +226,7 @@ TEST_P(TransportTest, ARefusedTransferFailsTheSenderWithTheReason) {
   Status ss = sender_->Send(c_.get(), SendSource{fd, size}, nullptr);
   rx.join();
   close(fd);
-  if (GetParam() == "tcp") {  // tcp drains: both sides stay in step
+  if (GetParam() != "ofi") {  // tcp drains: both sides stay in step
     EXPECT_TRUE(ss.ok() && rs.ok()) << ss.ToString() << rs.ToString();
   } else {
     EXPECT_EQ(ss.code(), Status::Code::kResourceExhausted) << ss.ToString();
@@ -247,7 +258,27 @@ TEST_P(TransportTest, TheCorruptingTransportFlipsOneByte) {
   close(fd);
 }
 
-INSTANTIATE_TEST_SUITE_P(Both, TransportTest, ::testing::Values("tcp", "ofi"),
+TEST_P(TransportTest, ALinkThatBreaksMidTransferFailsBothSidesPromptly) {
+  signal(SIGPIPE, SIG_IGN);  // as tce-server does: a dead peer is an error, not a signal
+  const uint64_t size = 32 * kTransferChunk;
+  int fd = PatternFd(size);
+  std::vector<unsigned char> dst(size);
+  Status rs;
+  std::thread rx([&] {
+    rs = receiver_->Recv(s_.get(), dst.data(), size, [&](uint64_t off, uint64_t) {
+      if (off == 2 * kTransferChunk) shutdown(s_->lane(s_->lanes() - 1)->fd(), SHUT_RDWR);
+    });
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  Status ss = sender_->Send(c_.get(), SendSource{fd, size}, nullptr);
+  rx.join();
+  close(fd);
+  EXPECT_FALSE(ss.ok());
+  EXPECT_EQ(rs.code(), Status::Code::kUnavailable) << rs.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);  // not the 5 s I/O timeout
+}
+
+INSTANTIATE_TEST_SUITE_P(Each, TransportTest, ::testing::Values("tcp", "tcp4", "ofi"),
                          [](const auto& info) { return info.param; });
 
 TEST(Transport, UnknownNamesAndDevicesAreClearErrors) {
@@ -307,6 +338,80 @@ TEST(DeviceFilter, EnvironmentPrecedence) {
   unsetenv("NCCL_IB_HCA");
   EXPECT_EQ(DeviceSpecFromEnv(&var), "");
   EXPECT_EQ(var, "");
+}
+
+// Lanes end to end: OpenLanes against a real PeerServer, a striped backup
+// it verifies and keeps, and lanes that cannot be bound are refused.
+TEST(PeerServer, BindsLanesAndTakesAStripedBackup) {
+  signal(SIGPIPE, SIG_IGN);
+  std::unique_ptr<Transport> rx_transport = NewTcpTransport(4), tx_transport = NewTcpTransport(4);
+  BackupStore store(64 << 20);
+  PeerServerOptions po;
+  po.listen = "127.0.0.1:0";
+  po.token = "t";
+  po.io_timeout = 2000ms;
+  PeerServer server(po, rx_transport.get(), &store);
+  ASSERT_TRUE(server.Start().ok());
+  std::unique_ptr<PeerLink> link;
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
+  Status s = OpenLanes(link.get(), server.endpoint(), "me:1", "t", 2000ms, 4);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(link->lanes(), 4u);
+
+  const uint64_t size = 7 * kTransferChunk + 99;
+  int fd = PatternFd(size);
+  std::vector<unsigned char> bytes(size);
+  ASSERT_EQ(pread(fd, bytes.data(), size, 0), static_cast<ssize_t>(size));
+  v1::PeerRequest req;
+  v1::PeerBackup* b = req.mutable_backup();
+  b->set_job("j");
+  b->set_path("/f");
+  b->set_size(size);
+  b->set_version(1);
+  b->set_owner_node(0);
+  v1::Record* r = b->add_records();
+  r->set_size(size);
+  r->set_crc32(Crc32(0, bytes.data(), size));
+  ASSERT_TRUE(link->Send(req).ok());
+  ASSERT_TRUE((s = tx_transport->Send(link.get(), SendSource{fd, size}, nullptr)).ok()) << s.ToString();
+  v1::PeerReply reply;
+  ASSERT_TRUE(link->Recv(&reply).ok());
+  EXPECT_EQ(reply.code(), 0) << reply.message();
+  HeldBackup held;
+  int held_fd = -1;
+  ASSERT_TRUE(store.Open("j", "/f", &held, &held_fd).ok());
+  std::vector<unsigned char> copy(size);
+  ASSERT_EQ(pread(held_fd, copy.data(), size, 0), static_cast<ssize_t>(size));
+  EXPECT_EQ(copy, bytes);
+  close(held_fd);
+  close(fd);
+
+  // A bind whose lanes never come: a clear refusal once the wait is over.
+  std::unique_ptr<PeerLink> other;
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &other).ok());
+  v1::PeerRequest bind;
+  bind.mutable_lanes()->set_key(std::string(16, 'k'));
+  bind.mutable_lanes()->set_count(3);
+  ASSERT_TRUE(other->Send(bind).ok());
+  ASSERT_TRUE(other->Recv(&reply).ok());
+  EXPECT_EQ(reply.code(), static_cast<int>(Status::Code::kUnavailable));
+  EXPECT_NE(reply.message().find("the lanes did not arrive"), std::string::npos) << reply.message();
+  // A lane with a bad index is refused; the server goes on serving.
+  std::unique_ptr<PeerLink> bad;
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &bad).ok());
+  v1::PeerRequest lane;
+  lane.mutable_lane()->set_key(std::string(16, 'k'));
+  lane.mutable_lane()->set_index(99);
+  ASSERT_TRUE(bad->Send(lane).ok());
+  EXPECT_EQ(bad->Recv(&reply).code(), Status::Code::kUnavailable);  // closed on us
+  v1::PeerRequest list;
+  list.mutable_list()->set_job("j");
+  ASSERT_TRUE(link->Send(list).ok());
+  v1::PeerListReply files;
+  ASSERT_TRUE(link->Recv(&files).ok());
+  ASSERT_EQ(files.files_size(), 1);
+  EXPECT_EQ(files.files(0).path(), "/f");
+  server.Stop();
 }
 
 }  // namespace

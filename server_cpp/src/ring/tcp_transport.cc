@@ -5,37 +5,143 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "ring/transport.h"
 
 namespace tce {
 namespace {
 
+Status SendRange(PeerLink* link, int fd, uint64_t from, uint64_t n) {
+  off_t offset = static_cast<off_t>(from);
+  while (static_cast<uint64_t>(offset) < from + n) {
+    ssize_t sent = sendfile(link->fd(), fd, &offset, static_cast<size_t>(from + n - offset));
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent <= 0)
+      return Status::Unavailable("sendfile to peer " + link->peer() + ": " +
+                                 (sent == 0 ? std::string("end of buffer") : std::strerror(errno)));
+  }
+  return Status::OK();
+}
+
+// A transfer spread over the lanes of a link: chunk c travels on lane
+// c % lanes, each lane on a thread of its own, so that several streams fill
+// a link that one stream cannot. The calling thread keeps the order the
+// ChunkFns promise: the sender's `before` runs on it and releases each chunk
+// to its lane; the receiver's `landed` runs on it as the landed prefix grows.
+// The first error breaks every lane, so no thread stays blocked.
+class Striped {
+ public:
+  Striped(PeerLink* link, uint64_t size)
+      : link_(link), size_(size), chunks_((size + kTransferChunk - 1) / kTransferChunk), done_(chunks_) {}
+
+  // Runs move(lane, offset, n) for every chunk, on the chunk's lane thread;
+  // with `before`, a chunk moves once `before` has run for it.
+  Status Send(const ChunkFn& before, const std::function<Status(PeerLink*, uint64_t, uint64_t)>& move) {
+    uint64_t released = before ? 0 : chunks_;
+    std::vector<std::thread> lanes;
+    for (size_t j = 0; j < link_->lanes(); ++j)
+      lanes.emplace_back([&, j] {
+        for (uint64_t c = j; c < chunks_; c += link_->lanes()) {
+          {
+            std::unique_lock<std::mutex> l(mu_);
+            cv_.wait(l, [&] { return released > c || !error_.ok(); });
+            if (!error_.ok()) return;
+          }
+          Status s = move(link_->lane(j), Offset(c), Size(c));
+          if (!s.ok()) return Fail(s);
+        }
+      });
+    for (uint64_t c = 0; before && c < chunks_; ++c) {
+      before(Offset(c), Size(c));
+      std::lock_guard<std::mutex> l(mu_);
+      if (!error_.ok()) break;
+      released = c + 1;
+      cv_.notify_all();
+    }
+    return Join(&lanes);
+  }
+
+  // Runs move(lane, offset, n) for every chunk on its lane thread, and
+  // `landed` here for each chunk in order once it has moved.
+  Status Recv(const ChunkFn& landed, const std::function<Status(PeerLink*, uint64_t, uint64_t)>& move) {
+    std::vector<std::thread> lanes;
+    for (size_t j = 0; j < link_->lanes(); ++j)
+      lanes.emplace_back([&, j] {
+        for (uint64_t c = j; c < chunks_; c += link_->lanes()) {
+          Status s = move(link_->lane(j), Offset(c), Size(c));
+          if (!s.ok()) return Fail(s);
+          std::lock_guard<std::mutex> l(mu_);
+          done_[c] = true;
+          cv_.notify_all();
+        }
+      });
+    for (uint64_t c = 0; landed && c < chunks_; ++c) {
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return done_[c] || !error_.ok(); });
+        if (!error_.ok()) break;
+      }
+      landed(Offset(c), Size(c));
+    }
+    return Join(&lanes);
+  }
+
+ private:
+  uint64_t Offset(uint64_t c) const { return c * kTransferChunk; }
+  uint64_t Size(uint64_t c) const { return std::min(kTransferChunk, size_ - Offset(c)); }
+
+  void Fail(const Status& s) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (error_.ok()) {
+      error_ = s;
+      link_->Break();
+    }
+    cv_.notify_all();
+  }
+
+  Status Join(std::vector<std::thread>* lanes) {
+    for (auto& t : *lanes) t.join();
+    return error_;
+  }
+
+  PeerLink* const link_;
+  const uint64_t size_, chunks_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<bool> done_;  // GUARDED_BY(mu_)
+  Status error_;            // GUARDED_BY(mu_)
+};
+
 class TcpTransport final : public Transport {
  public:
+  explicit TcpTransport(int streams) : streams_(streams) {}
   const char* name() const override { return "tcp"; }
+  int lanes() const override { return streams_; }
 
   Status Send(PeerLink* link, const SendSource& src, const ChunkFn& before) override {
-    for (uint64_t from = 0; from < src.size; from += kTransferChunk) {
-      const uint64_t n = std::min(kTransferChunk, src.size - from);
-      if (before) before(from, n);
-      off_t offset = static_cast<off_t>(from);
-      while (static_cast<uint64_t>(offset) < from + n) {
-        ssize_t sent = sendfile(link->fd(), src.fd, &offset, static_cast<size_t>(from + n - offset));
-        if (sent < 0 && errno == EINTR) continue;
-        if (sent <= 0)
-          return Status::Unavailable("sendfile to peer " + link->peer() + ": " +
-                                     (sent == 0 ? std::string("end of buffer") : std::strerror(errno)));
-      }
+    auto move = [&](PeerLink* lane, uint64_t off, uint64_t n) { return SendRange(lane, src.fd, off, n); };
+    if (Striping(link, src.size)) return Striped(link, src.size).Send(before, move);
+    for (uint64_t off = 0; off < src.size; off += kTransferChunk) {
+      const uint64_t n = std::min(kTransferChunk, src.size - off);
+      if (before) before(off, n);
+      Status s = move(link, off, n);
+      if (!s.ok()) return s;
     }
     return Status::OK();
   }
 
   Status Recv(PeerLink* link, unsigned char* dst, uint64_t size, const ChunkFn& landed) override {
+    auto move = [&](PeerLink* lane, uint64_t off, uint64_t n) { return lane->RecvAll(dst + off, static_cast<size_t>(n)); };
+    if (Striping(link, size)) return Striped(link, size).Recv(landed, move);
     for (uint64_t off = 0; off < size; off += kTransferChunk) {
       const uint64_t n = std::min(kTransferChunk, size - off);
-      Status s = link->RecvAll(dst + off, static_cast<size_t>(n));
+      Status s = move(link, off, n);
       if (!s.ok()) return s;
       if (landed) landed(off, n);
     }
@@ -43,8 +149,16 @@ class TcpTransport final : public Transport {
   }
 
   Status Refuse(PeerLink* link, uint64_t size, const Status&) override {
-    return link->Discard(size);  // the sender sends regardless: drain to stay in step
+    // The sender sends regardless: drain every lane to stay in step.
+    if (!Striping(link, size)) return link->Discard(size);
+    return Striped(link, size).Recv(nullptr, [](PeerLink* lane, uint64_t, uint64_t n) { return lane->Discard(n); });
   }
+
+ private:
+  // Both ends decide alike: the link's lanes and the size are all they use.
+  static bool Striping(PeerLink* link, uint64_t size) { return link->lanes() > 1 && size > kTransferChunk; }
+
+  const int streams_;
 };
 
 // A corrupted copy of the source in a memfd of its own, sent by `inner`.
@@ -79,6 +193,7 @@ class CorruptingTransport final : public Transport {
   Status Refuse(PeerLink* link, uint64_t size, const Status& why) override {
     return inner_->Refuse(link, size, why);
   }
+  int lanes() const override { return inner_->lanes(); }
 
  private:
   std::unique_ptr<Transport> inner_;
@@ -90,11 +205,13 @@ std::unique_ptr<Transport> NewCorruptingTransport(std::unique_ptr<Transport> inn
   return std::make_unique<CorruptingTransport>(std::move(inner));
 }
 
-std::unique_ptr<Transport> NewTcpTransport() { return std::make_unique<TcpTransport>(); }
+std::unique_ptr<Transport> NewTcpTransport(int streams) { return std::make_unique<TcpTransport>(std::max(1, streams)); }
 
 Status NewTransport(const TransportOptions& o, std::unique_ptr<Transport>* out) {
   if (o.name == "tcp") {
-    *out = NewTcpTransport();
+    if (o.streams < 1 || o.streams > kMaxLanes)
+      return Status::InvalidArgument("tcp streams must be 1 to " + std::to_string(kMaxLanes));
+    *out = NewTcpTransport(o.streams);
     return Status::OK();
   }
   if (o.name == "ofi") return NewOfiTransport(o, out);

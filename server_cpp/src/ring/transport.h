@@ -2,7 +2,8 @@
 // control messages always travel on the PeerLink; only the bulk data path
 // differs per transport:
 //   tcp: sendfile() from the sender's memfd into the socket (no copy in user
-//        space), recv() straight into the receiver's mapped buffer.
+//        space), recv() straight into the receiver's mapped buffer; with
+//        several streams, 2 MiB chunks striped over that many connections.
 //   ofi: libfabric RMA writes into the receiver's buffer, registered for that
 //        one transfer; the link carries the registration and the progress.
 // Both move a transfer in chunks of kTransferChunk and tell the caller about
@@ -47,17 +48,21 @@ class Transport {
   // link stays usable or is reported broken (UNAVAILABLE). `why` is sent to
   // the sender where the transport can say it.
   virtual Status Refuse(PeerLink* link, uint64_t size, const Status& why) = 0;
+  // Connections per link the transport moves data on (OpenLanes gives a new
+  // link the extra ones); 1 for a transport with a data path of its own.
+  virtual int lanes() const { return 1; }
 };
 
 struct TransportOptions {
   std::string name = "tcp";       // tcp | ofi
+  int streams = 1;                // tcp: connections per link (chunks striped over them)
   std::string ofi_provider;       // ofi: libfabric provider ("" = any with RMA)
   std::string ofi_devices;        // ofi: device filter (TCE_RDMA_DEVICES/NCCL_IB_HCA syntax)
   std::string source_host;        // ofi without a filter: the device that owns this address
   std::chrono::milliseconds io_timeout{30000};
 };
 
-std::unique_ptr<Transport> NewTcpTransport();
+std::unique_ptr<Transport> NewTcpTransport(int streams = 1);
 
 // The transport `o.name` names; a clear error naming the choices otherwise,
 // or saying why the fabric cannot be opened.
