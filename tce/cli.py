@@ -62,7 +62,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{_human(int(st['held_backup_bytes']))} of {_human(int(st['backup_budget_bytes']))}")
         print(f"          {st.get('recovered_files', 0)} file(s) recovered from the ring, "
               f"{st.get('ring_checksum_mismatches', 0)} copies refused against metadata's CRCs, "
-              f"{st.get('remote_reads', 0)} remote read(s)")
+              f"{st.get('remote_reads', 0)} remote read(s), "
+              f"{st.get('remote_misses', 0)} held by no peer")
     else:
         print("ring      off (no peer_listen)")
     return 0

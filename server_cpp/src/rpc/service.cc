@@ -84,8 +84,9 @@ grpc::Status CacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest*
   // A load that missed: the ring may hold the file (this node's own copy at
   // its successor, or another node's, for a rank that moved here).
   if (s.code() == tce::Status::Code::kNotFound && req->lease() && fetch_remote_ &&
-      cache_->MayBeInRing(req->job(), req->path())) {
+      cache_->MayBeInRing(req->job(), req->path()) && !RecentlyMissed(req->job(), req->path())) {
     tce::Status fetched = fetch_remote_(req->job(), req->path());
+    if (fetched.code() == tce::Status::Code::kNotFound) NoteMiss(req->job(), req->path());
     if (fetched.ok() || fetched.code() == tce::Status::Code::kFailedPrecondition) {
       if (fetched.ok()) ++remote_reads_;
       unmap.clear();
@@ -156,6 +157,7 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   resp->set_recovered_files(s.recovered_files);
   resp->set_ring_checksum_mismatches(s.ring_checksum_mismatches);
   resp->set_remote_reads(remote_reads_.load());
+  resp->set_remote_misses(remote_misses_.load());
   resp->set_ring_transport(ring_transport_);
   if (backups_) {
     BackupStoreStats b = backups_->Stats();
@@ -213,6 +215,27 @@ grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingReques
                                   &successor);
   if (s.ok()) resp->set_successor(successor);
   return ToGrpc(s);
+}
+
+namespace {
+constexpr auto kRemoteMissTtl = std::chrono::seconds(5);
+constexpr size_t kMaxRemembered = 4096;
+}  // namespace
+
+bool CacheService::RecentlyMissed(const std::string& job, const std::string& path) {
+  std::lock_guard<std::mutex> l(misses_mu_);
+  auto it = misses_.find({job, path});
+  if (it == misses_.end()) return false;
+  if (std::chrono::steady_clock::now() - it->second < kRemoteMissTtl) return true;
+  misses_.erase(it);
+  return false;
+}
+
+void CacheService::NoteMiss(const std::string& job, const std::string& path) {
+  ++remote_misses_;
+  std::lock_guard<std::mutex> l(misses_mu_);
+  if (misses_.size() >= kMaxRemembered) misses_.clear();  // bounded; forgetting only costs a lookup
+  misses_[{job, path}] = std::chrono::steady_clock::now();
 }
 
 }  // namespace tce

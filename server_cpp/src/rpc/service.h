@@ -6,7 +6,10 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "cache/cache.h"
 #include "meta/meta_writer.h"
@@ -53,6 +56,14 @@ class CacheService final : public v1::Cache::Service {
   std::function<tce::Status(const std::string&, const std::string&)> fetch_remote_;
   std::string ring_transport_;
   std::atomic<uint64_t> remote_reads_{0};
+  std::atomic<uint64_t> remote_misses_{0};
+  // Files no peer held, and when they were asked: a load of the same file
+  // within kRemoteMissTtl goes to storage without asking again (a job that
+  // probes for files it never saved must not cost a round of connections each).
+  bool RecentlyMissed(const std::string& job, const std::string& path);
+  void NoteMiss(const std::string& job, const std::string& path);
+  std::mutex misses_mu_;
+  std::map<std::pair<std::string, std::string>, std::chrono::steady_clock::time_point> misses_;  // GUARDED_BY(misses_mu_)
   const std::chrono::steady_clock::time_point started_;
 };
 
