@@ -180,3 +180,61 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
         assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["3"]
         assert mariadb.sql("SHOW TABLES FROM v1db LIKE 'rings'").split() == ["rings"]  # v3
         assert mariadb.sql("SELECT first_commit_ns, world_size FROM v1db.tags").split() == ["5", "2"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_server_rejoins_its_ring_from_mysql(tmp_path, mariadb):
+    """Node 0's server keeps its metadata in MariaDB. It dies (SIGKILL) and
+    comes back on the same peer endpoint: the ring it finds in MariaDB brings
+    its file back from node 1 bitwise (there is no storage)."""
+    ports = [_free_port(), _free_port()]
+    endpoints = [f"127.0.0.1:{p}" for p in ports]
+
+    def start(i):
+        meta = mariadb.url if i == 0 else "none"
+        return LocalServer(memory_budget="256MiB", socket_path=str(tmp_path / f"n{i}.sock"),
+                           extra_args=["--peer-listen", endpoints[i], "--peer-token", "t",
+                                       "--peer-timeout-ms", "2000", "--metadata-url", meta]).start()
+
+    servers = [start(0), start(1)]
+    x = {"w": torch.randn(1 << 16)}
+    try:
+        for rank, s in enumerate(servers):
+            with _knobs.override(socket=s.socket):
+                _api._get_client().set_ring("mysql-ring", rank, endpoints)
+                _api.close()
+        with _knobs.override(socket=servers[0].socket, job="mysql-ring", on_unavailable="raise"):
+            tce.save(x, "/ckpt/m/rank0.pt", tag="t", rank=0)
+            c = _api._get_client()
+            deadline = time.monotonic() + 30
+            while not c.list("mysql-ring")[0].backup_holder:
+                assert time.monotonic() < deadline, "no backup"
+                time.sleep(0.05)
+            wait_metadata_written()
+            _api.close()
+        rows = mariadb.sql("SELECT job, node_rank, endpoints FROM tce.rings WHERE job = 'mysql-ring'")
+        assert rows.split("\t")[:2] == ["mysql-ring", "0"] and endpoints[1] in rows, rows
+        servers[0].kill()
+        servers[0] = start(0)
+        with _knobs.override(socket=servers[0].socket, job="mysql-ring", on_unavailable="raise"):
+            c = _api._get_client()
+            deadline = time.monotonic() + 30
+            while not [f for f in c.list("mysql-ring") if f.state == pb.FILE_STATE_BACKED_UP]:
+                assert time.monotonic() < deadline, "not recovered"
+                time.sleep(0.05)
+            out = tce.load("/ckpt/m/rank0.pt", weights_only=True)
+            assert torch.equal(out["w"], x["w"])
+            assert int(tce.status()["recovered_files"]) == 1
+            _api.close()
+        assert "rejoining the ring of job=mysql-ring recorded in metadata" in servers[0].log()
+    finally:
+        for s in servers:
+            s.stop()
+            s.cleanup()
