@@ -6,7 +6,7 @@ Importing this package does nothing else, except that DeepSpeed (if and
 when it is imported) accepts ``"checkpoint_engine": "tce"``.
 """
 
-from tce._api import cached, close, load, remove, save, status, wait
+from tce._api import cached, close, load, remove, save, status, wait, wait_staged
 from tce._deepspeed import attach, install_deepspeed
 from tce._patch import patch_torch, unpatch_torch
 from tce._ring import join_ring
@@ -62,4 +62,5 @@ __all__ = [
     "status",
     "unpatch_torch",
     "wait",
+    "wait_staged",
 ]

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from tce import _knobs, _layout
+from tce import _knobs, _layout, _staging
+from tce._staging import wait_staged  # noqa: F401 (public: tce.wait_staged)
 from tce._client import Client
 from tce.errors import (
     CacheFullError,
@@ -124,10 +125,16 @@ def save(
     job: str | None = None,
     tag: str = "",
     rank: int | None = None,
-) -> None:
+    blocking: bool = True,
+) -> Any:
     """Save ``obj`` to ``f`` through the node's cache, as ``torch.save`` would.
 
-    Returns once the bytes are safe in the cache. The file has exactly
+    Returns once the bytes are safe in the cache (None). With
+    ``blocking=False`` it returns once the copies are enqueued (GPU tensors:
+    device-to-host on a staging stream; CPU tensors: on the staging thread),
+    with a :class:`~tce._staging.StagedSave` whose ``wait()`` gives the
+    committed file; the saved tensors must not change until then. The fence,
+    :func:`wait_staged`, runs before every ``torch.optim`` optimizer step. The file has exactly
     torch.save's format. When the server is unreachable (or its cache is full),
     falls back to a plain ``torch.save`` with a warning, or raises when the
     ``on_unavailable`` setting is ``raise``. File-like targets go straight to
@@ -139,22 +146,27 @@ def save(
         job: job name (default: the ``job`` setting).
         tag: the checkpoint this file belongs to (e.g. ``global_step200``).
         rank: the writing rank (default: torch.distributed rank, else $RANK, else 0).
+        blocking: False for an asynchronous save (see above). When it falls
+            back to torch.save, that is synchronous and None is returned.
     """
     if not _is_path(f):
         return _torch_save(obj, f, pickle_module, pickle_protocol)
-    _save(obj, f, pickle_module, pickle_protocol, job=job, tag=tag, rank=rank)
-    return None
+    staged = _save(obj, f, pickle_module, pickle_protocol, job=job, tag=tag, rank=rank,
+                   blocking=blocking)
+    return None if blocking else staged
 
 
 def _save(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle, pickle_protocol: int = 2,
-          *, job: str | None = None, tag: str = "", rank: int | None = None) -> Any:
-    """:func:`save` to a path; returns the cached FileInfo, or None when it
-    fell back to a plain torch.save."""
+          *, job: str | None = None, tag: str = "", rank: int | None = None,
+          blocking: bool = True) -> Any:
+    """:func:`save` to a path; returns the cached FileInfo (a StagedSave when
+    not blocking), or None when it fell back to a plain torch.save."""
     path = _norm(f)
     job = _job(job)
     plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     try:
-        info = _with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path))
+        info = _with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path,
+                                             blocking=blocking))
         with _client_lock:
             _unsettled[(_knobs.get("socket"), job, path)] = None
         return info
@@ -218,12 +230,29 @@ def _load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = N
     from tce._torchload import load_mapping
 
     t0 = time.perf_counter()
+    source = mm
+    if _all_to_cuda(map_location):
+        # Every storage goes to the GPU: copy from this process's registered
+        # (pinned) mapping of the buffer when there is one, at PCIe speed,
+        # instead of from pageable memory. The lease on `mm` keeps the
+        # buffer's bytes until the copies are done.
+        registered = _get_client().registered_mapping(info.buffer_id)
+        if registered is not None:
+            source = registered.mm
     result = load_mapping(
-        mm, info.size, map_location, pickle_module, weights_only=weights_only,
+        source, info.size, map_location, pickle_module, weights_only=weights_only,
         **pickle_load_args,
     )
+    del mm
     log.debug("loaded %s from cache (%d bytes) in %.3fs", path, info.size, time.perf_counter() - t0)
     return result, True
+
+
+def _all_to_cuda(map_location: Any) -> bool:
+    """Whether ``map_location`` sends every storage to a CUDA device."""
+    if isinstance(map_location, str):
+        return map_location.startswith("cuda")
+    return isinstance(map_location, torch.device) and map_location.type == "cuda"
 
 
 def wait(
@@ -245,6 +274,7 @@ def wait(
         DeadlineExceededError: the timeout passed first.
         FailedPreconditionError: the server persists nothing (no storage roots).
     """
+    _staging.wait_staged(timeout)  # asynchronous saves commit first
     socket_path = _knobs.get("socket")
     if paths is None:
         with _client_lock:

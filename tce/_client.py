@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Iterable
+from typing import Any, Iterable
 
 import grpc
 
@@ -42,13 +42,14 @@ def fd_socket_path(socket_path: str) -> str:
 class _Mapping:
     """A writable shared mapping of one buffer, kept for the buffer's life."""
 
-    __slots__ = ("buffer_id", "capacity", "mm", "view", "tensor")
+    __slots__ = ("buffer_id", "capacity", "mm", "view", "tensor", "cuda_registered")
 
     def __init__(self, buffer_id: int, capacity: int, fd: int) -> None:
         import torch
 
         self.buffer_id = buffer_id
         self.capacity = capacity
+        self.cuda_registered = False  # registered with CUDA by the first GPU save (_staging)
         self.mm = mmap.mmap(
             fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
         )
@@ -61,6 +62,10 @@ class _Mapping:
         self.tensor[:: mmap.PAGESIZE].max()
 
     def close(self) -> None:
+        if self.cuda_registered:
+            from tce import _staging
+
+            _staging.unregister(self)
         self.tensor = None
         self.view.release()
         self.mm.close()
@@ -179,10 +184,24 @@ class Client:
             self._mappings[buffer_id] = m
         return m
 
+    def registered_mapping(self, buffer_id: int) -> _Mapping | None:
+        """This process's writable mapping of the buffer, if registered with CUDA."""
+        with self._lock:
+            m = self._mappings.get(buffer_id)
+        return m if m is not None and m.cuda_registered else None
+
     # ---- operations -----------------------------------------------------
 
-    def save(self, plan: _layout.Plan, *, job: str, tag: str, rank: int, path: str) -> pb.FileInfo:
-        """Write a planned file into a fresh buffer and commit it."""
+    def save(self, plan: _layout.Plan, *, job: str, tag: str, rank: int, path: str,
+             blocking: bool = True) -> Any:
+        """Write a planned file into a fresh buffer and commit it.
+
+        Returns the committed FileInfo; with ``blocking=False``, a
+        :class:`~tce._staging.StagedSave` as soon as the copies are enqueued
+        (the staging thread commits once they are done).
+        """
+        from tce import _staging
+
         self._flush()
         request = pb.AllocateRequest(
             session=self.session, job=job, tag=tag, rank=rank, path=path, size=plan.size
@@ -194,29 +213,42 @@ class Client:
                 raise
             resp = self._call("Allocate", request)  # our loads no longer pin buffers
         self._unmap(resp.unmap_buffer_ids)
+
+        def commit(staging: _staging.Staging) -> pb.FileInfo:
+            try:
+                staging.finish()
+                records = [
+                    pb.Record(name=r.name, header_offset=r.header_offset,
+                              data_offset=r.data_offset, size=r.size,
+                              central_offset=r.central_offset)
+                    for r in plan.records
+                ]
+                return self._call(
+                    "Commit",
+                    pb.CommitRequest(
+                        session=self.session, allocation_id=resp.allocation_id, records=records
+                    ),
+                ).file
+            except BaseException:
+                self._abort(resp.allocation_id)
+                raise
+
         try:
             m = self._writable_mapping(resp.buffer_id, resp.capacity)
-            plan.write(m.view, m.tensor)
-            records = [
-                pb.Record(name=r.name, header_offset=r.header_offset,
-                          data_offset=r.data_offset, size=r.size,
-                          central_offset=r.central_offset)
-                for r in plan.records
-            ]
-            return self._call(
-                "Commit",
-                pb.CommitRequest(
-                    session=self.session, allocation_id=resp.allocation_id, records=records
-                ),
-            ).file
+            plan.write_fixed(m.view)
+            staging = _staging.Staging(plan, m)
         except BaseException:
-            try:
-                self._call(
-                    "Abort", pb.AbortRequest(session=self.session, allocation_id=resp.allocation_id)
-                )
-            except TCEError:
-                pass
+            self._abort(resp.allocation_id)
             raise
+        if blocking:
+            return commit(staging)
+        return _staging.submit(path, plan.size, lambda: commit(staging))
+
+    def _abort(self, allocation_id: int) -> None:
+        try:
+            self._call("Abort", pb.AbortRequest(session=self.session, allocation_id=allocation_id))
+        except TCEError:
+            pass
 
     def open(self, job: str, path: str) -> tuple[pb.FileInfo, mmap.mmap]:
         """Map a cached file privately (copy-on-write) under a lease.

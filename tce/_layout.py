@@ -285,6 +285,12 @@ class Plan:
     def write(self, view: memoryview, tensor: torch.Tensor) -> None:
         """Write the file into a buffer given as a memoryview and a uint8 tensor
         over the same memory (both at least :attr:`size` bytes)."""
+        self.write_fixed(view)
+        for dst, storage in self.storage_targets(tensor):
+            _copy_storage(dst, storage)
+
+    def write_fixed(self, view: memoryview) -> None:
+        """Everything but the storages: headers, the pickle, the small records."""
         records = self._layout.records
         for offset, data in self._layout.fixed:
             view[offset : offset + len(data)] = data
@@ -293,12 +299,17 @@ class Plan:
         )
         for rec, data in zip(records[:4], small):
             view[rec.data_offset : rec.data_offset + rec.size] = data
-        for rec, storage in zip(records[4:], self.storages):
-            if rec.size:
-                _copy_storage(tensor[rec.data_offset : rec.data_offset + rec.size], storage)
         version, sid = records[-2], records[-1]
         view[version.data_offset : version.data_offset + version.size] = _VERSION
         view[sid.data_offset : sid.data_offset + sid.size] = _serialization_id()
+
+    def storage_targets(self, tensor: torch.Tensor) -> list[tuple[torch.Tensor, torch.UntypedStorage]]:
+        """(slice of ``tensor`` the storage's bytes go to, storage), non-empty ones."""
+        return [
+            (tensor[rec.data_offset : rec.data_offset + rec.size], storage)
+            for rec, storage in zip(self._layout.records[4:], self.storages)
+            if rec.size
+        ]
 
     def to_bytes(self) -> bytes:
         """The whole file as bytes (tests and the direct-to-disk fallback)."""
@@ -312,10 +323,15 @@ def _serialization_id() -> bytes:
     return str(secrets.randbits(128)).zfill(_SERIALIZATION_ID_LEN)[-_SERIALIZATION_ID_LEN:].encode()
 
 
-def _copy_storage(dst: torch.Tensor, storage: torch.UntypedStorage) -> None:
+def storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A flat uint8 tensor over all of ``storage`` (on its device)."""
     src = torch.empty(0, dtype=torch.uint8, device=storage.device)
     src.set_(storage, 0, (storage.nbytes(),), (1,))
-    dst.copy_(src)
+    return src
+
+
+def _copy_storage(dst: torch.Tensor, storage: torch.UntypedStorage) -> None:
+    dst.copy_(storage_bytes(storage))
 
 
 def plan(
