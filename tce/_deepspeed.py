@@ -143,6 +143,11 @@ def _engine_class():
             if settings:
                 _knobs.configure(**settings)  # unknown names raise here, clearly
             self.job = _knobs.get("job")
+            # Asynchronous: saves return once their copies are enqueued; the
+            # engine is "decoupled", so DeepSpeed commits (and writes
+            # `latest`) at the next step, which is when commit() waits for them.
+            self.async_save = bool(_knobs.get("async"))
+            self._pending_commit: Any = None
             self._tag = ""
             self._files: list[tuple[int, str, int]] = []  # this rank's (rank, path, size)
             self._saved_paths: list[str] = []
@@ -163,15 +168,20 @@ def _engine_class():
 
         # -- save ----------------------------------------------------------
         def create(self, info: Any) -> None:
+            if self._pending_commit is not None:  # saved twice without a step in between
+                self.commit(self._pending_commit)
             self._tag = _tag_of(info)
             self._files = []
+            if self.async_save:
+                self._pending_commit = info
 
         def makedirs(self, path: str, exist_ok: bool = False) -> None:
             os.makedirs(path, exist_ok=exist_ok)
 
         def save(self, state_dict: Any, path: str) -> None:
             rank, _ = _world()
-            cached = _api._save(state_dict, path, job=self.job, tag=self._tag, rank=rank)
+            cached = _api._save(state_dict, path, job=self.job, tag=self._tag, rank=rank,
+                                blocking=not self.async_save)
             path = os.path.abspath(path)
             size = cached.size if cached is not None else os.path.getsize(path)
             self._files.append((rank, path, size))
@@ -180,6 +190,9 @@ def _engine_class():
         def commit(self, info: Any) -> bool:
             """Every rank's files are cached (each save returned); gather them,
             and rank 0 records the tag as complete."""
+            if self.async_save:
+                self._pending_commit = None
+                _api.wait_staged()  # this rank's files are committed (or this raises)
             tag = _tag_of(info) or self._tag
             mine = [f for f in self._files if _in_tag_dir(f[1], tag)]
             everyone = _all_gather(mine)  # also the barrier: every rank finished
@@ -204,6 +217,7 @@ def _engine_class():
 
         # -- load ----------------------------------------------------------
         def load(self, path: str, map_location: Any = None) -> Any:
+            _api.wait_staged()  # a file this process is still staging loads complete
             # weights_only=False like DeepSpeed's own engine: client state
             # carries arbitrary objects (e.g. argparse.Namespace).
             obj, from_cache = _api._load(path, map_location=map_location, weights_only=False,
@@ -219,13 +233,26 @@ def _engine_class():
             return dp_rank == 0
 
         def is_decoupled(self) -> bool:
-            return False  # commit is synchronous: latest is written right after it
+            # Synchronous: commit right after the saves, then `latest`.
+            # Asynchronous: DeepSpeed asks get_commit_info() at every step.
+            return self.async_save
+
+        def get_commit_info(self) -> Any:
+            return self._pending_commit
 
         def preserves_storage_sharing(self) -> bool:
             return True  # the layout keeps torch.save's storage sharing
 
         def cleanup(self) -> None:
-            pass  # nothing is in flight between calls: saves are complete when they return
+            """engine.destroy(): a checkpoint saved since the last step is
+            committed now (DeepSpeed would never write its `latest`)."""
+            info = self._pending_commit
+            if info is None:
+                return
+            self.commit(info)
+            if getattr(info, "save_latest", False) and _world()[0] == 0:
+                with open(os.path.join(info.save_dir, "latest"), "w") as f:
+                    f.write(_tag_of(info))
 
         def wait(self, timeout: float | None = None) -> None:
             """Block until every file this engine saved is durable on storage."""

@@ -39,6 +39,15 @@ def _positive_float(value: str) -> float:
     return f
 
 
+def _bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
 KNOBS = {
     k.name: k
     for k in (
@@ -52,6 +61,10 @@ KNOBS = {
              "torch.save (one warning) and loads from disk; `raise` raises."),
         Knob("rpc_timeout", "TCE_RPC_TIMEOUT", 60.0, _positive_float,
              "Seconds before a control call to the server gives up."),
+        Knob("async", "TCE_ASYNC", False, _bool,
+             "DeepSpeed engine: save asynchronously (copies overlap the next "
+             "iteration; the tag is committed, and `latest` written, at the next "
+             "step, after the copies finish)."),
     )
 }
 
@@ -80,6 +93,9 @@ def _check(settings: dict[str, Any]) -> dict[str, Any]:
             raise TypeError(f"unknown TCE setting {name!r}; known: {', '.join(KNOBS)}")
         if isinstance(value, str):
             settings[name] = KNOBS[name].parse(value)
+        elif KNOBS[name].default is not None and isinstance(KNOBS[name].default, bool) \
+                and not isinstance(value, bool):
+            raise ValueError(f"TCE setting {name!r} must be true or false, got {value!r}")
     return settings
 
 

@@ -31,6 +31,8 @@ p.add_argument("--steps", type=int, default=5)
 p.add_argument("--out", required=True)
 p.add_argument("--ready", default="")
 p.add_argument("--wait-persisted", action="store_true")
+p.add_argument("--async", dest="async_save", action="store_true",
+               help='"tce": {"async": true}: saves return once the copies are enqueued')
 p.add_argument("--local_rank", type=int, default=0)  # the deepspeed launcher passes it
 args = p.parse_args()
 
@@ -69,6 +71,8 @@ config = {
 if args.engine in ("tce", "tce-late"):
     config["checkpoint_engine"] = "tce"
     config["tce"] = {"job": os.environ.get("TCE_JOB", "ds-test")}
+    if args.async_save:
+        config["tce"]["async"] = True
 
 model = Net()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
@@ -132,6 +136,9 @@ for step in range(start + 1, args.steps + 1):
     if step in save_at:
         engine.save_checkpoint(args.ckpt)
         dump["saved"][step] = snapshot()
+        dump.setdefault("latest_after_save", {})[step] = (
+            open(os.path.join(args.ckpt, "latest")).read() if os.path.exists(os.path.join(args.ckpt, "latest"))
+            else None)
 if args.wait_persisted:
     engine.checkpoint_engine.wait()
 dump["final"] = snapshot()

@@ -162,6 +162,25 @@ def test_sigkill_and_resume_from_cache_is_bitwise(ds_server, tmp_path, stage, wo
         assert b["loads"]["storage"] == 0 and b["loads"]["cache"] >= 2, b["loads"]
 
 
+def test_async_saves_commit_at_the_next_step_and_hold_the_values_as_saved(ds_server, tmp_path):
+    """"tce": {"async": true}: save_checkpoint returns with the copies in
+    flight; DeepSpeed (the engine is decoupled) commits the tag and writes
+    `latest` at the next step, whose optimizer update waits for the copies.
+    Resuming gives the state as of the save, bit for bit."""
+    ckpt = ds_server.storage / "ckpt"
+    common = ["--stage", "1", "--ckpt", str(ckpt), "--steps", "5"]
+    first = Run(2, [*common, "--save-at", "2,3", "--async", "--wait-persisted"],
+                socket_path=ds_server.socket, out=tmp_path / "first").wait()
+    # `latest` lags one step: written by the commit at the step after each save
+    assert first[0]["latest_after_save"] == {2: None, 3: "global_step2"}
+    assert (ckpt / "latest").read_text() == "global_step3"
+    resumed = Run(2, [*common, "--load"], socket_path=ds_server.socket, out=tmp_path / "resumed").wait()
+    for rank in range(2):
+        _same_state(resumed[rank]["at_load"], first[rank]["saved"][3], f"rank {rank} after load:")
+        _same_state(resumed[rank]["final"], first[rank]["final"], f"rank {rank} at the end:")
+        assert resumed[rank]["loads"]["storage"] == 0, resumed[rank]["loads"]
+
+
 def test_resume_from_memory_only_cache(tmp_path):
     """No storage at all: the model files exist only in the cache, where
     DeepSpeed's glob for them cannot look; the engine finds them."""
