@@ -116,7 +116,7 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
     res: dict[str, Any] = {}
     root = os.path.join(directory, "storage")
     os.makedirs(root)
-    server = LocalServer(memory_budget=str(6 * nbytes + (256 << 20)), storage_roots=[root]).start()
+    server = LocalServer(memory_budget=str(4 * nbytes + (256 << 20)), storage_roots=[root]).start()
     try:
         with _knobs.override(socket=server.socket, on_unavailable="raise"):
             a, b = os.path.join(root, "a.pt"), os.path.join(root, "b.pt")
@@ -148,17 +148,110 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
     return res
 
 
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _pinned_copy_s(sd: dict[str, torch.Tensor], nbytes: int, repeats: int) -> float:
+    """The PCIe floor: one device-to-host copy of the same bytes into pinned memory."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=next(iter(sd.values())).device)
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def copy() -> None:
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+
+    seconds = _median(copy, repeats)
+    del src, dst
+    return seconds
+
+
+def _dcp(sd: dict[str, torch.Tensor], directory: str, repeats: int) -> dict[str, Any]:
+    """PyTorch DCP, one process (no_dist): save, async_save (default and with
+    its pinned-memory stager where this torch has one), load in place."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+
+    res: dict[str, Any] = {}
+    where = os.path.join(directory, "dcp")
+
+    def fresh() -> str:
+        shutil.rmtree(where, ignore_errors=True)
+        return where
+
+    def save() -> None:
+        dcp.save(sd, checkpoint_id=fresh(), no_dist=True)
+
+    res["dcp_save_s"] = _median(save, repeats)
+
+    def async_run(stager: Any) -> tuple[float, float, float]:
+        fresh()
+        t0 = time.perf_counter()
+        kwargs = {"async_stager": stager} if stager is not None else {}
+        r = dcp.async_save(sd, checkpoint_id=where, no_dist=True, **kwargs)
+        blocked = time.perf_counter() - t0
+        staged = blocked
+        if hasattr(r, "staging_completion"):  # AsyncSaveResponse (a stager that stages in the background)
+            r.staging_completion.result()
+            staged = time.perf_counter() - t0
+            r = r.upload_completion
+        r.result()
+        return blocked, staged, time.perf_counter() - t0
+
+    runs = [async_run(None) for _ in range(repeats)]
+    res["dcp_async_blocking_s"] = statistics.median(r[0] for r in runs)
+    res["dcp_async_durable_s"] = statistics.median(r[2] for r in runs)
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if not next(iter(sd.values())).is_cuda:
+            raise ImportError("the pinned stager stages GPU tensors")
+
+        def pinned() -> Any:
+            return DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
+                                                use_async_staging=True, use_non_blocking_copy=True))
+    except ImportError:
+        pinned = None
+    if pinned is not None:
+        runs = []
+        for _ in range(repeats + 1):  # the first allocates the pinned staging memory
+            stager = pinned()
+            runs.append(async_run(stager))
+            stager.close()
+        runs = runs[1:] if len(runs) > 1 else runs
+        res["dcp_async_pinned_blocking_s"] = statistics.median(r[0] for r in runs)
+        res["dcp_async_pinned_modifiable_s"] = statistics.median(r[1] for r in runs)
+        res["dcp_async_pinned_durable_s"] = statistics.median(r[2] for r in runs)
+    save()
+    target = {k: torch.empty_like(v) for k, v in sd.items()}
+
+    def load() -> None:
+        dcp.load(target, checkpoint_id=where, no_dist=True)
+        _sync(str(next(iter(sd.values())).device))
+
+    res["dcp_load_s"] = _median(load, repeats)
+    shutil.rmtree(where, ignore_errors=True)
+    return res
+
+
 def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
-        persist_repeats: int = 5) -> dict[str, Any]:
+        persist_repeats: int = 5, device: str = "cpu", dtype: torch.dtype = torch.float32,
+        skip: tuple[str, ...] = ()) -> dict[str, Any]:
     import tce
     from tce import _api, _knobs
     from tce._server import LocalServer
 
-    sd = gpt_state_dict(size)
+    sd = gpt_state_dict(size, dtype=dtype, device=device)
     nbytes = _nbytes(sd)
     model = {k: torch.empty_like(v).fill_(0) for k, v in sd.items()}  # warm restore target
     res: dict[str, Any] = {"bytes": nbytes, "tensors": len(sd), "repeats": repeats,
-                           "torch": torch.__version__, "threads": torch.get_num_threads()}
+                           "torch": torch.__version__, "threads": torch.get_num_threads(),
+                           "device": device, "dtype": str(dtype).replace("torch.", "")}
+    if device.startswith("cuda"):
+        res["gpu"] = torch.cuda.get_device_name()
+        res["pinned_copy_s"] = _pinned_copy_s(sd, nbytes, repeats)
 
     # Floor: a warm-to-warm copy of the same number of bytes (the copy TCE does).
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
@@ -166,21 +259,36 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
     res["memcpy_s"] = _median(lambda: dst.copy_(src), repeats)
     del src, dst
 
+    def restore(load: Callable[[], Any]) -> Callable[[], None]:
+        def go() -> None:
+            _restore_into(model, load())
+            _sync(device)
+        return go
+
     server = None
     if socket_path is None:
-        server = LocalServer(memory_budget=str(4 * nbytes + (256 << 20))).start()
+        server = LocalServer(memory_budget=str(3 * nbytes + (256 << 20))).start()
         socket_path = server.socket
     try:
         with _knobs.override(socket=socket_path, on_unavailable="raise"):
             path = os.path.join(directory, "tce_bench_cache.pt")
             res["tce_save_first_s"] = _time(lambda: tce.save(sd, path, tag="bench"))
             res["tce_save_s"] = _median(lambda: tce.save(sd, path, tag="bench"), repeats, warmup=2)
+            blocked, modifiable = [], []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                tce.save(sd, path, tag="bench", blocking=False)
+                blocked.append(time.perf_counter() - t0)
+                tce.wait_staged()
+                modifiable.append(time.perf_counter() - t0)
+            res["tce_async_blocking_s"] = statistics.median(blocked[1:])
+            res["tce_async_modifiable_s"] = statistics.median(modifiable[1:])
 
             def tce_load():
-                return tce.load(path, weights_only=True)
+                return tce.load(path, weights_only=True, map_location=device)
 
             res["tce_load_s"] = _median(tce_load, repeats)
-            res["tce_restore_s"] = _median(lambda: _restore_into(model, tce_load()), repeats)
+            res["tce_restore_s"] = _median(restore(tce_load), repeats)
             tce.remove(path)
             _api.close()
     finally:
@@ -188,8 +296,32 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
             server.stop()
             server.cleanup()
 
-    res.update(_persistence(sd, nbytes, repeats=persist_repeats, directory=directory))
+    if "persist" not in skip:
+        res.update(_persistence(sd, nbytes, repeats=persist_repeats, directory=directory))
+    if "torch" not in skip:
+        res.update(_torch(sd, model, restore, repeats=repeats, directory=directory, device=device))
+    if "dcp" not in skip:
+        import warnings
 
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DCP's single-process notices
+            res.update(_dcp(sd, directory, repeats))
+
+    gb = nbytes / 1e9
+    res["memcpy_GBps"] = gb / res["memcpy_s"]
+    res["tce_save_GBps"] = gb / res["tce_save_s"]
+    res["tce_save_vs_memcpy"] = res["memcpy_s"] / res["tce_save_s"]
+    if "torch_save_s" in res:
+        res["tce_save_speedup_vs_torch_save"] = res["torch_save_s"] / res["tce_save_s"]
+        res["tce_load_speedup_vs_torch_load"] = res["torch_load_s"] / res["tce_load_s"]
+        res["tce_restore_speedup_vs_torch"] = res["torch_restore_s"] / res["tce_restore_s"]
+    return res
+
+
+def _torch(sd: dict[str, torch.Tensor], model: dict[str, torch.Tensor], restore: Callable, *,
+           repeats: int, directory: str, device: str) -> dict[str, Any]:
+    """torch.save (+fsync) and torch.load of the same state dict."""
+    res: dict[str, Any] = {}
     fpath = os.path.join(directory, "tce_bench_torch.pt")
 
     def torch_save_fsync() -> None:
@@ -202,52 +334,96 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
 
     res["torch_save_s"] = _median(lambda: torch.save(sd, fpath), repeats)
     res["torch_save_fsync_s"] = _median(torch_save_fsync, repeats)
-    res["torch_load_s"] = _median(lambda: torch.load(fpath, weights_only=True), repeats)
+    res["torch_load_s"] = _median(lambda: torch.load(fpath, weights_only=True, map_location=device),
+                                  repeats)
     res["torch_restore_s"] = _median(
-        lambda: _restore_into(model, torch.load(fpath, weights_only=True)), repeats
+        restore(lambda: torch.load(fpath, weights_only=True, map_location=device)), repeats
     )
     os.unlink(fpath)
-
-    gb = nbytes / 1e9
-    res["memcpy_GBps"] = gb / res["memcpy_s"]
-    res["tce_save_GBps"] = gb / res["tce_save_s"]
-    res["tce_save_vs_memcpy"] = res["memcpy_s"] / res["tce_save_s"]
-    res["tce_save_speedup_vs_torch_save"] = res["torch_save_s"] / res["tce_save_s"]
-    res["tce_load_speedup_vs_torch_load"] = res["torch_load_s"] / res["tce_load_s"]
-    res["tce_restore_speedup_vs_torch"] = res["torch_restore_s"] / res["tce_restore_s"]
     return res
+
+
+def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
+    """(group, name, seconds, note) for the table and the chart."""
+    out = []
+
+    def add(group: str, name: str, key: str, note: str = "") -> None:
+        if key in res:
+            out.append((group, name, res[key], note))
+
+    add("floor", "pinned device-to-host copy (PCIe)", "pinned_copy_s")
+    add("floor", "memcpy (warm, same bytes)", "memcpy_s")
+    add("floor", "dd conv=fsync, same bytes, same fs", "dd_fsync_s")
+    add("stall", "tce.save, blocking, steady state", "tce_save_s",
+        f"{res['tce_save_vs_memcpy']:.0%} of memcpy"
+        + (f", {res['tce_save_speedup_vs_torch_save']:.1f}x torch.save" if "torch_save_s" in res else ""))
+    add("stall", "tce.save, blocking, first (new buffer)", "tce_save_first_s")
+    add("stall", "tce.save, async: call returns", "tce_async_blocking_s")
+    add("stall", "tce.save while another file persists", "tce_save_while_persisting_s",
+        f"{res['tce_save_s'] / res['tce_save_while_persisting_s']:.0%} of the steady-state speed")
+    add("stall", "torch.save (page cache)", "torch_save_s")
+    add("stall", "torch.save + fsync", "torch_save_fsync_s")
+    add("stall", "DCP save", "dcp_save_s")
+    add("stall", "DCP async_save: call returns", "dcp_async_blocking_s")
+    add("stall", "DCP async_save, pinned stager: returns", "dcp_async_pinned_blocking_s")
+    add("modifiable", "tce.save, async: tensors free (fence)", "tce_async_modifiable_s")
+    add("modifiable", "DCP async_save, pinned stager: staged", "dcp_async_pinned_modifiable_s")
+    add("durable", "tce: commit -> persisted", "tce_persist_s",
+        f"{res['persist_vs_dd']:.0%} of dd conv=fsync (median of paired runs)")
+    add("durable", "DCP async_save: durable", "dcp_async_durable_s")
+    add("durable", "DCP async_save, pinned stager: durable", "dcp_async_pinned_durable_s")
+    add("restore", "tce.load (from cache)", "tce_load_s",
+        f"{res['tce_load_speedup_vs_torch_load']:.1f}x torch.load" if "torch_load_s" in res else "")
+    add("restore", "torch.load (page cache)", "torch_load_s")
+    add("restore", "DCP load (in place)", "dcp_load_s")
+    add("restore", "restore from cache: tce.load + copy", "tce_restore_s",
+        f"{res['tce_restore_speedup_vs_torch']:.1f}x torch" if "torch_restore_s" in res else "")
+    add("restore", "restore from storage: torch.load + copy", "torch_restore_s")
+    return out
 
 
 def render(res: dict[str, Any]) -> str:
     gb = res["bytes"] / 1e9
-    rows = [
-        ("memcpy (warm, same bytes)", res["memcpy_s"], ""),
-        ("tce.save, first (new buffer)", res["tce_save_first_s"], ""),
-        ("tce.save, steady state", res["tce_save_s"],
-         f"{res['tce_save_vs_memcpy']:.0%} of memcpy, "
-         f"{res['tce_save_speedup_vs_torch_save']:.1f}x torch.save"),
-        ("torch.save (page cache)", res["torch_save_s"], ""),
-        ("torch.save + fsync", res["torch_save_fsync_s"], ""),
-        ("tce.load (from cache)", res["tce_load_s"],
-         f"{res['tce_load_speedup_vs_torch_load']:.1f}x torch.load"),
-        ("torch.load (page cache)", res["torch_load_s"], ""),
-        ("tce.save while another file persists", res["tce_save_while_persisting_s"],
-         f"{res['tce_save_s'] / res['tce_save_while_persisting_s']:.0%} of the steady-state speed"),
-        ("time to persisted (commit -> durable)", res["tce_persist_s"],
-         f"{res['persist_vs_dd']:.0%} of dd conv=fsync (median of paired runs)"),
-        ("dd conv=fsync, same bytes, same fs", res["dd_fsync_s"], ""),
-        ("restore: tce.load + copy into model", res["tce_restore_s"],
-         f"{res['tce_restore_speedup_vs_torch']:.1f}x torch"),
-        ("restore: torch.load + copy into model", res["torch_restore_s"], ""),
-    ]
+    where = res.get("gpu", "CPU")
     out = [
-        f"state dict: {res['tensors']} tensors, {res['bytes'] / 2**30:.2f} GiB; "
-        f"median of {res['repeats']} runs; torch {res['torch']}, {res['threads']} threads",
-        f"{'':40s} {'seconds':>9s} {'GB/s':>8s}",
+        f"state dict: {res['tensors']} tensors, {res['bytes'] / 2**30:.2f} GiB {res.get('dtype', '')} "
+        f"on {res.get('device', 'cpu')} ({where}); median of {res['repeats']} runs; "
+        f"torch {res['torch']}, {res['threads']} threads",
+        f"{'':11s}{'':42s} {'seconds':>9s} {'GB/s':>8s}",
     ]
-    for name, s, note in rows:
-        out.append(f"{name:40s} {s:9.4f} {gb / s:8.2f}  {note}")
+    for group, name, s, note in rows(res):
+        out.append(f"{group:11s}{name:42s} {s:9.4f} {gb / s:8.2f}  {note}")
     return "\n".join(out)
+
+
+def plot(res: dict[str, Any], path: str) -> None:
+    """A horizontal bar chart of every row, grouped, log-scaled seconds."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib (pip install matplotlib)") from None
+    data = rows(res)
+    colors = {"floor": "#999999", "stall": "#d62728", "modifiable": "#ff7f0e",
+              "durable": "#1f77b4", "restore": "#2ca02c"}
+    fig, ax = plt.subplots(figsize=(10, 0.38 * len(data) + 1.5))
+    names = [f"{n}" for _, n, _, _ in data][::-1]
+    secs = [s for _, _, s, _ in data][::-1]
+    ax.barh(names, secs, color=[colors[g] for g, _, _, _ in data][::-1])
+    for i, s in enumerate(secs):
+        ax.text(s, i, f" {s:.3g} s", va="center", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("seconds (log scale; shorter is better)")
+    ax.set_title(f"tce bench: {res['bytes'] / 2**30:.1f} GiB {res.get('dtype', '')} on "
+                 f"{res.get('gpu', res.get('device', 'cpu'))}")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=g) for g, c in colors.items()], loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -260,7 +436,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: a temp dir under /tmp)")
     p.add_argument("--use-running-server", action="store_true",
                    help="use the server on --socket / $TCE_SOCKET instead of starting one")
+    p.add_argument("--device", default="cpu",
+                   help="where the state dict lives: cpu (default) or cuda[:N]")
+    p.add_argument("--dtype", default=None,
+                   help="float32 (default on cpu) or bfloat16 (default on cuda), float16")
+    p.add_argument("--skip", default="", metavar="PARTS",
+                   help="comma list of parts to leave out: persist, torch, dcp")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="also draw the figures as a bar chart (needs matplotlib)")
     p.add_argument("--ring", action="store_true",
                    help="instead: ring backup throughput between two network namespaces "
                         "against a plain TCP stream (root)")
@@ -275,9 +459,19 @@ def main(args: argparse.Namespace) -> int:
         return _ringbench.main(parse_size(args.size), args.repeats, args.json)
 
     socket_path = (args.socket or _knobs.get("socket")) if args.use_running_server else None
+    dtype_name = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise SystemExit(f"--dtype: unknown dtype {dtype_name!r}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: this torch sees no CUDA device")
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         res = run(parse_size(args.size), repeats=args.repeats, directory=d,
-                  socket_path=socket_path, persist_repeats=args.persist_repeats)
+                  socket_path=socket_path, persist_repeats=args.persist_repeats,
+                  device=args.device, dtype=dtype,
+                  skip=tuple(x for x in args.skip.split(",") if x))
     print(json.dumps(res, indent=2) if args.json else render(res))
+    if args.plot:
+        plot(res, args.plot)
     sys.stdout.flush()
     return 0
