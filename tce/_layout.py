@@ -323,6 +323,99 @@ def _serialization_id() -> bytes:
     return str(secrets.randbits(128)).zfill(_SERIALIZATION_ID_LEN)[-_SERIALIZATION_ID_LEN:].encode()
 
 
+_ATOMS = frozenset({int, float, bool, type(None)})  # values pickle never memoizes
+_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+_DEVICES = frozenset({"cpu", "cuda"})
+
+
+def _fingerprint(obj: Any) -> tuple[tuple, list[torch.UntypedStorage]] | None:
+    """What pickling ``obj`` depends on, and its storages in pickling order.
+
+    The key lists, in the order the pickler visits them, every value, every
+    container's type and size, every tensor's type, storage (by first
+    appearance), dtype, device, shape, stride, offset and requires_grad,
+    and where an object was already seen (the pickler memoizes by identity).
+    Two objects with equal keys pickle to the same bytes. None where the
+    object holds anything else (other classes, tensor subclasses, tensors
+    with attributes, hooks or a layout other than strided): those are
+    pickled every time.
+    """
+    key: list[Any] = []
+    storages: list[torch.UntypedStorage] = []
+    storage_index: dict[int, int] = {}
+    seen: dict[int, int] = {}
+
+    def walk(o: Any) -> bool:
+        t = type(o)
+        if t in _ATOMS:
+            key.append((t, o.hex() if t is float else o))  # hex: -0.0 is not 0.0 here
+            return True
+        i = seen.get(id(o))
+        if i is not None:
+            key.append(("ref", i))
+            return True
+        seen[id(o)] = len(seen)
+        if t is str or t is bytes or t is torch.dtype:
+            key.append(o)
+            return True
+        if t in _TENSORS:
+            if (o.__dict__ or o._backward_hooks or o.layout is not torch.strided or o.is_conj()
+                    or o.is_neg() or o.is_quantized or o.device.type not in _DEVICES):
+                return False
+            st = o.untyped_storage()
+            si = storage_index.get(st._cdata)
+            if si is None:
+                si = storage_index[st._cdata] = len(storages)
+                storages.append(st)
+            key.append((t, si, st.nbytes(), o.dtype, o.device, o.shape, o.stride(),
+                        o.storage_offset(), o.requires_grad))
+            return True
+        if t is dict or t is collections.OrderedDict:
+            key.append((t, len(o)))
+            return all(walk(k) and walk(v) for k, v in o.items())
+        if t is list or t is tuple:
+            key.append((t, len(o)))
+            return all(walk(v) for v in o)
+        return False
+
+    return (tuple(key), storages) if walk(obj) else None
+
+
+class _PickleMemo:
+    """Pickled bytes of recent objects by fingerprint: saving the same state
+    dict again (same tensors, same values) skips the pickler, which costs
+    tens of microseconds per tensor. Small LRU; thread-safe."""
+
+    def __init__(self, capacity: int = 8) -> None:
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: collections.OrderedDict[Any, bytes] = collections.OrderedDict()
+        self.hits = 0
+
+    def pickle(self, obj: Any, pickle_module: Any, protocol: int) -> tuple[bytes, list[torch.UntypedStorage]]:
+        fp = _fingerprint(obj)
+        if fp is None:
+            return _pickle(obj, pickle_module, protocol)
+        memo_key = (pickle_module, protocol, fp[0])
+        with self._lock:
+            pickled = self._entries.get(memo_key)
+            if pickled is not None:
+                self._entries.move_to_end(memo_key)
+                self.hits += 1
+                return pickled, fp[1]
+        pickled, storages = _pickle(obj, pickle_module, protocol)
+        if [s._cdata for s in storages] != [s._cdata for s in fp[1]]:
+            return pickled, storages  # the walk does not model this object: never reuse its key
+        with self._lock:
+            self._entries[memo_key] = pickled
+            if len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+        return pickled, storages
+
+
+pickle_memo = _PickleMemo()
+
+
 def storage_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     """A flat uint8 tensor over all of ``storage`` (on its device)."""
     src = torch.empty(0, dtype=torch.uint8, device=storage.device)
@@ -342,7 +435,7 @@ def plan(
     pickle_protocol: int = 2,
 ) -> Plan:
     """Pickle ``obj`` and lay out its torch-zip file (for ``path``'s archive name)."""
-    pickled, storages = _pickle(obj, pickle_module, pickle_protocol)
+    pickled, storages = pickle_memo.pickle(obj, pickle_module, pickle_protocol)
     sizes = (
         ("data.pkl", len(pickled)),
         (".format_version", len(_FORMAT_VERSION)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import pickle
 import struct
 import zipfile
 
@@ -127,3 +128,26 @@ def test_same_data_as_two_dtypes_is_refused_like_torch():
         torch.save(obj, io.BytesIO())
     with pytest.raises(RuntimeError, match="view the same data as different types"):
         _layout.plan(obj, "/x.pt")
+
+
+def test_the_pickle_memo_reuses_bytes_only_for_the_same_structure_and_values():
+    from tce._layout import _pickle, pickle_memo, plan
+
+    w = torch.randn(4, 3)
+    shared = torch.arange(6.0)
+
+    def sd(step, scale=1.0, share=True):
+        return {"model": {"w": w, "a": shared[:2], "b": shared[2:] if share else shared.clone()[2:]},
+                "opt": {"step": step, "lr": scale * 0.0, "names": ["w", "a"]}}
+
+    cases = [sd(1), sd(1), sd(2), sd(2, scale=-1.0), sd(2, share=False), sd(2)]
+    hits = pickle_memo.hits
+    for obj in cases:
+        pickled, storages = plan(obj, "/x/m.pt").pickled, plan(obj, "/x/m.pt").storages
+        want, want_storages = _pickle(obj, pickle, 2)
+        assert pickled == want  # a memo hit is byte for byte what the pickler writes
+        assert [s._cdata for s in storages] == [s._cdata for s in want_storages]
+    assert pickle_memo.hits > hits  # and hits happened
+    # Unmodelled objects are pickled every time, correctly.
+    odd = {"ns": argparse.Namespace(x=1), "t": w}
+    assert plan(odd, "/x/m.pt").pickled == _pickle(odd, pickle, 2)[0]
