@@ -148,6 +148,10 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
     return res
 
 
+class _Skipped(Exception):
+    pass
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -266,11 +270,13 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
         return go
 
     server = None
-    if socket_path is None:
+    if socket_path is None and "tce" not in skip:
         server = LocalServer(memory_budget=str(3 * nbytes + (256 << 20))).start()
         socket_path = server.socket
     try:
         with _knobs.override(socket=socket_path, on_unavailable="raise"):
+            if "tce" in skip:
+                raise _Skipped
             path = os.path.join(directory, "tce_bench_cache.pt")
             res["tce_save_first_s"] = _time(lambda: tce.save(sd, path, tag="bench"))
             res["tce_save_s"] = _median(lambda: tce.save(sd, path, tag="bench"), repeats, warmup=2)
@@ -291,6 +297,8 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
             res["tce_restore_s"] = _median(restore(tce_load), repeats)
             tce.remove(path)
             _api.close()
+    except _Skipped:
+        pass
     finally:
         if server is not None:
             server.stop()
@@ -309,9 +317,10 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
 
     gb = nbytes / 1e9
     res["memcpy_GBps"] = gb / res["memcpy_s"]
-    res["tce_save_GBps"] = gb / res["tce_save_s"]
-    res["tce_save_vs_memcpy"] = res["memcpy_s"] / res["tce_save_s"]
-    if "torch_save_s" in res:
+    if "tce_save_s" in res:
+        res["tce_save_GBps"] = gb / res["tce_save_s"]
+        res["tce_save_vs_memcpy"] = res["memcpy_s"] / res["tce_save_s"]
+    if "torch_save_s" in res and "tce_save_s" in res:
         res["tce_save_speedup_vs_torch_save"] = res["torch_save_s"] / res["tce_save_s"]
         res["tce_load_speedup_vs_torch_load"] = res["torch_load_s"] / res["tce_load_s"]
         res["tce_restore_speedup_vs_torch"] = res["torch_restore_s"] / res["tce_restore_s"]
@@ -347,20 +356,21 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
     """(group, name, seconds, note) for the table and the chart."""
     out = []
 
-    def add(group: str, name: str, key: str, note: str = "") -> None:
-        if key in res:
-            out.append((group, name, res[key], note))
+    def add(group: str, name: str, key: str, note: Callable[[], str] = lambda: "") -> None:
+        if key in res:  # the note only where its figures exist
+            out.append((group, name, res[key], note()))
 
     add("floor", "pinned device-to-host copy (PCIe)", "pinned_copy_s")
     add("floor", "memcpy (warm, same bytes)", "memcpy_s")
     add("floor", "dd conv=fsync, same bytes, same fs", "dd_fsync_s")
     add("stall", "tce.save, blocking, steady state", "tce_save_s",
-        f"{res['tce_save_vs_memcpy']:.0%} of memcpy"
+        lambda: f"{res['tce_save_vs_memcpy']:.0%} of memcpy"
         + (f", {res['tce_save_speedup_vs_torch_save']:.1f}x torch.save" if "torch_save_s" in res else ""))
     add("stall", "tce.save, blocking, first (new buffer)", "tce_save_first_s")
     add("stall", "tce.save, async: call returns", "tce_async_blocking_s")
     add("stall", "tce.save while another file persists", "tce_save_while_persisting_s",
-        f"{res['tce_save_s'] / res['tce_save_while_persisting_s']:.0%} of the steady-state speed")
+        lambda: f"{res['tce_save_s'] / res['tce_save_while_persisting_s']:.0%} of the steady-state speed"
+        if "tce_save_s" in res else "")
     add("stall", "torch.save (page cache)", "torch_save_s")
     add("stall", "torch.save + fsync", "torch_save_fsync_s")
     add("stall", "DCP save", "dcp_save_s")
@@ -369,15 +379,15 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
     add("modifiable", "tce.save, async: tensors free (fence)", "tce_async_modifiable_s")
     add("modifiable", "DCP async_save, pinned stager: staged", "dcp_async_pinned_modifiable_s")
     add("durable", "tce: commit -> persisted", "tce_persist_s",
-        f"{res['persist_vs_dd']:.0%} of dd conv=fsync (median of paired runs)")
+        lambda: f"{res['persist_vs_dd']:.0%} of dd conv=fsync (median of paired runs)")
     add("durable", "DCP async_save: durable", "dcp_async_durable_s")
     add("durable", "DCP async_save, pinned stager: durable", "dcp_async_pinned_durable_s")
     add("restore", "tce.load (from cache)", "tce_load_s",
-        f"{res['tce_load_speedup_vs_torch_load']:.1f}x torch.load" if "torch_load_s" in res else "")
+        lambda: f"{res['tce_load_speedup_vs_torch_load']:.1f}x torch.load" if "torch_load_s" in res else "")
     add("restore", "torch.load (page cache)", "torch_load_s")
     add("restore", "DCP load (in place)", "dcp_load_s")
     add("restore", "restore from cache: tce.load + copy", "tce_restore_s",
-        f"{res['tce_restore_speedup_vs_torch']:.1f}x torch" if "torch_restore_s" in res else "")
+        lambda: f"{res['tce_restore_speedup_vs_torch']:.1f}x torch" if "torch_restore_s" in res else "")
     add("restore", "restore from storage: torch.load + copy", "torch_restore_s")
     return out
 
@@ -441,7 +451,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None,
                    help="float32 (default on cpu) or bfloat16 (default on cuda), float16")
     p.add_argument("--skip", default="", metavar="PARTS",
-                   help="comma list of parts to leave out: persist, torch, dcp")
+                   help="comma list of parts to leave out: tce (the cache rows), persist, torch, dcp")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the figures as a bar chart (needs matplotlib)")
