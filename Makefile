@@ -34,7 +34,7 @@ $(STAMPS)/python: pyproject.toml
 	@mkdir -p $(STAMPS)
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q "scikit-build-core>=0.10" "grpcio-tools>=1.60" "grpcio>=1.60" \
-		"protobuf>=5.26" numpy pymysql "pytest>=7" pytest-timeout huggingface_hub
+		"protobuf>=5.26" numpy pymysql "pytest>=7" pytest-timeout huggingface_hub matplotlib
 	@# DeepSpeed for the engine, its tests and the demo; after torch, so it
 	@# keeps that torch, and with no compiled ops (they build on first use).
 	@$(PYTHON) -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED_PIN)"

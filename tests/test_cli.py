@@ -59,16 +59,24 @@ def test_server_passthrough_print_config(tmp_path):
 
 
 def test_bench_json(tmp_path):
+    chart = tmp_path.parent / f"{tmp_path.name}-chart.png"
     p = _tce("bench", "--size", "32MiB", "--repeats", "2", "--persist-repeats", "1",
-             "--dir", str(tmp_path), "--json")
+             "--dir", str(tmp_path), "--json", "--plot", str(chart))
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     for key in ("memcpy_s", "tce_save_first_s", "tce_save_s", "tce_load_s", "tce_restore_s",
+                "tce_async_blocking_s", "tce_async_modifiable_s",
                 "torch_save_s", "torch_save_fsync_s", "torch_load_s", "torch_restore_s",
-                "tce_persist_s", "tce_save_while_persisting_s", "dd_fsync_s", "persist_vs_dd"):
+                "tce_persist_s", "tce_save_while_persisting_s", "dd_fsync_s", "persist_vs_dd",
+                "dcp_save_s", "dcp_async_blocking_s", "dcp_async_durable_s", "dcp_load_s"):
         assert res[key] > 0, key
+    assert res["device"] == "cpu" and res["dtype"] == "float32"
     assert 30 << 20 <= res["bytes"] <= 40 << 20
     assert os.listdir(tmp_path) == []  # the bench cleans up after itself
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10000
+    p = _tce("bench", "--device", "cuda:0", "--size", "1MiB")
+    if not torch.cuda.is_available():
+        assert p.returncode != 0 and "this torch sees no CUDA device" in p.stderr
 
 
 @pytest.mark.deepspeed
