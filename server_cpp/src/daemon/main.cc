@@ -161,6 +161,7 @@ int Run(int argc, char** argv) {
   popt.retries = opt.persist_retries;
   popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
   popt.direct_io = opt.persist_direct_io;
+  popt.io_depth = opt.persist_io_depth;
   // Metadata: re-index what was recorded before a restart, remove the temp
   // files of persists that a crash interrupted, then record every change.
   const std::string meta_url = EffectiveMetadataUrl(opt);

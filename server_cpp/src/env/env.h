@@ -20,6 +20,9 @@ class WritableFile {
   // Direct files (O_DIRECT) need `data` page-aligned and `n` a multiple of
   // 4096; the caller truncates the padding away at the end.
   virtual Status Append(const char* data, size_t n) = 0;
+  // Writes at `offset` (pwrite); safe to call from several threads at once
+  // for disjoint ranges (the same alignment rules as Append for direct files).
+  virtual Status WriteAt(uint64_t offset, const char* data, size_t n) = 0;
   virtual Status Truncate(uint64_t size) = 0;
   virtual Status Sync() = 0;  // fdatasync
   // Starts writing back [offset, offset + n) without waiting, so disk I/O

@@ -13,6 +13,10 @@ class FaultFile final : public WritableFile {
     Status s = env_->BeforeAppend();
     return s.ok() ? base_->Append(data, n) : s;
   }
+  Status WriteAt(uint64_t offset, const char* data, size_t n) override {
+    Status s = env_->BeforeAppend();  // a write is a write: the same faults
+    return s.ok() ? base_->WriteAt(offset, data, n) : s;
+  }
   Status Sync() override { return base_->Sync(); }
   Status Truncate(uint64_t size) override { return base_->Truncate(size); }
   Status StartWriteback(uint64_t offset, uint64_t n) override {

@@ -29,6 +29,19 @@ class PosixWritableFile final : public WritableFile {
     }
     return Status::OK();
   }
+  Status WriteAt(uint64_t offset, const char* data, size_t n) override {
+    while (n > 0) {
+      ssize_t w = ::pwrite(fd_, data, n, static_cast<off_t>(offset));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return Status::FromErrno(errno, "write " + path_);
+      }
+      data += w;
+      offset += static_cast<uint64_t>(w);
+      n -= static_cast<size_t>(w);
+    }
+    return Status::OK();
+  }
   Status Truncate(uint64_t size) override {
     if (::ftruncate(fd_, static_cast<off_t>(size)) != 0)
       return Status::FromErrno(errno, "ftruncate " + path_);

@@ -6,8 +6,14 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "common/logging.h"
 #include "persist/crc.h"
@@ -16,6 +22,73 @@ namespace tce {
 namespace {
 constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment used for every write
 uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+// Positional writes of one file on `depth` threads (none for depth 1):
+// Submit waits while `depth` writes are in flight and returns the first
+// error any of them met; Finish waits for the rest.
+class InFlight {
+ public:
+  InFlight(WritableFile* file, int depth) : file_(file), depth_(std::max(1, depth)) {
+    for (int i = 0; depth_ > 1 && i < depth_; ++i) threads_.emplace_back([this] { Run(); });
+  }
+  ~InFlight() { Finish(); }
+  int depth() const { return depth_; }
+
+  Status Submit(uint64_t offset, const char* data, size_t n) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return queue_.size() + busy_ < threads_.size() || !error_.ok(); });
+    if (!error_.ok()) return error_;
+    queue_.push_back({offset, data, n});
+    cv_.notify_all();
+    return Status::OK();
+  }
+
+  Status Finish() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+    return error_;
+  }
+
+ private:
+  struct Write {
+    uint64_t offset;
+    const char* data;
+    size_t n;
+  };
+
+  void Run() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return !queue_.empty() || done_; });
+      if (queue_.empty()) return;
+      Write w = queue_.front();
+      queue_.pop_front();
+      ++busy_;
+      const bool failed = !error_.ok();  // after a failure the rest are dropped
+      l.unlock();
+      Status s = failed ? Status::OK() : file_->WriteAt(w.offset, w.data, w.n);
+      l.lock();
+      --busy_;
+      if (!s.ok() && error_.ok()) error_ = s;
+      cv_.notify_all();
+    }
+  }
+
+  WritableFile* const file_;
+  const int depth_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Write> queue_;  // GUARDED_BY(mu_)
+  size_t busy_ = 0;          // GUARDED_BY(mu_)
+  bool done_ = false;        // GUARDED_BY(mu_)
+  Status error_;             // GUARDED_BY(mu_)
+};
 
 std::string Dirname(const std::string& path) {
   size_t slash = path.rfind('/');
@@ -152,14 +225,23 @@ Status Persister::PersistOnce(const PersistJob& job, unsigned char* data, uint64
   std::unique_ptr<WritableFile> file;
   s = env_->NewWritableFile(tmp, direct, &file);
   if (!s.ok()) return s;
+  // Direct writes go out io_depth at a time (a chunk's CRC patches only land
+  // at or after that chunk, so chunks in flight are never touched again).
+  InFlight writes(file.get(), direct ? options_.io_depth : 1);
   for (uint64_t off = 0; s.ok() && off < job.size; off += options_.chunk) {
     if (*yielded < options_.max_yield) *yielded += cache_->WaitForNoSaves(options_.max_yield - *yielded);
     uint64_t n = std::min<uint64_t>(options_.chunk, job.size - off);
     if (off == crcs->fed()) crcs->Feed(off, data + off, static_cast<size_t>(n));  // CRCs, in place
     if (direct) n = std::min(RoundUp(n, kBlock), mapped - off);
+    if (writes.depth() > 1) {
+      s = writes.Submit(off, reinterpret_cast<const char*>(data + off), static_cast<size_t>(n));
+      continue;
+    }
     s = file->Append(reinterpret_cast<const char*>(data + off), static_cast<size_t>(n));
     if (s.ok() && !direct) s = file->StartWriteback(off, n);
   }
+  Status written = writes.Finish();
+  if (s.ok()) s = written;
   if (s.ok() && direct) s = file->Truncate(job.size);
   if (s.ok()) s = file->Sync();
   Status closed = file->Close();

@@ -31,6 +31,9 @@ struct PersistOptions {
   std::chrono::milliseconds backoff{200};  // doubled per attempt
   size_t chunk = 16 << 20;                 // bytes per write()
   bool direct_io = true;                   // O_DIRECT where the filesystem supports it
+  // O_DIRECT writes in flight per file: one write at a time leaves a disk
+  // idle between requests (the page cache hides that for buffered writes).
+  int io_depth = 4;
   // Between chunks a worker waits while a save is being written (training
   // comes first), at most this long in all for one file.
   std::chrono::milliseconds max_yield{5000};

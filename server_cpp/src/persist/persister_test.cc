@@ -488,5 +488,47 @@ TEST_F(PersisterTest, PersistenceWaitsForSavesInFlight) {
   EXPECT_EQ(out[0].state, FileState::kPersisted);
 }
 
+TEST_F(PersisterTest, WritesInFlightGiveTheSameFileAsOneAtATime) {
+  std::string disk[2];
+  uint32_t crc[2] = {0, 0};
+  const uint64_t kPayload = 300000, kData = 64, kDesc = kData + kPayload, kCentral = kDesc + 24,
+                 kSize = kCentral + 64;
+  std::vector<unsigned char> bytes(kSize, 0);
+  for (uint64_t i = kData; i < kDesc; ++i) bytes[i] = static_cast<unsigned char>(i * 131 + i / 7);
+  std::memcpy(&bytes[kDesc], "PK\x07\x08", 4);
+  std::memcpy(&bytes[kCentral], "PK\x01\x02", 4);
+  for (int depth : {1, 8}) {
+    persister_.reset();
+    cache_.reset(new Cache(64 << 20, {root_}, &env_));
+    PersistOptions o;
+    o.chunk = 8192;  // 38 chunks
+    o.io_depth = depth;
+    persister_.reset(new Persister(cache_.get(), &env_, o));
+    persister_->Start();
+    session_ = cache_->OpenSession(getuid(), getpid());
+    AllocateResult a;
+    std::string path = root_ + "/depth" + std::to_string(depth) + ".pt";
+    ASSERT_TRUE(cache_->Allocate({session_, "job", "t", path, 0, kSize}, &a).ok());
+    int fd;
+    bool w;
+    uint64_t cap;
+    ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
+    ASSERT_EQ(pwrite(fd, bytes.data(), kSize, 0), static_cast<ssize_t>(kSize));
+    close(fd);
+    FileInfo f;
+    ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, {{"x/data/0", 0, kData, kPayload, 0, kCentral}}, &f).ok());
+    std::vector<FileInfo> out;
+    ASSERT_TRUE(Wait(path, &out).ok());
+    ASSERT_EQ(out[0].state, FileState::kPersisted) << out[0].reason;
+    disk[depth > 1] = Read(path);
+    crc[depth > 1] = out[0].records[0].crc32;
+  }
+  ASSERT_EQ(disk[0].size(), kSize);
+  EXPECT_EQ(disk[0], disk[1]);
+  EXPECT_EQ(crc[0], crc32(0, &bytes[kData], kPayload));
+  EXPECT_EQ(crc[1], crc[0]);
+  EXPECT_EQ(Get32(disk[1], kCentral + 16), crc[0]);
+}
+
 }  // namespace
 }  // namespace tce
