@@ -63,6 +63,7 @@ class LocalServer:
         log_path: str | None = None,
         env: dict[str, str] | None = None,
         netns: str | None = None,
+        drain_timeout_ms: int = 0,
     ) -> None:
         self._tmpdir = None
         if socket_path is None:
@@ -74,7 +75,10 @@ class LocalServer:
         prefix = ["ip", "netns", "exec", netns] if netns else []
         self.args = [
             *prefix, server_binary(), "--socket", socket_path,
-            "--memory-budget", memory_budget, *extra_args,
+            "--memory-budget", memory_budget,
+            # Throwaway servers (tests, demo, bench) stop at once by default;
+            # the drain is the deployed server's (and its own test's) business.
+            "--drain-timeout-ms", str(drain_timeout_ms), *extra_args,
         ]
         if storage_roots:
             self.args += ["--storage-roots", ",".join(storage_roots)]

@@ -336,6 +336,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
                                   std::to_string(budget_) + " bytes (" + HumanBytes(budget_) + ")");
   std::unique_lock<std::mutex> lock(mu_);
   if (s.ok()) s = CheckSession(req.session);
+  if (s.ok() && !accepting_) s = Status::Unavailable("the server is shutting down: it takes no new saves");
   if (!s.ok()) {
     TCE_LOG(kWarning, "cache") << "refused allocate job=" << req.job << " path=" << req.path
                                << " size=" << req.size << ": " << s.ToString();
@@ -1090,6 +1091,28 @@ bool Cache::MayBeInRing(const std::string& job, const std::string& path) {
   if (ring == rings_.end() || ring->second.successor.empty()) return false;
   auto it = files_.find({job, path});
   return it == files_.end() || (it->second.buffer_id == 0 && it->second.state != FileState::kEvicted);
+}
+
+void Cache::StopAccepting() {
+  std::lock_guard<std::mutex> lock(mu_);
+  accepting_ = false;
+}
+
+std::vector<std::string> Cache::Unfinished(bool* allocations_in_flight) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  *allocations_in_flight = !pending_.empty();
+  for (const auto& [key, f] : files_) {
+    if (f.state == FileState::kPending) continue;  // counted in pending_
+    const bool persists = !roots_.empty() && (f.state == FileState::kCached || f.state == FileState::kBackedUp);
+    auto ring = rings_.find(key.first);
+    const bool backs_up = ring != rings_.end() && !ring->second.successor.empty() &&
+                          f.backup_holder.empty() && f.buffer_id != 0 && f.state != FileState::kEvicted;
+    if (persists || backs_up)
+      out.push_back("job=" + key.first + " path=" + key.second + ":" + (persists ? " not persisted" : "") +
+                    (backs_up ? " not backed up" : ""));
+  }
+  return out;
 }
 
 void Cache::ResendBackups(const std::string& job, const std::string& peer) {

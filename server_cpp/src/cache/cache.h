@@ -163,6 +163,12 @@ class Cache {
   // backs off); the file itself is unaffected.
   void FinishBackup(const BackupJob& job, const Status& result);
   void StopBackups();
+  // Shutdown: new allocations are refused (UNAVAILABLE) from now on; saves
+  // already allocated may still commit, loads are served as before.
+  void StopAccepting();
+  // What a drain still waits for: one line per file ("job=.. path=..: not
+  // persisted" / "not backed up"), and whether allocations are in flight.
+  std::vector<std::string> Unfinished(bool* allocations_in_flight);
   // Recovery: room (within the budget) for a file pulled back from the ring.
   Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out);
   // Installs a pulled file (CRCs verified) as BACKED_UP at `f.backup_holder`,
@@ -268,6 +274,7 @@ class Cache {
     std::string successor;  // empty: one node, no backups
   };
   std::map<std::string, Ring> rings_;                // GUARDED_BY(mu_): by job
+  bool accepting_ = true;                            // GUARDED_BY(mu_)
   std::deque<FileKey> backup_queue_;                 // GUARDED_BY(mu_)
   std::deque<BackupJob> drop_queue_;                 // GUARDED_BY(mu_)
   std::condition_variable backup_cv_;                // a backup or drop was queued, or stopping

@@ -73,6 +73,40 @@ Status ClaimSocket(const std::string& path, int type) {
   return Status::OK();
 }
 
+// Graceful shutdown: refuse new saves, then wait until what is cached is
+// persisted (and backed up where there is a ring), the deadline passes, or
+// another signal arrives. What is left is logged, one line per file.
+void Drain(Cache* cache, const sigset_t* signals, std::chrono::milliseconds limit) {
+  cache->StopAccepting();
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  std::vector<std::string> left;
+  bool in_flight = false;
+  const char* why = "drained";
+  for (;;) {
+    left = cache->Unfinished(&in_flight);
+    if (left.empty() && !in_flight) break;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      why = "drain deadline passed";
+      break;
+    }
+    const auto wait = std::min<std::chrono::steady_clock::duration>(deadline - now, std::chrono::milliseconds(100));
+    timespec ts{};
+    ts.tv_nsec = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+    if (sigtimedwait(signals, nullptr, &ts) > 0) {
+      why = "second signal";
+      break;
+    }
+  }
+  if (left.empty() && !in_flight) {
+    TCE_LOG(kInfo, "daemon") << why << ": 0 file(s) unfinished";
+  } else {
+    TCE_LOG(kWarning, "daemon") << why << ": " << left.size() << " file(s) unfinished"
+                                << (in_flight ? ", saves in flight" : "");
+  }
+  for (const std::string& f : left) TCE_LOG(kWarning, "daemon") << "unfinished at shutdown: " << f;
+}
+
 int Run(int argc, char** argv) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {
@@ -243,7 +277,9 @@ int Run(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&stop, &sig);
-  TCE_LOG(kInfo, "daemon") << "received " << strsignal(sig) << ", shutting down";
+  TCE_LOG(kInfo, "daemon") << "received " << strsignal(sig) << ", draining (at most "
+                           << opt.drain_timeout_ms << " ms; a second signal stops at once)";
+  Drain(&cache, &stop, std::chrono::milliseconds(opt.drain_timeout_ms));
   persister.Stop();  // wakes Wait() callers before the RPC server drains
   if (replicator) replicator->Stop();
   if (peers) peers->Stop();

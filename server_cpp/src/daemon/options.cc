@@ -29,6 +29,7 @@ const Setting kSettings[] = {
     {"cache_full_timeout_ms", "TCE_CACHE_FULL_TIMEOUT_MS", "--cache-full-timeout-ms"},
     {"persist_direct_io", "TCE_PERSIST_DIRECT_IO", "--persist-direct-io"},
     {"persist_io_depth", "TCE_PERSIST_IO_DEPTH", "--persist-io-depth"},
+    {"drain_timeout_ms", "TCE_DRAIN_TIMEOUT_MS", "--drain-timeout-ms"},
     {"keep_last", "TCE_KEEP_LAST", "--keep-last"},
     {"state_dir", "TCE_STATE_DIR", "--state-dir"},
     {"metadata_url", "TCE_METADATA_URL", "--metadata-url"},
@@ -114,6 +115,8 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     o->metadata_url = value;
   } else if (key == "keep_last") {
     if (!ParseInt(value, 0, 1000000, &o->keep_last)) return bad("an integer >= 0");
+  } else if (key == "drain_timeout_ms") {
+    if (!ParseInt(value, 0, 86400000, &o->drain_timeout_ms)) return bad("milliseconds, 0 to 86400000");
   } else if (key == "persist_io_depth") {
     if (!ParseInt(value, 1, 64, &o->persist_io_depth)) return bad("an integer from 1 to 64");
   } else if (key == "persist_direct_io") {
@@ -327,6 +330,7 @@ std::string FormatConfig(const Options& o) {
       << "cache_full_timeout_ms = " << o.cache_full_timeout_ms << "\n"
       << "persist_direct_io = " << (o.persist_direct_io ? "true" : "false") << "\n"
       << "persist_io_depth = " << o.persist_io_depth << "\n"
+      << "drain_timeout_ms = " << o.drain_timeout_ms << "\n"
       << "keep_last = " << o.keep_last << "\n"
       << "state_dir = " << Quote(o.state_dir) << "\n"
       << "metadata_url = " << Quote(o.metadata_url) << "\n"

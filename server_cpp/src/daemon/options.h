@@ -30,6 +30,7 @@ struct Options {
   int cache_full_timeout_ms = 30000;
   bool persist_direct_io = true;
   int persist_io_depth = 4;            // O_DIRECT writes in flight per file
+  int drain_timeout_ms = 25000;        // SIGTERM: how long to finish persisting and backing up
   int keep_last = 0;
   std::string state_dir = "/var/lib/tce";
   std::string metadata_url;  // empty: sqlite://<state_dir>/tce.db; "none": no metadata

@@ -1,0 +1,93 @@
+"""SIGTERM drains: the server finishes persisting, refuses new saves
+meanwhile, and a deadline or a second signal ends the drain."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import torch
+
+import tce
+from tce import _api, _knobs
+from tce._server import LocalServer
+from tce.errors import ServerUnavailableError
+
+
+def _until(cond, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_sigterm_persists_everything_cached_then_exits_0(tmp_path):
+    storage = tmp_path / "s"
+    storage.mkdir()
+    s = LocalServer(memory_budget="1GiB", storage_roots=[str(storage)], drain_timeout_ms=120000,
+                    extra_args=["--persist-threads", "1"])
+    s.start()
+    sds = [{"w": torch.full((16 << 20,), float(i))} for i in range(4)]  # 64 MiB each
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            for i, sd in enumerate(sds):
+                tce.save(sd, storage / f"f{i}.pt")
+            _api.close()
+        # At once: most of the files are still waiting for the one persist worker.
+        assert s.stop(timeout=120) == 0
+        for i, sd in enumerate(sds):
+            assert torch.equal(torch.load(storage / f"f{i}.pt", weights_only=True)["w"], sd["w"])
+        log = s.log()
+        assert "draining (at most 120000 ms" in log and "drained: 0 file(s) unfinished" in log, log
+    finally:
+        s.cleanup()
+
+
+def test_a_drain_refuses_saves_serves_loads_and_ends_at_its_deadline(tmp_path):
+    storage = tmp_path / "s"
+    storage.mkdir()
+    (storage / "blocked").write_text("a file where persistence needs a directory")
+    s = LocalServer(memory_budget="256MiB", storage_roots=[str(storage)], drain_timeout_ms=1500,
+                    extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50"])
+    s.start()
+    stuck = storage / "blocked" / "x.pt"
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            tce.save({"w": torch.ones(10)}, stuck)  # cached; its persistence keeps failing
+            s.proc.send_signal(signal.SIGTERM)
+            _until(lambda: "draining" in s.log(), what="the drain")
+            t0 = time.monotonic()
+            with pytest.raises(ServerUnavailableError, match="shutting down"):
+                tce.save({"w": torch.ones(10)}, storage / "y.pt")
+            assert torch.equal(tce.load(stuck, weights_only=True)["w"], torch.ones(10))
+            _api.close()
+        assert s.proc.wait(30) == 0
+        assert time.monotonic() - t0 < 10  # the deadline, not the retries, ended it
+        log = s.log()
+        assert "drain deadline passed: 1 file(s) unfinished" in log, log
+        assert f"unfinished at shutdown: job=default path={stuck}: not persisted" in log, log
+    finally:
+        s.cleanup()
+
+
+def test_a_second_signal_ends_the_drain_at_once(tmp_path):
+    storage = tmp_path / "s"
+    storage.mkdir()
+    (storage / "blocked").write_text("x")
+    s = LocalServer(memory_budget="256MiB", storage_roots=[str(storage)], drain_timeout_ms=600000,
+                    extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50"])
+    s.start()
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            tce.save({"w": torch.ones(10)}, storage / "blocked" / "x.pt")
+            _api.close()
+        s.proc.send_signal(signal.SIGTERM)
+        _until(lambda: "draining" in s.log(), what="the drain")
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(30) == 0
+        assert time.monotonic() - t0 < 5
+        assert "second signal: 1 file(s) unfinished" in s.log()
+    finally:
+        s.cleanup()
