@@ -112,7 +112,7 @@ Status ListenTcp(const std::string& endpoint, int* fd, std::string* bound) {
   freeaddrinfo(ai);
   std::string host;
   int port = 0;
-  ParseEndpoint(endpoint, &host, &port);
+  (void)ParseEndpoint(endpoint, &host, &port);  // parsed once above already
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   getsockname(sock, reinterpret_cast<sockaddr*>(&ss), &len);
@@ -211,6 +211,12 @@ Status PeerLink::Handshake(bool connecting, const std::string& self, const std::
 
 void PeerLink::Break() {
   for (size_t i = 0; i < lanes(); ++i) shutdown(lane(i)->fd(), SHUT_RDWR);
+}
+
+void PeerLink::Abort() {
+  const linger reset{1, 0};
+  for (size_t i = 0; i < lanes(); ++i)
+    setsockopt(lane(i)->fd(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
 }
 
 Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string& self,

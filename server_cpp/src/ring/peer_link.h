@@ -55,6 +55,10 @@ class PeerLink {
   // Shuts down the sockets of every lane: whatever blocks on any of them
   // fails at once. The link is unusable afterwards.
   void Break();
+  // Makes closing the link reset every lane, throwing away what is still
+  // queued to send: the bytes of a failed attempt never reach the peer later
+  // (the kernel would otherwise deliver them once a cut link comes back).
+  void Abort();
 
  private:
   PeerLink(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}

@@ -74,7 +74,9 @@ void PeerServer::AcceptLoop() {
 void PeerServer::Serve(int fd) {
   std::unique_ptr<PeerLink> link;
   Status s = PeerLink::Accept(fd, endpoint_, options_.token, options_.io_timeout, &link);
-  if (!s.ok()) TCE_LOG(kWarning, "ring") << "refused peer: " << s.ToString();  // Accept closed `fd`
+  if (!s.ok()) {  // Accept closed `fd`
+    TCE_LOG(kWarning, "ring") << "refused peer: " << s.ToString();
+  }
   while (s.ok() && !stop_) {
     v1::PeerRequest req;
     s = link->WaitReadable();  // an idle link stays open; the timeouts apply within a request

@@ -57,8 +57,12 @@ void Replicator::Loop() {
       }
       continue;
     }
-    links.erase(job.peer);  // re-made on the next attempt
-    links.erase(job.predecessor);
+    for (const std::string& peer : {job.peer, job.predecessor}) {  // re-made on the next attempt
+      auto it = links.find(peer);
+      if (it == links.end()) continue;
+      it->second->Abort();
+      links.erase(it);
+    }
     TCE_LOG(kWarning, "ring") << (job.recover ? "recovery" : job.drop ? "drop" : "backup") << " of "
                               << (job.recover ? job.job : job.path) << " with "
                               << job.peer << " failed, retrying in " << backoff.count()
