@@ -66,6 +66,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{st.get('remote_misses', 0)} held by no peer")
     else:
         print("ring      off (no peer_listen)")
+    ops = [f"metrics http://{st['metrics_endpoint']}/metrics" if st.get("metrics_endpoint") else "",
+           f"gRPC health {st['health_endpoint']}" if st.get("health_endpoint") else ""]
+    print("ops       " + ("; ".join(o for o in ops if o) or "no metrics or health endpoint"))
     return 0
 
 

@@ -257,8 +257,12 @@ CacheStats Cache::TallyLocked() const {
   s.backup_error = backup_error_;
   s.persisted_files = persisted_files_;
   s.persisted_bytes = persisted_bytes_;
-  for (const auto& [key, f] : files_) s.failed_files += f.state == FileState::kFailed;
+  for (const auto& [key, f] : files_) {
+    s.failed_files += f.state == FileState::kFailed;
+    ++s.files_by_state[static_cast<int>(f.state) & 7];
+  }
   s.evicted_files = evicted_files_;
+  s.accepting = accepting_;
   return s;
 }
 

@@ -54,6 +54,8 @@ struct CacheStats {
   uint64_t evicted_files = 0;
   uint64_t backup_queue = 0, backup_lag_bytes = 0, backed_up_files = 0, backup_failures = 0;
   uint64_t recovered_files = 0, ring_checksum_mismatches = 0;
+  uint64_t files_by_state[8] = {};  // indexed by FileState
+  bool accepting = true;            // false once a shutdown drain began
   std::string backup_error;
 };
 

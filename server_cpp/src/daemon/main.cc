@@ -1,6 +1,5 @@
 // tce-server: the per-node TCE cache daemon. The only place that exits.
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -19,6 +18,7 @@
 #include "cache/memory_limits.h"
 #include "common/logging.h"
 #include "common/strings.h"
+#include "daemon/metrics_endpoint.h"
 #include "daemon/options.h"
 #include "meta/meta_store.h"
 #include "ring/backup_store.h"
@@ -29,6 +29,7 @@
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
 #include "rpc/fd_server.h"
+#include "rpc/health_service.h"
 #include "rpc/service.h"
 
 extern char** environ;
@@ -131,6 +132,9 @@ int Run(int argc, char** argv) {
   LogLevel level;
   ParseLogLevel(opt.log_level, &level);
   SetLogLevel(level);
+  LogFormat format;
+  ParseLogFormat(opt.log_format, &format);
+  SetLogFormat(format);
   uint64_t budget;
   s = ResolveBudget(opt.memory_budget, DetectMemoryLimits(""), &budget);
   if (!s.ok()) return Fail("memory_budget: " + s.message(), 2);
@@ -196,6 +200,8 @@ int Run(int argc, char** argv) {
   popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
   popt.direct_io = opt.persist_direct_io;
   popt.io_depth = opt.persist_io_depth;
+  TransferMetrics persist_metrics, backup_metrics;
+  popt.metrics = &persist_metrics;
   // Metadata: re-index what was recorded before a restart, remove the temp
   // files of persists that a crash interrupted, then record every change.
   const std::string meta_url = EffectiveMetadataUrl(opt);
@@ -245,6 +251,7 @@ int Run(int argc, char** argv) {
     ro.token = token;
     ro.threads = opt.backup_threads;
     ro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
+    ro.metrics = &backup_metrics;
     replicator = std::make_unique<Replicator>(&cache, transport.get(), ro);
     replicator->Start();
     cache.SetSelfEndpoint(peers->endpoint());
@@ -255,10 +262,46 @@ int Run(int argc, char** argv) {
   CacheService service(&cache, opt.socket, meta.get(), RedactUrl(meta_url), &backups,
                        peers ? peers->endpoint() : "");
   if (ring) service.SetRing(service_ring, opt.ring_transport);
-  grpc::EnableDefaultHealthCheckService(true);
+  // Operations: Prometheus metrics over HTTP, and the standard gRPC health
+  // service over TCP (for probes; the cache service stays on the Unix socket).
+  std::unique_ptr<MetricsServer> metrics;
+  if (!opt.metrics_listen.empty()) {
+    metrics = std::make_unique<MetricsServer>(opt.metrics_listen, [&] {
+      v1::StatusResponse st;
+      (void)service.Status(nullptr, nullptr, &st);
+      return RenderMetrics(st, cache.Stats(), persist_metrics, backup_metrics);
+    });
+    if (!(s = metrics->Start()).ok()) return Fail("metrics_listen: " + s.ToString(), 1);
+  }
+  // Readiness ("" and the cache service): serving from when the sockets
+  // accept until a drain begins. Liveness ("liveness"): serving while the
+  // process runs, drain included, so a probe never kills a drain.
+  HealthStates health_states;
+  auto set_ready = [&](bool ready) {
+    health_states.Set("", ready);
+    health_states.Set(v1::Cache::service_full_name(), ready);
+    health_states.Set("liveness", true);
+  };
+  set_ready(false);
+  HealthService health_on_tcp(&health_states), health_on_socket(&health_states);
+  std::unique_ptr<grpc::Server> health;
+  std::string health_endpoint;
+  if (!opt.health_listen.empty()) {
+    grpc::ServerBuilder hb;
+    int port = 0;
+    hb.AddListeningPort(opt.health_listen, grpc::InsecureServerCredentials(), &port);
+    hb.RegisterService(&health_on_tcp);
+    hb.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+    health = hb.BuildAndStart();
+    if (!health || port == 0) return Fail("health_listen: cannot listen on " + opt.health_listen, 1);
+    health_endpoint = opt.health_listen.substr(0, opt.health_listen.rfind(':')) + ":" + std::to_string(port);
+    TCE_LOG(kInfo, "daemon") << "serving gRPC health at " << health_endpoint;
+  }
+  service.SetEndpoints(metrics ? metrics->endpoint() : "", health_endpoint);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + opt.socket, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
+  builder.RegisterService(&health_on_socket);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt.rpc_threads);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -270,6 +313,7 @@ int Run(int argc, char** argv) {
     unlink(opt.socket.c_str());
     return Fail(s.message(), 1);
   }
+  set_ready(true);
   TCE_LOG(kInfo, "daemon") << "ready socket=" << opt.socket << " budget=" << budget << " ("
                            << HumanBytes(budget) << ") storage_roots="
                            << (roots.empty() ? "(none: memory only)" : opt.storage_roots)
@@ -279,11 +323,15 @@ int Run(int argc, char** argv) {
   sigwait(&stop, &sig);
   TCE_LOG(kInfo, "daemon") << "received " << strsignal(sig) << ", draining (at most "
                            << opt.drain_timeout_ms << " ms; a second signal stops at once)";
+  set_ready(false);
   Drain(&cache, &stop, std::chrono::milliseconds(opt.drain_timeout_ms));
   persister.Stop();  // wakes Wait() callers before the RPC server drains
   if (replicator) replicator->Stop();
   if (peers) peers->Stop();
+  health_states.Shutdown();  // ends Watch streams, which would hold the shutdowns
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (health) health->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (metrics) metrics->Stop();
   fds.Stop();
   if (meta) meta->Stop();
   unlink(opt.socket.c_str());

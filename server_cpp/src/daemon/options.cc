@@ -19,6 +19,9 @@ const Setting kSettings[] = {
     {"socket", "TCE_SOCKET", "--socket"},
     {"memory_budget", "TCE_MEMORY_BUDGET", "--memory-budget"},
     {"log_level", "TCE_LOG_LEVEL", "--log-level"},
+    {"log_format", "TCE_LOG_FORMAT", "--log-format"},
+    {"metrics_listen", "TCE_METRICS_LISTEN", "--metrics-listen"},
+    {"health_listen", "TCE_HEALTH_LISTEN", "--health-listen"},
     {"allowed_uids", "TCE_ALLOWED_UIDS", "--allowed-uids"},
     {"rpc_threads", "TCE_RPC_THREADS", "--rpc-threads"},
     {"max_sessions", "TCE_MAX_SESSIONS", "--max-sessions"},
@@ -88,6 +91,10 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     LogLevel l;
     if (!ParseLogLevel(value, &l)) return bad("debug, info, warning or error");
     o->log_level = value;
+  } else if (key == "log_format") {
+    LogFormat f;
+    if (!ParseLogFormat(value, &f)) return bad("text or json");
+    o->log_format = value;
   } else if (key == "allowed_uids") {
     std::set<uid_t> ignored;
     if (!ParseUids(value, 0, &ignored).ok()) return bad("comma-separated uids");
@@ -125,14 +132,18 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
   } else if (key == "cache_full_timeout_ms") {
     if (!ParseInt(value, 0, 3600000, &o->cache_full_timeout_ms))
       return bad("milliseconds, 0 to 3600000");
-  } else if (key == "peer_listen" || key == "peer_advertise") {
+  } else if (key == "peer_listen" || key == "peer_advertise" || key == "metrics_listen" ||
+             key == "health_listen") {
     if (!value.empty()) {
       size_t colon = value.rfind(':');
       int port = 0;
       if (colon == std::string::npos || colon == 0 || !ParseInt(value.substr(colon + 1), 0, 65535, &port))
         return bad("host:port");
     }
-    (key == "peer_listen" ? o->peer_listen : o->peer_advertise) = value;
+    (key == "peer_listen"      ? o->peer_listen
+     : key == "peer_advertise" ? o->peer_advertise
+     : key == "metrics_listen" ? o->metrics_listen
+                               : o->health_listen) = value;
   } else if (key == "peer_token") {
     o->peer_token = value;
   } else if (key == "peer_token_file") {
@@ -320,6 +331,9 @@ std::string FormatConfig(const Options& o) {
       << "socket = " << Quote(o.socket) << "\n"
       << "memory_budget = " << Quote(o.memory_budget) << "\n"
       << "log_level = " << Quote(o.log_level) << "\n"
+      << "log_format = " << Quote(o.log_format) << "\n"
+      << "metrics_listen = " << Quote(o.metrics_listen) << "\n"
+      << "health_listen = " << Quote(o.health_listen) << "\n"
       << "allowed_uids = " << Quote(o.allowed_uids) << "\n"
       << "rpc_threads = " << o.rpc_threads << "\n"
       << "max_sessions = " << o.max_sessions << "\n"
@@ -358,6 +372,9 @@ std::string HelpText() {
          "  --memory-budget SIZE   bytes, 8GiB, 50%, or auto (90% of the cgroup limit, else 50% of RAM)\n"
          "                                                                  [TCE_MEMORY_BUDGET, auto]\n"
          "  --log-level LEVEL      debug|info|warning|error                  [TCE_LOG_LEVEL, info]\n"
+         "  --log-format F         text, or json (one object per line)       [TCE_LOG_FORMAT, text]\n"
+         "  --metrics-listen H:P   serve Prometheus metrics at GET /metrics  [TCE_METRICS_LISTEN, empty: none]\n"
+         "  --health-listen H:P    serve the gRPC health service over TCP    [TCE_HEALTH_LISTEN, empty: none]\n"
          "  --allowed-uids LIST    uids that may open sessions               [TCE_ALLOWED_UIDS, own uid + root]\n"
          "  --rpc-threads N        gRPC worker threads                       [TCE_RPC_THREADS, 4]\n"
          "  --max-sessions N       concurrent client sessions                [TCE_MAX_SESSIONS, 1024]\n"

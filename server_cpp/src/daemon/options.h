@@ -20,6 +20,9 @@ struct Options {
   std::string socket = "/run/tce/tce.sock";
   std::string memory_budget = "auto";
   std::string log_level = "info";
+  std::string log_format = "text";  // text | json
+  std::string metrics_listen;  // host:port of the Prometheus endpoint; empty: none
+  std::string health_listen;   // host:port of the gRPC health service; empty: none
   std::string allowed_uids;  // empty: the server's own uid and root
   int rpc_threads = 4;
   int max_sessions = 1024;

@@ -74,6 +74,24 @@ TEST(Options, ErrorsNameTheSetting) {
   EXPECT_FALSE(Parse({"--config", "/nonexistent/tce.toml"}, {}, &o).ok());
 }
 
+TEST(Options, OperationsEndpointsAndLogFormat) {
+  Options o;
+  ASSERT_TRUE(Parse({}, {}, &o).ok());
+  EXPECT_EQ(o.log_format, "text");
+  EXPECT_EQ(o.metrics_listen, "");
+  EXPECT_EQ(o.health_listen, "");
+  ASSERT_TRUE(Parse({"--metrics-listen", "0.0.0.0:9464", "--log-format", "json"},
+                    {{"TCE_HEALTH_LISTEN", "127.0.0.1:7071"}}, &o).ok());
+  EXPECT_EQ(o.metrics_listen, "0.0.0.0:9464");
+  EXPECT_EQ(o.health_listen, "127.0.0.1:7071");
+  EXPECT_EQ(o.log_format, "json");
+  Status s = Parse({"--log-format", "xml"}, {}, &o);
+  EXPECT_NE(s.message().find("log_format: 'xml' (text or json)"), std::string::npos) << s.message();
+  s = Parse({"--metrics-listen", "9464"}, {}, &o);
+  EXPECT_NE(s.message().find("metrics_listen: '9464' (host:port)"), std::string::npos) << s.message();
+  EXPECT_FALSE(Parse({"--health-listen", "host:99999"}, {}, &o).ok());
+}
+
 TEST(Options, PrintedConfigReadsBack) {
   Options o;
   ASSERT_TRUE(Parse({"--socket", "/tmp/a b\"c.sock", "--allowed-uids", "1000,1001"}, {}, &o).ok());

@@ -34,7 +34,10 @@ void MetaWriter::Queue(std::pair<std::string, std::string> key, MetaChange chang
 }
 
 void MetaWriter::Record(const FileInfo& file, bool removed) {
-  Queue({file.job, file.path}, MetaChange{file, removed});
+  MetaChange change;
+  change.file = file;
+  change.removed = removed;
+  Queue({file.job, file.path}, std::move(change));
 }
 
 // Tags and rings share the queue under keys no path can take (a leading NUL).

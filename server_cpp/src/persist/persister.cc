@@ -31,7 +31,7 @@ class InFlight {
   InFlight(WritableFile* file, int depth) : file_(file), depth_(std::max(1, depth)) {
     for (int i = 0; depth_ > 1 && i < depth_; ++i) threads_.emplace_back([this] { Run(); });
   }
-  ~InFlight() { Finish(); }
+  ~InFlight() { (void)Finish(); }  // an early return already has its error
   int depth() const { return depth_; }
 
   Status Submit(uint64_t offset, const char* data, size_t n) {
@@ -145,6 +145,7 @@ void Persister::Loop() {
     if (s.code() == Status::Code::kAborted) {
       TCE_LOG(kDebug, "persist") << "skipped superseded version of path=" << job.path;
     } else if (s.ok()) {
+      if (options_.metrics) options_.metrics->Succeeded(job.size, secs);
       TCE_LOG(kInfo, "persist") << "persisted job=" << job.job << " path=" << job.path
                                 << " size=" << job.size << " seconds=" << secs << " MBps="
                                 << (secs > 0 ? job.size / secs / 1e6 : 0);
@@ -201,7 +202,9 @@ Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
       --attempt;
       continue;
     }
-    if (s.ok() || s.code() == Status::Code::kAborted || attempt >= options_.retries) break;
+    if (s.ok() || s.code() == Status::Code::kAborted) break;
+    if (options_.metrics) options_.metrics->Failed();
+    if (attempt >= options_.retries) break;
     auto delay = options_.backoff * (1 << std::min(attempt, 10));
     TCE_LOG(kWarning, "persist") << "retrying path=" << job.path << " in " << delay.count()
                                  << "ms (attempt " << attempt + 1 << " of " << options_.retries

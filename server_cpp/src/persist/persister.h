@@ -20,12 +20,14 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "common/metrics.h"
 #include "env/env.h"
 #include "persist/crc.h"
 
 namespace tce {
 
 struct PersistOptions {
+  TransferMetrics* metrics = nullptr;  // observes each file persisted or failed attempt (optional)
   int threads = 2;
   int retries = 5;  // attempts after the first
   std::chrono::milliseconds backoff{200};  // doubled per attempt

@@ -49,8 +49,9 @@ void Replicator::Loop() {
     cache_->FinishBackup(job, s);
     if (s.ok()) {
       backoff = options_.backoff;
-      if (!job.drop) {
+      if (!job.drop && !job.recover) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (options_.metrics) options_.metrics->Succeeded(job.size, secs);
         TCE_LOG(kInfo, "ring") << "backed up job=" << job.job << " path=" << job.path << " to "
                                << job.peer << " size=" << job.size << " MBps="
                                << (secs > 0 ? job.size / secs / 1e6 : 0);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "common/metrics.h"
 #include "ring/peer_link.h"
 #include "ring/transport.h"
 
@@ -30,6 +31,7 @@ struct ReplicatorOptions {
   std::chrono::milliseconds backoff{200};
   std::chrono::milliseconds max_backoff{10000};
   std::chrono::milliseconds io_timeout{30000};
+  TransferMetrics* metrics = nullptr;  // observes each backup sent or failed (optional)
 };
 
 class Replicator {

@@ -159,6 +159,8 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   resp->set_remote_reads(remote_reads_.load());
   resp->set_remote_misses(remote_misses_.load());
   resp->set_ring_transport(ring_transport_);
+  resp->set_metrics_endpoint(metrics_endpoint_);
+  resp->set_health_endpoint(health_endpoint_);
   if (backups_) {
     BackupStoreStats b = backups_->Stats();
     resp->set_held_backups(b.files);

@@ -45,6 +45,11 @@ class CacheService final : public v1::Cache::Service {
     fetch_remote_ = std::move(fetch);
     ring_transport_ = std::move(transport);
   }
+  // Where the operational endpoints listen (set before serving), for Status.
+  void SetEndpoints(std::string metrics, std::string health) {
+    metrics_endpoint_ = std::move(metrics);
+    health_endpoint_ = std::move(health);
+  }
 
  private:
   Cache* const cache_;
@@ -55,6 +60,7 @@ class CacheService final : public v1::Cache::Service {
   const std::string peer_endpoint_;
   std::function<tce::Status(const std::string&, const std::string&)> fetch_remote_;
   std::string ring_transport_;
+  std::string metrics_endpoint_, health_endpoint_;
   std::atomic<uint64_t> remote_reads_{0};
   std::atomic<uint64_t> remote_misses_{0};
   // Files no peer held, and when they were asked: a load of the same file

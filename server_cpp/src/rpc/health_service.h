@@ -1,0 +1,53 @@
+// The gRPC health service (grpc.health.v1.Health) over the server's own
+// serving states. One HealthStates is shared by every server that exposes it
+// (the TCP port the probes use, and the Unix socket).
+//
+// Names served: "" and "tce.v1.Cache" (readiness: serving until a shutdown
+// drain begins) and "liveness" (serving while the process runs). Check of an
+// unknown name is NOT_FOUND; Watch streams each change until the client
+// leaves or the server stops.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace tce {
+
+class HealthStates {
+ public:
+  void Set(const std::string& service, bool serving);
+  // False when `service` is unknown.
+  bool Get(const std::string& service, bool* serving) const;
+  // Waits until the state of `service` differs from `seen` (or `until`
+  // passes, or Shutdown); returns the state now (-1: unknown).
+  int WaitChange(const std::string& service, int seen, std::chrono::milliseconds until);
+  void Shutdown();  // ends every Watch
+  bool shut_down() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, bool> serving_;  // GUARDED_BY(mu_)
+  bool shutdown_ = false;                // GUARDED_BY(mu_)
+};
+
+class HealthService final : public grpc::health::v1::Health::Service {
+ public:
+  explicit HealthService(HealthStates* states) : states_(states) {}
+
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
+                     grpc::health::v1::HealthCheckResponse*) override;
+  grpc::Status Watch(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
+                     grpc::ServerWriter<grpc::health::v1::HealthCheckResponse>*) override;
+
+ private:
+  HealthStates* const states_;
+};
+
+}  // namespace tce

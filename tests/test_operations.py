@@ -1,0 +1,235 @@
+"""What a cluster operator sees: the Prometheus endpoint, the gRPC health
+service the probes use, and structured (JSON) logs. Real servers, real
+scrapes parsed by the Prometheus client library, real gRPC health checks."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+import tce
+from tce import _api, _knobs
+from tce._server import LocalServer
+
+
+def _until(cond, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _status(server) -> dict:
+    with _knobs.override(socket=server.socket):
+        st = _api.status()
+        _api.close()
+    return st
+
+
+def _scrape(endpoint: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of GET /metrics, parsed by the Prometheus client:
+    (sample name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _raw(endpoint: str, request: bytes) -> bytes:
+    host, port = endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as c:
+        c.sendall(request)
+        chunks = []
+        while chunk := c.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_metrics_move_with_saves_persistence_and_failures(tmp_path):
+    storage = tmp_path / "s"
+    storage.mkdir()
+    (storage / "blocked").write_text("a file where persistence needs a directory")
+    s = LocalServer(memory_budget="1GiB", storage_roots=[str(storage)],
+                    extra_args=["--metrics-listen", "127.0.0.1:0", "--persist-threads", "1",
+                                "--persist-retries", "2", "--persist-backoff-ms", "10"])
+    s.start()
+    try:
+        endpoint = _status(s)["metrics_endpoint"]
+        assert endpoint.startswith("127.0.0.1:") and not endpoint.endswith(":0")
+        before = _scrape(endpoint)
+        assert before[("tce_up", (("version", "0.1.0"),))] == 1
+        assert before[("tce_accepting_saves", ())] == 1
+        assert before[("tce_cached_bytes", ())] == 0
+        assert before[("tce_persisted_bytes_total", ())] == 0
+        assert before[("tce_persist_seconds_count", ())] == 0
+        assert before[("tce_budget_bytes", ())] == 1 << 30
+
+        sds = [{"w": torch.full((8 << 20,), float(i))} for i in range(4)]  # 32 MiB each
+        paths = [storage / f"f{i}.pt" for i in range(4)]
+        scrapes = []
+        with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            for p, sd in zip(paths, sds):
+                tce.save(sd, p)
+                scrapes.append(_scrape(endpoint))  # during the saves: persistence runs behind
+            sizes = [f.size for f in _api._get_client().list()]
+            _api.close()
+        assert scrapes[0][("tce_cached_bytes", ())] > 0
+        assert scrapes[-1][("tce_saves_total", ())] == 4
+        assert max(m[("tce_persist_queue", ())] for m in scrapes) >= 1, "persistence never lagged a save"
+        after = _until(lambda: (m := _scrape(endpoint))[("tce_files", (("state", "persisted"),))] == 4 and m,
+                       what="4 persisted files in the metrics")
+        assert after[("tce_persisted_files_total", ())] == 4
+        assert after[("tce_persisted_bytes_total", ())] == sum(sizes)
+        assert after[("tce_persist_seconds_count", ())] == 4
+        assert after[("tce_persist_seconds_bucket", (("le", "+Inf"),))] == 4
+        assert after[("tce_persist_seconds_sum", ())] > 0
+        assert after[("tce_persist_megabytes_per_second_count", ())] == 4
+        assert after[("tce_persist_queue", ())] == 0
+        assert after[("tce_files", (("state", "cached"),))] == 0
+        assert after[("tce_failures_total", (("reason", "persist_write"),))] == 0
+
+        # A file persistence cannot write: each failed attempt is counted,
+        # and the file ends failed.
+        with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            tce.save({"w": torch.ones(10)}, storage / "blocked" / "x.pt")
+            _api.close()
+        failed = _until(lambda: (m := _scrape(endpoint))[("tce_failed_files", ())] == 1 and m,
+                        what="the failed file")
+        assert failed[("tce_failures_total", (("reason", "persist_write"),))] == 3  # 1 + 2 retries
+        assert failed[("tce_files", (("state", "failed"),))] == 1
+        assert failed[("tce_metadata_healthy", ())] == 1
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def test_the_metrics_endpoint_answers_bad_requests_and_survives_them(tmp_path):
+    s = LocalServer(memory_budget="64MiB", extra_args=["--metrics-listen", "127.0.0.1:0"])
+    s.start()
+    try:
+        endpoint = _status(s)["metrics_endpoint"]
+        p = subprocess.run([sys.executable, "-m", "tce.cli", "--socket", s.socket, "status"],
+                           capture_output=True, text=True, timeout=60)
+        assert f"ops       metrics http://{endpoint}/metrics\n" in p.stdout, p.stdout
+        assert _raw(endpoint, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        assert _raw(endpoint, b"GET /nope HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 404 Not Found\r\n")
+        assert _raw(endpoint, b"POST /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405 ")
+        assert _raw(endpoint, b"GET /metrics HTTP/1.1\r\n" + b"X: " + b"y" * 10000).startswith(b"HTTP/1.1 431 ")
+        head = _raw(endpoint, b"HEAD /metrics HTTP/1.0\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+        # A scraper that connects and says nothing, and one that hangs up at
+        # once: neither stops the next scrape.
+        host, port = endpoint.rsplit(":", 1)
+        silent = socket.create_connection((host, int(port)), timeout=10)
+        socket.create_connection((host, int(port)), timeout=10).close()
+        t0 = time.monotonic()
+        assert _scrape(endpoint)[("tce_up", (("version", "0.1.0"),))] == 1
+        assert time.monotonic() - t0 < 5, "a silent scraper held the endpoint past its timeout"
+        silent.close()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://{endpoint}/", timeout=10)
+        assert e.value.code == 404
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def test_a_busy_metrics_port_is_a_clear_startup_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        s = LocalServer(memory_budget="64MiB", extra_args=["--metrics-listen", f"127.0.0.1:{port}"])
+        try:
+            with pytest.raises(RuntimeError, match=r"tce-server exited with 1:[\s\S]*metrics_listen: .*"
+                                                   r"listen on 127\.0\.0\.1:\d+.*Address already in use"):
+                s.start()
+        finally:
+            s.cleanup()
+
+
+def _check(channel, service: str) -> int:
+    stub = health_pb2_grpc.HealthStub(channel)
+    return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+def test_health_serves_until_the_drain_and_liveness_until_exit(tmp_path):
+    storage = tmp_path / "s"
+    storage.mkdir()
+    (storage / "blocked").write_text("a file where persistence needs a directory")
+    s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)], drain_timeout_ms=3000,
+                    extra_args=["--health-listen", "127.0.0.1:0", "--persist-retries", "100",
+                                "--persist-backoff-ms", "50"])
+    s.start()
+    try:
+        endpoint = _status(s)["health_endpoint"]
+        assert endpoint.startswith("127.0.0.1:") and not endpoint.endswith(":0")
+        SERVING, NOT_SERVING = (health_pb2.HealthCheckResponse.SERVING,
+                                health_pb2.HealthCheckResponse.NOT_SERVING)
+        with grpc.insecure_channel(endpoint) as ch:
+            assert _check(ch, "") == SERVING
+            assert _check(ch, "tce.v1.Cache") == SERVING
+            assert _check(ch, "liveness") == SERVING
+            with pytest.raises(grpc.RpcError) as e:
+                _check(ch, "no.such.Service")
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+            # The health port serves nothing else: the cache service is not on it.
+            with pytest.raises(grpc.RpcError) as e:
+                ch.unary_unary("/tce.v1.Cache/Status")(b"", timeout=5)
+            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+            with _knobs.override(socket=s.socket, on_unavailable="raise"):
+                tce.save({"w": torch.ones(10)}, storage / "blocked" / "x.pt")  # keeps the drain busy
+                _api.close()
+            s.proc.send_signal(signal.SIGTERM)
+            _until(lambda: _check(ch, "") == NOT_SERVING, what="readiness to drop")
+            assert _check(ch, "tce.v1.Cache") == NOT_SERVING
+            assert _check(ch, "liveness") == SERVING  # the kubelet must not kill a drain
+            assert s.proc.wait(timeout=30) == 0
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def test_json_logs_are_one_object_per_line_with_the_event_fields(tmp_path):
+    s = LocalServer(memory_budget="64MiB", extra_args=["--log-format", "json", "--log-level", "debug"])
+    s.start()
+    path = tmp_path / "ckpt" / "x.pt"
+    try:
+        with _knobs.override(socket=s.socket, job="json-job", on_unavailable="raise"):
+            tce.save({"w": torch.ones(10)}, path, tag="t1")
+            _api.close()
+    finally:
+        assert s.stop() == 0
+    lines = [ln for ln in s.log().splitlines() if ln.strip()]
+    s.cleanup()
+    events = [json.loads(ln) for ln in lines]  # every line is one JSON object
+    assert all({"ts", "level", "component", "msg"} <= e.keys() for e in events)
+    assert {e["level"] for e in events} <= {"debug", "info", "warning", "error"}
+    committed = [e for e in events if e["component"] == "cache" and e["msg"].startswith("committed ")]
+    assert len(committed) == 1, events
+    assert committed[0]["job"] == "json-job"
+    assert committed[0]["tag"] == "t1"
+    assert committed[0]["path"] == str(path)
+    assert int(committed[0]["size"]) > 0
+    assert events[-1]["msg"] == "stopped"
