@@ -81,6 +81,9 @@ def _until(predicate, timeout=30.0, what="condition"):
 def _stop(*servers):
     for s in servers:
         code = s.stop()
+        # pytest shows this only for a failed test: what each server did.
+        events = [ln for ln in s.log().splitlines() if " session: " not in ln]
+        print(f"--- {s.socket} (exit {code}), last events:", *events[-80:], sep="\n")
         s.cleanup()
         assert code == 0, s.log()
 
