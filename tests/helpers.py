@@ -63,3 +63,15 @@ def wait_metadata_written(timeout: float = 30.0) -> None:
     while int(tce.status()["metadata_queue"]):
         assert time.monotonic() < deadline, "the metadata writer did not catch up"
         time.sleep(0.005)
+
+
+def until(predicate, timeout: float = 20.0, what: str = "condition"):
+    """Polls `predicate` until it returns something true, and returns that;
+    fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)

@@ -23,15 +23,7 @@ import tce
 from tce import _api, _knobs
 from tce._server import LocalServer
 
-
-def _until(cond, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+from helpers import until
 
 
 def _status(server) -> dict:
@@ -96,7 +88,7 @@ def test_metrics_move_with_saves_persistence_and_failures(tmp_path):
         assert scrapes[0][("tce_cached_bytes", ())] > 0
         assert scrapes[-1][("tce_saves_total", ())] == 4
         assert max(m[("tce_persist_queue", ())] for m in scrapes) >= 1, "persistence never lagged a save"
-        after = _until(lambda: (m := _scrape(endpoint))[("tce_files", (("state", "persisted"),))] == 4 and m,
+        after = until(lambda: (m := _scrape(endpoint))[("tce_files", (("state", "persisted"),))] == 4 and m,
                        what="4 persisted files in the metrics")
         assert after[("tce_persisted_files_total", ())] == 4
         assert after[("tce_persisted_bytes_total", ())] == sum(sizes)
@@ -113,7 +105,7 @@ def test_metrics_move_with_saves_persistence_and_failures(tmp_path):
         with _knobs.override(socket=s.socket, on_unavailable="raise"):
             tce.save({"w": torch.ones(10)}, storage / "blocked" / "x.pt")
             _api.close()
-        failed = _until(lambda: (m := _scrape(endpoint))[("tce_failed_files", ())] == 1 and m,
+        failed = until(lambda: (m := _scrape(endpoint))[("tce_failed_files", ())] == 1 and m,
                         what="the failed file")
         assert failed[("tce_failures_total", (("reason", "persist_write"),))] == 3  # 1 + 2 retries
         assert failed[("tce_files", (("state", "failed"),))] == 1
@@ -202,7 +194,7 @@ def test_health_serves_until_the_drain_and_liveness_until_exit(tmp_path):
                 tce.save({"w": torch.ones(10)}, storage / "blocked" / "x.pt")  # keeps the drain busy
                 _api.close()
             s.proc.send_signal(signal.SIGTERM)
-            _until(lambda: _check(ch, "") == NOT_SERVING, what="readiness to drop")
+            until(lambda: _check(ch, "") == NOT_SERVING, what="readiness to drop")
             assert _check(ch, "tce.v1.Cache") == NOT_SERVING
             assert _check(ch, "liveness") == SERVING  # the kubelet must not kill a drain
             assert s.proc.wait(timeout=30) == 0
