@@ -6,6 +6,7 @@
 
 #include "common/logging.h"
 #include "common/strings.h"
+#include "meta/meta_store.h"
 
 namespace tce {
 namespace {
@@ -347,7 +348,7 @@ std::string FormatConfig(const Options& o) {
       << "drain_timeout_ms = " << o.drain_timeout_ms << "\n"
       << "keep_last = " << o.keep_last << "\n"
       << "state_dir = " << Quote(o.state_dir) << "\n"
-      << "metadata_url = " << Quote(o.metadata_url) << "\n"
+      << "metadata_url = " << Quote(RedactUrl(o.metadata_url)) << "\n"  // no password
       << "peer_listen = " << Quote(o.peer_listen) << "\n"
       << "peer_advertise = " << Quote(o.peer_advertise) << "\n"
       << "peer_token = " << Quote(o.peer_token.empty() ? "" : "***") << "\n"

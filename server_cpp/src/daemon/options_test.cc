@@ -92,6 +92,17 @@ TEST(Options, OperationsEndpointsAndLogFormat) {
   EXPECT_FALSE(Parse({"--health-listen", "host:99999"}, {}, &o).ok());
 }
 
+TEST(Options, PrintedConfigHidesSecrets) {
+  Options o;
+  ASSERT_TRUE(Parse({}, {{"TCE_METADATA_URL", "mysql://tce:s3cret@db:3306/tce"},
+                         {"TCE_PEER_TOKEN", "tok3n"}}, &o).ok());
+  const std::string text = FormatConfig(o);
+  EXPECT_NE(text.find("metadata_url = \"mysql://tce:***@db:3306/tce\""), std::string::npos) << text;
+  EXPECT_NE(text.find("peer_token = \"***\""), std::string::npos) << text;
+  EXPECT_EQ(text.find("s3cret"), std::string::npos) << text;
+  EXPECT_EQ(text.find("tok3n"), std::string::npos) << text;
+}
+
 TEST(Options, PrintedConfigReadsBack) {
   Options o;
   ASSERT_TRUE(Parse({"--socket", "/tmp/a b\"c.sock", "--allowed-uids", "1000,1001"}, {}, &o).ok());
