@@ -66,15 +66,29 @@ demo: setup
 bench: setup
 	$(PYTHON) -m tce.cli bench
 
-# The server image, with podman (no Docker engine needed): a local
+# The images, with podman (no Docker engine needed): a local
 # debian:bookworm-slim base from debootstrap (built once, then cached in
-# podman's storage), then docker/Dockerfile's two stages.
+# podman's storage), then docker/Dockerfile's targets: `runtime` (tce-server)
+# and `training` (Python, torch and the tce wheel). The training image gets
+# the torch wheel this machine's pip picks for TORCH_PIN (the CPU build where
+# setup installs that), through a wheelhouse mounted into the build, and
+# trusts the CAs this machine trusts (HOST_CA) to reach PyPI from the build.
 IMAGE ?= localhost/tce-server:latest
+TRAINING_IMAGE ?= localhost/tce-training:latest
 PODMAN := CONTAINERS_CONF=$(CURDIR)/docker/containers.conf podman
+WHEELHOUSE := build/wheelhouse
+HOST_CA ?= /etc/ssl/certs/ca-certificates.crt
 image: $(STAMPS)/apt
 	CONTAINERS_CONF=$(CURDIR)/docker/containers.conf docker/base-image.sh
-	$(PODMAN) build --network host -f docker/Dockerfile -t $(IMAGE) .
+	$(PODMAN) build --network host -f docker/Dockerfile --target runtime -t $(IMAGE) .
+	$(PIP) download -q --no-deps --only-binary=:all: --python-version 3.11 \
+		-d $(WHEELHOUSE) "$(TORCH_PIN)"
+	$(PODMAN) build --network host -f docker/Dockerfile --target training \
+		-v $(CURDIR)/$(WHEELHOUSE):/wheelhouse:ro --build-arg PIP_FIND_LINKS=/wheelhouse \
+		-v $(HOST_CA):/run/host-ca.crt:ro --build-arg PIP_CERT=/run/host-ca.crt \
+		--build-arg TORCH="$(TORCH_PIN)" -t $(TRAINING_IMAGE) .
 	@$(PODMAN) image inspect $(IMAGE) --format '$(IMAGE): {{.Size}} bytes'
+	@$(PODMAN) image inspect $(TRAINING_IMAGE) --format '$(TRAINING_IMAGE): {{.Size}} bytes'
 
 clean:
 	rm -rf build tce/v1 *.egg-info
