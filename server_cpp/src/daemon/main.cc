@@ -17,6 +17,7 @@
 #include "cache/cache.h"
 #include "cache/memory_limits.h"
 #include "common/logging.h"
+#include "common/net.h"
 #include "common/strings.h"
 #include "daemon/metrics_endpoint.h"
 #include "daemon/options.h"
@@ -294,7 +295,7 @@ int Run(int argc, char** argv) {
     hb.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
     health = hb.BuildAndStart();
     if (!health || port == 0) return Fail("health_listen: cannot listen on " + opt.health_listen, 1);
-    health_endpoint = opt.health_listen.substr(0, opt.health_listen.rfind(':')) + ":" + std::to_string(port);
+    health_endpoint = WithPort(opt.health_listen, port);
     TCE_LOG(kInfo, "daemon") << "serving gRPC health at " << health_endpoint;
   }
   service.SetEndpoints(metrics ? metrics->endpoint() : "", health_endpoint);

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "common/logging.h"
-#include "ring/peer_link.h"
+#include "common/net.h"
 
 namespace tce {
 
@@ -45,8 +45,7 @@ void MetricsServer::Loop() {
     // Closing with unread request bytes would reset the connection and could
     // destroy the reply in flight: end our side, then drop what is left.
     shutdown(fd, SHUT_WR);
-    const timeval brief{0, 200000};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &brief, sizeof(brief));
+    SetIoTimeouts(fd, std::chrono::milliseconds(200));
     char sink[4096];
     for (int i = 0; i < 16 && recv(fd, sink, sizeof(sink), 0) > 0; ++i) {
     }
@@ -73,11 +72,7 @@ void Reply(int fd, const char* status, const std::string& body, bool head = fals
 }  // namespace
 
 void MetricsServer::Serve(int fd) {
-  timeval tv{};
-  tv.tv_sec = io_timeout_.count() / 1000;
-  tv.tv_usec = (io_timeout_.count() % 1000) * 1000;
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  SetIoTimeouts(fd, io_timeout_);
   constexpr size_t kMaxRequest = 8192;
   std::string req;
   char buf[1024];

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/net.h"
 #include "common/status.h"
 
 namespace tce {
@@ -76,11 +77,5 @@ constexpr int kMaxLanes = 16;
 // authenticates them, and has the peer bind them to its end of the link.
 Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string& self,
                  const std::string& token, std::chrono::milliseconds timeout, int count);
-
-// "host:port" -> IPv4/IPv6 socket address; a clear error otherwise.
-Status ParseEndpoint(const std::string& endpoint, std::string* host, int* port);
-
-// A listening TCP socket on "host:port" (port 0: any; *bound gets the real one).
-Status ListenTcp(const std::string& endpoint, int* fd, std::string* bound);
 
 }  // namespace tce
