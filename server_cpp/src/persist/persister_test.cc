@@ -79,6 +79,20 @@ class PersisterTest : public ::testing::Test {
     FileInfo f;
     ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, FakeZip::Records(), &f).ok());
   }
+  // Saves `bytes` as they are (a whole file with its record table) to `path`.
+  void CommitBytes(const std::string& path, const std::vector<unsigned char>& bytes,
+                   const std::vector<Record>& records) {
+    AllocateResult a;
+    ASSERT_TRUE(cache_->Allocate({session_, "job", "t", path, 0, bytes.size()}, &a).ok());
+    int fd;
+    bool w;
+    uint64_t cap;
+    ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
+    ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+    close(fd);
+    FileInfo f;
+    ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, records, &f).ok());
+  }
   Status Wait(const std::string& path, std::vector<FileInfo>* out) {
     return cache_->Wait(session_, "job", {path}, 10s, out);
   }
@@ -448,21 +462,12 @@ TEST_F(PersisterTest, RetryAfterAFailureMidFileKeepsTheCrcsRight) {
   const uint64_t kPayload = 20000, kData = 64, kDesc = kData + kPayload, kCentral = kDesc + 24,
                  kSize = kCentral + 64;
   env_.FailAppends(ENOSPC, 1, /*skip=*/2);  // the 3rd chunk of the first attempt fails
-  AllocateResult a;
   std::string path = root_ + "/multi.pt";
-  ASSERT_TRUE(cache_->Allocate({session_, "job", "t", path, 0, kSize}, &a).ok());
-  int fd;
-  bool w;
-  uint64_t cap;
-  ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
   std::vector<unsigned char> bytes(kSize, 0);
   for (uint64_t i = kData; i < kDesc; ++i) bytes[i] = static_cast<unsigned char>(i * 31);
   std::memcpy(&bytes[kDesc], "PK\x07\x08", 4);
   std::memcpy(&bytes[kCentral], "PK\x01\x02", 4);
-  ASSERT_EQ(pwrite(fd, bytes.data(), kSize, 0), static_cast<ssize_t>(kSize));
-  close(fd);
-  FileInfo f;
-  ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, {{"x/data/0", 0, kData, kPayload, 0, kCentral}}, &f).ok());
+  ASSERT_NO_FATAL_FAILURE(CommitBytes(path, bytes, {{"x/data/0", 0, kData, kPayload, 0, kCentral}}));
   std::vector<FileInfo> out;
   ASSERT_TRUE(Wait(path, &out).ok());
   ASSERT_EQ(out[0].state, FileState::kPersisted) << out[0].reason;
@@ -506,17 +511,8 @@ TEST_F(PersisterTest, WritesInFlightGiveTheSameFileAsOneAtATime) {
     persister_.reset(new Persister(cache_.get(), &env_, o));
     persister_->Start();
     session_ = cache_->OpenSession(getuid(), getpid());
-    AllocateResult a;
     std::string path = root_ + "/depth" + std::to_string(depth) + ".pt";
-    ASSERT_TRUE(cache_->Allocate({session_, "job", "t", path, 0, kSize}, &a).ok());
-    int fd;
-    bool w;
-    uint64_t cap;
-    ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
-    ASSERT_EQ(pwrite(fd, bytes.data(), kSize, 0), static_cast<ssize_t>(kSize));
-    close(fd);
-    FileInfo f;
-    ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, {{"x/data/0", 0, kData, kPayload, 0, kCentral}}, &f).ok());
+    ASSERT_NO_FATAL_FAILURE(CommitBytes(path, bytes, {{"x/data/0", 0, kData, kPayload, 0, kCentral}}));
     std::vector<FileInfo> out;
     ASSERT_TRUE(Wait(path, &out).ok());
     ASSERT_EQ(out[0].state, FileState::kPersisted) << out[0].reason;
