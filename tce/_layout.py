@@ -199,14 +199,25 @@ class _LayoutCache:
         self.hits = 0
         self.misses = 0
 
-    def get(self, prefix: str, sizes: tuple[tuple[str, int], ...]) -> _Layout:
-        key = (prefix, sizes)
+    def get(self, prefix: str, pickled: int, storages: tuple[int, ...]) -> _Layout:
+        """The layout of a file named ``prefix`` with a pickle of ``pickled``
+        bytes and storages of these sizes."""
+        key = (prefix, pickled, storages)
         with self._lock:
             layout = self._entries.get(key)
             if layout is not None:
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return layout
+        sizes = (
+            ("data.pkl", pickled),
+            (".format_version", len(_FORMAT_VERSION)),
+            (".storage_alignment", len(_STORAGE_ALIGNMENT)),
+            ("byteorder", len(_BYTEORDER)),
+            *((f"data/{i}", n) for i, n in enumerate(storages)),
+            ("version", len(_VERSION)),
+            (".data/serialization_id", _SERIALIZATION_ID_LEN),
+        )
         layout = _compute_layout(prefix, sizes)
         with self._lock:
             self.misses += 1
@@ -325,7 +336,7 @@ def _serialization_id() -> bytes:
 
 _ATOMS = frozenset({int, float, bool, type(None)})  # values pickle never memoizes
 _TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
-_DEVICES = frozenset({"cpu", "cuda"})
+_STRIDED = torch.strided
 
 
 def _fingerprint(obj: Any) -> tuple[tuple, list[torch.UntypedStorage]] | None:
@@ -359,23 +370,30 @@ def _fingerprint(obj: Any) -> tuple[tuple, list[torch.UntypedStorage]] | None:
             key.append(o)
             return True
         if t in _TENSORS:
-            if (o.__dict__ or o._backward_hooks or o.layout is not torch.strided or o.is_conj()
-                    or o.is_neg() or o.is_quantized or o.device.type not in _DEVICES):
+            if (o.__dict__ or o._backward_hooks or o.layout is not _STRIDED or o.is_conj()
+                    or o.is_neg() or o.is_quantized or not (o.is_cpu or o.is_cuda)):
                 return False
             st = o.untyped_storage()
-            si = storage_index.get(st._cdata)
+            cdata = st._cdata
+            si = storage_index.get(cdata)
             if si is None:
-                si = storage_index[st._cdata] = len(storages)
+                si = storage_index[cdata] = len(storages)
                 storages.append(st)
             key.append((t, si, st.nbytes(), o.dtype, o.device, o.shape, o.stride(),
                         o.storage_offset(), o.requires_grad))
             return True
         if t is dict or t is collections.OrderedDict:
             key.append((t, len(o)))
-            return all(walk(k) and walk(v) for k, v in o.items())
+            for k, v in o.items():
+                if not (walk(k) and walk(v)):
+                    return False
+            return True
         if t is list or t is tuple:
             key.append((t, len(o)))
-            return all(walk(v) for v in o)
+            for v in o:
+                if not walk(v):
+                    return False
+            return True
         return False
 
     return (tuple(key), storages) if walk(obj) else None
@@ -436,13 +454,5 @@ def plan(
 ) -> Plan:
     """Pickle ``obj`` and lay out its torch-zip file (for ``path``'s archive name)."""
     pickled, storages = pickle_memo.pickle(obj, pickle_module, pickle_protocol)
-    sizes = (
-        ("data.pkl", len(pickled)),
-        (".format_version", len(_FORMAT_VERSION)),
-        (".storage_alignment", len(_STORAGE_ALIGNMENT)),
-        ("byteorder", len(_BYTEORDER)),
-        *((f"data/{i}", s.nbytes()) for i, s in enumerate(storages)),
-        ("version", len(_VERSION)),
-        (".data/serialization_id", _SERIALIZATION_ID_LEN),
-    )
-    return Plan(pickled, storages, layout_cache.get(archive_name(path), sizes))
+    layout = layout_cache.get(archive_name(path), len(pickled), tuple(s.nbytes() for s in storages))
+    return Plan(pickled, storages, layout)
