@@ -32,22 +32,8 @@ def parse_size(text: str) -> int:
     return int(float(s))
 
 
-def gpt_state_dict(nbytes: int, *, dtype: torch.dtype = torch.float32,
-                   device: str = "cpu") -> dict[str, torch.Tensor]:
-    """A GPT-2-shaped state dict of about ``nbytes`` (whole layers, random values).
-
-    The width is the largest of 64..2048 whose token embedding (50304 x width)
-    takes at most a quarter of the bytes, so small sizes still have layers.
-    """
-    el = torch.tensor([], dtype=dtype).element_size()
-    vocab = 50304
-    hidden = 64
-    for h in (2048, 1536, 1024, 768, 512, 256, 128, 64):
-        if vocab * h * el <= nbytes // 4:
-            hidden = h
-            break
-    vocab = min(vocab, max(256, nbytes // 4 // (hidden * el)))
-    layer = [
+def _gpt_layer(hidden: int) -> list[tuple[str, tuple[int, ...]]]:
+    return [
         ("ln_1.weight", (hidden,)), ("ln_1.bias", (hidden,)),
         ("attn.c_attn.weight", (3 * hidden, hidden)), ("attn.c_attn.bias", (3 * hidden,)),
         ("attn.c_proj.weight", (hidden, hidden)), ("attn.c_proj.bias", (hidden,)),
@@ -55,9 +41,33 @@ def gpt_state_dict(nbytes: int, *, dtype: torch.dtype = torch.float32,
         ("mlp.c_fc.weight", (4 * hidden, hidden)), ("mlp.c_fc.bias", (4 * hidden,)),
         ("mlp.c_proj.weight", (hidden, 4 * hidden)), ("mlp.c_proj.bias", (hidden,)),
     ]
-    per_layer = sum(math.prod(s) for _, s in layer) * el
-    embed = (vocab * hidden + 1024 * hidden + 2 * hidden) * el
-    n_layers = max(1, round((nbytes - embed) / per_layer))
+
+
+def gpt_state_dict(nbytes: int, *, dtype: torch.dtype = torch.float32,
+                   device: str = "cpu", layers: int | None = None) -> dict[str, torch.Tensor]:
+    """A GPT-2-shaped state dict of about ``nbytes`` (whole layers, random values).
+
+    The width is the largest of 64..2048 whose token embedding (50304 x width)
+    takes at most a quarter of the bytes, so small sizes still have layers.
+    With ``layers``, the model has that many (12 tensors each, 4 more around
+    them) and the widest width that fits: a small state dict with the tensor
+    count of a large one, for timing what costs per tensor.
+    """
+    el = torch.tensor([], dtype=dtype).element_size()
+
+    def dims(hidden: int) -> tuple[int, int, int]:  # vocab, bytes per layer, embedding bytes
+        vocab = min(50304, max(256, nbytes // 4 // (hidden * el)))
+        per_layer = sum(math.prod(s) for _, s in _gpt_layer(hidden)) * el
+        return vocab, per_layer, (vocab * hidden + 1024 * hidden + 2 * hidden) * el
+
+    widths = (2048, 1536, 1024, 768, 512, 256, 128, 64)
+    if layers is None:
+        hidden = next((h for h in widths if 50304 * h * el <= nbytes // 4), 64)
+    else:
+        hidden = next((h for h in widths if dims(h)[2] + layers * dims(h)[1] <= nbytes), 64)
+    vocab, per_layer, embed = dims(hidden)
+    n_layers = layers if layers is not None else max(1, round((nbytes - embed) / per_layer))
+    layer = _gpt_layer(hidden)
     g = torch.Generator(device="cpu").manual_seed(0)
 
     def t(*shape: int) -> torch.Tensor:
@@ -242,12 +252,12 @@ def _dcp(sd: dict[str, torch.Tensor], directory: str, repeats: int) -> dict[str,
 
 def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
         persist_repeats: int = 5, device: str = "cpu", dtype: torch.dtype = torch.float32,
-        skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        skip: tuple[str, ...] = (), layers: int | None = None) -> dict[str, Any]:
     import tce
     from tce import _api, _knobs
     from tce._server import LocalServer
 
-    sd = gpt_state_dict(size, dtype=dtype, device=device)
+    sd = gpt_state_dict(size, dtype=dtype, device=device, layers=layers)
     nbytes = _nbytes(sd)
     model = {k: torch.empty_like(v).fill_(0) for k, v in sd.items()}  # warm restore target
     res: dict[str, Any] = {"bytes": nbytes, "tensors": len(sd), "repeats": repeats,
@@ -448,6 +458,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="use the server on --socket / $TCE_SOCKET instead of starting one")
     p.add_argument("--device", default="cpu",
                    help="where the state dict lives: cpu (default) or cuda[:N]")
+    p.add_argument("--layers", type=int, default=None,
+                   help="transformer layers (12 tensors each; default: as many as --size "
+                        "holds); with a small --size, a large model's tensor count")
     p.add_argument("--dtype", default=None,
                    help="float32 (default on cpu) or bfloat16 (default on cuda), float16")
     p.add_argument("--skip", default="", metavar="PARTS",
@@ -479,7 +492,7 @@ def main(args: argparse.Namespace) -> int:
         res = run(parse_size(args.size), repeats=args.repeats, directory=d,
                   socket_path=socket_path, persist_repeats=args.persist_repeats,
                   device=args.device, dtype=dtype,
-                  skip=tuple(x for x in args.skip.split(",") if x))
+                  skip=tuple(x for x in args.skip.split(",") if x), layers=args.layers)
     print(json.dumps(res, indent=2) if args.json else render(res))
     if args.plot:
         plot(res, args.plot)

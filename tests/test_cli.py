@@ -79,6 +79,15 @@ def test_bench_json(tmp_path):
         assert p.returncode != 0 and "this torch sees no CUDA device" in p.stderr
 
 
+def test_bench_layers_sets_the_tensor_count(tmp_path):
+    p = _tce("bench", "--size", "64MiB", "--layers", "168", "--repeats", "1",
+             "--skip", "persist,torch,dcp", "--dir", str(tmp_path), "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["tensors"] == 2020 and res["bytes"] <= 64 << 20  # the 16 GiB model's count
+    assert res["tce_async_blocking_s"] > 0 and "torch_save_s" not in res
+
+
 @pytest.mark.deepspeed
 def test_demo_resumes_bitwise(tmp_path):
     p = _tce("demo", "--steps", "16", "--every", "2", "--crash-at", "9", "--dim", "64",
