@@ -130,12 +130,14 @@ def save(
     """Save ``obj`` to ``f`` through the node's cache, as ``torch.save`` would.
 
     Returns once the bytes are safe in the cache (None). With
-    ``blocking=False`` it returns once the copies are enqueued (GPU tensors:
-    device-to-host on a staging stream; CPU tensors: on the staging thread),
-    with a :class:`~tce._staging.StagedSave` whose ``wait()`` gives the
-    committed file; the saved tensors must not change until then. The fence,
-    :func:`wait_staged`, runs before every ``torch.optim`` optimizer step. The file has exactly
-    torch.save's format. When the server is unreachable (or its cache is full),
+    ``blocking=False`` it returns once the state dict is pickled and laid
+    out, leaving the copies to the staging thread (GPU tensors:
+    device-to-host on a staging stream, after the work queued when the call
+    was made; CPU tensors: by that thread), with a
+    :class:`~tce._staging.StagedSave` whose ``wait()`` gives the committed
+    file; the saved tensors must not change until then. The fence,
+    :func:`wait_staged`, runs before every ``torch.optim`` optimizer step.
+    The file has exactly torch.save's format. When the server is unreachable (or its cache is full),
     falls back to a plain ``torch.save`` with a warning, or raises when the
     ``on_unavailable`` setting is ``raise``. File-like targets go straight to
     torch.save.

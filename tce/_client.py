@@ -197,8 +197,9 @@ class Client:
         """Write a planned file into a fresh buffer and commit it.
 
         Returns the committed FileInfo; with ``blocking=False``, a
-        :class:`~tce._staging.StagedSave` as soon as the copies are enqueued
-        (the staging thread commits once they are done).
+        :class:`~tce._staging.StagedSave` as soon as the copies' places on
+        the device streams are marked (the staging thread writes the file,
+        waits for the copies and commits).
         """
         from tce import _staging
 
@@ -235,7 +236,6 @@ class Client:
 
         try:
             m = self._writable_mapping(resp.buffer_id, resp.capacity)
-            plan.write_fixed(m.view)
             staging = _staging.Staging(plan, m)
         except BaseException:
             self._abort(resp.allocation_id)

@@ -3,27 +3,33 @@
 * CPU storages are copied by the saving thread, or, for an asynchronous save,
   by the staging thread.
 * CUDA storages are copied device-to-host straight into the buffer, on a
-  dedicated stream per device, after the work already queued on the current
-  stream (so the copy sees the values as of the save). The buffer's mapping
-  is registered with CUDA (``cudaHostRegister``) once for its life, so the
-  copies run at PCIe speed and asynchronously; registering costs about 0.6 s
-  per GiB, which is why it happens once per buffer and never per save.
-  Storages under :data:`SMALL` bytes are gathered on the device into one
-  tensor, copied in one go into pinned memory, and scattered on the host:
-  no copy is tiny.
+  dedicated stream per device, after the work queued on the current stream
+  when the save was called (so the copy sees the values as of the save). The
+  buffer's mapping is registered with CUDA (``cudaHostRegister``) once for
+  its life, so the copies run at PCIe speed and asynchronously; registering
+  costs about 0.6 s per GiB, which is why it happens once per buffer and
+  never per save. Storages under :data:`SMALL` bytes are gathered on the
+  device into one tensor, copied in one go into pinned memory, and scattered
+  on the host: no copy is tiny.
 * An asynchronous save (``tce.save(..., blocking=False)``) returns once the
-  copies are enqueued; the staging thread waits for them, then commits.
-  Training must not change the saved tensors before then: the fence
-  (:func:`wait_staged`) runs before every ``torch.optim`` optimizer step once
-  an asynchronous save has been made, and can be called explicitly.
+  save is planned and its place on each device's current stream is marked;
+  the staging thread registers the buffer if it must, enqueues the copies,
+  waits for them and commits. Training must not change the saved tensors
+  before then: the fence (:func:`wait_staged`) runs before every
+  ``torch.optim`` optimizer step once an asynchronous save has been made, and
+  can be called explicitly.
+* The device operations go through a :class:`CudaDevice`; tests substitute a
+  device made of host memory with streams of its own
+  (``tests/fake_device.py``), so this logic runs without a GPU.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -31,7 +37,6 @@ from tce._layout import Plan, storage_bytes
 
 SMALL = 1 << 20  # CUDA storages smaller than this are coalesced
 
-_streams: dict[int, Any] = {}  # device index -> the staging stream
 _lock = threading.Lock()
 _inflight: list[concurrent.futures.Future] = []  # GUARDED_BY(_lock)
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -55,69 +60,131 @@ def unregister(mapping: Any) -> None:
         torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(mapping.tensor.data_ptr()))
 
 
-def _stream(device: torch.device) -> Any:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with _lock:
-        s = _streams.get(index)
-        if s is None:
-            s = _streams[index] = torch.cuda.Stream(device=index)
-        return s
+class CudaDevice:
+    """The CUDA operations staging uses. Any thread may call them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: dict[int, Any] = {}  # GUARDED_BY(_lock): device index -> staging stream
+
+    def indices(self, storages: list[torch.UntypedStorage]) -> set[int]:
+        """The devices holding any of ``storages`` (cheap: one pass)."""
+        return {d.index for d in {s.device for s in storages} if d.type == "cuda"}
+
+    def index_of(self, storage: torch.UntypedStorage) -> int | None:
+        """The device holding ``storage``; None for host memory."""
+        d = storage.device
+        return d.index if d.type == "cuda" else None
+
+    def register(self, mapping: Any) -> None:
+        register(mapping)
+
+    def mark_current(self, index: int) -> Any:
+        """A point on the device's current stream: what is queued there now."""
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(index))
+        return event
+
+    @contextlib.contextmanager
+    def staging_stream(self, index: int, after: Any) -> Iterator[Any]:
+        """Makes the staging stream current; its work runs after ``after``."""
+        with self._lock:
+            stream = self._streams.get(index)
+            if stream is None:
+                stream = self._streams[index] = torch.cuda.Stream(device=index)
+        stream.wait_event(after)
+        with torch.cuda.stream(stream):
+            yield stream
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src, non_blocking=True)
+
+    def gather(self, sources: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(sources)
+
+    def pinned(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def mark(self, stream: Any) -> Any:
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def synchronize(self, event: Any) -> None:
+        event.synchronize()
+
+
+cuda: Any = CudaDevice()  # the device Staging uses (tests put a fake one here)
 
 
 class Staging:
     """The copies of one save into one mapped buffer.
 
-    Construction enqueues the device-to-host copies; :meth:`finish` does the
-    CPU copies, waits for the device ones and scatters the coalesced ones.
-    Until then the source storages are kept alive here.
+    Construction only marks, on each device holding a storage, the point on
+    its current stream the copies must wait for: that is all an asynchronous
+    save costs its caller. :meth:`enqueue` registers the buffer and enqueues
+    the device-to-host copies; :meth:`finish` enqueues them if that has not
+    happened yet, then writes the headers and the CPU storages while they
+    run, waits for them and scatters the coalesced ones. Until then the
+    source storages are kept alive here, so no allocator reuses their memory.
     """
 
-    def __init__(self, plan: Plan, mapping: Any) -> None:
-        targets = plan.storage_targets(mapping.tensor)
-        self.cpu = [(d, s) for d, s in targets if s.device.type != "cuda"]
-        cuda = [(d, s) for d, s in targets if s.device.type == "cuda"]
+    def __init__(self, plan: Plan, mapping: Any, device: Any = None) -> None:
+        self._device = device if device is not None else cuda
+        self._plan = plan
+        self._mapping = mapping
+        self._after = {i: self._device.mark_current(i) for i in self._device.indices(plan.storages)}
+        self._enqueued = False
+        self._cpu: list[tuple[torch.Tensor, torch.UntypedStorage]] = []
         self._events: list[Any] = []
         self._scatter: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._keep: list[Any] = []
-        if cuda:
-            register(mapping)
-            self._enqueue(cuda)
 
-    def _enqueue(self, cuda: list[tuple[torch.Tensor, torch.UntypedStorage]]) -> None:
-        by_device: dict[torch.device, list[tuple[torch.Tensor, torch.UntypedStorage]]] = {}
-        for d, s in cuda:
-            by_device.setdefault(s.device, []).append((d, s))
-        for device, items in by_device.items():
-            stream = _stream(device)
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
+    def enqueue(self) -> None:
+        """Registers the buffer (once in its life) and enqueues the
+        device-to-host copies; they run after the marked points."""
+        if self._enqueued:
+            return
+        self._enqueued = True
+        dev = self._device
+        by_device: dict[int, list[tuple[torch.Tensor, torch.UntypedStorage]]] = {}
+        for d, s in self._plan.storage_targets(self._mapping.tensor):
+            index = dev.index_of(s)
+            if index is None:
+                self._cpu.append((d, s))
+            else:
+                by_device.setdefault(index, []).append((d, s))
+        if by_device:
+            dev.register(self._mapping)
+        for index, items in by_device.items():
+            with dev.staging_stream(index, self._after[index]) as stream:
                 small = [(d, s) for d, s in items if s.nbytes() < SMALL]
                 for d, s in items:
                     if s.nbytes() >= SMALL:
-                        d.copy_(storage_bytes(s), non_blocking=True)
+                        dev.copy(d, storage_bytes(s))
                 if small:
-                    gathered = torch.cat([storage_bytes(s) for _, s in small])
-                    host = torch.empty(gathered.numel(), dtype=torch.uint8, pin_memory=True)
-                    host.copy_(gathered, non_blocking=True)
+                    gathered = dev.gather([storage_bytes(s) for _, s in small])
+                    host = dev.pinned(gathered.numel())
+                    dev.copy(host, gathered)
                     self._keep += [gathered, host]
                     at = 0
                     for d, s in small:
                         self._scatter.append((d, host[at : at + s.nbytes()]))
                         at += s.nbytes()
-                event = torch.cuda.Event()
-                event.record(stream)
-                self._events.append(event)
+                self._events.append(dev.mark(stream))
             self._keep += [s for _, s in items]
 
     def finish(self) -> None:
-        """Blocks until every byte is in the buffer."""
-        for d, s in self.cpu:
+        """Blocks until every byte of the file is in the buffer."""
+        self.enqueue()  # first, so the device copies overlap the rest
+        self._plan.write_fixed(self._mapping.view)
+        for d, s in self._cpu:
             d.copy_(storage_bytes(s))
         for e in self._events:
-            e.synchronize()
+            self._device.synchronize(e)
         for d, h in self._scatter:
             d.copy_(h)
-        self._events, self._scatter, self._keep, self.cpu = [], [], [], []
+        self._events, self._scatter, self._keep, self._cpu = [], [], [], []
 
 
 class StagedSave:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -11,7 +12,8 @@ import tce
 from tce import _api, _knobs, _staging
 from tce._server import LocalServer
 from tce.errors import ServerUnavailableError
-from helpers import assert_same
+from fake_device import FakeDevice
+from helpers import assert_same, until
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -94,6 +96,116 @@ def test_a_staging_failure_is_raised_by_the_fence(tmp_path, monkeypatch):
 def test_the_engine_switch_is_checked():
     with pytest.raises(ValueError, match="must be true or false"):
         _knobs.configure(**{"async": "maybe"})
+
+
+# ---- the GPU path on a fake device (host memory, streams run by threads) ----
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    device = FakeDevice()
+    monkeypatch.setattr(_staging, "cuda", device)
+    yield device
+    device.staging.release()  # a failed test may have left it held
+    tce.wait_staged(timeout=60)
+    device.close()
+
+
+def _mixed(fake: FakeDevice) -> dict:
+    torch.manual_seed(1)
+    return {
+        "big": fake.tensor(torch.randn(1 << 20).to(torch.bfloat16)),  # 2 MiB: copied alone
+        "small": [fake.tensor(torch.randn(7)) for _ in range(50)],  # coalesced
+        "cpu": torch.arange(1000),
+        "int": fake.tensor(torch.randint(0, 100, (3, 5), dtype=torch.int32)),
+        "view": fake.tensor(torch.randn(1 << 19))[10:20],  # its whole 2 MiB storage is saved
+    }
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_fake_device_mixed_state_dict_is_saved_bitwise(server, tmp_path, fake, blocking):
+    sd = _mixed(fake)
+    r = tce.save(sd, tmp_path / "m.pt", blocking=blocking)
+    if not blocking:
+        r.wait(60)
+    assert fake.copies == 2 + 1 and fake.gathered == [51]  # big, view; then the 51 small in one
+    out = tce.load(tmp_path / "m.pt", weights_only=True)
+    assert_same(out["big"], sd["big"])
+    assert all(torch.equal(a, b) for a, b in zip(out["small"], sd["small"]))
+    assert_same(out["cpu"], sd["cpu"])
+    assert_same(out["int"], sd["int"])
+    assert_same(out["view"], sd["view"])
+
+
+def test_fake_device_async_save_returns_before_registering_or_copying(server, tmp_path, fake):
+    sd = _mixed(fake)
+    fake.staging.hold()  # the device copies cannot run
+    staged = tce.save(sd, tmp_path / "a.pt", blocking=False)
+    assert not staged.done()
+    until(lambda: fake.registrations, timeout=30)
+    [(_, thread)] = fake.registrations
+    assert thread.startswith("tce-staging")  # never the caller, which registering stalls for seconds
+    time.sleep(0.2)
+    assert not staged.done() and not tce.cached(tmp_path / "a.pt")
+    fake.staging.release()
+    tce.wait_staged(timeout=60)
+    assert staged.done() and tce.cached(tmp_path / "a.pt")
+    assert_same(tce.load(tmp_path / "a.pt", weights_only=True)["big"], sd["big"])
+
+
+def test_fake_device_copies_see_work_queued_before_the_save(server, tmp_path, fake):
+    t = fake.tensor(torch.zeros(1 << 20))
+    fake.current.submit(lambda: (time.sleep(0.3), t.fill_(3.0)))  # a slow kernel, then a write
+    for blocking in (True, False):
+        staged = tce.save({"t": t}, tmp_path / f"q{blocking}.pt", blocking=blocking)
+        if not blocking:
+            staged.wait(60)
+        assert bool((tce.load(tmp_path / f"q{blocking}.pt", weights_only=True)["t"] == 3.0).all())
+
+
+def test_fake_device_async_save_is_fenced_by_the_optimizer_step(server, tmp_path, fake):
+    """The copies run only after a delay, reading the parameters as they are
+    then: the checkpoint holds the old values only if the step waited."""
+    model = _model()
+    for p in model.parameters():
+        fake.tensor(p.data)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    fake.staging.hold()
+    staged = tce.save(model.state_dict(), tmp_path / "m.pt", blocking=False)
+    threading.Timer(0.3, fake.staging.release).start()
+    _step(model, opt)
+    assert staged.done()
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    out = tce.load(tmp_path / "m.pt", weights_only=True)
+    for k in before:
+        assert_same(out[k], before[k])
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_fake_device_copy_failure_is_raised_and_nothing_is_cached(server, tmp_path, fake, blocking):
+    fake.fail_copies = RuntimeError("fake: device-to-host copy failed")
+    p = tmp_path / "f.pt"
+    with pytest.raises(RuntimeError, match="device-to-host copy failed"):
+        r = tce.save(_mixed(fake), p, blocking=blocking)
+        tce.wait_staged(timeout=60)
+    if not blocking:
+        assert r.done()
+    assert not tce.cached(p)
+    assert int(tce.status()["pending_bytes"]) == 0  # the allocation was aborted
+    tce.save({"x": torch.ones(3)}, p)  # the server and the session carry on
+    assert_same(tce.load(p, weights_only=True)["x"], torch.ones(3))
+
+
+def test_fake_device_registers_each_buffer_once(server, tmp_path, fake):
+    sd = {"w": fake.tensor(torch.randn(1 << 20))}
+    p = tmp_path / "r.pt"
+    for _ in range(8):  # the path's versions alternate between a few buffers
+        tce.save(sd, p)
+    ids = [b for b, _ in fake.registrations]
+    assert 1 <= len(ids) <= 3 and len(set(ids)) == len(ids), fake.registrations
+    assert fake.copies == 8
+    assert_same(tce.load(p, weights_only=True)["w"], sd["w"])
 
 
 # ---- GPU ------------------------------------------------------------------
