@@ -139,6 +139,7 @@ class Staging:
         self._events: list[Any] = []
         self._scatter: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._keep: list[Any] = []
+        self._streams: list[Any] = []  # those copies were enqueued on
 
     def enqueue(self) -> None:
         """Registers the buffer (once in its life) and enqueues the
@@ -158,6 +159,7 @@ class Staging:
             dev.register(self._mapping)
         for index, items in by_device.items():
             with dev.staging_stream(index, self._after[index]) as stream:
+                self._streams.append(stream)
                 small = [(d, s) for d, s in items if s.nbytes() < SMALL]
                 for d, s in items:
                     if s.nbytes() >= SMALL:
@@ -175,16 +177,32 @@ class Staging:
             self._keep += [s for _, s in items]
 
     def finish(self) -> None:
-        """Blocks until every byte of the file is in the buffer."""
-        self.enqueue()  # first, so the device copies overlap the rest
-        self._plan.write_fixed(self._mapping.view)
-        for d, s in self._cpu:
-            d.copy_(storage_bytes(s))
-        for e in self._events:
-            self._device.synchronize(e)
-        for d, h in self._scatter:
-            d.copy_(h)
-        self._events, self._scatter, self._keep, self._cpu = [], [], [], []
+        """Blocks until every byte of the file is in the buffer. When it
+        raises, no copy it enqueued is still running: the buffer can be
+        given back."""
+        try:
+            self.enqueue()  # first, so the device copies overlap the rest
+            self._plan.write_fixed(self._mapping.view)
+            for d, s in self._cpu:
+                d.copy_(storage_bytes(s))
+            for e in self._events:
+                self._device.synchronize(e)
+            for d, h in self._scatter:
+                d.copy_(h)
+        except BaseException:
+            self._drain()
+            raise
+        finally:
+            self._events, self._scatter, self._cpu = [], [], []
+        self._keep, self._streams = [], []
+
+    def _drain(self) -> None:
+        for stream in self._streams:
+            try:
+                self._device.synchronize(self._device.mark(stream))
+            except Exception:  # noqa: BLE001 (the first error is the one raised)
+                pass
+        self._keep, self._streams = [], []
 
 
 class StagedSave:

@@ -83,8 +83,10 @@ class FakeDevice:
         self._registered: set[int] = set()
         self.registrations: list[tuple[int, str]] = []  # (buffer id, calling thread)
         self.copies = 0  # device-to-host copies enqueued
+        self.copied = 0  # and run
         self.gathered: list[int] = []  # storages per gather
         self.fail_copies: BaseException | None = None  # raised by every copy while set
+        self.fail_pinned: BaseException | None = None  # raised by pinned() while set
 
     def tensor(self, t: torch.Tensor) -> torch.Tensor:
         """Puts ``t`` (a CPU tensor) on the device, in place."""
@@ -129,6 +131,7 @@ class FakeDevice:
             if failure is not None:
                 raise failure
             dst.copy_(src)
+            self.copied += 1
 
         self._active.stream.submit(run)
 
@@ -139,6 +142,8 @@ class FakeDevice:
         return out
 
     def pinned(self, nbytes: int) -> torch.Tensor:
+        if self.fail_pinned is not None:
+            raise self.fail_pinned
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def mark(self, stream: Stream) -> Event:

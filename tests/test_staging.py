@@ -197,6 +197,19 @@ def test_fake_device_copy_failure_is_raised_and_nothing_is_cached(server, tmp_pa
     assert_same(tce.load(p, weights_only=True)["x"], torch.ones(3))
 
 
+def test_fake_device_a_failed_staging_leaves_no_copy_running(server, tmp_path, fake):
+    """The large copies are enqueued, then staging fails: the buffer goes back
+    to the server only after those copies ran, never with DMA still writing."""
+    fake.fail_pinned = RuntimeError("fake: out of pinned memory")
+    fake.staging.hold()
+    staged = tce.save(_mixed(fake), tmp_path / "p.pt", blocking=False)
+    threading.Timer(0.5, fake.staging.release).start()
+    with pytest.raises(RuntimeError, match="out of pinned memory"):
+        tce.wait_staged(timeout=60)
+    assert staged.done() and fake.copies == 2 and fake.copied == 2
+    assert not tce.cached(tmp_path / "p.pt") and int(tce.status()["pending_bytes"]) == 0
+
+
 def test_fake_device_registers_each_buffer_once(server, tmp_path, fake):
     sd = {"w": fake.tensor(torch.randn(1 << 20))}
     p = tmp_path / "r.pt"
