@@ -292,3 +292,29 @@ def test_gpu_save_registers_each_buffer_once(server, tmp_path):
         _staging.register = real
     assert len(fresh) == 8 and 1 <= sum(fresh) <= 3, fresh  # registered once per buffer, not per save
     assert torch.equal(tce.load(p, weights_only=True)["w"].cpu(), sd["w"].cpu())
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_async_save_registers_on_the_staging_thread(server, tmp_path):
+    sd = {"w": torch.randn((9 << 20) + 4099, device="cuda"),  # a size no other test saves: a new buffer
+          "b": torch.randn(10, device="cuda")}
+    threads = []
+    real = _staging.register
+
+    def recording(mapping):
+        if not mapping.cuda_registered:
+            threads.append(threading.current_thread().name)
+        real(mapping)
+
+    _staging.register = recording
+    try:
+        staged = tce.save(sd, tmp_path / "t.pt", blocking=False)
+        staged.wait(60)
+        tce.wait_staged()
+    finally:
+        _staging.register = real
+    assert len(threads) == 1 and threads[0].startswith("tce-staging"), threads
+    out = tce.load(tmp_path / "t.pt", weights_only=True)
+    assert torch.equal(out["w"].cpu(), sd["w"].cpu()) and torch.equal(out["b"].cpu(), sd["b"].cpu())
+
