@@ -192,9 +192,8 @@ class Staging:
         except BaseException:
             self._drain()
             raise
-        finally:
-            self._events, self._scatter, self._cpu = [], [], []
-        self._keep, self._streams = [], []
+        finally:  # the sources and staging memory are free to go now
+            self._events, self._scatter, self._cpu, self._keep, self._streams = [], [], [], [], []
 
     def _drain(self) -> None:
         for stream in self._streams:
@@ -202,7 +201,6 @@ class Staging:
                 self._device.synchronize(self._device.mark(stream))
             except Exception:  # noqa: BLE001 (the first error is the one raised)
                 pass
-        self._keep, self._streams = [], []
 
 
 class StagedSave:
