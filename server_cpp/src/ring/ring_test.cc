@@ -264,13 +264,16 @@ TEST_P(TransportTest, ALinkThatBreaksMidTransferFailsBothSidesPromptly) {
   int fd = PatternFd(size);
   std::vector<unsigned char> dst(size);
   Status rs;
-  std::thread rx([&] {
-    rs = receiver_->Recv(s_.get(), dst.data(), size, [&](uint64_t off, uint64_t) {
-      if (off == 2 * kTransferChunk) shutdown(s_->lane(s_->lanes() - 1)->fd(), SHUT_RDWR);
-    });
-  });
+  std::thread rx([&] { rs = receiver_->Recv(s_.get(), dst.data(), size, nullptr); });
   auto t0 = std::chrono::steady_clock::now();
-  Status ss = sender_->Send(c_.get(), SendSource{fd, size}, nullptr);
+  // The sender's last lane breaks before chunk 2 goes. A chunk moves only
+  // after its `before` ran, so that lane still has chunks to move whatever
+  // the timing. (Breaking the receiver's lane from `landed` raced: lanes
+  // receive ahead of the in-order callbacks, and under load the last lane
+  // could already hold all of its chunks.)
+  Status ss = sender_->Send(c_.get(), SendSource{fd, size}, [&](uint64_t off, uint64_t) {
+    if (off == 2 * kTransferChunk) shutdown(c_->lane(c_->lanes() - 1)->fd(), SHUT_RDWR);
+  });
   rx.join();
   close(fd);
   EXPECT_FALSE(ss.ok());
