@@ -7,6 +7,7 @@ so the servers talk only over their namespace addresses.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import time
@@ -21,7 +22,7 @@ from tce._server import LocalServer
 from tce.errors import FailedPreconditionError, InvalidArgumentError
 from tce.v1 import tce_pb2 as pb
 
-from helpers import wait_metadata_written
+from helpers import until, wait_metadata_written
 
 TOKEN = "ring-test-token"
 
@@ -68,14 +69,7 @@ def _files(server, job="ring-job") -> dict:
     return out
 
 
-def _until(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+_until = functools.partial(until, timeout=30.0)  # ring steps cross namespaces: a longer default
 
 
 def _stop(*servers):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,13 +14,20 @@ import tce
 from tce import _api, _knobs
 from tce._server import LocalServer
 from tce.errors import ServerUnavailableError
+from helpers import until
 
 
-def _until(cond, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+def _server_with_a_stuck_path(tmp_path: Path, drain_timeout_ms: int) -> tuple[LocalServer, Path]:
+    """A started server and its storage root, where ``blocked`` is a plain
+    file: a save to ``blocked/x.pt`` is cached, and persisting it keeps
+    failing (100 retries, 50 ms apart) for longer than any test waits."""
+    storage = tmp_path / "s"
+    storage.mkdir()
+    (storage / "blocked").write_text("a file where persistence needs a directory")
+    s = LocalServer(memory_budget="256MiB", storage_roots=[str(storage)],
+                    drain_timeout_ms=drain_timeout_ms,
+                    extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50"])
+    return s.start(), storage
 
 
 def test_sigterm_persists_everything_cached_then_exits_0(tmp_path):
@@ -45,18 +53,13 @@ def test_sigterm_persists_everything_cached_then_exits_0(tmp_path):
 
 
 def test_a_drain_refuses_saves_serves_loads_and_ends_at_its_deadline(tmp_path):
-    storage = tmp_path / "s"
-    storage.mkdir()
-    (storage / "blocked").write_text("a file where persistence needs a directory")
-    s = LocalServer(memory_budget="256MiB", storage_roots=[str(storage)], drain_timeout_ms=1500,
-                    extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50"])
-    s.start()
+    s, storage = _server_with_a_stuck_path(tmp_path, drain_timeout_ms=1500)
     stuck = storage / "blocked" / "x.pt"
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise"):
             tce.save({"w": torch.ones(10)}, stuck)  # cached; its persistence keeps failing
             s.proc.send_signal(signal.SIGTERM)
-            _until(lambda: "draining" in s.log(), what="the drain")
+            until(lambda: "draining" in s.log(), what="the drain")
             t0 = time.monotonic()
             with pytest.raises(ServerUnavailableError, match="shutting down"):
                 tce.save({"w": torch.ones(10)}, storage / "y.pt")
@@ -72,18 +75,13 @@ def test_a_drain_refuses_saves_serves_loads_and_ends_at_its_deadline(tmp_path):
 
 
 def test_a_second_signal_ends_the_drain_at_once(tmp_path):
-    storage = tmp_path / "s"
-    storage.mkdir()
-    (storage / "blocked").write_text("x")
-    s = LocalServer(memory_budget="256MiB", storage_roots=[str(storage)], drain_timeout_ms=600000,
-                    extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50"])
-    s.start()
+    s, storage = _server_with_a_stuck_path(tmp_path, drain_timeout_ms=600000)
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise"):
             tce.save({"w": torch.ones(10)}, storage / "blocked" / "x.pt")
             _api.close()
         s.proc.send_signal(signal.SIGTERM)
-        _until(lambda: "draining" in s.log(), what="the drain")
+        until(lambda: "draining" in s.log(), what="the drain")
         t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
         assert s.proc.wait(30) == 0
