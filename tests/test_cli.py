@@ -100,3 +100,19 @@ def test_demo_resumes_bitwise(tmp_path):
     assert "file(s) read from the cache, 0 from storage" in p.stdout
     for row in ("save_checkpoint, steady state", "load_checkpoint"):
         assert row in p.stdout
+
+
+def test_demo_shows_how_a_training_process_failed(tmp_path, capsys):
+    import argparse
+
+    from tce import _demo
+
+    parser = argparse.ArgumentParser()
+    _demo.add_arguments(parser)
+    args = parser.parse_args([])
+    ok = _demo._child(args, str(tmp_path / "no.sock"), str(tmp_path / "ckpt"),
+                      str(tmp_path / "report.jsonl"), "--engine", "jax")
+    out = capsys.readouterr().out
+    assert not ok
+    assert "the training process exited with code 2:" in out
+    assert "  | " in out and "invalid choice: 'jax'" in out
