@@ -125,8 +125,14 @@ def _mapped_buffers() -> set[int]:
 def _held_buffers(pid: int) -> set[int]:
     """Inodes of the cache buffers process `pid` holds open."""
     fds = Path(f"/proc/{pid}/fd")
-    return {(fds / fd).stat().st_ino for fd in os.listdir(fds)
-            if os.readlink(fds / fd).startswith("/memfd:tce:")}
+    held = set()
+    for fd in os.listdir(fds):
+        try:  # the server's other fds (files it persists, sockets) come and go meanwhile
+            if os.readlink(fds / fd).startswith("/memfd:tce:"):
+                held.add((fds / fd).stat().st_ino)
+        except FileNotFoundError:
+            pass
+    return held
 
 
 def test_the_server_image_runs_unprivileged_with_the_server_as_entrypoint(images):
