@@ -54,17 +54,6 @@ def sample_tensor(dtype: torch.dtype, n: int = 37) -> torch.Tensor:
     return raw.view(dtype)
 
 
-def wait_metadata_written(timeout: float = 30.0) -> None:
-    """Until the server in use (the socket setting) has written every queued
-    metadata change: its writer is asynchronous."""
-    import tce
-
-    deadline = time.monotonic() + timeout
-    while int(tce.status()["metadata_queue"]):
-        assert time.monotonic() < deadline, "the metadata writer did not catch up"
-        time.sleep(0.005)
-
-
 def until(predicate, timeout: float = 20.0, what: str = "condition"):
     """Polls `predicate` until it returns something true, and returns that;
     fails naming `what` after `timeout` seconds."""
@@ -75,3 +64,12 @@ def until(predicate, timeout: float = 20.0, what: str = "condition"):
             return value
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def wait_metadata_written(timeout: float = 30.0) -> None:
+    """Until the server in use (the socket setting) has written every queued
+    metadata change: its writer is asynchronous."""
+    import tce
+
+    until(lambda: not int(tce.status()["metadata_queue"]), timeout,
+          "the metadata writer to catch up")
