@@ -123,7 +123,7 @@ def test_a_peer_without_the_token_is_refused(tmp_path, transport):
             tce.save({"w": torch.ones(1000)}, "/ckpt/r/x.pt", tag="t")  # saves never wait for the ring
             _api.close()
         st = _until(lambda: int(_status(a)["backup_failures"]) >= 1 and _status(a), what="a failure")
-        assert "does not know the cluster token" in st["backup_error"], st["backup_error"]
+        assert "refused our proof: it does not know our cluster token" in st["backup_error"], st["backup_error"]
         assert int(_status(b)["held_backups"]) == 0
         assert "does not know the cluster token" in b.log()  # refused and logged on both sides
         assert int(st["backup_queue"]) >= 0 and _files(a)["/ckpt/r/x.pt"].backup_holder == ""

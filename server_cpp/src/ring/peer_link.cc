@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <vector>
 
 #include "tce/v1/tce.pb.h"
@@ -24,17 +25,10 @@
 namespace tce {
 namespace {
 
-constexpr uint32_t kMaxMessage = 64 << 20;  // a record table of a huge file fits easily
-constexpr int kProtocolVersion = 1;
-
-std::string Mac(const std::string& token, char role, const std::string& nonce) {
-  std::string data(1, role);
-  data += nonce;
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
-       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &len);
-  return std::string(reinterpret_cast<char*>(out), len);
+void Put(std::string* out, const std::string& field) {
+  const uint32_t n = static_cast<uint32_t>(field.size());
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>(n >> (8 * i)));
+  out->append(field);
 }
 
 void SetTimeouts(int fd, std::chrono::milliseconds timeout) {
@@ -63,6 +57,22 @@ std::string RemoteAddress(int fd) {
 }
 
 }  // namespace
+
+std::string PeerProof(const std::string& token, char direction, const std::string& connector_nonce,
+                      const std::string& acceptor_nonce, const std::string& connector_endpoint,
+                      const std::string& acceptor_endpoint) {
+  std::string data = "tce-ring-proof-v2";
+  data.push_back(direction);
+  Put(&data, connector_nonce);
+  Put(&data, acceptor_nonce);
+  Put(&data, connector_endpoint);
+  Put(&data, acceptor_endpoint);
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+       reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &len);
+  return std::string(reinterpret_cast<char*>(out), len);
+}
 
 PeerLink::~PeerLink() { ::close(fd_); }
 
@@ -97,55 +107,95 @@ Status PeerLink::Connect(const std::string& endpoint, const std::string& self,
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // blocking again, with timeouts
   SetTimeouts(fd, timeout);
   std::unique_ptr<PeerLink> link(new PeerLink(fd, endpoint));
-  s = link->Handshake(true, self, token);
+  link->io_timeout_ = timeout;
+  s = link->Handshake(true, self, endpoint, token, timeout);
   if (!s.ok()) return s;
   *out = std::move(link);
   return Status::OK();
+}
+
+std::unique_ptr<PeerLink> PeerLink::Adopt(int fd, std::chrono::milliseconds io_timeout) {
+  SetTimeouts(fd, io_timeout);
+  std::unique_ptr<PeerLink> link(new PeerLink(fd, RemoteAddress(fd)));
+  link->io_timeout_ = io_timeout;
+  return link;
 }
 
 Status PeerLink::Accept(int fd, const std::string& self, const std::string& token,
                         std::chrono::milliseconds timeout, std::unique_ptr<PeerLink>* out) {
-  SetTimeouts(fd, timeout);
-  std::unique_ptr<PeerLink> link(new PeerLink(fd, RemoteAddress(fd)));
-  Status s = link->Handshake(false, self, token);
-  if (!s.ok()) return s;
-  *out = std::move(link);
-  return Status::OK();
+  std::unique_ptr<PeerLink> link = Adopt(fd, timeout);
+  Status s = link->AcceptHandshake(self, token, timeout);
+  if (s.ok()) *out = std::move(link);
+  return s;
 }
 
-Status PeerLink::Handshake(bool connecting, const std::string& self, const std::string& token) {
+Status PeerLink::AcceptHandshake(const std::string& self, const std::string& token,
+                                 std::chrono::milliseconds deadline) {
+  return Handshake(false, self, self, token, deadline);
+}
+
+Status PeerLink::Handshake(bool connecting, const std::string& self, const std::string& dialled,
+                           const std::string& token, std::chrono::milliseconds deadline) {
+  deadline_ = std::chrono::steady_clock::now() + deadline;
+  Status s = HandshakeSteps(connecting, self, dialled, token);
+  deadline_ = {};
+  SetIoTimeouts(fd_, io_timeout_);  // the handshake shortened them
+  if (s.ok()) authenticated_ = true;
+  return s;
+}
+
+Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const std::string& dialled,
+                                const std::string& token) {
   std::string nonce(32, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(&nonce[0]), 32) != 1)
     return Status::Internal("no randomness for the peer handshake");
   v1::PeerHello mine, theirs;
   mine.set_nonce(nonce);
   mine.set_endpoint(self);
-  mine.set_version(kProtocolVersion);
+  mine.set_version(kPeerProtocolVersion);
+  // The connector speaks first; the acceptor answers only a well-formed hello.
   Status s;
-  if (connecting) {
-    if ((s = Send(mine)).ok()) s = Recv(&theirs);
-  } else {
-    if ((s = Recv(&theirs)).ok()) s = Send(mine);
-  }
-  if (!s.ok()) return s;
-  if (theirs.version() != kProtocolVersion || theirs.nonce().size() != 32)
+  if (connecting && !(s = Send(mine)).ok()) return s;
+  if (!(s = Recv(&theirs)).ok())
+    return Status::Unauthenticated("peer " + address_ + " did not complete the handshake: " + s.message());
+  if (theirs.version() != kPeerProtocolVersion || theirs.nonce().size() != 32 ||
+      theirs.endpoint().empty() || theirs.endpoint().size() > 256)
     return Status::Unauthenticated("peer " + address_ + " speaks protocol version " +
-                                   std::to_string(theirs.version()));
-  // Each proves knowledge of the token for the other's nonce; roles differ.
-  const char my_role = connecting ? 'C' : 'S', their_role = connecting ? 'S' : 'C';
+                                   std::to_string(theirs.version()) + ", not " +
+                                   std::to_string(kPeerProtocolVersion));
+  if (!connecting && !(s = Send(mine)).ok()) return s;
+  const std::string& cn = connecting ? nonce : theirs.nonce();
+  const std::string& an = connecting ? theirs.nonce() : nonce;
+  // The connector binds the endpoint it dialled; the acceptor its own. A
+  // proof relayed from a connection to anyone else names another acceptor.
+  const std::string& connector = connecting ? self : theirs.endpoint();
+  const std::string& acceptor = dialled;
   v1::PeerAuth proof, their_proof;
-  proof.set_mac(Mac(token, my_role, theirs.nonce()));
   if (connecting) {
-    if ((s = Send(proof)).ok()) s = Recv(&their_proof);
-  } else {
-    if ((s = Recv(&their_proof)).ok()) s = Send(proof);
+    proof.set_mac(PeerProof(token, 'C', cn, an, connector, acceptor));
+    if (!(s = Send(proof)).ok()) return s;
   }
-  if (!s.ok()) return Status::Unauthenticated("peer " + address_ + " did not authenticate: " + s.message());
-  const std::string want = Mac(token, their_role, nonce);
+  if (!(s = Recv(&their_proof)).ok())
+    return Status::Unauthenticated("peer " + address_ + " did not authenticate: " + s.message());
+  if (connecting && their_proof.mac().empty())
+    return Status::Unauthenticated("peer " + address_ + " refused our proof: it does not know our "
+                                   "cluster token, or it advertises another endpoint than " + acceptor);
+  const std::string want = PeerProof(token, connecting ? 'A' : 'C', cn, an, connector, acceptor);
   if (their_proof.mac().size() != want.size() ||
-      CRYPTO_memcmp(their_proof.mac().data(), want.data(), want.size()) != 0)
+      CRYPTO_memcmp(their_proof.mac().data(), want.data(), want.size()) != 0) {
+    if (!connecting) {  // say so, proving nothing: an empty proof
+      v1::PeerAuth refusal;
+      Status ignored = Send(refusal);
+      (void)ignored;
+    }
     return Status::Unauthenticated("peer " + address_ + " (says " + theirs.endpoint() +
-                                   ") does not know the cluster token");
+                                   ") does not know the cluster token, or was not dialled as " +
+                                   acceptor);
+  }
+  if (!connecting) {  // only now, with the connector proven, do we prove ourselves
+    proof.set_mac(PeerProof(token, 'A', cn, an, connector, acceptor));
+    if (!(s = Send(proof)).ok()) return s;
+  }
   peer_ = theirs.endpoint();
   return Status::OK();
 }
@@ -205,9 +255,19 @@ Status PeerLink::SendAll(const void* data, size_t n) {
 Status PeerLink::RecvAll(void* data, size_t n) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
+    if (deadline_ != std::chrono::steady_clock::time_point{}) {  // the handshake: one deadline for all
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline_ - std::chrono::steady_clock::now());
+      if (left.count() <= 0)
+        return Status::DeadlineExceeded("peer " + address_ + " was too slow to authenticate");
+      SetIoTimeouts(fd_, left);
+    }
     ssize_t r = ::recv(fd_, p, n, MSG_WAITALL);
     if (r < 0 && errno == EINTR) continue;
     if (r == 0) return Status::Unavailable("peer " + address_ + " closed the connection");
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
+        deadline_ != std::chrono::steady_clock::time_point{})
+      continue;  // the deadline check above ends it
     if (r < 0) return Status::Unavailable("receive from peer " + address_ + ": " + std::strerror(errno));
     p += r;
     n -= static_cast<size_t>(r);
@@ -250,10 +310,20 @@ Status PeerLink::Recv(google::protobuf::MessageLite* m) {
   Status s = RecvAll(len, 4);
   if (!s.ok()) return s;
   const uint32_t n = len[0] | (len[1] << 8) | (len[2] << 16) | (static_cast<uint32_t>(len[3]) << 24);
-  if (n > kMaxMessage)
-    return Status::InvalidArgument("peer " + address_ + " sent a " + std::to_string(n) + "-byte message");
-  std::string body(n, '\0');
-  if (n > 0 && !(s = RecvAll(&body[0], n)).ok()) return s;
+  const uint32_t limit = authenticated_ ? kMaxMessage : kMaxHandshakeMessage;
+  if (n > limit)
+    return Status::InvalidArgument("peer " + address_ + " sent a " + std::to_string(n) +
+                                   "-byte message (at most " + std::to_string(limit) +
+                                   (authenticated_ ? ")" : " before authentication)"));
+  // The buffer grows with the bytes that really arrive, never with the prefix.
+  constexpr size_t kStep = 1 << 20;
+  std::string body;
+  while (body.size() < n) {
+    const size_t have = body.size();
+    const size_t chunk = std::min<size_t>(n - have, have == 0 ? kStep : have);
+    body.resize(have + chunk);
+    if (!(s = RecvAll(&body[have], chunk)).ok()) return s;
+  }
   if (!m->ParseFromString(body)) return Status::InvalidArgument("peer " + address_ + " sent an unreadable message");
   return Status::OK();
 }

@@ -1,12 +1,22 @@
 // PeerLink: one authenticated TCP connection between two tce-servers.
 //
-// Both sides prove they know the cluster token without sending it: each
-// sends a random nonce, and each answers the other's nonce with
-// HMAC-SHA256(token, role || nonce), the role byte differing per direction so
-// that a proof cannot be reflected back. A peer that fails is refused (and
-// the caller logs it). Messages are length-prefixed protobufs; sends and
-// receives time out, so a dead peer or a cut link ends in an error, never a
-// hang. Not thread-safe: one thread uses a link at a time.
+// Both sides prove they know the cluster token without sending it (protocol
+// 2). The connector sends a hello (its random nonce and its endpoint), the
+// acceptor answers with its own; the connector then proves first, and the
+// acceptor checks that proof before it proves anything itself. Each proof is
+// HMAC-SHA256(token, direction, both nonces, the connector's endpoint, the
+// acceptor's endpoint as the connector dialled it), so a proof made for one
+// connection is worthless on any other: reflected to its maker, relayed to a
+// third server, or replayed later. A peer that fails is refused (the caller
+// logs it).
+//
+// Before authentication nothing from the peer is trusted: the handshake has
+// one deadline for all of it (a slow sender cannot stretch it) and accepts
+// messages of at most kMaxHandshakeMessage bytes. Afterwards messages are
+// bounded by kMaxMessage, and their buffers grow only as bytes arrive, so a
+// length prefix alone allocates nothing. Sends and receives time out, so a
+// dead peer or a cut link ends in an error, never a hang. Not thread-safe:
+// one thread uses a link at a time.
 #pragma once
 
 #include <google/protobuf/message_lite.h>
@@ -27,13 +37,21 @@ class PeerLink {
   PeerLink(const PeerLink&) = delete;
   PeerLink& operator=(const PeerLink&) = delete;
 
-  // Connects to "host:port" and authenticates. `self` is our own endpoint.
+  // Connects to "host:port" and authenticates (the whole handshake within
+  // `timeout`). `self` is our own advertised endpoint; the peer must advertise
+  // exactly `endpoint`.
   static Status Connect(const std::string& endpoint, const std::string& self,
                         const std::string& token, std::chrono::milliseconds timeout,
                         std::unique_ptr<PeerLink>* out);
-  // Authenticates an accepted socket (takes ownership of `fd`, closed on failure).
+  // Adopt + AcceptHandshake in one (takes ownership of `fd`, closed on failure).
   static Status Accept(int fd, const std::string& self, const std::string& token,
                        std::chrono::milliseconds timeout, std::unique_ptr<PeerLink>* out);
+  // An accepted socket, not yet authenticated (takes ownership of `fd`).
+  static std::unique_ptr<PeerLink> Adopt(int fd, std::chrono::milliseconds io_timeout);
+  // The acceptor's half of the handshake, within `deadline`. `self` is our
+  // own advertised endpoint.
+  Status AcceptHandshake(const std::string& self, const std::string& token,
+                         std::chrono::milliseconds deadline);
 
   Status Send(const google::protobuf::MessageLite& m);
   Status Recv(google::protobuf::MessageLite* m);
@@ -47,6 +65,8 @@ class PeerLink {
 
   int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }  // the endpoint the peer announced
+  const std::string& address() const { return address_; }  // the socket's remote address
+  bool authenticated() const { return authenticated_; }
 
   // Lanes: more connections to the same peer that carry bulk data beside
   // this one (the tcp transport's streams). Lane 0 is this link itself.
@@ -63,15 +83,34 @@ class PeerLink {
 
  private:
   PeerLink(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
-  Status Handshake(bool connecting, const std::string& self, const std::string& token);
+  // `dialled`: the endpoint the connector dialled (connector side) or our own
+  // advertised endpoint (acceptor side).
+  Status Handshake(bool connecting, const std::string& self, const std::string& dialled,
+                   const std::string& token, std::chrono::milliseconds deadline);
+  Status HandshakeSteps(bool connecting, const std::string& self, const std::string& dialled,
+                        const std::string& token);
 
   const int fd_;
   const std::string address_;  // the socket's remote address, for messages
   std::string peer_;
+  bool authenticated_ = false;
+  // While set (the handshake), every receive ends by this time.
+  std::chrono::steady_clock::time_point deadline_{};
+  std::chrono::milliseconds io_timeout_{0};
   std::vector<std::unique_ptr<PeerLink>> lanes_;
 };
 
 constexpr int kMaxLanes = 16;
+constexpr int kPeerProtocolVersion = 2;
+constexpr uint32_t kMaxHandshakeMessage = 4096;   // before authentication
+constexpr uint32_t kMaxMessage = 64u << 20;        // after: a huge file's record table fits
+
+// The proof one side of a handshake sends (protocol 2): HMAC-SHA256 over the
+// direction ('C' from the connector, 'A' from the acceptor), both nonces and
+// both endpoints, each length-prefixed. Exposed for tests.
+std::string PeerProof(const std::string& token, char direction, const std::string& connector_nonce,
+                      const std::string& acceptor_nonce, const std::string& connector_endpoint,
+                      const std::string& acceptor_endpoint);
 
 // Gives `link` (connected to `endpoint`) `count - 1` lanes: connects and
 // authenticates them, and has the peer bind them to its end of the link.
