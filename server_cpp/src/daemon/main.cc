@@ -245,6 +245,10 @@ int Run(int argc, char** argv) {
     po.advertise = opt.peer_advertise;
     po.token = token;
     po.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
+    po.handshake_timeout = std::chrono::milliseconds(opt.peer_handshake_timeout_ms);
+    po.max_connections = opt.peer_max_connections;
+    po.max_handshakes = opt.peer_max_handshakes;
+    po.max_handshakes_per_source = opt.peer_max_handshakes_per_source;
     peers = std::make_unique<PeerServer>(po, transport.get(), &backups, &cache);
     if (!(s = peers->Start()).ok()) return Fail("peer_listen: " + s.ToString(), 1);
     ReplicatorOptions ro;

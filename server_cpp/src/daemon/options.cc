@@ -47,6 +47,10 @@ const Setting kSettings[] = {
     {"backup_share", "TCE_BACKUP_SHARE", "--backup-share"},
     {"backup_threads", "TCE_BACKUP_THREADS", "--backup-threads"},
     {"peer_timeout_ms", "TCE_PEER_TIMEOUT_MS", "--peer-timeout-ms"},
+    {"peer_handshake_timeout_ms", "TCE_PEER_HANDSHAKE_TIMEOUT_MS", "--peer-handshake-timeout-ms"},
+    {"peer_max_connections", "TCE_PEER_MAX_CONNECTIONS", "--peer-max-connections"},
+    {"peer_max_handshakes", "TCE_PEER_MAX_HANDSHAKES", "--peer-max-handshakes"},
+    {"peer_max_handshakes_per_source", "TCE_PEER_MAX_HANDSHAKES_PER_SOURCE", "--peer-max-handshakes-per-source"},
     {"ring_fault", "TCE_RING_FAULT", "--ring-fault"},
 };
 
@@ -164,6 +168,14 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     o->ring_fault = value;
   } else if (key == "peer_timeout_ms") {
     if (!ParseInt(value, 100, 3600000, &o->peer_timeout_ms)) return bad("milliseconds, 100 to 3600000");
+  } else if (key == "peer_handshake_timeout_ms") {
+    if (!ParseInt(value, 100, 600000, &o->peer_handshake_timeout_ms)) return bad("milliseconds, 100 to 600000");
+  } else if (key == "peer_max_connections") {
+    if (!ParseInt(value, 2, 65536, &o->peer_max_connections)) return bad("an integer from 2 to 65536");
+  } else if (key == "peer_max_handshakes") {
+    if (!ParseInt(value, 1, 65536, &o->peer_max_handshakes)) return bad("an integer from 1 to 65536");
+  } else if (key == "peer_max_handshakes_per_source") {
+    if (!ParseInt(value, 1, 65536, &o->peer_max_handshakes_per_source)) return bad("an integer from 1 to 65536");
   } else if (key == "backup_threads") {
     if (!ParseInt(value, 1, 64, &o->backup_threads)) return bad("an integer from 1 to 64");
   } else {
@@ -359,6 +371,10 @@ std::string FormatConfig(const Options& o) {
       << "backup_share = " << o.backup_share << "\n"
       << "backup_threads = " << o.backup_threads << "\n"
       << "peer_timeout_ms = " << o.peer_timeout_ms << "\n"
+      << "peer_handshake_timeout_ms = " << o.peer_handshake_timeout_ms << "\n"
+      << "peer_max_connections = " << o.peer_max_connections << "\n"
+      << "peer_max_handshakes = " << o.peer_max_handshakes << "\n"
+      << "peer_max_handshakes_per_source = " << o.peer_max_handshakes_per_source << "\n"
       << "ring_fault = " << Quote(o.ring_fault) << "\n";
   return out.str();
 }
@@ -404,6 +420,12 @@ std::string HelpText() {
          "  --backup-share PCT     % of the budget for predecessors' backups [TCE_BACKUP_SHARE, 50]\n"
          "  --backup-threads N     backup workers                            [TCE_BACKUP_THREADS, 1]\n"
          "  --peer-timeout-ms N    give up on a silent peer after N ms       [TCE_PEER_TIMEOUT_MS, 30000]\n"
+         "  --peer-handshake-timeout-ms N\n"
+         "                         a peer authenticates within N ms          [TCE_PEER_HANDSHAKE_TIMEOUT_MS, 5000]\n"
+         "  --peer-max-connections N  authenticated peer links               [TCE_PEER_MAX_CONNECTIONS, 256]\n"
+         "  --peer-max-handshakes N   connections authenticating at once     [TCE_PEER_MAX_HANDSHAKES, 64]\n"
+         "  --peer-max-handshakes-per-source N\n"
+         "                         of those, from one address                [TCE_PEER_MAX_HANDSHAKES_PER_SOURCE, 8]\n"
          "  --ring-fault F         tests only: corrupt = flip a byte of every transfer sent\n"
          "                                                                   [TCE_RING_FAULT, empty]\n"
          "  --config FILE          flat TOML config file                     [TCE_CONFIG]\n"

@@ -48,6 +48,10 @@ struct Options {
   int backup_share = 50;       // percent of memory_budget for predecessors' backups
   int backup_threads = 1;
   int peer_timeout_ms = 30000;
+  int peer_handshake_timeout_ms = 5000;  // a connection authenticates within this, or is dropped
+  int peer_max_connections = 256;        // authenticated peer links (lanes included)
+  int peer_max_handshakes = 64;          // connections still authenticating, at once
+  int peer_max_handshakes_per_source = 8;  // of those, from one remote address
   std::string ring_fault;  // tests only: "corrupt" flips a byte of every transfer sent
   std::string config;  // the file read, if any
 };

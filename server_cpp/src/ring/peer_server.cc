@@ -1,9 +1,12 @@
 #include "ring/peer_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -41,42 +44,133 @@ void PeerServer::Stop() {
   if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
-  std::vector<std::thread> workers;
+  std::map<uint64_t, std::thread> workers;
   {
     std::lock_guard<std::mutex> l(mu_);
     for (int fd : conns_) shutdown(fd, SHUT_RDWR);  // wakes blocked receives
+    for (auto& [fd, h] : handshakes_) shutdown(fd, SHUT_RDWR);
     workers.swap(workers_);
+    finished_.clear();
   }
-  for (auto& t : workers) t.join();
+  for (auto& [id, t] : workers) t.join();
 }
+
+namespace {
+std::string SourceOf(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (ss.ss_family == AF_INET)
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, host, sizeof(host));
+  else if (ss.ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr, host, sizeof(host));
+  return host;
+}
+}  // namespace
 
 void PeerServer::AcceptLoop() {
   while (!stop_) {
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    ReapWorkers();
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (!stop_) {
-        TCE_LOG(kError, "ring") << "accept: " << std::strerror(errno);
-      }
-      return;
-    }
-    std::lock_guard<std::mutex> l(mu_);
-    if (static_cast<int>(conns_.size()) >= options_.max_connections) {
-      TCE_LOG(kWarning, "ring") << "refused a peer connection: " << conns_.size() << " open";
-      ::close(fd);
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (stop_) return;
+      uint64_t held = 0;
+      if (accept_errors_.Allow(&held))
+        TCE_LOG(kError, "ring") << "accept: " << std::strerror(err) << " (" << held << " more not logged)";
+      if (err == EBADF || err == EINVAL || err == ENOTSOCK || err == EOPNOTSUPP || err == EFAULT) return;
+      // Out of descriptors or memory (or a transient refusal): wait for
+      // connections to end, never spin.
+      std::unique_lock<std::mutex> l(mu_);
+      lanes_cv_.wait_for(l, std::chrono::milliseconds(100), [this] { return stop_.load(); });
       continue;
     }
-    conns_.insert(fd);
-    workers_.emplace_back([this, fd] { Serve(fd); });
+    Admit(fd, SourceOf(ss));
   }
 }
 
-void PeerServer::Serve(int fd) {
-  std::unique_ptr<PeerLink> link;
-  Status s = PeerLink::Accept(fd, endpoint_, options_.token, options_.io_timeout, &link);
-  if (!s.ok()) {  // Accept closed `fd`
-    TCE_LOG(kWarning, "ring") << "refused peer: " << s.ToString();
+void PeerServer::Admit(int fd, const std::string& source) {
+  std::lock_guard<std::mutex> l(mu_);
+  const size_t max_threads = static_cast<size_t>(options_.max_connections) +
+                             2 * static_cast<size_t>(options_.max_handshakes);
+  if (static_cast<int>(conns_.size()) >= options_.max_connections || workers_.size() >= max_threads) {
+    uint64_t held = 0;
+    if (refusals_.Allow(&held))
+      TCE_LOG(kWarning, "ring") << "refused a peer connection from " << source << ": " << conns_.size()
+                                << " links and " << workers_.size() << " connections open ("
+                                << held << " more refusals not logged)";
+    ::close(fd);
+    return;
   }
+  // Beyond a cap, the oldest handshake (from this source, else from anyone)
+  // gives way: its socket is shut down and its thread ends.
+  auto push_out_oldest = [&](bool same_source, int cap) {
+    int count = 0;
+    auto oldest = handshakes_.end();
+    for (auto it = handshakes_.begin(); it != handshakes_.end(); ++it) {
+      if (it->second.evicted || (same_source && it->second.source != source)) continue;
+      ++count;
+      if (oldest == handshakes_.end() || it->second.seq < oldest->second.seq) oldest = it;
+    }
+    if (count < cap || oldest == handshakes_.end()) return;
+    oldest->second.evicted = true;
+    shutdown(oldest->first, SHUT_RDWR);
+  };
+  push_out_oldest(true, options_.max_handshakes_per_source);
+  push_out_oldest(false, options_.max_handshakes);
+  handshakes_[fd] = Handshake{source, next_seq_++, false};
+  const uint64_t id = next_seq_;
+  workers_.emplace(id, std::thread([this, fd, id] { Serve(fd, id); }));
+}
+
+void PeerServer::ReapWorkers() {
+  std::vector<std::thread> done;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (uint64_t id : finished_) {
+      auto it = workers_.find(id);
+      if (it == workers_.end()) continue;
+      done.push_back(std::move(it->second));
+      workers_.erase(it);
+    }
+    finished_.clear();
+  }
+  for (auto& t : done) t.join();
+}
+
+void PeerServer::Serve(int fd, uint64_t worker) {
+  std::unique_ptr<PeerLink> link = PeerLink::Adopt(fd, options_.io_timeout);
+  Status s = link->AcceptHandshake(endpoint_, options_.token, options_.handshake_timeout);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    handshakes_.erase(fd);  // before the fd can close: Admit shuts down only registered ones
+    if (s.ok() && stop_) s = Status::Unavailable("stopping");
+    if (s.ok()) conns_.insert(fd);
+  }
+  if (!s.ok()) {
+    uint64_t held = 0;
+    if (failed_handshakes_.Allow(&held))
+      TCE_LOG(kWarning, "ring") << "refused peer: " << s.ToString() << " (" << held
+                                << " more refusals not logged)";
+    link.reset();
+  } else {
+    ServeLink(&link);
+    std::lock_guard<std::mutex> l(mu_);
+    // `link` may have been handed to another as a lane (then it is null here).
+    if (link) {
+      conns_.erase(fd);
+      for (size_t i = 1; i < link->lanes(); ++i) conns_.erase(link->lane(i)->fd());
+    }
+  }
+  link.reset();  // closes the sockets, now that no map names them
+  std::lock_guard<std::mutex> l(mu_);
+  finished_.push_back(worker);
+}
+
+void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
+  PeerLink* link = owned->get();
+  Status s;
   while (s.ok() && !stop_) {
     v1::PeerRequest req;
     s = link->WaitReadable();  // an idle link stays open; the timeouts apply within a request
@@ -84,29 +178,42 @@ void PeerServer::Serve(int fd) {
     if (!s.ok()) break;  // closed or broken: the peer reconnects
     Status result;
     if (req.has_lane()) {
-      s = ParkLane(&link, req.lane());
+      s = ParkLane(owned, req.lane());
       if (s.ok()) return;  // the socket now belongs to the link it serves
       TCE_LOG(kWarning, "ring") << "refused a lane from " << link->peer() << ": " << s.ToString();
       break;
     } else if (req.has_lanes()) {
-      result = BindLanes(link.get(), req.lanes());
+      result = BindLanes(link, req.lanes());
     } else if (req.has_backup()) {
-      result = ServeBackup(link.get(), req.backup());
+      result = ServeBackup(link, req.backup());
       if (result.code() == Status::Code::kUnavailable) break;  // the stream is broken
     } else if (req.has_drop()) {
       store_->Drop(req.drop().job(), req.drop().path(), req.drop().version());
     } else if (req.has_list()) {
       v1::PeerListReply list;
+      Status refused;
       for (const HeldBackup& h : store_->List(req.list().job(), req.list().owner_node())) {
+        Status may = MayRead(h.file.job, link->peer(), h.owner);
+        if (!may.ok()) {
+          refused = may;
+          continue;
+        }
         v1::PeerBackup* b = list.add_files();
         b->set_job(h.file.job);
         b->set_path(h.file.path);
         b->set_size(h.file.size);
       }
+      if (!refused.ok()) {
+        TCE_LOG(kWarning, "ring") << "refused the list of job=" << req.list().job() << " to "
+                                  << link->peer() << ": " << refused.message();
+        list.Clear();
+        list.set_code(static_cast<int>(refused.code()));
+        list.set_message(refused.message());
+      }
       s = link->Send(list);
       continue;
     } else if (req.has_fetch()) {
-      s = ServeFetch(link.get(), req.fetch());
+      s = ServeFetch(link, req.fetch());
       continue;
     } else if (req.has_resync()) {
       if (cache_) cache_->ResendBackups(req.resync().job(), link->peer());
@@ -118,9 +225,19 @@ void PeerServer::Serve(int fd) {
     reply.set_message(result.message());
     s = link->Send(reply);
   }
-  std::lock_guard<std::mutex> l(mu_);
-  conns_.erase(fd);  // `link` closes it and its lanes (after this scope, outside the lock is fine too)
-  for (size_t i = 1; link && i < link->lanes(); ++i) conns_.erase(link->lane(i)->fd());
+}
+
+Status PeerServer::MayRead(const std::string& job, const std::string& peer, const std::string& owner) {
+  if (cache_) {
+    const std::vector<std::string> ring = cache_->RingPeers(job);
+    if (!ring.empty()) {
+      if (std::find(ring.begin(), ring.end(), peer) != ring.end()) return Status::OK();
+      return Status::PermissionDenied(peer + " is not a member of job " + job + "'s ring here");
+    }
+  }
+  if (peer == owner) return Status::OK();  // a ring we were never told: only the sender reads back
+  return Status::PermissionDenied("this server was not told job " + job + "'s ring, and " + peer +
+                                  " did not send the copy");
 }
 
 Status PeerServer::ParkLane(std::unique_ptr<PeerLink>* lane, const v1::PeerLane& req) {
@@ -234,6 +351,12 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
   HeldBackup held;
   int fd = -1;
   Status found = store_->Open(req.job(), req.path(), &held, &fd);
+  if (found.ok() && !(found = MayRead(held.file.job, link->peer(), held.owner)).ok()) {
+    ::close(fd);
+    fd = -1;
+    TCE_LOG(kWarning, "ring") << "refused to send job=" << req.job() << " path=" << req.path()
+                              << " to " << link->peer() << ": " << found.message();
+  }
   v1::PeerReply reply;
   reply.set_code(static_cast<int>(found.code()));
   reply.set_message(found.message());

@@ -2,10 +2,19 @@
 // connection is authenticated (PeerLink), then serves requests until it
 // closes: a backup is received straight into a new buffer of the
 // BackupStore, its record CRCs are checked, and only then is it kept; a drop
-// lets go of a copy. A bad or unauthenticated peer costs only its own
-// connection. One thread per connection, at most `max_connections`; a
-// connection that is a lane of another (PeerLane) hands its socket over to
-// that link's thread and counts against the limit until that link closes.
+// lets go of a copy; a held copy is sent back only to a member of its job's
+// ring (or, where this server does not know the ring, to the peer that sent
+// it).
+//
+// Anyone who can reach the port can open connections, so what a connection
+// costs before it authenticates is bounded: one handshake deadline, at most
+// `max_handshakes` handshakes at once and `max_handshakes_per_source` from
+// one address (a new one beyond either pushes out the oldest, so a flood of
+// slow connections cannot lock a real peer out for longer than its own
+// handshake takes), and at most `max_connections` authenticated links. One
+// thread per connection, joined when it ends; a connection that is a lane of
+// another (PeerLane) hands its socket over to that link's thread and counts
+// against the limit until that link closes.
 #pragma once
 
 #include <atomic>
@@ -20,6 +29,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "common/log_limiter.h"
 #include "ring/backup_store.h"
 #include "ring/transport.h"
 #include "tce/v1/tce.pb.h"
@@ -30,7 +40,10 @@ struct PeerServerOptions {
   std::string listen;     // host:port to bind (port 0: any)
   std::string advertise;  // the endpoint peers use; empty: the bound address
   std::string token;      // the cluster token (required)
-  int max_connections = 256;
+  int max_connections = 256;            // authenticated links, lanes included
+  int max_handshakes = 64;              // connections not yet authenticated
+  int max_handshakes_per_source = 8;    // of those, from one remote address
+  std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds io_timeout{30000};
 };
 
@@ -47,7 +60,16 @@ class PeerServer {
 
  private:
   void AcceptLoop();
-  void Serve(int fd);
+  // Registers an accepted socket and starts its thread (or refuses it).
+  void Admit(int fd, const std::string& source);
+  void Serve(int fd, uint64_t worker);
+  // Serves requests until the link closes (or becomes a lane: *link is then null).
+  void ServeLink(std::unique_ptr<PeerLink>* link);
+  // Joins the threads of connections that ended.
+  void ReapWorkers();
+  // Whether `peer` may read the copy of a file of `job` that `owner` sent
+  // (PERMISSION_DENIED, saying why, if not).
+  Status MayRead(const std::string& job, const std::string& peer, const std::string& owner);
   // A lane waits here, by key, for the link it serves to claim it.
   Status ParkLane(std::unique_ptr<PeerLink>* lane, const v1::PeerLane& req);
   // Binds the parked lanes with the key to `link` (waiting for late ones).
@@ -64,14 +86,23 @@ class PeerServer {
   int listen_fd_ = -1;
   std::thread acceptor_;
   std::mutex mu_;
-  std::set<int> conns_;                // GUARDED_BY(mu_): open connection fds
-  std::vector<std::thread> workers_;   // GUARDED_BY(mu_)
+  std::set<int> conns_;                // GUARDED_BY(mu_): authenticated connection fds
+  struct Handshake {
+    std::string source;  // remote address, without the port
+    uint64_t seq = 0;    // arrival order: the oldest is pushed out first
+    bool evicted = false;
+  };
+  std::map<int, Handshake> handshakes_;  // GUARDED_BY(mu_): by fd, until authenticated
+  uint64_t next_seq_ = 0;                // GUARDED_BY(mu_)
+  std::map<uint64_t, std::thread> workers_;  // GUARDED_BY(mu_)
+  std::vector<uint64_t> finished_;           // GUARDED_BY(mu_): workers to join
   struct Parked {
     std::chrono::steady_clock::time_point since;
     std::map<int, std::unique_ptr<PeerLink>> lanes;  // by index
   };
   std::map<std::string, Parked> parked_;  // GUARDED_BY(mu_): lanes by key
   std::condition_variable lanes_cv_;
+  LogLimiter accept_errors_, refusals_, failed_handshakes_;  // what a flood may repeat
   std::atomic<bool> stop_{false};
 };
 

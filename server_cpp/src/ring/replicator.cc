@@ -105,6 +105,9 @@ Status Replicator::Recover(const BackupJob& job, std::map<std::string, std::uniq
   req.mutable_list()->set_owner_node(job.node);
   v1::PeerListReply list;
   if (!(s = link->Send(req)).ok() || !(s = link->Recv(&list)).ok()) return s;
+  if (list.code() != 0)  // e.g. the holder has not been told the ring we are in yet: retried
+    return Status::Unavailable("peer " + job.peer + " refused the list of job " + job.job + ": " +
+                               list.message().substr(0, 1024));
   TCE_LOG(kInfo, "ring") << "recovering job=" << job.job << ": " << list.files_size()
                          << " file(s) held by " << job.peer;
   int pulled = 0;
@@ -145,12 +148,21 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
   v1::PeerBackup header;
   if (!(s = link->Recv(&header)).ok()) return s;
   std::unique_ptr<Buffer> mem;
-  Status room = cache_->ReserveRecovery(header.size(), &mem);
+  Status room;
+  if (header.job() != job || header.path() != path)  // a peer answers what it was asked, nothing else
+    room = Status::PermissionDenied("peer " + peer + " sent back job=" + header.job().substr(0, 256) +
+                                    " path=" + header.path().substr(0, 4096) + " when asked for job=" +
+                                    job + " path=" + path);
+  if (room.ok()) room = cache_->ReserveRecovery(header.size(), &mem);
   void* map = MAP_FAILED;
   if (room.ok())
     map = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
   if (!room.ok() || map == MAP_FAILED) {  // take the bytes anyway: the stream stays in step
     if (room.ok()) room = Status::FromErrno(errno, "mmap recovery buffer");
+    if (room.code() == Status::Code::kPermissionDenied) {  // out of step: never read what it says follows
+      cache_->AbandonRecovery(std::move(mem));
+      return Status::Unavailable(room.message());
+    }
     s = transport_->Refuse(link, header.size(), room);
     cache_->AbandonRecovery(std::move(mem));
     return s.ok() ? room : s;
