@@ -863,6 +863,11 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
       return Status::InvalidArgument("ring endpoint must be host:port, got '" + e + "'");
   if (meta_ && !self_endpoint_.empty()) meta_->RecordRing(RingInfo{job, self_endpoint_, node_rank, endpoints});
   *successor = InstallRing(job, node_rank, std::move(endpoints));
+  const Session& who = sessions_.at(session);
+  Ring& ring = rings_[job];
+  ring.has_owner = true;
+  ring.owner_uid = who.uid;
+  ring.owner_gid = who.gid;
   return Status::OK();
 }
 
@@ -884,6 +889,11 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
   Ring ring;
   ring.node_rank = node_rank;
   ring.endpoints = std::move(endpoints);
+  if (auto old = rings_.find(job); old != rings_.end() && old->second.has_owner) {
+    ring.has_owner = true;
+    ring.owner_uid = old->second.owner_uid;
+    ring.owner_gid = old->second.owner_gid;
+  }
   if (ring.endpoints.size() > 1)
     ring.successor = ring.endpoints[(node_rank + 1) % ring.endpoints.size()];
   const bool changed = rings_[job].successor != ring.successor;
@@ -1034,23 +1044,47 @@ void Cache::AbandonRecovery(std::unique_ptr<Buffer> mem) {
 }
 
 Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
+  // A peer's copy is checked like a save (its names) and against what this
+  // server knows (its metadata, the ring's owner): a peer never names a path,
+  // an owner or a size of its own choosing.
+  Status s = ValidateName("job", f.job, /*allow_empty=*/false, /*allow_slash=*/true);
+  if (s.ok()) s = ValidateName("tag", f.tag, /*allow_empty=*/true, /*allow_slash=*/false);
+  if (s.ok()) s = ValidatePath(f.path);
+  if (s.ok()) s = CheckUnderRoots(f.path);
   std::lock_guard<std::mutex> lock(mu_);
   reserved_ -= mem->capacity();
+  if (!s.ok()) return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: " + s.message());
   FileKey key{f.job, f.path};
   auto it = files_.find(key);
   if (it != files_.end() && it->second.buffer_id != 0)
     return Status::FailedPrecondition(f.path + " was saved again meanwhile: the newer copy stays");
-  if (it != files_.end()) {  // known from metadata: its CRCs must agree
-    for (const Record& known : it->second.records) {
-      if (known.crc32 == 0 && known.size > 0) continue;  // never checksummed (not persisted)
+  if (it != files_.end()) {  // known from metadata: size, owner and CRCs are metadata's
+    const FileInfo& known = it->second;
+    if (known.size != 0 && known.size != f.size) {
+      ++recovery_mismatches_;
+      return Status::DataLoss("the ring's copy of " + f.path + " has " + std::to_string(f.size) +
+                              " bytes, metadata " + std::to_string(known.size) + ": storage serves it");
+    }
+    for (const Record& k : known.records) {
+      if (k.crc32 == 0 && k.size > 0) continue;  // never checksummed (not persisted)
       auto same = std::find_if(f.records.begin(), f.records.end(),
-                               [&](const Record& r) { return r.name == known.name; });
-      if (same == f.records.end() || same->crc32 != known.crc32 || same->size != known.size) {
+                               [&](const Record& r) { return r.name == k.name; });
+      if (same == f.records.end() || same->crc32 != k.crc32 || same->size != k.size) {
         ++recovery_mismatches_;
         return Status::DataLoss("the ring's copy of " + f.path + " does not match the checksums in "
-                                "metadata (record " + known.name + "): storage serves it");
+                                "metadata (record " + k.name + "): storage serves it");
       }
     }
+    f.owner_uid = known.owner_uid;
+    f.owner_gid = known.owner_gid;
+  } else {  // unknown here: it belongs to whoever told us the job's ring
+    auto ring = rings_.find(f.job);
+    if (ring == rings_.end() || !ring->second.has_owner)
+      return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: job " + f.job +
+                                      " has no owner on this server (its ring came from metadata, "
+                                      "which does not know the file)");
+    f.owner_uid = ring->second.owner_uid;
+    f.owner_gid = ring->second.owner_gid;
   }
   const uint64_t id = mem->id();
   Buf& buf = buffers_[id];

@@ -175,8 +175,12 @@ class Cache {
   Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out);
   // Installs a pulled file (CRCs verified) as BACKED_UP at `f.backup_holder`,
   // unless a save of the path arrived meanwhile (FAILED_PRECONDITION) or its
-  // CRCs differ from those metadata recorded for the path (DATA_LOSS: the
-  // copy is not the file metadata knows, and storage serves it instead).
+  // size or CRCs differ from those metadata recorded for the path (DATA_LOSS:
+  // the copy is not the file metadata knows, and storage serves it instead).
+  // Nothing the peer says is taken on trust: the job, tag and path must be
+  // valid names under the storage roots (else PERMISSION_DENIED), and the
+  // owner is metadata's, or the uid that set the job's ring here; a file
+  // with neither is refused (PERMISSION_DENIED).
   Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem);
   void AbandonRecovery(std::unique_ptr<Buffer> mem);
   // `peer` lost the copies it held for us: send the job's files again.
@@ -274,6 +278,11 @@ class Cache {
     int32_t node_rank = 0;
     std::vector<std::string> endpoints;
     std::string successor;  // empty: one node, no backups
+    // Who told us this ring (a client's session): files recovered for the
+    // job that metadata does not know belong to them.
+    bool has_owner = false;
+    uid_t owner_uid = 0;
+    gid_t owner_gid = 0;
   };
   std::map<std::string, Ring> rings_;                // GUARDED_BY(mu_): by job
   bool accepting_ = true;                            // GUARDED_BY(mu_)
