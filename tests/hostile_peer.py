@@ -1,0 +1,205 @@
+"""A peer that does not play by the ring's rules, for the attack tests.
+
+It speaks the ring's wire format (each message a 4-byte little-endian
+length and a protobuf) from Python sockets: a byte relay, raw length
+prefixes, slow senders, and a "peer" that knows the token but lies in what
+it sends back. All its traffic stays on loopback; every loop is bounded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+import threading
+import time
+
+from tce.v1 import tce_pb2 as pb
+
+# The handshake the lying peer speaks: 2, the servers' protocol. Set
+# HOSTILE_PEER_PROTOCOL=1 to run the attack tests against a server that
+# speaks the first protocol (the tests then show what it let through).
+PROTOCOL = int(os.environ.get("HOSTILE_PEER_PROTOCOL", "2"))
+
+
+def frame(msg) -> bytes:
+    body = msg.SerializeToString()
+    return struct.pack("<I", len(body)) + body
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return bytes(out)
+
+
+def recv_msg(sock: socket.socket, cls):
+    (n,) = struct.unpack("<I", recv_exact(sock, 4))
+    msg = cls()
+    msg.ParseFromString(recv_exact(sock, n))
+    return msg
+
+
+def dial(endpoint: str, *, source: str = "127.0.0.1", timeout: float = 5.0) -> socket.socket:
+    host, port = endpoint.rsplit(":", 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.bind((source, 0))
+    s.connect((host, int(port)))
+    return s
+
+
+def proof(token: str, direction: bytes, cn: bytes, an: bytes, connector: str, acceptor: str) -> bytes:
+    """The ring's protocol-2 proof (see ring/peer_link.h)."""
+    data = b"tce-ring-proof-v2" + direction
+    for field in (cn, an, connector.encode(), acceptor.encode()):
+        data += struct.pack("<I", len(field)) + field
+    return hmac.new(token.encode(), data, hashlib.sha256).digest()
+
+
+class Relay:
+    """Listens on loopback and pipes every connection, byte for byte, to
+    `target`, counting the bytes that came from the connecting side."""
+
+    def __init__(self, target: str):
+        self.target = target
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.bytes_in = 0
+        self.connections = 0
+        self._stop = False
+        self._threads: list[threading.Thread] = []
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self._stop:
+            try:
+                a, _ = self.listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            self.connections += 1
+            try:
+                b = dial(self.target)
+            except OSError:
+                a.close()
+                continue
+            for src, dst, count in ((a, b, True), (b, a, False)):
+                t = threading.Thread(target=self._pipe, args=(src, dst, count), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
+        src.settimeout(0.5)
+        deadline = time.monotonic() + 60
+        try:
+            while not self._stop and time.monotonic() < deadline:
+                try:
+                    data = src.recv(1 << 16)
+                except socket.timeout:
+                    continue
+                if not data:
+                    break
+                if count:
+                    self.bytes_in += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop = True
+        self.listener.close()
+        for t in self._threads:
+            t.join(timeout=2)
+
+
+class LyingPeer:
+    """Knows the token and answers a recovering server's list and fetch, but
+    with a file of its own choosing: `listed` is the path it says it holds,
+    `sent` the path its header names, `data` the bytes. Serves connections
+    until closed (one link; the server under test uses --ring-streams 1)."""
+
+    def __init__(self, token: str, job: str, listed: str, sent: str, data: bytes):
+        self.token, self.job, self.listed, self.sent, self.data = token, job, listed, sent, data
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.fetches = 0
+        self.errors: list[str] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self.listener.settimeout(0.2)
+        deadline = time.monotonic() + 60
+        while not self._stop and time.monotonic() < deadline:
+            try:
+                conn, _ = self.listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            conn.settimeout(5)
+            try:
+                self._link(conn)
+            except (OSError, ConnectionError) as e:
+                self.errors.append(repr(e))
+            finally:
+                conn.close()
+
+    def _link(self, conn: socket.socket) -> None:
+        hello = recv_msg(conn, pb.PeerHello)
+        nonce = os.urandom(32)
+        conn.sendall(frame(pb.PeerHello(nonce=nonce, endpoint=self.endpoint, version=PROTOCOL)))
+        recv_msg(conn, pb.PeerAuth)  # the connector's proof: a liar does not care
+        if PROTOCOL == 1:  # the servers' first protocol, to show what it let through
+            mac = hmac.new(self.token.encode(), b"S" + hello.nonce, hashlib.sha256).digest()
+        else:
+            mac = proof(self.token, b"A", hello.nonce, nonce, hello.endpoint, self.endpoint)
+        conn.sendall(frame(pb.PeerAuth(mac=mac)))
+        while True:
+            req = recv_msg(conn, pb.PeerRequest)
+            kind = req.WhichOneof("body")
+            if kind == "list":
+                conn.sendall(frame(pb.PeerListReply(files=[
+                    pb.PeerBackup(job=self.job, path=self.listed, size=len(self.data))])))
+            elif kind == "fetch":
+                self.fetches += 1
+                conn.sendall(frame(pb.PeerReply(code=0)))
+                conn.sendall(frame(pb.PeerBackup(job=self.job, tag="t", path=self.sent,
+                                                 size=len(self.data), version=1)))
+                conn.sendall(self.data)
+            else:
+                conn.sendall(frame(pb.PeerReply(code=0)))
+
+    def close(self) -> None:
+        self._stop = True
+        self.listener.close()
+        self._thread.join(timeout=5)
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmSize (KiB) and Threads of a process."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmSize", "Threads"):
+                out[key] = int(value.split()[0])
+    return out

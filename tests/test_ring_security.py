@@ -1,0 +1,186 @@
+"""The ring's peer port against an attacker on the network: relayed
+handshakes, length prefixes that ask for memory, connect/close floods, slow
+connections, and a peer (one that holds the token) that lies in recovery.
+
+Attack traffic stays on loopback (127.0.0.2 and 127.0.0.3 stand for other
+hosts) and every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import pytest
+import torch
+
+import tce
+from tce import _api, _knobs
+
+from helpers import until
+from hostile_peer import LyingPeer, Relay, dial, proc_status
+from test_ring import TOKEN, _ring_server, _status, _stop
+
+JOB = "ring-job"
+
+
+def _set_ring(server, node: int, endpoints: list[str]) -> None:
+    with _knobs.override(socket=server.socket):
+        _api._get_client().set_ring(JOB, node, endpoints)
+        _api.close()
+
+
+def _save(server, path, obj) -> None:
+    with _knobs.override(socket=server.socket, job=JOB, on_unavailable="raise"):
+        tce.save(obj, path, tag="t")
+        _api.close()
+
+
+def test_a_handshake_relayed_to_the_server_itself_gets_no_checkpoint_bytes(tmp_path):
+    """The ring names an endpoint that relays to the server's own peer port.
+    The server dialled the relay, so its proof names the relay, and its own
+    acceptor refuses it: no bytes of the checkpoint go through."""
+    a = _ring_server(tmp_path, "tcp", "a")
+    relay = Relay(_status(a)["peer_endpoint"])
+    try:
+        _set_ring(a, 0, [_status(a)["peer_endpoint"], relay.endpoint])
+        _save(a, "/ckpt/relay/x.pt", {"w": torch.randn(1 << 20)})
+        st = until(lambda: int(_status(a)["backup_failures"]) >= 1 and _status(a), what="a failed backup")
+        assert "was not dialled as" in a.log(), a.log()[-3000:]
+        assert int(st["held_backups"]) == 0 and int(st["backed_up_files"]) == 0
+        assert relay.connections >= 1
+        assert relay.bytes_in < 4096, f"{relay.bytes_in} bytes went through the relay"
+    finally:
+        relay.close()
+        _stop(a)
+
+
+def test_length_prefixes_before_authentication_allocate_nothing(tmp_path):
+    a = _ring_server(tmp_path, "tcp", "a")
+    socks = []
+    try:
+        endpoint, pid = _status(a)["peer_endpoint"], a.proc.pid
+        before = proc_status(pid)["VmRSS"]
+        for _ in range(48):
+            s = dial(endpoint, source="127.0.0.2")
+            s.sendall(struct.pack("<I", 64 << 20))  # "a 64 MiB message follows"
+            socks.append(s)
+        time.sleep(1.0)
+        grown_mib = (proc_status(pid)["VmRSS"] - before) / 1024
+        assert grown_mib < 64, f"48 length prefixes grew the server by {grown_mib:.0f} MiB"
+        for s in socks:  # each was refused at once
+            assert s.recv(1) == b""
+        assert "67108864-byte message (at most 4096 before authentication)" in a.log()
+    finally:
+        for s in socks:
+            s.close()
+        _stop(a)
+
+
+def test_connect_close_floods_leave_no_threads_behind(tmp_path):
+    a = _ring_server(tmp_path, "tcp", "a")
+    b = _ring_server(tmp_path, "tcp", "b")
+    try:
+        eb = _status(b)["peer_endpoint"]
+        pid = b.proc.pid
+        deadline = time.monotonic() + 60
+
+        def flood(n):
+            for i in range(n):
+                assert time.monotonic() < deadline, f"only {i} connections in 60 s"
+                dial(eb, source="127.0.0.2").close()
+            return until(lambda: (lambda s: s["Threads"] <= idle["Threads"] + 2 and s)(proc_status(pid)),
+                         what="the connection threads to end")
+
+        idle = proc_status(pid)
+        before = flood(500)  # malloc's per-thread arenas reach their cap
+        after = flood(2500)
+        # A thread never joined keeps its 8 MiB stack mapped (2500 of them: 20 GiB);
+        # malloc's per-thread arenas may still add up to 16 x 64 MiB.
+        grown_mib = (after["VmSize"] - before["VmSize"]) / 1024
+        assert grown_mib < 2048, f"2500 connections left {grown_mib:.0f} MiB of address space behind"
+        # and the real peer is still served
+        endpoints = [_status(a)["peer_endpoint"], eb]
+        _set_ring(a, 0, endpoints)
+        _set_ring(b, 1, endpoints)
+        _save(a, "/ckpt/flood/x.pt", {"w": torch.ones(1000)})
+        until(lambda: int(_status(a)["backed_up_files"]) >= 1, what="the backup after the flood")
+    finally:
+        _stop(a, b)
+
+
+def test_slow_connections_do_not_lock_out_a_real_peer(tmp_path):
+    """300 connections from one address, each sending a byte a second (each
+    read sees progress within the 30 s peer timeout, so only a handshake
+    deadline ends them): the real peer, from another address, still backs
+    up at once."""
+    a = _ring_server(tmp_path, "tcp", "a")
+    b = _ring_server(tmp_path, "tcp", "b", extra=["--peer-timeout-ms", "30000"])
+    stop = threading.Event()
+    slow: list = []
+    hello = struct.pack("<I", 40) + b"\x0a" * 40  # a plausible first message, a byte at a time
+
+    def drip():
+        end = time.monotonic() + 25
+        sent = 1
+        while not stop.wait(1.0) and time.monotonic() < end and sent < len(hello):
+            for s in list(slow):
+                try:
+                    s.send(hello[sent:sent + 1])
+                except OSError:
+                    slow.remove(s)
+            sent += 1
+
+    dripper = threading.Thread(target=drip)
+    try:
+        eb = _status(b)["peer_endpoint"]
+        for _ in range(300):
+            try:
+                s = dial(eb, source="127.0.0.3")
+                s.send(hello[:1])
+                slow.append(s)
+            except OSError:
+                break
+        dripper.start()
+        time.sleep(1.5)
+        endpoints = [_status(a)["peer_endpoint"], eb]
+        _set_ring(a, 0, endpoints)
+        _set_ring(b, 1, endpoints)
+        t0 = time.monotonic()
+        _save(a, "/ckpt/slow/x.pt", {"w": torch.ones(1000)})
+        until(lambda: int(_status(a)["backed_up_files"]) >= 1, timeout=10, what="the backup past the slow connections")
+        assert time.monotonic() - t0 < 10
+    finally:
+        stop.set()
+        if dripper.is_alive():
+            dripper.join()
+        for s in slow:
+            s.close()
+        _stop(a, b)
+
+
+@pytest.mark.parametrize("lie", ["another path", "a path outside the roots"])
+def test_a_peer_cannot_make_recovery_write_outside_the_roots(tmp_path, lie):
+    """A peer that holds the token answers a recovering server with a file
+    of its own choosing. Whatever it names, nothing is written outside the
+    storage roots and nothing is recovered."""
+    roots, outside = tmp_path / "roots", tmp_path / "outside"
+    roots.mkdir()
+    outside.mkdir()
+    evil = outside / "evil.pt"
+    listed = roots / "ok.pt" if lie == "another path" else evil
+    liar = LyingPeer(TOKEN, JOB, str(listed), str(evil), b"x" * 4096)
+    a = _ring_server(tmp_path, "tcp", "a", storage=roots, extra=["--ring-streams", "1"])
+    try:
+        _set_ring(a, 0, [_status(a)["peer_endpoint"], liar.endpoint])  # a fresh node: it recovers
+        refusal = ("when asked for job=" if lie == "another path" else "is not under a storage root")
+        until(lambda: refusal in a.log() or evil.exists(), what="the recovery to be refused")
+        time.sleep(0.5)  # a persist that slipped through would land by now
+        assert not evil.exists(), f"{evil} was written by the server"
+        assert liar.fetches >= 1
+        assert int(_status(a)["recovered_files"]) == 0
+        assert list(outside.iterdir()) == []
+    finally:
+        liar.close()
+        _stop(a)
