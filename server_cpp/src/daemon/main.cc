@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cerrno>
 #include <chrono>
@@ -37,6 +38,20 @@ extern char** environ;
 
 namespace tce {
 namespace {
+
+// This server's temp-file prefix: the host and socket identify a server,
+// so servers sharing a directory (a shared filesystem) never take each
+// other's temp files for their own.
+std::string TempPrefix(const std::string& socket) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string id = std::string(host) + ":" + socket;
+  const uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(id.data()),
+                                                   static_cast<uInt>(id.size())));
+  char hex[9];
+  snprintf(hex, sizeof(hex), "%08x", crc);
+  return std::string(".tce-") + hex + ".";
+}
 
 int Fail(const std::string& msg, int code) {
   std::cerr << "tce-server: " << msg << std::endl;
@@ -201,6 +216,7 @@ int Run(int argc, char** argv) {
   popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
   popt.direct_io = opt.persist_direct_io;
   popt.io_depth = opt.persist_io_depth;
+  popt.temp_prefix = TempPrefix(opt.socket);
   TransferMetrics persist_metrics, backup_metrics;
   popt.metrics = &persist_metrics;
   // Metadata: re-index what was recorded before a restart, remove the temp
@@ -222,13 +238,12 @@ int Run(int argc, char** argv) {
     if (ring && !(s = store->LoadRings(opt.peer_advertise.empty() ? opt.peer_listen : opt.peer_advertise,
                                        &recorded_rings)).ok())
       return Fail("metadata: " + s.ToString(), 1);
-    for (const FileInfo& f : recorded) {
-      if (f.state == FileState::kCached || f.state == FileState::kBackedUp ||
-          f.state == FileState::kPending) {
-        Status ignored = Env::Default()->RemoveFile(Persister::TempPath(f.path, f.version));
-        (void)ignored;
-      }
-    }
+    // Temp files a crash left beside any recorded file (any version of it),
+    // found only by this server's temp prefix and removed without following
+    // a symlink.
+    std::vector<std::string> recorded_paths;
+    for (const FileInfo& f : recorded) recorded_paths.push_back(f.path);
+    Persister::RemoveStaleTemps(Env::Default(), cache.storage_roots(), recorded_paths, popt.temp_prefix);
     meta = std::make_unique<MetaWriter>(std::move(store), opt.socket, getpid());
     cache.SetMetaSink(meta.get());
     cache.Restore(std::move(recorded));

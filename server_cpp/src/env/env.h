@@ -31,6 +31,36 @@ class WritableFile {
   virtual Status Close() = 0;
 };
 
+// A file being written under no final name yet. Publish gives it its name
+// in the directory it was made in, atomically replacing what was there;
+// until then a crash leaves no file at the final name (and, where the
+// filesystem offers unnamed files, no file at all).
+class TempFile : public WritableFile {
+ public:
+  // Call after Sync, before Close.
+  virtual Status Publish(const std::string& name) = 0;
+  // Removes the temp file's name, if it has one (after a failure).
+  virtual void Discard() = 0;
+};
+
+// A directory opened beneath a storage root. Names it takes are single
+// components; nothing it does follows a symlink, so swapping any directory
+// below the root for a symlink can never redirect a write outside it.
+class Directory {
+ public:
+  virtual ~Directory() = default;
+  // A new file, mode 0644, with no name where the filesystem allows that
+  // (O_TMPFILE), else named `temp_prefix` + 16 random hex digits and created
+  // with O_EXCL|O_NOFOLLOW. With `direct`, O_DIRECT (NotSupported where the
+  // filesystem refuses it).
+  virtual Status NewTempFile(const std::string& temp_prefix, bool direct,
+                             std::unique_ptr<TempFile>* out) = 0;
+  // Removes the files in this directory whose names `temp_prefix` + 16 hex
+  // digits could have made (a crashed server's temp files); counts them.
+  virtual Status RemoveTemps(const std::string& temp_prefix, int* removed) = 0;
+  virtual Status Sync() = 0;  // fsync, so a rename in it is durable
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -49,6 +79,13 @@ class Env {
   virtual Status SyncDir(const std::string& dir) = 0;
   // realpath() of the longest existing prefix of `path`, with the rest appended.
   virtual Status ResolvePath(const std::string& path, std::string* out) = 0;
+  // Opens the directory `dir` (absolute, normalised, no symlinks expected)
+  // beneath `root` (absolute, trusted): from the root, each component is
+  // opened with O_NOFOLLOW, and created (mode 0755) where missing if
+  // `create`. A symlink or a non-directory on the way is PERMISSION_DENIED;
+  // `dir` not under `root`, INVALID_ARGUMENT.
+  virtual Status OpenDirectory(const std::string& root, const std::string& dir, bool create,
+                               std::unique_ptr<Directory>* out) = 0;
 };
 
 }  // namespace tce

@@ -29,7 +29,76 @@ class FaultFile final : public WritableFile {
   std::unique_ptr<WritableFile> base_;
 };
 
+class FaultTempFile final : public TempFile {
+ public:
+  FaultTempFile(FaultInjectionEnv* env, std::unique_ptr<TempFile> base)
+      : env_(env), base_(std::move(base)) {}
+  Status Append(const char* data, size_t n) override {
+    Status s = env_->BeforeAppend();
+    return s.ok() ? base_->Append(data, n) : s;
+  }
+  Status WriteAt(uint64_t offset, const char* data, size_t n) override {
+    Status s = env_->BeforeAppend();
+    return s.ok() ? base_->WriteAt(offset, data, n) : s;
+  }
+  Status Sync() override { return base_->Sync(); }
+  Status Truncate(uint64_t size) override { return base_->Truncate(size); }
+  Status StartWriteback(uint64_t offset, uint64_t n) override { return base_->StartWriteback(offset, n); }
+  Status Close() override { return base_->Close(); }
+  Status Publish(const std::string& name) override {
+    Status s = env_->BeforeRename();
+    if (!s.ok()) {
+      base_->Discard();
+      return s;
+    }
+    return base_->Publish(name);
+  }
+  void Discard() override { base_->Discard(); }
+
+ private:
+  FaultInjectionEnv* const env_;
+  std::unique_ptr<TempFile> base_;
+};
+
+class FaultDirectory final : public Directory {
+ public:
+  FaultDirectory(FaultInjectionEnv* env, std::unique_ptr<Directory> base)
+      : env_(env), base_(std::move(base)) {}
+  Status NewTempFile(const std::string& prefix, bool direct, std::unique_ptr<TempFile>* out) override {
+    std::unique_ptr<TempFile> file;
+    Status s = base_->NewTempFile(prefix, direct, &file);
+    if (s.ok()) out->reset(new FaultTempFile(env_, std::move(file)));
+    return s;
+  }
+  Status RemoveTemps(const std::string& prefix, int* removed) override {
+    return base_->RemoveTemps(prefix, removed);
+  }
+  Status Sync() override { return base_->Sync(); }
+
+ private:
+  FaultInjectionEnv* const env_;
+  std::unique_ptr<Directory> base_;
+};
+
 }  // namespace
+
+Status FaultInjectionEnv::OpenDirectory(const std::string& root, const std::string& dir, bool create,
+                                        std::unique_ptr<Directory>* out) {
+  std::unique_ptr<Directory> base;
+  Status s = base_->OpenDirectory(root, dir, create, &base);
+  if (s.ok()) out->reset(new FaultDirectory(this, std::move(base)));
+  return s;
+}
+
+Status FaultInjectionEnv::BeforeRename() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++renames_;
+  if (rename_failures_ > 0) {
+    --rename_failures_;
+    return Status::FromErrno(EIO, "rename (injected)");
+  }
+  return Status::OK();
+}
 
 void FaultInjectionEnv::FailAppends(int err, int count, int skip) {
   std::lock_guard<std::mutex> l(mu_);

@@ -29,9 +29,13 @@ class FaultInjectionEnv final : public Env {
   Status ResolvePath(const std::string& p, std::string* out) override {
     return base_->ResolvePath(p, out);
   }
+  // Its directories' temp files fail appends and publishes as above.
+  Status OpenDirectory(const std::string& root, const std::string& dir, bool create,
+                       std::unique_ptr<Directory>* out) override;
 
   // Called by the files it creates.
   Status BeforeAppend();
+  Status BeforeRename();
 
  private:
   Env* const base_;

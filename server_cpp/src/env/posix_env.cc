@@ -1,17 +1,22 @@
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <cctype>
+#include <vector>
 
 #include "env/env.h"
 
 namespace tce {
 namespace {
 
-class PosixWritableFile final : public WritableFile {
+class PosixWritableFile : public WritableFile {
  public:
   PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
   ~PosixWritableFile() override {
@@ -70,6 +75,148 @@ class PosixWritableFile final : public WritableFile {
   int fd_;
 };
 
+std::string RandomHex16() {
+  unsigned char raw[8];
+  size_t got = 0;
+  while (got < sizeof(raw)) {
+    ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
+bool IsTempName(const std::string& name, const std::string& prefix) {
+  if (name.size() != prefix.size() + 16 || name.compare(0, prefix.size(), prefix) != 0) return false;
+  for (size_t i = prefix.size(); i < name.size(); ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(name[i])) || std::isupper(static_cast<unsigned char>(name[i])))
+      return false;
+  return true;
+}
+
+// A temp file in a directory fd: unnamed (O_TMPFILE) or under `name_`.
+class PosixTempFile final : public TempFile {
+ public:
+  PosixTempFile(int dirfd, std::string dir, int fd, std::string name, std::string prefix)
+      : file_(dir + "/" + (name.empty() ? "(unnamed)" : name), fd), dirfd_(dirfd), dir_(std::move(dir)),
+        fd_(fd), name_(std::move(name)), prefix_(std::move(prefix)) {}
+  ~PosixTempFile() override { ::close(dirfd_); }
+  Status Append(const char* data, size_t n) override { return file_.Append(data, n); }
+  Status WriteAt(uint64_t offset, const char* data, size_t n) override { return file_.WriteAt(offset, data, n); }
+  Status Truncate(uint64_t size) override { return file_.Truncate(size); }
+  Status Sync() override { return file_.Sync(); }
+  Status StartWriteback(uint64_t offset, uint64_t n) override { return file_.StartWriteback(offset, n); }
+  Status Close() override { return file_.Close(); }
+
+  Status Publish(const std::string& name) override {
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      return Status::InvalidArgument("not a file name: " + name);
+    if (name_.empty()) {  // unnamed: link it under a fresh temp name first
+      const std::string proc = "/proc/self/fd/" + std::to_string(fd_);
+      for (int tries = 0; name_.empty(); ++tries) {
+        std::string candidate = prefix_ + RandomHex16();
+        if (::linkat(AT_FDCWD, proc.c_str(), dirfd_, candidate.c_str(), AT_SYMLINK_FOLLOW) == 0) {
+          name_ = candidate;
+        } else if (errno != EEXIST || tries > 8) {
+          return Status::FromErrno(errno, "link the new file into " + dir_);
+        }
+      }
+    }
+    if (::renameat(dirfd_, name_.c_str(), dirfd_, name.c_str()) != 0) {
+      const int err = errno;
+      Discard();
+      return Status::FromErrno(err, "rename " + dir_ + "/" + name_ + " -> " + name);
+    }
+    name_.clear();  // it is the final file now: never discarded
+    return Status::OK();
+  }
+  void Discard() override {
+    if (!name_.empty()) ::unlinkat(dirfd_, name_.c_str(), 0);
+    name_.clear();
+  }
+
+ private:
+  PosixWritableFile file_;
+  const int dirfd_;  // our own duplicate
+  const std::string dir_;
+  const int fd_;      // owned by file_
+  std::string name_;  // empty: unnamed, or published
+  const std::string prefix_;
+};
+
+class PosixDirectory final : public Directory {
+ public:
+  PosixDirectory(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixDirectory() override { ::close(fd_); }
+
+  Status NewTempFile(const std::string& prefix, bool direct, std::unique_ptr<TempFile>* out) override {
+    const int flags = O_WRONLY | O_CLOEXEC | (direct ? O_DIRECT : 0);
+    std::string name;
+    int fd = ::openat(fd_, ".", flags | O_TMPFILE, 0644);
+    if (fd < 0 && direct && errno == EINVAL) {
+      // EINVAL: no O_DIRECT here, or no O_TMPFILE; tell them apart.
+      int probe = ::openat(fd_, ".", O_WRONLY | O_CLOEXEC | O_TMPFILE, 0644);
+      if (probe >= 0) {
+        ::close(probe);
+        return Status::NotSupported("O_DIRECT is not supported in " + path_);
+      }
+    }
+    if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL || errno == ENOENT)) {
+      for (int tries = 0; fd < 0 && tries < 8; ++tries) {  // no unnamed files here: a fresh name
+        name = prefix + RandomHex16();
+        fd = ::openat(fd_, name.c_str(), flags | O_CREAT | O_EXCL | O_NOFOLLOW, 0644);
+        if (fd < 0 && errno != EEXIST) break;
+      }
+      if (fd < 0 && direct && errno == EINVAL)
+        return Status::NotSupported("O_DIRECT is not supported in " + path_);
+    }
+    if (fd < 0) return Status::FromErrno(errno, "create a file in " + path_);
+    int dup = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) {
+      const int err = errno;
+      if (!name.empty()) ::unlinkat(fd_, name.c_str(), 0);
+      ::close(fd);
+      return Status::FromErrno(err, "dup directory " + path_);
+    }
+    out->reset(new PosixTempFile(dup, path_, fd, name, prefix));
+    return Status::OK();
+  }
+
+  Status RemoveTemps(const std::string& prefix, int* removed) override {
+    *removed = 0;
+    int dup = ::openat(fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dup < 0) return Status::FromErrno(errno, "open " + path_);
+    DIR* d = ::fdopendir(dup);
+    if (!d) {
+      ::close(dup);
+      return Status::FromErrno(errno, "opendir " + path_);
+    }
+    std::vector<std::string> stale;
+    while (struct dirent* e = ::readdir(d))
+      if (IsTempName(e->d_name, prefix)) stale.push_back(e->d_name);
+    ::closedir(d);
+    for (const std::string& name : stale)
+      if (::unlinkat(fd_, name.c_str(), 0) == 0) ++*removed;
+    return Status::OK();
+  }
+
+  Status Sync() override {
+    if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync dir " + path_);
+    return Status::OK();
+  }
+
+ private:
+  const int fd_;
+  const std::string path_;
+};
+
 class PosixEnv final : public Env {
  public:
   Status NewWritableFile(const std::string& path, bool direct,
@@ -115,6 +262,47 @@ class PosixEnv final : public Env {
     int err = errno;
     ::close(fd);
     if (rc != 0) return Status::FromErrno(err, "fsync dir " + dir);
+    return Status::OK();
+  }
+  Status OpenDirectory(const std::string& root, const std::string& dir, bool create,
+                       std::unique_ptr<Directory>* out) override {
+    const bool under = dir == root || root == "/" ||
+                       (dir.size() > root.size() && dir.compare(0, root.size(), root) == 0 && dir[root.size()] == '/');
+    if (root.empty() || root[0] != '/' || !under)
+      return Status::InvalidArgument(dir + " is not under the storage root " + root);
+    int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, "open storage root " + root);
+    std::string at = root == "/" ? "" : root;
+    size_t pos = root == "/" ? 0 : root.size();
+    while (pos < dir.size()) {
+      size_t end = dir.find('/', pos + 1);
+      if (end == std::string::npos) end = dir.size();
+      const std::string name = dir.substr(pos + 1, end - pos - 1);
+      pos = end;
+      if (name.empty()) continue;
+      at += "/" + name;
+      if (name == "." || name == "..") {
+        ::close(fd);
+        return Status::InvalidArgument(dir + " is not a normalised path");
+      }
+      int next = ::openat(fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (next < 0 && errno == ENOENT && create) {
+        if (::mkdirat(fd, name.c_str(), 0755) != 0 && errno != EEXIST) {
+          const int err = errno;
+          ::close(fd);
+          return Status::FromErrno(err, "mkdir " + at);
+        }
+        next = ::openat(fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      }
+      const int err = errno;
+      ::close(fd);
+      if (next < 0 && (err == ELOOP || err == ENOTDIR))
+        return Status::PermissionDenied(at + " is a symlink or not a directory: nothing is written through it");
+      if (next < 0 && err == ENOENT) return Status::NotFound(at + " does not exist");
+      if (next < 0) return Status::FromErrno(err, "open " + at);
+      fd = next;
+    }
+    out->reset(new PosixDirectory(fd, dir));
     return Status::OK();
   }
   Status ResolvePath(const std::string& path, std::string* out) override {

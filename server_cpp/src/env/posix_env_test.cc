@@ -61,3 +61,37 @@ TEST(PosixEnv, DirectWritesAlignedBlocksThenTruncates) {
 }
 
 }  // namespace tce
+
+namespace tce {
+namespace fs = std::filesystem;
+
+TEST(PosixEnv, OpenDirectoryStaysBeneathItsRootAndFollowsNoSymlink) {
+  const std::string root = MakeTempDir("tce-env-root"), outside = MakeTempDir("tce-env-out");
+  Env* env = Env::Default();
+  std::unique_ptr<Directory> d;
+  ASSERT_TRUE(env->OpenDirectory(root, root + "/a/b", /*create=*/true, &d).ok());
+  EXPECT_TRUE(fs::is_directory(root + "/a/b"));
+  std::unique_ptr<TempFile> f;
+  ASSERT_TRUE(d->NewTempFile(".tce-test.", /*direct=*/false, &f).ok());
+  ASSERT_TRUE(f->Append("hello", 5).ok());
+  ASSERT_TRUE(f->Sync().ok());
+  ASSERT_TRUE(f->Publish("final").ok());
+  ASSERT_TRUE(f->Close().ok());
+  ASSERT_TRUE(d->Sync().ok());
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root + "/a/b")) names.push_back(e.path().filename());
+  EXPECT_EQ(names, std::vector<std::string>{"final"});
+  EXPECT_EQ(f->Publish("x/y").code(), Status::Code::kInvalidArgument);
+
+  fs::create_directory_symlink(outside, root + "/a/link");
+  Status s = env->OpenDirectory(root, root + "/a/link/c", /*create=*/true, &d);
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied) << s.ToString();
+  EXPECT_TRUE(fs::is_empty(outside));
+  EXPECT_EQ(env->OpenDirectory(root, outside, true, &d).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(env->OpenDirectory(root, root + "/a/../a", true, &d).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(env->OpenDirectory(root, root + "/missing", /*create=*/false, &d).code(), Status::Code::kNotFound);
+  fs::remove_all(root);
+  fs::remove_all(outside);
+}
+
+}  // namespace tce

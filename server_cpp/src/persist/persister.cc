@@ -1,5 +1,7 @@
 #include "persist/persister.h"
 
+#include <set>
+
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/fsuid.h>
@@ -101,10 +103,49 @@ Persister::Persister(Cache* cache, Env* env, PersistOptions options)
 
 Persister::~Persister() { Stop(); }
 
-std::string Persister::TempPath(const std::string& path, uint64_t version) {
-  size_t slash = path.rfind('/');
-  return path.substr(0, slash + 1) + "." + path.substr(slash + 1) + ".tce-tmp-" +
-         std::to_string(version);
+namespace {
+// The longest root `resolved` lies under, or null.
+const std::string* RootOf(const std::string& resolved, const std::vector<std::string>& roots) {
+  const std::string* best = nullptr;
+  for (const std::string& r : roots) {
+    const bool under = r == "/" || resolved == r ||
+                       (resolved.size() > r.size() && resolved.compare(0, r.size(), r) == 0 &&
+                        resolved[r.size()] == '/');
+    if (under && (!best || r.size() > best->size())) best = &r;
+  }
+  return best;
+}
+}  // namespace
+
+int Persister::RemoveStaleTemps(Env* env, const std::vector<std::string>& roots,
+                                const std::vector<std::string>& paths, const std::string& temp_prefix) {
+  std::set<std::string> dirs;
+  for (const std::string& p : paths) dirs.insert(Dirname(p));
+  int total = 0;
+  for (const std::string& dir : dirs) {
+    std::string resolved;
+    if (!env->ResolvePath(dir, &resolved).ok()) continue;
+    const std::string* root = RootOf(resolved, roots);
+    std::unique_ptr<Directory> d;
+    if (!root || !env->OpenDirectory(*root, resolved, /*create=*/false, &d).ok()) continue;
+    int removed = 0;
+    if (d->RemoveTemps(temp_prefix, &removed).ok()) total += removed;
+    if (removed > 0)
+      TCE_LOG(kInfo, "persist") << "removed " << removed << " temp file(s) a crash left in " << resolved;
+  }
+  return total;
+}
+
+Status Persister::OpenTargetDir(const std::string& path, std::unique_ptr<Directory>* out) {
+  const std::string dir = Dirname(path);
+  std::string resolved;
+  Status s = env_->ResolvePath(dir, &resolved);
+  if (!s.ok()) return s;
+  const std::string* root = RootOf(resolved, cache_->storage_roots());
+  if (!root)
+    return Status::PermissionDenied(dir + " now resolves to " + resolved +
+                                    ", which is not under a storage root: nothing is written there");
+  return env_->OpenDirectory(*root, resolved, /*create=*/true, out);
 }
 
 void Persister::Start() {
@@ -221,12 +262,12 @@ Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
 
 Status Persister::PersistOnce(const PersistJob& job, unsigned char* data, uint64_t mapped,
                               bool direct, ZipCrcStream* crcs, std::chrono::milliseconds* yielded) {
-  const std::string dir = Dirname(job.path);
-  const std::string tmp = TempPath(job.path, job.version);
-  Status s = env_->CreateDirs(dir);
+  const std::string name = job.path.substr(job.path.rfind('/') + 1);
+  std::unique_ptr<Directory> dir;
+  Status s = OpenTargetDir(job.path, &dir);
   if (!s.ok()) return s;
-  std::unique_ptr<WritableFile> file;
-  s = env_->NewWritableFile(tmp, direct, &file);
+  std::unique_ptr<TempFile> file;
+  s = dir->NewTempFile(options_.temp_prefix, direct, &file);
   if (!s.ok()) return s;
   // Direct writes go out io_depth at a time (a chunk's CRC patches only land
   // at or after that chunk, so chunks in flight are never touched again).
@@ -247,22 +288,19 @@ Status Persister::PersistOnce(const PersistJob& job, unsigned char* data, uint64
   if (s.ok()) s = written;
   if (s.ok() && direct) s = file->Truncate(job.size);
   if (s.ok()) s = file->Sync();
-  Status closed = file->Close();
-  if (s.ok()) s = closed;
   if (s.ok()) {
     std::lock_guard<std::mutex> l(rename_mu_);
     if (!cache_->IsCurrent(job)) {
       s = Status::Aborted("superseded by a newer version");
     } else {
-      s = env_->RenameFile(tmp, job.path);
+      s = file->Publish(name);
     }
   }
-  if (!s.ok()) {
-    Status ignored = env_->RemoveFile(tmp);
-    (void)ignored;
-    return s;
-  }
-  return env_->SyncDir(dir);
+  if (!s.ok()) file->Discard();
+  Status closed = file->Close();
+  if (s.ok()) s = closed;
+  if (!s.ok()) return s;
+  return dir->Sync();
 }
 
 }  // namespace tce

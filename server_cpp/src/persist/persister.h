@@ -7,8 +7,17 @@
 // faster here and far less CPU taken from training), else buffered with
 // writeback started per chunk; fdatasync, rename over the final path, fsync
 // of the directory. The final path never holds a torn file. A root server
-// writes with the committing client's uid/gid (fsuid), never as root. I/O errors are retried with exponential backoff; after the
-// retries the file is FAILED with the reason (and stays in memory).
+// writes with the committing client's uid/gid (fsuid), never as root. I/O
+// errors are retried with exponential backoff; after the retries the file is
+// FAILED with the reason (and stays in memory).
+//
+// Confinement: the root check at Allocate is not trusted at write time. Each
+// attempt resolves the file's directory, requires it under a storage root,
+// and opens it from the root one component at a time without following
+// symlinks (Env::OpenDirectory); the temp file is unnamed (O_TMPFILE) or has
+// an unguessable name made with O_EXCL|O_NOFOLLOW, and is renamed within
+// that directory fd. So no symlink planted or swapped in at any moment
+// redirects a write, and a temp name never depends on the final name's length.
 // Start/Stop from one controlling thread.
 #pragma once
 
@@ -40,6 +49,10 @@ struct PersistOptions {
   // comes first), at most this long in all for one file.
   std::chrono::milliseconds max_yield{5000};
   int nice = 10;                           // CPU priority of the workers (0: unchanged)
+  // Temp files are named this + 16 random hex digits (where the filesystem
+  // has no unnamed files); one prefix per server, so a restart removes its
+  // own crashed temp files and never another server's in a shared directory.
+  std::string temp_prefix = ".tce-";
 };
 
 class Persister {
@@ -49,8 +62,11 @@ class Persister {
   void Start();
   void Stop();  // abandons retries; in-flight writes finish their current attempt
 
-  // Temp-file name used for `path` while version `version` is written.
-  static std::string TempPath(const std::string& path, uint64_t version);
+  // At start: removes the temp files a crash left (those `temp_prefix` could
+  // have named) from the directories of `paths` that lie under `roots`.
+  // Returns how many it removed.
+  static int RemoveStaleTemps(Env* env, const std::vector<std::string>& roots,
+                              const std::vector<std::string>& paths, const std::string& temp_prefix);
 
  private:
   void Loop();
@@ -61,6 +77,8 @@ class Persister {
   Status PersistOnce(const PersistJob& job, unsigned char* data, uint64_t mapped, bool direct,
                      ZipCrcStream* crcs, std::chrono::milliseconds* yielded);
   Status Persist(const PersistJob& job, std::vector<Record>* records);
+  // The directory of `path`, opened beneath its storage root (see above).
+  Status OpenTargetDir(const std::string& path, std::unique_ptr<Directory>* out);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   Cache* const cache_;

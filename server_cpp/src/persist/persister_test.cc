@@ -53,7 +53,8 @@ class PersisterTest : public ::testing::Test {
     persister_.reset();
     fs::remove_all(root_);
   }
-  void Start(int retries = 3, bool direct_io = true) {
+  // `run` false: the persister starts only when the test calls persister_->Start().
+  void Start(int retries = 3, bool direct_io = true, bool run = true) {
     cache_.reset(new Cache(64 << 20, {root_}, &env_));
     PersistOptions o;
     o.threads = 2;
@@ -61,7 +62,7 @@ class PersisterTest : public ::testing::Test {
     o.backoff = 5ms;
     o.direct_io = direct_io;
     persister_.reset(new Persister(cache_.get(), &env_, o));
-    persister_->Start();
+    if (run) persister_->Start();
     session_ = cache_->OpenSession(getuid(), getpid());
   }
   // Saves a FakeZip whose payload is `fill` bytes at `path`.
@@ -123,7 +124,9 @@ TEST_F(PersisterTest, WritesTheFileWithCrcsFilled) {
   EXPECT_EQ(Get32(bytes, FakeZip::kDesc + 4), crc);
   EXPECT_EQ(Get32(bytes, FakeZip::kCentral + 16), crc);
   EXPECT_EQ(out[0].records[0].crc32, crc);
-  EXPECT_FALSE(fs::exists(Persister::TempPath(path, out[0].version)));
+  std::vector<std::string> names;  // no temp file is left beside it
+  for (const auto& e : fs::directory_iterator(root_ + "/ckpt/step1")) names.push_back(e.path().filename());
+  EXPECT_EQ(names, std::vector<std::string>{"model.pt"});
   EXPECT_EQ(cache_->Stats().persisted_files, 1u);
 }
 
@@ -524,6 +527,97 @@ TEST_F(PersisterTest, WritesInFlightGiveTheSameFileAsOneAtATime) {
   EXPECT_EQ(crc[0], crc32(0, &bytes[kData], kPayload));
   EXPECT_EQ(crc[1], crc[0]);
   EXPECT_EQ(Get32(disk[1], kCentral + 16), crc[0]);
+}
+
+}  // namespace
+}  // namespace tce
+
+namespace tce {
+namespace {
+
+// Storage confinement: the check at Allocate is not the last word.
+class ConfinementTest : public PersisterTest {
+ protected:
+  void SetUp() override {
+    PersisterTest::SetUp();
+    outside_ = MakeTempDir("tce-outside");
+  }
+  void TearDown() override {
+    PersisterTest::TearDown();
+    fs::remove_all(outside_);
+  }
+  std::string outside_;
+};
+
+TEST_F(ConfinementTest, ADirectorySwappedForASymlinkAfterAllocateIsNotWrittenThrough) {
+  Start(/*retries=*/0, /*direct_io=*/true, /*run=*/false);
+  fs::create_directories(root_ + "/swap");
+  const std::string path = root_ + "/swap/x.pt";
+  Save(path, 's');  // accepted: swap/ is a directory under the root now
+  fs::remove_all(root_ + "/swap");
+  fs::create_directory_symlink(outside_, root_ + "/swap");
+  persister_->Start();
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kFailed);
+  EXPECT_NE(out[0].reason.find("not under a storage root"), std::string::npos) << out[0].reason;
+  EXPECT_TRUE(fs::is_empty(outside_));
+}
+
+TEST_F(ConfinementTest, AParentSymlinkWhoseTargetAppearsLaterIsNotWrittenThrough) {
+  Start(/*retries=*/0, /*direct_io=*/true, /*run=*/false);
+  fs::create_directory_symlink(outside_ + "/later", root_ + "/dangling");
+  const std::string path = root_ + "/dangling/x.pt";
+  Save(path, 'l');  // the target does not exist: the path resolves under the root
+  persister_->Start();
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kFailed);
+  EXPECT_NE(out[0].reason.find("is a symlink or not a directory"), std::string::npos) << out[0].reason;
+  EXPECT_TRUE(fs::is_empty(outside_));  // not even the target directory was made
+}
+
+TEST_F(ConfinementTest, TempNamesAreUnguessableAndFollowNoSymlink) {
+  Start();
+  // Symlinks at every temp name the old scheme would have used.
+  { std::ofstream(outside_ + "/victim") << "root's file"; }
+  for (int v = 0; v < 64; ++v)
+    fs::create_symlink(outside_ + "/victim", root_ + "/.t.pt.tce-tmp-" + std::to_string(v));
+  const std::string path = root_ + "/t.pt";
+  Save(path, 'v');
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kPersisted) << out[0].reason;
+  EXPECT_EQ(Read(outside_ + "/victim"), "root's file");
+  EXPECT_EQ(Read(path)[FakeZip::kData], 'v');
+}
+
+TEST_F(ConfinementTest, ALongFileNameStillPersists) {
+  Start();
+  const std::string path = root_ + "/" + std::string(250, 'n') + ".pt";  // 253 bytes: a valid name
+  Save(path, 'n');
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  EXPECT_EQ(out[0].state, FileState::kPersisted) << out[0].reason;
+}
+
+TEST_F(ConfinementTest, RestartRemovesOnlyItsOwnTempFiles) {
+  fs::create_directories(root_ + "/d");
+  const std::string mine = root_ + "/d/.tce-0000abcd.0123456789abcdef";
+  const std::string theirs = root_ + "/d/.tce-ffff0000.0123456789abcdef";
+  const std::string user = root_ + "/d/.tce-0000abcd.notours";
+  for (const std::string& p : {mine, theirs, user}) std::ofstream(p) << "x";
+  fs::create_directories(outside_ + "/d");
+  const std::string beyond = outside_ + "/d/.tce-0000abcd.0123456789abcdef";
+  { std::ofstream(beyond) << "x"; }
+  fs::create_directory_symlink(outside_ + "/d", root_ + "/link");
+  const int removed = Persister::RemoveStaleTemps(
+      Env::Default(), {root_}, {root_ + "/d/x.pt", root_ + "/d/y.pt", root_ + "/link/z.pt"}, ".tce-0000abcd.");
+  EXPECT_EQ(removed, 1);
+  EXPECT_FALSE(fs::exists(mine));
+  EXPECT_TRUE(fs::exists(theirs));  // another server's, in a shared directory
+  EXPECT_TRUE(fs::exists(user));
+  EXPECT_TRUE(fs::exists(beyond));  // beyond a symlink out of the root
 }
 
 }  // namespace
