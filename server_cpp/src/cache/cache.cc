@@ -746,12 +746,60 @@ Status Cache::Wait(const std::string& session, const std::string& job,
   }
 }
 
+void Cache::SetFailedRetry(std::chrono::milliseconds interval) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failed_retry_ = interval;
+}
+
+void Cache::FailPersist(FileInfo& f, const Status& why) {
+  f.state = FileState::kFailed;
+  f.reason = why.ToString();
+  const Status::Code c = why.code();
+  const bool may_clear = c == Status::Code::kResourceExhausted || c == Status::Code::kInternal ||
+                         c == Status::Code::kUnavailable || c == Status::Code::kDeadlineExceeded;
+  if (may_clear && failed_retry_.count() > 0 && f.buffer_id != 0) {
+    retry_at_[{f.job, f.path}] = std::chrono::steady_clock::now() + failed_retry_;
+    f.reason += " (persisted again every " + std::to_string(failed_retry_.count() / 1000.0).substr(0, 4) +
+                " s while in memory)";
+    persist_cv_.notify_all();  // a worker waits for the attempt
+  }
+  Note(f, false);
+  done_cv_.notify_all();
+}
+
+std::chrono::steady_clock::time_point Cache::QueueDueRetries() {
+  const auto now = std::chrono::steady_clock::now();
+  auto next = std::chrono::steady_clock::time_point::max();
+  for (auto it = retry_at_.begin(); it != retry_at_.end();) {
+    if (it->second > now) {
+      next = std::min(next, it->second);
+      ++it;
+      continue;
+    }
+    auto f = files_.find(it->first);
+    if (f != files_.end() && f->second.state == FileState::kFailed && f->second.buffer_id != 0) {
+      TCE_LOG(kInfo, "persist") << "persisting again job=" << f->second.job << " path=" << f->second.path
+                                << " (failed: " << f->second.reason << ")";
+      f->second.state = f->second.backup_holder.empty() ? FileState::kCached : FileState::kBackedUp;
+      f->second.reason.clear();
+      Note(f->second, false);
+      persist_queue_.push_back(it->first);
+    }
+    it = retry_at_.erase(it);
+  }
+  return next;
+}
+
 bool Cache::NextPersistJob(PersistJob* out) {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     if (stopping_) return false;
+    const auto next_retry = QueueDueRetries();
     if (persist_queue_.empty()) {
-      persist_cv_.wait(lock);
+      if (next_retry == std::chrono::steady_clock::time_point::max())
+        persist_cv_.wait(lock);
+      else
+        persist_cv_.wait_until(lock, next_retry);
       continue;
     }
     FileKey key = persist_queue_.front();
@@ -765,10 +813,8 @@ bool Cache::NextPersistJob(PersistJob* out) {
     Buf& buf = buffers_[it->second.buffer_id];
     int fd = -1;
     Status s = buf.mem->NewFd(/*writable=*/true, &fd);
-    if (!s.ok()) {
-      it->second.state = FileState::kFailed;
-      it->second.reason = s.ToString();
-      done_cv_.notify_all();
+    if (!s.ok()) {  // e.g. out of descriptors: that clears
+      FailPersist(it->second, s);
       continue;
     }
     ++buf.pins;
@@ -822,9 +868,7 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
     Note(it->second, false);
     EnforceKeepLast(job.job);
   } else {
-    it->second.state = FileState::kFailed;
-    it->second.reason = result.ToString();
-    Note(it->second, false);
+    FailPersist(it->second, result);
   }
   done_cv_.notify_all();
 }

@@ -137,8 +137,16 @@ class Cache {
   // background persistence never competes with a training rank's copy.
   // Returns how long it waited.
   std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max);
-  // Records the outcome (records carry the CRCs) and unpins the buffer.
+  // Records the outcome (records carry the CRCs) and unpins the buffer. A
+  // file whose persistence failed for a reason that can clear by itself
+  // (RESOURCE_EXHAUSTED: disk full, quota, out of descriptors or memory;
+  // INTERNAL: I/O errors; UNAVAILABLE, DEADLINE_EXCEEDED) is FAILED with the
+  // reason and persisted again after the failed-retry interval, for as long
+  // as it stays in memory; other failures (permissions, confinement, a bad
+  // record table) stay FAILED until a client retries or removes the file.
   void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records);
+  // The failed-retry interval above (0: never retry by itself). Default 30 s.
+  void SetFailedRetry(std::chrono::milliseconds interval);
   void StopPersistence();
 
   // ---- the ring ----
@@ -295,6 +303,13 @@ class Cache {
   uint64_t backups_in_flight_ = 0;                   // GUARDED_BY(mu_)
   std::string backup_error_;                         // GUARDED_BY(mu_)
   std::string self_endpoint_;                        // GUARDED_BY(mu_)
+  std::chrono::milliseconds failed_retry_{30000};    // GUARDED_BY(mu_)
+  // Files FAILED for a reason that may clear, and when to persist them again.
+  std::map<FileKey, std::chrono::steady_clock::time_point> retry_at_;  // GUARDED_BY(mu_)
+  // Marks the file FAILED with `why`, and schedules another attempt if `why` may clear.
+  void FailPersist(FileInfo& f, const Status& why);  // REQUIRES mu_
+  // Queues the scheduled attempts that are due; returns when the next is.
+  std::chrono::steady_clock::time_point QueueDueRetries();  // REQUIRES mu_
   void QueueBackup(const FileKey& key);              // REQUIRES mu_
   // Sets the job's ring; returns the successor ("" for one node).
   std::string InstallRing(const std::string& job, int32_t node_rank,

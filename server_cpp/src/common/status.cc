@@ -7,8 +7,14 @@ namespace tce {
 
 Status Status::FromErrno(int err, const std::string& context) {
   std::string msg = context + ": " + std::strerror(err);
-  if (err == ENOMEM || err == ENOSPC) return ResourceExhausted(msg);
-  return Internal(msg);
+  switch (err) {
+    case ENOMEM: case ENOSPC: case EDQUOT: case EMFILE: case ENFILE: case ENOBUFS:
+      return ResourceExhausted(msg);
+    case EACCES: case EPERM: case EROFS:
+      return PermissionDenied(msg);
+    default:
+      return Internal(msg);
+  }
 }
 
 const char* CodeName(Status::Code code) {

@@ -46,7 +46,9 @@ class [[nodiscard]] Status {
   static Status DataLoss(std::string m) { return Status(Code::kDataLoss, std::move(m)); }
   // A code received from elsewhere (a peer's reply).
   static Status FromCode(Code code, std::string m) { return Status(code, std::move(m)); }
-  // An OS error: ENOMEM/ENOSPC become ResourceExhausted, others Internal.
+  // An OS error: running out (ENOMEM, ENOSPC, EDQUOT, EMFILE, ENFILE,
+  // ENOBUFS) is ResourceExhausted, a refusal (EACCES, EPERM, EROFS)
+  // PermissionDenied, anything else Internal.
   static Status FromErrno(int err, const std::string& context);
 
   bool ok() const { return code_ == Code::kOk; }

@@ -210,6 +210,7 @@ int Run(int argc, char** argv) {
   BackupStore backups(backup_budget);
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
+  cache.SetFailedRetry(std::chrono::milliseconds(opt.persist_failed_retry_ms));
   PersistOptions popt;
   popt.threads = opt.persist_threads;
   popt.retries = opt.persist_retries;

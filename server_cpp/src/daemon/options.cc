@@ -33,6 +33,7 @@ const Setting kSettings[] = {
     {"cache_full_timeout_ms", "TCE_CACHE_FULL_TIMEOUT_MS", "--cache-full-timeout-ms"},
     {"persist_direct_io", "TCE_PERSIST_DIRECT_IO", "--persist-direct-io"},
     {"persist_io_depth", "TCE_PERSIST_IO_DEPTH", "--persist-io-depth"},
+    {"persist_failed_retry_ms", "TCE_PERSIST_FAILED_RETRY_MS", "--persist-failed-retry-ms"},
     {"drain_timeout_ms", "TCE_DRAIN_TIMEOUT_MS", "--drain-timeout-ms"},
     {"keep_last", "TCE_KEEP_LAST", "--keep-last"},
     {"state_dir", "TCE_STATE_DIR", "--state-dir"},
@@ -168,6 +169,8 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     o->ring_fault = value;
   } else if (key == "peer_timeout_ms") {
     if (!ParseInt(value, 100, 3600000, &o->peer_timeout_ms)) return bad("milliseconds, 100 to 3600000");
+  } else if (key == "persist_failed_retry_ms") {
+    if (!ParseInt(value, 0, 86400000, &o->persist_failed_retry_ms)) return bad("milliseconds, 0 to 86400000");
   } else if (key == "peer_handshake_timeout_ms") {
     if (!ParseInt(value, 100, 600000, &o->peer_handshake_timeout_ms)) return bad("milliseconds, 100 to 600000");
   } else if (key == "peer_max_connections") {
@@ -371,6 +374,7 @@ std::string FormatConfig(const Options& o) {
       << "backup_share = " << o.backup_share << "\n"
       << "backup_threads = " << o.backup_threads << "\n"
       << "peer_timeout_ms = " << o.peer_timeout_ms << "\n"
+      << "persist_failed_retry_ms = " << o.persist_failed_retry_ms << "\n"
       << "peer_handshake_timeout_ms = " << o.peer_handshake_timeout_ms << "\n"
       << "peer_max_connections = " << o.peer_max_connections << "\n"
       << "peer_max_handshakes = " << o.peer_max_handshakes << "\n"
@@ -400,6 +404,10 @@ std::string HelpText() {
          "  --persist-threads N    persistence workers                       [TCE_PERSIST_THREADS, 2]\n"
          "  --persist-retries N    retries of a failed write                 [TCE_PERSIST_RETRIES, 5]\n"
          "  --persist-backoff-ms N first retry delay, doubled each time      [TCE_PERSIST_BACKOFF_MS, 200]\n"
+         "  --persist-failed-retry-ms N\n"
+         "                         persist a file that failed for a reason   [TCE_PERSIST_FAILED_RETRY_MS, 30000]\n"
+         "                         that may clear (disk full, I/O) again\n"
+         "                         this often (0: never)\n"
          "  --keep-last N          per job, evict persisted files of tags older than the\n"
          "                         newest N (0: keep while there is room)    [TCE_KEEP_LAST, 0]\n"
          "  --state-dir DIR        the server's own files (metadata)         [TCE_STATE_DIR, /var/lib/tce]\n"

@@ -622,3 +622,49 @@ TEST_F(ConfinementTest, RestartRemovesOnlyItsOwnTempFiles) {
 
 }  // namespace
 }  // namespace tce
+
+namespace tce {
+namespace {
+
+TEST_F(PersisterTest, AFailureThatClearsIsPersistedAgain) {
+  Start(/*retries=*/0);
+  cache_->SetFailedRetry(50ms);
+  env_.FailAppends(ENOSPC, 3);  // the first attempts find the disk full
+  const std::string path = root_ + "/full.pt";
+  Save(path, 'f');
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  ASSERT_EQ(out[0].state, FileState::kFailed);
+  EXPECT_NE(out[0].reason.find("RESOURCE_EXHAUSTED"), std::string::npos) << out[0].reason;
+  EXPECT_NE(out[0].reason.find("persisted again every"), std::string::npos) << out[0].reason;
+  // The disk has room again: a later attempt persists it, with no client asking.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  FileInfo f;
+  do {
+    std::this_thread::sleep_for(20ms);
+    for (const FileInfo& g : cache_->List("job", "")) f = g;
+  } while (f.state != FileState::kPersisted && std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(f.state, FileState::kPersisted) << f.reason;
+  EXPECT_EQ(Read(path)[FakeZip::kData], 'f');
+}
+
+TEST_F(PersisterTest, AFailureThatCannotClearIsNotRetried) {
+  Start(/*retries=*/0, /*direct_io=*/true, /*run=*/false);
+  cache_->SetFailedRetry(20ms);
+  fs::create_directories(root_ + "/gone");
+  const std::string path = root_ + "/gone/x.pt";
+  Save(path, 'g');
+  fs::remove_all(root_ + "/gone");
+  fs::create_directory_symlink("/tmp", root_ + "/gone");  // confinement refuses: PERMISSION_DENIED
+  persister_->Start();
+  std::vector<FileInfo> out;
+  ASSERT_TRUE(Wait(path, &out).ok());
+  ASSERT_EQ(out[0].state, FileState::kFailed);
+  EXPECT_EQ(out[0].reason.find("persisted again"), std::string::npos) << out[0].reason;
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(cache_->List("job", "")[0].state, FileState::kFailed);
+  EXPECT_EQ(env_.appends(), 0);
+}
+
+}  // namespace
+}  // namespace tce
