@@ -158,11 +158,15 @@ Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const 
   if (connecting && !(s = Send(mine)).ok()) return s;
   if (!(s = Recv(&theirs)).ok())
     return Status::Unauthenticated("peer " + address_ + " did not complete the handshake: " + s.message());
-  if (theirs.version() != kPeerProtocolVersion || theirs.nonce().size() != 32 ||
-      theirs.endpoint().empty() || theirs.endpoint().size() > 256)
+  if (theirs.version() != kPeerProtocolVersion || theirs.nonce().size() != 32)
     return Status::Unauthenticated("peer " + address_ + " speaks protocol version " +
                                    std::to_string(theirs.version()) + ", not " +
                                    std::to_string(kPeerProtocolVersion));
+  // An endpoint is host:port: printable, short (it goes into logs and proofs).
+  const std::string& e = theirs.endpoint();
+  if (e.empty() || e.size() > 256 ||
+      !std::all_of(e.begin(), e.end(), [](char c) { return c > ' ' && c < 0x7f; }))
+    return Status::Unauthenticated("peer " + address_ + " announced no valid endpoint");
   if (!connecting && !(s = Send(mine)).ok()) return s;
   const std::string& cn = connecting ? nonce : theirs.nonce();
   const std::string& an = connecting ? theirs.nonce() : nonce;
