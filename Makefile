@@ -17,7 +17,7 @@ APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev \
 	podman runc catatonit debootstrap
 
-.PHONY: setup build test test-cpp test-py demo bench image clean
+.PHONY: setup build test test-cpp test-sanitize test-py demo bench image clean
 
 setup: $(STAMPS)/apt $(STAMPS)/python build
 
@@ -55,10 +55,20 @@ build: $(STAMPS)/apt $(STAMPS)/python
 test-cpp: build
 	ctest --test-dir $(BUILD_DIR)/server_cpp --output-on-failure -j2
 
+# The gtests again, built with AddressSanitizer and UndefinedBehaviorSanitizer
+# (any finding fails the run), the bounded fuzz loops included.
+SANITIZE_DIR := build/sanitize
+test-sanitize: $(STAMPS)/apt
+	cmake -S server_cpp -B $(SANITIZE_DIR) -G Ninja -DTCE_SANITIZE=ON \
+		-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTCE_BUILD_TESTS=ON >/dev/null
+	cmake --build $(SANITIZE_DIR) -j2 --target tce_server_tests
+	ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		$(SANITIZE_DIR)/tce_server_tests --gtest_brief=1
+
 test-py: build
 	$(PYTHON) -m pytest -q
 
-test: test-cpp test-py
+test: test-cpp test-sanitize test-py
 
 demo: setup
 	$(PYTHON) -m tce.cli demo

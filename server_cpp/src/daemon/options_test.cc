@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "common/testing.h"
 #include <stdlib.h>
 #include <unistd.h>
@@ -136,6 +138,40 @@ TEST(Options, Uids) {
   ASSERT_TRUE(ParseUids("5, 6", 1234, &u).ok());
   EXPECT_EQ(u, (std::set<uid_t>{5, 6}));
   EXPECT_FALSE(ParseUids("5,x", 1234, &u).ok());
+}
+
+}  // namespace
+}  // namespace tce
+
+namespace tce {
+namespace {
+
+// A bounded random-input loop over the option decoders (config files,
+// flags, environment): every input ends in a Status, never a crash.
+TEST(OptionsFuzz, RandomConfigTextFlagsAndValuesEndInAStatus) {
+  std::mt19937_64 rng(4);
+  const char* keys[] = {"socket", "memory_budget", "allowed_uids", "max_sessions", "storage_roots",
+                        "metadata_url", "peer_listen", "peer_timeout_ms", "ring_streams",
+                        "peer_max_handshakes", "log_level", "persist_io_depth", "keep_last"};
+  const std::string alphabet = "abc019 =\"#\\\n\t-_/:%,.GiBMK\x01\xff";
+  auto text = [&](size_t max) {
+    std::string s(rng() % (max + 1), ' ');
+    for (char& c : s) c = alphabet[rng() % alphabet.size()];
+    return s;
+  };
+  for (int it = 0; it < 20000; ++it) {
+    std::vector<std::pair<std::string, std::string>> pairs;
+    Status parsed = ParseConfigText(text(200), "fuzz.toml", &pairs);
+    (void)parsed;
+    Options o;
+    const std::string key = keys[rng() % (sizeof(keys) / sizeof(keys[0]))];
+    Status set = SetOption(&o, key, text(24));
+    (void)set;
+    Options out;
+    Action action;
+    Status flags = ParseOptions({"tce-server", "--" + text(12), text(12)}, {{"TCE_" + text(8), text(8)}}, &out, &action);
+    (void)flags;
+  }
 }
 
 }  // namespace
