@@ -321,6 +321,11 @@ class Client:
             "Remove", pb.RemoveRequest(session=self.session, job=job, path=path)
         ).file
 
+    def retry(self, job: str, paths: list[str]) -> list[pb.FileInfo]:
+        """Persist FAILED files again now (all of the job's when `paths` is empty)."""
+        return list(self._call(
+            "Retry", pb.RetryRequest(session=self.session, job=job, paths=paths)).files)
+
     def list(self, job: str = "", tag: str = "") -> list[pb.FileInfo]:
         return list(self._call("List", pb.ListRequest(job=job, tag=tag)).files)
 

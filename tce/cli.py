@@ -150,6 +150,50 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return _demo.main(args)
 
 
+def _matching(client, paths: list[str], job: str | None):
+    """The server's files at `paths` (absolute), in `job` or any job."""
+    import os
+
+    wanted = {os.path.abspath(p) for p in paths}
+    return [f for f in client.list(job or "", "") if f.path in wanted]
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    from tce._api import _with_client
+    from tce.v1 import tce_pb2 as pb
+
+    def run(client):
+        if args.all:
+            jobs = [args.job] if args.job else sorted({f.job for f in client.list("", "")
+                                                       if f.state == pb.FILE_STATE_FAILED})
+            return [f for job in jobs for f in client.retry(job, [])]
+        files = _matching(client, args.paths, args.job)
+        if not files:
+            raise SystemExit(f"tce retry: the server knows none of {' '.join(args.paths)}")
+        by_job: dict[str, list[str]] = {}
+        for f in files:
+            by_job.setdefault(f.job, []).append(f.path)
+        return [f for job, paths in sorted(by_job.items()) for f in client.retry(job, paths)]
+
+    for f in _with_client(run):
+        print(f"retrying  {f.path} (job {f.job})")
+    return 0
+
+
+def _cmd_drop(args: argparse.Namespace) -> int:
+    from tce._api import _with_client
+
+    def run(client):
+        files = _matching(client, args.paths, args.job)
+        if not files:
+            raise SystemExit(f"tce drop: the server knows none of {' '.join(args.paths)}")
+        return [client.remove(f.job, f.path) for f in files]
+
+    for f in _with_client(run):
+        print(f"dropped   {f.path} (job {f.job}); storage keeps what it had")
+    return 0
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from tce import _doctor
 
@@ -178,6 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("path")
     s.add_argument("--job")
     s.add_argument("--metadata", metavar="URL", help="read the metadata store instead of the server")
+
+    s = sub.add_parser("retry", help="persist FAILED files again now")
+    s.add_argument("paths", nargs="*", metavar="PATH")
+    s.add_argument("--job", help="only this job's files")
+    s.add_argument("--all", action="store_true", help="every FAILED file (of --job, or of every job)")
+
+    s = sub.add_parser("drop", help="let go of cached files (a FAILED one is then never persisted)")
+    s.add_argument("paths", nargs="+", metavar="PATH")
+    s.add_argument("--job", help="only this job's files")
 
     s = sub.add_parser("bench", help="save/load throughput against torch.save/torch.load")
     from tce._bench import add_arguments
@@ -209,8 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tce import _knobs
 
         _knobs.configure(socket=args.socket)
+    if args.command == "retry" and bool(args.paths) == bool(args.all):
+        parser.error("retry takes PATH... or --all")
     handler = {"status": _cmd_status, "ls": _cmd_ls, "show": _cmd_show, "bench": _cmd_bench,
-               "demo": _cmd_demo, "doctor": _cmd_doctor}
+               "demo": _cmd_demo, "doctor": _cmd_doctor, "retry": _cmd_retry, "drop": _cmd_drop}
     from tce.errors import TCEError
 
     try:

@@ -70,3 +70,46 @@ def test_a_checkpoint_failed_on_a_full_disk_persists_once_there_is_room(small_di
     finally:
         assert s.stop() == 0, s.log()
         s.cleanup()
+
+
+def _tce(server, *args) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tce.cli", "--socket", server.socket, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_an_operator_retries_or_drops_what_failed(small_disk):
+    """With automatic retries off, FAILED files wait for the operator:
+    `tce retry` persists one once there is room, `tce drop` lets go of the
+    other (it is never written)."""
+    s = LocalServer(memory_budget="128MiB", storage_roots=[str(small_disk)],
+                    extra_args=["--persist-retries", "0", "--persist-failed-retry-ms", "0"]).start()
+    try:
+        ballast = _fill(small_disk, 1 << 20)
+        job = f"ops-{uuid.uuid4().hex[:8]}"
+        keep, drop = small_disk / "keep.pt", small_disk / "drop.pt"
+        w = torch.randn(2 << 20)
+        with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
+            tce.save({"w": w}, keep, tag="t")
+            tce.save({"w": w}, drop, tag="t")
+            client = _api._get_client()
+            infos = client.wait(job, [str(keep), str(drop)], 20)
+            assert [i.state for i in infos] == [pb.FILE_STATE_FAILED] * 2, [i.reason for i in infos]
+            assert "persisted again" not in infos[0].reason  # nobody retries by itself
+            ballast.unlink()
+            p = _tce(s, "retry", str(keep))
+            assert p.returncode == 0 and f"retrying  {keep} (job {job})" in p.stdout, p.stderr
+            until(lambda: client.lookup(job, str(keep)).state == pb.FILE_STATE_PERSISTED,
+                  what="the retried file to persist")
+            p = _tce(s, "drop", str(drop))
+            assert p.returncode == 0 and f"dropped   {drop} (job {job})" in p.stdout, p.stderr
+            assert str(drop) not in {f.path for f in client.list(job)}
+            p = _tce(s, "retry", str(keep))  # persisted: nothing to retry, and it says so
+            assert p.returncode == 1 and "is PERSISTED, not FAILED: nothing to retry" in p.stderr, p.stderr
+            _api.close()
+        assert torch.equal(torch.load(keep, weights_only=True)["w"], w)
+        assert not drop.exists()
+    finally:
+        assert s.stop() == 0, s.log()
+        s.cleanup()

@@ -777,17 +777,53 @@ std::chrono::steady_clock::time_point Cache::QueueDueRetries() {
       continue;
     }
     auto f = files_.find(it->first);
-    if (f != files_.end() && f->second.state == FileState::kFailed && f->second.buffer_id != 0) {
-      TCE_LOG(kInfo, "persist") << "persisting again job=" << f->second.job << " path=" << f->second.path
-                                << " (failed: " << f->second.reason << ")";
-      f->second.state = f->second.backup_holder.empty() ? FileState::kCached : FileState::kBackedUp;
-      f->second.reason.clear();
-      Note(f->second, false);
-      persist_queue_.push_back(it->first);
-    }
     it = retry_at_.erase(it);
+    if (f != files_.end() && f->second.state == FileState::kFailed && f->second.buffer_id != 0)
+      Requeue(f->second);
   }
   return next;
+}
+
+void Cache::Requeue(FileInfo& f) {
+  TCE_LOG(kInfo, "persist") << "persisting again job=" << f.job << " path=" << f.path
+                            << " (failed: " << f.reason << ")";
+  retry_at_.erase({f.job, f.path});
+  f.state = f.backup_holder.empty() ? FileState::kCached : FileState::kBackedUp;
+  f.reason.clear();
+  Note(f, false);
+  persist_queue_.push_back({f.job, f.path});
+  persist_cv_.notify_one();
+}
+
+Status Cache::RetryFailed(const std::string& session, const std::string& job,
+                          const std::vector<std::string>& paths, std::vector<FileInfo>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  if (job.empty()) return Status::InvalidArgument("retry needs a job");
+  if (!persistence_enabled())
+    return Status::FailedPrecondition("this server persists nothing (no storage_roots)");
+  std::vector<FileInfo*> chosen;
+  if (paths.empty()) {
+    for (auto& [key, f] : files_)
+      if (key.first == job && f.state == FileState::kFailed && f.buffer_id != 0) chosen.push_back(&f);
+  }
+  for (const std::string& path : paths) {
+    auto it = files_.find({job, path});
+    if (it == files_.end()) return Status::NotFound("no file " + path + " in job " + job);
+    FileInfo& f = it->second;
+    if (f.state != FileState::kFailed)
+      return Status::FailedPrecondition(path + " is " + FileStateName(f.state) + ", not FAILED: nothing to retry");
+    if (f.buffer_id == 0)
+      return Status::FailedPrecondition(path + " is no longer in memory (" + f.reason +
+                                        "): only a new save can bring it back");
+    chosen.push_back(&f);
+  }
+  for (FileInfo* f : chosen) {
+    Requeue(*f);
+    out->push_back(*f);
+  }
+  return Status::OK();
 }
 
 bool Cache::NextPersistJob(PersistJob* out) {

@@ -147,6 +147,12 @@ class Cache {
   void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records);
   // The failed-retry interval above (0: never retry by itself). Default 30 s.
   void SetFailedRetry(std::chrono::milliseconds interval);
+  // Persists FAILED files of `job` again now, whatever they failed of: the
+  // named `paths` (each must be FAILED with its memory, else NOT_FOUND or
+  // FAILED_PRECONDITION and nothing is queued), or with none every such file
+  // of the job. `out`: the files queued.
+  Status RetryFailed(const std::string& session, const std::string& job,
+                     const std::vector<std::string>& paths, std::vector<FileInfo>* out);
   void StopPersistence();
 
   // ---- the ring ----
@@ -308,6 +314,8 @@ class Cache {
   std::map<FileKey, std::chrono::steady_clock::time_point> retry_at_;  // GUARDED_BY(mu_)
   // Marks the file FAILED with `why`, and schedules another attempt if `why` may clear.
   void FailPersist(FileInfo& f, const Status& why);  // REQUIRES mu_
+  // Makes a FAILED file (with memory) CACHED/BACKED_UP again and queues it.
+  void Requeue(FileInfo& f);  // REQUIRES mu_
   // Queues the scheduled attempts that are due; returns when the next is.
   std::chrono::steady_clock::time_point QueueDueRetries();  // REQUIRES mu_
   void QueueBackup(const FileKey& key);              // REQUIRES mu_

@@ -219,6 +219,15 @@ grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingReques
   return ToGrpc(s);
 }
 
+grpc::Status CacheService::Retry(grpc::ServerContext*, const v1::RetryRequest* req,
+                                 v1::RetryResponse* resp) {
+  std::vector<std::string> paths(req->paths().begin(), req->paths().end());
+  std::vector<FileInfo> files;
+  tce::Status s = cache_->RetryFailed(req->session(), req->job(), paths, &files);
+  for (const FileInfo& f : files) ToProto(f, resp->add_files());
+  return ToGrpc(s);
+}
+
 namespace {
 constexpr auto kRemoteMissTtl = std::chrono::seconds(5);
 constexpr size_t kMaxRemembered = 4096;

@@ -37,6 +37,7 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status CommitTag(grpc::ServerContext*, const v1::CommitTagRequest*, v1::CommitTagResponse*) override;
   grpc::Status ListTags(grpc::ServerContext*, const v1::ListTagsRequest*, v1::ListTagsResponse*) override;
   grpc::Status SetRing(grpc::ServerContext*, const v1::SetRingRequest*, v1::SetRingResponse*) override;
+  grpc::Status Retry(grpc::ServerContext*, const v1::RetryRequest*, v1::RetryResponse*) override;
 
   // The ring's part (set before serving): `fetch` brings (job, path) from a
   // peer into the cache for a load that missed; `transport` is shown in Status.
