@@ -269,7 +269,7 @@ int Run(int argc, char** argv) {
   if (!opt.metrics_listen.empty()) {
     metrics = std::make_unique<MetricsServer>(opt.metrics_listen, [&] {
       v1::StatusResponse st;
-      (void)service.Status(nullptr, nullptr, &st);
+      service.FillStatus(&st);
       return RenderMetrics(st, cache.Stats(), persist_metrics, backup_metrics);
     });
     if (!(s = metrics->Start()).ok()) return Fail("metrics_listen: " + s.ToString(), 1);

@@ -88,8 +88,13 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   EXPECT_EQ(st.error_message(), "/ckpt/missing.pt is not cached for job j");
 
   v1::StatusResponse sresp;
+  grpc::ClientContext ctx5;
+  EXPECT_EQ(stub->Status(&ctx5, v1::StatusRequest(), &sresp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);  // every call runs in a session
+  v1::StatusRequest sreq;
+  sreq.set_session(hello.session());
   grpc::ClientContext ctx4;
-  ASSERT_TRUE(stub->Status(&ctx4, v1::StatusRequest(), &sresp).ok());
+  ASSERT_TRUE(stub->Status(&ctx4, sreq, &sresp).ok());
   EXPECT_EQ(sresp.files(), 1u);
   EXPECT_EQ(sresp.sessions(), 1u);
 
