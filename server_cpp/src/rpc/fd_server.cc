@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -30,10 +31,8 @@ std::string Hello(const Status& s, const std::string& session) {
 }
 }  // namespace
 
-FdServer::FdServer(Cache* cache, std::string path, std::set<uid_t> allowed_uids,
-                   size_t max_sessions)
-    : cache_(cache), path_(std::move(path)), allowed_uids_(std::move(allowed_uids)),
-      max_sessions_(max_sessions) {}
+FdServer::FdServer(Cache* cache, FdServerOptions options)
+    : cache_(cache), opt_(std::move(options)) {}
 
 FdServer::~FdServer() { Stop(); }
 
@@ -41,16 +40,21 @@ Status FdServer::Start() {
   struct sockaddr_un addr;
   std::memset(&addr, 0, sizeof(addr));
   addr.sun_family = AF_UNIX;
-  if (path_.size() >= sizeof(addr.sun_path))
+  const std::string& path = opt_.path;
+  if (path.size() >= sizeof(addr.sun_path))
     return Status::InvalidArgument("socket path too long (max " +
-                                   std::to_string(sizeof(addr.sun_path) - 1) + "): " + path_);
-  std::memcpy(addr.sun_path, path_.c_str(), path_.size());
-  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+                                   std::to_string(sizeof(addr.sun_path) - 1) + "): " + path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) return Status::FromErrno(errno, "socket");
   if (bind(listen_fd_, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0)
-    return Status::FromErrno(errno, "bind " + path_);
-  chmod(path_.c_str(), 0666);
-  if (listen(listen_fd_, 128) != 0) return Status::FromErrno(errno, "listen " + path_);
+    return Status::FromErrno(errno, "bind " + path);
+  // Before listen: nobody outside the owner and the group ever connects.
+  if (opt_.socket_gid != static_cast<gid_t>(-1) && chown(path.c_str(), -1, opt_.socket_gid) != 0)
+    return Status::FromErrno(errno, "chown " + path);
+  if (chmod(path.c_str(), 0660) != 0) return Status::FromErrno(errno, "chmod " + path);
+  if (listen(listen_fd_, 128) != 0) return Status::FromErrno(errno, "listen " + path);
+  reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe");
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
@@ -68,40 +72,85 @@ void FdServer::Stop() {
     ::close(fd);
   }
   sessions_.clear();
-  for (int* fd : {&listen_fd_, &wake_[0], &wake_[1]}) {
+  for (int* fd : {&listen_fd_, &reserve_fd_, &wake_[0], &wake_[1]}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
 }
 
+int FdServer::PollTimeoutMs() const {
+  auto now = std::chrono::steady_clock::now();
+  auto until = std::chrono::steady_clock::time_point::max();
+  if (accept_paused_until_ > now) until = accept_paused_until_;
+  if (opt_.idle_timeout.count() > 0) until = std::min(until, next_idle_check_);
+  if (until == std::chrono::steady_clock::time_point::max()) return -1;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count();
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ms, 60000)));
+}
+
 void FdServer::Loop() {
   while (true) {
+    const bool accepting = std::chrono::steady_clock::now() >= accept_paused_until_;
     std::vector<struct pollfd> fds;
     fds.push_back({wake_[0], POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // -1: not polled while backing off
     for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
-    int n = poll(fds.data(), fds.size(), -1);
+    int n = poll(fds.data(), fds.size(), PollTimeoutMs());
     if (n < 0) {
       if (errno == EINTR) continue;
       TCE_LOG(kError, "fdsock") << "poll: " << std::strerror(errno);
       return;
     }
     if (fds[0].revents) return;
-    if (fds[1].revents & POLLIN) Accept();
+    if (fds[1].revents & POLLIN) AcceptSome();
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       if ((fds[i].revents & POLLIN) && Serve(fds[i].fd)) continue;
       Close(fds[i].fd);
     }
+    if (opt_.idle_timeout.count() > 0 && std::chrono::steady_clock::now() >= next_idle_check_)
+      CloseIdle();
   }
 }
 
-void FdServer::Accept() {
-  int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) {
-    TCE_LOG(kWarning, "fdsock") << "accept: " << std::strerror(errno);
-    return;
+void FdServer::AcceptSome() {
+  for (int i = 0; i < 64 && AcceptOne(); ++i) {
   }
+}
+
+bool FdServer::AcceptOne() {
+  int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd >= 0) {
+    accept_backoff_ = std::chrono::milliseconds(0);
+    Admit(fd);
+    return true;
+  }
+  const int err = errno;
+  if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) Shed(err);
+  return err == EINTR || err == ECONNABORTED;
+}
+
+void FdServer::Shed(int err) {
+  // The reserve fd makes room to take the waiting connection and close it,
+  // so its client learns at once; without that, poll would report it again.
+  if (reserve_fd_ >= 0) {
+    ::close(reserve_fd_);
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) ::close(fd);
+    reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+  accept_backoff_ = std::min<std::chrono::milliseconds>(
+      std::chrono::seconds(1), std::max<std::chrono::milliseconds>(accept_backoff_ * 2,
+                                                                   std::chrono::milliseconds(10)));
+  accept_paused_until_ = std::chrono::steady_clock::now() + accept_backoff_;
+  uint64_t dropped = 0;
+  if (accept_log_.Allow(&dropped))
+    TCE_LOG(kWarning, "fdsock") << "accept: " << std::strerror(err)
+                                << ": closed a waiting connection, pausing accepts for "
+                                << accept_backoff_.count() << " ms" << Suppressed(dropped);
+}
+
+void FdServer::Admit(int fd) {
   struct ucred cred;
   socklen_t len = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
@@ -109,16 +158,19 @@ void FdServer::Accept() {
     return;
   }
   Status refused;
-  if (!allowed_uids_.count(cred.uid)) {
+  if (!opt_.allowed_uids.count(cred.uid)) {
     refused = Status::PermissionDenied("peer uid " + std::to_string(cred.uid) +
                                        " is not allowed to use this server (allowed_uids)");
-  } else if (sessions_.size() >= max_sessions_) {
+  } else if (sessions_.size() >= opt_.max_sessions) {
     refused = Status::ResourceExhausted("too many sessions (max_sessions=" +
-                                        std::to_string(max_sessions_) + ")");
+                                        std::to_string(opt_.max_sessions) + ")");
   }
   if (!refused.ok()) {
-    TCE_LOG(kWarning, "fdsock") << "refused pid=" << cred.pid << ": " << refused.message();
-    Status ignored = SendPacket(fd, Hello(refused, ""), -1);
+    uint64_t dropped = 0;
+    if (refused_log_.Allow(&dropped))
+      TCE_LOG(kWarning, "fdsock") << "refused pid=" << cred.pid << ": " << refused.message()
+                                  << Suppressed(dropped);
+    Status ignored = SendPacket(fd, Hello(refused, ""), -1);  // never blocks
     (void)ignored;
     ::close(fd);
     return;
@@ -131,6 +183,23 @@ void FdServer::Accept() {
     return;
   }
   sessions_[fd] = session;
+}
+
+void FdServer::CloseIdle() {
+  const auto period = std::min<std::chrono::milliseconds>(
+      std::chrono::seconds(5), opt_.idle_timeout / 4 + std::chrono::milliseconds(1));
+  next_idle_check_ = std::chrono::steady_clock::now() + period;
+  std::vector<std::string> idle = cache_->IdleSessions(opt_.idle_timeout);
+  if (idle.empty()) return;
+  std::set<std::string> wanted(idle.begin(), idle.end());
+  std::vector<int> victims;
+  for (const auto& [fd, session] : sessions_)
+    if (wanted.count(session)) victims.push_back(fd);
+  for (int fd : victims) {
+    TCE_LOG(kInfo, "fdsock") << "closing session " << sessions_[fd].substr(0, 8) << ": idle for "
+                             << opt_.idle_timeout.count() / 1000 << " s (session_idle_timeout_s)";
+    Close(fd);
+  }
 }
 
 bool FdServer::Serve(int fd) {

@@ -30,7 +30,7 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_TRUE(server);
-  FdServer fds(&cache, sock + ".fd", {getuid()}, 16);
+  FdServer fds(&cache, FdServerOptions{sock + ".fd", {getuid()}, 16});
   ASSERT_TRUE(fds.Start().ok());
 
   int c = socket(AF_UNIX, SOCK_SEQPACKET, 0);
