@@ -31,6 +31,7 @@
 #include "ring/transport.h"
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
+#include "rpc/control_listener.h"
 #include "rpc/fd_server.h"
 #include "rpc/health_service.h"
 #include "rpc/service.h"
@@ -348,20 +349,18 @@ int Run(int argc, char** argv) {
   }
   service.SetEndpoints(metrics ? metrics->endpoint() : "", health_endpoint);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + opt.socket, grpc::InsecureServerCredentials());
+  // No listening port: ControlListener accepts on the socket and hands each
+  // allowed connection to gRPC (whose own listener dies on one EMFILE).
   builder.RegisterService(&service);
   builder.RegisterService(&health_on_socket);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt.rpc_threads);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) return Fail("cannot listen on unix:" + opt.socket, 1);
-  // gRPC created the socket with the umask's mode; now owner and group only.
-  if ((socket_gid != static_cast<gid_t>(-1) && chown(opt.socket.c_str(), -1, socket_gid) != 0) ||
-      chmod(opt.socket.c_str(), 0660) != 0) {
-    const std::string why = std::strerror(errno);
+  if (!server) return Fail("cannot start the gRPC server", 1);
+  ControlListener control(server.get(), opt.socket, uids, socket_gid);
+  if (!(s = control.Start()).ok()) {
     server->Shutdown();
-    unlink(opt.socket.c_str());
-    return Fail("cannot set the owner or mode of " + opt.socket + ": " + why, 1);
+    return Fail(s.message(), 1);
   }
   FdServerOptions fo;
   fo.path = fd_path;
@@ -371,6 +370,7 @@ int Run(int argc, char** argv) {
   fo.socket_gid = socket_gid;
   FdServer fds(&cache, fo);
   if (!(s = fds.Start()).ok()) {
+    control.Stop();
     server->Shutdown();
     unlink(opt.socket.c_str());
     return Fail(s.message(), 1);
@@ -391,6 +391,7 @@ int Run(int argc, char** argv) {
   if (replicator) replicator->Stop();
   if (peers) peers->Stop();
   health_states.Shutdown();  // ends Watch streams, which would hold the shutdowns
+  control.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (health) health->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (metrics) metrics->Stop();

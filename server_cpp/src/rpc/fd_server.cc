@@ -3,8 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,24 +35,8 @@ FdServer::FdServer(Cache* cache, FdServerOptions options)
 FdServer::~FdServer() { Stop(); }
 
 Status FdServer::Start() {
-  struct sockaddr_un addr;
-  std::memset(&addr, 0, sizeof(addr));
-  addr.sun_family = AF_UNIX;
-  const std::string& path = opt_.path;
-  if (path.size() >= sizeof(addr.sun_path))
-    return Status::InvalidArgument("socket path too long (max " +
-                                   std::to_string(sizeof(addr.sun_path) - 1) + "): " + path);
-  std::memcpy(addr.sun_path, path.c_str(), path.size());
-  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (listen_fd_ < 0) return Status::FromErrno(errno, "socket");
-  if (bind(listen_fd_, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0)
-    return Status::FromErrno(errno, "bind " + path);
-  // Before listen: nobody outside the owner and the group ever connects.
-  if (opt_.socket_gid != static_cast<gid_t>(-1) && chown(path.c_str(), -1, opt_.socket_gid) != 0)
-    return Status::FromErrno(errno, "chown " + path);
-  if (chmod(path.c_str(), 0660) != 0) return Status::FromErrno(errno, "chmod " + path);
-  if (listen(listen_fd_, 128) != 0) return Status::FromErrno(errno, "listen " + path);
-  reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  Status s = ListenUnix(opt_.path, SOCK_SEQPACKET, opt_.socket_gid, &listen_fd_);
+  if (!s.ok()) return s;
   if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe");
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
@@ -72,25 +54,29 @@ void FdServer::Stop() {
     ::close(fd);
   }
   sessions_.clear();
-  for (int* fd : {&listen_fd_, &reserve_fd_, &wake_[0], &wake_[1]}) {
+  for (int* fd : {&listen_fd_, &wake_[0], &wake_[1]}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
 }
 
 int FdServer::PollTimeoutMs() const {
-  auto now = std::chrono::steady_clock::now();
-  auto until = std::chrono::steady_clock::time_point::max();
-  if (accept_paused_until_ > now) until = accept_paused_until_;
-  if (opt_.idle_timeout.count() > 0) until = std::min(until, next_idle_check_);
-  if (until == std::chrono::steady_clock::time_point::max()) return -1;
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count();
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ms, 60000)));
+  int timeout = -1;
+  if (!acceptor_.Accepting(&timeout)) timeout = std::max(timeout, 1);
+  if (opt_.idle_timeout.count() > 0) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next_idle_check_ -
+                                                                    std::chrono::steady_clock::now())
+                  .count();
+    int idle = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ms, 60000)));
+    timeout = timeout < 0 ? idle : std::min(timeout, idle);
+  }
+  return timeout;
 }
 
 void FdServer::Loop() {
   while (true) {
-    const bool accepting = std::chrono::steady_clock::now() >= accept_paused_until_;
+    int ignored = 0;
+    const bool accepting = acceptor_.Accepting(&ignored);
     std::vector<struct pollfd> fds;
     fds.push_back({wake_[0], POLLIN, 0});
     fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // -1: not polled while backing off
@@ -114,49 +100,15 @@ void FdServer::Loop() {
 }
 
 void FdServer::AcceptSome() {
-  for (int i = 0; i < 64 && AcceptOne(); ++i) {
-  }
-}
-
-bool FdServer::AcceptOne() {
-  int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd >= 0) {
-    accept_backoff_ = std::chrono::milliseconds(0);
-    Admit(fd);
-    return true;
-  }
-  const int err = errno;
-  if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) Shed(err);
-  return err == EINTR || err == ECONNABORTED;
-}
-
-void FdServer::Shed(int err) {
-  // The reserve fd makes room to take the waiting connection and close it,
-  // so its client learns at once; without that, poll would report it again.
-  if (reserve_fd_ >= 0) {
-    ::close(reserve_fd_);
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) ::close(fd);
-    reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  }
-  accept_backoff_ = std::min<std::chrono::milliseconds>(
-      std::chrono::seconds(1), std::max<std::chrono::milliseconds>(accept_backoff_ * 2,
-                                                                   std::chrono::milliseconds(10)));
-  accept_paused_until_ = std::chrono::steady_clock::now() + accept_backoff_;
-  uint64_t dropped = 0;
-  if (accept_log_.Allow(&dropped))
-    TCE_LOG(kWarning, "fdsock") << "accept: " << std::strerror(err)
-                                << ": closed a waiting connection, pausing accepts for "
-                                << accept_backoff_.count() << " ms" << Suppressed(dropped);
-}
-
-void FdServer::Admit(int fd) {
   struct ucred cred;
-  socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    ::close(fd);
-    return;
+  for (int i = 0; i < 64; ++i) {
+    int fd = acceptor_.Accept(listen_fd_, SOCK_CLOEXEC, &cred);
+    if (fd < 0) return;
+    Admit(fd, cred);
   }
+}
+
+void FdServer::Admit(int fd, const struct ucred& cred) {
   Status refused;
   if (!opt_.allowed_uids.count(cred.uid)) {
     refused = Status::PermissionDenied("peer uid " + std::to_string(cred.uid) +

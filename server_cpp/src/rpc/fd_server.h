@@ -7,9 +7,8 @@
 //
 // Security and limits: the socket file is 0660 (group `socket_gid`); a peer
 // uid outside `allowed_uids`, or a connection beyond `max_sessions`, gets a
-// refusing SessionHello and is closed at once. When the process runs out of
-// fds, accept sheds the waiting connection (a reserve fd makes room for it)
-// and backs off instead of spinning; such log lines are rate-limited.
+// refusing SessionHello and is closed at once (such log lines are
+// rate-limited). Out of fds, accept sheds and backs off (rpc/acceptor.h).
 // Sessions idle for `idle_timeout` (Cache::IdleSessions) are closed.
 #pragma once
 
@@ -23,6 +22,7 @@
 
 #include "cache/cache.h"
 #include "common/log_limiter.h"
+#include "rpc/acceptor.h"
 
 namespace tce {
 
@@ -47,11 +47,7 @@ class FdServer {
   void Loop();
   // Accepts what is waiting (a bounded batch per wake).
   void AcceptSome();
-  // Returns false when nothing more is waiting (or accept must back off).
-  bool AcceptOne();
-  // Out of fds: close the waiting connection at once and pause accepting.
-  void Shed(int err);
-  void Admit(int fd);
+  void Admit(int fd, const struct ucred& cred);
   // Returns false when the connection must be closed.
   bool Serve(int fd);
   void Close(int fd);
@@ -62,16 +58,13 @@ class FdServer {
   Cache* const cache_;
   const FdServerOptions opt_;
   int listen_fd_ = -1;
-  int reserve_fd_ = -1;  // /dev/null, given up to accept-and-close when out of fds
   int wake_[2] = {-1, -1};
   std::thread thread_;
   // Loop thread only:
   std::map<int, std::string> sessions_;  // connection fd -> session id
-  std::chrono::steady_clock::time_point accept_paused_until_{};
-  std::chrono::milliseconds accept_backoff_{0};
+  Acceptor acceptor_{"fdsock"};
   std::chrono::steady_clock::time_point next_idle_check_{};
   LogLimiter refused_log_{5, std::chrono::seconds(10)};
-  LogLimiter accept_log_{1, std::chrono::seconds(10)};
 };
 
 }  // namespace tce

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <filesystem>
 
 #include "rpc/fd_passing.h"
+#include "rpc/control_listener.h"
 #include "rpc/fd_server.h"
 #include "rpc/service.h"
 
@@ -26,10 +28,14 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   Cache cache(64 << 20);
   CacheService service(&cache, sock);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + sock, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_TRUE(server);
+  ControlListener control(server.get(), sock, {getuid()}, static_cast<gid_t>(-1));
+  ASSERT_TRUE(control.Start().ok());
+  struct stat sb;
+  ASSERT_EQ(stat(sock.c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 0777, 0660u);
   FdServer fds(&cache, FdServerOptions{sock + ".fd", {getuid()}, 16});
   ASSERT_TRUE(fds.Start().ok());
 
@@ -102,6 +108,7 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   for (int i = 0; i < 200 && cache.Stats().sessions; ++i) usleep(10000);
   EXPECT_EQ(cache.Stats().sessions, 0u);
   fds.Stop();
+  control.Stop();
   server->Shutdown();
   std::filesystem::remove_all(dir);
 }
