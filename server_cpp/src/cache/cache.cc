@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "common/log_limiter.h"
 #include "common/logging.h"
 #include "common/strings.h"
 
@@ -197,7 +198,9 @@ Status Cache::CheckAccess(const std::string& session, const std::string& job,
   if (!s.ok()) return s;
   const uid_t uid = sessions_[session].uid;
   s = claim ? owners_.Claim(uid, job, what) : owners_.Check(uid, job, what);
-  if (!s.ok()) TCE_LOG(kWarning, "access") << "refused: " << s.message();
+  uint64_t dropped = 0;
+  if (!s.ok() && refused_log_.Allow(&dropped))
+    TCE_LOG(kWarning, "access") << "refused: " << s.message() << Suppressed(dropped);
   return s;
 }
 
@@ -614,12 +617,12 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
   std::lock_guard<std::mutex> lock(mu_);
   Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
   if (!s.ok()) return s;
-  TakeUnmaps(session, unmap_buffer_ids);
   if (lease && sessions_[session].leases >= max_leases_per_session_)
     return Status::ResourceExhausted("this session holds " + std::to_string(sessions_[session].leases) +
                                      " leases (max_leases_per_session=" +
                                      std::to_string(max_leases_per_session_) +
                                      "): release loaded files before loading more");
+  TakeUnmaps(session, unmap_buffer_ids);
   auto it = files_.find({job, path});
   if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
   if (it->second.state == FileState::kEvicted)

@@ -36,6 +36,7 @@
 #include "cache/cache_types.h"
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
+#include "common/log_limiter.h"
 #include "common/status.h"
 #include "env/env.h"
 
@@ -305,6 +306,7 @@ class Cache {
   std::map<uint64_t, Lease> leases_;                // GUARDED_BY(mu_)
   std::map<std::string, Session> sessions_;         // GUARDED_BY(mu_)
   JobOwners owners_;                                // GUARDED_BY(mu_)
+  LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
   size_t max_leases_per_session_ = SessionLimits().max_leases_per_session;  // GUARDED_BY(mu_)
   std::map<std::pair<std::string, std::string>, TagInfo> tags_;  // GUARDED_BY(mu_): (job, tag)
   struct Ring {
