@@ -327,7 +327,7 @@ class Client:
             "Retry", pb.RetryRequest(session=self.session, job=job, paths=paths)).files)
 
     def list(self, job: str = "", tag: str = "") -> list[pb.FileInfo]:
-        return list(self._call("List", pb.ListRequest(job=job, tag=tag)).files)
+        return list(self._call("List", pb.ListRequest(session=self.session, job=job, tag=tag)).files)
 
     def wait(self, job: str, paths: list[str], timeout: float | None) -> list[pb.FileInfo]:
         """Block until the files are PERSISTED or FAILED (server-side wait)."""
@@ -337,7 +337,7 @@ class Client:
                                timeout=None if timeout is None else timeout + 30).files)
 
     def status(self) -> pb.StatusResponse:
-        return self._call("Status", pb.StatusRequest())
+        return self._call("Status", pb.StatusRequest(session=self.session))
 
     def commit_tag(self, tag: pb.TagInfo) -> pb.TagInfo:
         """Record that every rank finished ``tag`` (rank 0 calls this)."""
@@ -350,7 +350,7 @@ class Client:
 
     def list_tags(self, job: str) -> list[pb.TagInfo]:
         """The job's complete tags, oldest first."""
-        return list(self._call("ListTags", pb.ListTagsRequest(job=job)).tags)
+        return list(self._call("ListTags", pb.ListTagsRequest(session=self.session, job=job)).tags)
 
     def flush(self) -> None:
         """Send pending lease releases now."""

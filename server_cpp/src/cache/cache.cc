@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "common/log_limiter.h"
 #include "common/logging.h"
 #include "common/strings.h"
 
@@ -83,6 +84,7 @@ void Cache::Restore(std::vector<FileInfo> files) {
     f.buffer_id = 0;
     f.capacity = 0;
     next_allocation_id_ = std::max(next_allocation_id_, f.version + 1);
+    owners_.Restore(f.job, f.owner_uid);
     Note(f, false);
     files_[{f.job, f.path}] = std::move(f);
   }
@@ -127,7 +129,11 @@ bool Cache::Fits(uint64_t capacity, uint64_t size) {
 std::string Cache::OpenSession(uid_t uid, pid_t pid, gid_t gid) {
   std::string id = RandomSessionId();
   std::lock_guard<std::mutex> lock(mu_);
-  sessions_[id] = Session{uid, gid, pid, {}};
+  Session& session = sessions_[id];
+  session.uid = uid;
+  session.gid = gid;
+  session.pid = pid;
+  session.last_used = std::chrono::steady_clock::now();
   TCE_LOG(kInfo, "session") << "opened session=" << id.substr(0, 8) << " uid=" << uid
                             << " pid=" << pid;
   return id;
@@ -156,12 +162,7 @@ void Cache::CloseSession(const std::string& session) {
   }
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.session == session) {
-      auto b = buffers_.find(it->second.buffer_id);
-      it = leases_.erase(it);
-      if (b != buffers_.end()) {
-        --b->second.leases;
-        MaybeFree(b->second);
-      }
+      DropLease(it++);
       ++dropped;
     } else {
       ++it;
@@ -180,11 +181,63 @@ void Cache::CloseSession(const std::string& session) {
   sessions_.erase(sit);
 }
 
-Status Cache::CheckSession(const std::string& session) const {
-  if (sessions_.count(session)) return Status::OK();
+Status Cache::CheckSession(const std::string& session) {
+  auto it = sessions_.find(session);
+  if (it != sessions_.end()) {
+    it->second.last_used = std::chrono::steady_clock::now();
+    return Status::OK();
+  }
   return Status::Unauthenticated(
       "unknown session '" + session.substr(0, 32) +
       "': open a session on the server's fd socket (<socket>.fd) first");
+}
+
+Status Cache::CheckAccess(const std::string& session, const std::string& job,
+                          const std::string& what, bool claim) {
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  const uid_t uid = sessions_[session].uid;
+  s = claim ? owners_.Claim(uid, job, what) : owners_.Check(uid, job, what);
+  uint64_t dropped = 0;
+  if (!s.ok() && refused_log_.Allow(&dropped))
+    TCE_LOG(kWarning, "access") << "refused: " << s.message() << Suppressed(dropped);
+  return s;
+}
+
+Status Cache::CheckCaller(const std::string& session, bool* admin) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (s.ok()) *admin = owners_.IsAdmin(sessions_[session].uid);
+  return s;
+}
+
+void Cache::SetSessionLimits(const SessionLimits& limits) {
+  std::lock_guard<std::mutex> lock(mu_);
+  owners_.set_root_is_admin(limits.root_is_admin);
+  max_leases_per_session_ = limits.max_leases_per_session;
+}
+
+std::vector<std::string> Cache::IdleSessions(std::chrono::milliseconds idle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::set<std::string> busy;
+  for (const auto& [id, a] : pending_) busy.insert(a.session);
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> out;
+  for (const auto& [id, sess] : sessions_) {
+    if (sess.leases == 0 && !busy.count(id) && now - sess.last_used >= idle) out.push_back(id);
+  }
+  return out;
+}
+
+void Cache::DropLease(std::map<uint64_t, Lease>::iterator it) {
+  auto sess = sessions_.find(it->second.session);
+  if (sess != sessions_.end() && sess->second.leases > 0) --sess->second.leases;
+  auto b = buffers_.find(it->second.buffer_id);
+  leases_.erase(it);
+  if (b != buffers_.end()) {
+    --b->second.leases;
+    MaybeFree(b->second);
+  }
 }
 
 void Cache::DropMapper(Buf& buf, const std::string& session) {
@@ -322,6 +375,7 @@ void Cache::StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult
   a.file.owner_gid = sessions_[req.session].gid;
   buf.state = BufState::kPending;
   buf.allocation_id = a.id;
+  buf.uid = a.file.owner_uid;
   out->allocation_id = a.id;
   out->buffer_id = buf.id;
   out->capacity = buf.capacity;
@@ -339,7 +393,8 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
                                   HumanBytes(req.size) + ") exceeds the cache budget of " +
                                   std::to_string(budget_) + " bytes (" + HumanBytes(budget_) + ")");
   std::unique_lock<std::mutex> lock(mu_);
-  if (s.ok()) s = CheckSession(req.session);
+  if (s.ok()) s = CheckAccess(req.session, req.job, "write " + req.path + " in job '" + req.job + "'",
+                              /*claim=*/true);
   if (s.ok() && !accepting_) s = Status::Unavailable("the server is shutting down: it takes no new saves");
   if (!s.ok()) {
     TCE_LOG(kWarning, "cache") << "refused allocate job=" << req.job << " path=" << req.path
@@ -405,8 +460,10 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
 
 Cache::Buf* Cache::PickFree(const std::string& session, uint64_t size) {
   Buf* best = nullptr;
+  const uid_t uid = sessions_[session].uid;
   for (auto& [id, b] : buffers_) {
     if (b.state != BufState::kFree || !Fits(b.capacity, size)) continue;
+    if (b.uid != uid) continue;  // it holds another user's bytes
     bool ours = b.mappers.count(session) != 0;
     if (b.mappers.size() > (ours ? 1u : 0u)) continue;
     bool best_ours = best && best->mappers.count(session) != 0;
@@ -558,8 +615,13 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
                      bool lease, FileInfo* out, uint64_t* lease_id,
                      std::vector<uint64_t>* unmap_buffer_ids) {
   std::lock_guard<std::mutex> lock(mu_);
-  Status s = CheckSession(session);
+  Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
   if (!s.ok()) return s;
+  if (lease && sessions_[session].leases >= max_leases_per_session_)
+    return Status::ResourceExhausted("this session holds " + std::to_string(sessions_[session].leases) +
+                                     " leases (max_leases_per_session=" +
+                                     std::to_string(max_leases_per_session_) +
+                                     "): release loaded files before loading more");
   TakeUnmaps(session, unmap_buffer_ids);
   auto it = files_.find({job, path});
   if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
@@ -573,6 +635,7 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
     *lease_id = next_lease_id_++;
     leases_[*lease_id] = Lease{session, it->second.buffer_id};
     ++buffers_[it->second.buffer_id].leases;
+    ++sessions_[session].leases;
   }
   return Status::OK();
 }
@@ -589,12 +652,7 @@ Status Cache::Release(const std::string& session, const std::vector<uint64_t>& l
   }
   for (uint64_t id : lease_ids) {
     auto it = leases_.find(id);
-    auto b = buffers_.find(it->second.buffer_id);
-    leases_.erase(it);
-    if (b != buffers_.end()) {
-      --b->second.leases;
-      MaybeFree(b->second);
-    }
+    if (it != leases_.end()) DropLease(it);  // (an id listed twice is gone the second time)
   }
   for (uint64_t id : unmapped_buffer_ids) {
     auto b = buffers_.find(id);
@@ -606,7 +664,7 @@ Status Cache::Release(const std::string& session, const std::vector<uint64_t>& l
 Status Cache::Remove(const std::string& session, const std::string& job, const std::string& path,
                      FileInfo* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  Status s = CheckSession(session);
+  Status s = CheckAccess(session, job, "remove " + path + " of job '" + job + "'");
   if (!s.ok()) return s;
   auto it = files_.find({job, path});
   if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
@@ -641,6 +699,9 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   Status s = CheckSession(session);
+  if (s.ok() && why.empty())
+    s = CheckAccess(session, tag.job, "commit tag '" + tag.tag + "' into job '" + tag.job + "'",
+                    /*claim=*/true);
   if (!s.ok()) return s;
   if (!why.empty()) {
     TCE_LOG(kWarning, "cache") << "refused tag job=" << tag.job << " tag=" << tag.tag << ": " << why;
@@ -664,6 +725,30 @@ std::vector<TagInfo> Cache::ListTags(const std::string& job) {
     return std::tie(a.complete_unix_ns, a.tag) < std::tie(b.complete_unix_ns, b.tag);
   });
   return out;
+}
+
+Status Cache::ListTags(const std::string& session, const std::string& job,
+                       std::vector<TagInfo>* out) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = CheckAccess(session, job, "list the tags of job '" + job + "'");
+    if (!s.ok()) return s;
+  }
+  *out = ListTags(job);  // (ownership never changes once set)
+  return Status::OK();
+}
+
+Status Cache::List(const std::string& session, const std::string& job, const std::string& tag,
+                   std::vector<FileInfo>* out) {
+  std::vector<FileInfo> all = List(job, tag);
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  const uid_t uid = sessions_[session].uid;
+  out->clear();
+  for (FileInfo& f : all)
+    if (owners_.Visible(uid, f.job)) out->push_back(std::move(f));
+  return Status::OK();
 }
 
 void Cache::RestoreTags(std::vector<TagInfo> tags) {
@@ -719,7 +804,7 @@ Status Cache::Wait(const std::string& session, const std::string& job,
                    const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
                    std::vector<FileInfo>* out) {
   std::unique_lock<std::mutex> lock(mu_);
-  Status s = CheckSession(session);
+  Status s = CheckAccess(session, job, "wait for files of job '" + job + "'");
   if (!s.ok()) return s;
   if (!persistence_enabled())
     return Status::FailedPrecondition(
@@ -798,9 +883,9 @@ void Cache::Requeue(FileInfo& f) {
 Status Cache::RetryFailed(const std::string& session, const std::string& job,
                           const std::vector<std::string>& paths, std::vector<FileInfo>* out) {
   std::lock_guard<std::mutex> lock(mu_);
-  Status s = CheckSession(session);
-  if (!s.ok()) return s;
   if (job.empty()) return Status::InvalidArgument("retry needs a job");
+  Status s = CheckAccess(session, job, "retry files of job '" + job + "'");
+  if (!s.ok()) return s;
   if (!persistence_enabled())
     return Status::FailedPrecondition("this server persists nothing (no storage_roots)");
   std::vector<FileInfo*> chosen;
@@ -934,6 +1019,8 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
   Status s = CheckSession(session);
   if (!s.ok()) return s;
   if (job.empty()) return Status::InvalidArgument("a ring needs a job");
+  s = CheckAccess(session, job, "set the ring of job '" + job + "'", /*claim=*/true);
+  if (!s.ok()) return s;
   if (endpoints.empty()) return Status::InvalidArgument("a ring needs at least one endpoint");
   if (node_rank < 0 || static_cast<size_t>(node_rank) >= endpoints.size())
     return Status::InvalidArgument("node_rank " + std::to_string(node_rank) + " is outside the " +
@@ -1172,6 +1259,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   buf.capacity = mem->capacity();
   buf.mem = std::move(mem);
   buf.state = BufState::kCached;
+  buf.uid = f.owner_uid;
   used_ += buf.capacity;
   ++buffers_created_;
   f.buffer_id = id;

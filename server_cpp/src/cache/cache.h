@@ -6,6 +6,13 @@
 // persistence (see persist/persister.h), and only paths under the roots are
 // accepted. Without roots the cache is memory only.
 //
+// Security: every client call names a session (opened by the fd socket after
+// its SO_PEERCRED check) and acts with that session's uid: a job's files and
+// tags are readable, replaceable and removable by its owner only (and root
+// when root_is_admin; see job_owners.h). A buffer only ever holds the bytes of
+// one uid: a free buffer is reused for the same uid, never handed to another
+// (another uid gets a new, zero-filled one). Leases per session are capped.
+//
 // All public methods are thread-safe (one mutex); creating a memfd (slow:
 // fallocate zero-fills it) and filesystem checks happen outside the lock.
 #pragma once
@@ -27,7 +34,9 @@
 
 #include "cache/buffer.h"
 #include "cache/cache_types.h"
+#include "cache/job_owners.h"
 #include "cache/meta_sink.h"
+#include "common/log_limiter.h"
 #include "common/status.h"
 #include "env/env.h"
 
@@ -44,6 +53,12 @@ struct AllocateResult {
   uint64_t buffer_id = 0;
   uint64_t capacity = 0;
   std::vector<uint64_t> unmap_buffer_ids;
+};
+
+// Per-session authorization and limits (set before serving).
+struct SessionLimits {
+  bool root_is_admin = true;           // uid 0 may act on every user's jobs
+  size_t max_leases_per_session = 4096;  // Lookup(lease) beyond it: RESOURCE_EXHAUSTED
 };
 
 struct CacheStats {
@@ -84,6 +99,13 @@ class Cache {
   std::string OpenSession(uid_t uid, pid_t pid, gid_t gid = static_cast<gid_t>(-1));
   // Aborts the session's PENDING allocations, drops its leases and mappings.
   void CloseSession(const std::string& session);
+  // Sessions with no request for `idle`, no lease and no PENDING allocation
+  // (the fd socket closes them).
+  std::vector<std::string> IdleSessions(std::chrono::milliseconds idle);
+  // UNAUTHENTICATED for an unknown session; else whether its uid is an
+  // administrator (sees everything).
+  Status CheckCaller(const std::string& session, bool* admin);
+  void SetSessionLimits(const SessionLimits& limits);
 
   Status Allocate(const AllocateRequest& req, AllocateResult* out);
   Status Commit(const std::string& session, uint64_t allocation_id,
@@ -99,12 +121,18 @@ class Cache {
   Status Remove(const std::string& session, const std::string& job, const std::string& path,
                 FileInfo* out);
   // Files (CACHED and PENDING), filtered by non-empty job/tag, sorted.
+  // Unchecked: for the daemon itself and tests.
   std::vector<FileInfo> List(const std::string& job, const std::string& tag);
+  // The same, as `session` may see it: only its uid's jobs unless admin.
+  Status List(const std::string& session, const std::string& job, const std::string& tag,
+              std::vector<FileInfo>* out);
   // Records that every rank finished `tag` (re-recording replaces it); fills
   // in complete_unix_ns and sorts the files. Tags are never removed.
   Status CommitTag(const std::string& session, TagInfo tag, TagInfo* out);
-  // The job's complete tags, oldest first.
+  // The job's complete tags, oldest first. Unchecked: for the daemon and tests.
   std::vector<TagInfo> ListTags(const std::string& job);
+  // The same for `session`: PERMISSION_DENIED for another uid's job.
+  Status ListTags(const std::string& session, const std::string& job, std::vector<TagInfo>* out);
   // Tags recorded before a restart (from metadata).
   void RestoreTags(std::vector<TagInfo> tags);
   // A new fd for a buffer: writable when it is PENDING for this session,
@@ -214,6 +242,7 @@ class Cache {
     int leases = 0;
     int pins = 0;                // persistence workers reading it
     uint64_t allocation_id = 0;  // while PENDING
+    uid_t uid = 0;               // whose bytes it holds: reused for this uid only
   };
   struct Allocation {
     uint64_t id = 0;
@@ -231,10 +260,17 @@ class Cache {
     gid_t gid = static_cast<gid_t>(-1);
     pid_t pid = 0;
     std::vector<uint64_t> pending_unmap;  // delivered with the next response
+    std::chrono::steady_clock::time_point last_used;  // the last request naming it
+    size_t leases = 0;
   };
   using FileKey = std::pair<std::string, std::string>;  // (job, path)
 
-  Status CheckSession(const std::string& session) const;  // REQUIRES mu_
+  // UNAUTHENTICATED for an unknown session; else notes it was used.
+  Status CheckSession(const std::string& session);  // REQUIRES mu_
+  // CheckSession, then JobOwners::Check (or Claim) with the session's uid.
+  Status CheckAccess(const std::string& session, const std::string& job, const std::string& what,
+                     bool claim = false);  // REQUIRES mu_
+  void DropLease(std::map<uint64_t, Lease>::iterator it);  // REQUIRES mu_
   Status FindAllocation(const std::string& session, uint64_t id,
                         std::map<uint64_t, Allocation>::iterator* it);  // REQUIRES mu_
   void RecordFate(uint64_t id, Fate fate);                              // REQUIRES mu_
@@ -287,6 +323,9 @@ class Cache {
   std::map<FileKey, FileInfo> files_;               // GUARDED_BY(mu_)
   std::map<uint64_t, Lease> leases_;                // GUARDED_BY(mu_)
   std::map<std::string, Session> sessions_;         // GUARDED_BY(mu_)
+  JobOwners owners_;                                // GUARDED_BY(mu_)
+  LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
+  size_t max_leases_per_session_ = SessionLimits().max_leases_per_session;  // GUARDED_BY(mu_)
   std::map<std::pair<std::string, std::string>, TagInfo> tags_;  // GUARDED_BY(mu_): (job, tag)
   struct Ring {
     int32_t node_rank = 0;

@@ -387,3 +387,142 @@ TEST_F(CacheTest, ListTagsIsPerJobOldestFirstAndReRecordingReplaces) {
 
 }  // namespace
 }  // namespace tce
+
+namespace tce {
+namespace {
+
+// Two users and root on one server: what each may do with the others' jobs.
+class CacheAccessTest : public CacheTest {
+ protected:
+  const std::string alice_ = cache_.OpenSession(1001, 11), bob_ = cache_.OpenSession(1002, 12),
+                    root_ = cache_.OpenSession(0, 13);
+};
+
+TEST_F(CacheAccessTest, AnotherUidCannotReadRemoveOverwriteOrWaitForAJobsFiles) {
+  Save(alice_, "/c/a.pt", 1000);
+  FileInfo f;
+  uint64_t lease = 0;
+  std::vector<uint64_t> unmap;
+  const std::string owner = ": job 'job' belongs to uid 1001";
+  Status s = cache_.Lookup(bob_, "job", "/c/a.pt", true, &f, &lease, &unmap);
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(s.message(), "uid 1002 may not read /c/a.pt of job 'job'" + owner);
+  s = cache_.Remove(bob_, "job", "/c/a.pt", &f);
+  EXPECT_EQ(s.message(), "uid 1002 may not remove /c/a.pt of job 'job'" + owner);
+  Alloc(bob_, "/c/a.pt", 1000, &s);
+  EXPECT_EQ(s.message(), "uid 1002 may not write /c/a.pt in job 'job'" + owner);
+  Alloc(bob_, "/c/new.pt", 1000, &s);  // a new path of the same job, too
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
+  std::vector<FileInfo> waited;
+  s = cache_.Wait(bob_, "job", {"/c/a.pt"}, std::chrono::milliseconds(1), &waited);
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
+  // Nothing of it changed: alice still reads her file.
+  ASSERT_TRUE(cache_.Lookup(alice_, "job", "/c/a.pt", false, &f, &lease, &unmap).ok());
+  EXPECT_EQ(f.owner_uid, 1001u);
+  EXPECT_EQ(f.size, 1000u);
+}
+
+TEST_F(CacheAccessTest, TagsAndRingsBelongToTheJobsOwner) {
+  Save(alice_, "/c/a.pt", 1000);
+  TagInfo out;
+  Status s = cache_.CommitTag(bob_, Tag("t", {{0, "/c/a.pt", 1000}}), &out);
+  EXPECT_EQ(s.message(), "uid 1002 may not commit tag 't' into job 'job': job 'job' belongs to uid 1001");
+  std::vector<TagInfo> tags;
+  s = cache_.ListTags(bob_, "job", &tags);
+  EXPECT_EQ(s.message(), "uid 1002 may not list the tags of job 'job': job 'job' belongs to uid 1001");
+  ASSERT_TRUE(cache_.CommitTag(alice_, Tag("t", {{0, "/c/a.pt", 1000}}), &out).ok());
+  ASSERT_TRUE(cache_.ListTags(alice_, "job", &tags).ok());
+  EXPECT_EQ(tags.size(), 1u);
+  // A tag is a write: it claims a job nobody owns yet.
+  TagInfo first = Tag("t", {{0, "/c/b.pt", 1}});
+  first.job = "bobs";
+  ASSERT_TRUE(cache_.CommitTag(bob_, first, &out).ok());
+  AllocateResult a;
+  s = cache_.Allocate({alice_, "bobs", "t", "/c/b.pt", 0, 100}, &a);
+  EXPECT_EQ(s.message(), "uid 1001 may not write /c/b.pt in job 'bobs': job 'bobs' belongs to uid 1002");
+  std::string successor;
+  s = cache_.SetRing(alice_, "bobs", 0, {"h:1"}, &successor);
+  EXPECT_EQ(s.message(), "uid 1001 may not set the ring of job 'bobs': job 'bobs' belongs to uid 1002");
+}
+
+TEST_F(CacheAccessTest, ListShowsANonRootCallerOnlyItsOwnJobs) {
+  Save(alice_, "/c/a.pt", 1000);
+  AllocateResult b;
+  ASSERT_TRUE(cache_.Allocate({bob_, "bobs", "t", "/c/b.pt", 0, 100}, &b).ok());  // PENDING counts
+  std::vector<FileInfo> seen;
+  ASSERT_TRUE(cache_.List(alice_, "", "", &seen).ok());
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].path, "/c/a.pt");
+  ASSERT_TRUE(cache_.List(bob_, "job", "", &seen).ok());
+  EXPECT_TRUE(seen.empty());
+  ASSERT_TRUE(cache_.List(root_, "", "", &seen).ok());
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_EQ(cache_.List("stolen", "", "", &seen).code(), Status::Code::kUnauthenticated);
+}
+
+TEST_F(CacheAccessTest, RootIsAnAdministratorUnlessTurnedOff) {
+  Save(alice_, "/c/a.pt", 1000);
+  FileInfo f;
+  uint64_t lease = 0;
+  std::vector<uint64_t> unmap;
+  bool admin = false;
+  ASSERT_TRUE(cache_.CheckCaller(root_, &admin).ok());
+  EXPECT_TRUE(admin);
+  EXPECT_TRUE(cache_.Lookup(root_, "job", "/c/a.pt", false, &f, &lease, &unmap).ok());
+  cache_.SetSessionLimits(SessionLimits{/*root_is_admin=*/false, 4096});
+  ASSERT_TRUE(cache_.CheckCaller(root_, &admin).ok());
+  EXPECT_FALSE(admin);
+  EXPECT_EQ(cache_.Lookup(root_, "job", "/c/a.pt", false, &f, &lease, &unmap).code(),
+            Status::Code::kPermissionDenied);
+}
+
+TEST_F(CacheAccessTest, AFreeBufferIsNeverHandedToAnotherUid) {
+  AllocateResult a = Alloc(alice_, "/c/a.pt", 1000);
+  int fd = Fd(alice_, a.buffer_id);
+  close(fd);
+  ASSERT_TRUE(cache_.Abort(alice_, a.allocation_id).ok());  // the buffer is free again
+  AllocateResult b;
+  ASSERT_TRUE(cache_.Allocate({bob_, "bobs", "t", "/c/b.pt", 0, 1000}, &b).ok());
+  EXPECT_NE(b.buffer_id, a.buffer_id);  // a new (zero-filled) buffer
+  ASSERT_TRUE(cache_.Abort(bob_, b.allocation_id).ok());
+  AllocateResult again = Alloc(alice_, "/c/a.pt", 1000);
+  EXPECT_EQ(again.buffer_id, a.buffer_id);  // reused for its own uid
+}
+
+TEST_F(CacheAccessTest, LeasesPerSessionAreCapped) {
+  cache_.SetSessionLimits(SessionLimits{true, 2});
+  Save(alice_, "/c/a.pt", 1000);
+  FileInfo f;
+  uint64_t l1 = 0, l2 = 0, l3 = 0;
+  std::vector<uint64_t> unmap;
+  ASSERT_TRUE(cache_.Lookup(alice_, "job", "/c/a.pt", true, &f, &l1, &unmap).ok());
+  ASSERT_TRUE(cache_.Lookup(alice_, "job", "/c/a.pt", true, &f, &l2, &unmap).ok());
+  Status s = cache_.Lookup(alice_, "job", "/c/a.pt", true, &f, &l3, &unmap);
+  EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
+  EXPECT_EQ(s.message(), "this session holds 2 leases (max_leases_per_session=2): release loaded "
+                         "files before loading more");
+  EXPECT_TRUE(cache_.Lookup(alice_, "job", "/c/a.pt", false, &f, &l3, &unmap).ok());  // no lease: fine
+  ASSERT_TRUE(cache_.Release(alice_, {l1}, {}).ok());
+  EXPECT_TRUE(cache_.Lookup(alice_, "job", "/c/a.pt", true, &f, &l3, &unmap).ok());
+}
+
+TEST_F(CacheAccessTest, IdleMeansNoRequestNoLeaseAndNoPendingAllocation) {
+  Save(alice_, "/c/a.pt", 1000);
+  FileInfo f;
+  uint64_t lease = 0;
+  std::vector<uint64_t> unmap;
+  ASSERT_TRUE(cache_.Lookup(alice_, "job", "/c/a.pt", true, &f, &lease, &unmap).ok());
+  AllocateResult pending;
+  ASSERT_TRUE(cache_.Allocate({bob_, "bobs", "t", "/c/b.pt", 0, 100}, &pending).ok());
+  usleep(20000);
+  std::vector<std::string> idle = cache_.IdleSessions(std::chrono::milliseconds(10));
+  EXPECT_EQ(idle, std::vector<std::string>{root_});  // alice leases, bob writes
+  EXPECT_TRUE(cache_.IdleSessions(std::chrono::seconds(60)).empty());
+  ASSERT_TRUE(cache_.Release(alice_, {lease}, {}).ok());
+  ASSERT_TRUE(cache_.Abort(bob_, pending.allocation_id).ok());
+  usleep(20000);
+  EXPECT_EQ(cache_.IdleSessions(std::chrono::milliseconds(10)).size(), 3u);
+}
+
+}  // namespace
+}  // namespace tce

@@ -1,42 +1,38 @@
-// LogLimiter: at most one log line per interval for an event that an
-// attacker or a broken environment can repeat at will (refused connections,
-// accept errors). The line that is let through says how many were held back.
-// Thread-safe.
+// LogLimiter: keeps a flood of one kind of log line (a refused connection,
+// a failing accept) from filling the disk. At most `burst` lines pass per
+// `interval`; the first line let through after some were dropped says how
+// many. Thread-safe.
+//
+//   static LogLimiter limiter(5, std::chrono::seconds(10));
+//   uint64_t dropped = 0;
+//   if (limiter.Allow(&dropped)) TCE_LOG(kWarning, "x") << "..." << Suppressed(dropped);
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <string>
 
 namespace tce {
 
 class LogLimiter {
  public:
-  explicit LogLimiter(std::chrono::milliseconds interval = std::chrono::seconds(1))
-      : interval_(interval) {}
+  LogLimiter(int burst, std::chrono::milliseconds interval) : burst_(burst), interval_(interval) {}
 
-  // True when this occurrence may be logged; then *suppressed is how many
-  // occurrences since the last logged one were not.
-  bool Allow(uint64_t* suppressed) {
-    std::lock_guard<std::mutex> l(mu_);
-    const auto now = std::chrono::steady_clock::now();
-    if (logged_once_ && now - last_ < interval_) {
-      ++held_;
-      return false;
-    }
-    logged_once_ = true;
-    last_ = now;
-    *suppressed = held_;
-    held_ = 0;
-    return true;
-  }
+  // Whether a line may be logged now. When it may, `*suppressed` is the
+  // number of lines refused since the last one allowed (and is reset).
+  bool Allow(uint64_t* suppressed);
 
  private:
+  const int burst_;
   const std::chrono::milliseconds interval_;
   std::mutex mu_;
-  bool logged_once_ = false;                    // GUARDED_BY(mu_)
-  std::chrono::steady_clock::time_point last_;  // GUARDED_BY(mu_)
-  uint64_t held_ = 0;                           // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point window_start_;  // GUARDED_BY(mu_)
+  int in_window_ = 0;                                    // GUARDED_BY(mu_)
+  uint64_t suppressed_ = 0;                              // GUARDED_BY(mu_)
 };
+
+// " (N similar lines suppressed)", or "" for 0: to append to an allowed line.
+std::string Suppressed(uint64_t n);
 
 }  // namespace tce

@@ -1,6 +1,8 @@
 // tce-server: the per-node TCE cache daemon. The only place that exits.
 #include <grpcpp/grpcpp.h>
+#include <grp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -30,6 +32,7 @@
 #include "ring/transport.h"
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
+#include "rpc/control_listener.h"
 #include "rpc/fd_server.h"
 #include "rpc/health_service.h"
 #include "rpc/service.h"
@@ -58,7 +61,10 @@ int Fail(const std::string& msg, int code) {
   return code;
 }
 
-Status MkdirP(const std::string& dir) {
+// Creates `dir` and its missing parents (0755); `dir` itself gets `mode`.
+// Returns whether it was created (an existing directory is left as it is).
+Status MkdirP(const std::string& dir, mode_t mode = 0755, bool* created = nullptr) {
+  if (created) *created = false;
   if (dir.empty()) return Status::OK();
   struct stat st;
   if (stat(dir.c_str(), &st) == 0) return Status::OK();
@@ -67,9 +73,41 @@ Status MkdirP(const std::string& dir) {
     Status s = MkdirP(dir.substr(0, slash));
     if (!s.ok()) return s;
   }
-  if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+  if (mkdir(dir.c_str(), mode) != 0) {
+    if (errno == EEXIST) return Status::OK();
     return Status::FromErrno(errno, "mkdir " + dir);
+  }
+  if (chmod(dir.c_str(), mode) != 0) return Status::FromErrno(errno, "chmod " + dir);  // no umask
+  if (created) *created = true;
   return Status::OK();
+}
+
+// "" -> -1 (keep the server's own group); a group name or a numeric gid.
+Status ResolveGroup(const std::string& name, gid_t* out) {
+  *out = static_cast<gid_t>(-1);
+  if (name.empty()) return Status::OK();
+  char* end = nullptr;
+  unsigned long v = std::strtoul(name.c_str(), &end, 10);
+  if (*end == '\0' && v < 0xFFFFFFFFul) {
+    *out = static_cast<gid_t>(v);
+    return Status::OK();
+  }
+  struct group grp, *found = nullptr;
+  std::vector<char> buf(16384);
+  if (getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(), &found) != 0 || !found)
+    return Status::InvalidArgument("unknown group '" + name + "'");
+  *out = found->gr_gid;
+  return Status::OK();
+}
+
+// Every connection and memfd costs an fd: use all the kernel allows us.
+void RaiseFdLimit() {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  const rlim_t was = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+    TCE_LOG(kInfo, "daemon") << "raised the open-file limit from " << was << " to " << rl.rlim_cur;
 }
 
 // Removes a stale socket file; refuses if a live server answers on it.
@@ -157,6 +195,9 @@ int Run(int argc, char** argv) {
   std::set<uid_t> uids;
   s = ParseUids(opt.allowed_uids, getuid(), &uids);
   if (!s.ok()) return Fail("allowed_uids: " + s.message(), 2);
+  gid_t socket_gid;
+  if (!(s = ResolveGroup(opt.socket_group, &socket_gid)).ok()) return Fail("socket_group: " + s.message(), 2);
+  RaiseFdLimit();
 
   // Signals are taken by sigwait below; every thread inherits this mask.
   sigset_t stop;
@@ -168,7 +209,13 @@ int Run(int argc, char** argv) {
 
   const std::string fd_path = opt.socket + ".fd";
   size_t slash = opt.socket.rfind('/');
-  if (!(s = MkdirP(opt.socket.substr(0, slash))).ok()) return Fail(s.message(), 1);
+  // A socket directory the server creates is 0750, group socket_group: only
+  // the group's members reach the sockets (which are 0660 themselves).
+  const std::string socket_dir = opt.socket.substr(0, slash);
+  bool created = false;
+  if (!(s = MkdirP(socket_dir, 0750, &created)).ok()) return Fail(s.message(), 1);
+  if (created && socket_gid != static_cast<gid_t>(-1) && chown(socket_dir.c_str(), -1, socket_gid) != 0)
+    return Fail("chown " + socket_dir + ": " + std::strerror(errno), 1);
   if (!(s = ClaimSocket(opt.socket, SOCK_STREAM)).ok()) return Fail(s.message(), 1);
   if (!(s = ClaimSocket(fd_path, SOCK_SEQPACKET)).ok()) return Fail(s.message(), 1);
 
@@ -211,6 +258,7 @@ int Run(int argc, char** argv) {
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
   cache.SetFailedRetry(std::chrono::milliseconds(opt.persist_failed_retry_ms));
+  cache.SetSessionLimits(SessionLimits{opt.root_is_admin, static_cast<size_t>(opt.max_leases_per_session)});
   PersistOptions popt;
   popt.threads = opt.persist_threads;
   popt.retries = opt.persist_retries;
@@ -283,13 +331,14 @@ int Run(int argc, char** argv) {
   CacheService service(&cache, opt.socket, meta.get(), RedactUrl(meta_url), &backups,
                        peers ? peers->endpoint() : "");
   if (ring) service.SetRing(service_ring, opt.ring_transport);
+  service.SetMaxWaits(static_cast<size_t>(opt.max_waits));
   // Operations: Prometheus metrics over HTTP, and the standard gRPC health
   // service over TCP (for probes; the cache service stays on the Unix socket).
   std::unique_ptr<MetricsServer> metrics;
   if (!opt.metrics_listen.empty()) {
     metrics = std::make_unique<MetricsServer>(opt.metrics_listen, [&] {
       v1::StatusResponse st;
-      (void)service.Status(nullptr, nullptr, &st);
+      service.FillStatus(&st);
       return RenderMetrics(st, cache.Stats(), persist_metrics, backup_metrics);
     });
     if (!(s = metrics->Start()).ok()) return Fail("metrics_listen: " + s.ToString(), 1);
@@ -320,16 +369,28 @@ int Run(int argc, char** argv) {
   }
   service.SetEndpoints(metrics ? metrics->endpoint() : "", health_endpoint);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + opt.socket, grpc::InsecureServerCredentials());
+  // No listening port: ControlListener accepts on the socket and hands each
+  // allowed connection to gRPC (whose own listener dies on one EMFILE).
   builder.RegisterService(&service);
   builder.RegisterService(&health_on_socket);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt.rpc_threads);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) return Fail("cannot listen on unix:" + opt.socket, 1);
-  chmod(opt.socket.c_str(), 0666);
-  FdServer fds(&cache, fd_path, uids, static_cast<size_t>(opt.max_sessions));
+  if (!server) return Fail("cannot start the gRPC server", 1);
+  ControlListener control(server.get(), opt.socket, uids, socket_gid);
+  if (!(s = control.Start()).ok()) {
+    server->Shutdown();
+    return Fail(s.message(), 1);
+  }
+  FdServerOptions fo;
+  fo.path = fd_path;
+  fo.allowed_uids = uids;
+  fo.max_sessions = static_cast<size_t>(opt.max_sessions);
+  fo.idle_timeout = std::chrono::seconds(opt.session_idle_timeout_s);
+  fo.socket_gid = socket_gid;
+  FdServer fds(&cache, fo);
   if (!(s = fds.Start()).ok()) {
+    control.Stop();
     server->Shutdown();
     unlink(opt.socket.c_str());
     return Fail(s.message(), 1);
@@ -350,6 +411,7 @@ int Run(int argc, char** argv) {
   if (replicator) replicator->Stop();
   if (peers) peers->Stop();
   health_states.Shutdown();  // ends Watch streams, which would hold the shutdowns
+  control.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (health) health->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (metrics) metrics->Stop();

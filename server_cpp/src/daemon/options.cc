@@ -26,6 +26,11 @@ const Setting kSettings[] = {
     {"allowed_uids", "TCE_ALLOWED_UIDS", "--allowed-uids"},
     {"rpc_threads", "TCE_RPC_THREADS", "--rpc-threads"},
     {"max_sessions", "TCE_MAX_SESSIONS", "--max-sessions"},
+    {"socket_group", "TCE_SOCKET_GROUP", "--socket-group"},
+    {"root_is_admin", "TCE_ROOT_IS_ADMIN", "--root-is-admin"},
+    {"session_idle_timeout_s", "TCE_SESSION_IDLE_TIMEOUT_S", "--session-idle-timeout-s"},
+    {"max_waits", "TCE_MAX_WAITS", "--max-waits"},
+    {"max_leases_per_session", "TCE_MAX_LEASES_PER_SESSION", "--max-leases-per-session"},
     {"storage_roots", "TCE_STORAGE_ROOTS", "--storage-roots"},
     {"persist_threads", "TCE_PERSIST_THREADS", "--persist-threads"},
     {"persist_retries", "TCE_PERSIST_RETRIES", "--persist-retries"},
@@ -109,6 +114,20 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     if (!ParseInt(value, 1, 256, &o->rpc_threads)) return bad("an integer from 1 to 256");
   } else if (key == "max_sessions") {
     if (!ParseInt(value, 1, 65536, &o->max_sessions)) return bad("an integer from 1 to 65536");
+  } else if (key == "socket_group") {
+    if (value.find_first_of(" \t\n:,") != std::string::npos) return bad("a group name or gid");
+    o->socket_group = value;
+  } else if (key == "root_is_admin") {
+    if (value != "true" && value != "false") return bad("true or false");
+    o->root_is_admin = value == "true";
+  } else if (key == "session_idle_timeout_s") {
+    if (!ParseInt(value, 0, 31536000, &o->session_idle_timeout_s))
+      return bad("seconds, 0 (never) to 31536000");
+  } else if (key == "max_waits") {
+    if (!ParseInt(value, 1, 65536, &o->max_waits)) return bad("an integer from 1 to 65536");
+  } else if (key == "max_leases_per_session") {
+    if (!ParseInt(value, 1, 1000000, &o->max_leases_per_session))
+      return bad("an integer from 1 to 1000000");
   } else if (key == "storage_roots") {
     std::vector<std::string> ignored;
     if (!ParseRoots(value, &ignored).ok()) return bad("comma-separated absolute directories");
@@ -353,6 +372,11 @@ std::string FormatConfig(const Options& o) {
       << "allowed_uids = " << Quote(o.allowed_uids) << "\n"
       << "rpc_threads = " << o.rpc_threads << "\n"
       << "max_sessions = " << o.max_sessions << "\n"
+      << "socket_group = " << Quote(o.socket_group) << "\n"
+      << "root_is_admin = " << (o.root_is_admin ? "true" : "false") << "\n"
+      << "session_idle_timeout_s = " << o.session_idle_timeout_s << "\n"
+      << "max_waits = " << o.max_waits << "\n"
+      << "max_leases_per_session = " << o.max_leases_per_session << "\n"
       << "storage_roots = " << Quote(o.storage_roots) << "\n"
       << "persist_threads = " << o.persist_threads << "\n"
       << "persist_retries = " << o.persist_retries << "\n"
@@ -398,7 +422,18 @@ std::string HelpText() {
          "  --health-listen H:P    serve the gRPC health service over TCP    [TCE_HEALTH_LISTEN, empty: none]\n"
          "  --allowed-uids LIST    uids that may open sessions               [TCE_ALLOWED_UIDS, own uid + root]\n"
          "  --rpc-threads N        gRPC worker threads                       [TCE_RPC_THREADS, 4]\n"
-         "  --max-sessions N       concurrent client sessions                [TCE_MAX_SESSIONS, 1024]\n"
+         "  --max-sessions N       concurrent client sessions; more connections are\n"
+         "                         refused and closed at once                [TCE_MAX_SESSIONS, 1024]\n"
+         "  --socket-group G       group (name or gid) that may connect to the sockets (0660)\n"
+         "                                           [TCE_SOCKET_GROUP, empty: the server's own]\n"
+         "  --root-is-admin B      root may read, replace and remove every user's jobs\n"
+         "                                                                   [TCE_ROOT_IS_ADMIN, true]\n"
+         "  --session-idle-timeout-s N  close a session with no request, lease or pending save\n"
+         "                         for N seconds (0: never)     [TCE_SESSION_IDLE_TIMEOUT_S, 3600]\n"
+         "  --max-waits N          concurrent blocked Wait calls; more are refused\n"
+         "                         (RESOURCE_EXHAUSTED)                      [TCE_MAX_WAITS, 256]\n"
+         "  --max-leases-per-session N  loads one session may hold at once\n"
+         "                                                [TCE_MAX_LEASES_PER_SESSION, 4096]\n"
          "  --storage-roots LIST   dirs files are persisted under; only paths under them are\n"
          "                         accepted (empty: memory only)             [TCE_STORAGE_ROOTS, empty]\n"
          "  --persist-threads N    persistence workers                       [TCE_PERSIST_THREADS, 2]\n"

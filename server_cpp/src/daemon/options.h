@@ -26,6 +26,11 @@ struct Options {
   std::string allowed_uids;  // empty: the server's own uid and root
   int rpc_threads = 4;
   int max_sessions = 1024;
+  std::string socket_group;          // group of the sockets (0660); empty: the server's own
+  bool root_is_admin = true;         // uid 0 may read, replace and remove every user's jobs
+  int session_idle_timeout_s = 3600;  // close a session idle this long (0: never)
+  int max_waits = 256;               // concurrent blocked Wait calls
+  int max_leases_per_session = 4096;
   std::string storage_roots;  // comma-separated absolute dirs; empty: memory only
   int persist_threads = 2;
   int persist_retries = 5;

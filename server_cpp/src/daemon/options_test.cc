@@ -34,6 +34,33 @@ TEST(Options, Defaults) {
   EXPECT_EQ(o.log_level, "info");
   EXPECT_EQ(o.rpc_threads, 4);
   EXPECT_EQ(o.max_sessions, 1024);
+  EXPECT_EQ(o.socket_group, "");
+  EXPECT_TRUE(o.root_is_admin);
+  EXPECT_EQ(o.session_idle_timeout_s, 3600);
+  EXPECT_EQ(o.max_waits, 256);
+  EXPECT_EQ(o.max_leases_per_session, 4096);
+}
+
+TEST(Options, LocalUserSettingsAreValidatedAndPrinted) {
+  Options o;
+  ASSERT_TRUE(Parse({"--socket-group", "tce", "--root-is-admin", "false", "--session-idle-timeout-s", "0",
+                     "--max-waits", "8", "--max-leases-per-session", "16"},
+                    {}, &o).ok());
+  EXPECT_EQ(o.socket_group, "tce");
+  EXPECT_FALSE(o.root_is_admin);
+  EXPECT_EQ(o.session_idle_timeout_s, 0);
+  EXPECT_EQ(o.max_waits, 8);
+  EXPECT_EQ(o.max_leases_per_session, 16);
+  const std::string text = FormatConfig(o);
+  for (const char* line : {"socket_group = \"tce\"", "root_is_admin = false", "session_idle_timeout_s = 0",
+                           "max_waits = 8", "max_leases_per_session = 16"})
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+  EXPECT_EQ(Parse({"--max-waits", "0"}, {}, &o).message(),
+            "bad value for max_waits: '0' (an integer from 1 to 65536)");
+  EXPECT_EQ(Parse({"--root-is-admin", "yes"}, {}, &o).message(),
+            "bad value for root_is_admin: 'yes' (true or false)");
+  EXPECT_EQ(Parse({"--socket-group", "a b"}, {}, &o).message(),
+            "bad value for socket_group: 'a b' (a group name or gid)");
 }
 
 TEST(Options, FileThenEnvironmentThenFlags) {

@@ -427,6 +427,7 @@ TEST(Restore, RecordedFilesComeBackWithoutMemory) {
   cached.path = "/c/c.pt";
   cached.state = FileState::kCached;
   cached.version = 41;
+  persisted.owner_uid = cached.owner_uid = 1;  // the job stays theirs across the restart
   cache.Restore({persisted, cached});
   std::string s = cache.OpenSession(1, 1);
   FileInfo f;
@@ -445,6 +446,9 @@ TEST(Restore, RecordedFilesComeBackWithoutMemory) {
   EXPECT_GT(a.allocation_id, 41u);
   ASSERT_TRUE(cache.Commit(s, a.allocation_id, {}, &f).ok());  // a new save replaces the lost entry
   EXPECT_TRUE(cache.Lookup(s, "job", "/c/c.pt", false, &f, &lease, &unmap).ok());
+  std::string other = cache.OpenSession(2, 2);
+  EXPECT_EQ(cache.Lookup(other, "job", "/c/c.pt", false, &f, &lease, &unmap).code(),
+            Status::Code::kPermissionDenied);
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ void PeerServer::AcceptLoop() {
       if (stop_) return;
       uint64_t held = 0;
       if (accept_errors_.Allow(&held))
-        TCE_LOG(kError, "ring") << "accept: " << std::strerror(err) << " (" << held << " more not logged)";
+        TCE_LOG(kError, "ring") << "accept: " << std::strerror(err) << Suppressed(held);
       if (err == EBADF || err == EINVAL || err == ENOTSOCK || err == EOPNOTSUPP || err == EFAULT) return;
       // Out of descriptors or memory (or a transient refusal): wait for
       // connections to end, never spin.
@@ -98,8 +98,8 @@ void PeerServer::Admit(int fd, const std::string& source) {
     uint64_t held = 0;
     if (refusals_.Allow(&held))
       TCE_LOG(kWarning, "ring") << "refused a peer connection from " << source << ": " << conns_.size()
-                                << " links and " << workers_.size() << " connections open ("
-                                << held << " more refusals not logged)";
+                                << " links and " << workers_.size() << " connections open"
+                                << Suppressed(held);
     ::close(fd);
     return;
   }
@@ -151,8 +151,7 @@ void PeerServer::Serve(int fd, uint64_t worker) {
   if (!s.ok()) {
     uint64_t held = 0;
     if (failed_handshakes_.Allow(&held))
-      TCE_LOG(kWarning, "ring") << "refused peer: " << s.ToString() << " (" << held
-                                << " more refusals not logged)";
+      TCE_LOG(kWarning, "ring") << "refused peer: " << s.ToString() << Suppressed(held);
     link.reset();
   } else {
     ServeLink(&link);

@@ -102,7 +102,9 @@ class PeerServer {
   };
   std::map<std::string, Parked> parked_;  // GUARDED_BY(mu_): lanes by key
   std::condition_variable lanes_cv_;
-  LogLimiter accept_errors_, refusals_, failed_handshakes_;  // what a flood may repeat
+  // What a flood may repeat: a few lines a second, then a count.
+  LogLimiter accept_errors_{5, std::chrono::seconds(1)}, refusals_{5, std::chrono::seconds(1)},
+      failed_handshakes_{5, std::chrono::seconds(1)};
   std::atomic<bool> stop_{false};
 };
 

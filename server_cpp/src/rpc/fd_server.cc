@@ -3,10 +3,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -30,27 +29,14 @@ std::string Hello(const Status& s, const std::string& session) {
 }
 }  // namespace
 
-FdServer::FdServer(Cache* cache, std::string path, std::set<uid_t> allowed_uids,
-                   size_t max_sessions)
-    : cache_(cache), path_(std::move(path)), allowed_uids_(std::move(allowed_uids)),
-      max_sessions_(max_sessions) {}
+FdServer::FdServer(Cache* cache, FdServerOptions options)
+    : cache_(cache), opt_(std::move(options)) {}
 
 FdServer::~FdServer() { Stop(); }
 
 Status FdServer::Start() {
-  struct sockaddr_un addr;
-  std::memset(&addr, 0, sizeof(addr));
-  addr.sun_family = AF_UNIX;
-  if (path_.size() >= sizeof(addr.sun_path))
-    return Status::InvalidArgument("socket path too long (max " +
-                                   std::to_string(sizeof(addr.sun_path) - 1) + "): " + path_);
-  std::memcpy(addr.sun_path, path_.c_str(), path_.size());
-  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (listen_fd_ < 0) return Status::FromErrno(errno, "socket");
-  if (bind(listen_fd_, reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0)
-    return Status::FromErrno(errno, "bind " + path_);
-  chmod(path_.c_str(), 0666);
-  if (listen(listen_fd_, 128) != 0) return Status::FromErrno(errno, "listen " + path_);
+  Status s = ListenUnix(opt_.path, SOCK_SEQPACKET, opt_.socket_gid, &listen_fd_);
+  if (!s.ok()) return s;
   if (pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe");
   thread_ = std::thread([this] { Loop(); });
   return Status::OK();
@@ -74,51 +60,69 @@ void FdServer::Stop() {
   }
 }
 
+int FdServer::PollTimeoutMs() const {
+  int timeout = -1;
+  if (!acceptor_.Accepting(&timeout)) timeout = std::max(timeout, 1);
+  if (opt_.idle_timeout.count() > 0) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next_idle_check_ -
+                                                                    std::chrono::steady_clock::now())
+                  .count();
+    int idle = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ms, 60000)));
+    timeout = timeout < 0 ? idle : std::min(timeout, idle);
+  }
+  return timeout;
+}
+
 void FdServer::Loop() {
   while (true) {
+    int ignored = 0;
+    const bool accepting = acceptor_.Accepting(&ignored);
     std::vector<struct pollfd> fds;
     fds.push_back({wake_[0], POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // -1: not polled while backing off
     for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
-    int n = poll(fds.data(), fds.size(), -1);
+    int n = poll(fds.data(), fds.size(), PollTimeoutMs());
     if (n < 0) {
       if (errno == EINTR) continue;
       TCE_LOG(kError, "fdsock") << "poll: " << std::strerror(errno);
       return;
     }
     if (fds[0].revents) return;
-    if (fds[1].revents & POLLIN) Accept();
+    if (fds[1].revents & POLLIN) AcceptSome();
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       if ((fds[i].revents & POLLIN) && Serve(fds[i].fd)) continue;
       Close(fds[i].fd);
     }
+    if (opt_.idle_timeout.count() > 0 && std::chrono::steady_clock::now() >= next_idle_check_)
+      CloseIdle();
   }
 }
 
-void FdServer::Accept() {
-  int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) {
-    TCE_LOG(kWarning, "fdsock") << "accept: " << std::strerror(errno);
-    return;
-  }
+void FdServer::AcceptSome() {
   struct ucred cred;
-  socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    ::close(fd);
-    return;
+  for (int i = 0; i < 64; ++i) {
+    int fd = acceptor_.Accept(listen_fd_, SOCK_CLOEXEC, &cred);
+    if (fd < 0) return;
+    Admit(fd, cred);
   }
+}
+
+void FdServer::Admit(int fd, const struct ucred& cred) {
   Status refused;
-  if (!allowed_uids_.count(cred.uid)) {
+  if (!opt_.allowed_uids.count(cred.uid)) {
     refused = Status::PermissionDenied("peer uid " + std::to_string(cred.uid) +
                                        " is not allowed to use this server (allowed_uids)");
-  } else if (sessions_.size() >= max_sessions_) {
+  } else if (sessions_.size() >= opt_.max_sessions) {
     refused = Status::ResourceExhausted("too many sessions (max_sessions=" +
-                                        std::to_string(max_sessions_) + ")");
+                                        std::to_string(opt_.max_sessions) + ")");
   }
   if (!refused.ok()) {
-    TCE_LOG(kWarning, "fdsock") << "refused pid=" << cred.pid << ": " << refused.message();
-    Status ignored = SendPacket(fd, Hello(refused, ""), -1);
+    uint64_t dropped = 0;
+    if (refused_log_.Allow(&dropped))
+      TCE_LOG(kWarning, "fdsock") << "refused pid=" << cred.pid << ": " << refused.message()
+                                  << Suppressed(dropped);
+    Status ignored = SendPacket(fd, Hello(refused, ""), -1);  // never blocks
     (void)ignored;
     ::close(fd);
     return;
@@ -131,6 +135,23 @@ void FdServer::Accept() {
     return;
   }
   sessions_[fd] = session;
+}
+
+void FdServer::CloseIdle() {
+  const auto period = std::min<std::chrono::milliseconds>(
+      std::chrono::seconds(5), opt_.idle_timeout / 4 + std::chrono::milliseconds(1));
+  next_idle_check_ = std::chrono::steady_clock::now() + period;
+  std::vector<std::string> idle = cache_->IdleSessions(opt_.idle_timeout);
+  if (idle.empty()) return;
+  std::set<std::string> wanted(idle.begin(), idle.end());
+  std::vector<int> victims;
+  for (const auto& [fd, session] : sessions_)
+    if (wanted.count(session)) victims.push_back(fd);
+  for (int fd : victims) {
+    TCE_LOG(kInfo, "fdsock") << "closing session " << sessions_[fd].substr(0, 8) << ": idle for "
+                             << opt_.idle_timeout.count() / 1000 << " s (session_idle_timeout_s)";
+    Close(fd);
+  }
 }
 
 bool FdServer::Serve(int fd) {

@@ -4,23 +4,39 @@
 // FdReply + the buffer's memfd (SCM_RIGHTS). When a connection closes, or
 // sends anything malformed, its session ends. One thread runs the loop;
 // Start/Stop may be called from any one other thread.
+//
+// Security and limits: the socket file is 0660 (group `socket_gid`); a peer
+// uid outside `allowed_uids`, or a connection beyond `max_sessions`, gets a
+// refusing SessionHello and is closed at once (such log lines are
+// rate-limited). Out of fds, accept sheds and backs off (rpc/acceptor.h).
+// Sessions idle for `idle_timeout` (Cache::IdleSessions) are closed.
 #pragma once
 
 #include <sys/types.h>
 
-#include <atomic>
+#include <chrono>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
 
 #include "cache/cache.h"
+#include "common/log_limiter.h"
+#include "rpc/acceptor.h"
 
 namespace tce {
 
+struct FdServerOptions {
+  std::string path;
+  std::set<uid_t> allowed_uids;
+  size_t max_sessions = 1024;
+  std::chrono::milliseconds idle_timeout{0};  // 0: sessions never time out
+  gid_t socket_gid = static_cast<gid_t>(-1);  // -1: the server's own group
+};
+
 class FdServer {
  public:
-  FdServer(Cache* cache, std::string path, std::set<uid_t> allowed_uids, size_t max_sessions);
+  FdServer(Cache* cache, FdServerOptions options);
   ~FdServer();
 
   // Binds and listens (the caller removed any stale socket), starts the thread.
@@ -29,19 +45,26 @@ class FdServer {
 
  private:
   void Loop();
-  void Accept();
+  // Accepts what is waiting (a bounded batch per wake).
+  void AcceptSome();
+  void Admit(int fd, const struct ucred& cred);
   // Returns false when the connection must be closed.
   bool Serve(int fd);
   void Close(int fd);
+  void CloseIdle();
+  // How long poll may sleep: until the accept pause ends or the next idle check.
+  int PollTimeoutMs() const;
 
   Cache* const cache_;
-  const std::string path_;
-  const std::set<uid_t> allowed_uids_;
-  const size_t max_sessions_;
+  const FdServerOptions opt_;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   std::thread thread_;
-  std::map<int, std::string> sessions_;  // connection fd -> session id; loop thread only
+  // Loop thread only:
+  std::map<int, std::string> sessions_;  // connection fd -> session id
+  Acceptor acceptor_{"fdsock"};
+  std::chrono::steady_clock::time_point next_idle_check_{};
+  LogLimiter refused_log_{5, std::chrono::seconds(10)};
 };
 
 }  // namespace tce

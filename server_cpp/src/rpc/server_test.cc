@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <filesystem>
 
 #include "rpc/fd_passing.h"
+#include "rpc/control_listener.h"
 #include "rpc/fd_server.h"
 #include "rpc/service.h"
 
@@ -26,11 +28,15 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   Cache cache(64 << 20);
   CacheService service(&cache, sock);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + sock, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_TRUE(server);
-  FdServer fds(&cache, sock + ".fd", {getuid()}, 16);
+  ControlListener control(server.get(), sock, {getuid()}, static_cast<gid_t>(-1));
+  ASSERT_TRUE(control.Start().ok());
+  struct stat sb;
+  ASSERT_EQ(stat(sock.c_str(), &sb), 0);
+  EXPECT_EQ(sb.st_mode & 0777, 0660u);
+  FdServer fds(&cache, FdServerOptions{sock + ".fd", {getuid()}, 16});
   ASSERT_TRUE(fds.Start().ok());
 
   int c = socket(AF_UNIX, SOCK_SEQPACKET, 0);
@@ -88,8 +94,13 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   EXPECT_EQ(st.error_message(), "/ckpt/missing.pt is not cached for job j");
 
   v1::StatusResponse sresp;
+  grpc::ClientContext ctx5;
+  EXPECT_EQ(stub->Status(&ctx5, v1::StatusRequest(), &sresp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);  // every call runs in a session
+  v1::StatusRequest sreq;
+  sreq.set_session(hello.session());
   grpc::ClientContext ctx4;
-  ASSERT_TRUE(stub->Status(&ctx4, v1::StatusRequest(), &sresp).ok());
+  ASSERT_TRUE(stub->Status(&ctx4, sreq, &sresp).ok());
   EXPECT_EQ(sresp.files(), 1u);
   EXPECT_EQ(sresp.sessions(), 1u);
 
@@ -97,6 +108,7 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   for (int i = 0; i < 200 && cache.Stats().sessions; ++i) usleep(10000);
   EXPECT_EQ(cache.Stats().sessions, 0u);
   fds.Stop();
+  control.Stop();
   server->Shutdown();
   std::filesystem::remove_all(dir);
 }

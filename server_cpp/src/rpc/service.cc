@@ -118,12 +118,26 @@ grpc::Status CacheService::Remove(grpc::ServerContext*, const v1::RemoveRequest*
 
 grpc::Status CacheService::List(grpc::ServerContext*, const v1::ListRequest* req,
                                 v1::ListResponse* resp) {
-  for (const FileInfo& f : cache_->List(req->job(), req->tag())) ToProto(f, resp->add_files());
+  std::vector<FileInfo> files;
+  tce::Status s = cache_->List(req->session(), req->job(), req->tag(), &files);
+  for (const FileInfo& f : files) ToProto(f, resp->add_files());
+  return ToGrpc(s);
+}
+
+grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest* req,
+                                  v1::StatusResponse* resp) {
+  bool admin = false;
+  tce::Status s = cache_->CheckCaller(req->session(), &admin);
+  if (!s.ok()) return ToGrpc(s);
+  FillStatus(resp);
+  if (!admin) {  // they may name other users' jobs and paths
+    resp->clear_backup_error();
+    resp->clear_metadata_error();
+  }
   return grpc::Status::OK;
 }
 
-grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*,
-                                  v1::StatusResponse* resp) {
+void CacheService::FillStatus(v1::StatusResponse* resp) {
   CacheStats s = cache_->Stats();
   resp->set_version(TCE_VERSION);
   resp->set_pid(getpid());
@@ -173,11 +187,20 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
     resp->set_metadata_queue(m.queued);
     resp->set_metadata_error(m.last_error);
   }
-  return grpc::Status::OK;
 }
 
 grpc::Status CacheService::Wait(grpc::ServerContext*, const v1::WaitRequest* req,
                                 v1::WaitResponse* resp) {
+  if (waits_.fetch_add(1) >= max_waits_) {
+    --waits_;
+    return ToGrpc(tce::Status::ResourceExhausted(
+        "too many Wait calls blocked at once (max_waits=" + std::to_string(max_waits_) +
+        "): try again later"));
+  }
+  struct Done {
+    std::atomic<size_t>* n;
+    ~Done() { --*n; }
+  } done{&waits_};
   std::vector<std::string> paths(req->paths().begin(), req->paths().end());
   std::vector<FileInfo> files;
   auto timeout = std::chrono::milliseconds(static_cast<int64_t>(req->timeout_s() * 1000));
@@ -202,8 +225,10 @@ grpc::Status CacheService::CommitTag(grpc::ServerContext*, const v1::CommitTagRe
 grpc::Status CacheService::ListTags(grpc::ServerContext*, const v1::ListTagsRequest* req,
                                     v1::ListTagsResponse* resp) {
   if (req->job().empty()) return ToGrpc(tce::Status::InvalidArgument("ListTags needs a job"));
-  for (const TagInfo& t : cache_->ListTags(req->job())) ToProto(t, resp->add_tags());
-  return grpc::Status::OK;
+  std::vector<TagInfo> tags;
+  tce::Status s = cache_->ListTags(req->session(), req->job(), &tags);
+  for (const TagInfo& t : tags) ToProto(t, resp->add_tags());
+  return ToGrpc(s);
 }
 
 grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingRequest* req,

@@ -1,6 +1,10 @@
 // CacheService: the gRPC face of the Cache (tce.v1.Cache). Thin: protobuf in,
 // Cache call, protobuf out; a Status becomes a grpc::Status with the same
 // code and message. Called concurrently by gRPC's worker threads.
+//
+// Security: every RPC names a session; the Cache decides with that session's
+// uid (an unknown session is UNAUTHENTICATED). A blocked Wait holds a gRPC
+// thread: at most max_waits run at once, more are RESOURCE_EXHAUSTED.
 #pragma once
 
 #include <atomic>
@@ -46,6 +50,10 @@ class CacheService final : public v1::Cache::Service {
     fetch_remote_ = std::move(fetch);
     ring_transport_ = std::move(transport);
   }
+  // The whole server's status, unfiltered: for the daemon's own metrics.
+  void FillStatus(v1::StatusResponse* resp);
+  // At most `n` Wait calls at once (set before serving).
+  void SetMaxWaits(size_t n) { max_waits_ = n; }
   // Where the operational endpoints listen (set before serving), for Status.
   void SetEndpoints(std::string metrics, std::string health) {
     metrics_endpoint_ = std::move(metrics);
@@ -62,6 +70,8 @@ class CacheService final : public v1::Cache::Service {
   std::function<tce::Status(const std::string&, const std::string&)> fetch_remote_;
   std::string ring_transport_;
   std::string metrics_endpoint_, health_endpoint_;
+  size_t max_waits_ = 256;
+  std::atomic<size_t> waits_{0};  // Wait calls running now
   std::atomic<uint64_t> remote_reads_{0};
   std::atomic<uint64_t> remote_misses_{0};
   // Files no peer held, and when they were asked: a load of the same file

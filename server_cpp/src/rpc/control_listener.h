@@ -1,0 +1,50 @@
+// ControlListener: the control socket (gRPC over a Unix stream socket). It
+// accepts connections itself and hands each to the gRPC server
+// (AddInsecureChannelFromFd) because gRPC's own listener stops accepting for
+// good after one EMFILE. Connections from uids outside `allowed_uids` are
+// closed at once (they could open no session anyway), so they hold no fds;
+// out of fds, accept sheds and backs off (rpc/acceptor.h). The socket is
+// 0660, group `gid`. One thread runs the loop; Start/Stop from one other.
+#pragma once
+
+#include <sys/types.h>
+
+#include <set>
+#include <string>
+#include <thread>
+
+#include "common/log_limiter.h"
+#include "common/status.h"
+#include "rpc/acceptor.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace tce {
+
+class ControlListener {
+ public:
+  ControlListener(grpc::Server* server, std::string path, std::set<uid_t> allowed_uids,
+                  gid_t gid);
+  ~ControlListener();
+
+  Status Start();
+  // Stops accepting; connections already handed to gRPC stay with it.
+  void Stop();
+
+ private:
+  void Loop();
+
+  grpc::Server* const server_;
+  const std::string path_;
+  const std::set<uid_t> allowed_uids_;
+  const gid_t gid_;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  std::thread thread_;
+  Acceptor acceptor_{"control"};                          // loop thread only
+  LogLimiter refused_log_{5, std::chrono::seconds(10)};  // loop thread only
+};
+
+}  // namespace tce

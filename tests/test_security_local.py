@@ -1,0 +1,448 @@
+"""Local users: what one uid on the node can do to another's checkpoints.
+
+Real users (useradd), real credentials: each client runs in its own process
+that drops to its user before it connects (tests/as_user.py), against a real
+tce-server started here as root. `tce-test-a` and `tce-test-b` are allowed
+(allowed_uids) and own separate jobs; `tce-test-c` may reach the sockets
+(socket_group) but is not allowed; `tce-test-d` is in neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from as_user import Session
+from helpers import until
+from tce._server import LocalServer
+from tce.v1 import tce_pb2 as pb
+
+pytestmark = pytest.mark.security
+
+GROUP = "tce-test"
+USERS = {"a": "tce-test-a", "b": "tce-test-b", "c": "tce-test-c", "d": "tce-test-d"}
+AS_USER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "as_user.py")
+
+
+def _run(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def users():
+    """Throwaway users (idempotent); removed at the end. Needs root."""
+    if os.geteuid() != 0 or not shutil.which("useradd"):
+        pytest.skip("needs root and useradd to create local users")
+    subprocess.run(["groupadd", "-f", GROUP], check=True)
+    made = []
+    for key, name in USERS.items():
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            group = [] if key == "d" else ["-g", GROUP]
+            _run("useradd", "-M", "-N", "-s", "/usr/sbin/nologin", *group, name)
+            made.append(name)
+    yield {key: pwd.getpwnam(name).pw_uid for key, name in USERS.items()}
+    for name in made:
+        subprocess.run(["userdel", name], capture_output=True)
+    subprocess.run(["groupdel", GROUP], capture_output=True)
+
+
+def as_user(user: str, code: str, timeout: float = 60) -> dict:
+    """Run `code` (see tests/as_user.py) as `user`; its `result` dict."""
+    p = subprocess.run([sys.executable, AS_USER, USERS.get(user, user)], input=code,
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"as {user}: exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+class Node:
+    """A server as deployed: its socket directory made by the server itself
+    (0750, group tce-test), one 0700 checkpoint directory per user."""
+
+    def __init__(self, users: dict, *, extra_args=(), prefix=(), budget="256MiB") -> None:
+        self.base = tempfile.mkdtemp(prefix="tce-sec-")
+        os.chmod(self.base, 0o755)  # users traverse it; the socket dir inside is the gate
+        self.ckpt = os.path.join(self.base, "ckpt")
+        os.mkdir(self.ckpt)
+        os.chmod(self.ckpt, 0o755)
+        for key in ("a", "b"):
+            d = os.path.join(self.ckpt, key)
+            os.mkdir(d, 0o700)
+            os.chown(d, users[key], -1)
+        self.socket = os.path.join(self.base, "run", "tce.sock")
+        allowed = ",".join(str(users[k]) for k in ("a", "b")) + ",0"
+        self.server = LocalServer(
+            socket_path=self.socket, memory_budget=budget, storage_roots=[self.ckpt],
+            state_dir=os.path.join(self.base, "state"),
+            log_path=os.path.join(self.base, "tce-server.log"),
+            extra_args=["--allowed-uids", allowed, "--socket-group", GROUP, *extra_args])
+        self.server.args = [*prefix, *self.server.args]
+        try:
+            self.server.start()
+        except BaseException:
+            shutil.rmtree(self.base, ignore_errors=True)
+            raise
+
+    def path(self, user: str, name: str) -> str:
+        return os.path.join(self.ckpt, user, name)
+
+    def run(self, user: str, code: str, **kw) -> dict:
+        return as_user(user, f"SOCK = {self.socket!r}\n" + code, **kw)
+
+    def close(self) -> None:
+        code = self.server.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+        assert code == 0, f"tce-server exited with {code}:\n{self.server.log()}"
+
+
+@pytest.fixture
+def node(users):
+    n = Node(users)
+    yield n
+    n.close()
+
+
+def test_the_sockets_admit_the_group_only_and_sessions_the_allowed_uids_only(node, users):
+    run_dir = os.path.dirname(node.socket)
+    st = os.stat(run_dir)
+    assert stat.S_IMODE(st.st_mode) == 0o750 and st.st_gid == _gid(GROUP)
+    for path in (node.socket, node.socket + ".fd"):
+        st = os.stat(path)
+        assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == _gid(GROUP), path
+    # Outside the group: the socket directory itself is closed.
+    r = node.run("d", """
+try:
+    Session(SOCK)
+except PermissionError as e:
+    result["error"] = e.strerror
+""")
+    assert r["error"] == "Permission denied"
+    # In the group, not allowed: refused at the handshake.
+    r = node.run("c", """
+try:
+    Session(SOCK)
+except Refused as e:
+    result["code"], result["message"] = e.code, e.message
+""")
+    assert r["code"] == "PERMISSION_DENIED"
+    assert r["message"] == f"peer uid {users['c']} is not allowed to use this server (allowed_uids)"
+
+
+def test_a_uid_outside_allowed_uids_lists_nothing(node, users):
+    path = node.path("a", "x.pt")
+    r = node.run("a", f"""
+s = Session(SOCK)
+result["save"] = s.save("ja", {path!r}, b"A" * 4096)["code"]
+result["tag"] = s.call("CommitTag", pb.CommitTagRequest(session=s.id, tag=pb.TagInfo(
+    job="ja", tag="t1", world_size=1, files=[pb.TagFile(rank=0, path={path!r}, size=4096)])))[0]
+""")
+    assert r == {"uid": users["a"], "save": "OK", "tag": "OK"}
+    # No session to be had, and the control socket closes its connections at
+    # once: every RPC fails, whatever session it names, and returns nothing.
+    r = node.run("c", """
+stub = pb_grpc.CacheStub(grpc.insecure_channel("unix:" + SOCK))
+out = {}
+for name, req in [("List", pb.ListRequest()), ("Status", pb.StatusRequest()),
+                  ("ListTags", pb.ListTagsRequest(job="ja")),
+                  ("List", pb.ListRequest(session="0" * 32))]:
+    try:
+        resp = getattr(stub, name)(req, timeout=10)
+        out[name] = ["OK", str(resp)]
+    except grpc.RpcError as e:
+        out[name] = [e.code().name, e.details()]
+result.update(out)
+""")
+    for name in ("List", "Status", "ListTags"):
+        assert r[name][0] == "UNAVAILABLE", (name, r[name])
+    # An allowed uid with a made-up session id gets nothing either.
+    r = node.run("b", """
+s = Session(SOCK)
+result["list"] = list(s.call("List", pb.ListRequest(session="0" * 32))[:2])
+result["status"] = s.call("Status", pb.StatusRequest())[0]
+""")
+    assert r["list"][0] == "UNAUTHENTICATED" and "unknown session" in r["list"][1]
+    assert r["status"] == "UNAUTHENTICATED"
+
+
+def test_another_uid_cannot_read_remove_overwrite_or_tag_a_users_job(node, users):
+    path = node.path("a", "model.pt")
+    mine = bytes(range(256)) * 64
+    r = node.run("a", f"""
+s = Session(SOCK)
+result["save"] = s.save("ja", {path!r}, {mine!r})["code"]
+""")
+    assert r["save"] == "OK"
+    a, b = users["a"], users["b"]
+    r = node.run("b", f"""
+s = Session(SOCK)
+code, msg, data = s.read("ja", {path!r})
+result["read"] = [code, msg, len(data)]
+code, msg, _ = s.call("Remove", pb.RemoveRequest(session=s.id, job="ja", path={path!r}))
+result["remove"] = [code, msg]
+result["overwrite"] = s.save("ja", {path!r}, b"B" * 100)
+result["new_path"] = s.save("ja", {node.path("b", "x.pt")!r}, b"B" * 100)["code"]
+tag = pb.TagInfo(job="ja", tag="t9", world_size=1, files=[pb.TagFile(rank=0, path={path!r}, size=1)])
+result["tag"] = list(s.call("CommitTag", pb.CommitTagRequest(session=s.id, tag=tag))[:2])
+result["tags"] = list(s.call("ListTags", pb.ListTagsRequest(session=s.id, job="ja"))[:2])
+result["wait"] = list(s.call("Wait", pb.WaitRequest(session=s.id, job="ja", paths=[{path!r}],
+                                                    timeout_s=1))[:2])
+code, _, listing = s.call("List", pb.ListRequest(session=s.id))
+result["list"] = [f.path for f in listing.files]
+result["own"] = s.save("jb", {node.path("b", "mine.pt")!r}, b"B" * 100)["code"]
+""")
+    owner = f": job 'ja' belongs to uid {a}"
+    assert r["read"] == ["PERMISSION_DENIED", f"uid {b} may not read {path} of job 'ja'" + owner, 0]
+    assert r["remove"] == ["PERMISSION_DENIED", f"uid {b} may not remove {path} of job 'ja'" + owner]
+    assert r["overwrite"] == {"code": "PERMISSION_DENIED",
+                              "message": f"uid {b} may not write {path} in job 'ja'" + owner}
+    assert r["new_path"] == "PERMISSION_DENIED"
+    assert r["tag"] == ["PERMISSION_DENIED",
+                        f"uid {b} may not commit tag 't9' into job 'ja'" + owner]
+    assert r["tags"] == ["PERMISSION_DENIED", f"uid {b} may not list the tags of job 'ja'" + owner]
+    assert r["wait"] == ["PERMISSION_DENIED",
+                         f"uid {b} may not wait for files of job 'ja'" + owner]
+    assert r["list"] == [], "B sees none of A's files"
+    assert r["own"] == "OK"
+    # A's file is untouched: A reads its bytes, waits for them on disk, and
+    # the file there is A's, with A's bytes. A sees only its own job.
+    r = node.run("a", f"""
+s = Session(SOCK)
+code, msg, data = s.read("ja", {path!r})
+result["read"] = [code, data.hex()]
+code, msg, w = s.call("Wait", pb.WaitRequest(session=s.id, job="ja", paths=[{path!r}], timeout_s=30))
+result["wait"] = [code, msg, [pb.FileState.Name(f.state) for f in w.files] if w else []]
+code, _, listing = s.call("List", pb.ListRequest(session=s.id))
+result["list"] = sorted({{f.job for f in listing.files}})
+""")
+    assert r["read"] == ["OK", mine.hex()]
+    assert r["wait"] == ["OK", "", ["FILE_STATE_PERSISTED"]]
+    assert r["list"] == ["ja"]
+    with open(path, "rb") as f:
+        assert f.read() == mine
+    assert os.stat(path).st_uid == a
+
+
+def test_root_sees_every_job_and_a_user_sees_no_other_users_errors(node, users):
+    node.run("a", f"""
+s = Session(SOCK)
+s.save("ja", {node.path("a", "x.pt")!r}, b"A" * 100)
+""")
+    node.run("b", f"""
+s = Session(SOCK)
+s.save("jb", {node.path("b", "x.pt")!r}, b"B" * 100)
+""")
+    r = node.run("root", """
+s = Session(SOCK)
+code, _, listing = s.call("List", pb.ListRequest(session=s.id))
+result["jobs"] = sorted({f.job for f in listing.files})
+""")
+    assert r["jobs"] == ["ja", "jb"]
+    r = node.run("b", """
+s = Session(SOCK)
+code, _, st = s.call("Status", pb.StatusRequest(session=s.id))
+result["status"] = [code, st.files, st.sessions]
+""")
+    assert r["status"] == ["OK", 2, 1]  # the node's counters, no one's paths
+
+
+def _gid(name: str) -> int:
+    import grp
+
+    return grp.getgrnam(name).gr_gid
+
+
+def test_a_recycled_buffer_given_to_another_uid_holds_no_byte_of_the_previous_owners(node, users):
+    big = node.path("a", "big.pt")
+    r = node.run("a", f"""
+s = Session(SOCK)
+result["save"] = s.save("ja", {big!r}, b"\\xaa" * (4 << 20))
+code, msg, _ = s.call("Wait", pb.WaitRequest(session=s.id, job="ja", paths=[{big!r}], timeout_s=30))
+result["wait"] = code
+result["remove"] = s.call("Remove", pb.RemoveRequest(session=s.id, job="ja", path={big!r}))[0]
+""")
+    assert (r["save"]["code"], r["wait"], r["remove"]) == ("OK", "OK", "OK")
+    # A's session is gone (the process exited): its free buffer is mapped by no one.
+    root = Session(node.socket)
+    try:
+        until(lambda: root.call("Status", pb.StatusRequest(session=root.id))[2].sessions == 1,
+              what="A's session to close")
+        assert root.call("Status", pb.StatusRequest(session=root.id))[2].free_bytes >= 4 << 20
+    finally:
+        root.close()
+    # B saves a smaller file that A's buffer would fit, then reads every byte
+    # of the buffer it was given, past its own file too.
+    r = node.run("b", f"""
+s = Session(SOCK)
+code, msg, a = s.call("Allocate", pb.AllocateRequest(session=s.id, job="jb", tag="t",
+                                                     path={node.path("b", "small.pt")!r}, size=3 << 20))
+fd, capacity, writable = s.fd(a.buffer_id)
+with mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED) as m:
+    m[: 3 << 20] = b"\\xbb" * (3 << 20)
+    whole = bytes(m)
+result["capacity"] = capacity
+result["foreign"] = whole.count(b"\\xaa")
+result["zeros_after"] = whole[3 << 20:].count(0)
+result["commit"] = s.call("Commit", pb.CommitRequest(session=s.id, allocation_id=a.allocation_id))[0]
+""")
+    assert r["commit"] == "OK"
+    assert r["foreign"] == 0, f"B's buffer held {r['foreign']} of A's bytes"
+    assert r["zeros_after"] == r["capacity"] - (3 << 20)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+FLOOD = """
+import time
+held, attempts = [], 0
+for _ in range(300):  # idle connections to the control socket, held
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.setblocking(False)
+    try:
+        s.connect(SOCK)
+        held.append(s)
+    except OSError:
+        s.close()
+deadline = time.monotonic() + 4
+while attempts < 1200 and time.monotonic() < deadline:  # then the fd socket
+    attempts += 1
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.setblocking(False)
+    try:
+        s.connect(SOCK + ".fd")
+        held.append(s)
+    except OSError:
+        s.close()
+time.sleep(max(0.0, deadline - time.monotonic()))  # hold them while the server copes
+result["attempts"] = attempts
+for s in held:
+    s.close()
+"""
+
+SAVE_AFTER = """
+import time
+deadline = time.monotonic() + 20
+while True:  # the server may still be backing off
+    try:
+        s = Session(SOCK)
+        break
+    except (OSError, Refused):
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.2)
+result["save"] = s.save("ja", PATH, b"A" * 4096)["code"]
+result["read"] = s.read("ja", PATH)[2] == b"A" * 4096
+"""
+
+
+@pytest.mark.parametrize("flooder", ["c", "a"])
+def test_a_connection_flood_neither_spins_nor_floods_the_log_and_saves_go_on(users, flooder):
+    """1,200 connections to the fd socket on top of 300 held control
+    connections, from a uid that is not allowed (c: every connection is
+    closed at once) and from one that is (a: the server runs out of fds and
+    must shed). The server's fds run out early: hard limit 200, so raising
+    the soft limit to the hard one cannot help."""
+    node = Node(users, prefix=["prlimit", "--nofile=200:200", "--"])
+    try:
+        pid = node.server.proc.pid
+        log_before = os.path.getsize(node.server.log_path)
+        cpu_before = _cpu_seconds(pid)
+        r = node.run(flooder, FLOOD, timeout=120)
+        assert r["attempts"] >= 1000, r
+        cpu = _cpu_seconds(pid) - cpu_before
+        grown = os.path.getsize(node.server.log_path) - log_before
+        assert cpu < 2.0, f"the server used {cpu:.1f} s of CPU in ~4 s of flood (spinning)"
+        assert grown < 64 << 10, f"the log grew by {grown} bytes:\n{node.server.log()[-2000:]}"
+        if flooder == "a":  # it did run out of fds, and said so (rate-limited)
+            assert "accept: Too many open files: closed a waiting connection" in node.server.log()
+        r = node.run("a", f"PATH = {node.path('a', 'after.pt')!r}\n" + SAVE_AFTER)
+        assert r["save"] == "OK" and r["read"], (r, node.server.log()[-3000:])
+    finally:
+        node.close()
+
+
+def test_an_idle_session_is_closed_and_a_session_holding_a_lease_is_not(users):
+    node = Node(users, extra_args=["--session-idle-timeout-s", "1"])
+    try:
+        path = node.path("a", "x.pt")
+        r = node.run("a", f"""
+import select, time
+idle, reader = Session(SOCK), Session(SOCK)
+result["save"] = idle.save("ja", {path!r}, b"A" * 4096)["code"]
+code, _, lease = reader.call("Lookup", pb.LookupRequest(session=reader.id, job="ja", path={path!r}, lease=True))
+result["lease"] = code
+time.sleep(3)
+result["idle_closed"] = idle.fd_sock.recv(4096) == b""
+result["idle_call"] = list(idle.call("List", pb.ListRequest(session=idle.id))[:2])
+result["reader_open"] = select.select([reader.fd_sock], [], [], 0)[0] == []
+result["release"] = reader.call("Release", pb.ReleaseRequest(session=reader.id, lease_ids=[lease.lease_id]))[0]
+""")
+        assert r["save"] == "OK" and r["lease"] == "OK"
+        assert r["idle_closed"], "the idle session's connection was not closed"
+        assert r["idle_call"][0] == "UNAUTHENTICATED"
+        assert r["reader_open"] and r["release"] == "OK"
+        assert "idle for 1 s (session_idle_timeout_s)" in node.server.log()
+    finally:
+        node.close()
+
+
+def test_blocked_waits_and_leases_per_session_are_capped(users):
+    node = Node(users, extra_args=["--max-waits", "2", "--max-leases-per-session", "3",
+                                   "--persist-retries", "100", "--persist-backoff-ms", "50"])
+    try:
+        blocked = node.path("a", "blocked")
+        with open(blocked, "w") as f:
+            f.write("a file where persistence needs a directory")
+        stuck = os.path.join(blocked, "x.pt")
+        r = node.run("a", f"""
+import threading, time
+s = Session(SOCK)
+result["save"] = s.save("ja", {stuck!r}, b"A" * 4096)["code"]
+wait = pb.WaitRequest(session=s.id, job="ja", paths=[{stuck!r}], timeout_s=4)
+first = []
+threads = [threading.Thread(target=lambda: first.append(s.call("Wait", wait)[0])) for _ in range(2)]
+for t in threads:
+    t.start()
+time.sleep(1.5)  # both block: the file cannot persist
+result["third"] = list(s.call("Wait", wait)[:2])
+for t in threads:
+    t.join()
+result["first"] = sorted(first)
+result["after"] = s.call("Wait", pb.WaitRequest(session=s.id, job="ja", paths=[{stuck!r}],
+                                                 timeout_s=0.2))[0]
+leases = []
+for i in range(4):
+    code, msg, resp = s.call("Lookup", pb.LookupRequest(session=s.id, job="ja", path={stuck!r}, lease=True))
+    leases.append([code, msg])
+    if code == "OK":
+        last = resp.lease_id
+result["leases"] = leases
+s.call("Release", pb.ReleaseRequest(session=s.id, lease_ids=[last]))
+result["again"] = s.call("Lookup", pb.LookupRequest(session=s.id, job="ja", path={stuck!r}, lease=True))[0]
+""")
+        assert r["save"] == "OK"
+        assert r["third"] == ["RESOURCE_EXHAUSTED",
+                              "too many Wait calls blocked at once (max_waits=2): try again later"]
+        assert r["first"] == ["DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED"]
+        assert r["after"] == "DEADLINE_EXCEEDED"  # the slots were given back
+        assert r["leases"][:3] == [["OK", ""]] * 3
+        assert r["leases"][3] == ["RESOURCE_EXHAUSTED",
+                                  "this session holds 3 leases (max_leases_per_session=3): "
+                                  "release loaded files before loading more"]
+        assert r["again"] == "OK"
+    finally:
+        node.close()
