@@ -136,7 +136,7 @@ def test_complete_tags_survive_a_restart(tmp_path, mariadb):
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise", job="tag-job"):
             c = _api._get_client()
-            odd = str(storage / "we ird\nname 3:x.pt")
+            odd = str(storage / "we ird: 3 name 3:x.pt")  # the column format's separators
             c.commit_tag(_tag("tag-job", "global_step2", [(1, odd, 7), (0, str(storage / "a.pt"), 5)]))
             c.commit_tag(_tag("tag-job", "global_step4", [(0, str(storage / "b.pt"), 9)]))
             wait_metadata_written()
