@@ -244,6 +244,54 @@ def test_bad_strings_are_refused_naming_the_field(srv, client, tmp_path, what, j
     _still_serving(srv, tmp_path)
 
 
+def _raw_call(srv, rpc, request, placeholder: bytes, bad: bytes):
+    """Sends `request` with `placeholder` replaced by `bad` (same length, so
+    every length prefix holds): bytes no protobuf library would encode."""
+    assert len(placeholder) == len(bad)
+    raw = request.SerializeToString()
+    assert raw.count(placeholder) == 1
+    channel = grpc.insecure_channel("unix:" + srv.socket)
+    try:
+        with pytest.raises(grpc.RpcError) as ei:
+            channel.unary_unary(f"/tce.v1.Cache/{rpc}")(raw.replace(placeholder, bad), timeout=10)
+        return ei.value.code(), ei.value.details()
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize("rpc,field", [
+    ("Allocate", "tce.v1.AllocateRequest.path"), ("Allocate", "tce.v1.AllocateRequest.job"),
+    ("Lookup", "tce.v1.LookupRequest.path"), ("Remove", "tce.v1.RemoveRequest.path"),
+    ("Wait", "tce.v1.WaitRequest.paths"), ("CommitTag", "tce.v1.TagFile.path"),
+    ("CommitTag", "tce.v1.TagInfo.tag"), ("List", "tce.v1.ListRequest.job"),
+    ("ListTags", "tce.v1.ListTagsRequest.job"), ("SetRing", "tce.v1.SetRingRequest.job"),
+])
+def test_non_utf8_strings_are_refused_naming_the_field(srv, client, tmp_path, rpc, field):
+    name = field.rsplit(".", 1)[1]
+    job, tag, path = "jobXXXX", "tagXXXX", "/ckpt/XXXX.pt"
+    if name in ("path", "paths"):
+        path = "/ckpt/QQQQ.pt"
+    elif name == "job":
+        job = "jobQQQQ"
+    else:
+        tag = "tagQQQQ"
+    request = _requests(client.session)[rpc](job, tag, path)
+    code, details = _raw_call(srv, rpc, request, b"QQQQ", b"\xff\xfe\xc0\x80")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert details == f"{name}: is not valid UTF-8 (field {field})"
+    _still_serving(srv, tmp_path)
+
+
+def test_unparseable_request_is_invalid_argument(srv, tmp_path):
+    channel = grpc.insecure_channel("unix:" + srv.socket)
+    with pytest.raises(grpc.RpcError) as ei:
+        channel.unary_unary("/tce.v1.Cache/Commit")(b"\xff\xff\xff\xff\x0f garbage", timeout=10)
+    channel.close()
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ei.value.details() == "malformed request to /tce.v1.Cache/Commit: not a valid protobuf message"
+    _still_serving(srv, tmp_path)
+
+
 @pytest.mark.parametrize("rpc,request_,message", [
     ("Allocate", lambda s: pb.AllocateRequest(session=s, job="j", path="/a.pt", size=1, rank=-1),
      "rank: must be in [0, 1048576), got -1"),

@@ -31,6 +31,7 @@
 #include "persist/persister.h"
 #include "rpc/fd_server.h"
 #include "rpc/health_service.h"
+#include "rpc/parse_errors.h"
 #include "rpc/service.h"
 
 extern char** environ;
@@ -303,6 +304,12 @@ int Run(int argc, char** argv) {
   builder.AddListeningPort("unix:" + opt.socket, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   builder.RegisterService(&health_on_socket);
+  // A request gRPC cannot parse (a string that is not UTF-8) is refused as
+  // INVALID_ARGUMENT naming the field, not INTERNAL with no message.
+  InstallProtobufLogHandler();
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(NewParseErrorInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt.rpc_threads);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
