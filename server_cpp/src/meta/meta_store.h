@@ -10,6 +10,7 @@
 
 #include "cache/cache_types.h"
 #include "common/status.h"
+#include "meta/row_codec.h"  // the text columns both stores share
 
 namespace tce {
 
@@ -44,18 +45,5 @@ std::string RedactUrl(const std::string& url);
 
 // "sqlite:///abs/path" -> SQLite. Other schemes: a clear NotSupported.
 Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out);
-
-// The record table as one text column, a line per record:
-// "<name length>:<name> header data size central crc".
-std::string EncodeRecords(const std::vector<Record>& records);
-bool DecodeRecords(const std::string& text, std::vector<Record>* out);
-
-// A tag's files as one text column, a line per file: "rank size <path length>:<path>".
-// A ring's endpoints as one text column, one per line.
-std::string EncodeEndpoints(const std::vector<std::string>& endpoints);
-std::vector<std::string> DecodeEndpoints(const std::string& text);
-
-std::string EncodeTagFiles(const std::vector<TagFile>& files);
-bool DecodeTagFiles(const std::string& text, std::vector<TagFile>* out);
 
 }  // namespace tce

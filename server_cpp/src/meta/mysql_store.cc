@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/validate.h"
 #include "meta/meta_store.h"
 #include "meta/mysql_store.h"
+#include "meta/row_codec.h"
 
 namespace tce {
 namespace {
@@ -194,22 +196,34 @@ class MysqlStore final : public MetaStore {
     while (MYSQL_ROW row = mysql_fetch_row(res)) {
       unsigned long* len = mysql_fetch_lengths(res);
       auto text = [&](int i) { return std::string(row[i] ? row[i] : "", row[i] ? len[i] : 0); };
-      auto num = [&](int i) { return std::stoll(text(i)); };
       FileInfo f;
       f.job = text(0);
       f.path = text(1);
       f.tag = text(2);
-      f.rank = static_cast<int32_t>(num(3));
-      f.size = static_cast<uint64_t>(std::stoull(text(4)));
-      if (!ParseFileState(text(5), &f.state)) f.state = FileState::kFailed;
-      f.version = static_cast<uint64_t>(std::stoull(text(6)));
-      DecodeRecords(text(7), &f.records);
-      f.created_unix_ns = num(8);
-      f.committed_unix_ns = num(9);
-      f.persisted_unix_ns = num(10);
+      int64_t n[8];
+      uint64_t size = 0, version = 0;
+      const int int_columns[8] = {3, 8, 9, 10, 12, 13, -1, -1};
+      Status s = CheckFileKeys(f);
+      for (int i = 0; s.ok() && int_columns[i] >= 0; ++i)
+        if (!ParseInt64(text(int_columns[i]), &n[i])) s = Status::DataLoss("column " + std::to_string(int_columns[i]) + ": not an integer");
+      if (s.ok() && (!ParseUint64(text(4), &size) || !ParseUint64(text(6), &version)))
+        s = Status::DataLoss("size/version: not an integer");
+      if (s.ok() && !ParseFileState(text(5), &f.state)) s = Status::DataLoss("state: unknown '" + Printable(text(5), 32) + "'");
+      if (s.ok()) s = DecodeRecords(text(7), &f.records);
+      if (s.ok() && (n[0] < 0 || n[0] >= kMaxWorldSize)) s = Status::DataLoss("rank: out of range");
+      if (!s.ok()) {
+        Skip("files", "job=" + Printable(f.job) + " path=" + Printable(f.path), s);
+        continue;
+      }
+      f.rank = static_cast<int32_t>(n[0]);
+      f.size = size;
+      f.version = version;
+      f.created_unix_ns = n[1];
+      f.committed_unix_ns = n[2];
+      f.persisted_unix_ns = n[3];
       f.reason = text(11);
-      f.owner_uid = static_cast<uid_t>(num(12));
-      f.owner_gid = static_cast<gid_t>(num(13));
+      f.owner_uid = static_cast<uid_t>(n[4]);
+      f.owner_gid = static_cast<gid_t>(n[5]);
       out->push_back(std::move(f));
     }
     mysql_free_result(res);
@@ -231,8 +245,16 @@ class MysqlStore final : public MetaStore {
       RingInfo r;
       r.job = text(0);
       r.self = self;
-      r.node_rank = static_cast<int32_t>(std::stoll(text(1)));
-      r.endpoints = DecodeEndpoints(text(2));
+      int64_t rank = 0;
+      Status bad = ValidateName("job", r.job, false, true);
+      if (bad.ok() && (!ParseInt64(text(1), &rank) || rank < 0 || rank >= kMaxWorldSize))
+        bad = Status::DataLoss("node_rank: not a rank");
+      if (bad.ok()) bad = DecodeEndpoints(text(2), &r.endpoints);
+      if (!bad.ok()) {
+        Skip("rings", "job=" + Printable(r.job) + " self=" + Printable(self), bad);
+        continue;
+      }
+      r.node_rank = static_cast<int32_t>(rank);
       out->push_back(std::move(r));
     }
     mysql_free_result(res);
@@ -253,12 +275,18 @@ class MysqlStore final : public MetaStore {
       TagInfo t;
       t.job = text(0);
       t.tag = text(1);
-      t.complete_unix_ns = std::stoll(text(2));
-      t.world_size = static_cast<int32_t>(std::stoll(text(3)));
-      if (!DecodeTagFiles(text(4), &t.files)) {
-        s = Status::Internal("tag " + t.tag + " of job " + t.job + ": unreadable file list");
-        break;
+      int64_t world = 0;
+      Status bad;
+      if (!ParseInt64(text(2), &t.complete_unix_ns)) bad = Status::DataLoss("complete_ns: not an integer");
+      if (bad.ok() && (!ParseInt64(text(3), &world) || world < 1 || world > kMaxWorldSize))
+        bad = Status::DataLoss("world_size: not a world size");
+      if (bad.ok()) bad = DecodeTagFiles(text(4), &t.files);
+      if (bad.ok()) bad = CheckTag(t);
+      if (!bad.ok()) {
+        Skip("tags", "job=" + Printable(t.job) + " tag=" + Printable(t.tag), bad);
+        continue;
       }
+      t.world_size = static_cast<int32_t>(world);
       out->push_back(std::move(t));
     }
     mysql_free_result(res);
@@ -282,6 +310,11 @@ class MysqlStore final : public MetaStore {
     *version = row && row[0] ? std::atoi(row[0]) : 0;
     if (res) mysql_free_result(res);
     return Status::OK();
+  }
+  // A row that fails its checks is logged (table and key) and skipped.
+  static void Skip(const char* table, const std::string& key, const Status& why) {
+    TCE_LOG(kError, "meta") << "skipping a damaged row of table " << table << " (" << key
+                            << "): " << why.message();
   }
   Status Fail(const std::string& what) {
     return Status::Unavailable("mysql " + what + ": " + (db_ ? mysql_error(db_) : "no connection"));
