@@ -3,6 +3,7 @@ request or a damaged row costs that request or row, never the node."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def test_nul_in_a_tag_path_is_refused_and_the_node_restarts(node):
     assert ei.value.code == "INVALID_ARGUMENT"
     assert ei.value.message == "tag.files[0].path: contains NUL"
     c.commit_tag(pb.TagInfo(job="meta", tag="t1", world_size=1,
-                            files=[pb.TagFile(rank=0, path=str(good), size=good.stat().st_size)]))
+                            files=[pb.TagFile(rank=0, path=str(good), size=c.list(job="meta")[0].size)]))
     c.close()
     with _knobs.override(socket=s.socket):
         wait_metadata_written()
@@ -101,3 +102,45 @@ def test_a_damaged_records_value_costs_its_row_only(node):
     with _knobs.override(socket=s.socket, job="meta"):
         assert torch.equal(tce.load(storage / "b.pt")["x"], torch.full((4,), ord("b")))
         assert torch.equal(tce.load(storage / "d.pt")["x"], torch.full((4,), 4))
+
+
+def _save_tagged(s: LocalServer, storage: Path) -> list[str]:
+    paths = [storage / "r0.pt", storage / "r1.pt"]
+    for i, p in enumerate(paths):
+        _save(s, p, i, tag="step9")
+    c = Client(s.socket, rpc_timeout=10)
+    c.commit_tag(pb.TagInfo(job="meta", tag="step9", world_size=1, files=[
+        pb.TagFile(rank=0, path=f.path, size=f.size) for f in c.list(job="meta", tag="step9")]))
+    c.close()
+    with _knobs.override(socket=s.socket):
+        wait_metadata_written()
+    return [str(p) for p in paths]
+
+
+def _status(s: LocalServer) -> dict:
+    with _knobs.override(socket=s.socket):
+        return tce.status()
+
+
+def _until_log(s: LocalServer, text: str, timeout: float = 20.0) -> str:
+    from helpers import until
+
+    return until(lambda: text in s.log() and s.log(), timeout, repr(text))
+
+
+def test_no_shm_file_so_no_sigbus(node):
+    """SQLite in WAL mode maps tce.db-shm; when that file is truncated under
+    it, the next access dies of SIGBUS. With exclusive locking the WAL index
+    lives in heap memory and there is no -shm file at all."""
+    s, storage = node
+    shm = Path(s.state_dir) / "tce.db-shm"
+    _save(s, storage / "a.pt", 1)
+    if shm.exists():
+        os.truncate(shm, 0)  # what killed the server when it had one
+    for i in range(3):
+        _save(s, storage / f"b{i}.pt", i)
+    assert s.proc.poll() is None, s.log()
+    assert not shm.exists()
+    assert _status(s)["metadata_healthy"]
+    _restart(s)
+    assert len(_paths(s)) == 4

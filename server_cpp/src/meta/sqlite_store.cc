@@ -45,7 +45,12 @@ class SqliteStore final : public MetaStore {
         SQLITE_OK)
       return Fail("open " + path);
     sqlite3_busy_timeout(db_, 5000);
-    Status s = Exec("PRAGMA journal_mode=WAL");
+    // Exclusive locking before WAL: SQLite keeps the WAL index in heap memory
+    // instead of an mmap'ed -shm file, which would SIGBUS the server when it
+    // cannot be grown or is truncated under it. It also keeps every other
+    // process (a second server on the same state_dir) out while this one runs.
+    Status s = Exec("PRAGMA locking_mode=EXCLUSIVE");
+    if (s.ok()) s = Exec("PRAGMA journal_mode=WAL");
     if (s.ok()) s = Exec("PRAGMA synchronous=NORMAL");
     if (s.ok()) s = Exec("BEGIN");
     for (const char* sql : kSchema)
