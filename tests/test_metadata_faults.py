@@ -128,6 +128,32 @@ def _until_log(s: LocalServer, text: str, timeout: float = 20.0) -> str:
     return until(lambda: text in s.log() and s.log(), timeout, repr(text))
 
 
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_lost_database_is_noticed_and_rewritten(node, how):
+    s, storage = node
+    paths = _save_tagged(s, storage)
+    state = Path(s.state_dir)
+    if how == "deleted":
+        for p in state.glob("tce.db*"):
+            p.unlink()
+    else:  # an operator copies some other database over it
+        other = state / "other.db"
+        sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
+        os.replace(other, state / "tce.db")
+    log = _until_log(s, "metadata store healthy again (the full state is written into the fresh database)")
+    assert f"metadata database lost: {state / 'tce.db'} was {how}; writing the full state into a fresh one" in log
+    st = _status(s)
+    assert st["metadata_healthy"] and f"metadata database lost ({state / 'tce.db'} was {how})" in st["metadata_error"]
+    if how == "replaced":
+        assert [p.name for p in state.glob("tce.db.replaced-*")], list(state.iterdir())
+    _save(s, storage / "after.pt", 7)  # later changes land in the fresh database too
+    _restart(s)
+    assert _paths(s) == sorted(paths + [str(storage / "after.pt")])
+    c = Client(s.socket, rpc_timeout=10)
+    assert [t.tag for t in c.list_tags("meta")] == ["step9"]
+    c.close()
+
+
 def test_no_shm_file_so_no_sigbus(node):
     """SQLite in WAL mode maps tce.db-shm; when that file is truncated under
     it, the next access dies of SIGBUS. With exclusive locking the WAL index

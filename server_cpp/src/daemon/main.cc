@@ -231,6 +231,7 @@ int Run(int argc, char** argv) {
       }
     }
     meta = std::make_unique<MetaWriter>(std::move(store), opt.socket, getpid());
+    meta->SetResync([&cache] { cache.RecordAll(); });
     cache.SetMetaSink(meta.get());
     cache.Restore(std::move(recorded));
     meta->Start();

@@ -38,6 +38,14 @@ class MetaStore {
   // The rings recorded for the server at peer endpoint `self`.
   virtual Status LoadRings(const std::string& self, std::vector<RingInfo>* out) = 0;
   virtual Status Heartbeat(const std::string& endpoint, int64_t pid) = 0;
+  // Whether the database is still the one opened (SQLite: the files at its
+  // path are the ones open, same device and inode); DATA_LOSS when they were
+  // deleted or replaced. A server store (MySQL) is always intact here.
+  virtual Status CheckIntact() { return Status::OK(); }
+  // After CheckIntact failed: closes the database and opens the one at the
+  // same place again, a fresh one when it is gone (a foreign file found there
+  // is renamed aside first). The caller then writes the full state again.
+  virtual Status Reset() { return Status::NotSupported("this metadata store cannot be reset"); }
 };
 
 // The URL with any password replaced by "***" (for status and logs).

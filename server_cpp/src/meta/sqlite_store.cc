@@ -1,9 +1,15 @@
 #include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
 
 #include "common/logging.h"
+#include "common/validate.h"
+#include "env/env.h"
 #include "meta/meta_store.h"
 #include "meta/mysql_store.h"
-#include "common/validate.h"
 #include "meta/row_codec.h"
 
 namespace tce {
@@ -35,12 +41,10 @@ const char* const kMigrateV1[] = {
 
 class SqliteStore final : public MetaStore {
  public:
-  ~SqliteStore() override {
-    for (sqlite3_stmt* s : {upsert_, remove_, job_, tag_, done_}) sqlite3_finalize(s);
-    sqlite3_close(db_);
-  }
+  ~SqliteStore() override { Close(); }
 
   Status Open(const std::string& path) {
+    path_ = path;
     if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
         SQLITE_OK)
       return Fail("open " + path);
@@ -86,6 +90,14 @@ class SqliteStore final : public MetaStore {
       return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
                                         " is newer than this server's " +
                                         std::to_string(kSchemaVersion));
+    // The files the handle has open, to notice their deletion or replacement.
+    struct stat db, wal;
+    if (::stat(path.c_str(), &db) != 0 || ::stat((path + "-wal").c_str(), &wal) != 0)
+      return Status::Unavailable("sqlite " + path + ": the database or its WAL vanished while opening");
+    dev_ = db.st_dev;
+    ino_ = db.st_ino;
+    wal_dev_ = wal.st_dev;
+    wal_ino_ = wal.st_ino;
     return Prepare(&upsert_,
                    "INSERT INTO files (job, path, tag, rank, size, state, version, records, created_ns, "
                    "committed_ns, persisted_ns, reason, uid, gid) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
@@ -270,6 +282,34 @@ class SqliteStore final : public MetaStore {
     return rc == SQLITE_DONE ? Status::OK() : Fail("read tags");
   }
 
+  Status CheckIntact() override {
+    struct stat db, wal;
+    if (::stat(path_.c_str(), &db) != 0) return Status::DataLoss(path_ + " was deleted");
+    if (db.st_dev != dev_ || db.st_ino != ino_) return Status::DataLoss(path_ + " was replaced");
+    if (::stat((path_ + "-wal").c_str(), &wal) != 0) return Status::DataLoss(path_ + "-wal was deleted");
+    if (wal.st_dev != wal_dev_ || wal.st_ino != wal_ino_) return Status::DataLoss(path_ + "-wal was replaced");
+    return Status::OK();
+  }
+
+  Status Reset() override {
+    Close();  // checkpoints into the file it had open, whatever is at the path now
+    struct stat st;
+    if (::stat(path_.c_str(), &st) == 0 && (st.st_dev != dev_ || st.st_ino != ino_)) {
+      // Someone else's file: keep it for them, start a fresh one.
+      const std::string aside = path_ + ".replaced-" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                    std::chrono::system_clock::now().time_since_epoch()).count());
+      if (std::rename(path_.c_str(), aside.c_str()) != 0)
+        return Status::FromErrno(errno, "rename " + path_ + " to " + aside);
+      TCE_LOG(kWarning, "meta") << "moved the replacing file " << path_ << " aside to " << aside;
+    }
+    const size_t slash = path_.rfind('/');
+    if (slash != std::string::npos && slash > 0) {  // the directory may be gone too
+      Status s = Env::Default()->CreateDirs(path_.substr(0, slash));
+      if (!s.ok()) return s;
+    }
+    return Open(path_);
+  }
+
   Status Heartbeat(const std::string& endpoint, int64_t pid) override {
     sqlite3_stmt* q = nullptr;
     if (sqlite3_prepare_v2(db_,
@@ -346,6 +386,18 @@ class SqliteStore final : public MetaStore {
     return rc == SQLITE_DONE || rc == SQLITE_ROW ? Status::OK() : Fail("write");
   }
 
+  void Close() {
+    for (sqlite3_stmt** st : {&upsert_, &remove_, &job_, &tag_, &done_}) {
+      sqlite3_finalize(*st);
+      *st = nullptr;
+    }
+    sqlite3_close(db_);
+    db_ = nullptr;
+  }
+
+  std::string path_;
+  dev_t dev_ = 0, wal_dev_ = 0;
+  ino_t ino_ = 0, wal_ino_ = 0;
   sqlite3* db_ = nullptr;
   sqlite3_stmt *upsert_ = nullptr, *remove_ = nullptr, *job_ = nullptr, *tag_ = nullptr,
                *done_ = nullptr;

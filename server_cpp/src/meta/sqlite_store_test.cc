@@ -119,6 +119,8 @@ class FlakyStore final : public MetaStore {
     ++beats;
     return down ? Down() : real_->Heartbeat(e, pid);
   }
+  Status CheckIntact() override { return real_->CheckIntact(); }
+  Status Reset() override { return real_->Reset(); }
 
  private:
   static Status Down() { return Status::Unavailable("sqlite write: database is locked"); }
@@ -379,6 +381,31 @@ TEST(SqliteStore, DamagedRowsAreSkipped) {
   ASSERT_TRUE(again->LoadRings("me:1", &rings).ok());
   ASSERT_EQ(rings.size(), 1u);
   EXPECT_EQ(rings[0].job, "job");
+  fs::remove_all(dir);
+}
+
+TEST(SqliteStore, NoShmFileAndALostDatabaseIsNoticedAndReset) {
+  std::string dir = MakeTempDir("tce-meta");
+  std::string db = dir + "/tce.db";
+  std::unique_ptr<MetaStore> store;
+  ASSERT_TRUE(OpenMetaStore("sqlite://" + db, &store).ok());
+  ASSERT_TRUE(store->Apply({{File("/c/a.pt", FileState::kCached), false}}).ok());
+  EXPECT_FALSE(fs::exists(db + "-shm"));  // the WAL index is in heap memory: nothing to SIGBUS on
+  EXPECT_TRUE(store->CheckIntact().ok());
+  fs::remove(db + "-wal");
+  EXPECT_EQ(store->CheckIntact().message(), db + "-wal was deleted");
+  ASSERT_TRUE(store->Reset().ok());
+  EXPECT_TRUE(store->CheckIntact().ok());
+  fs::remove_all(dir);  // the directory too: Reset makes it again
+  Status s = store->CheckIntact();
+  EXPECT_EQ(s.code(), Status::Code::kDataLoss);
+  EXPECT_EQ(s.message(), db + " was deleted");
+  ASSERT_TRUE(store->Reset().ok());
+  ASSERT_TRUE(store->Apply({{File("/c/b.pt", FileState::kCached), false}}).ok());
+  std::vector<FileInfo> files;
+  ASSERT_TRUE(store->LoadFiles(&files).ok());
+  ASSERT_EQ(files.size(), 1u);  // a fresh database: the caller writes the full state again
+  EXPECT_EQ(files[0].path, "/c/b.pt");
   fs::remove_all(dir);
 }
 
