@@ -388,3 +388,37 @@ def test_wait_with_a_tiny_timeout_times_out_and_nan_is_refused(tmp_path):
     finally:
         s.stop()
         s.cleanup()
+
+
+def test_save_to_a_non_utf8_path_writes_it_directly(srv, tmp_path, monkeypatch):
+    """The protocol names files in UTF-8; a path made of other bytes is saved
+    with plain torch.save (warned), loaded from disk, and never cached."""
+    from tce import _api
+
+    monkeypatch.setattr(_api, "_warned_fallback", False)
+    raw = os.fsencode(tmp_path) + b"/ckpt-\xff\xfe.pt"
+    path = os.fsdecode(raw)  # '...ckpt-\udcff\udcfe.pt'
+    sd = {"w": torch.arange(6.0)}
+    with _knobs.override(socket=srv.socket, on_unavailable="fallback", job="utf8"):
+        with pytest.warns(RuntimeWarning, match="is not valid UTF-8"):
+            assert tce.save(sd, path) is None
+        assert os.path.exists(raw)
+        with open(raw, "rb") as f:
+            assert torch.equal(torch.load(f)["w"], sd["w"])
+        assert torch.equal(tce.load(path)["w"], sd["w"])
+        assert not tce.cached(path)
+        tce.wait([path])  # nothing to wait for: it is on disk already
+    c = Client(srv.socket, rpc_timeout=10)
+    assert c.list(job="utf8") == []
+    c.close()
+    _still_serving(srv, tmp_path)
+
+
+def test_save_to_a_non_utf8_path_raises_under_on_unavailable_raise(srv, tmp_path):
+    raw = os.fsencode(tmp_path) + b"/strict-\xff.pt"
+    with _knobs.override(socket=srv.socket, on_unavailable="raise"):
+        with pytest.raises(tce.InvalidArgumentError, match="is not valid UTF-8") as ei:
+            tce.save({"w": torch.ones(2)}, os.fsdecode(raw))
+    assert ei.value.code == "INVALID_ARGUMENT"
+    assert not os.path.exists(raw)
+    _still_serving(srv, tmp_path)
