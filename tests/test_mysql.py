@@ -238,3 +238,37 @@ def test_a_server_rejoins_its_ring_from_mysql(tmp_path, mariadb):
         for s in servers:
             s.stop()
             s.cleanup()
+
+
+def test_damaged_rows_are_skipped_not_fatal(tmp_path, mariadb):
+    """MySQL hands every column back as text: a damaged value costs its row
+    (logged with table and key), never the server's start."""
+    storage = tmp_path / "s"
+    storage.mkdir()
+    s = _server(storage, mariadb)
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="dmg-job"):
+            for name in ("a", "b", "c"):
+                tce.save({"w": torch.ones(3)}, storage / f"{name}.pt", tag="t")
+            c = _api._get_client()
+            c.commit_tag(_tag("dmg-job", "good", [(0, str(storage / "a.pt"), 1)]))
+            c.commit_tag(_tag("dmg-job", "bad", [(0, str(storage / "b.pt"), 1)]))
+            wait_metadata_written()
+            _api.close()
+        assert s.stop() == 0
+        mariadb.sql(f"UPDATE tce.files SET records = 'x:y' WHERE path = '{storage / 'b.pt'}'; "
+                    f"UPDATE tce.files SET `rank` = -3 WHERE path = '{storage / 'c.pt'}'; "
+                    "UPDATE tce.tags SET files = '0 1 99:/short\n' WHERE job = 'dmg-job' AND tag = 'bad'")
+        s.start()
+        with _knobs.override(socket=s.socket, job="dmg-job"):
+            c = _api._get_client()
+            assert [f.path for f in c.list(job="dmg-job")] == [str(storage / "a.pt")]
+            assert [t.tag for t in c.list_tags("dmg-job")] == ["good"]
+            _api.close()
+        log = s.log()
+        assert f"skipping a damaged row of table files (job=dmg-job path={storage / 'b.pt'}): records:" in log
+        assert f"skipping a damaged row of table files (job=dmg-job path={storage / 'c.pt'}): rank:" in log
+        assert "skipping a damaged row of table tags (job=dmg-job tag=bad): files:" in log
+    finally:
+        s.stop()
+        s.cleanup()
