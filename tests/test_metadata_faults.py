@@ -170,3 +170,16 @@ def test_no_shm_file_so_no_sigbus(node):
     assert _status(s)["metadata_healthy"]
     _restart(s)
     assert len(_paths(s)) == 4
+
+
+def test_ls_metadata_of_a_running_server_says_it_is_held(node):
+    import subprocess
+    import sys
+
+    s, storage = node
+    _save(s, storage / "a.pt", 1)
+    p = subprocess.run([sys.executable, "-m", "tce.cli", "ls", "--metadata",
+                        f"sqlite://{s.state_dir}/tce.db"], capture_output=True, text=True)
+    assert p.returncode == 1
+    assert p.stderr == (f"tce ls: FAILED_PRECONDITION: {s.state_dir}/tce.db is held by a running "
+                        "tce-server; ask the server instead (tce ls without --metadata)\n")
