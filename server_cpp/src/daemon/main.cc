@@ -212,7 +212,8 @@ int Run(int argc, char** argv) {
   if (!meta_url.empty()) {
     if (!(s = MkdirP(opt.state_dir)).ok()) return Fail("state_dir: " + s.message(), 2);
     std::unique_ptr<MetaStore> store;
-    if (!(s = OpenMetaStore(meta_url, &store)).ok()) return Fail("metadata_url: " + s.ToString(), 2);
+    const std::string server_id = EffectiveServerId(opt);
+    if (!(s = OpenMetaStore(meta_url, &store, server_id)).ok()) return Fail("metadata_url: " + s.ToString(), 2);
     std::vector<FileInfo> recorded;
     if (!(s = store->LoadFiles(&recorded)).ok()) return Fail("metadata: " + s.ToString(), 1);
     std::vector<TagInfo> tags;
@@ -230,7 +231,7 @@ int Run(int argc, char** argv) {
         (void)ignored;
       }
     }
-    meta = std::make_unique<MetaWriter>(std::move(store), opt.socket, getpid());
+    meta = std::make_unique<MetaWriter>(std::move(store), server_id, getpid());
     meta->SetResync([&cache] { cache.RecordAll(); });
     cache.SetMetaSink(meta.get());
     cache.Restore(std::move(recorded));

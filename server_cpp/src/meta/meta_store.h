@@ -27,8 +27,9 @@ struct MetaChange {
 class MetaStore {
  public:
   // v2 added the tags table's complete_ns, world_size and files columns, v3
-  // the rings table; an older database is migrated in place when opened.
-  static constexpr int kSchemaVersion = 3;
+  // the rings table, v4 (MySQL) the server column of files and tags; an
+  // older database is migrated in place when opened.
+  static constexpr int kSchemaVersion = 4;
   virtual ~MetaStore() = default;
   // Applies a batch in one transaction (all or nothing).
   virtual Status Apply(const std::vector<MetaChange>& batch) = 0;
@@ -51,7 +52,12 @@ class MetaStore {
 // The URL with any password replaced by "***" (for status and logs).
 std::string RedactUrl(const std::string& url);
 
-// "sqlite:///abs/path" -> SQLite. Other schemes: a clear NotSupported.
-Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out);
+// "sqlite:///abs/path" -> SQLite, "mysql://..." -> MySQL. Other schemes: a
+// clear NotSupported. `server_id` names this server's rows in a store that
+// several servers share (MySQL: each reads and writes only its own files
+// and tags; required there). A SQLite file belongs to one server (it holds
+// it exclusively), so its rows carry no server.
+Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out,
+                     const std::string& server_id = "");
 
 }  // namespace tce

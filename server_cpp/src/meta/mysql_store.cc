@@ -18,17 +18,22 @@ const char* const kSchema[] = {
     "CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS jobs (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
     "PRIMARY KEY, first_seen_ns BIGINT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS tags (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
+    // Rows of files and tags carry the server that wrote them (v4): servers
+    // sharing the database each read and write only their own.
+    "CREATE TABLE IF NOT EXISTS tags (server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+    "NOT NULL DEFAULT '', job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
     "tag VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, first_commit_ns BIGINT NOT NULL, "
     "complete_ns BIGINT NOT NULL DEFAULT 0, world_size INT NOT NULL DEFAULT 0, files MEDIUMTEXT NULL, "
-    "PRIMARY KEY (job, tag))",
-    // Paths may be 4096 bytes, past InnoDB's key limit: key on a hash of (job, path).
+    "PRIMARY KEY (server, job, tag))",
+    // Paths may be 4096 bytes, past InnoDB's key limit: key on a hash of
+    // (server, job, path).
     "CREATE TABLE IF NOT EXISTS files (file_key BINARY(32) PRIMARY KEY, "
+    "server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '', "
     "job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, path TEXT NOT NULL, "
     "tag VARCHAR(255) NOT NULL, `rank` INT NOT NULL, size BIGINT UNSIGNED NOT NULL, "
     "state VARCHAR(16) NOT NULL, version BIGINT UNSIGNED NOT NULL, records MEDIUMTEXT NOT NULL, "
     "created_ns BIGINT NOT NULL, committed_ns BIGINT NOT NULL, persisted_ns BIGINT NOT NULL, "
-    "reason TEXT NOT NULL, uid BIGINT NOT NULL, gid BIGINT NOT NULL, KEY (job))",
+    "reason TEXT NOT NULL, uid BIGINT NOT NULL, gid BIGINT NOT NULL, KEY (job), KEY server_key (server))",
     "CREATE TABLE IF NOT EXISTS servers (endpoint VARCHAR(255) PRIMARY KEY, pid BIGINT NOT NULL, "
     "heartbeat_ns BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS rings (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
@@ -44,6 +49,17 @@ const char* const kMigrateV1[] = {
     "ALTER TABLE tags ADD COLUMN files MEDIUMTEXT NULL",
 };
 constexpr unsigned kDuplicateColumn = 1060;  // ER_DUP_FIELDNAME
+// v3 -> v4: the server column. Rows from before it keep server '' and belong
+// to no server (a server re-indexes only its own rows). Each statement is
+// one atomic DDL: a column another server added first is no error.
+const char* const kMigrateV3[] = {
+    "ALTER TABLE files ADD COLUMN server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+    "NOT NULL DEFAULT '' AFTER file_key, ADD KEY server_key (server)",
+    "ALTER TABLE tags ADD COLUMN server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+    "NOT NULL DEFAULT '' FIRST, DROP PRIMARY KEY, ADD PRIMARY KEY (server, job, tag)",
+};
+// The files table's key: a hash of (server, job, path).
+#define TCE_FILE_KEY "UNHEX(SHA2(CONCAT(?, CHAR(0), ?, CHAR(0), ?), 256))"
 
 // A parameter list for one prepared statement.
 class Params {
@@ -88,6 +104,7 @@ class Params {
 
 class MysqlStore final : public MetaStore {
  public:
+  explicit MysqlStore(std::string server) : server_(std::move(server)) {}
   ~MysqlStore() override {
     if (db_) mysql_close(db_);
   }
@@ -125,6 +142,15 @@ class MysqlStore final : public MetaStore {
       TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 2 to 3";
       if (!(s = Version(&version)).ok()) return s;
     }
+    if (version == 3) {
+      for (const char* sql : kMigrateV3)
+        if (mysql_query(db_, sql) != 0 && mysql_errno(db_) != kDuplicateColumn) return Fail("migrate to 4");
+      if (mysql_query(db_, "UPDATE schema_version SET version = 4 WHERE version = 3") != 0)
+        return Fail("migrate to 4");
+      TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 3 to 4 (rows written before "
+                             << "belong to no server and are not re-indexed)";
+      if (!(s = Version(&version)).ok()) return s;
+    }
     if (version > kSchemaVersion)
       return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
                                         " is newer than this server's " +
@@ -148,30 +174,31 @@ class MysqlStore final : public MetaStore {
         s = Run("INSERT IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)",
                 Params().Text(t.job).Int(t.complete_unix_ns));
         if (s.ok())
-          s = Run("INSERT INTO tags (job, tag, first_commit_ns, complete_ns, world_size, files) "
-                  "VALUES (?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE complete_ns=VALUES(complete_ns), "
+          s = Run("INSERT INTO tags (server, job, tag, first_commit_ns, complete_ns, world_size, files) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE complete_ns=VALUES(complete_ns), "
                   "world_size=VALUES(world_size), files=VALUES(files)",
-                  Params().Text(t.job).Text(t.tag).Int(t.complete_unix_ns).Int(t.complete_unix_ns)
-                      .Int(t.world_size).Text(EncodeTagFiles(t.files)));
+                  Params().Text(server_).Text(t.job).Text(t.tag).Int(t.complete_unix_ns)
+                      .Int(t.complete_unix_ns).Int(t.world_size).Text(EncodeTagFiles(t.files)));
       } else if (c.removed) {
-        s = Run("DELETE FROM files WHERE file_key = UNHEX(SHA2(CONCAT(?, CHAR(0), ?), 256))",
-                Params().Text(f.job).Text(f.path));
+        s = Run("DELETE FROM files WHERE file_key = " TCE_FILE_KEY,
+                Params().Text(server_).Text(f.job).Text(f.path));
       } else {
         s = Run("INSERT IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)",
                 Params().Text(f.job).Int(f.committed_unix_ns));
         if (s.ok() && !f.tag.empty())
-          s = Run("INSERT IGNORE INTO tags (job, tag, first_commit_ns) VALUES (?, ?, ?)",
-                  Params().Text(f.job).Text(f.tag).Int(f.committed_unix_ns));
+          s = Run("INSERT IGNORE INTO tags (server, job, tag, first_commit_ns) VALUES (?, ?, ?, ?)",
+                  Params().Text(server_).Text(f.job).Text(f.tag).Int(f.committed_unix_ns));
         if (s.ok())
-          s = Run("INSERT INTO files (file_key, job, path, tag, `rank`, size, state, version, records, "
+          s = Run("INSERT INTO files (file_key, server, job, path, tag, `rank`, size, state, version, records, "
                   "created_ns, committed_ns, persisted_ns, reason, uid, gid) VALUES "
-                  "(UNHEX(SHA2(CONCAT(?, CHAR(0), ?), 256)), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                  "(" TCE_FILE_KEY ", ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                   "ON DUPLICATE KEY UPDATE tag=VALUES(tag), `rank`=VALUES(`rank`), size=VALUES(size), "
                   "state=VALUES(state), version=VALUES(version), records=VALUES(records), "
                   "created_ns=VALUES(created_ns), committed_ns=VALUES(committed_ns), "
                   "persisted_ns=VALUES(persisted_ns), reason=VALUES(reason), uid=VALUES(uid), "
                   "gid=VALUES(gid)",
-                  Params().Text(f.job).Text(f.path).Text(f.job).Text(f.path).Text(f.tag).Int(f.rank)
+                  Params().Text(server_).Text(f.job).Text(f.path).Text(server_).Text(f.job).Text(f.path)
+                      .Text(f.tag).Int(f.rank)
                       .Int(static_cast<int64_t>(f.size)).Text(FileStateName(f.state))
                       .Int(static_cast<int64_t>(f.version)).Text(EncodeRecords(f.records))
                       .Int(f.created_unix_ns).Int(f.committed_unix_ns).Int(f.persisted_unix_ns)
@@ -188,9 +215,10 @@ class MysqlStore final : public MetaStore {
   Status LoadFiles(std::vector<FileInfo>* out) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
-    if (mysql_query(db_, "SELECT job, path, tag, `rank`, size, state, version, records, created_ns, "
-                         "committed_ns, persisted_ns, reason, uid, gid FROM files ORDER BY job, path") != 0)
-      return Fail("select files");
+    const std::string files_sql = "SELECT job, path, tag, `rank`, size, state, version, records, created_ns, "
+                                  "committed_ns, persisted_ns, reason, uid, gid FROM files WHERE server = '" +
+                                  Quote(server_) + "' ORDER BY job, path";
+    if (mysql_query(db_, files_sql.c_str()) != 0) return Fail("select files");
     MYSQL_RES* res = mysql_store_result(db_);
     if (!res) return Fail("select files");
     while (MYSQL_ROW row = mysql_fetch_row(res)) {
@@ -233,9 +261,7 @@ class MysqlStore final : public MetaStore {
   Status LoadRings(const std::string& self, std::vector<RingInfo>* out) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
-    std::string quoted(self.size() * 2 + 1, '\0');
-    quoted.resize(mysql_real_escape_string(db_, &quoted[0], self.data(), self.size()));
-    const std::string sql = "SELECT job, node_rank, endpoints FROM rings WHERE self = '" + quoted + "' ORDER BY job";
+    const std::string sql = "SELECT job, node_rank, endpoints FROM rings WHERE self = '" + Quote(self) + "' ORDER BY job";
     if (mysql_query(db_, sql.c_str()) != 0) return Fail("select rings");
     MYSQL_RES* res = mysql_store_result(db_);
     if (!res) return Fail("select rings");
@@ -264,9 +290,9 @@ class MysqlStore final : public MetaStore {
   Status LoadTags(std::vector<TagInfo>* out) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
-    if (mysql_query(db_, "SELECT job, tag, complete_ns, world_size, files FROM tags "
-                         "WHERE complete_ns != 0 ORDER BY job, complete_ns, tag") != 0)
-      return Fail("select tags");
+    const std::string tags_sql = "SELECT job, tag, complete_ns, world_size, files FROM tags WHERE server = '" +
+                                 Quote(server_) + "' AND complete_ns != 0 ORDER BY job, complete_ns, tag";
+    if (mysql_query(db_, tags_sql.c_str()) != 0) return Fail("select tags");
     MYSQL_RES* res = mysql_store_result(db_);
     if (!res) return Fail("select tags");
     while (MYSQL_ROW row = mysql_fetch_row(res)) {
@@ -316,6 +342,12 @@ class MysqlStore final : public MetaStore {
     TCE_LOG(kError, "meta") << "skipping a damaged row of table " << table << " (" << key
                             << "): " << why.message();
   }
+  // `text` escaped for a quoted SQL string on this connection.
+  std::string Quote(const std::string& text) {
+    std::string quoted(text.size() * 2 + 1, '\0');
+    quoted.resize(mysql_real_escape_string(db_, &quoted[0], text.data(), text.size()));
+    return quoted;
+  }
   Status Fail(const std::string& what) {
     return Status::Unavailable("mysql " + what + ": " + (db_ ? mysql_error(db_) : "no connection"));
   }
@@ -339,6 +371,7 @@ class MysqlStore final : public MetaStore {
   }
 
   MysqlUrl url_;
+  std::string server_;  // whose rows: set before Connect
   MYSQL* db_ = nullptr;
 };
 
@@ -374,11 +407,13 @@ Status ParseMysqlUrl(const std::string& url, MysqlUrl* out) {
   return Status::OK();
 }
 
-Status OpenMysqlStore(const std::string& url, std::unique_ptr<MetaStore>* out) {
+Status OpenMysqlStore(const std::string& url, const std::string& server_id,
+                      std::unique_ptr<MetaStore>* out) {
   MysqlUrl u;
   Status s = ParseMysqlUrl(url, &u);
   if (!s.ok()) return s;
-  auto store = std::make_unique<MysqlStore>();
+  if (server_id.empty()) return Status::InvalidArgument("a shared MySQL store needs a server id");
+  auto store = std::make_unique<MysqlStore>(server_id);
   s = store->Connect(u);
   if (!s.ok()) return s;
   *out = std::move(store);

@@ -71,11 +71,11 @@ class SqliteStore final : public MetaStore {
       sqlite3_finalize(q);
     }
     // In the same transaction: all or nothing. v2 -> v3 is the rings table,
-    // which the schema above created.
+    // which the schema above created; v4 changed only MySQL.
     if (s.ok() && version == 1)
       for (const char* sql : kMigrateV1)
         if (s.ok()) s = Exec(sql);
-    if (s.ok() && (version == 1 || version == 2)) {
+    if (s.ok() && version >= 1 && version < kSchemaVersion) {
       s = Exec(("UPDATE schema_version SET version = " + std::to_string(kSchemaVersion)).c_str());
       if (s.ok())
         TCE_LOG(kInfo, "meta") << "migrated " << path << " from schema " << version << " to " << kSchemaVersion;
@@ -405,7 +405,8 @@ class SqliteStore final : public MetaStore {
 
 }  // namespace
 
-Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out) {
+Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out,
+                     const std::string& server_id) {
   const std::string scheme = "sqlite://";
   if (url.compare(0, scheme.size(), scheme) == 0) {
     std::string path = url.substr(scheme.size());
@@ -417,7 +418,7 @@ Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out) {
     *out = std::move(store);
     return Status::OK();
   }
-  if (url.compare(0, 8, "mysql://") == 0) return OpenMysqlStore(url, out);
+  if (url.compare(0, 8, "mysql://") == 0) return OpenMysqlStore(url, server_id, out);
   return Status::NotSupported("metadata URL scheme not supported: " + url +
                               " (sqlite:///path or mysql://user:pass@host:port/db)");
 }

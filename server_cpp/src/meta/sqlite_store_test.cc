@@ -259,7 +259,7 @@ TEST(SqliteStore, MigratesAVersion1Database) {
     EXPECT_EQ(tags.size(), static_cast<size_t>(open));  // v1's tag row was never complete
     if (open == 0) ASSERT_TRUE(store->Apply({TagChange("step1", 9, {{0, "/c/a.pt", 10}})}).ok());
     store.reset();  // the store holds its database exclusively while open
-    EXPECT_EQ(Count(db, "SELECT MAX(version) FROM schema_version"), 3);
+    EXPECT_EQ(Count(db, "SELECT MAX(version) FROM schema_version"), MetaStore::kSchemaVersion);
     EXPECT_EQ(Count(db, "SELECT COUNT(*) FROM schema_version"), 1);
   }
   EXPECT_EQ(Count(db, "SELECT first_commit_ns FROM tags WHERE tag='step1'"), 5);  // kept
