@@ -1,5 +1,6 @@
 #include "common/validate.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace tce {
