@@ -247,7 +247,9 @@ def _load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = N
         if _uncacheable(path) is not None:  # never cached: saved directly
             raise NotCachedError(_uncacheable(path))
         info, mm = _with_client(lambda c: c.open(job, path))
-    except (ServerUnavailableError, NotCachedError) as e:
+    except (ServerUnavailableError, NotCachedError, InvalidArgumentError) as e:
+        # (INVALID_ARGUMENT: a name the server refuses, e.g. with a control
+        # character, can never be cached either.)
         log.debug("loading %s from disk: %s", path, e)
         return _torch_load(
             path, map_location, pickle_module, weights_only=weights_only, mmap=mmap,

@@ -422,3 +422,10 @@ def test_save_to_a_non_utf8_path_raises_under_on_unavailable_raise(srv, tmp_path
     assert ei.value.code == "INVALID_ARGUMENT"
     assert not os.path.exists(raw)
     _still_serving(srv, tmp_path)
+
+
+def test_load_of_a_path_the_server_refuses_reads_the_disk(srv, tmp_path):
+    path = tmp_path / "new\nline.pt"  # a control character: never cacheable
+    torch.save({"w": torch.arange(3)}, path)
+    with _knobs.override(socket=srv.socket, on_unavailable="raise"):
+        assert torch.equal(tce.load(path)["w"], torch.arange(3))
