@@ -17,6 +17,7 @@ from tce._staging import wait_staged  # noqa: F401 (public: tce.wait_staged)
 from tce._client import Client
 from tce.errors import (
     CacheFullError,
+    InvalidArgumentError,
     NotCachedError,
     PersistFailedError,
     ServerUnavailableError,
@@ -90,6 +91,17 @@ def _norm(path: str | os.PathLike) -> str:
     return os.path.abspath(os.fspath(path))
 
 
+def _uncacheable(path: str) -> str | None:
+    """Why the server cannot name ``path`` (None: it can). The protocol carries
+    paths as UTF-8; a name that is not (``os.fsdecode`` of arbitrary bytes
+    gives surrogates) is saved and loaded directly, bypassing the cache."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{path!r} is not valid UTF-8, which the cache server needs to name a file"
+    return None
+
+
 def _job(job: str | None) -> str:
     return job if job is not None else _knobs.get("job")
 
@@ -139,8 +151,11 @@ def save(
     :func:`wait_staged`, runs before every ``torch.optim`` optimizer step.
     The file has exactly torch.save's format. When the server is unreachable (or its cache is full),
     falls back to a plain ``torch.save`` with a warning, or raises when the
-    ``on_unavailable`` setting is ``raise``. File-like targets go straight to
-    torch.save.
+    ``on_unavailable`` setting is ``raise``. So does a path that is not valid
+    UTF-8 (``os.fsdecode`` of arbitrary bytes), which the protocol cannot
+    carry: it is written directly with a warning, or raises
+    :class:`~tce.errors.InvalidArgumentError` under ``raise``; loads of it
+    read the file from disk. File-like targets go straight to torch.save.
 
     Args:
         obj: anything torch.save accepts.
@@ -165,6 +180,13 @@ def _save(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle, pickle_pr
     not blocking), or None when it fell back to a plain torch.save."""
     path = _norm(f)
     job = _job(job)
+    uncacheable = _uncacheable(path)
+    if uncacheable is not None:
+        if _knobs.get("on_unavailable") == "raise":
+            raise InvalidArgumentError(uncacheable)
+        _fallback_warning(uncacheable)
+        _torch_save(obj, path, pickle_module, pickle_protocol)
+        return None
     plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     try:
         info = _with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path,
@@ -222,8 +244,12 @@ def _load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = N
     path = _norm(f)
     job = _job(job)
     try:
+        if _uncacheable(path) is not None:  # never cached: saved directly
+            raise NotCachedError(_uncacheable(path))
         info, mm = _with_client(lambda c: c.open(job, path))
-    except (ServerUnavailableError, NotCachedError) as e:
+    except (ServerUnavailableError, NotCachedError, InvalidArgumentError) as e:
+        # (INVALID_ARGUMENT: a name the server refuses, e.g. with a control
+        # character, can never be cached either.)
         log.debug("loading %s from disk: %s", path, e)
         return _torch_load(
             path, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
@@ -302,7 +328,8 @@ def wait(
     else:
         if _is_path(paths):
             paths = [paths]
-        keys = [(_job(job), _norm(p)) for p in paths]
+        # A path the cache cannot name was written directly: nothing to wait for.
+        keys = [(_job(job), _norm(p)) for p in paths if _uncacheable(_norm(p)) is None]
     by_job: dict[str, list[str]] = {}
     for j, p in keys:
         by_job.setdefault(j, []).append(p)
@@ -325,6 +352,8 @@ def wait(
 
 def cached(f: str | os.PathLike, *, job: str | None = None) -> bool:
     """Whether ``f`` is in the cache (committed) for the job."""
+    if _uncacheable(_norm(f)) is not None:
+        return False
     try:
         _with_client(lambda c: c.lookup(_job(job), _norm(f)))
         return True
@@ -334,6 +363,8 @@ def cached(f: str | os.PathLike, *, job: str | None = None) -> bool:
 
 def remove(f: str | os.PathLike, *, job: str | None = None) -> None:
     """Drop ``f`` from the cache (the file on disk, if any, is untouched)."""
+    if _uncacheable(_norm(f)) is not None:
+        raise NotCachedError(_uncacheable(_norm(f)))
     _with_client(lambda c: c.remove(_job(job), _norm(f)))
 
 

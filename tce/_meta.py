@@ -50,9 +50,18 @@ def read_files(url: str, *, job: str = "", tag: str = "") -> list[FileRow]:
         raise ValueError(f"unsupported metadata URL {url!r} "
                          "(sqlite:///abs/path.db or mysql://user:pass@host:port/db)")
     path = url[len(prefix):]
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
     try:
         rows = db.execute(_QUERY.replace("%s", "?").replace("`", '"'), (job, job, tag, tag)).fetchall()
+    except sqlite3.OperationalError as e:
+        if "locked" not in str(e):
+            raise
+        from tce.errors import FailedPreconditionError
+
+        # The server holds its SQLite database exclusively while it runs.
+        raise FailedPreconditionError(
+            f"{path} is held by a running tce-server; ask the server instead (tce ls without "
+            "--metadata)") from None
     finally:
         db.close()
     return [FileRow(*r) for r in rows]

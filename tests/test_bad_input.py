@@ -187,3 +187,245 @@ def test_peer_uid_not_allowed(make_server, tmp_path):
     finally:
         s.stop()
         s.cleanup()
+
+
+# ---- strict input at the boundary: every string and number, checked once ----
+
+_LONG_PATH = "/" + "/".join(["d" * 200] * 21)  # 4221 bytes, every component short
+_LONG_COMPONENT = "/ckpt/" + "c" * 256 + ".pt"
+
+
+def _requests(session):
+    """(rpc, request builder taking (job, tag, path)) for every control RPC
+    with a job, tag or path."""
+    return {
+        "Allocate": lambda j, t, p: pb.AllocateRequest(session=session, job=j, tag=t, path=p, size=10),
+        "Lookup": lambda j, t, p: pb.LookupRequest(session=session, job=j, path=p),
+        "Remove": lambda j, t, p: pb.RemoveRequest(session=session, job=j, path=p),
+        "Wait": lambda j, t, p: pb.WaitRequest(session=session, job=j, paths=["/ok.pt", p], timeout_s=1),
+        "CommitTag": lambda j, t, p: pb.CommitTagRequest(session=session, tag=pb.TagInfo(
+            job=j, tag=t or "t", world_size=1, files=[pb.TagFile(rank=0, path=p, size=1)])),
+        "List": lambda j, t, p: pb.ListRequest(job=j, tag=t),
+        "ListTags": lambda j, t, p: pb.ListTagsRequest(job=j),
+        "SetRing": lambda j, t, p: pb.SetRingRequest(session=session, job=j, node_rank=0,
+                                                     endpoints=["127.0.0.1:1"]),
+    }
+
+
+# (what, job, tag, path, the start of the message for each RPC)
+_BAD = [
+    ("nul-path", "j", "t", "/ckpt/a\x00b.pt", "path: contains NUL"),
+    ("long-path", "j", "t", _LONG_PATH, "path: is 4221 bytes, longer than 4096"),
+    ("long-component", "j", "t", _LONG_COMPONENT, "path: has a component of 259 bytes, longer than 255"),
+    ("nul-job", "a\x00b", "t", "/ckpt/a.pt", "job: contains NUL"),
+    ("long-job", "j" * 256, "t", "/ckpt/a.pt", "job: is 256 bytes, longer than 255"),
+    ("nul-tag", "j", "t\x00u", "/ckpt/a.pt", "tag: contains NUL"),
+    ("long-tag", "j", "t" * 256, "/ckpt/a.pt", "tag: is 256 bytes, longer than 255"),
+]
+# Where each RPC carries the field (a field an RPC lacks is not tested on it).
+_FIELD_PREFIX = {"Wait": {"path": "paths[1]"}, "CommitTag": {"path": "tag.files[0].path",
+                                                             "job": "tag.job", "tag": "tag.tag"}}
+_HAS = {"Allocate": "jtp", "Lookup": "jp", "Remove": "jp", "Wait": "jp", "CommitTag": "jtp",
+        "List": "jt", "ListTags": "j", "SetRing": "j"}
+
+
+@pytest.mark.parametrize("what,job,tag,path,message", _BAD, ids=[b[0] for b in _BAD])
+def test_bad_strings_are_refused_naming_the_field(srv, client, tmp_path, what, job, tag, path, message):
+    field = what.split("-")[-1] if what.split("-")[-1] in ("path", "job", "tag") else "path"
+    tried = 0
+    for rpc, make in _requests(client.session).items():
+        if field[0] not in _HAS[rpc]:
+            continue
+        named = _FIELD_PREFIX.get(rpc, {}).get(field, field)
+        expected = named + message[len(field):]
+        _expect("INVALID_ARGUMENT", expected, lambda: client._call(rpc, make(job, tag, path)))
+        tried += 1
+    assert tried >= 3
+    _still_serving(srv, tmp_path)
+
+
+def _raw_call(srv, rpc, request, placeholder: bytes, bad: bytes):
+    """Sends `request` with `placeholder` replaced by `bad` (same length, so
+    every length prefix holds): bytes no protobuf library would encode."""
+    assert len(placeholder) == len(bad)
+    raw = request.SerializeToString()
+    assert raw.count(placeholder) == 1
+    channel = grpc.insecure_channel("unix:" + srv.socket)
+    try:
+        with pytest.raises(grpc.RpcError) as ei:
+            channel.unary_unary(f"/tce.v1.Cache/{rpc}")(raw.replace(placeholder, bad), timeout=10)
+        return ei.value.code(), ei.value.details()
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize("rpc,field", [
+    ("Allocate", "tce.v1.AllocateRequest.path"), ("Allocate", "tce.v1.AllocateRequest.job"),
+    ("Lookup", "tce.v1.LookupRequest.path"), ("Remove", "tce.v1.RemoveRequest.path"),
+    ("Wait", "tce.v1.WaitRequest.paths"), ("CommitTag", "tce.v1.TagFile.path"),
+    ("CommitTag", "tce.v1.TagInfo.tag"), ("List", "tce.v1.ListRequest.job"),
+    ("ListTags", "tce.v1.ListTagsRequest.job"), ("SetRing", "tce.v1.SetRingRequest.job"),
+])
+def test_non_utf8_strings_are_refused_naming_the_field(srv, client, tmp_path, rpc, field):
+    name = field.rsplit(".", 1)[1]
+    job, tag, path = "jobXXXX", "tagXXXX", "/ckpt/XXXX.pt"
+    if name in ("path", "paths"):
+        path = "/ckpt/QQQQ.pt"
+    elif name == "job":
+        job = "jobQQQQ"
+    else:
+        tag = "tagQQQQ"
+    request = _requests(client.session)[rpc](job, tag, path)
+    code, details = _raw_call(srv, rpc, request, b"QQQQ", b"\xff\xfe\xc0\x80")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+    assert details == f"{name}: is not valid UTF-8 (field {field})"
+    _still_serving(srv, tmp_path)
+
+
+def test_unparseable_request_is_invalid_argument(srv, tmp_path):
+    channel = grpc.insecure_channel("unix:" + srv.socket)
+    with pytest.raises(grpc.RpcError) as ei:
+        channel.unary_unary("/tce.v1.Cache/Commit")(b"\xff\xff\xff\xff\x0f garbage", timeout=10)
+    channel.close()
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ei.value.details() == "malformed request to /tce.v1.Cache/Commit: not a valid protobuf message"
+    _still_serving(srv, tmp_path)
+
+
+@pytest.mark.parametrize("rpc,request_,message", [
+    ("Allocate", lambda s: pb.AllocateRequest(session=s, job="j", path="/a.pt", size=1, rank=-1),
+     "rank: must be in [0, 1048576), got -1"),
+    ("CommitTag", lambda s: pb.CommitTagRequest(session=s, tag=pb.TagInfo(
+        job="j", tag="t", world_size=-5, files=[pb.TagFile(rank=0, path="/a.pt", size=1)])),
+     "tag.world_size: must be in [1, 1048576], got -5"),
+    ("CommitTag", lambda s: pb.CommitTagRequest(session=s, tag=pb.TagInfo(
+        job="j", tag="t", world_size=2, files=[pb.TagFile(rank=-1, path="/a.pt", size=1)])),
+     "tag.files[0].rank: must be in [0, 1048576), got -1"),
+    ("SetRing", lambda s: pb.SetRingRequest(session=s, job="j", node_rank=-1, endpoints=["h:1"]),
+     "node_rank: must be in [0, 1048576), got -1"),
+    ("SetRing", lambda s: pb.SetRingRequest(session=s, job="j", node_rank=0, endpoints=["h:1\x00x"]),
+     "endpoints[0]: contains NUL"),
+    ("Commit", lambda s: pb.CommitRequest(session=s, allocation_id=1,
+                                          records=[pb.Record(name="a\x00b")]),
+     "records[0].name: contains NUL"),
+    ("Abort", lambda s: pb.AbortRequest(session="s" * 200, allocation_id=1),
+     "session: is 200 bytes, longer than 128"),
+    ("Wait", lambda s: pb.WaitRequest(session=s, job="j", paths=["/a.pt"], timeout_s=float("nan")),
+     "timeout_s: is NaN"),
+])
+def test_bad_numbers_and_other_fields(srv, client, tmp_path, rpc, request_, message):
+    _expect("INVALID_ARGUMENT", message, lambda: client._call(rpc, request_(client.session)))
+    _still_serving(srv, tmp_path)
+
+
+def _server_with_a_blocked_dir(tmp_path):
+    """A server whose storage holds `blocked`, a plain file where a save to
+    blocked/x.pt needs a directory: that file stays CACHED (persist retries
+    every 50 ms) until the test puts a directory there."""
+    from tce._server import LocalServer
+
+    storage = tmp_path / "s"
+    storage.mkdir()
+    (storage / "blocked").write_text("not a directory")
+    s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)],
+                    extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50"]).start()
+    return s, storage
+
+
+@pytest.mark.parametrize("timeout_s", [1e10, float("inf"), 0.0, -1.0, -float("inf")])
+def test_wait_without_a_usable_limit_waits_until_persisted(tmp_path, timeout_s):
+    import threading
+
+    s, storage = _server_with_a_blocked_dir(tmp_path)
+    target = storage / "blocked" / "x.pt"
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="w"):
+            tce.save({"x": torch.arange(5)}, target)
+            c = Client(s.socket, rpc_timeout=60)
+            result = {}
+
+            def wait():
+                try:
+                    result["files"] = c._call("Wait", pb.WaitRequest(
+                        session=c.session, job="w", paths=[str(target)], timeout_s=timeout_s)).files
+                except TCEError as e:
+                    result["error"] = e
+
+            t = threading.Thread(target=wait)
+            t.start()
+            t.join(1.0)
+            assert t.is_alive(), f"Wait({timeout_s}) returned at once: {result}"
+            (storage / "blocked").unlink()
+            (storage / "blocked").mkdir()
+            t.join(30)
+            assert not t.is_alive()
+            assert "error" not in result, result
+            assert [f.state for f in result["files"]] == [pb.FILE_STATE_PERSISTED]
+            c.close()
+            tce.close()
+        assert torch.equal(torch.load(target)["x"], torch.arange(5))
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def test_wait_with_a_tiny_timeout_times_out_and_nan_is_refused(tmp_path):
+    s, storage = _server_with_a_blocked_dir(tmp_path)
+    target = storage / "blocked" / "x.pt"
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="w"):
+            tce.save({"x": torch.arange(5)}, target)
+            tce.close()
+        c = Client(s.socket, rpc_timeout=10)
+        wait = lambda t: c._call("Wait", pb.WaitRequest(  # noqa: E731
+            session=c.session, job="w", paths=[str(target)], timeout_s=t))
+        t0 = time.monotonic()
+        _expect("DEADLINE_EXCEEDED", "not persisted yet", lambda: wait(1e-9))  # 1 ms, not "forever"
+        _expect("DEADLINE_EXCEEDED", "not persisted yet", lambda: wait(0.3))
+        assert time.monotonic() - t0 < 5
+        _expect("INVALID_ARGUMENT", "timeout_s: is NaN", lambda: wait(float("nan")))
+        c.close()
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def test_save_to_a_non_utf8_path_writes_it_directly(srv, tmp_path, monkeypatch):
+    """The protocol names files in UTF-8; a path made of other bytes is saved
+    with plain torch.save (warned), loaded from disk, and never cached."""
+    from tce import _api
+
+    monkeypatch.setattr(_api, "_warned_fallback", False)
+    raw = os.fsencode(tmp_path) + b"/ckpt-\xff\xfe.pt"
+    path = os.fsdecode(raw)  # '...ckpt-\udcff\udcfe.pt'
+    sd = {"w": torch.arange(6.0)}
+    with _knobs.override(socket=srv.socket, on_unavailable="fallback", job="utf8"):
+        with pytest.warns(RuntimeWarning, match="is not valid UTF-8"):
+            assert tce.save(sd, path) is None
+        assert os.path.exists(raw)
+        with open(raw, "rb") as f:
+            assert torch.equal(torch.load(f)["w"], sd["w"])
+        assert torch.equal(tce.load(path)["w"], sd["w"])
+        assert not tce.cached(path)
+        tce.wait([path])  # nothing to wait for: it is on disk already
+    c = Client(srv.socket, rpc_timeout=10)
+    assert c.list(job="utf8") == []
+    c.close()
+    _still_serving(srv, tmp_path)
+
+
+def test_save_to_a_non_utf8_path_raises_under_on_unavailable_raise(srv, tmp_path):
+    raw = os.fsencode(tmp_path) + b"/strict-\xff.pt"
+    with _knobs.override(socket=srv.socket, on_unavailable="raise"):
+        with pytest.raises(tce.InvalidArgumentError, match="is not valid UTF-8") as ei:
+            tce.save({"w": torch.ones(2)}, os.fsdecode(raw))
+    assert ei.value.code == "INVALID_ARGUMENT"
+    assert not os.path.exists(raw)
+    _still_serving(srv, tmp_path)
+
+
+def test_load_of_a_path_the_server_refuses_reads_the_disk(srv, tmp_path):
+    path = tmp_path / "new\nline.pt"  # a control character: never cacheable
+    torch.save({"w": torch.arange(3)}, path)
+    with _knobs.override(socket=srv.socket, on_unavailable="raise"):
+        assert torch.equal(tce.load(path)["w"], torch.arange(3))

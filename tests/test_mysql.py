@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import time
 
@@ -118,7 +119,7 @@ def test_a_newer_schema_is_refused(tmp_path, mariadb):
                 f"GRANT ALL ON future.* TO '{mariadb.user}'@'127.0.0.1';")
     url = mariadb.url.rsplit("/", 1)[0] + "/future"
     s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url])
-    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 3"):
+    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 4"):
         s.start()
     assert s.proc.returncode == 2
     s.cleanup()
@@ -136,7 +137,7 @@ def test_complete_tags_survive_a_restart(tmp_path, mariadb):
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise", job="tag-job"):
             c = _api._get_client()
-            odd = str(storage / "we ird\nname 3:x.pt")
+            odd = str(storage / "we ird: 3 name 3:x.pt")  # the column format's separators
             c.commit_tag(_tag("tag-job", "global_step2", [(1, odd, 7), (0, str(storage / "a.pt"), 5)]))
             c.commit_tag(_tag("tag-job", "global_step4", [(0, str(storage / "b.pt"), 9)]))
             wait_metadata_written()
@@ -177,9 +178,12 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
         finally:
             s.stop()
             s.cleanup()
-        assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["3"]
+        assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["4"]
         assert mariadb.sql("SHOW TABLES FROM v1db LIKE 'rings'").split() == ["rings"]  # v3
-        assert mariadb.sql("SELECT first_commit_ns, world_size FROM v1db.tags").split() == ["5", "2"]
+        # v4: rows carry their server; the row from before belongs to none and is kept.
+        assert mariadb.sql("SELECT first_commit_ns, world_size FROM v1db.tags WHERE server = ''"
+                           ).split() == ["5", "0"]
+        assert mariadb.sql("SELECT DISTINCT world_size FROM v1db.tags WHERE server != ''").split() == ["2"]
 
 
 def _free_port() -> int:
@@ -236,5 +240,91 @@ def test_a_server_rejoins_its_ring_from_mysql(tmp_path, mariadb):
         assert "rejoining the ring of job=mysql-ring recorded in metadata" in servers[0].log()
     finally:
         for s in servers:
+            s.stop()
+            s.cleanup()
+
+
+def test_damaged_rows_are_skipped_not_fatal(tmp_path, mariadb):
+    """MySQL hands every column back as text: a damaged value costs its row
+    (logged with table and key), never the server's start."""
+    storage = tmp_path / "s"
+    storage.mkdir()
+    s = _server(storage, mariadb)
+    try:
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="dmg-job"):
+            for name in ("a", "b", "c"):
+                tce.save({"w": torch.ones(3)}, storage / f"{name}.pt", tag="t")
+            c = _api._get_client()
+            c.commit_tag(_tag("dmg-job", "good", [(0, str(storage / "a.pt"), 1)]))
+            c.commit_tag(_tag("dmg-job", "bad", [(0, str(storage / "b.pt"), 1)]))
+            wait_metadata_written()
+            _api.close()
+        assert s.stop() == 0
+        mariadb.sql(f"UPDATE tce.files SET records = 'x:y' WHERE path = '{storage / 'b.pt'}'; "
+                    f"UPDATE tce.files SET `rank` = -3 WHERE path = '{storage / 'c.pt'}'; "
+                    "UPDATE tce.tags SET files = '0 1 99:/short\n' WHERE job = 'dmg-job' AND tag = 'bad'")
+        s.start()
+        with _knobs.override(socket=s.socket, job="dmg-job"):
+            c = _api._get_client()
+            assert [f.path for f in c.list(job="dmg-job")] == [str(storage / "a.pt")]
+            assert [t.tag for t in c.list_tags("dmg-job")] == ["good"]
+            _api.close()
+        log = s.log()
+        assert f"skipping a damaged row of table files (job=dmg-job path={storage / 'b.pt'}): records:" in log
+        assert f"skipping a damaged row of table files (job=dmg-job path={storage / 'c.pt'}): rank:" in log
+        assert "skipping a damaged row of table tags (job=dmg-job tag=bad): files:" in log
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def test_servers_sharing_mysql_touch_only_their_own_rows(tmp_path, mariadb):
+    """Two servers record into one database. Restarting B must leave A's
+    in-flight file alone: not FAILED, not listed by B, its row A's."""
+    sa, sb = tmp_path / "a", tmp_path / "b"
+    for d in (sa, sb):
+        d.mkdir()
+    (sa / "blocked").write_text("not a directory")  # A's file stays CACHED (in flight)
+    mariadb.sql(f"CREATE DATABASE shareddb; GRANT ALL ON shareddb.* TO '{mariadb.user}'@'127.0.0.1';")
+    url = mariadb.url.rsplit("/", 1)[0] + "/shareddb"
+
+    def server(storage, name):
+        return LocalServer(memory_budget="64MiB", storage_roots=[str(storage)],
+                           socket_path=str(tmp_path / f"{name}.sock"),
+                           extra_args=["--metadata-url", url, "--persist-retries", "100",
+                                       "--persist-backoff-ms", "50"]).start()
+
+    a, b = server(sa, "a"), server(sb, "b")
+    inflight = sa / "blocked" / "x.pt"
+    try:
+        with _knobs.override(socket=a.socket, on_unavailable="raise", job="shared"):
+            tce.save({"w": torch.ones(4)}, inflight, tag="t")
+            _api._get_client().commit_tag(_tag("shared", "t", [(0, str(inflight), 1)]))
+            wait_metadata_written()
+            _api.close()
+        with _knobs.override(socket=b.socket, on_unavailable="raise", job="shared"):
+            tce.save({"w": torch.zeros(4)}, sb / "y.pt", tag="t")
+            tce.wait()
+            wait_metadata_written()
+            _api.close()
+        assert b.stop() == 0
+        b.start()
+        with _knobs.override(socket=b.socket, job="shared"):
+            c = _api._get_client()
+            assert [(f.path, f.state) for f in c.list("shared")] == [
+                (str(sb / "y.pt"), pb.FILE_STATE_EVICTED)]
+            assert [t.tag for t in c.list_tags("shared")] == []  # A's tag is A's
+            _api.close()
+        with _knobs.override(socket=a.socket, job="shared"):
+            c = _api._get_client()
+            assert [(f.path, f.state) for f in c.list("shared")] == [(str(inflight), pb.FILE_STATE_CACHED)]
+            _api.close()
+        rows = mariadb.sql("SELECT server, state FROM shareddb.files ORDER BY path")
+        assert [r.split("\t") for r in rows.splitlines()] == [
+            [f"{socket.gethostname()}:{a.socket}", "CACHED"],
+            [f"{socket.gethostname()}:{b.socket}", "EVICTED"]], rows
+        assert "lost: the server restarted" not in a.log() + b.log()
+    finally:
+        for s in (a, b):
             s.stop()
             s.cleanup()

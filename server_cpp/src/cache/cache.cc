@@ -1360,4 +1360,15 @@ CacheStats Cache::Stats() {
   return TallyLocked();
 }
 
+void Cache::RecordAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!meta_) return;
+  for (const auto& [key, f] : files_) meta_->Record(f, false);
+  for (const auto& [key, t] : tags_) meta_->RecordTag(t);
+  if (!self_endpoint_.empty())
+    for (const auto& [job, r] : rings_) meta_->RecordRing(RingInfo{job, self_endpoint_, r.node_rank, r.endpoints});
+  TCE_LOG(kInfo, "cache") << "recorded " << files_.size() << " file(s) and " << tags_.size()
+                          << " tag(s) again for a fresh metadata database";
+}
+
 }  // namespace tce

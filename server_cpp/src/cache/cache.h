@@ -144,6 +144,9 @@ class Cache {
 
   // Every later state change is reported to `sink` (null: none). Set before serving.
   void SetMetaSink(MetaSink* sink);
+  // Reports every file, tag and ring to the sink again (the metadata
+  // database was lost and a fresh one must hold the full state).
+  void RecordAll();
   // Re-indexes files recorded before a restart: those on storage become
   // EVICTED (loads read storage); the rest are FAILED as lost.
   void Restore(std::vector<FileInfo> files);

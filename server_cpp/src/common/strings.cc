@@ -47,43 +47,4 @@ std::string HumanBytes(uint64_t bytes) {
   return buf;
 }
 
-namespace {
-bool HasControl(const std::string& s) {
-  for (unsigned char c : s)
-    if (c < 0x20 || c == 0x7f) return true;
-  return false;
-}
-}  // namespace
-
-Status ValidatePath(const std::string& path) {
-  if (path.empty()) return Status::InvalidArgument("path is empty");
-  if (path.size() > 4096) return Status::InvalidArgument("path is longer than 4096 bytes");
-  if (HasControl(path))
-    return Status::InvalidArgument("path contains NUL or control characters");
-  if (path[0] != '/') return Status::InvalidArgument("path must be absolute: " + path);
-  if (path.size() > 1 && path.back() == '/')
-    return Status::InvalidArgument("path has a trailing '/': " + path);
-  size_t start = 1;
-  while (start <= path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string::npos) end = path.size();
-    std::string part = path.substr(start, end - start);
-    if (part.empty()) return Status::InvalidArgument("path has an empty component: " + path);
-    if (part == "." || part == "..")
-      return Status::InvalidArgument("path has a '" + part + "' component: " + path);
-    start = end + 1;
-  }
-  return Status::OK();
-}
-
-Status ValidateName(const std::string& what, const std::string& value, bool allow_empty,
-                    bool allow_slash) {
-  if (value.empty() && !allow_empty) return Status::InvalidArgument(what + " is empty");
-  if (value.size() > 255) return Status::InvalidArgument(what + " is longer than 255 bytes");
-  if (HasControl(value)) return Status::InvalidArgument(what + " contains control characters");
-  if (!allow_slash && value.find('/') != std::string::npos)
-    return Status::InvalidArgument(what + " contains '/': " + value);
-  return Status::OK();
-}
-
 }  // namespace tce

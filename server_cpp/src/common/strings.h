@@ -1,4 +1,5 @@
-// Small text helpers shared by the daemon: byte sizes and request validation.
+// Small text helpers shared by the daemon: byte sizes (and, through
+// common/validate.h, request validation).
 // Pure functions; any thread.
 #pragma once
 
@@ -6,6 +7,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/validate.h"
 
 namespace tce {
 
@@ -13,12 +15,5 @@ namespace tce {
 bool ParseSize(const std::string& text, uint64_t* bytes);
 // 1610612736 -> "1.5 GiB".
 std::string HumanBytes(uint64_t bytes);
-
-// An absolute, normalised path: non-empty, starts with '/', <= 4096 bytes, no
-// NUL or control characters, no empty, "." or ".." components, no trailing '/'.
-Status ValidatePath(const std::string& path);
-// A job or tag name: <= 255 bytes, no control characters (tags: no '/').
-Status ValidateName(const std::string& what, const std::string& value, bool allow_empty,
-                    bool allow_slash);
 
 }  // namespace tce

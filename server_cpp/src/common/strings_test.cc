@@ -22,27 +22,4 @@ TEST(HumanBytes, Formats) {
   EXPECT_EQ(HumanBytes(1536 << 20), "1.5 GiB");
 }
 
-TEST(ValidatePath, AcceptsNormalAbsolutePaths) {
-  EXPECT_TRUE(ValidatePath("/ckpt/global_step10/mp_rank_00_model_states.pt").ok());
-  EXPECT_TRUE(ValidatePath("/x").ok());
-}
-
-TEST(ValidatePath, RejectsEachBadForm) {
-  for (const char* p : {"", "rel/x.pt", "/a/../b", "/a/./b", "/a/b/", "/a//b", "/a/\x01"}) {
-    Status s = ValidatePath(p);
-    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << p;
-  }
-  EXPECT_NE(ValidatePath("/a/../b").message().find(".."), std::string::npos);
-  EXPECT_TRUE(ValidatePath(std::string(5000, 'a').insert(0, "/")).message().find("4096") !=
-              std::string::npos);
-}
-
-TEST(ValidateName, JobAndTag) {
-  EXPECT_TRUE(ValidateName("job", "train-7", false, true).ok());
-  EXPECT_FALSE(ValidateName("job", "", false, true).ok());
-  EXPECT_TRUE(ValidateName("tag", "", true, false).ok());
-  EXPECT_FALSE(ValidateName("tag", "a/b", true, false).ok());
-  EXPECT_FALSE(ValidateName("job", std::string(256, 'j'), false, true).ok());
-}
-
 }  // namespace tce

@@ -35,6 +35,7 @@
 #include "rpc/control_listener.h"
 #include "rpc/fd_server.h"
 #include "rpc/health_service.h"
+#include "rpc/parse_errors.h"
 #include "rpc/service.h"
 
 extern char** environ;
@@ -42,13 +43,10 @@ extern char** environ;
 namespace tce {
 namespace {
 
-// This server's temp-file prefix: the host and socket identify a server,
-// so servers sharing a directory (a shared filesystem) never take each
-// other's temp files for their own.
-std::string TempPrefix(const std::string& socket) {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  const std::string id = std::string(host) + ":" + socket;
+// This server's temp-file prefix, from its identity (server_id: the host and
+// socket by default), so servers sharing a directory (a shared filesystem)
+// never take each other's temp files for their own.
+std::string TempPrefix(const std::string& id) {
   const uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(id.data()),
                                                    static_cast<uInt>(id.size())));
   char hex[9];
@@ -265,7 +263,7 @@ int Run(int argc, char** argv) {
   popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
   popt.direct_io = opt.persist_direct_io;
   popt.io_depth = opt.persist_io_depth;
-  popt.temp_prefix = TempPrefix(opt.socket);
+  popt.temp_prefix = TempPrefix(EffectiveServerId(opt));
   TransferMetrics persist_metrics, backup_metrics;
   popt.metrics = &persist_metrics;
   // Metadata: re-index what was recorded before a restart, remove the temp
@@ -276,7 +274,8 @@ int Run(int argc, char** argv) {
   if (!meta_url.empty()) {
     if (!(s = MkdirP(opt.state_dir)).ok()) return Fail("state_dir: " + s.message(), 2);
     std::unique_ptr<MetaStore> store;
-    if (!(s = OpenMetaStore(meta_url, &store)).ok()) return Fail("metadata_url: " + s.ToString(), 2);
+    const std::string server_id = EffectiveServerId(opt);
+    if (!(s = OpenMetaStore(meta_url, &store, server_id)).ok()) return Fail("metadata_url: " + s.ToString(), 2);
     std::vector<FileInfo> recorded;
     if (!(s = store->LoadFiles(&recorded)).ok()) return Fail("metadata: " + s.ToString(), 1);
     std::vector<TagInfo> tags;
@@ -293,7 +292,8 @@ int Run(int argc, char** argv) {
     std::vector<std::string> recorded_paths;
     for (const FileInfo& f : recorded) recorded_paths.push_back(f.path);
     Persister::RemoveStaleTemps(Env::Default(), cache.storage_roots(), recorded_paths, popt.temp_prefix);
-    meta = std::make_unique<MetaWriter>(std::move(store), opt.socket, getpid());
+    meta = std::make_unique<MetaWriter>(std::move(store), server_id, getpid());
+    meta->SetResync([&cache] { cache.RecordAll(); });
     cache.SetMetaSink(meta.get());
     cache.Restore(std::move(recorded));
     meta->Start();
@@ -373,6 +373,12 @@ int Run(int argc, char** argv) {
   // allowed connection to gRPC (whose own listener dies on one EMFILE).
   builder.RegisterService(&service);
   builder.RegisterService(&health_on_socket);
+  // A request gRPC cannot parse (a string that is not UTF-8) is refused as
+  // INVALID_ARGUMENT naming the field, not INTERNAL with no message.
+  InstallProtobufLogHandler();
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(NewParseErrorInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt.rpc_threads);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

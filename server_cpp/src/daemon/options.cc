@@ -1,5 +1,7 @@
 #include "daemon/options.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -43,6 +45,7 @@ const Setting kSettings[] = {
     {"keep_last", "TCE_KEEP_LAST", "--keep-last"},
     {"state_dir", "TCE_STATE_DIR", "--state-dir"},
     {"metadata_url", "TCE_METADATA_URL", "--metadata-url"},
+    {"server_id", "TCE_SERVER_ID", "--server-id"},
     {"peer_listen", "TCE_PEER_LISTEN", "--peer-listen"},
     {"peer_advertise", "TCE_PEER_ADVERTISE", "--peer-advertise"},
     {"peer_token", "TCE_PEER_TOKEN", "--peer-token"},
@@ -145,6 +148,10 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     if (!value.empty() && value != "none" && value.find("://") == std::string::npos)
       return bad("sqlite:///path/tce.db, or none");
     o->metadata_url = value;
+  } else if (key == "server_id") {
+    Status valid = ValidateName("server_id", value, /*allow_empty=*/true, /*allow_slash=*/true);
+    if (!valid.ok()) return bad(valid.message());
+    o->server_id = value;
   } else if (key == "keep_last") {
     if (!ParseInt(value, 0, 1000000, &o->keep_last)) return bad("an integer >= 0");
   } else if (key == "drain_timeout_ms") {
@@ -321,6 +328,13 @@ Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64
   return Status::OK();
 }
 
+std::string EffectiveServerId(const Options& o) {
+  if (!o.server_id.empty()) return o.server_id;
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return std::string(host) + ":" + o.socket;
+}
+
 std::string EffectiveMetadataUrl(const Options& o) {
   if (o.metadata_url == "none") return "";
   if (!o.metadata_url.empty()) return o.metadata_url;
@@ -388,6 +402,7 @@ std::string FormatConfig(const Options& o) {
       << "keep_last = " << o.keep_last << "\n"
       << "state_dir = " << Quote(o.state_dir) << "\n"
       << "metadata_url = " << Quote(RedactUrl(o.metadata_url)) << "\n"  // no password
+      << "server_id = " << Quote(o.server_id) << "\n"
       << "peer_listen = " << Quote(o.peer_listen) << "\n"
       << "peer_advertise = " << Quote(o.peer_advertise) << "\n"
       << "peer_token = " << Quote(o.peer_token.empty() ? "" : "***") << "\n"
@@ -448,6 +463,8 @@ std::string HelpText() {
          "  --state-dir DIR        the server's own files (metadata)         [TCE_STATE_DIR, /var/lib/tce]\n"
          "  --metadata-url URL     sqlite:///path/tce.db, or none           [TCE_METADATA_URL,\n"
          "                                                     sqlite://<state_dir>/tce.db]\n"
+         "  --server-id ID         this server's rows in a shared MySQL      [TCE_SERVER_ID,\n"
+         "                                                     <hostname>:<socket>]\n"
          "  --persist-direct-io B  write with O_DIRECT where supported       [TCE_PERSIST_DIRECT_IO, true]\n"
          "  --cache-full-timeout-ms N  how long a save into a full cache waits for persistence\n"
          "                         to free room                              [TCE_CACHE_FULL_TIMEOUT_MS, 30000]\n"

@@ -42,6 +42,7 @@ struct Options {
   int keep_last = 0;
   std::string state_dir = "/var/lib/tce";
   std::string metadata_url;  // empty: sqlite://<state_dir>/tce.db; "none": no metadata
+  std::string server_id;     // this server's rows in a shared store; empty: <hostname>:<socket>
   // The ring (peer_listen empty: this server takes part in none).
   std::string peer_listen;     // host:port for server-to-server connections
   std::string peer_advertise;  // the endpoint peers should use; empty: peer_listen
@@ -80,6 +81,8 @@ Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64
 // "/a, /b" -> {"/a", "/b"}; each must be absolute.
 // The metadata URL in effect ("" for none).
 std::string EffectiveMetadataUrl(const Options& o);
+// server_id, or "<hostname>:<socket>" when it is empty.
+std::string EffectiveServerId(const Options& o);
 Status ParseRoots(const std::string& text, std::vector<std::string>* out);
 // "" -> {self, 0}; "1000,1001" -> {1000, 1001}.
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out);

@@ -143,6 +143,19 @@ TEST(Options, PrintedConfigReadsBack) {
   std::filesystem::remove_all(std::filesystem::path(cfg).parent_path());
 }
 
+TEST(Options, ServerIdDefaultsToHostAndSocket) {
+  Options o;
+  ASSERT_TRUE(Parse({"--socket", "/run/x/tce.sock"}, {}, &o).ok());
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  EXPECT_EQ(EffectiveServerId(o), std::string(host) + ":/run/x/tce.sock");
+  ASSERT_TRUE(Parse({}, {{"TCE_SERVER_ID", "node-7"}}, &o).ok());
+  EXPECT_EQ(EffectiveServerId(o), "node-7");
+  Status s = Parse({"--server-id", "a\nb"}, {}, &o);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("server_id"), std::string::npos) << s.message();
+}
+
 TEST(Options, Budget) {
   MemoryLimits limited{8ull << 30, 64ull << 30}, unlimited{0, 64ull << 30};
   uint64_t b;

@@ -10,6 +10,7 @@
 
 #include "cache/cache_types.h"
 #include "common/status.h"
+#include "meta/row_codec.h"  // the text columns both stores share
 
 namespace tce {
 
@@ -26,8 +27,9 @@ struct MetaChange {
 class MetaStore {
  public:
   // v2 added the tags table's complete_ns, world_size and files columns, v3
-  // the rings table; an older database is migrated in place when opened.
-  static constexpr int kSchemaVersion = 3;
+  // the rings table, v4 (MySQL) the server column of files and tags; an
+  // older database is migrated in place when opened.
+  static constexpr int kSchemaVersion = 4;
   virtual ~MetaStore() = default;
   // Applies a batch in one transaction (all or nothing).
   virtual Status Apply(const std::vector<MetaChange>& batch) = 0;
@@ -37,25 +39,25 @@ class MetaStore {
   // The rings recorded for the server at peer endpoint `self`.
   virtual Status LoadRings(const std::string& self, std::vector<RingInfo>* out) = 0;
   virtual Status Heartbeat(const std::string& endpoint, int64_t pid) = 0;
+  // Whether the database is still the one opened (SQLite: the files at its
+  // path are the ones open, same device and inode); DATA_LOSS when they were
+  // deleted or replaced. A server store (MySQL) is always intact here.
+  virtual Status CheckIntact() { return Status::OK(); }
+  // After CheckIntact failed: closes the database and opens the one at the
+  // same place again, a fresh one when it is gone (a foreign file found there
+  // is renamed aside first). The caller then writes the full state again.
+  virtual Status Reset() { return Status::NotSupported("this metadata store cannot be reset"); }
 };
 
 // The URL with any password replaced by "***" (for status and logs).
 std::string RedactUrl(const std::string& url);
 
-// "sqlite:///abs/path" -> SQLite. Other schemes: a clear NotSupported.
-Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out);
-
-// The record table as one text column, a line per record:
-// "<name length>:<name> header data size central crc".
-std::string EncodeRecords(const std::vector<Record>& records);
-bool DecodeRecords(const std::string& text, std::vector<Record>* out);
-
-// A tag's files as one text column, a line per file: "rank size <path length>:<path>".
-// A ring's endpoints as one text column, one per line.
-std::string EncodeEndpoints(const std::vector<std::string>& endpoints);
-std::vector<std::string> DecodeEndpoints(const std::string& text);
-
-std::string EncodeTagFiles(const std::vector<TagFile>& files);
-bool DecodeTagFiles(const std::string& text, std::vector<TagFile>* out);
+// "sqlite:///abs/path" -> SQLite, "mysql://..." -> MySQL. Other schemes: a
+// clear NotSupported. `server_id` names this server's rows in a store that
+// several servers share (MySQL: each reads and writes only its own files
+// and tags; required there). A SQLite file belongs to one server (it holds
+// it exclusively), so its rows carry no server.
+Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out,
+                     const std::string& server_id = "");
 
 }  // namespace tce

@@ -7,9 +7,10 @@
 namespace tce {
 
 MetaWriter::MetaWriter(std::unique_ptr<MetaStore> store, std::string endpoint, int64_t pid,
-                       std::chrono::milliseconds heartbeat, std::chrono::milliseconds max_backoff)
+                       std::chrono::milliseconds heartbeat, std::chrono::milliseconds max_backoff,
+                       std::chrono::milliseconds check_every)
     : store_(std::move(store)), endpoint_(std::move(endpoint)), pid_(pid), heartbeat_(heartbeat),
-      max_backoff_(max_backoff) {}
+      max_backoff_(max_backoff), check_every_(check_every) {}
 
 MetaWriter::~MetaWriter() { Stop(); }
 
@@ -60,13 +61,50 @@ MetaStatus MetaWriter::Status() {
   return status_;
 }
 
+bool MetaWriter::EnsureIntact() {
+  tce::Status intact = store_->CheckIntact();
+  if (intact.ok()) return true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (status_.healthy || !resyncing_)
+      TCE_LOG(kError, "meta") << "metadata database lost: " << intact.message()
+                              << "; writing the full state into a fresh one";
+    status_.healthy = false;
+    status_.last_error = "metadata database lost (" + intact.message() + "); re-writing the full state";
+  }
+  tce::Status reset = store_->Reset();
+  if (!reset.ok()) {
+    std::lock_guard<std::mutex> l(mu_);
+    status_.last_error = "metadata database lost (" + intact.message() + "); a fresh one cannot be opened: " +
+                         reset.message();
+    TCE_LOG(kError, "meta") << status_.last_error;
+    return false;
+  }
+  resyncing_ = true;
+  if (resync_) resync_();  // queues every file, tag and ring again
+  return true;
+}
+
 void MetaWriter::Loop() {
   auto backoff = std::chrono::milliseconds(100);
   std::unique_lock<std::mutex> l(mu_);
   auto next_beat = std::chrono::steady_clock::now();
+  auto next_check = std::chrono::steady_clock::now() + check_every_;
   while (true) {
-    cv_.wait_until(l, next_beat, [this] { return stop_ || !queue_.empty(); });
+    cv_.wait_until(l, std::min(next_beat, next_check), [this] { return stop_ || !queue_.empty(); });
     if (stop_ && queue_.empty()) return;  // nothing left to write
+    if (std::chrono::steady_clock::now() >= next_check || !queue_.empty()) {
+      next_check = std::chrono::steady_clock::now() + check_every_;
+      l.unlock();
+      const bool intact = EnsureIntact();
+      l.lock();
+      if (!intact) {
+        if (stop_ && std::chrono::steady_clock::now() >= stop_by_) return;
+        cv_.wait_for(l, backoff, [this] { return stop_ && std::chrono::steady_clock::now() >= stop_by_; });
+        backoff = std::min(backoff * 2, max_backoff_);
+        continue;
+      }
+    }
     if (!endpoint_.empty() && std::chrono::steady_clock::now() >= next_beat) {
       next_beat = std::chrono::steady_clock::now() + heartbeat_;
       l.unlock();
@@ -75,11 +113,11 @@ void MetaWriter::Loop() {
       if (!hb.ok()) {
         status_.healthy = false;
         status_.last_error = hb.message();
-      } else if (queue_.empty()) {
+      } else if (queue_.empty() && !resyncing_) {
         status_.healthy = true;  // reachable, and nothing is waiting to be written
       }
     }
-    if (queue_.empty()) continue;
+    if (queue_.empty() && !resyncing_) continue;  // (a resync of nothing still commits once)
     std::vector<MetaChange> batch;
     for (auto& [key, change] : queue_) batch.push_back(change);
     std::map<std::pair<std::string, std::string>, MetaChange> taken;
@@ -91,8 +129,10 @@ void MetaWriter::Loop() {
     in_flight_ = 0;
     if (s.ok()) {
       if (!status_.healthy) {
-        TCE_LOG(kInfo, "meta") << "metadata store healthy again";
+        TCE_LOG(kInfo, "meta") << "metadata store healthy again"
+                               << (resyncing_ ? " (the full state is written into the fresh database)" : "");
       }
+      resyncing_ = false;
       status_.healthy = true;
       status_.written += batch.size();
       backoff = std::chrono::milliseconds(100);

@@ -1,11 +1,16 @@
 // MetaWriter: the Cache's MetaSink. Record() only queues (the data path never
 // waits for the database); a thread writes batches, coalescing changes to the
 // same file, and when the store fails it keeps the queue, retries with
-// backoff and reports the degradation in Status(). Any thread may call.
+// backoff and reports the degradation in Status(). Every `check_every` (and
+// before each batch) it checks that the database is still the one it opened;
+// when it was deleted or replaced it starts a fresh one and asks for the
+// full state again (SetResync), unhealthy until that is written. Any thread
+// may call.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,8 +34,13 @@ class MetaWriter final : public MetaSink {
   // Also records `endpoint`/`pid` in the servers table every `heartbeat`.
   MetaWriter(std::unique_ptr<MetaStore> store, std::string endpoint = "", int64_t pid = 0,
              std::chrono::milliseconds heartbeat = std::chrono::seconds(10),
-             std::chrono::milliseconds max_backoff = std::chrono::seconds(30));
+             std::chrono::milliseconds max_backoff = std::chrono::seconds(30),
+             std::chrono::milliseconds check_every = std::chrono::seconds(1));
   ~MetaWriter() override;
+  // Called (on the writer's thread, no lock held) after a fresh database
+  // replaced a deleted one: it must Record() every file, tag and ring again.
+  // Set before Start.
+  void SetResync(std::function<void()> resync) { resync_ = std::move(resync); }
   void Start();
   // Writes what is queued (bounded by `deadline`), then stops the thread.
   void Stop(std::chrono::milliseconds deadline = std::chrono::seconds(5));
@@ -43,12 +53,18 @@ class MetaWriter final : public MetaSink {
  private:
   void Loop();
   void Queue(std::pair<std::string, std::string> key, MetaChange change);
+  // Thread only, mu_ not held: a fresh database if the old one is gone.
+  // False while there is none to write to (status_ says why).
+  bool EnsureIntact();
 
   std::unique_ptr<MetaStore> store_;  // used by the thread only
   const std::string endpoint_;
   const int64_t pid_;
   const std::chrono::milliseconds heartbeat_;
   const std::chrono::milliseconds max_backoff_;
+  const std::chrono::milliseconds check_every_;
+  std::function<void()> resync_;  // set before Start
+  bool resyncing_ = false;        // thread only: the full state is being written again
   std::mutex mu_;
   std::condition_variable cv_;
   // (job, path) for files; (job, "\0tag:" + tag) for tags (paths are absolute).

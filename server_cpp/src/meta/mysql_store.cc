@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/validate.h"
 #include "meta/meta_store.h"
 #include "meta/mysql_store.h"
+#include "meta/row_codec.h"
 
 namespace tce {
 namespace {
@@ -16,17 +18,22 @@ const char* const kSchema[] = {
     "CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS jobs (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
     "PRIMARY KEY, first_seen_ns BIGINT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS tags (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
+    // Rows of files and tags carry the server that wrote them (v4): servers
+    // sharing the database each read and write only their own.
+    "CREATE TABLE IF NOT EXISTS tags (server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+    "NOT NULL DEFAULT '', job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
     "tag VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, first_commit_ns BIGINT NOT NULL, "
     "complete_ns BIGINT NOT NULL DEFAULT 0, world_size INT NOT NULL DEFAULT 0, files MEDIUMTEXT NULL, "
-    "PRIMARY KEY (job, tag))",
-    // Paths may be 4096 bytes, past InnoDB's key limit: key on a hash of (job, path).
+    "PRIMARY KEY (server, job, tag))",
+    // Paths may be 4096 bytes, past InnoDB's key limit: key on a hash of
+    // (server, job, path).
     "CREATE TABLE IF NOT EXISTS files (file_key BINARY(32) PRIMARY KEY, "
+    "server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '', "
     "job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, path TEXT NOT NULL, "
     "tag VARCHAR(255) NOT NULL, `rank` INT NOT NULL, size BIGINT UNSIGNED NOT NULL, "
     "state VARCHAR(16) NOT NULL, version BIGINT UNSIGNED NOT NULL, records MEDIUMTEXT NOT NULL, "
     "created_ns BIGINT NOT NULL, committed_ns BIGINT NOT NULL, persisted_ns BIGINT NOT NULL, "
-    "reason TEXT NOT NULL, uid BIGINT NOT NULL, gid BIGINT NOT NULL, KEY (job))",
+    "reason TEXT NOT NULL, uid BIGINT NOT NULL, gid BIGINT NOT NULL, KEY (job), KEY server_key (server))",
     "CREATE TABLE IF NOT EXISTS servers (endpoint VARCHAR(255) PRIMARY KEY, pid BIGINT NOT NULL, "
     "heartbeat_ns BIGINT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS rings (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
@@ -42,6 +49,17 @@ const char* const kMigrateV1[] = {
     "ALTER TABLE tags ADD COLUMN files MEDIUMTEXT NULL",
 };
 constexpr unsigned kDuplicateColumn = 1060;  // ER_DUP_FIELDNAME
+// v3 -> v4: the server column. Rows from before it keep server '' and belong
+// to no server (a server re-indexes only its own rows). Each statement is
+// one atomic DDL: a column another server added first is no error.
+const char* const kMigrateV3[] = {
+    "ALTER TABLE files ADD COLUMN server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+    "NOT NULL DEFAULT '' AFTER file_key, ADD KEY server_key (server)",
+    "ALTER TABLE tags ADD COLUMN server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+    "NOT NULL DEFAULT '' FIRST, DROP PRIMARY KEY, ADD PRIMARY KEY (server, job, tag)",
+};
+// The files table's key: a hash of (server, job, path).
+#define TCE_FILE_KEY "UNHEX(SHA2(CONCAT(?, CHAR(0), ?, CHAR(0), ?), 256))"
 
 // A parameter list for one prepared statement.
 class Params {
@@ -86,6 +104,7 @@ class Params {
 
 class MysqlStore final : public MetaStore {
  public:
+  explicit MysqlStore(std::string server) : server_(std::move(server)) {}
   ~MysqlStore() override {
     if (db_) mysql_close(db_);
   }
@@ -123,6 +142,15 @@ class MysqlStore final : public MetaStore {
       TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 2 to 3";
       if (!(s = Version(&version)).ok()) return s;
     }
+    if (version == 3) {
+      for (const char* sql : kMigrateV3)
+        if (mysql_query(db_, sql) != 0 && mysql_errno(db_) != kDuplicateColumn) return Fail("migrate to 4");
+      if (mysql_query(db_, "UPDATE schema_version SET version = 4 WHERE version = 3") != 0)
+        return Fail("migrate to 4");
+      TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 3 to 4 (rows written before "
+                             << "belong to no server and are not re-indexed)";
+      if (!(s = Version(&version)).ok()) return s;
+    }
     if (version > kSchemaVersion)
       return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
                                         " is newer than this server's " +
@@ -146,30 +174,31 @@ class MysqlStore final : public MetaStore {
         s = Run("INSERT IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)",
                 Params().Text(t.job).Int(t.complete_unix_ns));
         if (s.ok())
-          s = Run("INSERT INTO tags (job, tag, first_commit_ns, complete_ns, world_size, files) "
-                  "VALUES (?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE complete_ns=VALUES(complete_ns), "
+          s = Run("INSERT INTO tags (server, job, tag, first_commit_ns, complete_ns, world_size, files) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE complete_ns=VALUES(complete_ns), "
                   "world_size=VALUES(world_size), files=VALUES(files)",
-                  Params().Text(t.job).Text(t.tag).Int(t.complete_unix_ns).Int(t.complete_unix_ns)
-                      .Int(t.world_size).Text(EncodeTagFiles(t.files)));
+                  Params().Text(server_).Text(t.job).Text(t.tag).Int(t.complete_unix_ns)
+                      .Int(t.complete_unix_ns).Int(t.world_size).Text(EncodeTagFiles(t.files)));
       } else if (c.removed) {
-        s = Run("DELETE FROM files WHERE file_key = UNHEX(SHA2(CONCAT(?, CHAR(0), ?), 256))",
-                Params().Text(f.job).Text(f.path));
+        s = Run("DELETE FROM files WHERE file_key = " TCE_FILE_KEY,
+                Params().Text(server_).Text(f.job).Text(f.path));
       } else {
         s = Run("INSERT IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)",
                 Params().Text(f.job).Int(f.committed_unix_ns));
         if (s.ok() && !f.tag.empty())
-          s = Run("INSERT IGNORE INTO tags (job, tag, first_commit_ns) VALUES (?, ?, ?)",
-                  Params().Text(f.job).Text(f.tag).Int(f.committed_unix_ns));
+          s = Run("INSERT IGNORE INTO tags (server, job, tag, first_commit_ns) VALUES (?, ?, ?, ?)",
+                  Params().Text(server_).Text(f.job).Text(f.tag).Int(f.committed_unix_ns));
         if (s.ok())
-          s = Run("INSERT INTO files (file_key, job, path, tag, `rank`, size, state, version, records, "
+          s = Run("INSERT INTO files (file_key, server, job, path, tag, `rank`, size, state, version, records, "
                   "created_ns, committed_ns, persisted_ns, reason, uid, gid) VALUES "
-                  "(UNHEX(SHA2(CONCAT(?, CHAR(0), ?), 256)), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                  "(" TCE_FILE_KEY ", ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                   "ON DUPLICATE KEY UPDATE tag=VALUES(tag), `rank`=VALUES(`rank`), size=VALUES(size), "
                   "state=VALUES(state), version=VALUES(version), records=VALUES(records), "
                   "created_ns=VALUES(created_ns), committed_ns=VALUES(committed_ns), "
                   "persisted_ns=VALUES(persisted_ns), reason=VALUES(reason), uid=VALUES(uid), "
                   "gid=VALUES(gid)",
-                  Params().Text(f.job).Text(f.path).Text(f.job).Text(f.path).Text(f.tag).Int(f.rank)
+                  Params().Text(server_).Text(f.job).Text(f.path).Text(server_).Text(f.job).Text(f.path)
+                      .Text(f.tag).Int(f.rank)
                       .Int(static_cast<int64_t>(f.size)).Text(FileStateName(f.state))
                       .Int(static_cast<int64_t>(f.version)).Text(EncodeRecords(f.records))
                       .Int(f.created_unix_ns).Int(f.committed_unix_ns).Int(f.persisted_unix_ns)
@@ -186,30 +215,43 @@ class MysqlStore final : public MetaStore {
   Status LoadFiles(std::vector<FileInfo>* out) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
-    if (mysql_query(db_, "SELECT job, path, tag, `rank`, size, state, version, records, created_ns, "
-                         "committed_ns, persisted_ns, reason, uid, gid FROM files ORDER BY job, path") != 0)
-      return Fail("select files");
+    const std::string files_sql = "SELECT job, path, tag, `rank`, size, state, version, records, created_ns, "
+                                  "committed_ns, persisted_ns, reason, uid, gid FROM files WHERE server = '" +
+                                  Quote(server_) + "' ORDER BY job, path";
+    if (mysql_query(db_, files_sql.c_str()) != 0) return Fail("select files");
     MYSQL_RES* res = mysql_store_result(db_);
     if (!res) return Fail("select files");
     while (MYSQL_ROW row = mysql_fetch_row(res)) {
       unsigned long* len = mysql_fetch_lengths(res);
       auto text = [&](int i) { return std::string(row[i] ? row[i] : "", row[i] ? len[i] : 0); };
-      auto num = [&](int i) { return std::stoll(text(i)); };
       FileInfo f;
       f.job = text(0);
       f.path = text(1);
       f.tag = text(2);
-      f.rank = static_cast<int32_t>(num(3));
-      f.size = static_cast<uint64_t>(std::stoull(text(4)));
-      if (!ParseFileState(text(5), &f.state)) f.state = FileState::kFailed;
-      f.version = static_cast<uint64_t>(std::stoull(text(6)));
-      DecodeRecords(text(7), &f.records);
-      f.created_unix_ns = num(8);
-      f.committed_unix_ns = num(9);
-      f.persisted_unix_ns = num(10);
+      int64_t n[8];
+      uint64_t size = 0, version = 0;
+      const int int_columns[8] = {3, 8, 9, 10, 12, 13, -1, -1};
+      Status s = CheckFileKeys(f);
+      for (int i = 0; s.ok() && int_columns[i] >= 0; ++i)
+        if (!ParseInt64(text(int_columns[i]), &n[i])) s = Status::DataLoss("column " + std::to_string(int_columns[i]) + ": not an integer");
+      if (s.ok() && (!ParseUint64(text(4), &size) || !ParseUint64(text(6), &version)))
+        s = Status::DataLoss("size/version: not an integer");
+      if (s.ok() && !ParseFileState(text(5), &f.state)) s = Status::DataLoss("state: unknown '" + Printable(text(5), 32) + "'");
+      if (s.ok()) s = DecodeRecords(text(7), &f.records);
+      if (s.ok() && (n[0] < 0 || n[0] >= kMaxWorldSize)) s = Status::DataLoss("rank: out of range");
+      if (!s.ok()) {
+        Skip("files", "job=" + Printable(f.job) + " path=" + Printable(f.path), s);
+        continue;
+      }
+      f.rank = static_cast<int32_t>(n[0]);
+      f.size = size;
+      f.version = version;
+      f.created_unix_ns = n[1];
+      f.committed_unix_ns = n[2];
+      f.persisted_unix_ns = n[3];
       f.reason = text(11);
-      f.owner_uid = static_cast<uid_t>(num(12));
-      f.owner_gid = static_cast<gid_t>(num(13));
+      f.owner_uid = static_cast<uid_t>(n[4]);
+      f.owner_gid = static_cast<gid_t>(n[5]);
       out->push_back(std::move(f));
     }
     mysql_free_result(res);
@@ -219,9 +261,7 @@ class MysqlStore final : public MetaStore {
   Status LoadRings(const std::string& self, std::vector<RingInfo>* out) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
-    std::string quoted(self.size() * 2 + 1, '\0');
-    quoted.resize(mysql_real_escape_string(db_, &quoted[0], self.data(), self.size()));
-    const std::string sql = "SELECT job, node_rank, endpoints FROM rings WHERE self = '" + quoted + "' ORDER BY job";
+    const std::string sql = "SELECT job, node_rank, endpoints FROM rings WHERE self = '" + Quote(self) + "' ORDER BY job";
     if (mysql_query(db_, sql.c_str()) != 0) return Fail("select rings");
     MYSQL_RES* res = mysql_store_result(db_);
     if (!res) return Fail("select rings");
@@ -231,8 +271,16 @@ class MysqlStore final : public MetaStore {
       RingInfo r;
       r.job = text(0);
       r.self = self;
-      r.node_rank = static_cast<int32_t>(std::stoll(text(1)));
-      r.endpoints = DecodeEndpoints(text(2));
+      int64_t rank = 0;
+      Status bad = ValidateName("job", r.job, false, true);
+      if (bad.ok() && (!ParseInt64(text(1), &rank) || rank < 0 || rank >= kMaxWorldSize))
+        bad = Status::DataLoss("node_rank: not a rank");
+      if (bad.ok()) bad = DecodeEndpoints(text(2), &r.endpoints);
+      if (!bad.ok()) {
+        Skip("rings", "job=" + Printable(r.job) + " self=" + Printable(self), bad);
+        continue;
+      }
+      r.node_rank = static_cast<int32_t>(rank);
       out->push_back(std::move(r));
     }
     mysql_free_result(res);
@@ -242,9 +290,9 @@ class MysqlStore final : public MetaStore {
   Status LoadTags(std::vector<TagInfo>* out) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
-    if (mysql_query(db_, "SELECT job, tag, complete_ns, world_size, files FROM tags "
-                         "WHERE complete_ns != 0 ORDER BY job, complete_ns, tag") != 0)
-      return Fail("select tags");
+    const std::string tags_sql = "SELECT job, tag, complete_ns, world_size, files FROM tags WHERE server = '" +
+                                 Quote(server_) + "' AND complete_ns != 0 ORDER BY job, complete_ns, tag";
+    if (mysql_query(db_, tags_sql.c_str()) != 0) return Fail("select tags");
     MYSQL_RES* res = mysql_store_result(db_);
     if (!res) return Fail("select tags");
     while (MYSQL_ROW row = mysql_fetch_row(res)) {
@@ -253,12 +301,18 @@ class MysqlStore final : public MetaStore {
       TagInfo t;
       t.job = text(0);
       t.tag = text(1);
-      t.complete_unix_ns = std::stoll(text(2));
-      t.world_size = static_cast<int32_t>(std::stoll(text(3)));
-      if (!DecodeTagFiles(text(4), &t.files)) {
-        s = Status::Internal("tag " + t.tag + " of job " + t.job + ": unreadable file list");
-        break;
+      int64_t world = 0;
+      Status bad;
+      if (!ParseInt64(text(2), &t.complete_unix_ns)) bad = Status::DataLoss("complete_ns: not an integer");
+      if (bad.ok() && (!ParseInt64(text(3), &world) || world < 1 || world > kMaxWorldSize))
+        bad = Status::DataLoss("world_size: not a world size");
+      if (bad.ok()) bad = DecodeTagFiles(text(4), &t.files);
+      if (bad.ok()) bad = CheckTag(t);
+      if (!bad.ok()) {
+        Skip("tags", "job=" + Printable(t.job) + " tag=" + Printable(t.tag), bad);
+        continue;
       }
+      t.world_size = static_cast<int32_t>(world);
       out->push_back(std::move(t));
     }
     mysql_free_result(res);
@@ -283,6 +337,17 @@ class MysqlStore final : public MetaStore {
     if (res) mysql_free_result(res);
     return Status::OK();
   }
+  // A row that fails its checks is logged (table and key) and skipped.
+  static void Skip(const char* table, const std::string& key, const Status& why) {
+    TCE_LOG(kError, "meta") << "skipping a damaged row of table " << table << " (" << key
+                            << "): " << why.message();
+  }
+  // `text` escaped for a quoted SQL string on this connection.
+  std::string Quote(const std::string& text) {
+    std::string quoted(text.size() * 2 + 1, '\0');
+    quoted.resize(mysql_real_escape_string(db_, &quoted[0], text.data(), text.size()));
+    return quoted;
+  }
   Status Fail(const std::string& what) {
     return Status::Unavailable("mysql " + what + ": " + (db_ ? mysql_error(db_) : "no connection"));
   }
@@ -306,6 +371,7 @@ class MysqlStore final : public MetaStore {
   }
 
   MysqlUrl url_;
+  std::string server_;  // whose rows: set before Connect
   MYSQL* db_ = nullptr;
 };
 
@@ -341,11 +407,13 @@ Status ParseMysqlUrl(const std::string& url, MysqlUrl* out) {
   return Status::OK();
 }
 
-Status OpenMysqlStore(const std::string& url, std::unique_ptr<MetaStore>* out) {
+Status OpenMysqlStore(const std::string& url, const std::string& server_id,
+                      std::unique_ptr<MetaStore>* out) {
   MysqlUrl u;
   Status s = ParseMysqlUrl(url, &u);
   if (!s.ok()) return s;
-  auto store = std::make_unique<MysqlStore>();
+  if (server_id.empty()) return Status::InvalidArgument("a shared MySQL store needs a server id");
+  auto store = std::make_unique<MysqlStore>(server_id);
   s = store->Connect(u);
   if (!s.ok()) return s;
   *out = std::move(store);

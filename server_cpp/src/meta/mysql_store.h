@@ -15,6 +15,8 @@ struct MysqlUrl {
 
 // mysql://user:password@host:port/db
 Status ParseMysqlUrl(const std::string& url, MysqlUrl* out);
-Status OpenMysqlStore(const std::string& url, std::unique_ptr<MetaStore>* out);
+// `server_id`: whose rows this store reads and writes (non-empty).
+Status OpenMysqlStore(const std::string& url, const std::string& server_id,
+                      std::unique_ptr<MetaStore>* out);
 
 }  // namespace tce

@@ -1,10 +1,16 @@
 #include <sqlite3.h>
+#include <sys/stat.h>
 
-#include <sstream>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
 
 #include "common/logging.h"
+#include "common/validate.h"
+#include "env/env.h"
 #include "meta/meta_store.h"
 #include "meta/mysql_store.h"
+#include "meta/row_codec.h"
 
 namespace tce {
 namespace {
@@ -35,17 +41,20 @@ const char* const kMigrateV1[] = {
 
 class SqliteStore final : public MetaStore {
  public:
-  ~SqliteStore() override {
-    for (sqlite3_stmt* s : {upsert_, remove_, job_, tag_, done_}) sqlite3_finalize(s);
-    sqlite3_close(db_);
-  }
+  ~SqliteStore() override { Close(); }
 
   Status Open(const std::string& path) {
+    path_ = path;
     if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
         SQLITE_OK)
       return Fail("open " + path);
     sqlite3_busy_timeout(db_, 5000);
-    Status s = Exec("PRAGMA journal_mode=WAL");
+    // Exclusive locking before WAL: SQLite keeps the WAL index in heap memory
+    // instead of an mmap'ed -shm file, which would SIGBUS the server when it
+    // cannot be grown or is truncated under it. It also keeps every other
+    // process (a second server on the same state_dir) out while this one runs.
+    Status s = Exec("PRAGMA locking_mode=EXCLUSIVE");
+    if (s.ok()) s = Exec("PRAGMA journal_mode=WAL");
     if (s.ok()) s = Exec("PRAGMA synchronous=NORMAL");
     if (s.ok()) s = Exec("BEGIN");
     for (const char* sql : kSchema)
@@ -62,11 +71,11 @@ class SqliteStore final : public MetaStore {
       sqlite3_finalize(q);
     }
     // In the same transaction: all or nothing. v2 -> v3 is the rings table,
-    // which the schema above created.
+    // which the schema above created; v4 changed only MySQL.
     if (s.ok() && version == 1)
       for (const char* sql : kMigrateV1)
         if (s.ok()) s = Exec(sql);
-    if (s.ok() && (version == 1 || version == 2)) {
+    if (s.ok() && version >= 1 && version < kSchemaVersion) {
       s = Exec(("UPDATE schema_version SET version = " + std::to_string(kSchemaVersion)).c_str());
       if (s.ok())
         TCE_LOG(kInfo, "meta") << "migrated " << path << " from schema " << version << " to " << kSchemaVersion;
@@ -81,6 +90,14 @@ class SqliteStore final : public MetaStore {
       return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
                                         " is newer than this server's " +
                                         std::to_string(kSchemaVersion));
+    // The files the handle has open, to notice their deletion or replacement.
+    struct stat db, wal;
+    if (::stat(path.c_str(), &db) != 0 || ::stat((path + "-wal").c_str(), &wal) != 0)
+      return Status::Unavailable("sqlite " + path + ": the database or its WAL vanished while opening");
+    dev_ = db.st_dev;
+    ino_ = db.st_ino;
+    wal_dev_ = wal.st_dev;
+    wal_ino_ = wal.st_ino;
     return Prepare(&upsert_,
                    "INSERT INTO files (job, path, tag, rank, size, state, version, records, created_ns, "
                    "committed_ns, persisted_ns, reason, uid, gid) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
@@ -131,13 +148,13 @@ class SqliteStore final : public MetaStore {
       sqlite3_bind_int64(upsert_, 4, f.rank);
       sqlite3_bind_int64(upsert_, 5, static_cast<int64_t>(f.size));
       std::string state = FileStateName(f.state), records = EncodeRecords(f.records);
-      sqlite3_bind_text(upsert_, 6, state.c_str(), -1, SQLITE_TRANSIENT);
+      BindText(upsert_, 6, state);
       sqlite3_bind_int64(upsert_, 7, static_cast<int64_t>(f.version));
-      sqlite3_bind_text(upsert_, 8, records.c_str(), -1, SQLITE_TRANSIENT);
+      BindText(upsert_, 8, records);
       sqlite3_bind_int64(upsert_, 9, f.created_unix_ns);
       sqlite3_bind_int64(upsert_, 10, f.committed_unix_ns);
       sqlite3_bind_int64(upsert_, 11, f.persisted_unix_ns);
-      sqlite3_bind_text(upsert_, 12, f.reason.c_str(), -1, SQLITE_TRANSIENT);
+      BindText(upsert_, 12, f.reason);
       sqlite3_bind_int64(upsert_, 13, f.owner_uid);
       sqlite3_bind_int64(upsert_, 14, static_cast<int64_t>(f.owner_gid));
       s = Step(upsert_);
@@ -148,6 +165,8 @@ class SqliteStore final : public MetaStore {
     return s;
   }
 
+  // A row that fails its checks is logged (table and key) and skipped: a
+  // damaged database costs that row, never the server.
   Status LoadFiles(std::vector<FileInfo>* out) override {
     sqlite3_stmt* q = nullptr;
     if (sqlite3_prepare_v2(db_,
@@ -158,24 +177,30 @@ class SqliteStore final : public MetaStore {
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
       FileInfo f;
-      auto text = [q](int i) {
-        const unsigned char* t = sqlite3_column_text(q, i);
-        return std::string(t ? reinterpret_cast<const char*>(t) : "");
-      };
-      f.job = text(0);
-      f.path = text(1);
-      f.tag = text(2);
-      f.rank = sqlite3_column_int(q, 3);
-      f.size = static_cast<uint64_t>(sqlite3_column_int64(q, 4));
-      if (!ParseFileState(text(5), &f.state)) f.state = FileState::kFailed;
-      f.version = static_cast<uint64_t>(sqlite3_column_int64(q, 6));
-      DecodeRecords(text(7), &f.records);
-      f.created_unix_ns = sqlite3_column_int64(q, 8);
-      f.committed_unix_ns = sqlite3_column_int64(q, 9);
-      f.persisted_unix_ns = sqlite3_column_int64(q, 10);
-      f.reason = text(11);
-      f.owner_uid = static_cast<uid_t>(sqlite3_column_int64(q, 12));
-      f.owner_gid = static_cast<gid_t>(sqlite3_column_int64(q, 13));
+      f.job = Text(q, 0);
+      f.path = Text(q, 1);
+      f.tag = Text(q, 2);
+      int64_t n[9];
+      const int int_columns[9] = {3, 4, 6, 8, 9, 10, 12, 13, -1};
+      Status s = CheckFileKeys(f);
+      for (int i = 0; s.ok() && int_columns[i] >= 0; ++i)
+        if (!Int(q, int_columns[i], &n[i])) s = Status::DataLoss(std::string(sqlite3_column_name(q, int_columns[i])) + ": not an integer");
+      if (s.ok() && !ParseFileState(Text(q, 5), &f.state)) s = Status::DataLoss("state: unknown '" + Printable(Text(q, 5), 32) + "'");
+      if (s.ok()) s = DecodeRecords(Text(q, 7), &f.records);
+      if (s.ok() && (n[0] < 0 || n[0] >= kMaxWorldSize)) s = Status::DataLoss("rank: out of range");
+      if (!s.ok()) {
+        Skip("files", "job=" + Printable(f.job) + " path=" + Printable(f.path), s);
+        continue;
+      }
+      f.rank = static_cast<int32_t>(n[0]);
+      f.size = static_cast<uint64_t>(n[1]);
+      f.version = static_cast<uint64_t>(n[2]);
+      f.created_unix_ns = n[3];
+      f.committed_unix_ns = n[4];
+      f.persisted_unix_ns = n[5];
+      f.reason = Text(q, 11);
+      f.owner_uid = static_cast<uid_t>(n[6]);
+      f.owner_gid = static_cast<gid_t>(n[7]);
       out->push_back(std::move(f));
     }
     sqlite3_finalize(q);
@@ -191,10 +216,10 @@ class SqliteStore final : public MetaStore {
                            -1, &q, nullptr) != SQLITE_OK)
       return Fail("prepare ring");
     const std::string endpoints = EncodeEndpoints(r.endpoints);
-    sqlite3_bind_text(q, 1, r.job.c_str(), -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(q, 2, r.self.c_str(), -1, SQLITE_TRANSIENT);
+    BindText(q, 1, r.job);
+    BindText(q, 2, r.self);
     sqlite3_bind_int64(q, 3, r.node_rank);
-    sqlite3_bind_text(q, 4, endpoints.c_str(), -1, SQLITE_TRANSIENT);
+    BindText(q, 4, endpoints);
     Status s = Step(q);
     sqlite3_finalize(q);
     return s;
@@ -205,14 +230,22 @@ class SqliteStore final : public MetaStore {
     if (sqlite3_prepare_v2(db_, "SELECT job, node_rank, endpoints FROM rings WHERE self = ? ORDER BY job",
                            -1, &q, nullptr) != SQLITE_OK)
       return Fail("select rings");
-    sqlite3_bind_text(q, 1, self.c_str(), -1, SQLITE_TRANSIENT);
+    BindText(q, 1, self);
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
       RingInfo r;
-      r.job = reinterpret_cast<const char*>(sqlite3_column_text(q, 0));
+      r.job = Text(q, 0);
       r.self = self;
-      r.node_rank = sqlite3_column_int(q, 1);
-      r.endpoints = DecodeEndpoints(reinterpret_cast<const char*>(sqlite3_column_text(q, 2)));
+      int64_t rank = 0;
+      Status s = ValidateName("job", r.job, false, true);
+      if (s.ok() && (!Int(q, 1, &rank) || rank < 0 || rank >= kMaxWorldSize))
+        s = Status::DataLoss("node_rank: not a rank");
+      if (s.ok()) s = DecodeEndpoints(Text(q, 2), &r.endpoints);
+      if (!s.ok()) {
+        Skip("rings", "job=" + Printable(r.job) + " self=" + Printable(self), s);
+        continue;
+      }
+      r.node_rank = static_cast<int32_t>(rank);
       out->push_back(std::move(r));
     }
     sqlite3_finalize(q);
@@ -227,26 +260,54 @@ class SqliteStore final : public MetaStore {
                            -1, &q, nullptr) != SQLITE_OK)
       return Fail("select tags");
     int rc;
-    Status s;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
-      auto text = [q](int i) {
-        const unsigned char* t = sqlite3_column_text(q, i);
-        return std::string(t ? reinterpret_cast<const char*>(t) : "");
-      };
       TagInfo t;
-      t.job = text(0);
-      t.tag = text(1);
-      t.complete_unix_ns = sqlite3_column_int64(q, 2);
-      t.world_size = sqlite3_column_int(q, 3);
-      if (!DecodeTagFiles(text(4), &t.files)) {
-        s = Status::Internal("tag " + t.tag + " of job " + t.job + ": unreadable file list");
-        break;
+      t.job = Text(q, 0);
+      t.tag = Text(q, 1);
+      int64_t world = 0;
+      Status s;
+      if (!Int(q, 2, &t.complete_unix_ns)) s = Status::DataLoss("complete_ns: not an integer");
+      if (s.ok() && (!Int(q, 3, &world) || world < 1 || world > kMaxWorldSize))
+        s = Status::DataLoss("world_size: not a world size");
+      if (s.ok()) s = DecodeTagFiles(Text(q, 4), &t.files);
+      if (s.ok()) s = CheckTag(t);
+      if (!s.ok()) {
+        Skip("tags", "job=" + Printable(t.job) + " tag=" + Printable(t.tag), s);
+        continue;
       }
+      t.world_size = static_cast<int32_t>(world);
       out->push_back(std::move(t));
     }
     sqlite3_finalize(q);
-    if (!s.ok()) return s;
     return rc == SQLITE_DONE ? Status::OK() : Fail("read tags");
+  }
+
+  Status CheckIntact() override {
+    struct stat db, wal;
+    if (::stat(path_.c_str(), &db) != 0) return Status::DataLoss(path_ + " was deleted");
+    if (db.st_dev != dev_ || db.st_ino != ino_) return Status::DataLoss(path_ + " was replaced");
+    if (::stat((path_ + "-wal").c_str(), &wal) != 0) return Status::DataLoss(path_ + "-wal was deleted");
+    if (wal.st_dev != wal_dev_ || wal.st_ino != wal_ino_) return Status::DataLoss(path_ + "-wal was replaced");
+    return Status::OK();
+  }
+
+  Status Reset() override {
+    Close();  // checkpoints into the file it had open, whatever is at the path now
+    struct stat st;
+    if (::stat(path_.c_str(), &st) == 0 && (st.st_dev != dev_ || st.st_ino != ino_)) {
+      // Someone else's file: keep it for them, start a fresh one.
+      const std::string aside = path_ + ".replaced-" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                    std::chrono::system_clock::now().time_since_epoch()).count());
+      if (std::rename(path_.c_str(), aside.c_str()) != 0)
+        return Status::FromErrno(errno, "rename " + path_ + " to " + aside);
+      TCE_LOG(kWarning, "meta") << "moved the replacing file " << path_ << " aside to " << aside;
+    }
+    const size_t slash = path_.rfind('/');
+    if (slash != std::string::npos && slash > 0) {  // the directory may be gone too
+      Status s = Env::Default()->CreateDirs(path_.substr(0, slash));
+      if (!s.ok()) return s;
+    }
+    return Open(path_);
   }
 
   Status Heartbeat(const std::string& endpoint, int64_t pid) override {
@@ -258,7 +319,7 @@ class SqliteStore final : public MetaStore {
                            "heartbeat_ns=excluded.heartbeat_ns",
                            -1, &q, nullptr) != SQLITE_OK)
       return Fail("prepare heartbeat");
-    sqlite3_bind_text(q, 1, endpoint.c_str(), -1, SQLITE_TRANSIENT);
+    BindText(q, 1, endpoint);
     sqlite3_bind_int64(q, 2, pid);
     Status s = Step(q);
     sqlite3_finalize(q);
@@ -276,10 +337,26 @@ class SqliteStore final : public MetaStore {
     sqlite3_bind_int64(done_, 4, t.complete_unix_ns);
     sqlite3_bind_int64(done_, 5, t.world_size);
     std::string files = EncodeTagFiles(t.files);
-    sqlite3_bind_text(done_, 6, files.c_str(), -1, SQLITE_TRANSIENT);
+    BindText(done_, 6, files);
     return Step(done_);
   }
 
+  // A column's bytes, whole (a TEXT value may hold any byte; NULL is "").
+  static std::string Text(sqlite3_stmt* q, int i) {
+    const unsigned char* t = sqlite3_column_text(q, i);
+    return t ? std::string(reinterpret_cast<const char*>(t), static_cast<size_t>(sqlite3_column_bytes(q, i)))
+             : std::string();
+  }
+  // An INTEGER column; false for any other type (SQLite keeps 'abc' as TEXT).
+  static bool Int(sqlite3_stmt* q, int i, int64_t* out) {
+    if (sqlite3_column_type(q, i) != SQLITE_INTEGER) return false;
+    *out = sqlite3_column_int64(q, i);
+    return true;
+  }
+  static void Skip(const char* table, const std::string& key, const Status& why) {
+    TCE_LOG(kError, "meta") << "skipping a damaged row of table " << table << " (" << key
+                            << "): " << why.message();
+  }
   Status Fail(const std::string& what) {
     return Status::Unavailable("sqlite " + what + ": " + (db_ ? sqlite3_errmsg(db_) : "no database"));
   }
@@ -297,7 +374,11 @@ class SqliteStore final : public MetaStore {
     sqlite3_reset(s);
     sqlite3_clear_bindings(s);
     int i = 1;
-    for (const std::string& t : texts) sqlite3_bind_text(s, i++, t.c_str(), -1, SQLITE_TRANSIENT);
+    for (const std::string& t : texts) BindText(s, i++, t);
+  }
+  // Explicit lengths: a value is stored whole, whatever bytes it holds.
+  static void BindText(sqlite3_stmt* s, int i, const std::string& t) {
+    sqlite3_bind_text64(s, i, t.data(), t.size(), SQLITE_TRANSIENT, SQLITE_UTF8);
   }
   Status Step(sqlite3_stmt* s) {
     int rc = sqlite3_step(s);
@@ -305,6 +386,18 @@ class SqliteStore final : public MetaStore {
     return rc == SQLITE_DONE || rc == SQLITE_ROW ? Status::OK() : Fail("write");
   }
 
+  void Close() {
+    for (sqlite3_stmt** st : {&upsert_, &remove_, &job_, &tag_, &done_}) {
+      sqlite3_finalize(*st);
+      *st = nullptr;
+    }
+    sqlite3_close(db_);
+    db_ = nullptr;
+  }
+
+  std::string path_;
+  dev_t dev_ = 0, wal_dev_ = 0;
+  ino_t ino_ = 0, wal_ino_ = 0;
   sqlite3* db_ = nullptr;
   sqlite3_stmt *upsert_ = nullptr, *remove_ = nullptr, *job_ = nullptr, *tag_ = nullptr,
                *done_ = nullptr;
@@ -312,7 +405,8 @@ class SqliteStore final : public MetaStore {
 
 }  // namespace
 
-Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out) {
+Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out,
+                     const std::string& server_id) {
   const std::string scheme = "sqlite://";
   if (url.compare(0, scheme.size(), scheme) == 0) {
     std::string path = url.substr(scheme.size());
@@ -324,7 +418,7 @@ Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out) {
     *out = std::move(store);
     return Status::OK();
   }
-  if (url.compare(0, 8, "mysql://") == 0) return OpenMysqlStore(url, out);
+  if (url.compare(0, 8, "mysql://") == 0) return OpenMysqlStore(url, server_id, out);
   return Status::NotSupported("metadata URL scheme not supported: " + url +
                               " (sqlite:///path or mysql://user:pass@host:port/db)");
 }
@@ -336,74 +430,6 @@ std::string RedactUrl(const std::string& url) {
   size_t colon = url.find(':', scheme + 3);
   if (at == std::string::npos || colon == std::string::npos || colon > at) return url;
   return url.substr(0, colon + 1) + "***" + url.substr(at);
-}
-
-std::string EncodeRecords(const std::vector<Record>& records) {
-  std::ostringstream out;
-  for (const Record& r : records)  // length-prefixed name: file names may hold any separator
-    out << r.name.size() << ':' << r.name << ' ' << r.header_offset << ' ' << r.data_offset << ' '
-        << r.size << ' ' << r.central_offset << ' ' << r.crc32 << '\n';
-  return out.str();
-}
-
-bool DecodeRecords(const std::string& text, std::vector<Record>* out) {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t colon = text.find(':', pos);
-    if (colon == std::string::npos) return false;
-    size_t len = std::stoull(text.substr(pos, colon - pos));
-    if (colon + 1 + len > text.size()) return false;
-    Record r;
-    r.name = text.substr(colon + 1, len);
-    size_t eol = text.find('\n', colon + 1 + len);
-    if (eol == std::string::npos) return false;
-    std::istringstream nums(text.substr(colon + 1 + len, eol - colon - 1 - len));
-    if (!(nums >> r.header_offset >> r.data_offset >> r.size >> r.central_offset >> r.crc32))
-      return false;
-    out->push_back(std::move(r));
-    pos = eol + 1;
-  }
-  return true;
-}
-
-std::string EncodeEndpoints(const std::vector<std::string>& endpoints) {
-  std::string out;
-  for (const std::string& e : endpoints) out += e + "\n";
-  return out;
-}
-
-std::vector<std::string> DecodeEndpoints(const std::string& text) {
-  std::vector<std::string> out;
-  size_t start = 0, nl;
-  while ((nl = text.find('\n', start)) != std::string::npos) {
-    out.push_back(text.substr(start, nl - start));
-    start = nl + 1;
-  }
-  return out;
-}
-
-std::string EncodeTagFiles(const std::vector<TagFile>& files) {
-  std::ostringstream out;
-  for (const TagFile& f : files)  // length-prefixed path: paths may hold any byte but NUL
-    out << f.rank << ' ' << f.size << ' ' << f.path.size() << ':' << f.path << '\n';
-  return out.str();
-}
-
-bool DecodeTagFiles(const std::string& text, std::vector<TagFile>* out) {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t colon = text.find(':', pos);
-    if (colon == std::string::npos) return false;
-    std::istringstream head(text.substr(pos, colon - pos));
-    TagFile f;
-    size_t len = 0;
-    if (!(head >> f.rank >> f.size >> len)) return false;
-    if (colon + 1 + len >= text.size() || text[colon + 1 + len] != '\n') return false;
-    f.path = text.substr(colon + 1, len);
-    out->push_back(std::move(f));
-    pos = colon + 2 + len;
-  }
-  return true;
 }
 
 }  // namespace tce

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "cache/record_proto.h"
+#include "rpc/request_checks.h"
 
 namespace tce {
 
@@ -49,6 +50,7 @@ CacheService::CacheService(Cache* cache, std::string socket_path, MetaWriter* me
 
 grpc::Status CacheService::Allocate(grpc::ServerContext*, const v1::AllocateRequest* req,
                                     v1::AllocateResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   AllocateRequest r{req->session(), req->job(), req->tag(), req->path(), req->rank(), req->size()};
   AllocateResult out;
   tce::Status s = cache_->Allocate(r, &out);
@@ -62,6 +64,7 @@ grpc::Status CacheService::Allocate(grpc::ServerContext*, const v1::AllocateRequ
 
 grpc::Status CacheService::Commit(grpc::ServerContext*, const v1::CommitRequest* req,
                                   v1::CommitResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   std::vector<Record> records = RecordsFromProto(req->records(), /*keep_crc=*/false);  // the server fills CRCs
   FileInfo f;
   tce::Status s = cache_->Commit(req->session(), req->allocation_id(), std::move(records), &f);
@@ -71,11 +74,13 @@ grpc::Status CacheService::Commit(grpc::ServerContext*, const v1::CommitRequest*
 
 grpc::Status CacheService::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
                                  v1::AbortResponse*) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   return ToGrpc(cache_->Abort(req->session(), req->allocation_id()));
 }
 
 grpc::Status CacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req,
                                   v1::LookupResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   FileInfo f;
   uint64_t lease = 0;
   std::vector<uint64_t> unmap;
@@ -102,6 +107,7 @@ grpc::Status CacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest*
 
 grpc::Status CacheService::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
                                    v1::ReleaseResponse*) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   std::vector<uint64_t> leases(req->lease_ids().begin(), req->lease_ids().end());
   std::vector<uint64_t> unmapped(req->unmapped_buffer_ids().begin(),
                                  req->unmapped_buffer_ids().end());
@@ -110,6 +116,7 @@ grpc::Status CacheService::Release(grpc::ServerContext*, const v1::ReleaseReques
 
 grpc::Status CacheService::Remove(grpc::ServerContext*, const v1::RemoveRequest* req,
                                   v1::RemoveResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   FileInfo f;
   tce::Status s = cache_->Remove(req->session(), req->job(), req->path(), &f);
   if (s.ok()) ToProto(f, resp->mutable_file());
@@ -118,6 +125,7 @@ grpc::Status CacheService::Remove(grpc::ServerContext*, const v1::RemoveRequest*
 
 grpc::Status CacheService::List(grpc::ServerContext*, const v1::ListRequest* req,
                                 v1::ListResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   std::vector<FileInfo> files;
   tce::Status s = cache_->List(req->session(), req->job(), req->tag(), &files);
   for (const FileInfo& f : files) ToProto(f, resp->add_files());
@@ -126,6 +134,7 @@ grpc::Status CacheService::List(grpc::ServerContext*, const v1::ListRequest* req
 
 grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest* req,
                                   v1::StatusResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   bool admin = false;
   tce::Status s = cache_->CheckCaller(req->session(), &admin);
   if (!s.ok()) return ToGrpc(s);
@@ -191,6 +200,8 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
 
 grpc::Status CacheService::Wait(grpc::ServerContext*, const v1::WaitRequest* req,
                                 v1::WaitResponse* resp) {
+  int64_t timeout_ms = 0;
+  if (tce::Status bad = CheckRequest(*req, &timeout_ms); !bad.ok()) return ToGrpc(bad);
   if (waits_.fetch_add(1) >= max_waits_) {
     --waits_;
     return ToGrpc(tce::Status::ResourceExhausted(
@@ -203,7 +214,7 @@ grpc::Status CacheService::Wait(grpc::ServerContext*, const v1::WaitRequest* req
   } done{&waits_};
   std::vector<std::string> paths(req->paths().begin(), req->paths().end());
   std::vector<FileInfo> files;
-  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(req->timeout_s() * 1000));
+  auto timeout = std::chrono::milliseconds(timeout_ms);
   tce::Status s = cache_->Wait(req->session(), req->job(), paths, timeout, &files);
   for (const FileInfo& f : files) ToProto(f, resp->add_files());
   return ToGrpc(s);
@@ -211,6 +222,7 @@ grpc::Status CacheService::Wait(grpc::ServerContext*, const v1::WaitRequest* req
 
 grpc::Status CacheService::CommitTag(grpc::ServerContext*, const v1::CommitTagRequest* req,
                                      v1::CommitTagResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   TagInfo t;
   t.job = req->tag().job();
   t.tag = req->tag().tag();
@@ -224,7 +236,7 @@ grpc::Status CacheService::CommitTag(grpc::ServerContext*, const v1::CommitTagRe
 
 grpc::Status CacheService::ListTags(grpc::ServerContext*, const v1::ListTagsRequest* req,
                                     v1::ListTagsResponse* resp) {
-  if (req->job().empty()) return ToGrpc(tce::Status::InvalidArgument("ListTags needs a job"));
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   std::vector<TagInfo> tags;
   tce::Status s = cache_->ListTags(req->session(), req->job(), &tags);
   for (const TagInfo& t : tags) ToProto(t, resp->add_tags());
@@ -233,6 +245,7 @@ grpc::Status CacheService::ListTags(grpc::ServerContext*, const v1::ListTagsRequ
 
 grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingRequest* req,
                                    v1::SetRingResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   if (peer_endpoint_.empty())
     return ToGrpc(tce::Status::FailedPrecondition(
         "this server takes part in no ring: start it with peer_listen and a peer token"));
@@ -246,6 +259,7 @@ grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingReques
 
 grpc::Status CacheService::Retry(grpc::ServerContext*, const v1::RetryRequest* req,
                                  v1::RetryResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   std::vector<std::string> paths(req->paths().begin(), req->paths().end());
   std::vector<FileInfo> files;
   tce::Status s = cache_->RetryFailed(req->session(), req->job(), paths, &files);

@@ -1,0 +1,121 @@
+#include "rpc/request_checks.h"
+
+#include <string>
+
+#include "common/validate.h"
+
+namespace tce {
+namespace {
+
+// Sessions are checked for form only; the cache decides whether one exists.
+Status Session(const std::string& s) { return ValidateText("session", s, kMaxSessionBytes, true); }
+Status Job(const std::string& j, bool allow_empty = false) {
+  return ValidateName("job", j, allow_empty, /*allow_slash=*/true);
+}
+Status Tag(const std::string& t, const std::string& field = "tag") {
+  return ValidateName(field, t, /*allow_empty=*/true, /*allow_slash=*/false);
+}
+Status Count(const char* field, size_t n, size_t max) {
+  if (n <= max) return Status::OK();
+  return Status::InvalidArgument(std::string(field) + ": " + std::to_string(n) +
+                                 " entries, more than " + std::to_string(max));
+}
+std::string Nth(const char* field, int i) { return std::string(field) + "[" + std::to_string(i) + "]"; }
+
+// Runs checks in order; the first failure wins.
+template <typename... Checks>
+Status First(Checks&&... checks) {
+  Status s;
+  ((s.ok() ? (void)(s = checks()) : (void)0), ...);
+  return s;
+}
+
+}  // namespace
+
+Status CheckRequest(const v1::AllocateRequest& r) {
+  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+               [&] { return Tag(r.tag()); }, [&] { return ValidatePath(r.path()); },
+               [&] { return ValidateRank("rank", r.rank()); });
+}
+
+Status CheckRequest(const v1::CommitRequest& r) {
+  Status s = First([&] { return Session(r.session()); },
+                   [&] { return Count("records", r.records_size(), kMaxRecordsPerFile); });
+  for (int i = 0; s.ok() && i < r.records_size(); ++i)
+    s = ValidateText(Nth("records", i) + ".name", r.records(i).name(), kMaxRecordNameBytes, true);
+  return s;
+}
+
+Status CheckRequest(const v1::AbortRequest& r) { return Session(r.session()); }
+
+Status CheckRequest(const v1::LookupRequest& r) {
+  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+               [&] { return ValidatePath(r.path()); });
+}
+
+Status CheckRequest(const v1::ReleaseRequest& r) {
+  return First([&] { return Session(r.session()); },
+               [&] { return Count("lease_ids", r.lease_ids_size(), kMaxIdsPerRelease); },
+               [&] {
+                 return Count("unmapped_buffer_ids", r.unmapped_buffer_ids_size(), kMaxIdsPerRelease);
+               });
+}
+
+Status CheckRequest(const v1::RemoveRequest& r) {
+  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+               [&] { return ValidatePath(r.path()); });
+}
+
+Status CheckRequest(const v1::ListRequest& r) {
+  return First([&] { return Session(r.session()); }, [&] { return Job(r.job(), /*allow_empty=*/true); },
+               [&] { return Tag(r.tag()); });
+}
+
+Status CheckRequest(const v1::StatusRequest& r) { return Session(r.session()); }
+
+Status CheckRequest(const v1::RetryRequest& r) {
+  Status s = First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+                   [&] { return Count("paths", r.paths_size(), kMaxPathsPerWait); });
+  for (int i = 0; s.ok() && i < r.paths_size(); ++i) s = ValidatePath(r.paths(i), Nth("paths", i));
+  return s;
+}
+
+Status CheckRequest(const v1::WaitRequest& r, int64_t* timeout_ms) {
+  Status s = First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+                   [&] { return Count("paths", r.paths_size(), kMaxPathsPerWait); });
+  for (int i = 0; s.ok() && i < r.paths_size(); ++i) s = ValidatePath(r.paths(i), Nth("paths", i));
+  if (s.ok()) s = WaitTimeoutMs(r.timeout_s(), timeout_ms);
+  return s;
+}
+
+Status CheckRequest(const v1::CommitTagRequest& r) {
+  const v1::TagInfo& t = r.tag();
+  Status s = First([&] { return Session(r.session()); },
+                   [&] { return ValidateName("tag.job", t.job(), false, true); },
+                   [&] { return Tag(t.tag(), "tag.tag"); },
+                   [&] { return Count("tag.files", t.files_size(), kMaxFilesPerTag); });
+  if (s.ok() && (t.world_size() < 1 || t.world_size() > kMaxWorldSize))
+    s = Status::InvalidArgument("tag.world_size: must be in [1, " + std::to_string(kMaxWorldSize) +
+                                "], got " + std::to_string(t.world_size()));
+  for (int i = 0; s.ok() && i < t.files_size(); ++i) {
+    const std::string field = Nth("tag.files", i);
+    s = ValidatePath(t.files(i).path(), field + ".path");
+    if (s.ok()) s = ValidateRank(field + ".rank", t.files(i).rank());
+  }
+  return s;
+}
+
+Status CheckRequest(const v1::ListTagsRequest& r) {
+  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); });
+}
+
+Status CheckRequest(const v1::SetRingRequest& r) {
+  Status s = First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+                   [&] { return ValidateRank("node_rank", r.node_rank()); },
+                   [&] { return Count("endpoints", r.endpoints_size(), kMaxRingNodes); });
+  for (int i = 0; s.ok() && i < r.endpoints_size(); ++i)
+    s = ValidateText(Nth("endpoints", i), r.endpoints(i), kMaxEndpointBytes, false);
+  return s;
+}
+
+}  // namespace tce

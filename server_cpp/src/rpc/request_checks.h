@@ -1,0 +1,29 @@
+// The boundary check of every control RPC: each string field (UTF-8, no NUL,
+// length limits from common/validate.h) and each number (ranks, counts,
+// timeouts) of a request, checked once before the handler touches it. The
+// request is untrusted: it comes from any local process that can reach the
+// socket. A refusal is INVALID_ARGUMENT naming the field ("path: contains
+// NUL", "tag.files[3].path: ..."). Pure functions; any thread.
+#pragma once
+
+#include "common/status.h"
+#include "tce/v1/tce.pb.h"
+
+namespace tce {
+
+Status CheckRequest(const v1::AllocateRequest& r);
+Status CheckRequest(const v1::CommitRequest& r);
+Status CheckRequest(const v1::AbortRequest& r);
+Status CheckRequest(const v1::LookupRequest& r);
+Status CheckRequest(const v1::ReleaseRequest& r);
+Status CheckRequest(const v1::RemoveRequest& r);
+Status CheckRequest(const v1::ListRequest& r);
+// Also yields the timeout in ms (0: no limit; see WaitTimeoutMs).
+Status CheckRequest(const v1::WaitRequest& r, int64_t* timeout_ms);
+Status CheckRequest(const v1::CommitTagRequest& r);
+Status CheckRequest(const v1::ListTagsRequest& r);
+Status CheckRequest(const v1::SetRingRequest& r);
+Status CheckRequest(const v1::StatusRequest& r);
+Status CheckRequest(const v1::RetryRequest& r);
+
+}  // namespace tce

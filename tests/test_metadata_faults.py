@@ -1,0 +1,185 @@
+"""The metadata database against hostile input, damage and deletion: a bad
+request or a damaged row costs that request or row, never the node."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+
+import tce
+from tce import _api, _knobs
+from tce._client import Client
+from tce._server import LocalServer
+from tce.errors import TCEError
+from tce.v1 import tce_pb2 as pb
+from helpers import wait_metadata_written
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A server with storage and its SQLite metadata; restartable."""
+    storage = tmp_path / "s"
+    storage.mkdir()
+    s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)],
+                    state_dir=str(tmp_path / "state"))
+    s.start()
+    yield s, storage
+    _api.close()
+    s.stop()
+    s.cleanup()
+
+
+def _restart(s: LocalServer) -> None:
+    _api.close()
+    assert s.stop() == 0, s.log()
+    s.start()
+
+
+def _save(s: LocalServer, path: Path, value: int, tag: str = "t1") -> None:
+    with _knobs.override(socket=s.socket, on_unavailable="raise", job="meta"):
+        tce.save({"x": torch.full((4,), value)}, path, tag=tag)
+        wait_metadata_written()
+
+
+def _paths(s: LocalServer) -> list[str]:
+    c = Client(s.socket, rpc_timeout=10)
+    try:
+        return sorted(f.path for f in c.list(job="meta"))
+    finally:
+        c.close()
+
+
+def test_nul_in_a_tag_path_is_refused_and_the_node_restarts(node):
+    s, storage = node
+    good = storage / "good.pt"
+    _save(s, good, 1)
+    c = Client(s.socket, rpc_timeout=10)
+    bad = pb.TagInfo(job="meta", tag="t1", world_size=1,
+                     files=[pb.TagFile(rank=0, path=str(storage / "a\x00b.pt"), size=1)])
+    with pytest.raises(TCEError) as ei:
+        c.commit_tag(bad)
+    assert ei.value.code == "INVALID_ARGUMENT"
+    assert ei.value.message == "tag.files[0].path: contains NUL"
+    c.commit_tag(pb.TagInfo(job="meta", tag="t1", world_size=1,
+                            files=[pb.TagFile(rank=0, path=str(good), size=c.list(job="meta")[0].size)]))
+    c.close()
+    with _knobs.override(socket=s.socket):
+        wait_metadata_written()
+    for _ in range(2):  # every later start works, not only the first
+        _restart(s)
+        c = Client(s.socket, rpc_timeout=10)
+        assert [t.tag for t in c.list_tags("meta")] == ["t1"]
+        assert [f.path for f in c.list_tags("meta")[0].files] == [str(good)]
+        c.close()
+        assert _paths(s) == [str(good)]
+
+
+def test_a_damaged_records_value_costs_its_row_only(node):
+    s, storage = node
+    for name in ("a", "b", "c"):
+        _save(s, storage / f"{name}.pt", ord(name))
+    _api.close()
+    assert s.stop() == 0
+    db = sqlite3.connect(Path(s.state_dir) / "tce.db")
+    with db:
+        n = db.execute("UPDATE files SET records = 'not-a-number:xyz' WHERE path = ?",
+                       (str(storage / "b.pt"),)).rowcount
+        db.execute("UPDATE files SET version = 'seventeen' WHERE path = ?", (str(storage / "c.pt"),))
+    db.close()
+    assert n == 1
+    s.start()
+    assert _paths(s) == [str(storage / "a.pt")]
+    log = s.log()
+    assert (f"ERROR meta: skipping a damaged row of table files (job=meta path={storage / 'b.pt'}): "
+            "records: record 0: bad name length") in log, log
+    assert f"skipping a damaged row of table files (job=meta path={storage / 'c.pt'}): version" in log
+    # The node works: saves and loads, and a damaged file is still on storage.
+    _save(s, storage / "d.pt", 4)
+    with _knobs.override(socket=s.socket, job="meta"):
+        assert torch.equal(tce.load(storage / "b.pt")["x"], torch.full((4,), ord("b")))
+        assert torch.equal(tce.load(storage / "d.pt")["x"], torch.full((4,), 4))
+
+
+def _save_tagged(s: LocalServer, storage: Path) -> list[str]:
+    paths = [storage / "r0.pt", storage / "r1.pt"]
+    for i, p in enumerate(paths):
+        _save(s, p, i, tag="step9")
+    c = Client(s.socket, rpc_timeout=10)
+    c.commit_tag(pb.TagInfo(job="meta", tag="step9", world_size=1, files=[
+        pb.TagFile(rank=0, path=f.path, size=f.size) for f in c.list(job="meta", tag="step9")]))
+    c.close()
+    with _knobs.override(socket=s.socket):
+        wait_metadata_written()
+    return [str(p) for p in paths]
+
+
+def _status(s: LocalServer) -> dict:
+    with _knobs.override(socket=s.socket):
+        return tce.status()
+
+
+def _until_log(s: LocalServer, text: str, timeout: float = 20.0) -> str:
+    from helpers import until
+
+    return until(lambda: text in s.log() and s.log(), timeout, repr(text))
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_lost_database_is_noticed_and_rewritten(node, how):
+    s, storage = node
+    paths = _save_tagged(s, storage)
+    state = Path(s.state_dir)
+    if how == "deleted":
+        for p in state.glob("tce.db*"):
+            p.unlink()
+    else:  # an operator copies some other database over it
+        other = state / "other.db"
+        sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
+        os.replace(other, state / "tce.db")
+    log = _until_log(s, "metadata store healthy again (the full state is written into the fresh database)")
+    assert f"metadata database lost: {state / 'tce.db'} was {how}; writing the full state into a fresh one" in log
+    st = _status(s)
+    assert st["metadata_healthy"] and f"metadata database lost ({state / 'tce.db'} was {how})" in st["metadata_error"]
+    if how == "replaced":
+        assert [p.name for p in state.glob("tce.db.replaced-*")], list(state.iterdir())
+    _save(s, storage / "after.pt", 7)  # later changes land in the fresh database too
+    _restart(s)
+    assert _paths(s) == sorted(paths + [str(storage / "after.pt")])
+    c = Client(s.socket, rpc_timeout=10)
+    assert [t.tag for t in c.list_tags("meta")] == ["step9"]
+    c.close()
+
+
+def test_no_shm_file_so_no_sigbus(node):
+    """SQLite in WAL mode maps tce.db-shm; when that file is truncated under
+    it, the next access dies of SIGBUS. With exclusive locking the WAL index
+    lives in heap memory and there is no -shm file at all."""
+    s, storage = node
+    shm = Path(s.state_dir) / "tce.db-shm"
+    _save(s, storage / "a.pt", 1)
+    if shm.exists():
+        os.truncate(shm, 0)  # what killed the server when it had one
+    for i in range(3):
+        _save(s, storage / f"b{i}.pt", i)
+    assert s.proc.poll() is None, s.log()
+    assert not shm.exists()
+    assert _status(s)["metadata_healthy"]
+    _restart(s)
+    assert len(_paths(s)) == 4
+
+
+def test_ls_metadata_of_a_running_server_says_it_is_held(node):
+    import subprocess
+    import sys
+
+    s, storage = node
+    _save(s, storage / "a.pt", 1)
+    p = subprocess.run([sys.executable, "-m", "tce.cli", "ls", "--metadata",
+                        f"sqlite://{s.state_dir}/tce.db"], capture_output=True, text=True)
+    assert p.returncode == 1
+    assert p.stderr == (f"tce ls: FAILED_PRECONDITION: {s.state_dir}/tce.db is held by a running "
+                        "tce-server; ask the server instead (tce ls without --metadata)\n")
