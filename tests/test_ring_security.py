@@ -19,7 +19,8 @@ import tce
 from tce import _api, _knobs
 
 from helpers import until
-from hostile_peer import LyingPeer, Relay, dial, proc_status
+from hostile_peer import LyingPeer, Relay, connect_with_token, dial, frame, proc_status, recv_msg
+from tce.v1 import tce_pb2 as pb
 from test_ring import TOKEN, _ring_server, _status, _stop
 
 JOB = "ring-job"
@@ -157,6 +158,42 @@ def test_slow_connections_do_not_lock_out_a_real_peer(tmp_path):
             dripper.join()
         for s in slow:
             s.close()
+        _stop(a, b)
+
+
+def test_a_token_holder_outside_the_jobs_ring_reads_none_of_its_copies(tmp_path):
+    """B holds A's copy of a job whose ring is A and B. A third server with
+    the token, but not in that ring, asks B for the list and the copy:
+    refused, with the reason."""
+    a = _ring_server(tmp_path, "tcp", "a")
+    b = _ring_server(tmp_path, "tcp", "b")
+    try:
+        ea, eb = _status(a)["peer_endpoint"], _status(b)["peer_endpoint"]
+        _set_ring(a, 0, [ea, eb])
+        _set_ring(b, 1, [ea, eb])
+        path = "/ckpt/members/x.pt"
+        _save(a, path, {"w": torch.ones(1000)})
+        until(lambda: int(_status(b)["held_backups"]) == 1, what="B to hold A's copy")
+        outsider = connect_with_token(eb, TOKEN, "127.0.0.1:1")
+        try:
+            outsider.sendall(frame(pb.PeerRequest(list=pb.PeerList(job=JOB, owner_node=0))))
+            listed = recv_msg(outsider, pb.PeerListReply)
+            assert list(listed.files) == [] and listed.code == 7, listed  # PERMISSION_DENIED
+            assert "127.0.0.1:1 is not a member of job ring-job's ring here" in listed.message
+            outsider.sendall(frame(pb.PeerRequest(fetch=pb.PeerFetch(job=JOB, path=path))))
+            reply = recv_msg(outsider, pb.PeerReply)
+            assert reply.code == 7 and "not a member" in reply.message, reply
+        finally:
+            outsider.close()
+        # A member still reads it: A asks as itself.
+        member = connect_with_token(eb, TOKEN, ea)
+        try:
+            member.sendall(frame(pb.PeerRequest(list=pb.PeerList(job=JOB, owner_node=0))))
+            listed = recv_msg(member, pb.PeerListReply)
+            assert [f.path for f in listed.files] == [path] and listed.code == 0
+        finally:
+            member.close()
+    finally:
         _stop(a, b)
 
 
