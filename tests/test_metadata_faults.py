@@ -183,3 +183,47 @@ def test_ls_metadata_of_a_running_server_says_it_is_held(node):
     assert p.returncode == 1
     assert p.stderr == (f"tce ls: FAILED_PRECONDITION: {s.state_dir}/tce.db is held by a running "
                         "tce-server; ask the server instead (tce ls without --metadata)\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a loop device (root)")
+def test_a_read_only_database_costs_metadata_not_saves(tmp_path):
+    """The database files (on a real ext4 on a loop device) become
+    immutable (`chattr +i`: not even root may write them) under a running
+    server: saves and loads go on, the server says its metadata is
+    unhealthy and why; once writable again, what happened meanwhile is
+    written, and a restart lists it."""
+    import subprocess
+
+    image, state = tmp_path / "state.img", tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["truncate", "-s", "16M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(state)], check=True)
+    storage = tmp_path / "s"
+    storage.mkdir()
+    s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)], state_dir=str(state))
+    try:
+        s.start()
+        _save(s, storage / "before.pt", 1)
+        frozen = [str(p) for p in [state, *state.glob("tce.db*")]]
+        subprocess.run(["chattr", "+i", *frozen], check=True)
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="meta"):
+            tce.save({"x": torch.full((4,), 2)}, storage / "during.pt", tag="t2")
+            tce.wait()
+            assert torch.equal(tce.load(storage / "during.pt")["x"], torch.full((4,), 2))
+            from helpers import until
+
+            st = until(lambda: (lambda st: not st["metadata_healthy"] and st)(_api.status()),
+                       what="metadata to be unhealthy")
+            assert st["metadata_error"], st
+            subprocess.run(["chattr", "-i", *frozen], check=True)
+            until(lambda: _api.status()["metadata_healthy"], timeout=30, what="metadata to recover")
+            wait_metadata_written()
+        _restart(s)
+        assert _paths(s) == [str(storage / "before.pt"), str(storage / "during.pt")]
+    finally:
+        _api.close()
+        s.stop()
+        s.cleanup()
+        subprocess.run(["chattr", "-R", "-i", str(state)], check=False)
+        subprocess.run(["umount", "-l", str(state)], check=False)
