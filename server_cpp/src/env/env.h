@@ -1,7 +1,8 @@
 // Env: every filesystem call the server makes, behind one interface, so
 // persistence can be tested against a fault-injecting Env (fail the Nth write
-// with ENOSPC or EIO, fail a rename as a crash would). Implementations must be
-// thread-safe.
+// with ENOSPC or EIO, fail a rename as a crash would). Files are only ever
+// written through a Directory opened beneath a storage root. Implementations
+// must be thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -67,16 +68,8 @@ class Env {
   // The process-wide POSIX Env.
   static Env* Default();
 
-  // Creates (or truncates) `path`, mode 0644. With `direct`, writes bypass the
-  // page cache (O_DIRECT); NotSupported where the filesystem refuses that.
-  virtual Status NewWritableFile(const std::string& path, bool direct,
-                                 std::unique_ptr<WritableFile>* out) = 0;
-  virtual Status RenameFile(const std::string& from, const std::string& to) = 0;
-  virtual Status RemoveFile(const std::string& path) = 0;
   // mkdir -p, mode 0755.
   virtual Status CreateDirs(const std::string& dir) = 0;
-  // fsync of a directory, so a rename in it is durable.
-  virtual Status SyncDir(const std::string& dir) = 0;
   // realpath() of the longest existing prefix of `path`, with the rest appended.
   virtual Status ResolvePath(const std::string& path, std::string* out) = 0;
   // Opens the directory `dir` (absolute, normalised, no symlinks expected)

@@ -5,30 +5,6 @@
 namespace tce {
 namespace {
 
-class FaultFile final : public WritableFile {
- public:
-  FaultFile(FaultInjectionEnv* env, std::unique_ptr<WritableFile> base)
-      : env_(env), base_(std::move(base)) {}
-  Status Append(const char* data, size_t n) override {
-    Status s = env_->BeforeAppend();
-    return s.ok() ? base_->Append(data, n) : s;
-  }
-  Status WriteAt(uint64_t offset, const char* data, size_t n) override {
-    Status s = env_->BeforeAppend();  // a write is a write: the same faults
-    return s.ok() ? base_->WriteAt(offset, data, n) : s;
-  }
-  Status Sync() override { return base_->Sync(); }
-  Status Truncate(uint64_t size) override { return base_->Truncate(size); }
-  Status StartWriteback(uint64_t offset, uint64_t n) override {
-    return base_->StartWriteback(offset, n);
-  }
-  Status Close() override { return base_->Close(); }
-
- private:
-  FaultInjectionEnv* const env_;
-  std::unique_ptr<WritableFile> base_;
-};
-
 class FaultTempFile final : public TempFile {
  public:
   FaultTempFile(FaultInjectionEnv* env, std::unique_ptr<TempFile> base)
@@ -134,27 +110,6 @@ Status FaultInjectionEnv::BeforeAppend() {
     return Status::FromErrno(append_err_, "write (injected)");
   }
   return Status::OK();
-}
-
-Status FaultInjectionEnv::NewWritableFile(const std::string& path, bool direct,
-                                          std::unique_ptr<WritableFile>* out) {
-  std::unique_ptr<WritableFile> base;
-  Status s = base_->NewWritableFile(path, direct, &base);
-  if (!s.ok()) return s;
-  out->reset(new FaultFile(this, std::move(base)));
-  return Status::OK();
-}
-
-Status FaultInjectionEnv::RenameFile(const std::string& from, const std::string& to) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    ++renames_;
-    if (rename_failures_ > 0) {
-      --rename_failures_;
-      return Status::FromErrno(EIO, "rename (injected)");
-    }
-  }
-  return base_->RenameFile(from, to);
 }
 
 }  // namespace tce

@@ -15,17 +15,13 @@ class FaultInjectionEnv final : public Env {
   // The next `count` Appends fail with `err` (ENOSPC, EIO, ...), after
   // `skip` more succeed.
   void FailAppends(int err, int count, int skip = 0);
-  // The next `count` renames fail with EIO (as if the process died before it).
+  // The next `count` publishes (the rename into place) fail with EIO, as if
+  // the process died before it.
   void FailRenames(int count);
   int appends() const;
   int renames() const;
 
-  Status NewWritableFile(const std::string& path, bool direct,
-                         std::unique_ptr<WritableFile>* out) override;
-  Status RenameFile(const std::string& from, const std::string& to) override;
-  Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
   Status CreateDirs(const std::string& dir) override { return base_->CreateDirs(dir); }
-  Status SyncDir(const std::string& dir) override { return base_->SyncDir(dir); }
   Status ResolvePath(const std::string& p, std::string* out) override {
     return base_->ResolvePath(p, out);
   }

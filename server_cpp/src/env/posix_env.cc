@@ -219,26 +219,6 @@ class PosixDirectory final : public Directory {
 
 class PosixEnv final : public Env {
  public:
-  Status NewWritableFile(const std::string& path, bool direct,
-                         std::unique_ptr<WritableFile>* out) override {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0),
-                    0644);
-    if (fd < 0 && direct && errno == EINVAL)
-      return Status::NotSupported("O_DIRECT is not supported for " + path);
-    if (fd < 0) return Status::FromErrno(errno, "create " + path);
-    out->reset(new PosixWritableFile(path, fd));
-    return Status::OK();
-  }
-  Status RenameFile(const std::string& from, const std::string& to) override {
-    if (::rename(from.c_str(), to.c_str()) != 0)
-      return Status::FromErrno(errno, "rename " + from + " -> " + to);
-    return Status::OK();
-  }
-  Status RemoveFile(const std::string& path) override {
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
-      return Status::FromErrno(errno, "unlink " + path);
-    return Status::OK();
-  }
   Status CreateDirs(const std::string& dir) override {
     if (dir.empty() || dir == "/") return Status::OK();
     struct stat st;
@@ -253,15 +233,6 @@ class PosixEnv final : public Env {
     }
     if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
       return Status::FromErrno(errno, "mkdir " + dir);
-    return Status::OK();
-  }
-  Status SyncDir(const std::string& dir) override {
-    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, "open dir " + dir);
-    int rc = ::fsync(fd);
-    int err = errno;
-    ::close(fd);
-    if (rc != 0) return Status::FromErrno(err, "fsync dir " + dir);
     return Status::OK();
   }
   Status OpenDirectory(const std::string& root, const std::string& dir, bool create,
