@@ -446,3 +446,40 @@ result["again"] = s.call("Lookup", pb.LookupRequest(session=s.id, job="ja", path
         assert r["again"] == "OK"
     finally:
         node.close()
+
+
+def test_control_connections_beyond_the_cap_are_closed_at_once(tmp_path):
+    """Even an allowed uid cannot hold the control socket's connections
+    without bound: beyond max_control_connections the server closes new
+    ones at once, and counts a connection gRPC has closed as gone."""
+    s = LocalServer(memory_budget="64MiB", extra_args=["--max-control-connections", "8"]).start()
+    held: list[socket.socket] = []
+    try:
+        def connect() -> socket.socket:
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.settimeout(5)
+            c.connect(s.socket)
+            return c
+
+        for _ in range(8):
+            held.append(connect())
+        time.sleep(0.5)
+        extra = connect()
+        assert extra.recv(1) == b""  # closed by the server, not left waiting
+        extra.close()
+        assert "control connections open (max_control_connections)" in s.log()
+        for c in held:
+            c.close()
+        held.clear()
+
+        def serves() -> bool:
+            p = subprocess.run([sys.executable, "-m", "tce.cli", "--socket", s.socket, "status", "--json"],
+                               capture_output=True, text=True, timeout=60)
+            return p.returncode == 0 and int(json.loads(p.stdout)["pid"]) == s.proc.pid
+
+        until(serves, what="the server to serve a client once the connections are gone")
+    finally:
+        for c in held:
+            c.close()
+        assert s.stop() == 0, s.log()
+        s.cleanup()

@@ -383,7 +383,8 @@ int Run(int argc, char** argv) {
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt.rpc_threads);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return Fail("cannot start the gRPC server", 1);
-  ControlListener control(server.get(), opt.socket, uids, socket_gid);
+  ControlListener control(server.get(), opt.socket, uids, socket_gid,
+                          static_cast<size_t>(opt.max_control_connections));
   if (!(s = control.Start()).ok()) {
     server->Shutdown();
     return Fail(s.message(), 1);

@@ -28,6 +28,7 @@ const Setting kSettings[] = {
     {"allowed_uids", "TCE_ALLOWED_UIDS", "--allowed-uids"},
     {"rpc_threads", "TCE_RPC_THREADS", "--rpc-threads"},
     {"max_sessions", "TCE_MAX_SESSIONS", "--max-sessions"},
+    {"max_control_connections", "TCE_MAX_CONTROL_CONNECTIONS", "--max-control-connections"},
     {"socket_group", "TCE_SOCKET_GROUP", "--socket-group"},
     {"root_is_admin", "TCE_ROOT_IS_ADMIN", "--root-is-admin"},
     {"session_idle_timeout_s", "TCE_SESSION_IDLE_TIMEOUT_S", "--session-idle-timeout-s"},
@@ -115,6 +116,8 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     o->allowed_uids = value;
   } else if (key == "rpc_threads") {
     if (!ParseInt(value, 1, 256, &o->rpc_threads)) return bad("an integer from 1 to 256");
+  } else if (key == "max_control_connections") {
+    if (!ParseInt(value, 1, 65536, &o->max_control_connections)) return bad("an integer from 1 to 65536");
   } else if (key == "max_sessions") {
     if (!ParseInt(value, 1, 65536, &o->max_sessions)) return bad("an integer from 1 to 65536");
   } else if (key == "socket_group") {
@@ -386,6 +389,7 @@ std::string FormatConfig(const Options& o) {
       << "allowed_uids = " << Quote(o.allowed_uids) << "\n"
       << "rpc_threads = " << o.rpc_threads << "\n"
       << "max_sessions = " << o.max_sessions << "\n"
+      << "max_control_connections = " << o.max_control_connections << "\n"
       << "socket_group = " << Quote(o.socket_group) << "\n"
       << "root_is_admin = " << (o.root_is_admin ? "true" : "false") << "\n"
       << "session_idle_timeout_s = " << o.session_idle_timeout_s << "\n"
@@ -439,6 +443,9 @@ std::string HelpText() {
          "  --rpc-threads N        gRPC worker threads                       [TCE_RPC_THREADS, 4]\n"
          "  --max-sessions N       concurrent client sessions; more connections are\n"
          "                         refused and closed at once                [TCE_MAX_SESSIONS, 1024]\n"
+         "  --max-control-connections N\n"
+         "                         control-socket connections open at once; [TCE_MAX_CONTROL_CONNECTIONS, 1024]\n"
+         "                         more are closed at once\n"
          "  --socket-group G       group (name or gid) that may connect to the sockets (0660)\n"
          "                                           [TCE_SOCKET_GROUP, empty: the server's own]\n"
          "  --root-is-admin B      root may read, replace and remove every user's jobs\n"

@@ -26,6 +26,7 @@ struct Options {
   std::string allowed_uids;  // empty: the server's own uid and root
   int rpc_threads = 4;
   int max_sessions = 1024;
+  int max_control_connections = 1024;  // control-socket connections open at once
   std::string socket_group;          // group of the sockets (0660); empty: the server's own
   bool root_is_admin = true;         // uid 0 may read, replace and remove every user's jobs
   int session_idle_timeout_s = 3600;  // close a session idle this long (0: never)

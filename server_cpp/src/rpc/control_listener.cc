@@ -4,6 +4,7 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_posix.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,8 +15,18 @@
 namespace tce {
 
 ControlListener::ControlListener(grpc::Server* server, std::string path,
-                                 std::set<uid_t> allowed_uids, gid_t gid)
-    : server_(server), path_(std::move(path)), allowed_uids_(std::move(allowed_uids)), gid_(gid) {}
+                                 std::set<uid_t> allowed_uids, gid_t gid, size_t max_connections)
+    : server_(server), path_(std::move(path)), allowed_uids_(std::move(allowed_uids)), gid_(gid),
+      max_connections_(max_connections) {}
+
+size_t ControlListener::Prune() {
+  for (auto it = live_.begin(); it != live_.end();) {
+    struct stat st;
+    const bool same = fstat(it->first, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == it->second;
+    it = same ? std::next(it) : live_.erase(it);
+  }
+  return live_.size();
+}
 
 ControlListener::~ControlListener() { Stop(); }
 
@@ -64,6 +75,17 @@ void ControlListener::Loop() {
         close(fd);
         continue;
       }
+      struct stat st;
+      if (Prune() >= max_connections_ || fstat(fd, &st) != 0) {
+        uint64_t dropped = 0;
+        if (refused_log_.Allow(&dropped))
+          TCE_LOG(kWarning, "control") << "refused pid=" << cred.pid << " uid=" << cred.uid << ": "
+                                       << live_.size() << " control connections open (max_control_connections)"
+                                       << Suppressed(dropped);
+        close(fd);
+        continue;
+      }
+      live_[fd] = st.st_ino;
       grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns it now
     }
   }

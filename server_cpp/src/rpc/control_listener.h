@@ -3,12 +3,16 @@
 // (AddInsecureChannelFromFd) because gRPC's own listener stops accepting for
 // good after one EMFILE. Connections from uids outside `allowed_uids` are
 // closed at once (they could open no session anyway), so they hold no fds;
-// out of fds, accept sheds and backs off (rpc/acceptor.h). The socket is
-// 0660, group `gid`. One thread runs the loop; Start/Stop from one other.
+// at most `max_connections` are open at once (gRPC owns them, so a handed-over
+// connection counts until its fd no longer refers to its socket: each accept
+// checks with fstat); out of fds, accept sheds and backs off
+// (rpc/acceptor.h). The socket is 0660, group `gid`. One thread runs the
+// loop; Start/Stop from one other.
 #pragma once
 
 #include <sys/types.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,7 +30,7 @@ namespace tce {
 class ControlListener {
  public:
   ControlListener(grpc::Server* server, std::string path, std::set<uid_t> allowed_uids,
-                  gid_t gid);
+                  gid_t gid, size_t max_connections = 1024);
   ~ControlListener();
 
   Status Start();
@@ -35,11 +39,15 @@ class ControlListener {
 
  private:
   void Loop();
+  // Forgets the connections gRPC has closed; returns how many are open.
+  size_t Prune();
 
   grpc::Server* const server_;
   const std::string path_;
   const std::set<uid_t> allowed_uids_;
   const gid_t gid_;
+  const size_t max_connections_;
+  std::map<int, ino_t> live_;  // loop thread only: fd -> its socket's inode
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   std::thread thread_;
