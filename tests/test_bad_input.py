@@ -268,7 +268,7 @@ def _raw_call(srv, rpc, request, placeholder: bytes, bad: bytes):
 ])
 def test_non_utf8_strings_are_refused_naming_the_field(srv, client, tmp_path, rpc, field):
     name = field.rsplit(".", 1)[1]
-    job, tag, path = "jobXXXX", "tagXXXX", "/ckpt/XXXX.pt"
+    job, tag, path = "jobAAAA", "tagAAAA", "/ckpt/AAAA.pt"
     if name in ("path", "paths"):
         path = "/ckpt/QQQQ.pt"
     elif name == "job":
