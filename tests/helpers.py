@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,3 +77,31 @@ def wait_metadata_written(timeout: float = 30.0) -> None:
 
     until(lambda: not int(tce.status()["metadata_queue"]), timeout,
           "the metadata writer to catch up")
+
+
+class Blocker:
+    """Keeps persistence of one path failing until released: an immutable
+    file (``chattr +i``) stands at the path, and no rename may replace it, not
+    even root's. Each attempt fails with EPERM and is retried; the save itself
+    is accepted (its directory exists and the path is a file)."""
+
+    def __init__(self, path, owner: tuple[int, int] | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_bytes(b"a placeholder persistence cannot replace")
+        if owner is not None:
+            os.chown(self.path, *owner)
+        subprocess.run(["chattr", "+i", str(self.path)], check=True)
+        self.held = True
+        atexit.register(self.release)  # never leave an undeletable file behind
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            subprocess.run(["chattr", "-i", str(self.path)], check=True)
+
+    def __enter__(self) -> "Blocker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

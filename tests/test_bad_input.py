@@ -19,6 +19,8 @@ from tce._client import Client
 from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb
 
+from helpers import Blocker
+
 
 @pytest.fixture
 def srv(make_server):
@@ -319,16 +321,16 @@ def test_bad_numbers_and_other_fields(srv, client, tmp_path, rpc, request_, mess
 
 
 def _server_with_a_blocked_dir(tmp_path):
-    """A server whose storage holds `blocked`, a plain file where a save to
-    blocked/x.pt needs a directory: that file stays CACHED (persist retries
-    every 50 ms) until the test puts a directory there."""
+    """A server whose storage cannot take blocked/x.pt (a Blocker): a save
+    there stays CACHED (persist retries every 50 ms) until the test releases
+    `s.blocker`."""
     from tce._server import LocalServer
 
     storage = tmp_path / "s"
     storage.mkdir()
-    (storage / "blocked").write_text("not a directory")
     s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)],
                     extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50"]).start()
+    s.blocker = Blocker(storage / "blocked" / "x.pt")
     return s, storage
 
 
@@ -355,8 +357,7 @@ def test_wait_without_a_usable_limit_waits_until_persisted(tmp_path, timeout_s):
             t.start()
             t.join(1.0)
             assert t.is_alive(), f"Wait({timeout_s}) returned at once: {result}"
-            (storage / "blocked").unlink()
-            (storage / "blocked").mkdir()
+            s.blocker.release()
             t.join(30)
             assert not t.is_alive()
             assert "error" not in result, result
@@ -365,6 +366,7 @@ def test_wait_without_a_usable_limit_waits_until_persisted(tmp_path, timeout_s):
             tce.close()
         assert torch.equal(torch.load(target)["x"], torch.arange(5))
     finally:
+        s.blocker.release()
         s.stop()
         s.cleanup()
 
@@ -386,6 +388,7 @@ def test_wait_with_a_tiny_timeout_times_out_and_nan_is_refused(tmp_path):
         _expect("INVALID_ARGUMENT", "timeout_s: is NaN", lambda: wait(float("nan")))
         c.close()
     finally:
+        s.blocker.release()
         s.stop()
         s.cleanup()
 

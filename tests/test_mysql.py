@@ -15,7 +15,7 @@ import tce
 from tce import _api, _knobs
 from tce._server import LocalServer
 from tce.v1 import tce_pb2 as pb
-from helpers import wait_metadata_written
+from helpers import Blocker, wait_metadata_written
 
 pytestmark = pytest.mark.mysql
 
@@ -284,7 +284,7 @@ def test_servers_sharing_mysql_touch_only_their_own_rows(tmp_path, mariadb):
     sa, sb = tmp_path / "a", tmp_path / "b"
     for d in (sa, sb):
         d.mkdir()
-    (sa / "blocked").write_text("not a directory")  # A's file stays CACHED (in flight)
+    blocker = Blocker(sa / "blocked" / "x.pt")  # A's file stays CACHED (in flight)
     mariadb.sql(f"CREATE DATABASE shareddb; GRANT ALL ON shareddb.* TO '{mariadb.user}'@'127.0.0.1';")
     url = mariadb.url.rsplit("/", 1)[0] + "/shareddb"
 
@@ -328,3 +328,4 @@ def test_servers_sharing_mysql_touch_only_their_own_rows(tmp_path, mariadb):
         for s in (a, b):
             s.stop()
             s.cleanup()
+        blocker.release()

@@ -23,7 +23,7 @@ import tce
 from tce import _api, _knobs
 from tce._server import LocalServer
 
-from helpers import until
+from helpers import Blocker, until
 
 
 def _status(server) -> dict:
@@ -60,7 +60,7 @@ def _raw(endpoint: str, request: bytes) -> bytes:
 def test_metrics_move_with_saves_persistence_and_failures(tmp_path):
     storage = tmp_path / "s"
     storage.mkdir()
-    (storage / "blocked").write_text("a file where persistence needs a directory")
+    blocker = Blocker(storage / "blocked" / "x.pt")
     s = LocalServer(memory_budget="1GiB", storage_roots=[str(storage)],
                     extra_args=["--metrics-listen", "127.0.0.1:0", "--persist-threads", "1",
                                 "--persist-retries", "2", "--persist-backoff-ms", "10"])
@@ -113,6 +113,7 @@ def test_metrics_move_with_saves_persistence_and_failures(tmp_path):
     finally:
         s.stop()
         s.cleanup()
+        blocker.release()
 
 
 def test_the_metrics_endpoint_answers_bad_requests_and_survives_them(tmp_path):
@@ -168,7 +169,7 @@ def _check(channel, service: str) -> int:
 def test_health_serves_until_the_drain_and_liveness_until_exit(tmp_path):
     storage = tmp_path / "s"
     storage.mkdir()
-    (storage / "blocked").write_text("a file where persistence needs a directory")
+    blocker = Blocker(storage / "blocked" / "x.pt")
     s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)], drain_timeout_ms=3000,
                     extra_args=["--health-listen", "127.0.0.1:0", "--persist-retries", "100",
                                 "--persist-backoff-ms", "50"])
@@ -201,6 +202,7 @@ def test_health_serves_until_the_drain_and_liveness_until_exit(tmp_path):
     finally:
         s.stop()
         s.cleanup()
+        blocker.release()
 
 
 def test_json_logs_are_one_object_per_line_with_the_event_fields(tmp_path):

@@ -42,6 +42,7 @@ def test_persisted_file_is_a_plain_torch_file(persisting, storage):
            "dtypes": {str(d): sample_tensor(d) for d in every_dtype()},
            "step": 7, "empty": torch.empty(0)}
     path = storage / "ckpt" / "global_step7" / "mp_rank_00_model_states.pt"
+    path.parent.mkdir(parents=True)
     tce.save(obj, path, tag="global_step7")
     tce.wait()
     assert path.exists()
@@ -152,6 +153,7 @@ def test_checkpoints_beyond_the_budget_evict_persisted_ones(storage):
         with _knobs.override(socket=s.socket, on_unavailable="raise"):
             paths = [storage / f"step{i}" / "state.pt" for i in range(8)]
             for i, p in enumerate(paths):  # 8 x 12 MiB into a 40 MiB cache
+                p.parent.mkdir()
                 tce.save({"w": torch.full((3 << 20,), float(i))}, p, tag=f"step{i}")
             tce.wait()
             states = {f.path: pb.FileState.Name(f.state)
@@ -174,6 +176,7 @@ def test_keep_last_tags_per_job(storage):
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise"):
             for step in range(1, 4):
+                (storage / f"step{step}").mkdir()
                 for rank in range(2):
                     tce.save({"w": torch.full((1000,), float(step))},
                              storage / f"step{step}" / f"rank{rank}.pt", tag=f"step{step}", rank=rank)

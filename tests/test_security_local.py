@@ -23,7 +23,7 @@ import time
 import pytest
 
 from as_user import Session
-from helpers import until
+from helpers import Blocker, until
 from tce._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
@@ -405,9 +405,10 @@ def test_blocked_waits_and_leases_per_session_are_capped(users):
                                    "--persist-retries", "100", "--persist-backoff-ms", "50"])
     try:
         blocked = node.path("a", "blocked")
-        with open(blocked, "w") as f:
-            f.write("a file where persistence needs a directory")
-        stuck = os.path.join(blocked, "x.pt")
+        os.mkdir(blocked)
+        os.chown(blocked, users["a"], -1)
+        blocker = Blocker(os.path.join(blocked, "x.pt"), owner=(users["a"], -1))
+        stuck = str(blocker.path)
         r = node.run("a", f"""
 import threading, time
 s = Session(SOCK)
@@ -445,6 +446,7 @@ result["again"] = s.call("Lookup", pb.LookupRequest(session=s.id, job="ja", path
                                   "release loaded files before loading more"]
         assert r["again"] == "OK"
     finally:
+        blocker.release()
         node.close()
 
 

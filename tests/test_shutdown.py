@@ -14,16 +14,16 @@ import tce
 from tce import _api, _knobs
 from tce._server import LocalServer
 from tce.errors import ServerUnavailableError
-from helpers import until
+from helpers import Blocker, until
 
 
 def _server_with_a_stuck_path(tmp_path: Path, drain_timeout_ms: int) -> tuple[LocalServer, Path]:
-    """A started server and its storage root, where ``blocked`` is a plain
-    file: a save to ``blocked/x.pt`` is cached, and persisting it keeps
-    failing (100 retries, 50 ms apart) for longer than any test waits."""
+    """A started server and its storage root, where ``blocked/x.pt`` is a
+    Blocker: a save to it is cached, and persisting it keeps failing (100
+    retries, 50 ms apart) for longer than any test waits."""
     storage = tmp_path / "s"
     storage.mkdir()
-    (storage / "blocked").write_text("a file where persistence needs a directory")
+    Blocker(storage / "blocked" / "x.pt")
     s = LocalServer(memory_budget="256MiB", storage_roots=[str(storage)],
                     drain_timeout_ms=drain_timeout_ms,
                     extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50"])

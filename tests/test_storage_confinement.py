@@ -15,6 +15,8 @@ from tce import _api, _knobs
 from tce._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
+from helpers import Blocker
+
 
 @pytest.fixture
 def roots(tmp_path):
@@ -74,29 +76,31 @@ def test_a_file_name_of_250_bytes_persists(roots):
 
 
 def test_a_symlink_swapped_in_for_a_directory_is_not_written_through(roots, tmp_path):
-    """The save is accepted while ckpt/ is a directory under the root. A
-    directory at the final name makes every attempt fail, so persistence
+    """The save is accepted while ckpt/ is a directory under the root. An
+    immutable file at the final name makes every attempt fail, so persistence
     retries; meanwhile ckpt/ is replaced by a symlink out of the roots (to a
-    place that looks the same). No retry writes through it."""
+    place that looks the same). No retry writes through it: the directory the
+    save found is gone, so the save is discarded."""
     storage, outside = roots
-    (storage / "ckpt").mkdir()
-    blocker = storage / "ckpt" / "x.pt"
-    blocker.mkdir()  # a directory at the final name: every rename fails, persistence retries
+    blocker = Blocker(storage / "ckpt" / "x.pt")
+    target = blocker.path
     s = LocalServer(memory_budget="256MiB", storage_roots=[str(storage)],
                     extra_args=["--persist-backoff-ms", "300", "--persist-retries", "4"]).start()
     try:
         job = f"conf-{uuid.uuid4().hex[:8]}"
         with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
-            tce.save({"w": torch.ones(3)}, blocker, tag="t")
+            tce.save({"w": torch.ones(3)}, target, tag="t")
             os.rename(storage / "ckpt", storage / "ckpt.moved")  # swap during the retries
             os.symlink(outside, storage / "ckpt")
-            (outside / "x.pt").mkdir()  # looks the same on the other side
-            info = _api._get_client().wait(job, [str(blocker)], 30)[0]
+            (outside / "x.pt").write_bytes(b"looks the same on the other side")
+            info = _api._get_client().wait(job, [str(target)], 30)[0]
             _api.close()
-        assert info.state == pb.FILE_STATE_FAILED
+        assert info.state == pb.FILE_STATE_DISCARDED
         assert "not under a storage root" in info.reason, info.reason
         assert sorted(p.name for p in outside.iterdir()) == ["x.pt"]
-        assert list((outside / "x.pt").iterdir()) == []
+        assert (outside / "x.pt").read_bytes() == b"looks the same on the other side"
     finally:
         assert s.stop() == 0, s.log()
         s.cleanup()
+        blocker.path = storage / "ckpt.moved" / "x.pt"
+        blocker.release()

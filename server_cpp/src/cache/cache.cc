@@ -1,5 +1,7 @@
 #include "cache/cache.h"
 
+#include "cache/storage_check.h"
+
 #include <sys/random.h>
 
 #include <algorithm>
@@ -48,13 +50,14 @@ const char* FileStateName(FileState s) {
     case FileState::kPersisted: return "PERSISTED";
     case FileState::kFailed: return "FAILED";
     case FileState::kEvicted: return "EVICTED";
+    case FileState::kDiscarded: return "DISCARDED";
   }
   return "UNSPECIFIED";
 }
 
 bool ParseFileState(const std::string& name, FileState* out) {
   for (FileState s : {FileState::kPending, FileState::kCached, FileState::kBackedUp, FileState::kPersisted,
-                      FileState::kFailed, FileState::kEvicted}) {
+                      FileState::kFailed, FileState::kEvicted, FileState::kDiscarded}) {
     if (name == FileStateName(s)) {
       *out = s;
       return true;
@@ -77,6 +80,8 @@ void Cache::Restore(std::vector<FileInfo> files) {
   for (FileInfo& f : files) {
     if (f.state == FileState::kPersisted || f.state == FileState::kEvicted) {
       f.state = FileState::kEvicted;  // on storage; the memory did not survive
+    } else if (f.state == FileState::kDiscarded) {
+      // stays discarded, with its reason
     } else if (f.state != FileState::kFailed || f.reason.empty()) {
       f.state = FileState::kFailed;
       f.reason = "lost: the server restarted before the file was persisted";
@@ -93,7 +98,8 @@ void Cache::Restore(std::vector<FileInfo> files) {
 
 Cache::Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots, Env* env,
              std::chrono::milliseconds full_timeout, size_t keep_last)
-    : budget_(budget_bytes), full_timeout_(full_timeout), keep_last_(keep_last), env_(env) {
+    : budget_(budget_bytes), full_timeout_(full_timeout), keep_last_(keep_last), env_(env),
+      prober_(std::make_unique<Prober>(check_timeout_)) {
   for (const std::string& root : storage_roots) {
     std::string resolved;
     roots_.push_back(env_->ResolvePath(root, &resolved).ok() ? resolved : root);
@@ -315,6 +321,9 @@ CacheStats Cache::TallyLocked() const {
     ++s.files_by_state[static_cast<int>(f.state) & 7];
   }
   s.evicted_files = evicted_files_;
+  s.discarded_files = discarded_files_;
+  s.stale_drops = stale_drops_;
+  s.storage_fallbacks = storage_fallbacks_;
   s.accepting = accepting_;
   return s;
 }
@@ -357,7 +366,42 @@ void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint6
   }
 }
 
-void Cache::StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult* out) {
+Status Cache::SnapshotFor(const std::string& path, DiskIdentity* out) {
+  if (roots_.empty()) return Status::OK();  // memory only: a path is a name
+  // Numbered before looking, so an identity this server records later (a
+  // write that lands meanwhile) is known to be newer.
+  const uint64_t seq = ++disk_seq_;
+  auto result = std::make_shared<std::pair<Status, DiskIdentity>>();
+  Env* env = env_;
+  std::vector<std::string> roots = roots_;
+  std::string p = path;
+  if (!prober_->Run([=] { result->first = SnapshotPath(env, roots, p, &result->second); })) {
+    NoteStorageFallback(path, "storage did not answer in time; the save goes on unchecked");
+    return Status::OK();
+  }
+  const Status& s = result->first;
+  if (s.code() == Status::Code::kNotFound || s.code() == Status::Code::kPermissionDenied ||
+      s.code() == Status::Code::kFailedPrecondition)
+    return s;  // as torch.save would fail: no such directory, or not a file
+  if (!s.ok()) {
+    NoteStorageFallback(path, s.ToString() + "; the save goes on unchecked");
+    return Status::OK();
+  }
+  *out = result->second;
+  out->seq = seq;
+  return Status::OK();
+}
+
+void Cache::NoteStorageFallback(const std::string& path, const std::string& why) {
+  ++storage_fallbacks_;
+  uint64_t dropped = 0;
+  if (storage_log_.Allow(&dropped))
+    TCE_LOG(kWarning, "cache") << "storage could not be checked for " << path << ": " << why
+                               << Suppressed(dropped);
+}
+
+void Cache::StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,
+                            AllocateResult* out) {
   Allocation a;
   a.id = next_allocation_id_++;
   a.session = req.session;
@@ -373,6 +417,8 @@ void Cache::StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult
   a.file.created_unix_ns = NowNs();
   a.file.owner_uid = sessions_[req.session].uid;
   a.file.owner_gid = sessions_[req.session].gid;
+  a.file.new_mode = req.mode & 0777;
+  a.file.disk = disk;
   buf.state = BufState::kPending;
   buf.allocation_id = a.id;
   buf.uid = a.file.owner_uid;
@@ -388,6 +434,8 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   if (s.ok()) s = ValidatePath(req.path);
   if (s.ok() && req.size == 0) s = Status::InvalidArgument("size must be > 0");
   if (s.ok()) s = CheckUnderRoots(req.path);
+  DiskIdentity disk;
+  if (s.ok()) s = SnapshotFor(req.path, &disk);
   if (s.ok() && req.size > budget_)
     s = Status::ResourceExhausted("file of " + std::to_string(req.size) + " bytes (" +
                                   HumanBytes(req.size) + ") exceeds the cache budget of " +
@@ -410,7 +458,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     //    ours first (no mmap, no fd passing), then the smallest.
     if (Buf* best = PickFree(req.session, req.size)) {
       ++buffers_reused_;
-      StartAllocation(req, *best, out);
+      StartAllocation(req, disk, *best, out);
       TCE_LOG(kInfo, "cache") << "allocated job=" << req.job << " tag=" << req.tag
                               << " path=" << req.path << " size=" << req.size
                               << " buffer=" << best->id << " (reused)";
@@ -451,7 +499,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   buf.capacity = capacity;
   used_ += capacity;
   ++buffers_created_;
-  StartAllocation(req, buf, out);
+  StartAllocation(req, disk, buf, out);
   TCE_LOG(kInfo, "cache") << "allocated job=" << req.job << " tag=" << req.tag
                           << " path=" << req.path << " size=" << req.size << " buffer=" << id
                           << " capacity=" << capacity << " (new)";
@@ -538,7 +586,7 @@ Status Cache::FindAllocation(const std::string& session, uint64_t id,
 }
 
 Status Cache::Commit(const std::string& session, uint64_t allocation_id,
-                     std::vector<Record> records, FileInfo* out) {
+                     std::vector<Record> records, FileInfo* out, bool zip_crc32) {
   std::lock_guard<std::mutex> lock(mu_);
   std::map<uint64_t, Allocation>::iterator it;
   Status s = FindAllocation(session, allocation_id, &it);
@@ -571,11 +619,16 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
   a.file.committed_unix_ns = NowNs();
   a.file.version = allocation_id;
   a.file.records = std::move(records);
+  a.file.zip_crc32 = zip_crc32;
   buffers_[a.buffer_id].state = BufState::kCached;
   buffers_[a.buffer_id].allocation_id = 0;
   FileKey key{a.file.job, a.file.path};
   auto old = files_.find(key);
   if (old != files_.end()) {
+    // An older version persisted after this save looked at storage: the
+    // path now holds what this server wrote.
+    if (old->second.disk.known && old->second.disk.seq > a.file.disk.seq && a.file.disk.known)
+      a.file.disk = old->second.disk;
     if (old->second.state != FileState::kEvicted) ReleaseBuffer(old->second.buffer_id);
     old->second = a.file;
   } else {
@@ -614,6 +667,12 @@ Status Cache::Abort(const std::string& session, uint64_t allocation_id) {
 Status Cache::Lookup(const std::string& session, const std::string& job, const std::string& path,
                      bool lease, FileInfo* out, uint64_t* lease_id,
                      std::vector<uint64_t>* unmap_buffer_ids) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
+    if (!s.ok()) return s;
+  }
+  Revalidate({job, path});
   std::lock_guard<std::mutex> lock(mu_);
   Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
   if (!s.ok()) return s;
@@ -638,6 +697,89 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
     ++sessions_[session].leases;
   }
   return Status::OK();
+}
+
+DiskIdentity Cache::Written(const DiskIdentity& before, const FileStat& st) {
+  DiskIdentity d = before;  // the same directory
+  if (!before.known) return d;  // a recovered file: its directory was never seen
+  d.exists = true;
+  d.dev = st.dev;
+  d.ino = st.ino;
+  d.size = st.size;
+  d.mtime_ns = st.mtime_ns;
+  d.mode = st.mode & 07777;
+  d.seq = ++disk_seq_;
+  return d;
+}
+
+void Cache::Discard(FileInfo& f, const std::string& why) {
+  TCE_LOG(kWarning, "cache") << "DISCARDED job=" << f.job << " tag=" << f.tag << " path=" << f.path
+                             << ": " << why << " (the save is dropped, never persisted)";
+  ReleaseBuffer(f.buffer_id);
+  QueueDrop(f);
+  retry_at_.erase({f.job, f.path});
+  f.state = FileState::kDiscarded;
+  f.reason = why;
+  f.buffer_id = 0;
+  f.capacity = 0;
+  f.backup_holder.clear();
+  ++discarded_files_;
+  Note(f, false);
+  done_cv_.notify_all();
+}
+
+void Cache::DropStale(FileInfo& f, const std::string& why) {
+  TCE_LOG(kInfo, "cache") << "dropped the cached copy of job=" << f.job << " path=" << f.path << ": "
+                          << why << " (loads read storage)";
+  ReleaseBuffer(f.buffer_id);
+  QueueDrop(f);
+  f.state = FileState::kEvicted;
+  f.reason = why;
+  f.buffer_id = 0;
+  f.capacity = 0;
+  f.backup_holder.clear();
+  ++stale_drops_;
+  Note(f, false);
+}
+
+void Cache::Revalidate(const FileKey& key) {
+  DiskIdentity expected;
+  uint64_t version = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = files_.find(key);
+    if (it == files_.end() || it->second.buffer_id == 0 || !it->second.disk.known ||
+        it->second.state == FileState::kPending)
+      return;
+    expected = it->second.disk;
+    version = it->second.version;
+  }
+  auto result = std::make_shared<StorageCheck>();
+  Env* env = env_;
+  std::vector<std::string> roots = roots_;
+  std::string path = key.second;
+  StorageCheck c;
+  if (prober_->Run([=] { *result = CheckPath(env, roots, path, expected); }))
+    c = *result;
+  else
+    c = {Verdict::kUnavailable, "storage did not answer within " + std::to_string(check_timeout_.count()) + " ms"};
+  if (c.verdict == Verdict::kSame) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = files_.find(key);
+  if (it == files_.end() || it->second.version != version || it->second.buffer_id == 0) return;
+  if (c.verdict == Verdict::kUnavailable) {
+    NoteStorageFallback(key.second, c.why + "; the cached copy is served");
+  } else if (it->second.state == FileState::kPersisted) {
+    DropStale(it->second, c.why);
+  } else {
+    Discard(it->second, c.why);
+  }
+}
+
+void Cache::SetStorageCheckTimeout(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_timeout_ = timeout;
+  prober_ = std::make_unique<Prober>(timeout);
 }
 
 Status Cache::Release(const std::string& session, const std::vector<uint64_t>& lease_ids,
@@ -739,7 +881,14 @@ Status Cache::ListTags(const std::string& session, const std::string& job,
 }
 
 Status Cache::List(const std::string& session, const std::string& job, const std::string& tag,
-                   std::vector<FileInfo>* out) {
+                   std::vector<FileInfo>* out, bool check_storage) {
+  if (check_storage) {
+    std::vector<FileInfo> visible;
+    Status s = List(session, job, tag, &visible, /*check_storage=*/false);
+    if (!s.ok()) return s;
+    for (const FileInfo& f : visible)
+      if (f.buffer_id != 0) Revalidate({f.job, f.path});
+  }
   std::vector<FileInfo> all = List(job, tag);
   std::lock_guard<std::mutex> lock(mu_);
   Status s = CheckSession(session);
@@ -948,6 +1097,9 @@ bool Cache::NextPersistJob(PersistJob* out) {
     out->capacity = buf.capacity;
     out->uid = it->second.owner_uid;
     out->gid = it->second.owner_gid;
+    out->new_mode = it->second.new_mode;
+    out->zip_crc32 = it->second.zip_crc32;
+    out->expected = it->second.disk;
     out->records = it->second.records;
     out->fd = fd;
     return true;
@@ -969,7 +1121,7 @@ bool Cache::IsCurrent(const PersistJob& job) {
 }
 
 void Cache::FinishPersist(const PersistJob& job, const Status& result,
-                          std::vector<Record> records) {
+                          std::vector<Record> records, const FileStat& written) {
   std::lock_guard<std::mutex> lock(mu_);
   auto b = buffers_.find(job.buffer_id);
   if (b != buffers_.end()) {
@@ -979,8 +1131,18 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
   auto flying = in_flight_.find({job.job, job.path});
   if (flying != in_flight_.end() && flying->second == job.version) in_flight_.erase(flying);
   auto it = files_.find({job.job, job.path});
+  if (it != files_.end() && it->second.version != job.version && result.ok() &&
+      it->second.disk.known && job.expected.known) {
+    // Superseded as it was renamed into place: the newer version must
+    // expect the file this one left.
+    it->second.disk = Written(job.expected, written);
+    return;
+  }
   if (it == files_.end() || it->second.version != job.version) return;  // superseded
-  if (result.ok()) {
+  if (result.code() == Status::Code::kCancelled) {
+    Discard(it->second, result.message());
+  } else if (result.ok()) {
+    it->second.disk = Written(job.expected, written);
     it->second.state = FileState::kPersisted;
     it->second.persisted_unix_ns = NowNs();
     it->second.records = std::move(records);
@@ -1296,7 +1458,8 @@ bool Cache::MayBeInRing(const std::string& job, const std::string& path) {
   auto ring = rings_.find(job);
   if (ring == rings_.end() || ring->second.successor.empty()) return false;
   auto it = files_.find({job, path});
-  return it == files_.end() || (it->second.buffer_id == 0 && it->second.state != FileState::kEvicted);
+  return it == files_.end() || (it->second.buffer_id == 0 && it->second.state != FileState::kEvicted &&
+                                 it->second.state != FileState::kDiscarded);
 }
 
 void Cache::StopAccepting() {

@@ -19,6 +19,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -39,6 +40,7 @@
 #include "common/log_limiter.h"
 #include "common/status.h"
 #include "env/env.h"
+#include "cache/storage_check.h"
 
 namespace tce {
 
@@ -46,6 +48,7 @@ struct AllocateRequest {
   std::string session, job, tag, path;
   int32_t rank = 0;
   uint64_t size = 0;
+  uint32_t mode = 0644;  // permission bits if the file is new on storage
 };
 
 struct AllocateResult {
@@ -67,6 +70,7 @@ struct CacheStats {
   uint64_t buffers_created = 0, buffers_reused = 0;
   uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
   uint64_t evicted_files = 0;
+  uint64_t discarded_files = 0, stale_drops = 0, storage_fallbacks = 0;
   uint64_t backup_queue = 0, backup_lag_bytes = 0, backed_up_files = 0, backup_failures = 0;
   uint64_t recovered_files = 0, ring_checksum_mismatches = 0;
   uint64_t files_by_state[8] = {};  // indexed by FileState
@@ -108,10 +112,14 @@ class Cache {
   void SetSessionLimits(const SessionLimits& limits);
 
   Status Allocate(const AllocateRequest& req, AllocateResult* out);
+  // Without `zip_crc32` the zip headers keep the 0 CRCs the saver wrote.
   Status Commit(const std::string& session, uint64_t allocation_id,
-                std::vector<Record> records, FileInfo* out);
+                std::vector<Record> records, FileInfo* out, bool zip_crc32 = true);
   Status Abort(const std::string& session, uint64_t allocation_id);
   // The committed file; with `lease`, the buffer is kept until the lease ends.
+  // With storage roots, the path is first compared with storage (Revalidate):
+  // a file the user deleted or replaced there is NOT_FOUND (loads read
+  // storage), and when storage cannot be checked the cache is served.
   Status Lookup(const std::string& session, const std::string& job, const std::string& path,
                 bool lease, FileInfo* out, uint64_t* lease_id,
                 std::vector<uint64_t>* unmap_buffer_ids);
@@ -124,8 +132,9 @@ class Cache {
   // Unchecked: for the daemon itself and tests.
   std::vector<FileInfo> List(const std::string& job, const std::string& tag);
   // The same, as `session` may see it: only its uid's jobs unless admin.
+  // With `check_storage`, each listed file with memory is revalidated first.
   Status List(const std::string& session, const std::string& job, const std::string& tag,
-              std::vector<FileInfo>* out);
+              std::vector<FileInfo>* out, bool check_storage = false);
   // Records that every rank finished `tag` (re-recording replaces it); fills
   // in complete_unix_ns and sorts the files. Tags are never removed.
   Status CommitTag(const std::string& session, TagInfo tag, TagInfo* out);
@@ -175,9 +184,16 @@ class Cache {
   // reason and persisted again after the failed-retry interval, for as long
   // as it stays in memory; other failures (permissions, confinement, a bad
   // record table) stay FAILED until a client retries or removes the file.
-  void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records);
+  // CANCELLED (the path was removed or replaced on storage since the save)
+  // DISCARDS the file. `written`: the file the persister left at the path.
+  void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records,
+                     const FileStat& written = FileStat());
   // The failed-retry interval above (0: never retry by itself). Default 30 s.
   void SetFailedRetry(std::chrono::milliseconds interval);
+  // How long a load (or a save's look at its directory) waits for storage to
+  // answer a stat before it serves the cache (goes on unchecked). Default 2 s;
+  // <= 0: no limit. Set before serving.
+  void SetStorageCheckTimeout(std::chrono::milliseconds timeout);
   // Persists FAILED files of `job` again now, whatever they failed of: the
   // named `paths` (each must be FAILED with its memory, else NOT_FOUND or
   // FAILED_PRECONDITION and nothing is queued), or with none every such file
@@ -298,7 +314,21 @@ class Cache {
   void TakeUnmaps(const std::string& session, std::vector<uint64_t>* out);  // REQUIRES mu_
   std::string FullMessage(uint64_t need) const;                               // REQUIRES mu_
   CacheStats TallyLocked() const;                                             // REQUIRES mu_
-  void StartAllocation(const AllocateRequest& req, Buf& buf, AllocateResult* out);  // REQUIRES mu_
+  void StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,
+                       AllocateResult* out);  // REQUIRES mu_
+  // ---- coherence with storage (cache/storage_check.h); no lock held ----
+  // What the path of a save holds now: NOT_FOUND / PERMISSION_DENIED /
+  // FAILED_PRECONDITION when torch.save would fail there; unknown (the save
+  // goes on unchecked) when storage does not answer.
+  Status SnapshotFor(const std::string& path, DiskIdentity* out);
+  // Compares a file with memory with storage and applies the verdict: a
+  // persisted file that changed there loses its copy (EVICTED), an
+  // unpersisted one is DISCARDED; storage unavailable: counted and logged.
+  void Revalidate(const FileKey& key);
+  void NoteStorageFallback(const std::string& path, const std::string& why);  // thread-safe
+  DiskIdentity Written(const DiskIdentity& before, const FileStat& st);
+  void Discard(FileInfo& f, const std::string& why);     // REQUIRES mu_
+  void DropStale(FileInfo& f, const std::string& why);   // REQUIRES mu_
 
   const uint64_t budget_;
   MetaSink* meta_ = nullptr;  // GUARDED_BY(mu_)
@@ -315,6 +345,12 @@ class Cache {
   bool stopping_ = false;                                        // GUARDED_BY(mu_)
   uint64_t persisted_files_ = 0, persisted_bytes_ = 0;           // GUARDED_BY(mu_)
   uint64_t evicted_files_ = 0;                                   // GUARDED_BY(mu_)
+  uint64_t discarded_files_ = 0, stale_drops_ = 0;               // GUARDED_BY(mu_)
+  std::atomic<uint64_t> storage_fallbacks_{0};
+  std::atomic<uint64_t> disk_seq_{0};
+  std::chrono::milliseconds check_timeout_{2000};  // immutable once serving
+  std::unique_ptr<Prober> prober_;                 // immutable once serving
+  LogLimiter storage_log_{5, std::chrono::seconds(10)};
   uint64_t used_ = 0;      // GUARDED_BY(mu_): capacity of every buffer in buffers_
   uint64_t reserved_ = 0;  // GUARDED_BY(mu_): bytes of buffers being created
   uint64_t next_buffer_id_ = 1, next_allocation_id_ = 1, next_lease_id_ = 1;  // GUARDED_BY(mu_)

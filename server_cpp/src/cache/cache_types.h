@@ -16,6 +16,21 @@ enum class FileState {
   kPersisted = 4,
   kFailed = 5,
   kEvicted = 6,
+  kDiscarded = 7,  // dropped: its path was removed or replaced on storage first
+};
+
+// What a file's path held on storage, as this server last saw it: what was
+// there when the save began, then the file this server wrote. A load or a
+// persist that finds something else there knows the user removed or
+// replaced it (see cache/storage_check.h).
+struct DiskIdentity {
+  bool known = false;   // false: never checked (memory only, or recovered from the ring)
+  bool exists = false;  // a file was at the path
+  uint64_t dev = 0, ino = 0, size = 0;  // that file
+  int64_t mtime_ns = 0;
+  uint32_t mode = 0;                    // its permission bits
+  uint64_t dir_dev = 0, dir_ino = 0;    // the directory holding the path
+  uint64_t seq = 0;  // orders identities the server recorded: the newest wins
 };
 
 struct Record {
@@ -42,6 +57,9 @@ struct FileInfo {
   uint64_t version = 0;    // the allocation that wrote it
   uid_t owner_uid = 0;     // the committing client's identity: files are
   gid_t owner_gid = 0;     // persisted with its permissions
+  uint32_t new_mode = 0644;  // permission bits if the file is new on storage
+  bool zip_crc32 = true;     // write the CRCs into the zip headers (torch's default)
+  DiskIdentity disk;
   std::vector<Record> records;
 };
 
@@ -76,6 +94,9 @@ struct PersistJob {
   uint64_t version = 0, buffer_id = 0, size = 0, capacity = 0;
   uid_t uid = 0;  // write as this client
   gid_t gid = 0;
+  uint32_t new_mode = 0644;
+  bool zip_crc32 = true;
+  DiskIdentity expected;  // what the path must still hold for the write to go ahead
   std::vector<Record> records;
   int fd = -1;
 };

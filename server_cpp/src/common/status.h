@@ -41,6 +41,7 @@ class [[nodiscard]] Status {
   static Status Unavailable(std::string m) { return Status(Code::kUnavailable, std::move(m)); }
   static Status DeadlineExceeded(std::string m) { return Status(Code::kDeadlineExceeded, std::move(m)); }
   static Status Aborted(std::string m) { return Status(Code::kAborted, std::move(m)); }
+  static Status Cancelled(std::string m) { return Status(Code::kCancelled, std::move(m)); }
   static Status NotSupported(std::string m) { return Status(Code::kUnimplemented, std::move(m)); }
   static Status Internal(std::string m) { return Status(Code::kInternal, std::move(m)); }
   static Status DataLoss(std::string m) { return Status(Code::kDataLoss, std::move(m)); }

@@ -256,6 +256,7 @@ int Run(int argc, char** argv) {
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
   cache.SetFailedRetry(std::chrono::milliseconds(opt.persist_failed_retry_ms));
+  cache.SetStorageCheckTimeout(std::chrono::milliseconds(opt.storage_check_timeout_ms));
   cache.SetSessionLimits(SessionLimits{opt.root_is_admin, static_cast<size_t>(opt.max_leases_per_session)});
   PersistOptions popt;
   popt.threads = opt.persist_threads;

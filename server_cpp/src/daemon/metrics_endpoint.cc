@@ -114,7 +114,8 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
   static const std::pair<FileState, const char*> kStates[] = {
       {FileState::kPending, "pending"},     {FileState::kCached, "cached"},
       {FileState::kBackedUp, "backed_up"},  {FileState::kPersisted, "persisted"},
-      {FileState::kFailed, "failed"},       {FileState::kEvicted, "evicted"}};
+      {FileState::kFailed, "failed"},       {FileState::kEvicted, "evicted"},
+      {FileState::kDiscarded, "discarded"}};
   for (const auto& [state, name] : kStates)
     m.Gauge("tce_files", "files the server knows, by state",
             static_cast<double>(stats.files_by_state[static_cast<int>(state)]), {{"state", name}});
@@ -133,6 +134,12 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
   m.Counter("tce_backed_up_bytes_total", "bytes backed up to the next node",
             static_cast<double>(backup.bytes.load()));
   m.Counter("tce_evicted_files_total", "files evicted from memory", static_cast<double>(st.evicted_files()));
+  m.Counter("tce_discarded_files_total", "saves dropped: their path was removed or replaced on storage",
+            static_cast<double>(st.discarded_files()));
+  m.Counter("tce_stale_drops_total", "cached copies dropped at a load: storage holds another file, or none",
+            static_cast<double>(st.stale_drops()));
+  m.Counter("tce_storage_fallbacks_total", "loads served from the cache because storage could not be checked",
+            static_cast<double>(st.storage_fallbacks()));
   m.Counter("tce_recovered_files_total", "files pulled back from the ring", static_cast<double>(st.recovered_files()));
   m.Counter("tce_remote_reads_total", "loads served from a peer's backup", static_cast<double>(st.remote_reads()));
   const char* kFailures = "failures, by reason";

@@ -42,6 +42,7 @@ const Setting kSettings[] = {
     {"persist_direct_io", "TCE_PERSIST_DIRECT_IO", "--persist-direct-io"},
     {"persist_io_depth", "TCE_PERSIST_IO_DEPTH", "--persist-io-depth"},
     {"persist_failed_retry_ms", "TCE_PERSIST_FAILED_RETRY_MS", "--persist-failed-retry-ms"},
+    {"storage_check_timeout_ms", "TCE_STORAGE_CHECK_TIMEOUT_MS", "--storage-check-timeout-ms"},
     {"drain_timeout_ms", "TCE_DRAIN_TIMEOUT_MS", "--drain-timeout-ms"},
     {"keep_last", "TCE_KEEP_LAST", "--keep-last"},
     {"state_dir", "TCE_STATE_DIR", "--state-dir"},
@@ -198,6 +199,8 @@ Status SetOption(Options* o, const std::string& key, const std::string& value) {
     o->ring_fault = value;
   } else if (key == "peer_timeout_ms") {
     if (!ParseInt(value, 100, 3600000, &o->peer_timeout_ms)) return bad("milliseconds, 100 to 3600000");
+  } else if (key == "storage_check_timeout_ms") {
+    if (!ParseInt(value, 0, 600000, &o->storage_check_timeout_ms)) return bad("milliseconds, 0 to 600000");
   } else if (key == "persist_failed_retry_ms") {
     if (!ParseInt(value, 0, 86400000, &o->persist_failed_retry_ms)) return bad("milliseconds, 0 to 86400000");
   } else if (key == "peer_handshake_timeout_ms") {
@@ -418,6 +421,7 @@ std::string FormatConfig(const Options& o) {
       << "backup_threads = " << o.backup_threads << "\n"
       << "peer_timeout_ms = " << o.peer_timeout_ms << "\n"
       << "persist_failed_retry_ms = " << o.persist_failed_retry_ms << "\n"
+      << "storage_check_timeout_ms = " << o.storage_check_timeout_ms << "\n"
       << "peer_handshake_timeout_ms = " << o.peer_handshake_timeout_ms << "\n"
       << "peer_max_connections = " << o.peer_max_connections << "\n"
       << "peer_max_handshakes = " << o.peer_max_handshakes << "\n"
@@ -465,6 +469,10 @@ std::string HelpText() {
          "                         persist a file that failed for a reason   [TCE_PERSIST_FAILED_RETRY_MS, 30000]\n"
          "                         that may clear (disk full, I/O) again\n"
          "                         this often (0: never)\n"
+         "  --storage-check-timeout-ms N\n"
+         "                         a load waits this long for storage to say [TCE_STORAGE_CHECK_TIMEOUT_MS, 2000]\n"
+         "                         whether its file changed there, then\n"
+         "                         serves the cache (0: no limit)\n"
          "  --keep-last N          per job, evict persisted files of tags older than the\n"
          "                         newest N (0: keep while there is room)    [TCE_KEEP_LAST, 0]\n"
          "  --state-dir DIR        the server's own files (metadata)         [TCE_STATE_DIR, /var/lib/tce]\n"

@@ -55,6 +55,9 @@ struct Options {
   int backup_share = 50;       // percent of memory_budget for predecessors' backups
   int backup_threads = 1;
   int peer_timeout_ms = 30000;
+  // A load waits this long for storage to say whether the file changed
+  // there, then serves the cache (0: no limit).
+  int storage_check_timeout_ms = 2000;
   int persist_failed_retry_ms = 30000;  // a file FAILED for a reason that may clear is persisted again this often (0: never)
   int peer_handshake_timeout_ms = 5000;  // a connection authenticates within this, or is dropped
   int peer_max_connections = 256;        // authenticated peer links (lanes included)

@@ -15,6 +15,16 @@
 
 namespace tce {
 
+// What stat(2) says of a file or directory: enough to tell whether a name
+// still refers to the same file, and the bits a replacement keeps.
+struct FileStat {
+  uint64_t dev = 0, ino = 0, size = 0;
+  int64_t mtime_ns = 0;
+  uint32_t mode = 0;  // st_mode (type and permission bits)
+  uint32_t uid = 0, gid = 0;
+  uint64_t nlink = 0;  // 0 for a directory that was removed while open
+};
+
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
@@ -38,6 +48,10 @@ class WritableFile {
 // filesystem offers unnamed files, no file at all).
 class TempFile : public WritableFile {
  public:
+  // Permission bits (fchmod), before Publish.
+  virtual Status SetMode(uint32_t mode) = 0;
+  // fstat of the file (after Publish: the file now at its name).
+  virtual Status Stat(FileStat* out) = 0;
   // Call after Sync, before Close.
   virtual Status Publish(const std::string& name) = 0;
   // Removes the temp file's name, if it has one (after a failure).
@@ -60,6 +74,11 @@ class Directory {
   // digits could have made (a crashed server's temp files); counts them.
   virtual Status RemoveTemps(const std::string& temp_prefix, int* removed) = 0;
   virtual Status Sync() = 0;  // fsync, so a rename in it is durable
+  // fstat of the directory itself.
+  virtual Status Stat(FileStat* out) = 0;
+  // lstat of the entry `name` (a single component; a symlink is not
+  // followed); NOT_FOUND when there is none.
+  virtual Status StatAt(const std::string& name, FileStat* out) = 0;
 };
 
 class Env {
@@ -70,6 +89,8 @@ class Env {
 
   // mkdir -p, mode 0755.
   virtual Status CreateDirs(const std::string& dir) = 0;
+  // lstat of `path`; NOT_FOUND when nothing is there.
+  virtual Status Stat(const std::string& path, FileStat* out) = 0;
   // realpath() of the longest existing prefix of `path`, with the rest appended.
   virtual Status ResolvePath(const std::string& path, std::string* out) = 0;
   // Opens the directory `dir` (absolute, normalised, no symlinks expected)

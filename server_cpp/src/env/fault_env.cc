@@ -21,6 +21,8 @@ class FaultTempFile final : public TempFile {
   Status Truncate(uint64_t size) override { return base_->Truncate(size); }
   Status StartWriteback(uint64_t offset, uint64_t n) override { return base_->StartWriteback(offset, n); }
   Status Close() override { return base_->Close(); }
+  Status SetMode(uint32_t mode) override { return base_->SetMode(mode); }
+  Status Stat(FileStat* out) override { return base_->Stat(out); }
   Status Publish(const std::string& name) override {
     Status s = env_->BeforeRename();
     if (!s.ok()) {
@@ -50,6 +52,14 @@ class FaultDirectory final : public Directory {
     return base_->RemoveTemps(prefix, removed);
   }
   Status Sync() override { return base_->Sync(); }
+  Status Stat(FileStat* out) override {
+    Status s = env_->BeforeStat();
+    return s.ok() ? base_->Stat(out) : s;
+  }
+  Status StatAt(const std::string& name, FileStat* out) override {
+    Status s = env_->BeforeStat();
+    return s.ok() ? base_->StatAt(name, out) : s;
+  }
 
  private:
   FaultInjectionEnv* const env_;
@@ -64,6 +74,36 @@ Status FaultInjectionEnv::OpenDirectory(const std::string& root, const std::stri
   Status s = base_->OpenDirectory(root, dir, create, &base);
   if (s.ok()) out->reset(new FaultDirectory(this, std::move(base)));
   return s;
+}
+
+Status FaultInjectionEnv::Stat(const std::string& path, FileStat* out) {
+  Status s = BeforeStat();
+  return s.ok() ? base_->Stat(path, out) : s;
+}
+
+Status FaultInjectionEnv::BeforeStat() {
+  std::unique_lock<std::mutex> l(mu_);
+  unblocked_.wait(l, [this] { return !stats_blocked_; });
+  if (stat_err_ != 0) return Status::FromErrno(stat_err_, "stat (injected)");
+  return Status::OK();
+}
+
+void FaultInjectionEnv::FailStats(int err) {
+  std::lock_guard<std::mutex> l(mu_);
+  stat_err_ = err;
+}
+
+void FaultInjectionEnv::BlockStats() {
+  std::lock_guard<std::mutex> l(mu_);
+  stats_blocked_ = true;
+}
+
+void FaultInjectionEnv::UnblockStats() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_blocked_ = false;
+  }
+  unblocked_.notify_all();
 }
 
 Status FaultInjectionEnv::BeforeRename() {

@@ -2,6 +2,7 @@
 // full disk, a dying disk or a crash would. For tests; thread-safe.
 #pragma once
 
+#include <condition_variable>
 #include <mutex>
 
 #include "env/env.h"
@@ -20,11 +21,18 @@ class FaultInjectionEnv final : public Env {
   void FailRenames(int count);
   int appends() const;
   int renames() const;
+  // Every stat (of a path, a directory or an entry in it) fails with `err`
+  // from now on (EIO, ESTALE...); 0 ends it.
+  void FailStats(int err);
+  // Stats block from now on until UnblockStats, as on a hung NFS server.
+  void BlockStats();
+  void UnblockStats();
 
   Status CreateDirs(const std::string& dir) override { return base_->CreateDirs(dir); }
   Status ResolvePath(const std::string& p, std::string* out) override {
     return base_->ResolvePath(p, out);
   }
+  Status Stat(const std::string& path, FileStat* out) override;
   // Its directories' temp files fail appends and publishes as above.
   Status OpenDirectory(const std::string& root, const std::string& dir, bool create,
                        std::unique_ptr<Directory>* out) override;
@@ -32,6 +40,7 @@ class FaultInjectionEnv final : public Env {
   // Called by the files it creates.
   Status BeforeAppend();
   Status BeforeRename();
+  Status BeforeStat();
 
  private:
   Env* const base_;
@@ -39,6 +48,9 @@ class FaultInjectionEnv final : public Env {
   int append_err_ = 0, append_failures_ = 0, rename_failures_ = 0;  // GUARDED_BY(mu_)
   int append_skip_ = 0;                                             // GUARDED_BY(mu_)
   int appends_ = 0, renames_ = 0;                                   // GUARDED_BY(mu_)
+  int stat_err_ = 0;                                                // GUARDED_BY(mu_)
+  bool stats_blocked_ = false;                                      // GUARDED_BY(mu_)
+  std::condition_variable unblocked_;
 };
 
 }  // namespace tce

@@ -101,6 +101,24 @@ bool IsTempName(const std::string& name, const std::string& prefix) {
   return true;
 }
 
+void Fill(const struct stat& st, FileStat* out) {
+  out->dev = st.st_dev;
+  out->ino = st.st_ino;
+  out->size = static_cast<uint64_t>(st.st_size);
+  out->mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  out->mode = st.st_mode;
+  out->uid = st.st_uid;
+  out->gid = st.st_gid;
+  out->nlink = st.st_nlink;
+}
+
+Status FstatInto(int fd, const std::string& what, FileStat* out) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Status::FromErrno(errno, "fstat " + what);
+  Fill(st, out);
+  return Status::OK();
+}
+
 // A temp file in a directory fd: unnamed (O_TMPFILE) or under `name_`.
 class PosixTempFile final : public TempFile {
  public:
@@ -114,6 +132,11 @@ class PosixTempFile final : public TempFile {
   Status Sync() override { return file_.Sync(); }
   Status StartWriteback(uint64_t offset, uint64_t n) override { return file_.StartWriteback(offset, n); }
   Status Close() override { return file_.Close(); }
+  Status SetMode(uint32_t mode) override {
+    if (::fchmod(fd_, mode & 07777) != 0) return Status::FromErrno(errno, "fchmod " + dir_ + "/" + name_);
+    return Status::OK();
+  }
+  Status Stat(FileStat* out) override { return FstatInto(fd_, dir_ + "/" + name_, out); }
 
   Status Publish(const std::string& name) override {
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
@@ -211,6 +234,18 @@ class PosixDirectory final : public Directory {
     if (::fsync(fd_) != 0) return Status::FromErrno(errno, "fsync dir " + path_);
     return Status::OK();
   }
+  Status Stat(FileStat* out) override { return FstatInto(fd_, path_, out); }
+  Status StatAt(const std::string& name, FileStat* out) override {
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      return Status::InvalidArgument("not a file name: " + name);
+    struct stat st;
+    if (::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) return Status::NotFound(path_ + "/" + name + " does not exist");
+      return Status::FromErrno(errno, "stat " + path_ + "/" + name);
+    }
+    Fill(st, out);
+    return Status::OK();
+  }
 
  private:
   const int fd_;
@@ -274,6 +309,15 @@ class PosixEnv final : public Env {
       fd = next;
     }
     out->reset(new PosixDirectory(fd, dir));
+    return Status::OK();
+  }
+  Status Stat(const std::string& path, FileStat* out) override {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return Status::NotFound(path + " does not exist");
+      return Status::FromErrno(errno, "stat " + path);
+    }
+    Fill(st, out);
     return Status::OK();
   }
   Status ResolvePath(const std::string& path, std::string* out) override {

@@ -83,10 +83,10 @@ uint32_t Crc32(uint32_t crc, const unsigned char* data, size_t n) {
   return ZlibCrc32(crc, data, n);
 }
 
-ZipCrcStream::ZipCrcStream(std::vector<Record> records, uint64_t size)
+ZipCrcStream::ZipCrcStream(std::vector<Record> records, uint64_t size, bool patch)
     : records_(std::move(records)), crc_(records_.size(), 0) {
   (void)size;
-  for (size_t i = 0; i < records_.size(); ++i) {
+  for (size_t i = 0; patch && i < records_.size(); ++i) {
     const Record& r = records_[i];
     if (r.size > 0) fields_.push_back({r.data_offset + r.size + 4, i});  // data descriptor
     fields_.push_back({r.central_offset + 16, i});                      // central entry

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cache/cache.h"
+#include "cache/cache_types.h"
 #include "common/status.h"
 
 namespace tce {
@@ -20,8 +20,10 @@ uint32_t Crc32(uint32_t crc, const unsigned char* data, size_t n);
 
 class ZipCrcStream {
  public:
-  // `records` sorted by data_offset, inside a file of `size` bytes.
-  ZipCrcStream(std::vector<Record> records, uint64_t size);
+  // `records` sorted by data_offset, inside a file of `size` bytes. Without
+  // `patch` the CRCs are computed and the bytes left as they are (the saver
+  // turned torch's CRC-32 off: its headers hold 0).
+  ZipCrcStream(std::vector<Record> records, uint64_t size, bool patch = true);
 
   // Feeds bytes [offset, offset + n) of the file, in order. Patches the CRC
   // fields that fall inside this chunk (their records' data precede them).

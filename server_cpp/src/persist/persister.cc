@@ -3,6 +3,7 @@
 #include <set>
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/fsuid.h>
 #include <sys/syscall.h>
@@ -19,6 +20,7 @@
 
 #include "common/logging.h"
 #include "persist/crc.h"
+#include "cache/storage_check.h"
 
 namespace tce {
 namespace {
@@ -103,19 +105,6 @@ Persister::Persister(Cache* cache, Env* env, PersistOptions options)
 
 Persister::~Persister() { Stop(); }
 
-namespace {
-// The longest root `resolved` lies under, or null.
-const std::string* RootOf(const std::string& resolved, const std::vector<std::string>& roots) {
-  const std::string* best = nullptr;
-  for (const std::string& r : roots) {
-    const bool under = r == "/" || resolved == r ||
-                       (resolved.size() > r.size() && resolved.compare(0, r.size(), r) == 0 &&
-                        resolved[r.size()] == '/');
-    if (under && (!best || r.size() > best->size())) best = &r;
-  }
-  return best;
-}
-}  // namespace
 
 int Persister::RemoveStaleTemps(Env* env, const std::vector<std::string>& roots,
                                 const std::vector<std::string>& paths, const std::string& temp_prefix) {
@@ -136,7 +125,7 @@ int Persister::RemoveStaleTemps(Env* env, const std::vector<std::string>& roots,
   return total;
 }
 
-Status Persister::OpenTargetDir(const std::string& path, std::unique_ptr<Directory>* out) {
+Status Persister::OpenTargetDir(const std::string& path, bool create, std::unique_ptr<Directory>* out) {
   const std::string dir = Dirname(path);
   std::string resolved;
   Status s = env_->ResolvePath(dir, &resolved);
@@ -145,7 +134,7 @@ Status Persister::OpenTargetDir(const std::string& path, std::unique_ptr<Directo
   if (!root)
     return Status::PermissionDenied(dir + " now resolves to " + resolved +
                                     ", which is not under a storage root: nothing is written there");
-  return env_->OpenDirectory(*root, resolved, /*create=*/true, out);
+  return env_->OpenDirectory(*root, resolved, create, out);
 }
 
 void Persister::Start() {
@@ -179,12 +168,16 @@ void Persister::Loop() {
   PersistJob job;
   while (cache_->NextPersistJob(&job)) {
     std::vector<Record> records = job.records;
+    FileStat written;
     auto t0 = std::chrono::steady_clock::now();
-    Status s = Persist(job, &records);
+    Status s = Persist(job, &records, &written);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ::close(job.fd);
     if (s.code() == Status::Code::kAborted) {
       TCE_LOG(kDebug, "persist") << "skipped superseded version of path=" << job.path;
+    } else if (s.code() == Status::Code::kCancelled) {
+      TCE_LOG(kWarning, "persist") << "DISCARDED job=" << job.job << " path=" << job.path << ": "
+                                   << s.message();
     } else if (s.ok()) {
       if (options_.metrics) options_.metrics->Succeeded(job.size, secs);
       TCE_LOG(kInfo, "persist") << "persisted job=" << job.job << " path=" << job.path
@@ -194,7 +187,7 @@ void Persister::Loop() {
       TCE_LOG(kError, "persist") << "FAILED job=" << job.job << " path=" << job.path << ": "
                                  << s.ToString();
     }
-    cache_->FinishPersist(job, s, std::move(records));
+    cache_->FinishPersist(job, s, std::move(records), written);
   }
 }
 
@@ -222,7 +215,7 @@ class FsIdentity {
   bool switched_ = false;
 };
 
-Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
+Status Persister::Persist(const PersistJob& job, std::vector<Record>* records, FileStat* written) {
   FsIdentity as_client(job.uid, job.gid);
   if (!as_client.ok(job.uid))
     return Status::PermissionDenied("cannot write as uid " + std::to_string(job.uid));
@@ -233,17 +226,17 @@ Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
   void* map = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, job.fd, 0);
   if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer " + std::to_string(job.buffer_id));
   auto* data = static_cast<unsigned char*>(map);
-  ZipCrcStream crcs(*records, job.size);
+  ZipCrcStream crcs(*records, job.size, /*patch=*/job.zip_crc32);
   bool direct = options_.direct_io && mapped % kBlock == 0;
   std::chrono::milliseconds yielded(0);
   for (int attempt = 0;; ++attempt) {
-    s = PersistOnce(job, data, mapped, direct, &crcs, &yielded);
+    s = PersistOnce(job, data, mapped, direct, &crcs, &yielded, written);
     if (s.code() == Status::Code::kUnimplemented && direct) {  // no O_DIRECT here
       direct = false;
       --attempt;
       continue;
     }
-    if (s.ok() || s.code() == Status::Code::kAborted) break;
+    if (s.ok() || s.code() == Status::Code::kAborted || s.code() == Status::Code::kCancelled) break;
     if (options_.metrics) options_.metrics->Failed();
     if (attempt >= options_.retries) break;
     auto delay = options_.backoff * (1 << std::min(attempt, 10));
@@ -260,12 +253,32 @@ Status Persister::Persist(const PersistJob& job, std::vector<Record>* records) {
   return s;
 }
 
+StorageCheck Persister::StillThere(const std::string& path, Directory* dir, const DiskIdentity& expected) {
+  StorageCheck c = CheckDirectory(dir, path, expected);  // removed while open?
+  if (c.verdict != Verdict::kSame) return c;
+  std::unique_ptr<Directory> again;  // moved away (and maybe replaced)?
+  Status s = OpenTargetDir(path, /*create=*/false, &again);
+  if (!s.ok()) return ClassifyOpenFailure(env_, path.substr(0, path.rfind('/')), s, expected);
+  return CheckDirectory(again.get(), path, expected);
+}
+
 Status Persister::PersistOnce(const PersistJob& job, unsigned char* data, uint64_t mapped,
-                              bool direct, ZipCrcStream* crcs, std::chrono::milliseconds* yielded) {
+                              bool direct, ZipCrcStream* crcs, std::chrono::milliseconds* yielded,
+                              FileStat* written) {
   const std::string name = job.path.substr(job.path.rfind('/') + 1);
+  const DiskIdentity& expected = job.expected;
   std::unique_ptr<Directory> dir;
-  Status s = OpenTargetDir(job.path, &dir);
+  Status s = OpenTargetDir(job.path, /*create=*/!expected.known, &dir);
+  if (!s.ok() && expected.known) {
+    StorageCheck c = ClassifyOpenFailure(env_, job.path.substr(0, job.path.rfind('/')), s, expected);
+    if (c.verdict == Verdict::kChanged) return Status::Cancelled(c.why);
+  }
   if (!s.ok()) return s;
+  if (expected.known) {
+    StorageCheck c = CheckDirectory(dir.get(), job.path, expected);
+    if (c.verdict == Verdict::kChanged) return Status::Cancelled(c.why);
+    if (c.verdict == Verdict::kUnavailable) return Status::Unavailable(c.why);
+  }
   std::unique_ptr<TempFile> file;
   s = dir->NewTempFile(options_.temp_prefix, direct, &file);
   if (!s.ok()) return s;
@@ -284,16 +297,32 @@ Status Persister::PersistOnce(const PersistJob& job, unsigned char* data, uint64
     s = file->Append(reinterpret_cast<const char*>(data + off), static_cast<size_t>(n));
     if (s.ok() && !direct) s = file->StartWriteback(off, n);
   }
-  Status written = writes.Finish();
-  if (s.ok()) s = written;
+  Status flushed = writes.Finish();
+  if (s.ok()) s = flushed;
   if (s.ok() && direct) s = file->Truncate(job.size);
   if (s.ok()) s = file->Sync();
   if (s.ok()) {
     std::lock_guard<std::mutex> l(rename_mu_);
+    // Last look before the rename: the path must still hold what the save
+    // found there. A file being replaced lends its permission bits.
+    FileStat there;
+    bool exists = false;
+    StorageCheck c;
+    if (expected.known) c = StillThere(job.path, dir.get(), expected);
+    if (expected.known && c.verdict == Verdict::kSame)
+      c = CheckEntry(dir.get(), job.path, name, expected, &there, &exists);
+    else if (!expected.known)
+      exists = dir->StatAt(name, &there).ok();
     if (!cache_->IsCurrent(job)) {
       s = Status::Aborted("superseded by a newer version");
+    } else if (c.verdict == Verdict::kChanged) {
+      s = Status::Cancelled(c.why);
+    } else if (c.verdict == Verdict::kUnavailable) {
+      s = Status::Unavailable(c.why);
     } else {
-      s = file->Publish(name);
+      s = file->SetMode(exists && S_ISREG(there.mode) ? there.mode & 0777 : job.new_mode & 0777);
+      if (s.ok()) s = file->Publish(name);
+      if (s.ok() && !file->Stat(written).ok()) *written = FileStat();  // loads then read storage
     }
   }
   if (!s.ok()) file->Discard();

@@ -11,6 +11,16 @@
 // errors are retried with exponential backoff; after the retries the file is
 // FAILED with the reason (and stays in memory).
 //
+// Deletes are honoured: a file is written only into the directory its save
+// found (never created; only a file recovered from the ring, whose save this
+// server never saw, may create directories below the root), and only while
+// the path still holds what the save found there (or the file this server
+// wrote last). A directory removed, made again or replaced, or a file deleted,
+// replaced or modified since, makes the attempt CANCELLED: the cache then
+// DISCARDS the save (see cache/storage_check.h). A file that replaces one
+// keeps that file's permission bits; a new file gets the saver's
+// (0666 & ~umask).
+//
 // Confinement: the root check at Allocate is not trusted at write time. Each
 // attempt resolves the file's directory, requires it under a storage root,
 // and opens it from the root one component at a time without following
@@ -29,6 +39,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "cache/storage_check.h"
 #include "common/metrics.h"
 #include "env/env.h"
 #include "persist/crc.h"
@@ -75,11 +86,16 @@ class Persister {
   // to it just before it is written (patching the CRC fields in the buffer),
   // so a retry resumes the CRCs where a failed attempt stopped.
   Status PersistOnce(const PersistJob& job, unsigned char* data, uint64_t mapped, bool direct,
-                     ZipCrcStream* crcs, std::chrono::milliseconds* yielded);
-  Status Persist(const PersistJob& job, std::vector<Record>* records);
-  // The directory of `path`, opened beneath its storage root (see above).
-  Status OpenTargetDir(const std::string& path, std::unique_ptr<Directory>* out);
+                     ZipCrcStream* crcs, std::chrono::milliseconds* yielded, FileStat* written);
+  // `written`: the file now at the path (on success).
+  Status Persist(const PersistJob& job, std::vector<Record>* records, FileStat* written);
+  // The directory of `path`, opened beneath its storage root (see above),
+  // created where missing only if `create`.
+  Status OpenTargetDir(const std::string& path, bool create, std::unique_ptr<Directory>* out);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
+  // Whether `dir`, opened for `path` when the attempt began, is still the
+  // directory at that path, as the save found it.
+  StorageCheck StillThere(const std::string& path, Directory* dir, const DiskIdentity& expected);
 
   Cache* const cache_;
   Env* const env_;

@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "cache/cache.h"
 #include "persist/crc.h"
 #include "ring/backup_store.h"
 #include "ring/peer_link.h"

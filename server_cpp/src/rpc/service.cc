@@ -51,7 +51,8 @@ CacheService::CacheService(Cache* cache, std::string socket_path, MetaWriter* me
 grpc::Status CacheService::Allocate(grpc::ServerContext*, const v1::AllocateRequest* req,
                                     v1::AllocateResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
-  AllocateRequest r{req->session(), req->job(), req->tag(), req->path(), req->rank(), req->size()};
+  AllocateRequest r{req->session(), req->job(), req->tag(), req->path(), req->rank(), req->size(),
+                    req->has_mode() ? req->mode() & 0777 : 0644};
   AllocateResult out;
   tce::Status s = cache_->Allocate(r, &out);
   if (!s.ok()) return ToGrpc(s);
@@ -67,7 +68,8 @@ grpc::Status CacheService::Commit(grpc::ServerContext*, const v1::CommitRequest*
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   std::vector<Record> records = RecordsFromProto(req->records(), /*keep_crc=*/false);  // the server fills CRCs
   FileInfo f;
-  tce::Status s = cache_->Commit(req->session(), req->allocation_id(), std::move(records), &f);
+  tce::Status s = cache_->Commit(req->session(), req->allocation_id(), std::move(records), &f,
+                                 /*zip_crc32=*/!req->omit_zip_crc32());
   if (s.ok()) ToProto(f, resp->mutable_file());
   return ToGrpc(s);
 }
@@ -127,7 +129,7 @@ grpc::Status CacheService::List(grpc::ServerContext*, const v1::ListRequest* req
                                 v1::ListResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   std::vector<FileInfo> files;
-  tce::Status s = cache_->List(req->session(), req->job(), req->tag(), &files);
+  tce::Status s = cache_->List(req->session(), req->job(), req->tag(), &files, req->check_storage());
   for (const FileInfo& f : files) ToProto(f, resp->add_files());
   return ToGrpc(s);
 }
@@ -170,6 +172,9 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_persisted_bytes(s.persisted_bytes);
   resp->set_failed_files(s.failed_files);
   resp->set_evicted_files(s.evicted_files);
+  resp->set_discarded_files(s.discarded_files);
+  resp->set_stale_drops(s.stale_drops);
+  resp->set_storage_fallbacks(s.storage_fallbacks);
   resp->set_metadata_url(metadata_url_);
   resp->set_peer_endpoint(peer_endpoint_);
   resp->set_backup_queue(s.backup_queue);

@@ -1,0 +1,214 @@
+#include "cache/storage_check.h"
+
+#include <sys/stat.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace tce {
+namespace {
+
+std::string Dirname(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+std::string Basename(const std::string& path) { return path.substr(path.rfind('/') + 1); }
+
+StorageCheck Changed(std::string why) { return {Verdict::kChanged, std::move(why)}; }
+StorageCheck Unavailable(std::string why) { return {Verdict::kUnavailable, std::move(why)}; }
+
+// Resolves `dir` and opens it beneath its root, without creating anything.
+Status OpenResolved(Env* env, const std::vector<std::string>& roots, const std::string& dir,
+                    std::string* resolved, std::unique_ptr<Directory>* out) {
+  Status s = env->ResolvePath(dir, resolved);
+  if (!s.ok()) return s;
+  const std::string* root = RootOf(*resolved, roots);
+  if (!root)
+    return Status::PermissionDenied(dir + " resolves to " + *resolved + ", which is not under a storage root");
+  return env->OpenDirectory(*root, *resolved, /*create=*/false, out);
+}
+
+}  // namespace
+
+const std::string* RootOf(const std::string& resolved, const std::vector<std::string>& roots) {
+  const std::string* best = nullptr;
+  for (const std::string& r : roots) {
+    const bool under = r == "/" || resolved == r ||
+                       (resolved.size() > r.size() && resolved.compare(0, r.size(), r) == 0 &&
+                        resolved[r.size()] == '/');
+    if (under && (!best || r.size() > best->size())) best = &r;
+  }
+  return best;
+}
+
+Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
+                    DiskIdentity* out) {
+  const std::string dir = Dirname(path);
+  std::string resolved;
+  std::unique_ptr<Directory> d;
+  Status s = OpenResolved(env, roots, dir, &resolved, &d);
+  if (s.code() == Status::Code::kNotFound)
+    return Status::NotFound("No such file or directory: " + dir + " (the directory of " + path +
+                            ") does not exist");
+  if (!s.ok()) return s;
+  FileStat st;
+  s = d->Stat(&st);
+  if (!s.ok()) return s;
+  *out = DiskIdentity();
+  out->known = true;
+  out->dir_dev = st.dev;
+  out->dir_ino = st.ino;
+  s = d->StatAt(Basename(path), &st);
+  if (s.code() == Status::Code::kNotFound) return Status::OK();
+  if (!s.ok()) return s;
+  if (S_ISDIR(st.mode)) return Status::FailedPrecondition("Is a directory: " + path);
+  out->exists = true;
+  out->dev = st.dev;
+  out->ino = st.ino;
+  out->size = st.size;
+  out->mtime_ns = st.mtime_ns;
+  out->mode = st.mode & 07777;
+  return Status::OK();
+}
+
+StorageCheck ClassifyOpenFailure(Env* env, const std::string& dir, const Status& error,
+                                 const DiskIdentity& expected) {
+  // Env::OpenDirectory and OpenResolved refuse a path that a symlink (or a
+  // file) now redirects with PERMISSION_DENIED and these words; any other
+  // refusal (EACCES, as on an NFS export that squashes root) says nothing
+  // about what the path holds.
+  const std::string& m = error.message();
+  if (error.code() == Status::Code::kPermissionDenied &&
+      (m.find("is a symlink or not a directory") != std::string::npos ||
+       m.find("not under a storage root") != std::string::npos))
+    return Changed(dir + " is no longer the directory the file was saved in: " + m);
+  if (error.code() != Status::Code::kNotFound) return Unavailable(error.ToString());
+  // Missing: removed, or its filesystem is gone? Ask the nearest ancestor.
+  for (std::string at = Dirname(dir);; at = Dirname(at)) {
+    FileStat st;
+    Status s = env->Stat(at, &st);
+    if (s.ok()) {
+      if (st.dev == expected.dir_dev) return Changed("directory " + dir + " was removed");
+      return Unavailable(dir + " is missing and " + at +
+                         " is on another filesystem than it was: storage is not mounted");
+    }
+    if (s.code() != Status::Code::kNotFound) return Unavailable(s.ToString());
+    if (at == "/") return Unavailable(dir + " is missing");
+  }
+}
+
+StorageCheck CheckDirectory(Directory* dir, const std::string& path, const DiskIdentity& expected) {
+  FileStat st;
+  Status s = dir->Stat(&st);
+  if (!s.ok()) return Unavailable(s.ToString());
+  if (st.dev != expected.dir_dev)
+    return Unavailable("the directory of " + path + " is on another filesystem than it was");
+  if (st.ino != expected.dir_ino)
+    return Changed("the directory of " + path + " was removed and made again");
+  if (st.nlink == 0) return Changed("the directory of " + path + " was removed");
+  return {};
+}
+
+StorageCheck CheckEntry(Directory* dir, const std::string& path, const std::string& name,
+                        const DiskIdentity& expected, FileStat* now, bool* exists) {
+  Status s = dir->StatAt(name, now);
+  *exists = s.ok();
+  if (s.code() == Status::Code::kNotFound)
+    return expected.exists ? Changed(path + " was deleted on storage") : StorageCheck();
+  if (!s.ok()) return Unavailable(s.ToString());
+  if (!expected.exists) return Changed("another file was written at " + path);
+  if (now->dev != expected.dev || now->ino != expected.ino)
+    return Changed(path + " was replaced on storage");
+  if (now->size != expected.size || now->mtime_ns != expected.mtime_ns)
+    return Changed(path + " was modified on storage");
+  return {};
+}
+
+StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
+                       const DiskIdentity& expected) {
+  const std::string dir = Dirname(path);
+  std::string resolved;
+  std::unique_ptr<Directory> d;
+  Status s = OpenResolved(env, roots, dir, &resolved, &d);
+  if (!s.ok()) return ClassifyOpenFailure(env, resolved.empty() ? dir : resolved, s, expected);
+  StorageCheck c = CheckDirectory(d.get(), path, expected);
+  if (c.verdict != Verdict::kSame) return c;
+  FileStat now;
+  bool exists = false;
+  return CheckEntry(d.get(), path, Basename(path), expected, &now, &exists);
+}
+
+// ---- Prober ----
+
+struct Prober::Core {
+  struct Task {
+    std::function<void()> fn;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Task>> queue;  // GUARDED_BY(mu)
+  int threads = 0, idle = 0;                // GUARDED_BY(mu)
+  bool stop = false;                        // GUARDED_BY(mu)
+
+  static void Loop(std::shared_ptr<Core> core) {
+    std::unique_lock<std::mutex> l(core->mu);
+    for (;;) {
+      ++core->idle;
+      core->cv.wait(l, [&] { return !core->queue.empty() || core->stop; });
+      --core->idle;
+      if (core->queue.empty()) break;  // stopping
+      std::shared_ptr<Task> t = core->queue.front();
+      core->queue.pop_front();
+      l.unlock();
+      t->fn();
+      {
+        std::lock_guard<std::mutex> tl(t->mu);
+        t->done = true;
+      }
+      t->cv.notify_all();
+      l.lock();
+    }
+    --core->threads;
+  }
+};
+
+Prober::Prober(std::chrono::milliseconds timeout, int max_stuck)
+    : timeout_(timeout), max_stuck_(max_stuck), core_(std::make_shared<Core>()) {}
+
+Prober::~Prober() {
+  {
+    std::lock_guard<std::mutex> l(core_->mu);
+    core_->stop = true;
+  }
+  core_->cv.notify_all();  // idle threads end; stuck ones end when they return
+}
+
+bool Prober::Run(std::function<void()> fn) {
+  if (timeout_.count() <= 0) {
+    fn();
+    return true;
+  }
+  auto task = std::make_shared<Core::Task>();
+  task->fn = std::move(fn);
+  {
+    std::lock_guard<std::mutex> l(core_->mu);
+    if (core_->idle <= static_cast<int>(core_->queue.size())) {
+      // Every thread is busy: the busy ones beyond a normal load are stuck.
+      if (core_->threads >= max_stuck_) return false;
+      ++core_->threads;
+      std::thread(Core::Loop, core_).detach();
+    }
+    core_->queue.push_back(task);
+  }
+  core_->cv.notify_one();
+  std::unique_lock<std::mutex> tl(task->mu);
+  return task->cv.wait_for(tl, timeout_, [&] { return task->done; });
+}
+
+}  // namespace tce

@@ -1,0 +1,93 @@
+// Storage checks: whether a file's path on storage still holds what the
+// cache believes it holds, so that the cache never serves, nor persists over,
+// a change the user made on disk (see README, "Semantics").
+//
+// A path is compared with the DiskIdentity the server recorded for it: what
+// was there when the save began (SnapshotPath), then the file the server
+// wrote. The answer is one of:
+//   kSame        the path holds that (or still nothing, and its directory is
+//                the same directory);
+//   kChanged     the user removed or replaced the file or its directory: the
+//                cached copy must not be served, and a save not yet persisted
+//                is discarded;
+//   kUnavailable storage cannot say (EIO, ESTALE, a filesystem not mounted,
+//                no answer in time): the cache is served.
+// A directory that is missing is told apart from a filesystem that is not
+// mounted by the device of its nearest existing ancestor: the same device as
+// the directory had means it was removed.
+//
+// Nothing here follows a symlink below the storage root; every call is a
+// filesystem call, made without the cache's lock.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/cache_types.h"
+#include "common/status.h"
+#include "env/env.h"
+
+namespace tce {
+
+enum class Verdict { kSame, kChanged, kUnavailable };
+
+struct StorageCheck {
+  Verdict verdict = Verdict::kSame;
+  std::string why;  // for kChanged and kUnavailable
+};
+
+// What `path` (absolute, normalised) holds now, into `out` (known = true).
+// NOT_FOUND: its directory does not exist; PERMISSION_DENIED: it does not
+// resolve under one of `roots`, or a symlink or a file stands on the way;
+// any other error: storage could not be read.
+Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
+                    DiskIdentity* out);
+
+// Compares what `path` holds now with `expected` (known).
+StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
+                       const DiskIdentity& expected);
+
+// Compares `dir`, opened for `path`'s directory, with `expected`.
+StorageCheck CheckDirectory(Directory* dir, const std::string& path, const DiskIdentity& expected);
+
+// Compares the entry `name` of `dir` (the directory of `path`) with
+// `expected`; `now` gets what is there (exists: whether anything is).
+StorageCheck CheckEntry(Directory* dir, const std::string& path, const std::string& name,
+                        const DiskIdentity& expected, FileStat* now, bool* exists);
+
+// Classifies a failure to open `dir` (the directory of a path whose
+// directory was `expected`): removed (kChanged) or storage not there
+// (kUnavailable).
+StorageCheck ClassifyOpenFailure(Env* env, const std::string& dir, const Status& error,
+                                 const DiskIdentity& expected);
+
+// The longest of `roots` that `resolved` lies under, or null.
+const std::string* RootOf(const std::string& resolved, const std::vector<std::string>& roots);
+
+// Runs storage checks on threads of its own and waits for each at most a
+// timeout, so that a hung filesystem (an NFS server that stopped answering)
+// delays a load by that much and no more. A check that overruns keeps its
+// thread; when `max_stuck` threads are stuck, Run fails at once.
+class Prober {
+ public:
+  Prober(std::chrono::milliseconds timeout, int max_stuck = 8);
+  ~Prober();
+  Prober(const Prober&) = delete;
+  Prober& operator=(const Prober&) = delete;
+
+  // Runs `fn` (which must own everything it touches: it may outlive the
+  // call); false when it did not finish within the timeout. A timeout <= 0
+  // runs it on the caller's thread.
+  bool Run(std::function<void()> fn);
+
+ private:
+  struct Core;
+  const std::chrono::milliseconds timeout_;
+  const int max_stuck_;
+  std::shared_ptr<Core> core_;
+};
+
+}  // namespace tce
