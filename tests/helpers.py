@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import subprocess
 import time
@@ -105,3 +106,37 @@ class Blocker:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+class LoopMount:
+    """A real ext4 filesystem on a loop device, mounted at ``path``: storage
+    that can be taken away (``unmount``) as a failed disk or a lost network
+    mount would be. Needs root."""
+
+    def __init__(self, path, size_mb: int = 64) -> None:
+        self.path = Path(path)
+        self.image = self.path.with_name(self.path.name + ".img")
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.image, "wb") as f:
+            f.truncate(size_mb << 20)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(self.image)], check=True, capture_output=True)
+        subprocess.run(["mount", "-o", "loop", str(self.image), str(self.path)], check=True)
+        self.mounted = True
+
+    def unmount(self) -> None:
+        if self.mounted:
+            self.mounted = False
+            subprocess.run(["umount", "-l", str(self.path)], check=True)
+
+    def close(self) -> None:
+        self.unmount()
+        self.image.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def loop_mount(path, size_mb: int = 64):
+    m = LoopMount(path, size_mb)
+    try:
+        yield m
+    finally:
+        m.close()

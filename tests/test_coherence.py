@@ -1,0 +1,219 @@
+"""A checkpoint path behaves like a file (README, "Semantics").
+
+Real files, real processes: a user's habits (os.remove, shutil.rmtree, a
+rename, a replacement written by another process, an unmounted disk) against
+a persisting server, through the patched torch.save / torch.load.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+import tce
+from tce import _api, _knobs
+from tce._client import Client
+from tce._server import LocalServer
+from tce.v1 import tce_pb2 as pb
+
+from helpers import loop_mount
+
+
+@pytest.fixture
+def storage(tmp_path):
+    d = tmp_path / "storage"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def server(tmp_path, storage):
+    s = LocalServer(memory_budget="512MiB", storage_roots=[str(storage)],
+                    state_dir=str(tmp_path / "state")).start()
+    yield s
+    tce.unpatch_torch()
+    _api.close()
+    assert s.stop() == 0, s.log()
+    s.cleanup()
+
+
+@pytest.fixture
+def job():
+    return f"coh-{uuid.uuid4().hex[:8]}"
+
+
+class Hold:
+    """Holds persistence back: a save being written into the cache (an
+    allocation never committed) makes the persister wait before it writes
+    (up to 5 s a file), as it yields to training."""
+
+    def __init__(self, socket: str, job: str, storage: Path) -> None:
+        self.c = Client(socket, rpc_timeout=10)
+        self.job = job
+        resp = self.c._call("Allocate", pb.AllocateRequest(
+            session=self.c.session, job=job, path=str(storage / "held.pt"), size=4096))
+        self.allocation = resp.allocation_id
+
+    def release(self) -> None:
+        self.c._call("Abort", pb.AbortRequest(session=self.c.session, allocation_id=self.allocation))
+        self.c.close()
+
+
+def _files(socket: str, job: str) -> dict[str, pb.FileInfo]:
+    c = Client(socket, rpc_timeout=10)
+    try:
+        return {f.path: f for f in c.list(job)}
+    finally:
+        c.close()
+
+
+def _status(socket: str) -> pb.StatusResponse:
+    c = Client(socket, rpc_timeout=10)
+    try:
+        return c.status()
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("habit", ["os.remove", "shutil.rmtree", "rename the directory"])
+def test_a_path_removed_right_after_a_save_stays_removed(server, storage, tmp_path, job, habit):
+    step = storage / "checkpoint-100"
+    step.mkdir()
+    path = step / "model.pt"
+    with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+        tce.patch_torch([storage])
+        if habit == "os.remove":  # a durable earlier version the user then deletes
+            torch.save({"w": torch.zeros(4)}, path)
+            tce.wait()
+        hold = Hold(server.socket, job, storage)
+        try:
+            torch.save({"w": torch.ones(1 << 20)}, path)
+            if habit == "os.remove":
+                os.remove(path)
+            elif habit == "shutil.rmtree":
+                shutil.rmtree(step)
+            else:
+                os.rename(step, storage / "checkpoint-100.old")
+        finally:
+            hold.release()
+        info = _api._get_client().wait(job, [str(path)], 30)[0]
+        assert info.state == pb.FILE_STATE_DISCARDED, info
+        assert info.buffer_id == 0  # its memory is free
+        assert ("was deleted" if habit == "os.remove" else "was removed") in info.reason, info.reason
+        assert not path.exists()
+        if habit == "shutil.rmtree":
+            assert not step.exists()  # not recreated
+        if habit == "rename the directory":
+            assert not step.exists()
+            assert os.listdir(storage / "checkpoint-100.old") == []
+        with pytest.raises(FileNotFoundError):
+            torch.load(path)  # as plain torch would
+        _api.close()
+    assert int(_status(server.socket).discarded_files) == 1
+    # The metadata says so too: a restarted server knows why.
+    assert server.stop() == 0
+    server.start()
+    f = _files(server.socket, job)[str(path)]
+    assert f.state == pb.FILE_STATE_DISCARDED and f.reason == info.reason, f
+
+
+def test_a_file_replaced_by_another_process_is_what_loads(server, storage, job):
+    path = storage / "model.pt"
+    with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+        tce.patch_torch([storage])
+        torch.save({"w": torch.zeros(8)}, path)
+        tce.wait()
+        assert torch.equal(torch.load(path)["w"], torch.zeros(8))  # from the cache
+        # rsync-like: another process writes a new checkpoint and renames it in.
+        subprocess.run([sys.executable, "-c", (
+            "import os, torch, sys\n"
+            "torch.save({'w': torch.full((8,), 7.0)}, sys.argv[1] + '.tmp')\n"
+            "os.replace(sys.argv[1] + '.tmp', sys.argv[1])\n"), str(path)], check=True, timeout=120)
+        assert torch.equal(torch.load(path)["w"], torch.full((8,), 7.0))
+        assert not tce.cached(path)
+        assert int(tce.status()["stale_drops"]) == 1
+        os.remove(path)
+        with pytest.raises(FileNotFoundError):
+            torch.load(path)
+
+
+def test_a_file_deleted_after_it_persisted_is_not_served(server, storage, job):
+    path = storage / "model.pt"
+    with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+        tce.patch_torch([storage])
+        torch.save({"w": torch.ones(8)}, path)
+        tce.wait()
+        os.remove(path)
+        with pytest.raises(FileNotFoundError):
+            torch.load(path)
+        info = _files(server.socket, job)[str(path)]
+        assert info.state == pb.FILE_STATE_EVICTED and "was deleted" in info.reason, info
+
+
+def test_unmounted_storage_serves_the_cache(tmp_path, job):
+    with loop_mount(tmp_path / "disk", size_mb=64) as mnt:
+        s = LocalServer(memory_budget="256MiB", storage_roots=[str(mnt.path)]).start()
+        try:
+            path = mnt.path / "step1" / "model.pt"
+            path.parent.mkdir()
+            with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
+                tce.patch_torch([mnt.path])
+                torch.save({"w": torch.arange(10.0)}, path)
+                tce.wait()
+                mnt.unmount()  # the storage is gone, not the user's checkpoint
+                assert not path.exists()
+                assert torch.equal(torch.load(path)["w"], torch.arange(10.0))  # from the cache
+                assert tce.cached(path)
+                assert int(tce.status()["storage_fallbacks"]) >= 1
+                tce.unpatch_torch()
+                _api.close()
+            assert s.stop() == 0, s.log()
+            assert "storage could not be checked for " + str(path) in s.log()
+        finally:
+            s.stop()
+            s.cleanup()
+
+
+def test_a_save_into_a_missing_directory_fails_like_torch_save(server, storage, job):
+    path = storage / "nope" / "model.pt"
+    with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+        with pytest.raises(FileNotFoundError):
+            tce.save({"w": torch.ones(2)}, path)
+    assert not (storage / "nope").exists()
+
+
+def test_mode_and_identity_against_plain_torch_save(server, storage, job):
+    """Same paths, same umask: TCE's files get the modes torch.save's get.
+    The inode differs by design: every write is a rename of a new file."""
+    sd = {"w": torch.ones(16)}
+    results = {}
+    for who in ("torch", "tce"):
+        d = storage / who
+        d.mkdir()
+        existing = d / "existing.pt"
+        existing.write_bytes(b"an older checkpoint")
+        os.chmod(existing, 0o600)
+        inode = existing.stat().st_ino
+        old = os.umask(0o027)
+        try:
+            if who == "torch":
+                torch.save(sd, existing)
+                torch.save(sd, d / "new.pt")
+            else:
+                with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+                    tce.save(sd, existing)
+                    tce.save(sd, d / "new.pt")
+                    tce.wait()
+        finally:
+            os.umask(old)
+        results[who] = (existing.stat().st_mode & 0o7777, (d / "new.pt").stat().st_mode & 0o7777,
+                        existing.stat().st_ino == inode)
+    assert results["torch"] == (0o600, 0o640, True)
+    assert results["tce"] == (0o600, 0o640, False)
