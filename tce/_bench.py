@@ -135,12 +135,15 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
             tce.wait()
             # Pairs (persist, dd) in turn: a disk's speed drifts, so only
             # ratios taken side by side mean something.
-            persist, dd, during = [], [], []
+            persist, dd, during, durable, torch_fsync = [], [], [], [], []
             for _ in range(repeats):
+                t_save = time.perf_counter()
                 tce.save(sd, a)
                 t0 = time.perf_counter()
                 tce.wait([a])
                 persist.append(time.perf_counter() - t0)
+                durable.append(time.perf_counter() - t_save)  # patch_torch(durable=True)
+                torch_fsync.append(_time(lambda: _torch_save_fsync(sd, os.path.join(root, "t.pt"))))
                 dd.append(_dd(os.path.join(root, "dd.bin"), nbytes))
                 tce.save(sd, a)  # a's persistence now runs in the background...
                 t0 = time.perf_counter()
@@ -151,6 +154,13 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
             res["dd_fsync_s"] = statistics.median(dd)
             res["persist_vs_dd"] = statistics.median(d / p for p, d in zip(persist, dd))
             res["tce_save_while_persisting_s"] = statistics.median(during)
+            res["tce_durable_s"] = statistics.median(durable)
+            res["durable_vs_torch_fsync"] = statistics.median(t / d for d, t in zip(durable, torch_fsync))
+            # A load of a persisted file first compares it with storage.
+            tiny = os.path.join(root, "tiny.pt")
+            tce.save(_TINY, tiny)
+            tce.wait([tiny])
+            res["tiny_load_checked_s"] = _median(lambda: tce.load(tiny), 200)
             _api.close()
     finally:
         server.stop()
@@ -160,6 +170,10 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
 
 class _Skipped(Exception):
     pass
+
+
+# A 1 KiB state dict: its load time is the per-file cost, not the bytes'.
+_TINY = {"w": torch.zeros(256)}
 
 
 def _sync(device: str) -> None:
@@ -306,6 +320,10 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
             res["tce_load_s"] = _median(tce_load, repeats)
             res["tce_restore_s"] = _median(restore(tce_load), repeats)
             tce.remove(path)
+            tiny = os.path.join(directory, "tce_bench_tiny.pt")
+            tce.save(_TINY, tiny)
+            res["tiny_load_s"] = _median(lambda: tce.load(tiny), 200)
+            tce.remove(tiny)
             _api.close()
     except _Skipped:
         pass
@@ -343,16 +361,8 @@ def _torch(sd: dict[str, torch.Tensor], model: dict[str, torch.Tensor], restore:
     res: dict[str, Any] = {}
     fpath = os.path.join(directory, "tce_bench_torch.pt")
 
-    def torch_save_fsync() -> None:
-        torch.save(sd, fpath)
-        fd = os.open(fpath, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     res["torch_save_s"] = _median(lambda: torch.save(sd, fpath), repeats)
-    res["torch_save_fsync_s"] = _median(torch_save_fsync, repeats)
+    res["torch_save_fsync_s"] = _median(lambda: _torch_save_fsync(sd, fpath), repeats)
     res["torch_load_s"] = _median(lambda: torch.load(fpath, weights_only=True, map_location=device),
                                   repeats)
     res["torch_restore_s"] = _median(
@@ -360,6 +370,15 @@ def _torch(sd: dict[str, torch.Tensor], model: dict[str, torch.Tensor], restore:
     )
     os.unlink(fpath)
     return res
+
+
+def _torch_save_fsync(sd: dict[str, torch.Tensor], path: str) -> None:
+    torch.save(sd, path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
@@ -390,11 +409,17 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
     add("modifiable", "DCP async_save, pinned stager: staged", "dcp_async_pinned_modifiable_s")
     add("durable", "tce: commit -> persisted", "tce_persist_s",
         lambda: f"{res['persist_vs_dd']:.0%} of dd conv=fsync (median of paired runs)")
+    add("durable", "tce.save + wait (patch_torch durable=True)", "tce_durable_s",
+        lambda: f"{res['durable_vs_torch_fsync']:.2f}x torch.save + fsync (median of paired runs)")
     add("durable", "DCP async_save: durable", "dcp_async_durable_s")
     add("durable", "DCP async_save, pinned stager: durable", "dcp_async_pinned_durable_s")
     add("restore", "tce.load (from cache)", "tce_load_s",
         lambda: f"{res['tce_load_speedup_vs_torch_load']:.1f}x torch.load" if "torch_load_s" in res else "")
     add("restore", "torch.load (page cache)", "torch_load_s")
+    add("per file", "tce.load of 1 KiB, memory-only server", "tiny_load_s")
+    add("per file", "tce.load of 1 KiB, checked against storage", "tiny_load_checked_s",
+        lambda: f"+{(res['tiny_load_checked_s'] - res['tiny_load_s']) * 1e6:.0f} us for the storage check"
+        if "tiny_load_s" in res else "")
     add("restore", "DCP load (in place)", "dcp_load_s")
     add("restore", "restore from cache: tce.load + copy", "tce_restore_s",
         lambda: f"{res['tce_restore_speedup_vs_torch']:.1f}x torch" if "torch_restore_s" in res else "")
@@ -412,7 +437,8 @@ def render(res: dict[str, Any]) -> str:
         f"{'':11s}{'':42s} {'seconds':>9s} {'GB/s':>8s}",
     ]
     for group, name, s, note in rows(res):
-        out.append(f"{group:11s}{name:42s} {s:9.4f} {gb / s:8.2f}  {note}")
+        rate = "" if group == "per file" else f"{gb / s:8.2f}"  # a 1 KiB file: no rate
+        out.append(f"{group:11s}{name:42s} {s:9.4f} {rate:>8s}  {note}")
     return "\n".join(out)
 
 
@@ -427,7 +453,7 @@ def plot(res: dict[str, Any], path: str) -> None:
         raise SystemExit("--plot needs matplotlib (pip install matplotlib)") from None
     data = rows(res)
     colors = {"floor": "#999999", "stall": "#d62728", "modifiable": "#ff7f0e",
-              "durable": "#1f77b4", "restore": "#2ca02c"}
+              "durable": "#1f77b4", "restore": "#2ca02c", "per file": "#9467bd"}
     fig, ax = plt.subplots(figsize=(10, 0.38 * len(data) + 1.5))
     names = [f"{n}" for _, n, _, _ in data][::-1]
     secs = [s for _, _, s, _ in data][::-1]
