@@ -553,7 +553,9 @@ void Cache::EnforceKeepLast(const std::string& job) {
   if (keep_last_ == 0) return;
   std::map<std::string, int64_t> newest;  // tag -> its newest commit
   for (const auto& [key, f] : files_) {
-    if (f.job != job || f.tag.empty() || f.state == FileState::kEvicted) continue;
+    if (f.job != job || f.tag.empty() || f.state == FileState::kEvicted ||
+        f.state == FileState::kDiscarded)
+      continue;  // a tag that holds no memory takes no place among the newest
     newest[f.tag] = std::max(newest[f.tag], f.committed_unix_ns);
   }
   if (newest.size() <= keep_last_) return;
