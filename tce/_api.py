@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tce import _knobs, _layout, _staging
+from tce import _files, _knobs, _layout, _staging
 from tce._staging import wait_staged  # noqa: F401 (public: tce.wait_staged)
 from tce._client import Client
 from tce.errors import (
@@ -151,7 +151,11 @@ def save(
     :func:`wait_staged`, runs before every ``torch.optim`` optimizer step.
     The file has exactly torch.save's format. When the server is unreachable (or its cache is full),
     falls back to a plain ``torch.save`` with a warning, or raises when the
-    ``on_unavailable`` setting is ``raise``. So does a path that is not valid
+    ``on_unavailable`` setting is ``raise``; the fallback is atomic (a temp
+    file in the same directory, fsynced, renamed over the path), so a crash
+    leaves the old file or the new one. A directory that does not exist
+    raises :class:`~tce.errors.MissingDirectoryError` (a FileNotFoundError
+    and a RuntimeError, as torch.save's own error) and nothing is created. So does a path that is not valid
     UTF-8 (``os.fsdecode`` of arbitrary bytes), which the protocol cannot
     carry: it is written directly with a warning, or raises
     :class:`~tce.errors.InvalidArgumentError` under ``raise``; loads of it
@@ -185,7 +189,7 @@ def _save(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle, pickle_pr
         if _knobs.get("on_unavailable") == "raise":
             raise InvalidArgumentError(uncacheable)
         _fallback_warning(uncacheable)
-        _torch_save(obj, path, pickle_module, pickle_protocol)
+        _files.atomic_write(path, lambda f: _torch_save(obj, f, pickle_module, pickle_protocol))
         return None
     plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     try:
@@ -207,7 +211,7 @@ def _save(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle, pickle_pr
         except TCEError:
             pass
     _fallback_warning(reason)
-    _torch_save(obj, path, pickle_module, pickle_protocol)
+    _files.atomic_write(path, lambda f: _torch_save(obj, f, pickle_module, pickle_protocol))
     return None
 
 

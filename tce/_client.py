@@ -23,9 +23,18 @@ import weakref
 from typing import Any, Iterable
 
 import grpc
+import torch
 
 from tce import _layout
-from tce.errors import CacheFullError, ServerUnavailableError, TCEError, error_for
+from tce._files import current_umask
+from tce.errors import (
+    CacheFullError,
+    MissingDirectoryError,
+    NotCachedError,
+    ServerUnavailableError,
+    TCEError,
+    error_for,
+)
 from tce.v1 import tce_pb2 as pb
 from tce.v1 import tce_pb2_grpc as pb_grpc
 
@@ -205,14 +214,18 @@ class Client:
 
         self._flush()
         request = pb.AllocateRequest(
-            session=self.session, job=job, tag=tag, rank=rank, path=path, size=plan.size
+            session=self.session, job=job, tag=tag, rank=rank, path=path, size=plan.size,
+            mode=0o666 & ~current_umask(),
         )
         try:
-            resp = self._call("Allocate", request)
-        except CacheFullError:
-            if not self.detach_leases():
-                raise
-            resp = self._call("Allocate", request)  # our loads no longer pin buffers
+            try:
+                resp = self._call("Allocate", request)
+            except CacheFullError:
+                if not self.detach_leases():
+                    raise
+                resp = self._call("Allocate", request)  # our loads no longer pin buffers
+        except NotCachedError as e:  # the only NOT_FOUND of Allocate: no such directory
+            raise MissingDirectoryError(e.message, filename=path) from None
         self._unmap(resp.unmap_buffer_ids)
 
         def commit(staging: _staging.Staging) -> pb.FileInfo:
@@ -227,7 +240,8 @@ class Client:
                 return self._call(
                     "Commit",
                     pb.CommitRequest(
-                        session=self.session, allocation_id=resp.allocation_id, records=records
+                        session=self.session, allocation_id=resp.allocation_id, records=records,
+                        omit_zip_crc32=not torch.serialization.get_crc32_options(),
                     ),
                 ).file
             except BaseException:

@@ -6,6 +6,8 @@ e.g. ``RESOURCE_EXHAUSTED``) and the server's message.
 
 from __future__ import annotations
 
+import errno
+
 
 class TCEError(Exception):
     """Base class of every error TCE raises."""
@@ -32,6 +34,19 @@ class NotCachedError(TCEError):
     """The file (or allocation, lease, buffer) is not known to the server."""
 
     code = "NOT_FOUND"
+
+
+class MissingDirectoryError(NotCachedError, FileNotFoundError, RuntimeError):
+    """A save into a directory that does not exist, refused at once (the
+    server creates no directories). A ``FileNotFoundError`` (errno ENOENT,
+    ``filename`` the path), and a ``RuntimeError`` as ``torch.save``'s own
+    error for a missing parent directory is."""
+
+    def __init__(self, message: str, *, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno.ENOENT
+        self.strerror = message
+        self.filename = filename
 
 
 class InvalidArgumentError(TCEError):

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from tce._client import Client
 from tce._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
-from helpers import loop_mount
+from helpers import loop_mount, until
 
 
 @pytest.fixture
@@ -217,3 +219,92 @@ def test_mode_and_identity_against_plain_torch_save(server, storage, job):
                         existing.stat().st_ino == inode)
     assert results["torch"] == (0o600, 0o640, True)
     assert results["tce"] == (0o600, 0o640, False)
+
+
+def _zip_crcs(path) -> list[int]:
+    """Every record's CRC-32 field, but the random serialization id's."""
+    with zipfile.ZipFile(path) as z:
+        return [i.CRC for i in z.infolist() if not i.filename.endswith("serialization_id")]
+
+
+def test_crc32_options_are_honoured(server, storage, job):
+    sd = {"w": torch.arange(64.0), "b": torch.ones(3)}
+    try:
+        for crc in (True, False):
+            torch.serialization.set_crc32_options(crc)
+            mine, theirs = storage / f"tce-{crc}.pt", storage / f"torch-{crc}.pt"
+            torch.save(sd, theirs)
+            with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+                tce.save(sd, mine)
+                tce.wait()
+            assert _zip_crcs(mine) == _zip_crcs(theirs)
+            assert any(_zip_crcs(mine)) == crc
+            assert torch.equal(torch.load(mine)["w"], sd["w"])
+    finally:
+        torch.serialization.set_crc32_options(True)
+
+
+_KILLED_MID_WRITE = """
+import os, sys, torch
+import tce
+from tce import _knobs
+path = sys.argv[1]
+with _knobs.override(socket=sys.argv[2], on_unavailable="fallback"):
+    tce.save({"w": torch.ones(16 << 20)}, path)  # 64 MiB, written directly: the server is down
+"""
+
+
+def test_a_fallback_killed_mid_write_leaves_the_old_file_intact(tmp_path):
+    """No server: tce.save writes with torch.save itself. A SIGKILL at any
+    moment of that write leaves the durable previous version untouched."""
+    path = tmp_path / "model.pt"
+    torch.save({"w": torch.zeros(4)}, path)
+    before = path.read_bytes()
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_MID_WRITE, str(path),
+                              str(tmp_path / "no-server.sock")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def temp_growing():
+            temps = [p for p in tmp_path.iterdir() if p.name.startswith(".model.pt.tce-")]
+            return temps and temps[0].stat().st_size > (8 << 20)
+        until(temp_growing, timeout=120, what="the fallback's temp file to grow")
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert path.read_bytes() == before
+    assert torch.equal(torch.load(path)["w"], torch.zeros(4))
+
+
+_FALLBACK_MODES = """
+import os, sys, torch
+import tce
+from tce import _knobs
+os.umask(0o027)
+with _knobs.override(socket=sys.argv[3], on_unavailable="fallback"):
+    tce.save({"w": torch.ones(4)}, sys.argv[1])
+    tce.save({"w": torch.ones(4)}, sys.argv[2])
+"""
+
+
+def test_a_fallback_keeps_the_mode_and_honours_the_umask(tmp_path):
+    existing, new = tmp_path / "existing.pt", tmp_path / "new.pt"
+    existing.write_bytes(b"an older checkpoint")
+    os.chmod(existing, 0o600)
+    subprocess.run([sys.executable, "-c", _FALLBACK_MODES, str(existing), str(new),
+                    str(tmp_path / "no-server.sock")], check=True, timeout=120)
+    assert existing.stat().st_mode & 0o7777 == 0o600
+    assert new.stat().st_mode & 0o7777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.pt", "new.pt"]  # no temp left
+
+
+def test_a_fallback_into_a_missing_directory_creates_nothing(tmp_path):
+    path = tmp_path / "nope" / "model.pt"
+    with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
+        with pytest.warns(RuntimeWarning):
+            with pytest.raises(FileNotFoundError) as e:
+                tce.save({"w": torch.ones(2)}, path)
+    assert isinstance(e.value, RuntimeError)  # as torch.save's own error is
+    assert not (tmp_path / "nope").exists()

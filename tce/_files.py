@@ -1,0 +1,68 @@
+"""Files as the client writes them itself: the saver's umask, and the
+atomic direct write every fallback uses (README, "Semantics")."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any, Callable
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` can only
+    be read by setting it, which races with other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: the racy way
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str, write: Callable[[Any], None]) -> None:
+    """Write ``path`` by ``write(file)`` so that a crash at any moment leaves
+    either the old file or the new one: a temp file in the same directory,
+    fsynced, given the replaced file's mode (a new file: 0666 & ~umask),
+    renamed over the path, and the directory fsynced. A missing directory
+    raises FileNotFoundError and nothing is created."""
+    directory, name = os.path.split(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        from tce.errors import MissingDirectoryError
+
+        raise MissingDirectoryError(f"No such file or directory: {directory} (the directory of "
+                                    f"{path}) does not exist", filename=path)
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666 & ~current_umask()
+    for _ in range(8):
+        temp = os.path.join(directory, f".{name}.tce-{secrets.token_hex(8)}")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temp name next to {path}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
