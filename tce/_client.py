@@ -340,8 +340,11 @@ class Client:
         return list(self._call(
             "Retry", pb.RetryRequest(session=self.session, job=job, paths=paths)).files)
 
-    def list(self, job: str = "", tag: str = "") -> list[pb.FileInfo]:
-        return list(self._call("List", pb.ListRequest(session=self.session, job=job, tag=tag)).files)
+    def list(self, job: str = "", tag: str = "", *, check_storage: bool = False) -> list[pb.FileInfo]:
+        """The job's files; with ``check_storage``, each cached one is first
+        compared with storage, as a load would (README, "Semantics")."""
+        return list(self._call("List", pb.ListRequest(
+            session=self.session, job=job, tag=tag, check_storage=check_storage)).files)
 
     def wait(self, job: str, paths: list[str], timeout: float | None) -> list[pb.FileInfo]:
         """Block until the files are PERSISTED or FAILED (server-side wait)."""

@@ -330,8 +330,8 @@ def _engine_class():
             """The job's paths this node's cache can serve (what tce.load reads from memory)."""
             from tce.v1 import tce_pb2 as pb
 
-            try:
-                files = _api._with_client(lambda c: c.list(self.job))
+            try:  # a file deleted or replaced on storage no longer counts
+                files = _api._with_client(lambda c: c.list(self.job, check_storage=True))
             except TCEError:
                 return set()
             return {f.path for f in files

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tce._server import LocalServer
-from helpers import wait_metadata_written
+from helpers import loop_mount, wait_metadata_written
 
 pytestmark = [pytest.mark.deepspeed]
 
@@ -128,31 +128,43 @@ def ds_server(tmp_path):
     assert code == 0, s.log()
 
 
-def _garble_storage(ckpt: Path) -> list[Path]:
-    """Overwrite every persisted checkpoint file: a load that read storage would fail."""
-    files = sorted(ckpt.rglob("*.pt"))
-    for f in files:
-        f.write_bytes(b"not a checkpoint: the cache must serve this")
-    return files
+@pytest.fixture
+def ds_disk_server(tmp_path):
+    """A server persisting onto a real ext4 filesystem (a loop device) that
+    the test can unmount: storage lost, as a failed disk or mount loses it."""
+    with loop_mount(tmp_path / "disk", size_mb=256) as disk:
+        s = LocalServer(memory_budget="1GiB", storage_roots=[str(disk.path)],
+                        state_dir=str(tmp_path / "state")).start()
+        s.storage, s.disk = disk.path, disk
+        yield s
+        code = s.stop()
+        s.cleanup()
+        assert code == 0, s.log()
 
 
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_sigkill_and_resume_from_cache_is_bitwise(ds_server, tmp_path, stage, world):
-    ckpt = ds_server.storage / "ckpt"
+def test_sigkill_and_resume_from_cache_is_bitwise(ds_disk_server, tmp_path, stage, world):
+    """The job is killed after a persisted checkpoint, then its storage is lost
+    (the disk unmounted): the resumed run loads every file from the cache."""
+    ckpt = ds_disk_server.storage / "ckpt"
     common = ["--stage", str(stage), "--ckpt", str(ckpt), "--steps", "5"]
     first = Run(world, [*common, "--save-at", "3", "--wait-persisted"],
-                socket_path=ds_server.socket, out=tmp_path / "first", ready=True).wait()
+                socket_path=ds_disk_server.socket, out=tmp_path / "first", ready=True).wait()
     assert (ckpt / "latest").read_text() == "global_step3"
-    garbled = _garble_storage(ckpt)
+    persisted = sorted(ckpt.rglob("*.pt"))
     # ZeRO-3 writes zero_pp_rank_<r>_mp_rank_00_model_states.pt per rank
-    model_files = [f for f in garbled if f.name.endswith("model_states.pt")]
-    assert len(model_files) == (world if stage == 3 else 1), garbled
+    model_files = [f for f in persisted if f.name.endswith("model_states.pt")]
+    assert len(model_files) == (world if stage == 3 else 1), persisted
     if stage:
-        assert sum("optim_states" in f.name for f in garbled) == world
-    run = Run(world, [*common, "--load"], socket_path=ds_server.socket, out=tmp_path / "resumed")
+        assert sum("optim_states" in f.name for f in persisted) == world
+    ds_disk_server.disk.unmount()
+    assert not ckpt.exists()  # 'latest' went with it
+    run = Run(world, [*common, "--load"], socket_path=ds_disk_server.socket, out=tmp_path / "resumed")
     resumed = run.wait()
-    assert "[TCE] checkpoint engine active: TCECheckpointEngine" in run.logs()  # said clearly
+    log = run.logs()
+    assert "[TCE] checkpoint engine active: TCECheckpointEngine" in log  # said clearly
+    assert "loading 'global_step3', the newest recoverable tag" in log, log
     for rank in range(world):
         a, b = first[rank], resumed[rank]
         _same_state(b["at_load"], a["saved"][3], f"rank {rank} after load:")
@@ -241,6 +253,28 @@ def test_latest_naming_a_lost_tag_falls_back_to_the_newest_recoverable(tmp_path)
     finally:
         server.stop()
         server.cleanup()
+
+
+def test_a_tag_whose_files_were_deleted_on_disk_is_not_loaded(ds_server, tmp_path):
+    """Rank 1's file of the newest tag is deleted on disk after it persisted:
+    its cached copy no longer counts, and the resume falls back to the older
+    complete tag instead of loading one the user deleted."""
+    ckpt = ds_server.storage / "ckpt"
+    common = ["--stage", "2", "--ckpt", str(ckpt)]
+    first = Run(2, [*common, "--save-at", "2,4", "--steps", "4", "--wait-persisted"],
+                socket_path=ds_server.socket, out=tmp_path / "first").wait()
+    assert (ckpt / "latest").read_text() == "global_step4"
+    deleted = ckpt / "global_step4" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    deleted.unlink()
+    run = Run(2, [*common, "--load", "--steps", "4"], socket_path=ds_server.socket,
+              out=tmp_path / "resumed")
+    resumed = run.wait()
+    log = run.logs()
+    assert "names 'global_step4', whose files are lost" in log, log
+    assert "loading 'global_step2', the newest recoverable tag" in log, log
+    for rank in range(2):
+        _same_state(resumed[rank]["at_load"], first[rank]["saved"][2], f"rank {rank}:")
+    assert not deleted.exists()
 
 
 def _wait_metadata_written(server: LocalServer) -> None:
