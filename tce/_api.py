@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pickle
@@ -318,12 +319,24 @@ def wait(
             through the cache and has not yet seen persisted.
         timeout: seconds; None waits as long as it takes.
 
+    A path the server does not hold is settled if the file exists on storage
+    (written directly, e.g. by a fallback, or persisted and forgotten long
+    ago). A save the server DISCARDED (its path was removed or replaced on
+    storage first, see the README's "Semantics") is settled too: there is
+    nothing left to make durable.
+
     Raises:
         PersistFailedError: the server gave up on some file (reasons attached;
             the file stays cached in memory).
+        FileNotFoundError: a named path is neither held by the server nor on
+            storage.
         DeadlineExceededError: the timeout passed first.
         FailedPreconditionError: the server persists nothing (no storage roots).
+        ServerUnavailableError: no server answers.
+        Whatever an asynchronous save of this process failed with (the
+            fence, :func:`wait_staged`, runs first and raises it once).
     """
+    deadline = None if timeout is None else time.monotonic() + timeout
     _staging.wait_staged(timeout)  # asynchronous saves commit first
     socket_path = _knobs.get("socket")
     if paths is None:
@@ -340,8 +353,24 @@ def wait(
     failures: dict[str, str] = {}
     from tce.v1 import tce_pb2 as pb
 
+    def left() -> float | None:
+        return None if deadline is None else max(0.001, deadline - time.monotonic())
+
+    def settle(j: str, ps: list[str]) -> list[Any]:
+        try:
+            return _with_client(lambda c: c.wait(j, ps, left()))
+        except NotCachedError:
+            if len(ps) == 1:  # not held: settled only if it is on storage
+                if not os.path.exists(ps[0]):
+                    raise FileNotFoundError(errno.ENOENT, "not saved through the cache, and not on "
+                                            "storage", ps[0]) from None
+                with _client_lock:
+                    _unsettled.pop((socket_path, j, ps[0]), None)
+                return []
+            return [info for p in ps for info in settle(j, [p])]
+
     for j, ps in by_job.items():
-        for info in _with_client(lambda c: c.wait(j, ps, timeout)):
+        for info in settle(j, ps):
             if info.state == pb.FILE_STATE_FAILED:
                 failures[info.path] = info.reason
             with _client_lock:

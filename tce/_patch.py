@@ -24,6 +24,7 @@ from tce import _api
 
 _lock = threading.Lock()
 _prefixes: tuple[str, ...] = ()
+_durable = False
 _patched = False
 
 
@@ -41,6 +42,8 @@ def _save(obj: Any, f: Any, pickle_module: Any = pickle,
     if (_under_prefix(f) and _use_new_zipfile_serialization
             and not _disable_byteorder_record):
         _api.save(obj, f, pickle_module, pickle_protocol)
+        if _durable:  # return only once the file is on storage, as torch.save + fsync
+            _api.wait([f])
         return None
     # The legacy format and byteorder-less archives are not what the cache
     # writes: the caller asked for them, so the original writes them.
@@ -62,15 +65,20 @@ _save.__doc__ = f"torch.save, patched by TCE.\n\n{_api._torch_save.__doc__ or ''
 _load.__doc__ = f"torch.load, patched by TCE.\n\n{_api._torch_load.__doc__ or ''}"
 
 
-def patch_torch(prefixes: list[str | os.PathLike] | tuple[str | os.PathLike, ...]) -> None:
+def patch_torch(prefixes: list[str | os.PathLike] | tuple[str | os.PathLike, ...],
+                durable: bool = False) -> None:
     """Route ``torch.save``/``torch.load`` on paths under ``prefixes`` through TCE.
 
-    Calling it again replaces the prefixes. Undo with :func:`unpatch_torch`.
+    With ``durable``, the patched ``torch.save`` returns only once the file
+    is on storage (``tce.wait`` on its path), for scripts that read the path
+    with other tools right after saving; without it, it returns once the
+    bytes are in the cache. Calling it again replaces the prefixes and the
+    choice. Undo with :func:`unpatch_torch`.
 
     Raises:
         ValueError: no prefix given, or a prefix that is not a path.
     """
-    global _prefixes, _patched
+    global _prefixes, _patched, _durable
     if isinstance(prefixes, (str, os.PathLike)):
         prefixes = [prefixes]
     if not prefixes:
@@ -82,6 +90,7 @@ def patch_torch(prefixes: list[str | os.PathLike] | tuple[str | os.PathLike, ...
         resolved.append(os.path.abspath(os.fspath(p)))
     with _lock:
         _prefixes = tuple(resolved)
+        _durable = bool(durable)
         if not _patched:
             torch.save = torch.serialization.save = _save
             torch.load = torch.serialization.load = _load
@@ -90,13 +99,14 @@ def patch_torch(prefixes: list[str | os.PathLike] | tuple[str | os.PathLike, ...
 
 def unpatch_torch() -> None:
     """Restore the original ``torch.save``/``torch.load`` (idempotent)."""
-    global _prefixes, _patched
+    global _prefixes, _patched, _durable
     with _lock:
         if _patched:
             torch.save = torch.serialization.save = _api._torch_save
             torch.load = torch.serialization.load = _api._torch_load
             _patched = False
         _prefixes = ()
+        _durable = False
 
 
 def patched_prefixes() -> tuple[str, ...]:

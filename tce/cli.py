@@ -180,6 +180,45 @@ def _cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_wait(args: argparse.Namespace) -> int:
+    import os
+
+    from tce import _api
+    from tce.errors import PersistFailedError
+
+    paths = [os.path.abspath(p) for p in args.paths]
+    by_job: dict[str, list[str]] = {}
+    for f in _api._with_client(lambda c: _matching(c, paths, args.job)):
+        by_job.setdefault(f.job, []).append(f.path)
+    held = {p for ps in by_job.values() for p in ps}
+    code = 0
+    for p in paths:
+        if p not in held:  # written directly, or persisted and forgotten: only storage can say
+            if os.path.exists(p):
+                print(f"durable   {p} (not in the cache)")
+            else:
+                print(f"missing   {p}: neither in the cache nor on storage", file=sys.stderr)
+                code = 1
+    for job, ps in sorted(by_job.items()):
+        failed: dict[str, str] = {}
+        try:
+            _api.wait(ps, timeout=args.timeout, job=job)
+        except PersistFailedError as e:
+            failed = e.failures
+        from tce.v1 import tce_pb2 as pb
+
+        now = {f.path: f for f in _api._with_client(lambda c: _matching(c, ps, job))}
+        for p in ps:
+            if p in failed:
+                print(f"failed    {p}: {failed[p]}", file=sys.stderr)
+                code = 1
+            elif p in now and now[p].state == pb.FILE_STATE_DISCARDED:
+                print(f"discarded {p}: {now[p].reason}")  # settled: its path was removed
+            else:
+                print(f"durable   {p}")
+    return code
+
+
 def _cmd_drop(args: argparse.Namespace) -> int:
     from tce._api import _with_client
 
@@ -228,6 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--job", help="only this job's files")
     s.add_argument("--all", action="store_true", help="every FAILED file (of --job, or of every job)")
 
+    s = sub.add_parser("wait", help="block until files are on storage (durable)")
+    s.add_argument("paths", nargs="+", metavar="PATH")
+    s.add_argument("--job", help="only this job's files")
+    s.add_argument("--timeout", type=float, default=None, help="seconds (default: as long as it takes)")
+
     s = sub.add_parser("drop", help="let go of cached files (a FAILED one is then never persisted)")
     s.add_argument("paths", nargs="+", metavar="PATH")
     s.add_argument("--job", help="only this job's files")
@@ -265,7 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "retry" and bool(args.paths) == bool(args.all):
         parser.error("retry takes PATH... or --all")
     handler = {"status": _cmd_status, "ls": _cmd_ls, "show": _cmd_show, "bench": _cmd_bench,
-               "demo": _cmd_demo, "doctor": _cmd_doctor, "retry": _cmd_retry, "drop": _cmd_drop}
+               "demo": _cmd_demo, "doctor": _cmd_doctor, "retry": _cmd_retry, "drop": _cmd_drop,
+               "wait": _cmd_wait}
     from tce.errors import TCEError
 
     try:

@@ -308,3 +308,64 @@ def test_a_fallback_into_a_missing_directory_creates_nothing(tmp_path):
                 tce.save({"w": torch.ones(2)}, path)
     assert isinstance(e.value, RuntimeError)  # as torch.save's own error is
     assert not (tmp_path / "nope").exists()
+
+
+_READ_ELSEWHERE = """
+import os, sys, zipfile, torch
+path = sys.argv[1]
+with zipfile.ZipFile(path) as z:
+    assert z.testzip() is None
+print(os.path.getsize(path), float(torch.load(path)["w"].sum()))
+"""
+
+
+def test_a_durable_patched_save_is_on_storage_when_it_returns(server, storage, job):
+    path = storage / "model.pt"
+    with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+        tce.patch_torch([storage], durable=True)
+        for step in range(3):
+            torch.save({"w": torch.full((1 << 18,), float(step))}, path)
+            # Right away, another process with plain torch and zipfile sees this step's file.
+            out = subprocess.run([sys.executable, "-c", _READ_ELSEWHERE, str(path)],
+                                 capture_output=True, text=True, check=True, timeout=120).stdout
+            size, total = out.split()
+            assert int(size) == path.stat().st_size and float(total) == float(step) * (1 << 18)
+        tce.patch_torch([storage])  # durable=False again: returns with the bytes in the cache
+        hold = Hold(server.socket, job, storage)
+        try:
+            torch.save({"w": torch.full((1 << 18,), 9.0)}, path)
+            assert float(torch.load(path)["w"][0]) == 9.0  # through the cache
+            with zipfile.ZipFile(path) as z:  # storage still holds the previous step
+                assert z.testzip() is None
+            assert float(_api._torch_load(path)["w"][0]) == 2.0
+        finally:
+            hold.release()
+        tce.wait(path)
+        assert float(_api._torch_load(path)["w"][0]) == 9.0
+
+
+def test_wait_for_paths_the_cache_does_not_hold(server, storage, job, tmp_path):
+    direct = storage / "direct.pt"
+    torch.save({"w": torch.ones(2)}, direct)  # written without TCE
+    with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+        tce.wait([direct])  # on storage: settled
+        with pytest.raises(FileNotFoundError):
+            tce.wait([storage / "never-saved.pt"])
+        step = storage / "step"
+        step.mkdir()
+        hold = Hold(server.socket, job, storage)
+        try:
+            tce.save({"w": torch.ones(2)}, step / "x.pt")
+            shutil.rmtree(step)
+        finally:
+            hold.release()
+        tce.wait([step / "x.pt"])  # discarded: settled, not an error
+        tce.wait()  # nor for everything this process saved
+        _api.close()
+    cli = [sys.executable, "-m", "tce.cli", "--socket", server.socket, "wait"]
+    p = subprocess.run([*cli, str(direct), str(step / "x.pt")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert f"durable   {direct} (not in the cache)" in p.stdout
+    assert f"discarded {step / 'x.pt'}: " in p.stdout and "was removed" in p.stdout, p.stdout
+    p = subprocess.run([*cli, str(storage / "never-saved.pt")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "neither in the cache nor on storage" in p.stderr, p.stderr
