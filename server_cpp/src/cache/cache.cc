@@ -753,6 +753,10 @@ void Cache::Revalidate(const FileKey& key) {
     if (it == files_.end() || it->second.buffer_id == 0 || !it->second.disk.known ||
         it->second.state == FileState::kPending)
       return;
+    // Being written now: the path changes under our own hand (the persister
+    // makes the same check itself just before its rename).
+    auto flying = in_flight_.find(key);
+    if (flying != in_flight_.end() && flying->second == it->second.version) return;
     expected = it->second.disk;
     version = it->second.version;
   }
@@ -769,6 +773,7 @@ void Cache::Revalidate(const FileKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = files_.find(key);
   if (it == files_.end() || it->second.version != version || it->second.buffer_id == 0) return;
+  if (it->second.disk.seq != expected.seq || in_flight_.count(key)) return;  // we wrote it meanwhile
   if (c.verdict == Verdict::kUnavailable) {
     NoteStorageFallback(key.second, c.why + "; the cached copy is served");
   } else if (it->second.state == FileState::kPersisted) {
