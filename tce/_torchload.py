@@ -3,23 +3,19 @@
 The zip directory and ``data.pkl`` are read through a small file object over
 the mapping; every storage is a slice of one UntypedStorage that views the
 mapping itself (as ``torch.load(mmap=True)`` does with a file). Argument
-handling (``weights_only`` and its environment overrides, ``pickle_module``,
-``map_location`` in every form, extra pickle arguments) follows torch.load.
+handling is torch.load's own (see load_mapping).
 """
 
 from __future__ import annotations
 
 import io
 import mmap
-import os
-import pickle
-import warnings
+import threading
 from typing import Any
 
 import torch
 import torch.serialization as _ts
 
-_TRUE = ("1", "y", "yes", "true")
 
 
 class _ViewReader(io.RawIOBase):
@@ -55,22 +51,21 @@ class _ViewReader(io.RawIOBase):
         super().close()
 
 
-def _resolve_weights_only(weights_only: bool | None, pickle_module: Any) -> bool:
-    explicit = weights_only is not None
-    if not explicit:
-        weights_only = _ts._default_to_weights_only(pickle_module)
-    force_on = os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE
-    force_off = os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE
-    if force_on and force_off:
-        raise RuntimeError(
-            "Only one of `TORCH_FORCE_WEIGHTS_ONLY_LOAD` or "
-            "`TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` should be set, but both were set."
-        )
-    if force_on:
-        return True
-    if force_off and not explicit:
-        return False
-    return bool(weights_only)
+# torch.load's private worker, which builds the tensors; torch.load passes it
+# the archive's storage when it maps a file (mmap=True). Loads from the cache
+# hand it the mapping of the cached bytes the same way.
+_torch_private_load = _ts._load
+_local = threading.local()
+
+
+def _load_viewing_mapping(zip_file, map_location, pickle_module, pickle_file="data.pkl",
+                          overall_storage=None, **pickle_load_args):
+    overall = getattr(_local, "overall", None)
+    if overall is not None and overall_storage is None:
+        _local.overall = None  # this archive only
+        overall_storage = overall
+    return _torch_private_load(zip_file, map_location, pickle_module, pickle_file=pickle_file,
+                               overall_storage=overall_storage, **pickle_load_args)
 
 
 def load_mapping(
@@ -82,35 +77,25 @@ def load_mapping(
     weights_only: bool | None = None,
     **pickle_load_args: Any,
 ) -> Any:
-    """Unpickle the torch-zip file held in ``mm[:size]``; storages view ``mm``."""
-    weights_only = _resolve_weights_only(weights_only, pickle_module)
-    if weights_only:
-        if pickle_module is not None:
-            raise RuntimeError(
-                "Can not safely load weights when explicit pickle_module is specified"
-            )
-        if pickle_load_args:
-            warnings.warn("pickle_load_args only works if `weights_only=False`.")
-    elif pickle_module is None:
-        pickle_module = pickle
-    pickle_load_args.setdefault("encoding", "utf-8")
+    """Unpickle the torch-zip file held in ``mm[:size]``; storages view ``mm``.
+
+    The call is torch.load's own, on a file object over the mapping, so every
+    argument check, environment override (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``,
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``), warning and error message is the
+    installed torch's, word for word. Only the bytes differ: instead of
+    reading each storage out of the file object (a copy), torch's worker gets
+    the mapping as the archive's storage, as it gets a file's with mmap=True.
+    """
+    from tce._api import _torch_load  # the original torch.load, never the patch
+
+    if _ts._load is not _load_viewing_mapping:  # once; a no-op for every other load
+        _ts._load = _load_viewing_mapping
     overall = torch.frombuffer(mm, dtype=torch.uint8, count=size).untyped_storage()
     reader = _ViewReader(memoryview(mm)[:size])
+    _local.overall = overall
     try:
-        zip_file = torch._C.PyTorchFileReader(reader)
-        if weights_only:
-            try:
-                return _ts._load(
-                    zip_file, map_location, _ts._weights_only_unpickler,
-                    overall_storage=overall, **pickle_load_args,
-                )
-            except pickle.UnpicklingError as e:
-                raise pickle.UnpicklingError(
-                    f"Weights only load failed (load with weights_only=False if you "
-                    f"trust this checkpoint): {e}"
-                ) from None
-        return _ts._load(
-            zip_file, map_location, pickle_module, overall_storage=overall, **pickle_load_args
-        )
+        return _torch_load(reader, map_location, pickle_module, weights_only=weights_only,
+                           mmap=False, **pickle_load_args)
     finally:
+        _local.overall = None
         reader.close()

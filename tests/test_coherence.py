@@ -8,11 +8,13 @@ a persisting server, through the patched torch.save / torch.load.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import signal
 import subprocess
 import sys
 import uuid
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -369,3 +371,43 @@ def test_wait_for_paths_the_cache_does_not_hold(server, storage, job, tmp_path):
     assert f"discarded {step / 'x.pt'}: " in p.stdout and "was removed" in p.stdout, p.stdout
     p = subprocess.run([*cli, str(storage / "never-saved.pt")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "neither in the cache nor on storage" in p.stderr, p.stderr
+
+
+class NotAWeight:
+    """A global weights_only refuses."""
+
+    def __init__(self, v: int = 3) -> None:
+        self.v = v
+
+
+@pytest.mark.parametrize("env", [{}, {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"},
+                                 {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"},
+                                 {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "yes"}])
+def test_weights_only_overrides_warn_and_fail_as_torch_does(server, storage, tmp_path, job, monkeypatch, env):
+    """A patched torch.load of a cached file gives plain torch.load's
+    warnings (category and text) and errors (type and text), for every
+    override and argument combination."""
+    obj = {"w": torch.arange(4.0), "x": NotAWeight()}
+    cached, plain = storage / "cached.pt", tmp_path / "plain.pt"
+    _api._torch_save(obj, plain)
+    with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+        tce.save(obj, cached)
+        tce.patch_torch([storage])
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+
+        def outcome(path, **kw):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    got = torch.load(path, **kw)
+                    result = ("ok", type(got["x"]).__name__, float(got["w"].sum()))
+                except Exception as e:  # noqa: BLE001 (the outcome under test)
+                    result = ("error", type(e).__name__, str(e))
+            return result, [(w.category.__name__, str(w.message)) for w in caught]
+
+        for kw in ({}, {"weights_only": True}, {"weights_only": False},
+                   {"pickle_module": pickle}, {"weights_only": True, "pickle_module": pickle},
+                   {"weights_only": False, "encoding": "latin1"}):
+            assert tce.cached(cached)
+            assert outcome(cached, **kw) == outcome(plain, **kw), kw
