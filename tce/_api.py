@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap as _mmap
 import os
 import pickle
 import threading
@@ -18,6 +19,7 @@ from tce._staging import wait_staged  # noqa: F401 (public: tce.wait_staged)
 from tce._client import Client
 from tce.errors import (
     CacheFullError,
+    FailedPreconditionError,
     InvalidArgumentError,
     NotCachedError,
     PersistFailedError,
@@ -229,9 +231,13 @@ def load(
     """Load a file saved with :func:`save`, as ``torch.load`` would.
 
     Reads from the cache without copying (tensors view a private,
-    copy-on-write mapping of the cached bytes); when the file is not cached or
-    the server is unreachable, loads the file from disk with torch.load.
-    ``mmap`` only matters for that fallback: cached loads are always mapped.
+    copy-on-write mapping of the cached bytes, which is what torch.load's
+    ``mmap=True`` gives with its default MAP_PRIVATE); when the file is not
+    cached or the server is unreachable, loads the file from disk with
+    torch.load. ``mmap=True`` with MAP_SHARED
+    (``torch.serialization.set_default_mmap_options``) waits for the file to
+    be on storage, drops it from the cache and maps the file, so writes to
+    the tensors reach the file and the next load, as with plain torch.
     """
     if not _is_path(f):
         return _torch_load(
@@ -248,6 +254,10 @@ def _load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = N
     """:func:`load` from a path; returns (object, whether it came from the cache)."""
     path = _norm(f)
     job = _job(job)
+    if mmap and _uncacheable(path) is None and \
+            torch.serialization.get_default_mmap_options() == _mmap.MAP_SHARED:
+        return _load_shared(path, job, map_location, pickle_module, weights_only=weights_only,
+                            **pickle_load_args), False
     try:
         if _uncacheable(path) is not None:  # never cached: saved directly
             raise NotCachedError(_uncacheable(path))
@@ -282,6 +292,26 @@ def _load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = N
     del mm
     log.debug("loaded %s from cache (%d bytes) in %.3fs", path, info.size, time.perf_counter() - t0)
     return result, True
+
+
+def _load_shared(path: str, job: str, map_location: Any, pickle_module: Any, **kw: Any) -> Any:
+    """torch.load(mmap=True) under MAP_SHARED: a write to a loaded tensor must
+    reach the file and the next load, which only the file on storage gives.
+    So the path is made durable, the cache lets go of it, and torch maps the
+    file itself."""
+    try:
+        wait([path], job=job)
+    except FailedPreconditionError:
+        raise FailedPreconditionError(
+            f"torch.load({path!r}, mmap=True) with MAP_SHARED needs the file on storage, and "
+            "this server persists nothing (no storage_roots)") from None
+    except (FileNotFoundError, ServerUnavailableError):
+        pass  # torch.load says what is wrong with the path
+    try:
+        _with_client(lambda c: c.remove(job, path))
+    except (NotCachedError, ServerUnavailableError):
+        pass
+    return _torch_load(path, map_location, pickle_module, mmap=True, **kw)
 
 
 def _all_to_cuda(map_location: Any) -> torch.device | None:

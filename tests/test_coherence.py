@@ -411,3 +411,49 @@ def test_weights_only_overrides_warn_and_fail_as_torch_does(server, storage, tmp
                    {"weights_only": False, "encoding": "latin1"}):
             assert tce.cached(cached)
             assert outcome(cached, **kw) == outcome(plain, **kw), kw
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_mmap_loads_share_writes_as_torch_does(server, storage, tmp_path, job, shared):
+    """torch.load(mmap=True): with MAP_PRIVATE (torch's default) a write to a
+    loaded tensor is seen neither by the next load nor in the file; with
+    MAP_SHARED it is seen by both. A patched load of a cached file does the
+    same as plain torch on a file of the same bytes."""
+    import mmap as mm
+
+    obj = {"w": torch.zeros(1024)}
+    cached, plain = storage / "cached.pt", tmp_path / "plain.pt"
+    _api._torch_save(obj, plain)
+    try:
+        torch.serialization.set_default_mmap_options(mm.MAP_SHARED if shared else mm.MAP_PRIVATE)
+        with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+            tce.save(obj, cached)
+            tce.patch_torch([storage])
+            seen = {}
+            for name, path in (("tce", cached), ("torch", plain)):
+                t = torch.load(path, mmap=True, weights_only=True)["w"]
+                t[0] = 42.0
+                del t
+                again = float(torch.load(path, mmap=True, weights_only=True)["w"][0])
+                on_disk = float(_api._torch_load(path, weights_only=True)["w"][0])
+                seen[name] = (again, on_disk)
+        assert seen["tce"] == seen["torch"] == ((42.0, 42.0) if shared else (0.0, 0.0)), seen
+    finally:
+        torch.serialization.set_default_mmap_options(mm.MAP_PRIVATE)
+
+
+def test_a_shared_mapping_needs_storage(tmp_path, job):
+    import mmap as mm
+
+    s = LocalServer(memory_budget="64MiB").start()  # memory only
+    try:
+        torch.serialization.set_default_mmap_options(mm.MAP_SHARED)
+        with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
+            tce.save({"w": torch.zeros(4)}, tmp_path / "x.pt")
+            with pytest.raises(tce.FailedPreconditionError, match="MAP_SHARED needs the file on storage"):
+                tce.load(tmp_path / "x.pt", mmap=True)
+            _api.close()
+    finally:
+        torch.serialization.set_default_mmap_options(mm.MAP_PRIVATE)
+        s.stop()
+        s.cleanup()
