@@ -5,6 +5,8 @@ PYTHON      ?= python3
 PIP         := $(PYTHON) -m pip
 TORCH_PIN   := torch==2.13.0
 DEEPSPEED_PIN := deepspeed>=0.17.1,<0.20
+TRANSFORMERS_PIN := transformers>=4.46,<6
+ACCELERATE_PIN := accelerate>=1.0,<2
 BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
 STAMPS      := build/.stamps
 # Debian packages: compilers/build tools, gRPC + protobuf for the server,
@@ -35,7 +37,7 @@ $(STAMPS)/apt: Makefile
 
 # torch: keep whatever is installed; where none is, the pinned CPU build
 # (an unpinned torch would pull several GB of CUDA wheels).
-$(STAMPS)/python: pyproject.toml
+$(STAMPS)/python: pyproject.toml Makefile
 	@mkdir -p $(STAMPS)
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q "scikit-build-core>=0.10" "grpcio-tools>=1.60" "grpcio>=1.60" \
@@ -44,6 +46,10 @@ $(STAMPS)/python: pyproject.toml
 	@# DeepSpeed for the engine, its tests and the demo; after torch, so it
 	@# keeps that torch, and with no compiled ops (they build on first use).
 	@$(PYTHON) -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED_PIN)"
+	@# Hugging Face Trainer (with DeepSpeed) for its test; torch held as installed.
+	@$(PYTHON) -c "import transformers, accelerate" 2>/dev/null || $(PIP) install -q \
+		"$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)" \
+		"torch==$$($(PYTHON) -c 'import torch; print(torch.__version__)')"
 	@touch $@
 
 # Editable install: builds tce-server (and the C++ tests) with CMake in

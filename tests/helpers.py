@@ -140,3 +140,25 @@ def loop_mount(path, size_mb: int = 64):
         yield m
     finally:
         m.close()
+
+
+class Hold:
+    """Holds persistence back: a save being written into the cache (an
+    allocation never committed) makes the persister wait before it writes
+    (up to 5 s a file), as it yields to training."""
+
+    def __init__(self, socket: str, job: str, storage: Path) -> None:
+        from tce._client import Client
+        from tce.v1 import tce_pb2 as pb
+
+        self.c = Client(socket, rpc_timeout=10)
+        self.job = job
+        resp = self.c._call("Allocate", pb.AllocateRequest(
+            session=self.c.session, job=job, path=str(storage / "held.pt"), size=4096))
+        self.allocation = resp.allocation_id
+
+    def release(self) -> None:
+        from tce.v1 import tce_pb2 as pb
+
+        self.c._call("Abort", pb.AbortRequest(session=self.c.session, allocation_id=self.allocation))
+        self.c.close()

@@ -27,7 +27,7 @@ from tce._client import Client
 from tce._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
-from helpers import loop_mount, until
+from helpers import Hold, loop_mount, until
 
 
 @pytest.fixture
@@ -51,23 +51,6 @@ def server(tmp_path, storage):
 @pytest.fixture
 def job():
     return f"coh-{uuid.uuid4().hex[:8]}"
-
-
-class Hold:
-    """Holds persistence back: a save being written into the cache (an
-    allocation never committed) makes the persister wait before it writes
-    (up to 5 s a file), as it yields to training."""
-
-    def __init__(self, socket: str, job: str, storage: Path) -> None:
-        self.c = Client(socket, rpc_timeout=10)
-        self.job = job
-        resp = self.c._call("Allocate", pb.AllocateRequest(
-            session=self.c.session, job=job, path=str(storage / "held.pt"), size=4096))
-        self.allocation = resp.allocation_id
-
-    def release(self) -> None:
-        self.c._call("Abort", pb.AbortRequest(session=self.c.session, allocation_id=self.allocation))
-        self.c.close()
 
 
 def _files(socket: str, job: str) -> dict[str, pb.FileInfo]:
