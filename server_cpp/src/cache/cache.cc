@@ -714,34 +714,31 @@ DiskIdentity Cache::Written(const DiskIdentity& before, const FileStat& st) {
   return d;
 }
 
-void Cache::Discard(FileInfo& f, const std::string& why) {
-  TCE_LOG(kWarning, "cache") << "DISCARDED job=" << f.job << " tag=" << f.tag << " path=" << f.path
-                             << ": " << why << " (the save is dropped, never persisted)";
+void Cache::LetGo(FileInfo& f, FileState state, const std::string& why) {
   ReleaseBuffer(f.buffer_id);
   QueueDrop(f);
   retry_at_.erase({f.job, f.path});
-  f.state = FileState::kDiscarded;
+  f.state = state;
   f.reason = why;
   f.buffer_id = 0;
   f.capacity = 0;
   f.backup_holder.clear();
-  ++discarded_files_;
   Note(f, false);
   done_cv_.notify_all();
+}
+
+void Cache::Discard(FileInfo& f, const std::string& why) {
+  TCE_LOG(kWarning, "cache") << "DISCARDED job=" << f.job << " tag=" << f.tag << " path=" << f.path
+                             << ": " << why << " (the save is dropped, never persisted)";
+  ++discarded_files_;
+  LetGo(f, FileState::kDiscarded, why);
 }
 
 void Cache::DropStale(FileInfo& f, const std::string& why) {
   TCE_LOG(kInfo, "cache") << "dropped the cached copy of job=" << f.job << " path=" << f.path << ": "
                           << why << " (loads read storage)";
-  ReleaseBuffer(f.buffer_id);
-  QueueDrop(f);
-  f.state = FileState::kEvicted;
-  f.reason = why;
-  f.buffer_id = 0;
-  f.capacity = 0;
-  f.backup_holder.clear();
   ++stale_drops_;
-  Note(f, false);
+  LetGo(f, FileState::kEvicted, why);
 }
 
 void Cache::Revalidate(const FileKey& key) {

@@ -327,6 +327,8 @@ class Cache {
   void Revalidate(const FileKey& key);
   void NoteStorageFallback(const std::string& path, const std::string& why);  // thread-safe
   DiskIdentity Written(const DiskIdentity& before, const FileStat& st);
+  // Frees the file's memory and ring copy, with `state` and `why` recorded.
+  void LetGo(FileInfo& f, FileState state, const std::string& why);  // REQUIRES mu_
   void Discard(FileInfo& f, const std::string& why);     // REQUIRES mu_
   void DropStale(FileInfo& f, const std::string& why);   // REQUIRES mu_
 

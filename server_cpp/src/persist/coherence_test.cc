@@ -190,20 +190,7 @@ TEST_F(CoherenceTest, AReplacedFileKeepsItsModeAndANewOneGetsTheSaversMode) {
   { std::ofstream(old_path) << "previous"; }
   ASSERT_EQ(chmod(old_path.c_str(), 0600), 0);
   Save(old_path, 'o');
-  AllocateResult a;
-  AllocateRequest req{session_, "job", "t", new_path, 0, FakeZip::kSize};
-  req.mode = 0640;  // 0666 & ~027
-  ASSERT_TRUE(cache_->Allocate(req, &a).ok());
-  int fd;
-  bool w;
-  uint64_t cap;
-  ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
-  auto* p = static_cast<unsigned char*>(mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  FakeZip::Fill(p, 'n');
-  munmap(p, cap);
-  close(fd);
-  FileInfo f;
-  ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, FakeZip::Records(), &f).ok());
+  Finish(Begin(new_path, "t", /*mode=*/0640), 'n');  // 0666 & ~027
   Persisted(old_path);
   Persisted(new_path);
   EXPECT_EQ(ModeOf(old_path), 0600u);
@@ -214,18 +201,7 @@ TEST_F(CoherenceTest, AReplacedFileKeepsItsModeAndANewOneGetsTheSaversMode) {
 TEST_F(CoherenceTest, WithoutZipCrcsTheHeadersKeepZeroAndTheRecordsGetTheCrcs) {
   Start();
   const std::string path = root_ + "/x.pt";
-  AllocateResult a;
-  ASSERT_TRUE(cache_->Allocate({session_, "job", "t", path, 0, FakeZip::kSize}, &a).ok());
-  int fd;
-  bool w;
-  uint64_t cap;
-  ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
-  auto* p = static_cast<unsigned char*>(mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  FakeZip::Fill(p, 'c');
-  munmap(p, cap);
-  close(fd);
-  FileInfo f;
-  ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, FakeZip::Records(), &f, /*zip_crc32=*/false).ok());
+  Finish(Begin(path), 'c', /*zip_crc32=*/false);
   Persisted(path);
   const std::string bytes = Read(path);
   EXPECT_EQ(Get32(bytes, FakeZip::kDesc + 4), 0u);
@@ -238,22 +214,12 @@ TEST_F(CoherenceTest, AnOlderVersionPersistedDuringASaveDoesNotDiscardIt) {
   const std::string path = root_ + "/x.pt";
   Save(path, '1');
   // Version 2 looks at storage (nothing there yet) ...
-  AllocateResult a;
-  ASSERT_TRUE(cache_->Allocate({session_, "job", "t", path, 0, FakeZip::kSize}, &a).ok());
+  AllocateResult a = Begin(path);
   // ... then version 1 lands ...
   persister_->Start();
   Persisted(path);
   // ... and version 2 commits: it replaces what this server wrote.
-  int fd;
-  bool w;
-  uint64_t cap;
-  ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
-  auto* p = static_cast<unsigned char*>(mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  FakeZip::Fill(p, '2');
-  munmap(p, cap);
-  close(fd);
-  FileInfo f;
-  ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, FakeZip::Records(), &f).ok());
+  Finish(a, '2');
   Persisted(path);
   EXPECT_EQ(Read(path)[FakeZip::kData], '2');
 }

@@ -65,10 +65,21 @@ class PersisterTest : public ::testing::Test {
   // Saves a FakeZip whose payload is `fill` bytes at `path` (its directory
   // made first, as torch.save needs it).
   void Save(const std::string& path, char fill, const std::string& tag = "t") {
+    Finish(Begin(path, tag), fill);
+  }
+  // Save's first half: the allocation, `mode` the saver's bits for a new file.
+  AllocateResult Begin(const std::string& path, const std::string& tag = "t", uint32_t mode = 0644) {
     std::error_code ignored;
     fs::create_directories(fs::path(path).parent_path(), ignored);
+    AllocateRequest req{session_, "job", tag, path, 0, FakeZip::kSize};
+    req.mode = mode;
     AllocateResult a;
-    ASSERT_TRUE(cache_->Allocate({session_, "job", tag, path, 0, FakeZip::kSize}, &a).ok());
+    Status s = cache_->Allocate(req, &a);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return a;
+  }
+  // Save's second half: fills the buffer and commits.
+  void Finish(const AllocateResult& a, char fill, bool zip_crc32 = true) {
     int fd;
     bool w;
     uint64_t cap;
@@ -78,7 +89,7 @@ class PersisterTest : public ::testing::Test {
     munmap(p, cap);
     close(fd);
     FileInfo f;
-    ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, FakeZip::Records(), &f).ok());
+    ASSERT_TRUE(cache_->Commit(session_, a.allocation_id, FakeZip::Records(), &f, zip_crc32).ok());
   }
   // Saves `bytes` as they are (a whole file with its record table) to `path`.
   void CommitBytes(const std::string& path, const std::vector<unsigned char>& bytes,
