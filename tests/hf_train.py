@@ -86,9 +86,11 @@ engine = trainer.model_wrapped.checkpoint_engine if hasattr(trainer.model_wrappe
 result = {
     "losses": {str(k): v for k, v in sorted(losses.by_step.items())},
     "engine": type(engine).__name__ if engine is not None else None,
+    "world": torch.distributed.get_world_size(),
     "loads_from_cache": getattr(engine, "loads_from_cache", None),
     "loads_from_storage": getattr(engine, "loads_from_storage", None),
 }
-with open(args.result, "w") as f:
+rank = int(os.environ.get("RANK", "0"))
+with open(f"{args.result}.{rank}", "w") as f:
     json.dump(result, f)
 os._exit(0)  # torch's gloo/autograd threads may drop tensors while Python finalizes

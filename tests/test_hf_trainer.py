@@ -1,8 +1,8 @@
 """Hugging Face Trainer with DeepSpeed ("checkpoint_engine": "tce"), ZeRO-2,
 on CPU: checkpoint rotation (save_total_limit) frees the disk, and a resume
 in a new process reads from the cache and trains bit for bit as an
-uninterrupted run. One process (rank) per run: enough for the Trainer's
-rotation and resume paths, which run on rank 0 alone."""
+uninterrupted run. Two ranks, one process each (gloo), as torchrun starts
+them."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from helpers import Hold, until
 pytestmark = [pytest.mark.deepspeed, pytest.mark.timeout(600)]
 
 SCRIPT = Path(__file__).with_name("hf_train.py")
+WORLD = 2  # ranks (processes) per run
 
 
 def _free_port() -> int:
@@ -32,14 +33,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(server: LocalServer, job: str, out_dir: Path, result: Path, *args: str) -> dict:
-    env = dict(os.environ, TCE_SOCKET=server.socket, TCE_JOB=job, TCE_ON_UNAVAILABLE="raise",
-               RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, str(SCRIPT), "--out-dir", str(out_dir), "--result", str(result),
-                        *args], env=env, capture_output=True, text=True, timeout=400)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-6000:]
-    return json.loads(result.read_text())
+def _train(server: LocalServer, job: str, out_dir: Path, result: Path, *args: str,
+           world: int = WORLD) -> list[dict]:
+    """One run, a process per rank; each rank's result."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, TCE_SOCKET=server.socket, TCE_JOB=job, TCE_ON_UNAVAILABLE="raise",
+                   RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   OMP_NUM_THREADS="1")
+        log = open(f"{result}.{rank}.log", "w")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--out-dir", str(out_dir), "--result", str(result), *args],
+            env=env, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        codes = [p.wait(timeout=400) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs = "\n".join(Path(f"{result}.{r}.log").read_text()[-4000:] for r in range(world))
+    assert codes == [0] * world, f"exit codes {codes}\n{logs}"
+    return [json.loads(Path(f"{result}.{r}").read_text()) for r in range(world)]
 
 
 def _quiet(server: LocalServer) -> bool:
@@ -76,13 +92,22 @@ def test_rotation_frees_the_disk_and_a_resume_from_the_cache_is_bitwise(server, 
     until(lambda: _quiet(server), timeout=120, what="persistence to finish")
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint-")) == \
         ["checkpoint-6", "checkpoint-8"]
-    assert first["engine"] == "TCECheckpointEngine"
+    assert [(r["engine"], r["world"]) for r in first] == [("TCECheckpointEngine", WORLD)] * WORLD
+    # ZeRO-2: each rank's optimizer shard, rank 0's model states, all persisted
+    assert sorted(p.name for p in (run / "checkpoint-8" / "global_step8").iterdir()) == \
+        ["mp_rank_00_model_states.pt"] + \
+        [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(WORLD)]
 
     resumed = _train(server, job, run, tmp_path / "resumed.json", "--steps", "12", "--resume")
-    assert resumed["loads_from_cache"] > 0 and resumed["loads_from_storage"] == 0, resumed
+    for r in resumed:  # every DeepSpeed state of every rank came from the cache
+        assert r["loads_from_cache"] > 0 and r["loads_from_storage"] == 0, resumed
 
     straight = _train(server, f"{job}-straight", server.storage / "straight",
                       tmp_path / "straight.json", "--steps", "12")
-    losses = {int(k): v for k, v in straight["losses"].items()}
-    assert {int(k): v for k, v in first["losses"].items()} == {s: losses[s] for s in range(1, 9)}
-    assert {int(k): v for k, v in resumed["losses"].items()} == {s: losses[s] for s in range(9, 13)}
+    for rank in range(WORLD):
+        losses = {int(k): v for k, v in straight[rank]["losses"].items()}
+        assert sorted(losses) == list(range(1, 13)), losses
+        assert {int(k): v for k, v in first[rank]["losses"].items()} == \
+            {s: losses[s] for s in range(1, 9)}, rank
+        assert {int(k): v for k, v in resumed[rank]["losses"].items()} == \
+            {s: losses[s] for s in range(9, 13)}, rank
