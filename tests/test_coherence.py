@@ -285,7 +285,8 @@ def test_a_fallback_keeps_the_mode_and_honours_the_umask(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.pt", "new.pt"]  # no temp left
 
 
-def test_a_fallback_into_a_missing_directory_creates_nothing(tmp_path):
+def test_a_fallback_into_a_missing_directory_creates_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(_api, "_warned_fallback", False)  # the first fallback warns
     path = tmp_path / "nope" / "model.pt"
     with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
         with pytest.warns(RuntimeWarning):
@@ -411,6 +412,7 @@ def test_mmap_loads_share_writes_as_torch_does(server, storage, tmp_path, job, s
         torch.serialization.set_default_mmap_options(mm.MAP_SHARED if shared else mm.MAP_PRIVATE)
         with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
             tce.save(obj, cached)
+            tce.wait()  # both files on disk, so each can be read there too
             tce.patch_torch([storage])
             seen = {}
             for name, path in (("tce", cached), ("torch", plain)):
