@@ -23,12 +23,18 @@ def current_umask() -> int:
     return mask
 
 
-def atomic_write(path: str, write: Callable[[Any], None]) -> None:
-    """Write ``path`` by ``write(file)`` so that a crash at any moment leaves
-    either the old file or the new one: a temp file in the same directory,
-    fsynced, given the replaced file's mode (a new file: 0666 & ~umask),
-    renamed over the path, and the directory fsynced. A missing directory
-    raises FileNotFoundError and nothing is created."""
+def atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """Write ``path`` by ``write(target)`` so that a crash at any moment
+    leaves either the old file or the new one.
+
+    ``target`` has the same file name as ``path``, inside a private hidden
+    directory next to it (``.tce-save-HEX``, mode 0700): torch.save names
+    the records of its archive after the file, so the bytes are exactly
+    plain torch.save's. The file is fsynced, given the replaced file's mode
+    (a new file: 0666 & ~umask), renamed over the path, and the directory
+    fsynced. A missing directory raises FileNotFoundError (a
+    :class:`~tce.errors.MissingDirectoryError`) and nothing is created.
+    """
     directory, name = os.path.split(os.path.abspath(path))
     if not os.path.isdir(directory):
         from tce.errors import MissingDirectoryError
@@ -40,27 +46,35 @@ def atomic_write(path: str, write: Callable[[Any], None]) -> None:
     except FileNotFoundError:
         mode = 0o666 & ~current_umask()
     for _ in range(8):
-        temp = os.path.join(directory, f".{name}.tce-{secrets.token_hex(8)}")
+        temp_dir = os.path.join(directory, f".tce-save-{secrets.token_hex(8)}")
         try:
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.mkdir(temp_dir, 0o700)
             break
         except FileExistsError:
             continue
     else:
         raise FileExistsError(f"no free temp name next to {path}")
+    target = os.path.join(temp_dir, name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(temp, path)
+        write(target)
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(target, path)
     except BaseException:
         try:
-            os.unlink(temp)
+            os.unlink(target)
         except OSError:
             pass
         raise
+    finally:
+        try:
+            os.rmdir(temp_dir)
+        except OSError:
+            pass
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dfd)
