@@ -227,6 +227,9 @@ class Client:
         except NotCachedError as e:  # the only NOT_FOUND of Allocate: no such directory
             raise MissingDirectoryError(e.message, filename=path) from None
         self._unmap(resp.unmap_buffer_ids)
+        # torch.save reads its CRC choice when it is called: so does this,
+        # not the staging thread that commits later.
+        omit_zip_crc32 = not torch.serialization.get_crc32_options()
 
         def commit(staging: _staging.Staging) -> pb.FileInfo:
             try:
@@ -241,7 +244,7 @@ class Client:
                     "Commit",
                     pb.CommitRequest(
                         session=self.session, allocation_id=resp.allocation_id, records=records,
-                        omit_zip_crc32=not torch.serialization.get_crc32_options(),
+                        omit_zip_crc32=omit_zip_crc32,
                     ),
                 ).file
             except BaseException:
