@@ -29,8 +29,10 @@ from tce import _layout
 from tce._files import current_umask
 from tce.errors import (
     CacheFullError,
+    FailedPreconditionError,
     MissingDirectoryError,
     NotCachedError,
+    PathIsADirectoryError,
     ServerUnavailableError,
     TCEError,
     error_for,
@@ -226,6 +228,10 @@ class Client:
                 resp = self._call("Allocate", request)  # our loads no longer pin buffers
         except NotCachedError as e:  # the only NOT_FOUND of Allocate: no such directory
             raise MissingDirectoryError(e.message, filename=path) from None
+        except FailedPreconditionError as e:
+            if e.message.startswith("Is a directory"):  # storage_check.cc's words
+                raise PathIsADirectoryError(e.message, filename=path) from None
+            raise
         self._unmap(resp.unmap_buffer_ids)
         # torch.save reads its CRC choice when it is called: so does this,
         # not the staging thread that commits later.

@@ -67,6 +67,18 @@ class FailedPreconditionError(TCEError):
     code = "FAILED_PRECONDITION"
 
 
+class PathIsADirectoryError(FailedPreconditionError, IsADirectoryError, RuntimeError):
+    """A save onto a path that is a directory, refused at once. An
+    ``IsADirectoryError`` (errno EISDIR, ``filename`` the path), and a
+    ``RuntimeError`` as ``torch.save``'s own error for it is."""
+
+    def __init__(self, message: str, *, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno.EISDIR
+        self.strerror = message
+        self.filename = filename
+
+
 class UnauthenticatedError(TCEError):
     code = "UNAUTHENTICATED"
 
