@@ -41,8 +41,10 @@ def _save(obj: Any, f: Any, pickle_module: Any = pickle,
           _disable_byteorder_record: bool = False) -> None:
     if (_under_prefix(f) and _use_new_zipfile_serialization
             and not _disable_byteorder_record):
-        _api.save(obj, f, pickle_module, pickle_protocol)
-        if _durable:  # return only once the file is on storage, as torch.save + fsync
+        cached = _api._save(obj, f, pickle_module, pickle_protocol)
+        if _durable and cached is not None:
+            # Return only once the file is on storage, as torch.save + fsync.
+            # (A fallback wrote the file directly and fsynced it already.)
             _api.wait([f])
         return None
     # The legacy format and byteorder-less archives are not what the cache
