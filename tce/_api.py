@@ -40,6 +40,10 @@ _warned_fallback = False
 # (socket, job, path) of every file this process saved through a cache server
 # and has not yet seen persisted: what tce.wait() waits for by default.
 _unsettled: dict[tuple[str, str, str], None] = {}
+# (socket, job, path) of every file this process's last save of that path
+# wrote directly (a fallback, fsynced before it returned): durable already,
+# so tce.wait() settles it without asking a server that may be down.
+_written_directly: set[tuple[str, str, str]] = set()
 
 
 def _get_client() -> Client:
@@ -192,14 +196,16 @@ def _save(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle, pickle_pr
         if _knobs.get("on_unavailable") == "raise":
             raise InvalidArgumentError(uncacheable)
         _fallback_warning(uncacheable)
-        _files.atomic_write(path, lambda f: _torch_save(obj, f, pickle_module, pickle_protocol))
+        _write_directly(obj, path, job, pickle_module, pickle_protocol)
         return None
     plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     try:
         info = _with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path,
                                              blocking=blocking))
         with _client_lock:
-            _unsettled[(_knobs.get("socket"), job, path)] = None
+            key = (_knobs.get("socket"), job, path)
+            _unsettled[key] = None
+            _written_directly.discard(key)
         return info
     except (ServerUnavailableError, CacheFullError) as e:
         if _knobs.get("on_unavailable") == "raise":
@@ -214,8 +220,19 @@ def _save(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle, pickle_pr
         except TCEError:
             pass
     _fallback_warning(reason)
-    _files.atomic_write(path, lambda f: _torch_save(obj, f, pickle_module, pickle_protocol))
+    _write_directly(obj, path, job, pickle_module, pickle_protocol)
     return None
+
+
+def _write_directly(obj: Any, path: str, job: str, pickle_module: Any,
+                    pickle_protocol: int) -> None:
+    """The fallback: plain torch.save, atomically (see _files.atomic_write)."""
+    _files.atomic_write(path, lambda target: _torch_save(obj, target, pickle_module,
+                                                         pickle_protocol))
+    with _client_lock:
+        key = (_knobs.get("socket"), job, path)
+        _unsettled.pop(key, None)
+        _written_directly.add(key)
 
 
 def load(
@@ -254,6 +271,8 @@ def _load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = N
     """:func:`load` from a path; returns (object, whether it came from the cache)."""
     path = _norm(f)
     job = _job(job)
+    if mmap is None:  # torch.load's own default for mmap
+        mmap = _default_mmap()
     if mmap and _uncacheable(path) is None and \
             torch.serialization.get_default_mmap_options() == _mmap.MAP_SHARED:
         return _load_shared(path, job, map_location, pickle_module, weights_only=weights_only,
@@ -292,6 +311,16 @@ def _load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = N
     del mm
     log.debug("loaded %s from cache (%d bytes) in %.3fs", path, info.size, time.perf_counter() - t0)
     return result, True
+
+
+def _default_mmap() -> bool:
+    """What torch.load does when ``mmap`` is not given: its serialization
+    config (``torch.utils.serialization.config.load.mmap``) decides."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:  # a torch without the config: mmap is off by default
+        return False
+    return bool(config.load.mmap)
 
 
 def _load_shared(path: str, job: str, map_location: Any, pickle_module: Any, **kw: Any) -> Any:
@@ -353,7 +382,10 @@ def wait(
     (written directly, e.g. by a fallback, or persisted and forgotten long
     ago). A save the server DISCARDED (its path was removed or replaced on
     storage first, see the README's "Semantics") is settled too: there is
-    nothing left to make durable.
+    nothing left to make durable. A path whose last save in this process
+    fell back to a direct write is settled without asking any server (that
+    write was fsynced before the save returned), so waiting works while the
+    server is down.
 
     Raises:
         PersistFailedError: the server gave up on some file (reasons attached;
@@ -379,6 +411,10 @@ def wait(
         keys = [(_job(job), _norm(p)) for p in paths if _uncacheable(_norm(p)) is None]
     by_job: dict[str, list[str]] = {}
     for j, p in keys:
+        with _client_lock:
+            direct = (socket_path, j, p) in _written_directly
+        if direct and os.path.exists(p):  # fsynced by the fallback: no server needed
+            continue
         by_job.setdefault(j, []).append(p)
     failures: dict[str, str] = {}
     from tce.v1 import tce_pb2 as pb
