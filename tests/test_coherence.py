@@ -229,6 +229,103 @@ def test_crc32_options_are_honoured(server, storage, job):
         torch.serialization.set_crc32_options(True)
 
 
+
+def test_an_asynchronous_save_takes_the_crc_choice_of_its_call(server, storage, job):
+    """torch.save reads set_crc32_options when it is called; so does an
+    asynchronous tce.save, though its staging thread commits later."""
+    import threading
+
+    from tce import _staging
+
+    gate = threading.Event()
+    try:
+        with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+            blocker = _staging.submit("gate", 0, lambda: gate.wait(60))  # holds the staging thread
+            torch.serialization.set_crc32_options(False)
+            staged = tce.save({"w": torch.arange(64.0)}, storage / "async.pt", blocking=False)
+            torch.serialization.set_crc32_options(True)  # before the save commits
+            gate.set()
+            blocker.wait(60)
+            staged.wait(60)
+            tce.wait()
+        assert not any(_zip_crcs(storage / "async.pt"))
+    finally:
+        gate.set()
+        torch.serialization.set_crc32_options(True)
+
+
+def test_a_save_onto_a_directory_fails_like_torch_save(server, storage, job):
+    d = storage / "a-directory"
+    d.mkdir()
+    with pytest.raises(RuntimeError):
+        _api._torch_save({"w": torch.ones(2)}, d)  # what plain torch does
+    for on_unavailable in ("raise", "fallback"):  # no fallback: the path is wrong, not the server
+        with _knobs.override(socket=server.socket, job=job, on_unavailable=on_unavailable):
+            with pytest.raises(tce.PathIsADirectoryError, match="Is a directory") as e:
+                tce.save({"w": torch.ones(2)}, d)
+        assert isinstance(e.value, IsADirectoryError) and isinstance(e.value, RuntimeError)
+        assert e.value.filename == str(d)
+    assert d.is_dir() and list(d.iterdir()) == []
+    assert str(d) not in _files(server.socket, job)
+
+
+def test_a_symlink_at_the_path_is_replaced_not_written_through(server, storage, job):
+    """README, "What still differs": the save replaces the link by the file
+    and leaves the link's target as it was."""
+    target = storage / "real.pt"
+    _api._torch_save({"v": 1}, target)
+    before = target.read_bytes()
+    link = storage / "link.pt"
+    link.symlink_to(target)
+    with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
+        tce.save({"v": 2}, link)
+        tce.wait([link])
+    assert not link.is_symlink() and _api._torch_load(link) == {"v": 2}
+    assert target.read_bytes() == before
+
+
+def _records(path) -> dict[str, bytes]:
+    """Every record of a torch zip by name, but the random serialization id."""
+    with zipfile.ZipFile(path) as z:
+        return {i.filename: z.read(i) for i in z.infolist()
+                if not i.filename.endswith("serialization_id")}
+
+
+def test_a_fallback_writes_plain_torch_saves_bytes(tmp_path, monkeypatch):
+    """Server down: the fallback's file has torch.save's record names (the
+    archive is named after the file) and bytes, and no temp is left."""
+    monkeypatch.setattr(_api, "_warned_fallback", True)
+    sd = {"w": torch.arange(100.0), "b": torch.ones(3, dtype=torch.int64)}
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "theirs").mkdir()
+    mine, theirs = tmp_path / "mine" / "step7.pt", tmp_path / "theirs" / "step7.pt"
+    _api._torch_save(sd, theirs)
+    with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
+        tce.save(sd, mine)
+    assert _records(mine) == _records(theirs)
+    assert sorted(_records(mine))[0].startswith("step7/")
+    assert os.listdir(tmp_path / "mine") == ["step7.pt"]
+
+
+def test_durable_saves_and_waits_work_while_the_server_is_down(tmp_path, monkeypatch):
+    """patch_torch(durable=True) with the server unreachable: the fallback
+    wrote and fsynced the file, so torch.save returns without asking a
+    server, and tce.wait settles those paths without one too."""
+    monkeypatch.setattr(_api, "_warned_fallback", True)
+    path = tmp_path / "model.pt"
+    try:
+        with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
+            tce.patch_torch([tmp_path], durable=True)
+            torch.save({"w": torch.ones(8)}, path)
+            tce.wait([path])
+            tce.wait()
+            with pytest.raises(tce.ServerUnavailableError):  # never written here: only a server knows
+                tce.wait([tmp_path / "other.pt"])
+    finally:
+        tce.unpatch_torch()
+    assert torch.equal(_api._torch_load(path)["w"], torch.ones(8))
+
+
 _KILLED_MID_WRITE = """
 import os, sys, torch
 import tce
@@ -250,8 +347,8 @@ def test_a_fallback_killed_mid_write_leaves_the_old_file_intact(tmp_path):
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def temp_growing():
-            temps = [p for p in tmp_path.iterdir() if p.name.startswith(".model.pt.tce-")]
-            return temps and temps[0].stat().st_size > (8 << 20)
+            temps = [p / "model.pt" for p in tmp_path.iterdir() if p.name.startswith(".tce-save-")]
+            return any(t.exists() and t.stat().st_size > (8 << 20) for t in temps)
         until(temp_growing, timeout=120, what="the fallback's temp file to grow")
         child.send_signal(signal.SIGKILL)
         child.wait(30)
@@ -261,6 +358,7 @@ def test_a_fallback_killed_mid_write_leaves_the_old_file_intact(tmp_path):
             child.wait()
     assert path.read_bytes() == before
     assert torch.equal(torch.load(path)["w"], torch.zeros(4))
+    assert not (tmp_path / ".model.pt").exists()
 
 
 _FALLBACK_MODES = """
@@ -397,33 +495,41 @@ def test_weights_only_overrides_warn_and_fail_as_torch_does(server, storage, tmp
             assert outcome(cached, **kw) == outcome(plain, **kw), kw
 
 
+@pytest.mark.parametrize("how", ["argument", "config"])
 @pytest.mark.parametrize("shared", [False, True])
-def test_mmap_loads_share_writes_as_torch_does(server, storage, tmp_path, job, shared):
+def test_mmap_loads_share_writes_as_torch_does(server, storage, tmp_path, job, shared, how):
     """torch.load(mmap=True): with MAP_PRIVATE (torch's default) a write to a
     loaded tensor is seen neither by the next load nor in the file; with
     MAP_SHARED it is seen by both. A patched load of a cached file does the
-    same as plain torch on a file of the same bytes."""
+    same as plain torch on a file of the same bytes, whether mmap is asked
+    for by argument or by torch's config default."""
     import mmap as mm
+
+    from torch.utils.serialization import config
+
+    kw = {"mmap": True} if how == "argument" else {}
 
     obj = {"w": torch.zeros(1024)}
     cached, plain = storage / "cached.pt", tmp_path / "plain.pt"
     _api._torch_save(obj, plain)
     try:
         torch.serialization.set_default_mmap_options(mm.MAP_SHARED if shared else mm.MAP_PRIVATE)
+        config.load.mmap = how == "config"
         with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
             tce.save(obj, cached)
             tce.wait()  # both files on disk, so each can be read there too
             tce.patch_torch([storage])
             seen = {}
             for name, path in (("tce", cached), ("torch", plain)):
-                t = torch.load(path, mmap=True, weights_only=True)["w"]
+                t = torch.load(path, weights_only=True, **kw)["w"]
                 t[0] = 42.0
                 del t
-                again = float(torch.load(path, mmap=True, weights_only=True)["w"][0])
+                again = float(torch.load(path, weights_only=True, **kw)["w"][0])
                 on_disk = float(_api._torch_load(path, weights_only=True)["w"][0])
                 seen[name] = (again, on_disk)
         assert seen["tce"] == seen["torch"] == ((42.0, 42.0) if shared else (0.0, 0.0)), seen
     finally:
+        config.load.mmap = False
         torch.serialization.set_default_mmap_options(mm.MAP_PRIVATE)
 
 
