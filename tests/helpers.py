@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,49 @@ class LoopMount:
 @contextlib.contextmanager
 def loop_mount(path, size_mb: int = 64):
     m = LoopMount(path, size_mb)
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+class FailingMount:
+    """A FUSE passthrough of ``backing`` at ``mountpoint`` (tests/failing_fs.py)
+    whose every operation fails with EIO between :meth:`fail` and :meth:`heal`,
+    as a bad disk or a wedged network filesystem does, while it stays mounted."""
+
+    def __init__(self, backing: Path, mountpoint: Path) -> None:
+        backing.mkdir(parents=True, exist_ok=True)
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        self.path = mountpoint
+        self.switch = backing.parent / (backing.name + ".fail")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("failing_fs.py")), str(backing),
+             str(mountpoint), str(self.switch)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        until(lambda: os.path.ismount(mountpoint) or self.proc.poll() is not None, timeout=30,
+              what="the FUSE mount")
+        if self.proc.poll() is not None:
+            raise RuntimeError("failing_fs.py did not mount: " + self.proc.stderr.read().decode())
+
+    def fail(self) -> None:
+        self.switch.touch()
+
+    def heal(self) -> None:
+        self.switch.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.heal()
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def failing_mount(backing: Path, mountpoint: Path):
+    m = FailingMount(backing, mountpoint)
     try:
         yield m
     finally:

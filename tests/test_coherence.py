@@ -7,6 +7,7 @@ a persisting server, through the patched torch.save / torch.load.
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import shutil
@@ -27,7 +28,7 @@ from tce._client import Client
 from tce._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
-from helpers import Hold, loop_mount, until
+from helpers import Hold, failing_mount, loop_mount, until
 
 
 @pytest.fixture
@@ -159,6 +160,39 @@ def test_unmounted_storage_serves_the_cache(tmp_path, job):
                 assert torch.equal(torch.load(path)["w"], torch.arange(10.0))  # from the cache
                 assert tce.cached(path)
                 assert int(tce.status()["storage_fallbacks"]) >= 1
+                tce.unpatch_torch()
+                _api.close()
+            assert s.stop() == 0, s.log()
+            assert "storage could not be checked for " + str(path) in s.log()
+        finally:
+            s.stop()
+            s.cleanup()
+
+
+def test_storage_failing_with_eio_serves_the_cache(tmp_path, job):
+    """A filesystem that answers every call with EIO (a FUSE passthrough
+    that fails, still mounted): the load is served from the cache, counted
+    and logged; once it heals, storage is checked again and agrees."""
+    with failing_mount(tmp_path / "backing", tmp_path / "mnt") as fs:
+        s = LocalServer(memory_budget="256MiB", storage_roots=[str(fs.path)]).start()
+        try:
+            path = fs.path / "step1" / "model.pt"
+            path.parent.mkdir()
+            with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
+                tce.patch_torch([fs.path])
+                torch.save({"w": torch.arange(10.0)}, path)
+                tce.wait()
+                assert (tmp_path / "backing" / "step1" / "model.pt").exists()  # written through FUSE
+                fs.fail()
+                with pytest.raises(OSError) as e:
+                    os.stat(path)
+                assert e.value.errno == errno.EIO
+                assert torch.equal(torch.load(path)["w"], torch.arange(10.0))  # from the cache
+                assert tce.cached(path)
+                assert int(tce.status()["storage_fallbacks"]) >= 1
+                fs.heal()
+                assert torch.equal(torch.load(path)["w"], torch.arange(10.0))
+                assert tce.cached(path)  # the same file: still served from memory
                 tce.unpatch_torch()
                 _api.close()
             assert s.stop() == 0, s.log()
