@@ -145,11 +145,6 @@ std::string Cache::OpenSession(uid_t uid, pid_t pid, gid_t gid) {
   return id;
 }
 
-bool Cache::HasSession(const std::string& session) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return sessions_.count(session) != 0;
-}
-
 void Cache::CloseSession(const std::string& session) {
   std::lock_guard<std::mutex> lock(mu_);
   auto sit = sessions_.find(session);
@@ -826,23 +821,7 @@ Status Cache::Remove(const std::string& session, const std::string& job, const s
 }
 
 Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
-  std::string why;
-  if (tag.job.empty()) why = "a tag needs a job";
-  else if (tag.tag.empty()) why = "a tag needs a name";
-  else if (tag.world_size < 1) why = "world_size must be >= 1, got " + std::to_string(tag.world_size);
-  else if (tag.files.empty()) why = "tag " + tag.tag + " lists no files";
-  std::sort(tag.files.begin(), tag.files.end(), [](const TagFile& a, const TagFile& b) {
-    return std::tie(a.rank, a.path) < std::tie(b.rank, b.path);
-  });
-  std::set<std::string> seen;
-  for (const TagFile& f : tag.files) {
-    if (!why.empty()) break;
-    if (f.path.empty() || f.path[0] != '/') why = "tag file path must be absolute: '" + f.path + "'";
-    else if (f.rank < 0 || f.rank >= tag.world_size)
-      why = "rank " + std::to_string(f.rank) + " of " + f.path + " is outside world_size " +
-            std::to_string(tag.world_size);
-    else if (!seen.insert(f.path).second) why = "file listed twice in tag " + tag.tag + ": " + f.path;
-  }
+  const std::string why = TagRegistry::Check(&tag);
   std::lock_guard<std::mutex> lock(mu_);
   Status s = CheckSession(session);
   if (s.ok() && why.empty())
@@ -853,25 +832,15 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
     TCE_LOG(kWarning, "cache") << "refused tag job=" << tag.job << " tag=" << tag.tag << ": " << why;
     return Status::InvalidArgument(why);
   }
-  tag.complete_unix_ns = NowNs();
   TCE_LOG(kInfo, "cache") << "tag complete job=" << tag.job << " tag=" << tag.tag
                           << " files=" << tag.files.size() << " world_size=" << tag.world_size;
-  if (meta_) meta_->RecordTag(tag);
-  *out = tag;
-  tags_[{tag.job, tag.tag}] = std::move(tag);
+  // Under mu_, so that RecordAll sees a tag either recorded here or in the registry.
+  *out = tags_.Complete(std::move(tag), NowNs());
+  if (meta_) meta_->RecordTag(*out);
   return Status::OK();
 }
 
-std::vector<TagInfo> Cache::ListTags(const std::string& job) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<TagInfo> out;
-  for (const auto& [key, t] : tags_)
-    if (key.first == job) out.push_back(t);
-  std::sort(out.begin(), out.end(), [](const TagInfo& a, const TagInfo& b) {
-    return std::tie(a.complete_unix_ns, a.tag) < std::tie(b.complete_unix_ns, b.tag);
-  });
-  return out;
-}
+std::vector<TagInfo> Cache::ListTags(const std::string& job) { return tags_.List(job); }
 
 Status Cache::ListTags(const std::string& session, const std::string& job,
                        std::vector<TagInfo>* out) {
@@ -905,9 +874,8 @@ Status Cache::List(const std::string& session, const std::string& job, const std
 }
 
 void Cache::RestoreTags(std::vector<TagInfo> tags) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (TagInfo& t : tags) tags_[{t.job, t.tag}] = std::move(t);
-  TCE_LOG(kInfo, "cache") << "re-indexed " << tags_.size() << " complete tag(s) from metadata";
+  const size_t n = tags_.Restore(std::move(tags));
+  TCE_LOG(kInfo, "cache") << "re-indexed " << n << " complete tag(s) from metadata";
 }
 
 std::vector<FileInfo> Cache::List(const std::string& job, const std::string& tag) {
@@ -1531,7 +1499,7 @@ void Cache::RecordAll() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!meta_) return;
   for (const auto& [key, f] : files_) meta_->Record(f, false);
-  for (const auto& [key, t] : tags_) meta_->RecordTag(t);
+  for (const TagInfo& t : tags_.All()) meta_->RecordTag(t);
   if (!self_endpoint_.empty())
     for (const auto& [job, r] : rings_) meta_->RecordRing(RingInfo{job, self_endpoint_, r.node_rank, r.endpoints});
   TCE_LOG(kInfo, "cache") << "recorded " << files_.size() << " file(s) and " << tags_.size()

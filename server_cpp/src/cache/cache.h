@@ -41,6 +41,7 @@
 #include "common/status.h"
 #include "env/env.h"
 #include "cache/storage_check.h"
+#include "cache/tag_registry.h"
 
 namespace tce {
 
@@ -149,7 +150,6 @@ class Cache {
   Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
                uint64_t* capacity);
   CacheStats Stats();
-  bool HasSession(const std::string& session);
 
   // Every later state change is reported to `sink` (null: none). Set before serving.
   void SetMetaSink(MetaSink* sink);
@@ -367,7 +367,7 @@ class Cache {
   JobOwners owners_;                                // GUARDED_BY(mu_)
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
   size_t max_leases_per_session_ = SessionLimits().max_leases_per_session;  // GUARDED_BY(mu_)
-  std::map<std::pair<std::string, std::string>, TagInfo> tags_;  // GUARDED_BY(mu_): (job, tag)
+  TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
   struct Ring {
     int32_t node_rank = 0;
     std::vector<std::string> endpoints;

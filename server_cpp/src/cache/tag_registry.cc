@@ -1,0 +1,66 @@
+#include "cache/tag_registry.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+
+namespace tce {
+
+std::string TagRegistry::Check(TagInfo* tag) {
+  std::sort(tag->files.begin(), tag->files.end(), [](const TagFile& a, const TagFile& b) {
+    return std::tie(a.rank, a.path) < std::tie(b.rank, b.path);
+  });
+  if (tag->job.empty()) return "a tag needs a job";
+  if (tag->tag.empty()) return "a tag needs a name";
+  if (tag->world_size < 1) return "world_size must be >= 1, got " + std::to_string(tag->world_size);
+  if (tag->files.empty()) return "tag " + tag->tag + " lists no files";
+  std::set<std::string> seen;
+  for (const TagFile& f : tag->files) {
+    if (f.path.empty() || f.path[0] != '/') return "tag file path must be absolute: '" + f.path + "'";
+    if (f.rank < 0 || f.rank >= tag->world_size)
+      return "rank " + std::to_string(f.rank) + " of " + f.path + " is outside world_size " +
+             std::to_string(tag->world_size);
+    if (!seen.insert(f.path).second) return "file listed twice in tag " + tag->tag + ": " + f.path;
+  }
+  return "";
+}
+
+TagInfo TagRegistry::Complete(TagInfo tag, int64_t complete_unix_ns) {
+  tag.complete_unix_ns = complete_unix_ns;
+  std::lock_guard<std::mutex> lock(mu_);
+  return tags_[{tag.job, tag.tag}] = std::move(tag);
+}
+
+std::vector<TagInfo> TagRegistry::List(const std::string& job) const {
+  std::vector<TagInfo> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = tags_.lower_bound({job, ""}); it != tags_.end() && it->first.first == job; ++it)
+      out.push_back(it->second);
+  }
+  std::sort(out.begin(), out.end(), [](const TagInfo& a, const TagInfo& b) {
+    return std::tie(a.complete_unix_ns, a.tag) < std::tie(b.complete_unix_ns, b.tag);
+  });
+  return out;
+}
+
+std::vector<TagInfo> TagRegistry::All() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TagInfo> out;
+  out.reserve(tags_.size());
+  for (const auto& [key, t] : tags_) out.push_back(t);
+  return out;
+}
+
+size_t TagRegistry::Restore(std::vector<TagInfo> tags) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (TagInfo& t : tags) tags_[{t.job, t.tag}] = std::move(t);
+  return tags_.size();
+}
+
+size_t TagRegistry::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tags_.size();
+}
+
+}  // namespace tce

@@ -1,0 +1,44 @@
+// TagRegistry: the complete checkpoint tags of every job, keyed by (job, tag).
+//
+// A tag is recorded once every rank of a checkpoint committed its files
+// (rank 0 reports it); re-recording a tag replaces it, and tags are never
+// removed. The registry only keeps them: who may record or read a job's tags
+// is the Cache's question, and so is telling the metadata store.
+//
+// Thread-safe (its own mutex, a leaf: nothing is called while it is held).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache/cache_types.h"
+
+namespace tce {
+
+class TagRegistry {
+ public:
+  // Checks a tag as a client reported it and sorts its files by (rank,
+  // path). Returns "" when it is valid, else why not (for INVALID_ARGUMENT).
+  static std::string Check(TagInfo* tag);
+
+  // Records `tag`, complete at `complete_unix_ns`, replacing an earlier
+  // record of the same (job, tag); returns what was recorded.
+  TagInfo Complete(TagInfo tag, int64_t complete_unix_ns);
+  // The job's tags, oldest first (by completion time, then name).
+  std::vector<TagInfo> List(const std::string& job) const;
+  // Every tag (for a fresh metadata database), in (job, tag) order.
+  std::vector<TagInfo> All() const;
+  // Tags recorded before a restart (from metadata); returns how many are held.
+  size_t Restore(std::vector<TagInfo> tags);
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, TagInfo> tags_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace tce
