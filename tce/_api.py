@@ -381,7 +381,7 @@ def wait(
     A path the server does not hold is settled if the file exists on storage
     (written directly, e.g. by a fallback, or persisted and forgotten long
     ago). A save the server DISCARDED (its path was removed or replaced on
-    storage first, see the README's "Semantics") is settled too: there is
+    storage first, see docs/semantics.md) is settled too: there is
     nothing left to make durable. A path whose last save in this process
     fell back to a direct write is settled without asking any server (that
     write was fsynced before the save returned), so waiting works while the

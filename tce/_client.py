@@ -351,7 +351,7 @@ class Client:
 
     def list(self, job: str = "", tag: str = "", *, check_storage: bool = False) -> list[pb.FileInfo]:
         """The job's files; with ``check_storage``, each cached one is first
-        compared with storage, as a load would (README, "Semantics")."""
+        compared with storage, as a load would (docs/semantics.md)."""
         return list(self._call("List", pb.ListRequest(
             session=self.session, job=job, tag=tag, check_storage=check_storage)).files)
 

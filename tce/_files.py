@@ -1,5 +1,5 @@
 """Files as the client writes them itself: the saver's umask, and the
-atomic direct write every fallback uses (README, "Semantics")."""
+atomic direct write every fallback uses (docs/semantics.md)."""
 
 from __future__ import annotations
 

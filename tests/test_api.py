@@ -19,7 +19,8 @@ from helpers import assert_same, every_dtype, sample_tensor
 
 def _ckpt(tmp_path, name="model.pt"):
     # Nothing is ever written at this path: a successful load proves the bytes
-    # came from the cache (persistence arrives in a later release).
+    # came from the cache (the shared test server has no storage roots, so it
+    # persists nothing).
     return str(tmp_path / "ckpt" / name)
 
 

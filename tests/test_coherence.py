@@ -1,4 +1,4 @@
-"""A checkpoint path behaves like a file (README, "Semantics").
+"""A checkpoint path behaves like a file (docs/semantics.md).
 
 Real files, real processes: a user's habits (os.remove, shutil.rmtree, a
 rename, a replacement written by another process, an unmounted disk) against
@@ -304,8 +304,8 @@ def test_a_save_onto_a_directory_fails_like_torch_save(server, storage, job):
 
 
 def test_a_symlink_at_the_path_is_replaced_not_written_through(server, storage, job):
-    """README, "What still differs": the save replaces the link by the file
-    and leaves the link's target as it was."""
+    """docs/semantics.md, "What still differs": the save replaces the link
+    by the file and leaves the link's target as it was."""
     target = storage / "real.pt"
     _api._torch_save({"v": 1}, target)
     before = target.read_bytes()

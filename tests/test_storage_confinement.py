@@ -42,8 +42,7 @@ def _save_and_wait(server, path, obj) -> pb.FileInfo:
 
 
 def test_a_planted_temp_symlink_never_redirects_a_write(roots):
-    """Symlinks at every temp name the server's first naming scheme made
-    (".NAME.tce-tmp-<version>") point at a file outside the roots; the save
+    """Symlinks at every guessable temp name (".NAME.tce-tmp-<version>") point at a file outside the roots; the save
     persists and the file outside is untouched."""
     storage, outside = roots
     victim = outside / "victim"

@@ -1,6 +1,6 @@
 // Storage checks: whether a file's path on storage still holds what the
 // cache believes it holds, so that the cache never serves, nor persists over,
-// a change the user made on disk (see README, "Semantics").
+// a change the user made on disk (see docs/semantics.md).
 //
 // A path is compared with the DiskIdentity the server recorded for it: what
 // was there when the save began (SnapshotPath), then the file the server

@@ -1,4 +1,4 @@
-// The cache and storage agree (README, "Semantics"): deletes are honoured,
+// The cache and storage agree (docs/semantics.md): deletes are honoured,
 // storage wins when it changed, the cache wins when storage failed, and a
 // replaced file keeps its mode.
 #include <gtest/gtest.h>
