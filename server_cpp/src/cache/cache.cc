@@ -298,7 +298,7 @@ CacheStats Cache::TallyLocked() const {
   s.leases = leases_.size();
   s.buffers_created = buffers_created_;
   s.buffers_reused = buffers_reused_;
-  s.persist_queue = persist_queue_.size() + in_flight_.size();
+  s.persist_queue = (persist_ ? persist_->Queued() : 0) + in_flight_.size();
   s.backup_queue = backup_queue_.size() + backups_in_flight_;
   for (const FileKey& key : backup_queue_) {
     auto it = files_.find(key);
@@ -466,7 +466,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     if (EvictOne()) continue;
     // 4. Only unpersisted files hold the memory: wait for persistence to
     //    finish some (never evict what is not on storage), within bounds.
-    if (persistence_enabled() && (!persist_queue_.empty() || !in_flight_.empty()) && !stopping_ &&
+    if (persistence_enabled() && (PersistQueued() || !in_flight_.empty()) && !stopping_ &&
         done_cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
       if (!sessions_.count(req.session)) return CheckSession(req.session);
       continue;
@@ -633,10 +633,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
   }
   *out = a.file;
   Note(a.file, false);
-  if (persistence_enabled()) {
-    persist_queue_.emplace_back(key);
-    persist_cv_.notify_one();
-  }
+  QueuePersist(key);
   QueueBackup(key);
   EnforceKeepLast(key.first);
   TCE_LOG(kInfo, "cache") << "committed job=" << a.file.job << " tag=" << a.file.tag
@@ -712,7 +709,7 @@ DiskIdentity Cache::Written(const DiskIdentity& before, const FileStat& st) {
 void Cache::LetGo(FileInfo& f, FileState state, const std::string& why) {
   ReleaseBuffer(f.buffer_id);
   QueueDrop(f);
-  retry_at_.erase({f.job, f.path});
+  if (persist_) persist_->CancelRetry({f.job, f.path});
   f.state = state;
   f.reason = why;
   f.buffer_id = 0;
@@ -952,10 +949,16 @@ Status Cache::Wait(const std::string& session, const std::string& job,
   }
 }
 
-void Cache::SetFailedRetry(std::chrono::milliseconds interval) {
+void Cache::SetPersistFeed(PersistFeed* feed) {
   std::lock_guard<std::mutex> lock(mu_);
-  failed_retry_ = interval;
+  persist_ = feed;
 }
+
+void Cache::QueuePersist(const FileKey& key) {
+  if (persistence_enabled() && persist_) persist_->Queue(key);
+}
+
+bool Cache::PersistQueued() const { return persist_ && persist_->Queued() > 0; }
 
 void Cache::FailPersist(FileInfo& f, const Status& why) {
   f.state = FileState::kFailed;
@@ -963,42 +966,28 @@ void Cache::FailPersist(FileInfo& f, const Status& why) {
   const Status::Code c = why.code();
   const bool may_clear = c == Status::Code::kResourceExhausted || c == Status::Code::kInternal ||
                          c == Status::Code::kUnavailable || c == Status::Code::kDeadlineExceeded;
-  if (may_clear && failed_retry_.count() > 0 && f.buffer_id != 0) {
-    retry_at_[{f.job, f.path}] = std::chrono::steady_clock::now() + failed_retry_;
-    f.reason += " (persisted again every " + std::to_string(failed_retry_.count() / 1000.0).substr(0, 4) +
-                " s while in memory)";
-    persist_cv_.notify_all();  // a worker waits for the attempt
+  if (may_clear && f.buffer_id != 0 && persist_) {
+    const std::chrono::milliseconds every = persist_->RetryLater({f.job, f.path});
+    if (every.count() > 0)
+      f.reason += " (persisted again every " + std::to_string(every.count() / 1000.0).substr(0, 4) +
+                  " s while in memory)";
   }
   Note(f, false);
   done_cv_.notify_all();
 }
 
-std::chrono::steady_clock::time_point Cache::QueueDueRetries() {
-  const auto now = std::chrono::steady_clock::now();
-  auto next = std::chrono::steady_clock::time_point::max();
-  for (auto it = retry_at_.begin(); it != retry_at_.end();) {
-    if (it->second > now) {
-      next = std::min(next, it->second);
-      ++it;
-      continue;
-    }
-    auto f = files_.find(it->first);
-    it = retry_at_.erase(it);
-    if (f != files_.end() && f->second.state == FileState::kFailed && f->second.buffer_id != 0)
-      Requeue(f->second);
-  }
-  return next;
-}
-
-void Cache::Requeue(FileInfo& f) {
+void Cache::Reopen(FileInfo& f) {
   TCE_LOG(kInfo, "persist") << "persisting again job=" << f.job << " path=" << f.path
                             << " (failed: " << f.reason << ")";
-  retry_at_.erase({f.job, f.path});
   f.state = f.backup_holder.empty() ? FileState::kCached : FileState::kBackedUp;
   f.reason.clear();
   Note(f, false);
-  persist_queue_.push_back({f.job, f.path});
-  persist_cv_.notify_one();
+}
+
+void Cache::Requeue(FileInfo& f) {
+  if (persist_) persist_->CancelRetry({f.job, f.path});
+  Reopen(f);
+  QueuePersist({f.job, f.path});
 }
 
 Status Cache::RetryFailed(const std::string& session, const std::string& job,
@@ -1032,50 +1021,42 @@ Status Cache::RetryFailed(const std::string& session, const std::string& job,
   return Status::OK();
 }
 
-bool Cache::NextPersistJob(PersistJob* out) {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    if (stopping_) return false;
-    const auto next_retry = QueueDueRetries();
-    if (persist_queue_.empty()) {
-      if (next_retry == std::chrono::steady_clock::time_point::max())
-        persist_cv_.wait(lock);
-      else
-        persist_cv_.wait_until(lock, next_retry);
-      continue;
-    }
-    FileKey key = persist_queue_.front();
-    persist_queue_.pop_front();
-    auto it = files_.find(key);
-    if (it == files_.end() || (it->second.state != FileState::kCached &&
-                               it->second.state != FileState::kBackedUp))
-      continue;  // gone or done
-    auto flying = in_flight_.find(key);
-    if (flying != in_flight_.end() && flying->second == it->second.version) continue;
-    Buf& buf = buffers_[it->second.buffer_id];
-    int fd = -1;
-    Status s = buf.mem->NewFd(/*writable=*/true, &fd);
-    if (!s.ok()) {  // e.g. out of descriptors: that clears
-      FailPersist(it->second, s);
-      continue;
-    }
-    ++buf.pins;
-    in_flight_[key] = it->second.version;
-    out->job = key.first;
-    out->path = key.second;
-    out->version = it->second.version;
-    out->buffer_id = buf.id;
-    out->size = it->second.size;
-    out->capacity = buf.capacity;
-    out->uid = it->second.owner_uid;
-    out->gid = it->second.owner_gid;
-    out->new_mode = it->second.new_mode;
-    out->zip_crc32 = it->second.zip_crc32;
-    out->expected = it->second.disk;
-    out->records = it->second.records;
-    out->fd = fd;
-    return true;
+bool Cache::StartPersist(const FileKey& key, bool retry, PersistJob* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return false;
+  auto it = files_.find(key);
+  if (it == files_.end()) return false;  // removed
+  FileInfo& f = it->second;
+  if (retry) {  // a scheduled attempt: only at a file still FAILED with its memory
+    if (f.state != FileState::kFailed || f.buffer_id == 0) return false;
+    Reopen(f);
   }
+  if (f.state != FileState::kCached && f.state != FileState::kBackedUp) return false;  // gone or done
+  auto flying = in_flight_.find(key);
+  if (flying != in_flight_.end() && flying->second == f.version) return false;
+  Buf& buf = buffers_[f.buffer_id];
+  int fd = -1;
+  Status s = buf.mem->NewFd(/*writable=*/true, &fd);
+  if (!s.ok()) {  // e.g. out of descriptors: that clears
+    FailPersist(f, s);
+    return false;
+  }
+  ++buf.pins;
+  in_flight_[key] = f.version;
+  out->job = key.first;
+  out->path = key.second;
+  out->version = f.version;
+  out->buffer_id = buf.id;
+  out->size = f.size;
+  out->capacity = buf.capacity;
+  out->uid = f.owner_uid;
+  out->gid = f.owner_gid;
+  out->new_mode = f.new_mode;
+  out->zip_crc32 = f.zip_crc32;
+  out->expected = f.disk;
+  out->records = f.records;
+  out->fd = fd;
+  return true;
 }
 
 std::chrono::milliseconds Cache::WaitForNoSaves(std::chrono::milliseconds max) {
@@ -1405,10 +1386,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   files_[key] = f;
   ++recovered_files_;
   Note(f, false);
-  if (persistence_enabled()) {  // it may never have reached storage
-    persist_queue_.emplace_back(key);
-    persist_cv_.notify_one();
-  }
+  QueuePersist(key);  // it may never have reached storage
   TCE_LOG(kInfo, "ring") << "recovered job=" << f.job << " path=" << f.path << " size=" << f.size
                          << " from " << f.backup_holder;
   return Status::OK();
@@ -1485,7 +1463,6 @@ void Cache::StopBackups() {
 void Cache::StopPersistence() {
   std::lock_guard<std::mutex> lock(mu_);
   stopping_ = true;
-  persist_cv_.notify_all();
   done_cv_.notify_all();
   quiet_cv_.notify_all();
 }

@@ -37,6 +37,7 @@
 #include "cache/cache_types.h"
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
+#include "cache/persist_feed.h"
 #include "common/log_limiter.h"
 #include "common/status.h"
 #include "env/env.h"
@@ -168,9 +169,15 @@ class Cache {
               const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
               std::vector<FileInfo>* out);
 
-  // ---- for persistence workers ----
-  // Blocks for the next file to write; false once StopPersistence was called.
-  bool NextPersistJob(PersistJob* out);
+  // ---- for persistence (persist/persister.h) ----
+  // Where committed files are queued for persistence (persist/persist_queue.h;
+  // null: nowhere, they stay in memory). Set before serving.
+  void SetPersistFeed(PersistFeed* feed);
+  // The current version of `key` to write, pinned, in `out`; false when
+  // there is nothing to do (removed, persisted or being written, or, for a
+  // scheduled `retry`, no longer FAILED with its memory), or after
+  // StopPersistence.
+  bool StartPersist(const FileKey& key, bool retry, PersistJob* out);
   // Whether the job's version is still the file's current version.
   bool IsCurrent(const PersistJob& job);
   // Waits (at most `max`) until no save is being written into the cache, so
@@ -181,15 +188,13 @@ class Cache {
   // file whose persistence failed for a reason that can clear by itself
   // (RESOURCE_EXHAUSTED: disk full, quota, out of descriptors or memory;
   // INTERNAL: I/O errors; UNAVAILABLE, DEADLINE_EXCEEDED) is FAILED with the
-  // reason and persisted again after the failed-retry interval, for as long
+  // reason and persisted again after the feed's retry interval, for as long
   // as it stays in memory; other failures (permissions, confinement, a bad
   // record table) stay FAILED until a client retries or removes the file.
   // CANCELLED (the path was removed or replaced on storage since the save)
   // DISCARDS the file. `written`: the file the persister left at the path.
   void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records,
                      const FileStat& written = FileStat());
-  // The failed-retry interval above (0: never retry by itself). Default 30 s.
-  void SetFailedRetry(std::chrono::milliseconds interval);
   // How long a load (or a save's look at its directory) waits for storage to
   // answer a stat before it serves the cache (goes on unchecked). Default 2 s;
   // <= 0: no limit. Set before serving.
@@ -282,7 +287,6 @@ class Cache {
     std::chrono::steady_clock::time_point last_used;  // the last request naming it
     size_t leases = 0;
   };
-  using FileKey = std::pair<std::string, std::string>;  // (job, path)
 
   // UNAUTHENTICATED for an unknown session; else notes it was used.
   Status CheckSession(const std::string& session);  // REQUIRES mu_
@@ -339,10 +343,9 @@ class Cache {
   Env* const env_;
   std::vector<std::string> roots_;  // resolved; immutable after construction
   std::mutex mu_;
-  std::condition_variable persist_cv_;  // a job was queued, or stopping
   std::condition_variable done_cv_;     // a file was persisted or failed
   std::condition_variable quiet_cv_;    // the last pending allocation ended
-  std::deque<std::pair<std::string, std::string>> persist_queue_;  // GUARDED_BY(mu_)
+  PersistFeed* persist_ = nullptr;  // GUARDED_BY(mu_)
   std::map<std::pair<std::string, std::string>, uint64_t> in_flight_;  // GUARDED_BY(mu_): key -> version
   bool stopping_ = false;                                        // GUARDED_BY(mu_)
   uint64_t persisted_files_ = 0, persisted_bytes_ = 0;           // GUARDED_BY(mu_)
@@ -389,15 +392,14 @@ class Cache {
   uint64_t backups_in_flight_ = 0;                   // GUARDED_BY(mu_)
   std::string backup_error_;                         // GUARDED_BY(mu_)
   std::string self_endpoint_;                        // GUARDED_BY(mu_)
-  std::chrono::milliseconds failed_retry_{30000};    // GUARDED_BY(mu_)
-  // Files FAILED for a reason that may clear, and when to persist them again.
-  std::map<FileKey, std::chrono::steady_clock::time_point> retry_at_;  // GUARDED_BY(mu_)
   // Marks the file FAILED with `why`, and schedules another attempt if `why` may clear.
   void FailPersist(FileInfo& f, const Status& why);  // REQUIRES mu_
-  // Makes a FAILED file (with memory) CACHED/BACKED_UP again and queues it.
+  // Makes a FAILED file (with memory) CACHED/BACKED_UP again.
+  void Reopen(FileInfo& f);  // REQUIRES mu_
+  // Reopen, and queue it for persistence now.
   void Requeue(FileInfo& f);  // REQUIRES mu_
-  // Queues the scheduled attempts that are due; returns when the next is.
-  std::chrono::steady_clock::time_point QueueDueRetries();  // REQUIRES mu_
+  void QueuePersist(const FileKey& key);  // REQUIRES mu_
+  bool PersistQueued() const;             // REQUIRES mu_
   void QueueBackup(const FileKey& key);              // REQUIRES mu_
   // Sets the job's ring; returns the successor ("" for one node).
   std::string InstallRing(const std::string& job, int32_t node_rank,

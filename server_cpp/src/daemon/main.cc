@@ -255,7 +255,6 @@ int Run(int argc, char** argv) {
   BackupStore backups(backup_budget);
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
-  cache.SetFailedRetry(std::chrono::milliseconds(opt.persist_failed_retry_ms));
   cache.SetStorageCheckTimeout(std::chrono::milliseconds(opt.storage_check_timeout_ms));
   cache.SetSessionLimits(SessionLimits{opt.root_is_admin, static_cast<size_t>(opt.max_leases_per_session)});
   PersistOptions popt;
@@ -264,6 +263,7 @@ int Run(int argc, char** argv) {
   popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
   popt.direct_io = opt.persist_direct_io;
   popt.io_depth = opt.persist_io_depth;
+  popt.failed_retry = std::chrono::milliseconds(opt.persist_failed_retry_ms);
   popt.temp_prefix = TempPrefix(EffectiveServerId(opt));
   TransferMetrics persist_metrics, backup_metrics;
   popt.metrics = &persist_metrics;

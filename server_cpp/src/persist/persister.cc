@@ -101,9 +101,14 @@ std::string Dirname(const std::string& path) {
 }  // namespace
 
 Persister::Persister(Cache* cache, Env* env, PersistOptions options)
-    : cache_(cache), env_(env), options_(options) {}
+    : cache_(cache), queue_(options.failed_retry), env_(env), options_(options) {
+  cache_->SetPersistFeed(&queue_);
+}
 
-Persister::~Persister() { Stop(); }
+Persister::~Persister() {
+  Stop();
+  cache_->SetPersistFeed(nullptr);
+}
 
 
 int Persister::RemoveStaleTemps(Env* env, const std::vector<std::string>& roots,
@@ -147,6 +152,7 @@ void Persister::Stop() {
     stop_ = true;
   }
   stop_cv_.notify_all();
+  queue_.Stop();
   cache_->StopPersistence();
   for (auto& t : threads_) t.join();
   threads_.clear();
@@ -165,8 +171,10 @@ void Persister::Loop() {
     if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), options_.nice) != 0)
       TCE_LOG(kWarning, "persist") << "setpriority: " << std::strerror(errno);
   }
+  PersistQueue::Item item;
   PersistJob job;
-  while (cache_->NextPersistJob(&job)) {
+  while (queue_.Next(&item)) {
+    if (!cache_->StartPersist(item.key, item.retry, &job)) continue;
     std::vector<Record> records = job.records;
     FileStat written;
     auto t0 = std::chrono::steady_clock::now();

@@ -43,6 +43,7 @@
 #include "common/metrics.h"
 #include "env/env.h"
 #include "persist/crc.h"
+#include "persist/persist_queue.h"
 
 namespace tce {
 
@@ -64,6 +65,9 @@ struct PersistOptions {
   // has no unnamed files); one prefix per server, so a restart removes its
   // own crashed temp files and never another server's in a shared directory.
   std::string temp_prefix = ".tce-";
+  // A file whose persistence failed for a reason that may clear (disk full,
+  // I/O errors) is tried again after this long while in memory (0: never).
+  std::chrono::milliseconds failed_retry{30000};
 };
 
 class Persister {
@@ -98,6 +102,7 @@ class Persister {
   StorageCheck StillThere(const std::string& path, Directory* dir, const DiskIdentity& expected);
 
   Cache* const cache_;
+  PersistQueue queue_;  // fed by the cache (Cache::SetPersistFeed)
   Env* const env_;
   const PersistOptions options_;
   std::vector<std::thread> threads_;

@@ -51,13 +51,16 @@ class PersisterTest : public ::testing::Test {
     fs::remove_all(root_);
   }
   // `run` false: the persister starts only when the test calls persister_->Start().
-  void Start(int retries = 3, bool direct_io = true, bool run = true) {
+  // `failed_retry`: PersistOptions::failed_retry.
+  void Start(int retries = 3, bool direct_io = true, bool run = true,
+             std::chrono::milliseconds failed_retry = std::chrono::seconds(30)) {
     cache_.reset(new Cache(64 << 20, {root_}, &env_));
     PersistOptions o;
     o.threads = 2;
     o.retries = retries;
     o.backoff = 5ms;
     o.direct_io = direct_io;
+    o.failed_retry = failed_retry;
     persister_.reset(new Persister(cache_.get(), &env_, o));
     if (run) persister_->Start();
     session_ = cache_->OpenSession(getuid(), getpid());

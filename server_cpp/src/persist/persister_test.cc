@@ -543,8 +543,7 @@ namespace tce {
 namespace {
 
 TEST_F(PersisterTest, AFailureThatClearsIsPersistedAgain) {
-  Start(/*retries=*/0);
-  cache_->SetFailedRetry(50ms);
+  Start(/*retries=*/0, /*direct_io=*/true, /*run=*/true, /*failed_retry=*/50ms);
   env_.FailAppends(ENOSPC, 3);  // the first attempts find the disk full
   const std::string path = root_ + "/full.pt";
   Save(path, 'f');
@@ -566,8 +565,7 @@ TEST_F(PersisterTest, AFailureThatClearsIsPersistedAgain) {
 
 TEST_F(PersisterTest, AFailureThatCannotClearIsNotRetried) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
-  Start(/*retries=*/0, /*direct_io=*/true, /*run=*/false);
-  cache_->SetFailedRetry(20ms);
+  Start(/*retries=*/0, /*direct_io=*/true, /*run=*/false, /*failed_retry=*/20ms);
   session_ = cache_->OpenSession(65534, getpid(), 65534);
   const std::string path = root_ + "/x.pt";  // root's directory: PERMISSION_DENIED for nobody
   Save(path, 'g');

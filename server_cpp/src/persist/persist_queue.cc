@@ -1,0 +1,68 @@
+#include "persist/persist_queue.h"
+
+#include <algorithm>
+
+namespace tce {
+
+PersistQueue::PersistQueue(std::chrono::milliseconds retry_interval)
+    : retry_interval_(retry_interval) {}
+
+void PersistQueue::Queue(const FileKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  items_.push_back(Item{key, false});
+  cv_.notify_one();
+}
+
+std::chrono::milliseconds PersistQueue::RetryLater(const FileKey& key) {
+  if (retry_interval_.count() <= 0) return std::chrono::milliseconds(0);
+  std::lock_guard<std::mutex> lock(mu_);
+  retry_at_[key] = std::chrono::steady_clock::now() + retry_interval_;
+  cv_.notify_all();  // a worker waits for the attempt
+  return retry_interval_;
+}
+
+void PersistQueue::CancelRetry(const FileKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  retry_at_.erase(key);
+}
+
+size_t PersistQueue::Queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return items_.size();
+}
+
+bool PersistQueue::Next(Item* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    // Due retries join the queue behind what is already there.
+    const auto now = std::chrono::steady_clock::now();
+    auto next_retry = std::chrono::steady_clock::time_point::max();
+    for (auto it = retry_at_.begin(); it != retry_at_.end();) {
+      if (it->second > now) {
+        next_retry = std::min(next_retry, it->second);
+        ++it;
+      } else {
+        items_.push_back(Item{it->first, true});
+        it = retry_at_.erase(it);
+      }
+    }
+    if (!items_.empty()) {
+      *out = std::move(items_.front());
+      items_.pop_front();
+      return true;
+    }
+    if (next_retry == std::chrono::steady_clock::time_point::max())
+      cv_.wait(lock);
+    else
+      cv_.wait_until(lock, next_retry);
+  }
+  return false;
+}
+
+void PersistQueue::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  cv_.notify_all();
+}
+
+}  // namespace tce

@@ -1,0 +1,53 @@
+// PersistQueue: the files waiting to be written to storage, in commit order,
+// and the schedule of files whose persistence failed for a reason that may
+// clear (disk full, I/O errors...): each is tried again after the retry
+// interval, for as long as the Cache still holds its memory.
+//
+// The Cache feeds it (PersistFeed); Persister workers take from it (Next) and
+// ask the Cache for the file's current version (Cache::StartPersist), which
+// may say there is nothing to do: a key is only a hint. Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "cache/persist_feed.h"
+
+namespace tce {
+
+class PersistQueue : public PersistFeed {
+ public:
+  struct Item {
+    FileKey key;
+    bool retry = false;  // a scheduled attempt at a FAILED file
+  };
+
+  // `retry_interval`: how long after a failure that may clear the file is
+  // tried again (<= 0: never by itself).
+  explicit PersistQueue(std::chrono::milliseconds retry_interval = std::chrono::seconds(30));
+
+  void Queue(const FileKey& key) override;
+  std::chrono::milliseconds RetryLater(const FileKey& key) override;
+  void CancelRetry(const FileKey& key) override;
+  size_t Queued() const override;
+
+  // Blocks for the next item: queued files first come first, scheduled
+  // retries once due (after what was queued before them). False once
+  // stopped.
+  bool Next(Item* out);
+  // Wakes every Next() with false, now and later.
+  void Stop();
+
+ private:
+  const std::chrono::milliseconds retry_interval_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // an item was queued, a retry scheduled, or stopping
+  std::deque<Item> items_;                                       // GUARDED_BY(mu_)
+  std::map<FileKey, std::chrono::steady_clock::time_point> retry_at_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;                                        // GUARDED_BY(mu_)
+};
+
+}  // namespace tce
