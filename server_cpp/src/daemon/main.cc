@@ -28,6 +28,7 @@
 #include "ring/backup_store.h"
 #include "ring/peer_server.h"
 #include "ring/replicator.h"
+#include "ring/ring_fetch.h"
 #include "ring/fabric_select.h"
 #include "ring/transport.h"
 #include "meta/meta_writer.h"
@@ -303,7 +304,7 @@ int Run(int argc, char** argv) {
   if (cache.persistence_enabled()) persister.Start();
   std::unique_ptr<PeerServer> peers;
   std::unique_ptr<Replicator> replicator;
-  std::function<Status(const std::string&, const std::string&)> service_ring;
+  std::unique_ptr<RingFetch> ring_fetch;
   if (ring) {
     PeerServerOptions po;
     po.listen = opt.peer_listen;
@@ -326,12 +327,13 @@ int Run(int argc, char** argv) {
     replicator->Start();
     cache.SetSelfEndpoint(peers->endpoint());
     Replicator* r = replicator.get();
-    service_ring = [r](const std::string& job, const std::string& path) { return r->FetchForLoad(job, path); };
+    ring_fetch = std::make_unique<RingFetch>(
+        &cache, [r](const std::string& job, const std::string& path) { return r->FetchForLoad(job, path); });
     cache.RestoreRings(std::move(recorded_rings));
   }
   CacheService service(&cache, opt.socket, meta.get(), RedactUrl(meta_url), &backups,
                        peers ? peers->endpoint() : "");
-  if (ring) service.SetRing(service_ring, opt.ring_transport);
+  if (ring) service.SetRing(ring_fetch.get(), opt.ring_transport);
   service.SetMaxWaits(static_cast<size_t>(opt.max_waits));
   // Operations: Prometheus metrics over HTTP, and the standard gRPC health
   // service over TCP (for probes; the cache service stays on the Unix socket).

@@ -86,20 +86,11 @@ grpc::Status CacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest*
   FileInfo f;
   uint64_t lease = 0;
   std::vector<uint64_t> unmap;
-  tce::Status s = cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
-                                 &lease, &unmap);
-  // A load that missed: the ring may hold the file (this node's own copy at
-  // its successor, or another node's, for a rank that moved here).
-  if (s.code() == tce::Status::Code::kNotFound && req->lease() && fetch_remote_ &&
-      cache_->MayBeInRing(req->job(), req->path()) && !RecentlyMissed(req->job(), req->path())) {
-    tce::Status fetched = fetch_remote_(req->job(), req->path());
-    if (fetched.code() == tce::Status::Code::kNotFound) NoteMiss(req->job(), req->path());
-    if (fetched.ok() || fetched.code() == tce::Status::Code::kFailedPrecondition) {
-      if (fetched.ok()) ++remote_reads_;
-      unmap.clear();
-      s = cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f, &lease, &unmap);
-    }
-  }
+  tce::Status s =
+      ring_fetch_ ? ring_fetch_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
+                                        &lease, &unmap)
+                  : cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
+                                   &lease, &unmap);
   for (uint64_t id : unmap) resp->add_unmap_buffer_ids(id);
   if (!s.ok()) return ToGrpc(s);
   ToProto(f, resp->mutable_file());
@@ -184,8 +175,8 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_backup_error(s.backup_error);
   resp->set_recovered_files(s.recovered_files);
   resp->set_ring_checksum_mismatches(s.ring_checksum_mismatches);
-  resp->set_remote_reads(remote_reads_.load());
-  resp->set_remote_misses(remote_misses_.load());
+  resp->set_remote_reads(ring_fetch_ ? ring_fetch_->remote_reads() : 0);
+  resp->set_remote_misses(ring_fetch_ ? ring_fetch_->remote_misses() : 0);
   resp->set_ring_transport(ring_transport_);
   resp->set_metrics_endpoint(metrics_endpoint_);
   resp->set_health_endpoint(health_endpoint_);
@@ -270,27 +261,6 @@ grpc::Status CacheService::Retry(grpc::ServerContext*, const v1::RetryRequest* r
   tce::Status s = cache_->RetryFailed(req->session(), req->job(), paths, &files);
   for (const FileInfo& f : files) ToProto(f, resp->add_files());
   return ToGrpc(s);
-}
-
-namespace {
-constexpr auto kRemoteMissTtl = std::chrono::seconds(5);
-constexpr size_t kMaxRemembered = 4096;
-}  // namespace
-
-bool CacheService::RecentlyMissed(const std::string& job, const std::string& path) {
-  std::lock_guard<std::mutex> l(misses_mu_);
-  auto it = misses_.find({job, path});
-  if (it == misses_.end()) return false;
-  if (std::chrono::steady_clock::now() - it->second < kRemoteMissTtl) return true;
-  misses_.erase(it);
-  return false;
-}
-
-void CacheService::NoteMiss(const std::string& job, const std::string& path) {
-  ++remote_misses_;
-  std::lock_guard<std::mutex> l(misses_mu_);
-  if (misses_.size() >= kMaxRemembered) misses_.clear();  // bounded; forgetting only costs a lookup
-  misses_[{job, path}] = std::chrono::steady_clock::now();
 }
 
 }  // namespace tce

@@ -1,6 +1,7 @@
 // CacheService: the gRPC face of the Cache (tce.v1.Cache). Thin: protobuf in,
-// Cache call, protobuf out; a Status becomes a grpc::Status with the same
-// code and message. Called concurrently by gRPC's worker threads.
+// Cache call (a load through the ring's RingFetch when there is a ring),
+// protobuf out; a Status becomes a grpc::Status with the same code and
+// message. Called concurrently by gRPC's worker threads.
 //
 // Security: every RPC names a session; the Cache decides with that session's
 // uid (an unknown session is UNAUTHENTICATED). A blocked Wait holds a gRPC
@@ -18,6 +19,7 @@
 #include "cache/cache.h"
 #include "meta/meta_writer.h"
 #include "ring/backup_store.h"
+#include "ring/ring_fetch.h"
 #include "tce/v1/tce.grpc.pb.h"
 
 namespace tce {
@@ -43,11 +45,10 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status SetRing(grpc::ServerContext*, const v1::SetRingRequest*, v1::SetRingResponse*) override;
   grpc::Status Retry(grpc::ServerContext*, const v1::RetryRequest*, v1::RetryResponse*) override;
 
-  // The ring's part (set before serving): `fetch` brings (job, path) from a
-  // peer into the cache for a load that missed; `transport` is shown in Status.
-  void SetRing(std::function<tce::Status(const std::string& job, const std::string& path)> fetch,
-               std::string transport) {
-    fetch_remote_ = std::move(fetch);
+  // The ring's part (set before serving): a load that misses asks the ring
+  // through `fetch` (ring/ring_fetch.h); `transport` is shown in Status.
+  void SetRing(RingFetch* fetch, std::string transport) {
+    ring_fetch_ = fetch;
     ring_transport_ = std::move(transport);
   }
   // The whole server's status, unfiltered: for the daemon's own metrics.
@@ -67,20 +68,11 @@ class CacheService final : public v1::Cache::Service {
   const std::string metadata_url_;
   BackupStore* const backups_;
   const std::string peer_endpoint_;
-  std::function<tce::Status(const std::string&, const std::string&)> fetch_remote_;
+  RingFetch* ring_fetch_ = nullptr;
   std::string ring_transport_;
   std::string metrics_endpoint_, health_endpoint_;
   size_t max_waits_ = 256;
   std::atomic<size_t> waits_{0};  // Wait calls running now
-  std::atomic<uint64_t> remote_reads_{0};
-  std::atomic<uint64_t> remote_misses_{0};
-  // Files no peer held, and when they were asked: a load of the same file
-  // within kRemoteMissTtl goes to storage without asking again (a job that
-  // probes for files it never saved must not cost a round of connections each).
-  bool RecentlyMissed(const std::string& job, const std::string& path);
-  void NoteMiss(const std::string& job, const std::string& path);
-  std::mutex misses_mu_;
-  std::map<std::pair<std::string, std::string>, std::chrono::steady_clock::time_point> misses_;  // GUARDED_BY(misses_mu_)
   const std::chrono::steady_clock::time_point started_;
 };
 

@@ -1,0 +1,42 @@
+#include "ring/ring_fetch.h"
+
+namespace tce {
+namespace {
+constexpr size_t kMaxRemembered = 4096;
+}  // namespace
+
+RingFetch::RingFetch(Cache* cache, Fetch fetch, std::chrono::milliseconds miss_ttl)
+    : cache_(cache), fetch_(std::move(fetch)), miss_ttl_(miss_ttl) {}
+
+Status RingFetch::Lookup(const std::string& session, const std::string& job,
+                         const std::string& path, bool lease, FileInfo* out, uint64_t* lease_id,
+                         std::vector<uint64_t>* unmap_buffer_ids) {
+  Status s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
+  if (s.code() != Status::Code::kNotFound || !lease || !cache_->MayBeInRing(job, path) ||
+      RecentlyMissed(job, path))
+    return s;
+  Status fetched = fetch_(job, path);
+  if (fetched.code() == Status::Code::kNotFound) NoteMiss(job, path);
+  if (!fetched.ok() && fetched.code() != Status::Code::kFailedPrecondition) return s;
+  if (fetched.ok()) ++remote_reads_;
+  unmap_buffer_ids->clear();
+  return cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
+}
+
+bool RingFetch::RecentlyMissed(const std::string& job, const std::string& path) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = misses_.find({job, path});
+  if (it == misses_.end()) return false;
+  if (std::chrono::steady_clock::now() - it->second < miss_ttl_) return true;
+  misses_.erase(it);
+  return false;
+}
+
+void RingFetch::NoteMiss(const std::string& job, const std::string& path) {
+  ++remote_misses_;
+  std::lock_guard<std::mutex> l(mu_);
+  if (misses_.size() >= kMaxRemembered) misses_.clear();  // bounded; forgetting only costs a fetch
+  misses_[{job, path}] = std::chrono::steady_clock::now();
+}
+
+}  // namespace tce

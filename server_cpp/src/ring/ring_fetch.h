@@ -1,0 +1,59 @@
+// RingFetch: the ring's part of a load. A load that misses the cache may find
+// the file in the ring (this node's own copy at its successor, or another
+// node's, for a rank that moved here): RingFetch asks the peers (`fetch`, the
+// Replicator's FetchForLoad), then looks the cache up again.
+//
+// Policy: only leased lookups (loads) ask the ring, and only for files the
+// cache says may be there (Cache::MayBeInRing). A file no peer held is
+// remembered for `miss_ttl`: a load of it within that time goes to storage
+// without asking again, so a job that probes for files it never saved does
+// not cost a round of connections each (at most 4096 misses are remembered;
+// forgetting one only costs a fetch). Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache/cache.h"
+#include "common/status.h"
+
+namespace tce {
+
+class RingFetch {
+ public:
+  using Fetch = std::function<Status(const std::string& job, const std::string& path)>;
+
+  RingFetch(Cache* cache, Fetch fetch,
+            std::chrono::milliseconds miss_ttl = std::chrono::seconds(5));
+
+  // Cache::Lookup, and on a miss the ring as above. A fetch that found the
+  // file (OK), or found a newer save already here (FAILED_PRECONDITION),
+  // is followed by a second lookup, whose answer is returned.
+  Status Lookup(const std::string& session, const std::string& job, const std::string& path,
+                bool lease, FileInfo* out, uint64_t* lease_id,
+                std::vector<uint64_t>* unmap_buffer_ids);
+
+  uint64_t remote_reads() const { return remote_reads_.load(); }    // files the ring gave
+  uint64_t remote_misses() const { return remote_misses_.load(); }  // fetches no peer answered
+
+ private:
+  bool RecentlyMissed(const std::string& job, const std::string& path);
+  void NoteMiss(const std::string& job, const std::string& path);
+
+  Cache* const cache_;
+  const Fetch fetch_;
+  const std::chrono::milliseconds miss_ttl_;
+  std::atomic<uint64_t> remote_reads_{0};
+  std::atomic<uint64_t> remote_misses_{0};
+  std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::chrono::steady_clock::time_point> misses_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace tce

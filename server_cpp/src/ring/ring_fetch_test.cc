@@ -1,0 +1,77 @@
+#include "ring/ring_fetch.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <thread>
+
+namespace tce {
+namespace {
+
+using namespace std::chrono_literals;
+
+class RingFetchTest : public ::testing::Test {
+ protected:
+  RingFetchTest() : cache_(8 << 20) {
+    session_ = cache_.OpenSession(getuid(), getpid());
+    std::string successor;
+    EXPECT_TRUE(cache_.SetRing(session_, "job", 0, {"a:1", "b:2"}, &successor).ok());
+  }
+  Status Load(RingFetch& r, const std::string& path, bool lease = true) {
+    FileInfo f;
+    uint64_t lease_id = 0;
+    std::vector<uint64_t> unmap{7};
+    return r.Lookup(session_, "job", path, lease, &f, &lease_id, &unmap);
+  }
+  Cache cache_;
+  std::string session_;
+  int fetches_ = 0;
+};
+
+TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
+  RingFetch r(&cache_, [&](const std::string&, const std::string&) {
+    ++fetches_;
+    return Status::NotFound("no peer holds it");
+  }, 50ms);
+  EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);
+  EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);
+  EXPECT_EQ(fetches_, 1);  // the second load went to storage without asking
+  EXPECT_EQ(r.remote_misses(), 1u);
+  std::this_thread::sleep_for(60ms);
+  EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);
+  EXPECT_EQ(fetches_, 2);
+  EXPECT_EQ(r.remote_reads(), 0u);
+}
+
+TEST_F(RingFetchTest, OnlyLoadsOfFilesThatMayBeInTheRingAsk) {
+  RingFetch r(&cache_, [&](const std::string&, const std::string&) {
+    ++fetches_;
+    return Status::Unavailable("peer down");
+  });
+  EXPECT_EQ(Load(r, "/c/x.pt", /*lease=*/false).code(), Status::Code::kNotFound);
+  EXPECT_EQ(fetches_, 0);
+  FileInfo f;
+  uint64_t lease_id = 0;
+  std::vector<uint64_t> unmap;
+  EXPECT_EQ(r.Lookup(session_, "other-job", "/c/x.pt", true, &f, &lease_id, &unmap).code(),
+            Status::Code::kNotFound);  // no ring for that job
+  EXPECT_EQ(fetches_, 0);
+  EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);  // a failed fetch: the miss stands
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);  // not remembered: asked again
+  EXPECT_EQ(fetches_, 2);
+  EXPECT_EQ(r.remote_misses(), 0u);
+}
+
+TEST_F(RingFetchTest, AFetchThatFoundTheFileLooksAgain) {
+  RingFetch r(&cache_, [&](const std::string&, const std::string&) {
+    ++fetches_;
+    return Status::OK();  // (nothing installed: the second lookup still misses)
+  });
+  EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_EQ(r.remote_reads(), 1u);
+}
+
+}  // namespace
+}  // namespace tce
