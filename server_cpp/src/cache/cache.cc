@@ -299,8 +299,9 @@ CacheStats Cache::TallyLocked() const {
   s.buffers_created = buffers_created_;
   s.buffers_reused = buffers_reused_;
   s.persist_queue = (persist_ ? persist_->Queued() : 0) + in_flight_.size();
-  s.backup_queue = backup_queue_.size() + backups_in_flight_;
-  for (const FileKey& key : backup_queue_) {
+  const std::vector<FileKey> waiting = backups_ ? backups_->Waiting() : std::vector<FileKey>();
+  s.backup_queue = waiting.size() + backups_in_flight_;
+  for (const FileKey& key : waiting) {
     auto it = files_.find(key);
     if (it != files_.end()) s.backup_lag_bytes += it->second.size;
   }
@@ -1109,23 +1110,20 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
   done_cv_.notify_all();
 }
 
+void Cache::SetBackupFeed(BackupFeed* feed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  backups_ = feed;
+}
+
 void Cache::QueueBackup(const FileKey& key) {
   auto ring = rings_.find(key.first);
-  if (ring == rings_.end() || ring->second.successor.empty()) return;
-  backup_queue_.push_back(key);
-  backup_cv_.notify_one();
+  if (ring == rings_.end() || ring->second.successor.empty() || !backups_) return;
+  backups_->Send(key);
 }
 
 void Cache::QueueDrop(const FileInfo& f) {
-  if (f.backup_holder.empty()) return;
-  BackupJob drop;
-  drop.drop = true;
-  drop.job = f.job;
-  drop.path = f.path;
-  drop.version = f.version;
-  drop.peer = f.backup_holder;
-  drop_queue_.push_back(std::move(drop));
-  backup_cv_.notify_one();
+  if (f.backup_holder.empty() || !backups_) return;
+  backups_->Drop(DropCopy{f.job, f.path, f.backup_holder, f.version});
 }
 
 Status Cache::SetRing(const std::string& session, const std::string& job, int32_t node_rank,
@@ -1182,15 +1180,10 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
   bool empty = true;  // nothing of this job in memory: a fresh or restarted node
   for (const auto& [key, f] : files_) empty = empty && !(key.first == job && f.buffer_id != 0);
   for (const auto& [id, a] : pending_) empty = empty && a.file.job != job;
-  if (empty && !ring.successor.empty()) {
-    BackupJob recover;
-    recover.recover = true;
-    recover.job = job;
-    recover.node = node_rank;
-    recover.peer = ring.successor;
-    recover.predecessor = ring.endpoints[(node_rank + ring.endpoints.size() - 1) % ring.endpoints.size()];
-    drop_queue_.push_back(std::move(recover));
-    backup_cv_.notify_one();
+  if (empty && !ring.successor.empty() && backups_) {
+    backups_->Recover(RecoverJob{
+        job, node_rank, ring.successor,
+        ring.endpoints[(node_rank + ring.endpoints.size() - 1) % ring.endpoints.size()]});
   }
   TCE_LOG(kInfo, "ring") << "job=" << job << " node " << node_rank << " of "
                          << ring.endpoints.size() << ", successor "
@@ -1209,71 +1202,41 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
   return successor;
 }
 
-bool Cache::NextBackupJob(BackupJob* out) {
+bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
   std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    if (stopping_backups_) return false;
-    if (!drop_queue_.empty()) {
-      *out = std::move(drop_queue_.front());
-      drop_queue_.pop_front();
-      return true;
-    }
-    if (backup_queue_.empty()) {
-      backup_cv_.wait(lock);
-      continue;
-    }
-    FileKey key = backup_queue_.front();
-    backup_queue_.pop_front();
-    auto it = files_.find(key);
-    auto ring = rings_.find(key.first);
-    if (it == files_.end() || ring == rings_.end() || ring->second.successor.empty()) continue;
-    FileInfo& f = it->second;
-    if (f.buffer_id == 0 || f.state == FileState::kEvicted || f.state == FileState::kFailed ||
-        f.state == FileState::kPending || f.backup_holder == ring->second.successor)
-      continue;  // gone, not in memory, or already held there
-    Buf& buf = buffers_[f.buffer_id];
-    int fd = -1;
-    if (!buf.mem->NewFd(/*writable=*/false, &fd).ok()) continue;
-    ++buf.pins;
-    ++backups_in_flight_;
-    *out = BackupJob();
-    out->job = f.job;
-    out->tag = f.tag;
-    out->path = f.path;
-    out->rank = f.rank;
-    out->peer = ring->second.successor;
-    out->node = ring->second.node_rank;
-    out->version = f.version;
-    out->buffer_id = buf.id;
-    out->size = f.size;
-    out->records = f.records;
-    out->fd = fd;
-    out->data = nullptr;
-    Buffer* mem = buf.mem.get();
-    lock.unlock();  // mapping a new buffer faults it in: not under the lock
-    if (!mem->Mapping(&out->data).ok()) out->data = nullptr;
-    return true;
-  }
+  auto it = files_.find(key);
+  auto ring = rings_.find(key.first);
+  if (it == files_.end() || ring == rings_.end() || ring->second.successor.empty()) return false;
+  FileInfo& f = it->second;
+  if (f.buffer_id == 0 || f.state == FileState::kEvicted || f.state == FileState::kFailed ||
+      f.state == FileState::kPending || f.backup_holder == ring->second.successor)
+    return false;  // gone, not in memory, or already held there
+  Buf& buf = buffers_[f.buffer_id];
+  int fd = -1;
+  if (!buf.mem->NewFd(/*writable=*/false, &fd).ok()) return false;
+  ++buf.pins;
+  ++backups_in_flight_;
+  *out = BackupJob();
+  out->job = f.job;
+  out->tag = f.tag;
+  out->path = f.path;
+  out->rank = f.rank;
+  out->peer = ring->second.successor;
+  out->node = ring->second.node_rank;
+  out->version = f.version;
+  out->buffer_id = buf.id;
+  out->size = f.size;
+  out->records = f.records;
+  out->fd = fd;
+  out->data = nullptr;
+  Buffer* mem = buf.mem.get();
+  lock.unlock();  // mapping a new buffer faults it in: not under the lock
+  if (!mem->Mapping(&out->data).ok()) out->data = nullptr;
+  return true;
 }
 
 void Cache::FinishBackup(const BackupJob& job, const Status& result) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (job.recover) {
-    if (!result.ok()) {  // again, after the worker's backoff
-      ++backup_failures_;
-      backup_error_ = "recovery from " + job.peer + ": " + result.ToString();
-      drop_queue_.push_back(job);
-      backup_cv_.notify_one();
-    }
-    return;
-  }
-  if (job.drop) {
-    if (!result.ok()) {
-      ++backup_failures_;
-      backup_error_ = result.ToString();
-    }
-    return;  // a drop that failed leaves a stale copy; the holder replaces it with the next version
-  }
   --backups_in_flight_;
   auto b = buffers_.find(job.buffer_id);
   if (b != buffers_.end()) {
@@ -1286,10 +1249,7 @@ void Cache::FinishBackup(const BackupJob& job, const Status& result) {
   if (!result.ok()) {
     ++backup_failures_;
     backup_error_ = job.peer + ": " + result.ToString();
-    if (current) {
-      backup_queue_.push_back({job.job, job.path});  // again, after the worker's backoff
-      backup_cv_.notify_one();
-    }
+    if (current && backups_) backups_->Send({job.job, job.path});  // again, after the worker's backoff
     return;
   }
   ++backed_up_files_;
@@ -1452,12 +1412,6 @@ void Cache::NoteBackupError(const std::string& message) {
   std::lock_guard<std::mutex> lock(mu_);
   ++backup_failures_;
   backup_error_ = message;
-}
-
-void Cache::StopBackups() {
-  std::lock_guard<std::mutex> lock(mu_);
-  stopping_backups_ = true;
-  backup_cv_.notify_all();
 }
 
 void Cache::StopPersistence() {

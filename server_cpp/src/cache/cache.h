@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache/backup_feed.h"
 #include "cache/buffer.h"
 #include "cache/cache_types.h"
 #include "cache/job_owners.h"
@@ -224,13 +225,16 @@ class Cache {
   // unknown here, or lost from memory, but not evicted by us (the ring's
   // copy goes when the original is evicted).
   bool MayBeInRing(const std::string& job, const std::string& path);
-  // For backup workers: blocks for the next backup (or drop) to send; false
-  // once StopBackups was called. A backup pins its buffer until FinishBackup.
-  bool NextBackupJob(BackupJob* out);
-  // Records the outcome. A failed backup goes back in the queue (the worker
-  // backs off); the file itself is unaffected.
+  // Where the ring's work is queued (ring/backup_queue.h; null: nowhere, no
+  // file is backed up). Set before serving.
+  void SetBackupFeed(BackupFeed* feed);
+  // For backup workers: the current version of `key` to send to the job's
+  // successor, pinned (until FinishBackup), in `out`; false when there is
+  // nothing to send (no successor, not in memory, already held there).
+  bool StartBackup(const FileKey& key, BackupJob* out);
+  // Records the outcome. A failed backup is queued again (the worker backs
+  // off); the file itself is unaffected.
   void FinishBackup(const BackupJob& job, const Status& result);
-  void StopBackups();
   // Shutdown: new allocations are refused (UNAVAILABLE) from now on; saves
   // already allocated may still commit, loads are served as before.
   void StopAccepting();
@@ -383,10 +387,7 @@ class Cache {
   };
   std::map<std::string, Ring> rings_;                // GUARDED_BY(mu_): by job
   bool accepting_ = true;                            // GUARDED_BY(mu_)
-  std::deque<FileKey> backup_queue_;                 // GUARDED_BY(mu_)
-  std::deque<BackupJob> drop_queue_;                 // GUARDED_BY(mu_)
-  std::condition_variable backup_cv_;                // a backup or drop was queued, or stopping
-  bool stopping_backups_ = false;                    // GUARDED_BY(mu_)
+  BackupFeed* backups_ = nullptr;                    // GUARDED_BY(mu_)
   uint64_t backed_up_files_ = 0, backup_failures_ = 0;  // GUARDED_BY(mu_)
   uint64_t recovered_files_ = 0, recovery_mismatches_ = 0;  // GUARDED_BY(mu_)
   uint64_t backups_in_flight_ = 0;                   // GUARDED_BY(mu_)

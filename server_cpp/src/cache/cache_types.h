@@ -102,8 +102,7 @@ struct PersistJob {
 };
 
 // One committed file handed to a backup worker: like PersistJob, for the
-// ring successor `peer`. A drop job (drop == true) carries no buffer: it
-// tells `peer` to let go of its copy of (job, path).
+// ring successor `peer` (see cache/backup_feed.h for the other ring jobs).
 struct BackupJob {
   std::string job, tag, path, peer;
   int32_t rank = 0;
@@ -112,11 +111,6 @@ struct BackupJob {
   std::vector<Record> records;
   int fd = -1;
   const unsigned char* data = nullptr;  // the server's mapping of the buffer (pinned)
-  bool drop = false;
-  // A recovery (recover == true): pull this node's copies of `job` back from
-  // `peer` (the successor), then ask `predecessor` to back up to us again.
-  bool recover = false;
-  std::string predecessor;
 };
 
 const char* FileStateName(FileState s);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <variant>
 
 #include "cache/record_proto.h"
 #include "common/logging.h"
@@ -14,9 +15,14 @@
 namespace tce {
 
 Replicator::Replicator(Cache* cache, Transport* transport, ReplicatorOptions options)
-    : cache_(cache), transport_(transport), options_(std::move(options)) {}
+    : cache_(cache), transport_(transport), options_(std::move(options)) {
+  cache_->SetBackupFeed(&queue_);
+}
 
-Replicator::~Replicator() { Stop(); }
+Replicator::~Replicator() {
+  Stop();
+  cache_->SetBackupFeed(nullptr);
+}
 
 void Replicator::Start() {
   for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
@@ -28,7 +34,7 @@ void Replicator::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
-  cache_->StopBackups();
+  queue_.Stop();
   for (auto& t : threads_) t.join();
   threads_.clear();
 }
@@ -41,33 +47,55 @@ bool Replicator::SleepUnlessStopping(std::chrono::milliseconds d) {
 void Replicator::Loop() {
   std::map<std::string, std::unique_ptr<PeerLink>> links;  // this thread's, by peer
   auto backoff = options_.backoff;
-  BackupJob job;
-  while (cache_->NextBackupJob(&job)) {
-    auto t0 = std::chrono::steady_clock::now();
-    Status s = Send(job, &links);
-    if (job.fd >= 0) ::close(job.fd);
-    cache_->FinishBackup(job, s);
-    if (s.ok()) {
-      backoff = options_.backoff;
-      if (!job.drop && !job.recover) {
+  BackupQueue::Job next;
+  while (queue_.Next(&next)) {
+    Status s;
+    std::string what, peer, predecessor;  // for the log, and the links to re-make
+    if (const FileKey* key = std::get_if<FileKey>(&next)) {
+      BackupJob job;
+      if (!cache_->StartBackup(*key, &job)) continue;
+      auto t0 = std::chrono::steady_clock::now();
+      s = Backup(job, &links);
+      if (job.fd >= 0) ::close(job.fd);
+      cache_->FinishBackup(job, s);  // a failure is queued again
+      if (s.ok()) {
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (options_.metrics) options_.metrics->Succeeded(job.size, secs);
         TCE_LOG(kInfo, "ring") << "backed up job=" << job.job << " path=" << job.path << " to "
                                << job.peer << " size=" << job.size << " MBps="
                                << (secs > 0 ? job.size / secs / 1e6 : 0);
       }
+      what = "backup of " + job.path;
+      peer = job.peer;
+    } else if (const DropCopy* drop = std::get_if<DropCopy>(&next)) {
+      s = Drop(*drop, &links);
+      // A drop that failed leaves a stale copy; the holder replaces it with the next version.
+      if (!s.ok()) cache_->NoteBackupError(s.ToString());
+      what = "drop of " + drop->path;
+      peer = drop->peer;
+    } else {
+      const RecoverJob& recover = std::get<RecoverJob>(next);
+      s = Recover(recover, &links);
+      if (!s.ok()) {  // again, after the backoff
+        cache_->NoteBackupError("recovery from " + recover.peer + ": " + s.ToString());
+        queue_.Recover(recover);
+      }
+      what = "recovery of " + recover.job;
+      peer = recover.peer;
+      predecessor = recover.predecessor;
+    }
+    if (s.ok()) {
+      backoff = options_.backoff;
       continue;
     }
-    for (const std::string& peer : {job.peer, job.predecessor}) {  // re-made on the next attempt
-      auto it = links.find(peer);
+    for (const std::string& p : {peer, predecessor}) {  // re-made on the next attempt
+      auto it = links.find(p);
       if (it == links.end()) continue;
       it->second->Abort();
       links.erase(it);
     }
-    TCE_LOG(kWarning, "ring") << (job.recover ? "recovery" : job.drop ? "drop" : "backup") << " of "
-                              << (job.recover ? job.job : job.path) << " with "
-                              << job.peer << " failed, retrying in " << backoff.count()
-                              << "ms: " << s.ToString();
+    TCE_LOG(kWarning, "ring") << what << " with " << peer << " failed, retrying in "
+                              << backoff.count() << "ms: " << s.ToString();
     if (!SleepUnlessStopping(backoff)) break;
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
@@ -96,7 +124,7 @@ Status Replicator::Connect(const std::string& peer, std::unique_ptr<PeerLink>* o
   return s;
 }
 
-Status Replicator::Recover(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
+Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
   PeerLink* link = nullptr;
   Status s = Link(job.peer, links, &link);
   if (!s.ok()) return s;
@@ -230,45 +258,53 @@ Status Replicator::SendWithChecksums(PeerLink* link, const BackupJob& job) {
   return link->Send(trailer);
 }
 
-Status Replicator::Send(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
-  if (job.recover) return Recover(job, links);
+Status Replicator::Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
+  PeerLink* link = nullptr;
+  Status s = Link(drop.peer, links, &link);
+  if (!s.ok()) return s;
+  v1::PeerRequest req;
+  v1::PeerDrop* d = req.mutable_drop();
+  d->set_job(drop.job);
+  d->set_path(drop.path);
+  d->set_version(drop.version);
+  if (!(s = link->Send(req)).ok()) return s;
+  return Verdict(link, drop.peer);
+}
+
+Status Replicator::Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
   PeerLink* link = nullptr;
   Status s = Link(job.peer, links, &link);
   if (!s.ok()) return s;
+  // CRCs travel with the header when persistence computed them already;
+  // otherwise each chunk is checksummed just before it is sent (the pass
+  // overlaps the transfer) and the CRCs follow the bytes.
+  const std::vector<Record>& records = job.records;
+  bool missing = false;
+  for (const Record& r : records) missing |= r.crc32 == 0 && r.size > 0;
   v1::PeerRequest req;
-  if (job.drop) {
-    v1::PeerDrop* d = req.mutable_drop();
-    d->set_job(job.job);
-    d->set_path(job.path);
-    d->set_version(job.version);
-    s = link->Send(req);
-  } else {
-    // CRCs travel with the header when persistence computed them already;
-    // otherwise each chunk is checksummed just before it is sent (the pass
-    // overlaps the transfer) and the CRCs follow the bytes.
-    const std::vector<Record>& records = job.records;
-    bool missing = false;
-    for (const Record& r : records) missing |= r.crc32 == 0 && r.size > 0;
-    v1::PeerBackup* b = req.mutable_backup();
-    b->set_crc_trailer(missing);
-    b->set_job(job.job);
-    b->set_tag(job.tag);
-    b->set_rank(job.rank);
-    b->set_path(job.path);
-    b->set_size(job.size);
-    b->set_version(job.version);
-    b->set_owner_node(job.node);
-    RecordsToProto(records, b->mutable_records());
-    s = link->Send(req);
-    if (s.ok() && !missing) s = transport_->Send(link, SendSource{job.fd, job.size}, nullptr);
-    if (s.ok() && missing) s = SendWithChecksums(link, job);
-  }
+  v1::PeerBackup* b = req.mutable_backup();
+  b->set_crc_trailer(missing);
+  b->set_job(job.job);
+  b->set_tag(job.tag);
+  b->set_rank(job.rank);
+  b->set_path(job.path);
+  b->set_size(job.size);
+  b->set_version(job.version);
+  b->set_owner_node(job.node);
+  RecordsToProto(records, b->mutable_records());
+  s = link->Send(req);
+  if (s.ok() && !missing) s = transport_->Send(link, SendSource{job.fd, job.size}, nullptr);
+  if (s.ok() && missing) s = SendWithChecksums(link, job);
   if (!s.ok()) return s;
+  return Verdict(link, job.peer);
+}
+
+Status Replicator::Verdict(PeerLink* link, const std::string& peer) {
   v1::PeerReply reply;
-  s = link->Recv(&reply);
+  Status s = link->Recv(&reply);
   if (!s.ok()) return s;
   if (reply.code() != 0)
-    return Status::FromCode(static_cast<Status::Code>(reply.code()), "peer " + job.peer + ": " + reply.message());
+    return Status::FromCode(static_cast<Status::Code>(reply.code()), "peer " + peer + ": " + reply.message());
   return Status::OK();
 }
 

@@ -1,5 +1,6 @@
-// Replicator: worker threads that back committed files up to the ring
-// successor, off the training rank's critical path. Each backup: the record
+// Replicator: worker threads that do the ring's work (ring/backup_queue.h)
+// off the training rank's critical path: back committed files up to the
+// ring successor, tell a peer to drop a copy, recover a job's files. Each backup: the record
 // CRCs (computed here, read-only, when persistence has not filled them in
 // yet), a PeerBackup header on an authenticated link, the bytes through the
 // transport, and the peer's verdict. A failure (peer down, link cut, refused)
@@ -19,6 +20,7 @@
 
 #include "cache/cache.h"
 #include "common/metrics.h"
+#include "ring/backup_queue.h"
 #include "ring/peer_link.h"
 #include "ring/transport.h"
 
@@ -47,7 +49,11 @@ class Replicator {
 
  private:
   void Loop();
-  Status Send(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  // One job of each kind: a file to the successor, a copy a peer lets go of.
+  Status Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  Status Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  // The peer's answer to a backup or a drop.
+  Status Verdict(PeerLink* link, const std::string& peer);
   // The bytes, checksummed chunk by chunk as they go, then the CRCs.
   Status SendWithChecksums(PeerLink* link, const BackupJob& job);
   // An authenticated link to `peer`, with the transport's lanes.
@@ -56,12 +62,13 @@ class Replicator {
               PeerLink** out);
   // Pulls this node's copies back from the successor, then asks the
   // predecessor to back up to us again.
-  Status Recover(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  Status Recover(const RecoverJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   // (job, path) as `peer` holds it, fetched into a new cache buffer and checked.
   Status Pull(PeerLink* link, const std::string& job, const std::string& peer, const std::string& path);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   Cache* const cache_;
+  BackupQueue queue_;  // fed by the cache (Cache::SetBackupFeed)
   Transport* const transport_;
   const ReplicatorOptions options_;
   std::vector<std::thread> threads_;

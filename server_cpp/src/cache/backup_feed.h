@@ -1,0 +1,47 @@
+// BackupFeed: how the Cache hands work to the ring (ring/backup_queue.h).
+//
+// Three kinds of job, each its own type: a file's current version to send
+// to the job's ring successor (named by its key; the worker asks the Cache
+// for the version when it gets to it, Cache::StartBackup, and gets a
+// BackupJob), a copy a peer must let go of (DropCopy), and a job whose files
+// this node pulls back from the ring (RecoverJob). The Cache calls these with
+// its lock held: an implementation takes only its own lock and never calls
+// back into the Cache. Any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache/persist_feed.h"  // FileKey
+
+namespace tce {
+
+// `peer` holds a copy of (job, path) at `version` that is no longer wanted
+// (the file was evicted, removed or replaced).
+struct DropCopy {
+  std::string job, path, peer;
+  uint64_t version = 0;
+};
+
+// This node (`node` in the job's ring) holds nothing of `job`: pull its
+// copies back from `peer` (the successor), then ask `predecessor` to back up
+// to us again.
+struct RecoverJob {
+  std::string job;
+  int32_t node = 0;
+  std::string peer, predecessor;
+};
+
+class BackupFeed {
+ public:
+  virtual ~BackupFeed() = default;
+  virtual void Send(const FileKey& key) = 0;
+  virtual void Drop(DropCopy drop) = 0;
+  virtual void Recover(RecoverJob recover) = 0;
+  // The files waiting to be sent, in order (not those being sent).
+  virtual std::vector<FileKey> Waiting() const = 0;
+};
+
+}  // namespace tce

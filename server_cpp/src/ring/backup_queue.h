@@ -1,0 +1,39 @@
+// BackupQueue: the ring's work, in the order it is done. Drops and
+// recoveries carry no file data and unblock peers, so they go first, in the
+// order they came; then files to send, in commit order. The Cache feeds it
+// (BackupFeed); Replicator workers take from it. Thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <variant>
+
+#include "cache/backup_feed.h"
+
+namespace tce {
+
+class BackupQueue : public BackupFeed {
+ public:
+  // A FileKey is a file to send (Cache::StartBackup says what, if anything).
+  using Job = std::variant<FileKey, DropCopy, RecoverJob>;
+
+  void Send(const FileKey& key) override;
+  void Drop(DropCopy drop) override;
+  void Recover(RecoverJob recover) override;
+  std::vector<FileKey> Waiting() const override;
+
+  // Blocks for the next job; false once stopped.
+  bool Next(Job* out);
+  // Wakes every Next() with false, now and later.
+  void Stop();
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // a job was queued, or stopping
+  std::deque<Job> urgent_;      // GUARDED_BY(mu_): drops and recoveries
+  std::deque<FileKey> sends_;   // GUARDED_BY(mu_)
+  bool stopping_ = false;       // GUARDED_BY(mu_)
+};
+
+}  // namespace tce
