@@ -64,7 +64,7 @@ struct Options {
   int peer_max_handshakes = 64;          // connections still authenticating, at once
   int peer_max_handshakes_per_source = 8;  // of those, from one remote address
   std::string ring_fault;  // tests only: "corrupt" flips a byte of every transfer sent
-  std::string config;  // the file read, if any
+  std::string config;  // the config file read, if any (--config or TCE_CONFIG)
 };
 
 enum class Action { kRun, kPrintConfig, kHelp, kVersion, kFabricInfo };
@@ -82,11 +82,11 @@ Status ParseConfigText(const std::string& text, const std::string& name,
 
 // "auto", "NN%", or a size -> bytes.
 Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64_t* out);
-// "/a, /b" -> {"/a", "/b"}; each must be absolute.
 // The metadata URL in effect ("" for none).
 std::string EffectiveMetadataUrl(const Options& o);
 // server_id, or "<hostname>:<socket>" when it is empty.
 std::string EffectiveServerId(const Options& o);
+// "/a, /b" -> {"/a", "/b"}; each must be absolute.
 Status ParseRoots(const std::string& text, std::vector<std::string>* out);
 // "" -> {self, 0}; "1000,1001" -> {1000, 1001}.
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out);
