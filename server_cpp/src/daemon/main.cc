@@ -24,6 +24,7 @@
 #include "common/strings.h"
 #include "daemon/metrics_endpoint.h"
 #include "daemon/options.h"
+#include "daemon/settings.h"
 #include "meta/meta_store.h"
 #include "ring/backup_store.h"
 #include "ring/peer_server.h"

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "common/testing.h"
+#include "daemon/settings.h"
 #include <stdlib.h>
 #include <unistd.h>
 
