@@ -1116,9 +1116,7 @@ void Cache::SetBackupFeed(BackupFeed* feed) {
 }
 
 void Cache::QueueBackup(const FileKey& key) {
-  auto ring = rings_.find(key.first);
-  if (ring == rings_.end() || ring->second.successor.empty() || !backups_) return;
-  backups_->Send(key);
+  if (!rings_.Successor(key.first).empty() && backups_) backups_->Send(key);
 }
 
 void Cache::QueueDrop(const FileInfo& f) {
@@ -1134,20 +1132,12 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
   if (job.empty()) return Status::InvalidArgument("a ring needs a job");
   s = CheckAccess(session, job, "set the ring of job '" + job + "'", /*claim=*/true);
   if (!s.ok()) return s;
-  if (endpoints.empty()) return Status::InvalidArgument("a ring needs at least one endpoint");
-  if (node_rank < 0 || static_cast<size_t>(node_rank) >= endpoints.size())
-    return Status::InvalidArgument("node_rank " + std::to_string(node_rank) + " is outside the " +
-                                   std::to_string(endpoints.size()) + "-node ring");
-  for (const std::string& e : endpoints)
-    if (e.empty() || e.find(':') == std::string::npos || e.find('\n') != std::string::npos)
-      return Status::InvalidArgument("ring endpoint must be host:port, got '" + e + "'");
+  s = RingTable::Check(job, node_rank, endpoints);
+  if (!s.ok()) return s;
   if (meta_ && !self_endpoint_.empty()) meta_->RecordRing(RingInfo{job, self_endpoint_, node_rank, endpoints});
   *successor = InstallRing(job, node_rank, std::move(endpoints));
   const Session& who = sessions_.at(session);
-  Ring& ring = rings_[job];
-  ring.has_owner = true;
-  ring.owner_uid = who.uid;
-  ring.owner_gid = who.gid;
+  rings_.SetOwner(job, who.uid, who.gid);
   return Status::OK();
 }
 
@@ -1159,37 +1149,24 @@ void Cache::SetSelfEndpoint(const std::string& endpoint) {
 void Cache::RestoreRings(std::vector<RingInfo> rings) {
   std::lock_guard<std::mutex> lock(mu_);
   for (RingInfo& r : rings) {
-    if (r.node_rank < 0 || static_cast<size_t>(r.node_rank) >= r.endpoints.size()) continue;
+    if (!RingTable::Check(r.job, r.node_rank, r.endpoints).ok()) continue;
     TCE_LOG(kInfo, "ring") << "rejoining the ring of job=" << r.job << " recorded in metadata";
     InstallRing(r.job, r.node_rank, std::move(r.endpoints));
   }
 }
 
 std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::vector<std::string> endpoints) {
-  Ring ring;
-  ring.node_rank = node_rank;
-  ring.endpoints = std::move(endpoints);
-  if (auto old = rings_.find(job); old != rings_.end() && old->second.has_owner) {
-    ring.has_owner = true;
-    ring.owner_uid = old->second.owner_uid;
-    ring.owner_gid = old->second.owner_gid;
-  }
-  if (ring.endpoints.size() > 1)
-    ring.successor = ring.endpoints[(node_rank + 1) % ring.endpoints.size()];
-  const bool changed = rings_[job].successor != ring.successor;
+  const bool changed = rings_.Install(job, node_rank, std::move(endpoints));
+  const Ring& ring = *rings_.Find(job);
   bool empty = true;  // nothing of this job in memory: a fresh or restarted node
   for (const auto& [key, f] : files_) empty = empty && !(key.first == job && f.buffer_id != 0);
   for (const auto& [id, a] : pending_) empty = empty && a.file.job != job;
-  if (empty && !ring.successor.empty() && backups_) {
-    backups_->Recover(RecoverJob{
-        job, node_rank, ring.successor,
-        ring.endpoints[(node_rank + ring.endpoints.size() - 1) % ring.endpoints.size()]});
-  }
+  if (empty && !ring.successor.empty() && backups_)
+    backups_->Recover(RecoverJob{job, node_rank, ring.successor, ring.Predecessor()});
   TCE_LOG(kInfo, "ring") << "job=" << job << " node " << node_rank << " of "
                          << ring.endpoints.size() << ", successor "
                          << (ring.successor.empty() ? "none" : ring.successor);
-  std::string successor = ring.successor;
-  rings_[job] = std::move(ring);
+  const std::string successor = ring.successor;
   if (changed) {  // back up what is cached already (to the new successor)
     for (auto& [key, f] : files_) {
       if (key.first != job || f.buffer_id == 0 || f.state == FileState::kEvicted ||
@@ -1205,11 +1182,11 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
 bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = files_.find(key);
-  auto ring = rings_.find(key.first);
-  if (it == files_.end() || ring == rings_.end() || ring->second.successor.empty()) return false;
+  const std::string successor = rings_.Successor(key.first);
+  if (it == files_.end() || successor.empty()) return false;
   FileInfo& f = it->second;
   if (f.buffer_id == 0 || f.state == FileState::kEvicted || f.state == FileState::kFailed ||
-      f.state == FileState::kPending || f.backup_holder == ring->second.successor)
+      f.state == FileState::kPending || f.backup_holder == successor)
     return false;  // gone, not in memory, or already held there
   Buf& buf = buffers_[f.buffer_id];
   int fd = -1;
@@ -1221,8 +1198,8 @@ bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
   out->tag = f.tag;
   out->path = f.path;
   out->rank = f.rank;
-  out->peer = ring->second.successor;
-  out->node = ring->second.node_rank;
+  out->peer = successor;
+  out->node = rings_.Find(key.first)->node_rank;
   out->version = f.version;
   out->buffer_id = buf.id;
   out->size = f.size;
@@ -1320,13 +1297,13 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
     f.owner_uid = known.owner_uid;
     f.owner_gid = known.owner_gid;
   } else {  // unknown here: it belongs to whoever told us the job's ring
-    auto ring = rings_.find(f.job);
-    if (ring == rings_.end() || !ring->second.has_owner)
+    const Ring* ring = rings_.Find(f.job);
+    if (!ring || !ring->has_owner)
       return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: job " + f.job +
                                       " has no owner on this server (its ring came from metadata, "
                                       "which does not know the file)");
-    f.owner_uid = ring->second.owner_uid;
-    f.owner_gid = ring->second.owner_gid;
+    f.owner_uid = ring->owner_uid;
+    f.owner_gid = ring->owner_gid;
   }
   const uint64_t id = mem->id();
   Buf& buf = buffers_[id];
@@ -1354,19 +1331,13 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
 
 std::vector<std::string> Cache::RingPeers(const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = rings_.find(job);
-  std::vector<std::string> out;
-  if (it == rings_.end()) return out;
-  const Ring& r = it->second;
-  const size_t n = r.endpoints.size();
-  for (size_t i = 1; i < n; ++i) out.push_back(r.endpoints[(r.node_rank + i) % n]);
-  return out;
+  const Ring* ring = rings_.Find(job);
+  return ring ? ring->Peers() : std::vector<std::string>();
 }
 
 bool Cache::MayBeInRing(const std::string& job, const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto ring = rings_.find(job);
-  if (ring == rings_.end() || ring->second.successor.empty()) return false;
+  if (rings_.Successor(job).empty()) return false;
   auto it = files_.find({job, path});
   return it == files_.end() || (it->second.buffer_id == 0 && it->second.state != FileState::kEvicted &&
                                  it->second.state != FileState::kDiscarded);
@@ -1384,8 +1355,7 @@ std::vector<std::string> Cache::Unfinished(bool* allocations_in_flight) {
   for (const auto& [key, f] : files_) {
     if (f.state == FileState::kPending) continue;  // counted in pending_
     const bool persists = !roots_.empty() && (f.state == FileState::kCached || f.state == FileState::kBackedUp);
-    auto ring = rings_.find(key.first);
-    const bool backs_up = ring != rings_.end() && !ring->second.successor.empty() &&
+    const bool backs_up = !rings_.Successor(key.first).empty() &&
                           f.backup_holder.empty() && f.buffer_id != 0 && f.state != FileState::kEvicted;
     if (persists || backs_up)
       out.push_back("job=" + key.first + " path=" + key.second + ":" + (persists ? " not persisted" : "") +
@@ -1432,7 +1402,7 @@ void Cache::RecordAll() {
   for (const auto& [key, f] : files_) meta_->Record(f, false);
   for (const TagInfo& t : tags_.All()) meta_->RecordTag(t);
   if (!self_endpoint_.empty())
-    for (const auto& [job, r] : rings_) meta_->RecordRing(RingInfo{job, self_endpoint_, r.node_rank, r.endpoints});
+    for (const RingInfo& r : rings_.All(self_endpoint_)) meta_->RecordRing(r);
   TCE_LOG(kInfo, "cache") << "recorded " << files_.size() << " file(s) and " << tags_.size()
                           << " tag(s) again for a fresh metadata database";
 }

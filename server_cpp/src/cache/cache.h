@@ -39,6 +39,7 @@
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
 #include "cache/persist_feed.h"
+#include "cache/ring_table.h"
 #include "common/log_limiter.h"
 #include "common/status.h"
 #include "env/env.h"
@@ -375,17 +376,7 @@ class Cache {
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
   size_t max_leases_per_session_ = SessionLimits().max_leases_per_session;  // GUARDED_BY(mu_)
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
-  struct Ring {
-    int32_t node_rank = 0;
-    std::vector<std::string> endpoints;
-    std::string successor;  // empty: one node, no backups
-    // Who told us this ring (a client's session): files recovered for the
-    // job that metadata does not know belong to them.
-    bool has_owner = false;
-    uid_t owner_uid = 0;
-    gid_t owner_gid = 0;
-  };
-  std::map<std::string, Ring> rings_;                // GUARDED_BY(mu_): by job
+  RingTable rings_;  // GUARDED_BY(mu_)
   bool accepting_ = true;                            // GUARDED_BY(mu_)
   BackupFeed* backups_ = nullptr;                    // GUARDED_BY(mu_)
   uint64_t backed_up_files_ = 0, backup_failures_ = 0;  // GUARDED_BY(mu_)
