@@ -121,28 +121,6 @@ TEST(VerifyRecords, NamesTheRecordThatDiffers) {
 }  // namespace
 }  // namespace tce
 
-namespace tce {
-namespace {
-
-TEST(RecordCrcs, AnyChunkingGivesTheWholeRecordCrcs) {
-  std::vector<unsigned char> data(100000);
-  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 131 + 7);
-  std::vector<Record> records = {{"r0", 0, 64, 0, 0, 0},        // empty
-                                 {"r1", 64, 128, 40000, 0, 0},
-                                 {"r2", 40200, 40264, 59000, 0, 0}};
-  for (size_t chunk : {1u, 7u, 4096u, 65536u, 1000000u}) {
-    RecordCrcs crcs(records);
-    for (size_t off = 0; off < data.size(); off += chunk)
-      crcs.Feed(off, data.data() + off, std::min(chunk, data.size() - off));
-    for (size_t i = 0; i < records.size(); ++i)
-      EXPECT_EQ(crcs.crcs()[i], Crc32(0, data.data() + records[i].data_offset, records[i].size))
-          << "chunk " << chunk << " record " << i;
-  }
-}
-
-}  // namespace
-}  // namespace tce
-
 #include <sys/mman.h>
 
 #include <csignal>
