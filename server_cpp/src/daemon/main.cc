@@ -31,7 +31,8 @@
 #include "ring/replicator.h"
 #include "ring/ring_fetch.h"
 #include "ring/fabric_select.h"
-#include "ring/transport.h"
+#include "ring/corrupting_transport.h"
+#include "ring/transport_factory.h"
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
 #include "rpc/control_listener.h"
@@ -178,7 +179,10 @@ int Run(int argc, char** argv) {
     case Action::kPrintConfig: std::cout << FormatConfig(opt); return 0;
     case Action::kFabricInfo: {
       const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-      std::cout << FabricInfoJson(opt.ofi_provider, lws ? std::max(1, std::atoi(lws)) : 1);
+      std::string json;
+      s = FabricInfo(opt.ofi_provider, lws ? std::max(1, std::atoi(lws)) : 1, &json);
+      if (!s.ok()) return Fail("--fabric-info: " + s.message(), 2);
+      std::cout << json;
       return 0;
     }
     case Action::kRun: break;
