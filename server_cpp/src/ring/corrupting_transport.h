@@ -1,6 +1,8 @@
-// Fault injection for tests (wire corruption cannot be caused for real: TCP
-// checksums it away): wraps `inner` and flips one byte in the middle of
-// every transfer it sends.
+// A fault-injecting Transport decorator, for tests only: wire corruption
+// cannot be caused for real (TCP checksums it away), so this one flips one
+// byte in the middle of every transfer it sends, and the receiver's CRC
+// check must refuse the copy. Built into the gtests and tce-server-faulty
+// (TCE_BUILD_TESTS), never into tce-server. Thread-safe as `inner` is.
 #pragma once
 
 #include <memory>

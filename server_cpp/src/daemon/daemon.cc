@@ -1,4 +1,5 @@
-// tce-server: the per-node TCE cache daemon. The only place that exits.
+#include "daemon/daemon.h"
+
 #include <grpcpp/grpcpp.h>
 #include <grp.h>
 #include <signal.h>
@@ -31,7 +32,6 @@
 #include "ring/replicator.h"
 #include "ring/ring_fetch.h"
 #include "ring/fabric_select.h"
-#include "ring/corrupting_transport.h"
 #include "ring/transport_factory.h"
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
@@ -163,7 +163,9 @@ void Drain(Cache* cache, const sigset_t* signals, std::chrono::milliseconds limi
   for (const std::string& f : left) TCE_LOG(kWarning, "daemon") << "unfinished at shutdown: " << f;
 }
 
-int Run(int argc, char** argv) {
+}  // namespace
+
+int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {
     const char* eq = std::strchr(*e, '=');
@@ -254,10 +256,7 @@ int Run(int argc, char** argv) {
     if (!(s = NewTransport(to, &transport)).ok())
       return Fail("ring_transport " + opt.ring_transport + ": " + s.message(), 2);
   }
-  if (ring && opt.ring_fault == "corrupt") {
-    TCE_LOG(kWarning, "ring") << "ring_fault=corrupt: every transfer this server sends is corrupted (tests only)";
-    transport = NewCorruptingTransport(std::move(transport));
-  }
+  if (ring && hooks.wrap_transport) transport = hooks.wrap_transport(std::move(transport));
   BackupStore backups(backup_budget);
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
@@ -438,7 +437,4 @@ int Run(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace
 }  // namespace tce
-
-int main(int argc, char** argv) { return tce::Run(argc, argv); }
