@@ -27,10 +27,11 @@ from helpers import faulty_server_binary, until, wait_metadata_written
 TOKEN = "ring-test-token"
 
 
-@pytest.fixture(params=["tcp", "ofi"])
+@pytest.fixture(params=["tcp", pytest.param("ofi", marks=pytest.mark.rdma)])
 def transport(request):
     """Every ring test runs over both transports: ofi through libfabric's tcp
-    provider, the same RMA code path a verbs or efa fabric takes."""
+    provider, the same RMA code path a verbs or efa fabric takes (marked
+    rdma: a server built without libfabric skips it)."""
     return request.param
 
 
@@ -473,6 +474,7 @@ def test_corrupted_copies_are_refused_and_storage_serves(tmp_path, transport):
 
 
 @pytest.mark.multinode
+@pytest.mark.rdma  # the bench runs ofi too
 def test_ring_bench_runs(tmp_path):
     import json
 
