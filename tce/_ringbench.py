@@ -43,8 +43,9 @@ srv.listen(1)
 print("ready", flush=True)
 while True:
     conn, _ = srv.accept()
-    if conn.recv(1) != b"go":
-        pass
+    if conn.recv(1) != b"g":  # not the sender's start byte: not a run of ours
+        conn.close()
+        continue
     got = 0
     while got < size:
         n = conn.recv_into(view[got:], size - got, socket.MSG_WAITALL)

@@ -50,7 +50,11 @@ def _accepting(path: str) -> bool:
 
 
 class LocalServer:
-    """A tce-server child process on its own socket (a temp dir by default)."""
+    """A tce-server child process on its own socket (a temp dir by default).
+
+    ``binary`` runs another build of the server (tests: tce-server-faulty);
+    default: :func:`server_binary`.
+    """
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class LocalServer:
         env: dict[str, str] | None = None,
         netns: str | None = None,
         drain_timeout_ms: int = 0,
+        binary: str | None = None,
     ) -> None:
         self._tmpdir = None
         if socket_path is None:
@@ -74,7 +79,7 @@ class LocalServer:
         # that namespace's addresses; the Unix sockets stay reachable by path.
         prefix = ["ip", "netns", "exec", netns] if netns else []
         self.args = [
-            *prefix, server_binary(), "--socket", socket_path,
+            *prefix, binary or server_binary(), "--socket", socket_path,
             "--memory-budget", memory_budget,
             # Throwaway servers (tests, demo, bench) stop at once by default;
             # the drain is the deployed server's (and its own test's) business.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -10,7 +11,20 @@ import pytest
 
 import tce
 from tce import _api, _knobs
-from tce._server import LocalServer
+from tce._server import LocalServer, server_binary
+
+
+@functools.lru_cache(maxsize=None)
+def _server_lacks_libfabric() -> str:
+    """Why the server cannot run rdma tests ("" when it can): a build
+    without libfabric says so when asked for the fabric listing."""
+    p = subprocess.run([server_binary(), "--fabric-info"], capture_output=True, text=True, timeout=60)
+    return p.stderr.strip() if p.returncode != 0 and "built without it" in p.stderr else ""
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("rdma") and _server_lacks_libfabric():
+        pytest.skip(_server_lacks_libfabric())
 
 
 def _start(budget: str) -> LocalServer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import os
 import subprocess
 import sys
@@ -11,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+
+from tce._server import server_binary
 
 
 def assert_same(a: Any, b: Any, path: str = "obj") -> None:
@@ -58,6 +62,24 @@ def sample_tensor(dtype: torch.dtype, n: int = 37) -> torch.Tensor:
     if dtype == torch.bool:
         return (raw[:n] % 2).bool()
     return raw.view(dtype)
+
+
+def faulty_server_binary() -> str:
+    """tce-server-faulty, the test build of the server with faults to inject
+    (``--ring-fault corrupt``): $TCE_FAULTY_SERVER_BIN, else beside the
+    tce-server the tests run, else in a build tree under build/ (``make
+    build`` makes it: TCE_BUILD_TESTS=ON). Skips the test when none is built."""
+    env = os.environ.get("TCE_FAULTY_SERVER_BIN")
+    candidates = [env] if env else [
+        os.path.join(os.path.dirname(os.path.realpath(server_binary())), "tce-server-faulty"),
+        *sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "build" / "*" / "server_cpp"
+                              / "tce-server-faulty"))),
+    ]
+    for c in candidates:
+        if os.access(c, os.X_OK):
+            return c
+    pytest.skip("tce-server-faulty is not built (configure with TCE_BUILD_TESTS=ON, as make build "
+                "does, or set TCE_FAULTY_SERVER_BIN)")
 
 
 def until(predicate, timeout: float = 20.0, what: str = "condition"):

@@ -22,20 +22,21 @@ from tce._server import LocalServer
 from tce.errors import FailedPreconditionError, InvalidArgumentError
 from tce.v1 import tce_pb2 as pb
 
-from helpers import until, wait_metadata_written
+from helpers import faulty_server_binary, until, wait_metadata_written
 
 TOKEN = "ring-test-token"
 
 
-@pytest.fixture(params=["tcp", "ofi"])
+@pytest.fixture(params=["tcp", pytest.param("ofi", marks=pytest.mark.rdma)])
 def transport(request):
     """Every ring test runs over both transports: ofi through libfabric's tcp
-    provider, the same RMA code path a verbs or efa fabric takes."""
+    provider, the same RMA code path a verbs or efa fabric takes (marked
+    rdma: a server built without libfabric skips it)."""
     return request.param
 
 
 def _ring_server(tmp_path, transport, name, *, token=TOKEN, listen="127.0.0.1:0", netns=None,
-                 budget="512MiB", storage=None, extra=(), metadata=False):
+                 budget="512MiB", storage=None, extra=(), metadata=False, binary=None):
     state = tmp_path / name
     state.mkdir(exist_ok=True)
     args = ["--peer-listen", listen, "--peer-token", token, "--peer-timeout-ms", "2000",
@@ -43,7 +44,7 @@ def _ring_server(tmp_path, transport, name, *, token=TOKEN, listen="127.0.0.1:0"
             *(["--state-dir", str(state)] if metadata else ["--metadata-url", "none"]), *extra]
     return LocalServer(memory_budget=budget, socket_path=str(state / "tce.sock"),
                        storage_roots=[str(storage)] if storage else [], extra_args=args,
-                       netns=netns).start()
+                       netns=netns, binary=binary).start()
 
 
 def _status(server) -> dict:
@@ -428,13 +429,15 @@ def test_tce_status_shows_the_ring(tmp_path, transport):
 
 def test_corrupted_copies_are_refused_and_storage_serves(tmp_path, transport):
     """B's transport corrupts every transfer it sends (a fault-injecting
-    transport: wire corruption cannot be caused for real). B's backups to A
-    are refused by A's CRC check; when A restarts, the copy B sends back is
-    refused too, and the file loads from storage, correct."""
+    transport, in the test build tce-server-faulty: wire corruption cannot be
+    caused for real). B's backups to A are refused by A's CRC check; when A
+    restarts, the copy B sends back is refused too, and the file loads from
+    storage, correct."""
+    faulty = faulty_server_binary()
     storage = tmp_path / "storage"
     storage.mkdir()
     a = _ring_server(tmp_path, transport, "a", storage=storage)
-    b = _ring_server(tmp_path, transport, "b", extra=["--ring-fault", "corrupt"])
+    b = _ring_server(tmp_path, transport, "b", extra=["--ring-fault", "corrupt"], binary=faulty)
     try:
         _set_ring([a, b])
         x = {"w": torch.randn(1 << 16), "n": 7}
@@ -471,6 +474,7 @@ def test_corrupted_copies_are_refused_and_storage_serves(tmp_path, transport):
 
 
 @pytest.mark.multinode
+@pytest.mark.rdma  # the bench runs ofi too
 def test_ring_bench_runs(tmp_path):
     import json
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "cache/record.h"
+
 namespace tce {
 
 enum class FileState {
@@ -31,15 +33,6 @@ struct DiskIdentity {
   uint32_t mode = 0;                    // its permission bits
   uint64_t dir_dev = 0, dir_ino = 0;    // the directory holding the path
   uint64_t seq = 0;  // orders identities the server recorded: the newest wins
-};
-
-struct Record {
-  std::string name;
-  uint64_t header_offset = 0;
-  uint64_t data_offset = 0;
-  uint64_t size = 0;
-  uint32_t crc32 = 0;
-  uint64_t central_offset = 0;
 };
 
 struct FileInfo {

@@ -70,7 +70,6 @@ struct Options {
   int peer_max_connections = 256;
   int peer_max_handshakes = 64;
   int peer_max_handshakes_per_source = 8;
-  std::string ring_fault;
 
   std::string config;  // the config file read, if any (--config or TCE_CONFIG); not a setting
 };

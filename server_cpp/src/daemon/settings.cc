@@ -86,10 +86,6 @@ std::string HostPort(const std::string& v) {
 
 std::string RingTransport(const std::string& v) { return v == "tcp" || v == "ofi" ? "" : "tcp or ofi"; }
 
-std::string RingFault(const std::string& v) {
-  return v.empty() || v == "corrupt" ? "" : "empty, or corrupt (tests only)";
-}
-
 std::string AnyValue(const std::string&) { return ""; }
 
 std::string Secret(const std::string& v) { return v.empty() ? "" : "***"; }
@@ -220,8 +216,6 @@ const std::vector<Setting> kSettings = {
         "connections authenticating at once"),
     Int("peer_max_handshakes_per_source", &Options::peer_max_handshakes_per_source, {1, 65536},
         "of those, from one address"),
-    Text("ring_fault", &Options::ring_fault, "F", RingFault,
-         "tests only: corrupt = flip a byte of every transfer sent"),
 };
 
 std::string Quote(const std::string& s) {

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cache/cache_types.h"
+#include "cache/record.h"
 #include "common/status.h"
 
 namespace tce {

@@ -33,20 +33,3 @@ std::vector<std::string> FilterDevices(const std::vector<std::string>& all, cons
 std::vector<std::string> DevicesForLocalRank(const std::vector<std::string>& devices, int rank, int ranks);
 
 }  // namespace tce
-
-struct fi_info;
-
-namespace tce {
-
-// Whether a libfabric offering can carry the ring: RMA over a reliable
-// (RDM) endpoint, reaching other nodes (shm does not). The server picks its
-// device among these, and doctor lists them.
-bool CarriesTheRing(const fi_info* info);
-
-// What `tce doctor` shows, as JSON: libfabric's version, every (provider,
-// fabric, device) it offers and whether it can carry the ring (RMA over a
-// reliable endpoint), the device filter in force, the devices the ring may
-// use (of `provider`, "" = any) and the ones each of `local_ranks` would use.
-std::string FabricInfoJson(const std::string& provider, int local_ranks);
-
-}  // namespace tce

@@ -16,6 +16,8 @@
 // each completion to the transfer that posted it. A transfer's state is
 // reference-counted: a transfer that times out leaves it (and the mapping of
 // its source) to the completions still owed to it.
+#include "ring/ofi_transport.h"
+
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -37,8 +39,8 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "ring/fabric_info.h"
 #include "ring/fabric_select.h"
-#include "ring/transport.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {

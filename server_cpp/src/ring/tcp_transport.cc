@@ -1,4 +1,5 @@
-#include <sys/mman.h>
+#include "ring/tcp_transport.h"
+
 #include <sys/sendfile.h>
 #include <unistd.h>
 
@@ -11,8 +12,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "ring/transport.h"
 
 namespace tce {
 namespace {
@@ -161,61 +160,8 @@ class TcpTransport final : public Transport {
   const int streams_;
 };
 
-// A corrupted copy of the source in a memfd of its own, sent by `inner`.
-class CorruptingTransport final : public Transport {
- public:
-  explicit CorruptingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
-  const char* name() const override { return inner_->name(); }
-
-  Status Send(PeerLink* link, const SendSource& src, const ChunkFn& before) override {
-    if (src.size == 0) return inner_->Send(link, src, before);
-    int fd = memfd_create("tce-corrupt", MFD_CLOEXEC);
-    if (fd < 0) return Status::FromErrno(errno, "memfd_create");
-    Status s;
-    if (ftruncate(fd, static_cast<off_t>(src.size)) != 0) s = Status::FromErrno(errno, "ftruncate");
-    void* to = s.ok() ? mmap(nullptr, src.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    void* from = s.ok() ? mmap(nullptr, src.size, PROT_READ, MAP_SHARED, src.fd, 0) : MAP_FAILED;
-    if (s.ok() && (to == MAP_FAILED || from == MAP_FAILED)) s = Status::FromErrno(errno, "mmap");
-    if (s.ok()) {
-      std::memcpy(to, from, src.size);
-      static_cast<unsigned char*>(to)[src.size / 2] ^= 0x5a;
-      s = inner_->Send(link, SendSource{fd, src.size}, before);
-    }
-    if (to != MAP_FAILED) munmap(to, src.size);
-    if (from != MAP_FAILED) munmap(from, src.size);
-    ::close(fd);
-    return s;
-  }
-
-  Status Recv(PeerLink* link, unsigned char* dst, uint64_t size, const ChunkFn& landed) override {
-    return inner_->Recv(link, dst, size, landed);
-  }
-  Status Refuse(PeerLink* link, uint64_t size, const Status& why) override {
-    return inner_->Refuse(link, size, why);
-  }
-  int lanes() const override { return inner_->lanes(); }
-
- private:
-  std::unique_ptr<Transport> inner_;
-};
-
 }  // namespace
 
-std::unique_ptr<Transport> NewCorruptingTransport(std::unique_ptr<Transport> inner) {
-  return std::make_unique<CorruptingTransport>(std::move(inner));
-}
-
 std::unique_ptr<Transport> NewTcpTransport(int streams) { return std::make_unique<TcpTransport>(std::max(1, streams)); }
-
-Status NewTransport(const TransportOptions& o, std::unique_ptr<Transport>* out) {
-  if (o.name == "tcp") {
-    if (o.streams < 1 || o.streams > kMaxLanes)
-      return Status::InvalidArgument("tcp streams must be 1 to " + std::to_string(kMaxLanes));
-    *out = NewTcpTransport(o.streams);
-    return Status::OK();
-  }
-  if (o.name == "ofi") return NewOfiTransport(o, out);
-  return Status::InvalidArgument("unknown ring transport '" + o.name + "' (tcp, ofi)");
-}
 
 }  // namespace tce

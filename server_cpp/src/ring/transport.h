@@ -10,6 +10,7 @@
 // each one (the sender just before it goes, the receiver once it has landed),
 // so checksums run while the chunk is cache-hot and overlap the transfer.
 // Implementations are thread-safe; a link is used by one thread at a time.
+// They come from NewTransport (ring/transport_factory.h).
 #pragma once
 
 #include <chrono>
@@ -53,6 +54,8 @@ class Transport {
   virtual int lanes() const { return 1; }
 };
 
+// What NewTransport (ring/transport_factory.h) is given: the transport to
+// make and each transport's own settings.
 struct TransportOptions {
   std::string name = "tcp";       // tcp | ofi
   int streams = 1;                // tcp: connections per link (chunks striped over them)
@@ -61,19 +64,5 @@ struct TransportOptions {
   std::string source_host;        // ofi without a filter: the device that owns this address
   std::chrono::milliseconds io_timeout{30000};
 };
-
-std::unique_ptr<Transport> NewTcpTransport(int streams = 1);
-
-// The transport `o.name` names; a clear error naming the choices otherwise,
-// or saying why the fabric cannot be opened.
-Status NewTransport(const TransportOptions& o, std::unique_ptr<Transport>* out);
-
-// libfabric RMA (ofi_transport.cc).
-Status NewOfiTransport(const TransportOptions& o, std::unique_ptr<Transport>* out);
-
-// Fault injection for tests (wire corruption cannot be caused for real: TCP
-// checksums it away): wraps `inner` and flips one byte in the middle of
-// every transfer it sends.
-std::unique_ptr<Transport> NewCorruptingTransport(std::unique_ptr<Transport> inner);
 
 }  // namespace tce

@@ -1,4 +1,5 @@
-// tce-server: the per-node TCE cache daemon. The only place that exits.
+#include "daemon/daemon.h"
+
 #include <grpcpp/grpcpp.h>
 #include <grp.h>
 #include <signal.h>
@@ -31,7 +32,7 @@
 #include "ring/replicator.h"
 #include "ring/ring_fetch.h"
 #include "ring/fabric_select.h"
-#include "ring/transport.h"
+#include "ring/transport_factory.h"
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
 #include "rpc/control_listener.h"
@@ -162,7 +163,9 @@ void Drain(Cache* cache, const sigset_t* signals, std::chrono::milliseconds limi
   for (const std::string& f : left) TCE_LOG(kWarning, "daemon") << "unfinished at shutdown: " << f;
 }
 
-int Run(int argc, char** argv) {
+}  // namespace
+
+int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {
     const char* eq = std::strchr(*e, '=');
@@ -178,7 +181,10 @@ int Run(int argc, char** argv) {
     case Action::kPrintConfig: std::cout << FormatConfig(opt); return 0;
     case Action::kFabricInfo: {
       const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-      std::cout << FabricInfoJson(opt.ofi_provider, lws ? std::max(1, std::atoi(lws)) : 1);
+      std::string json;
+      s = FabricInfo(opt.ofi_provider, lws ? std::max(1, std::atoi(lws)) : 1, &json);
+      if (!s.ok()) return Fail("--fabric-info: " + s.message(), 2);
+      std::cout << json;
       return 0;
     }
     case Action::kRun: break;
@@ -250,10 +256,7 @@ int Run(int argc, char** argv) {
     if (!(s = NewTransport(to, &transport)).ok())
       return Fail("ring_transport " + opt.ring_transport + ": " + s.message(), 2);
   }
-  if (ring && opt.ring_fault == "corrupt") {
-    TCE_LOG(kWarning, "ring") << "ring_fault=corrupt: every transfer this server sends is corrupted (tests only)";
-    transport = NewCorruptingTransport(std::move(transport));
-  }
+  if (ring && hooks.wrap_transport) transport = hooks.wrap_transport(std::move(transport));
   BackupStore backups(backup_budget);
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
@@ -434,7 +437,4 @@ int Run(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace
 }  // namespace tce
-
-int main(int argc, char** argv) { return tce::Run(argc, argv); }
