@@ -1,4 +1,5 @@
-// The Cache's plain data: file states, records, file descriptions.
+// The Cache's plain data: records, file descriptions, tags, rings, jobs
+// (file states: cache/file_state.h).
 #pragma once
 
 #include <sys/types.h>
@@ -7,17 +8,9 @@
 #include <string>
 #include <vector>
 
-namespace tce {
+#include "cache/file_state.h"
 
-enum class FileState {
-  kPending = 1,
-  kCached = 2,
-  kBackedUp = 3,  // cached, and a copy is held by the next node (not yet persisted)
-  kPersisted = 4,
-  kFailed = 5,
-  kEvicted = 6,
-  kDiscarded = 7,  // dropped: its path was removed or replaced on storage first
-};
+namespace tce {
 
 // What a file's path held on storage, as this server last saw it: what was
 // there when the save began, then the file this server wrote. A load or a
@@ -112,8 +105,5 @@ struct BackupJob {
   int fd = -1;
   const unsigned char* data = nullptr;  // the server's mapping of the buffer (pinned)
 };
-
-const char* FileStateName(FileState s);
-bool ParseFileState(const std::string& name, FileState* out);
 
 }  // namespace tce
