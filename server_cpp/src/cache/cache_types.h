@@ -63,7 +63,6 @@ struct TagFile {
   uint64_t size = 0;
 };
 
-// A tag every rank finished (recorded by rank 0 after all ranks committed).
 // A job's ring as a server was told it; kept in metadata so that a
 // restarted server rejoins (and recovers) without being told again.
 struct RingInfo {
@@ -73,6 +72,7 @@ struct RingInfo {
   std::vector<std::string> endpoints;
 };
 
+// A tag every rank finished (recorded by rank 0 after all ranks committed).
 struct TagInfo {
   std::string job, tag;
   int64_t complete_unix_ns = 0;
