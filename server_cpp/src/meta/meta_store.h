@@ -11,6 +11,7 @@
 #include "cache/cache_types.h"
 #include "common/status.h"
 #include "meta/row_codec.h"  // the text columns both stores share
+#include "meta/schema.h"
 
 namespace tce {
 
@@ -26,10 +27,9 @@ struct MetaChange {
 
 class MetaStore {
  public:
-  // v2 added the tags table's complete_ns, world_size and files columns, v3
-  // the rings table, v4 (MySQL) the server column of files and tags; an
-  // older database is migrated in place when opened.
-  static constexpr int kSchemaVersion = 4;
+  // The schema's version (meta/schema.h); an older database is migrated in
+  // place when opened.
+  static constexpr int kSchemaVersion = schema::kVersion;
   virtual ~MetaStore() = default;
   // Applies a batch in one transaction (all or nothing).
   virtual Status Apply(const std::vector<MetaChange>& batch) = 0;
