@@ -1,3 +1,4 @@
+// MetaStore on an embedded SQLite file: sqlite:///abs/path.db
 #include <sqlite3.h>
 #include <sys/stat.h>
 
@@ -8,8 +9,7 @@
 #include "common/logging.h"
 #include "common/validate.h"
 #include "env/env.h"
-#include "meta/meta_store.h"
-#include "meta/mysql_store.h"
+#include "meta/sqlite_store.h"
 #include "meta/row_codec.h"
 #include "meta/schema.h"
 
@@ -359,31 +359,12 @@ class SqliteStore final : public MetaStore, private schema::Connection {
 
 }  // namespace
 
-Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out,
-                     const std::string& server_id) {
-  const std::string scheme = "sqlite://";
-  if (url.compare(0, scheme.size(), scheme) == 0) {
-    std::string path = url.substr(scheme.size());
-    if (path.empty() || path[0] != '/')
-      return Status::InvalidArgument("sqlite URL needs an absolute path (sqlite:///dir/tce.db): " + url);
-    auto store = std::make_unique<SqliteStore>();
-    Status s = store->Open(path);
-    if (!s.ok()) return s;
-    *out = std::move(store);
-    return Status::OK();
-  }
-  if (url.compare(0, 8, "mysql://") == 0) return OpenMysqlStore(url, server_id, out);
-  return Status::NotSupported("metadata URL scheme not supported: " + url +
-                              " (sqlite:///path or mysql://user:pass@host:port/db)");
-}
-
-std::string RedactUrl(const std::string& url) {
-  size_t scheme = url.find("://");
-  if (scheme == std::string::npos) return url;
-  size_t at = url.rfind('@');
-  size_t colon = url.find(':', scheme + 3);
-  if (at == std::string::npos || colon == std::string::npos || colon > at) return url;
-  return url.substr(0, colon + 1) + "***" + url.substr(at);
+Status OpenSqliteStore(const std::string& path, std::unique_ptr<MetaStore>* out) {
+  auto store = std::make_unique<SqliteStore>();
+  Status s = store->Open(path);
+  if (!s.ok()) return s;
+  *out = std::move(store);
+  return Status::OK();
 }
 
 }  // namespace tce
