@@ -22,7 +22,8 @@
 
 namespace tce {
 
-// One queued change: a file's new state (or its removal), or a completed tag.
+// One queued change: a file's new state or its removal, a completed tag
+// (is_tag), or a job's ring as this server was told it (is_ring).
 struct MetaChange {
   FileInfo file;
   bool removed = false;
