@@ -1,9 +1,17 @@
-"""Reading the server's metadata directly (no server needed): `tce ls --metadata`."""
+"""Reading the server's metadata directly (no server needed): `tce ls --metadata`.
+
+A reader of the stored format, not a second definition of it: the schema
+and its migrations live in the server (server_cpp/src/meta/schema.h), which
+Python cannot import. This module reads only the files table's columns
+named by `FileRow`'s fields, which every schema version has had, and passes
+the stored state names through: they are the tce.v1.FileState names without
+the FILE_STATE_ prefix (the server's gtest file_state_test.cc holds them to it).
+"""
 
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -17,10 +25,14 @@ class FileRow:
     reason: str
 
 
-_QUERY = (
-    "SELECT job, tag, `rank`, state, size, path, reason FROM files "
-    "WHERE (%s = '' OR job = %s) AND (%s = '' OR tag = %s) ORDER BY job, tag, path"
-)
+def _query(quote: str, param: str) -> str:
+    """The files of one job and tag ('' for any), as `FileRow`s, in order.
+
+    `quote` quotes a column name (`rank` is reserved in MySQL), `param` is
+    the driver's placeholder; each filter's parameter is passed twice."""
+    columns = ", ".join(f"{quote}{f.name}{quote}" for f in fields(FileRow))
+    return (f"SELECT {columns} FROM files WHERE ({param} = '' OR job = {param}) "
+            f"AND ({param} = '' OR tag = {param}) ORDER BY job, tag, path")
 
 
 def _read_mysql(url: str, job: str, tag: str) -> list[FileRow]:
@@ -34,7 +46,7 @@ def _read_mysql(url: str, job: str, tag: str) -> list[FileRow]:
                          connect_timeout=5)
     try:
         with db.cursor() as cur:
-            cur.execute(_QUERY, (job, job, tag, tag))
+            cur.execute(_query("`", "%s"), (job, job, tag, tag))
             return [FileRow(*r) for r in cur.fetchall()]
     finally:
         db.close()
@@ -52,7 +64,7 @@ def read_files(url: str, *, job: str = "", tag: str = "") -> list[FileRow]:
     path = url[len(prefix):]
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
     try:
-        rows = db.execute(_QUERY.replace("%s", "?").replace("`", '"'), (job, job, tag, tag)).fetchall()
+        rows = db.execute(_query('"', "?"), (job, job, tag, tag)).fetchall()
     except sqlite3.OperationalError as e:
         if "locked" not in str(e):
             raise

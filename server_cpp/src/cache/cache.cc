@@ -42,30 +42,6 @@ std::string RandomSessionId() {
 
 }  // namespace
 
-const char* FileStateName(FileState s) {
-  switch (s) {
-    case FileState::kPending: return "PENDING";
-    case FileState::kCached: return "CACHED";
-    case FileState::kBackedUp: return "BACKED_UP";
-    case FileState::kPersisted: return "PERSISTED";
-    case FileState::kFailed: return "FAILED";
-    case FileState::kEvicted: return "EVICTED";
-    case FileState::kDiscarded: return "DISCARDED";
-  }
-  return "UNSPECIFIED";
-}
-
-bool ParseFileState(const std::string& name, FileState* out) {
-  for (FileState s : {FileState::kPending, FileState::kCached, FileState::kBackedUp, FileState::kPersisted,
-                      FileState::kFailed, FileState::kEvicted, FileState::kDiscarded}) {
-    if (name == FileStateName(s)) {
-      *out = s;
-      return true;
-    }
-  }
-  return false;
-}
-
 void Cache::SetMetaSink(MetaSink* sink) {
   std::lock_guard<std::mutex> lock(mu_);
   meta_ = sink;

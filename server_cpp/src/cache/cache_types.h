@@ -1,4 +1,5 @@
-// The Cache's plain data: file states, records, file descriptions.
+// The Cache's plain data: records, file descriptions, tags, rings, jobs
+// (file states: cache/file_state.h).
 #pragma once
 
 #include <sys/types.h>
@@ -7,19 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "cache/file_state.h"
 #include "cache/record.h"
 
 namespace tce {
-
-enum class FileState {
-  kPending = 1,
-  kCached = 2,
-  kBackedUp = 3,  // cached, and a copy is held by the next node (not yet persisted)
-  kPersisted = 4,
-  kFailed = 5,
-  kEvicted = 6,
-  kDiscarded = 7,  // dropped: its path was removed or replaced on storage first
-};
 
 // What a file's path held on storage, as this server last saw it: what was
 // there when the save began, then the file this server wrote. A load or a
@@ -63,7 +55,6 @@ struct TagFile {
   uint64_t size = 0;
 };
 
-// A tag every rank finished (recorded by rank 0 after all ranks committed).
 // A job's ring as a server was told it; kept in metadata so that a
 // restarted server rejoins (and recovers) without being told again.
 struct RingInfo {
@@ -73,6 +64,7 @@ struct RingInfo {
   std::vector<std::string> endpoints;
 };
 
+// A tag every rank finished (recorded by rank 0 after all ranks committed).
 struct TagInfo {
   std::string job, tag;
   int64_t complete_unix_ns = 0;
@@ -105,8 +97,5 @@ struct BackupJob {
   int fd = -1;
   const unsigned char* data = nullptr;  // the server's mapping of the buffer (pinned)
 };
-
-const char* FileStateName(FileState s);
-bool ParseFileState(const std::string& name, FileState* out);
 
 }  // namespace tce

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "cache/file_state.h"
 #include "common/logging.h"
 #include "common/net.h"
 
@@ -111,14 +112,9 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
   m.Gauge("tce_buffers", "memfd buffers", static_cast<double>(st.buffers()));
   m.Gauge("tce_sessions", "open client sessions", static_cast<double>(st.sessions()));
   m.Gauge("tce_leases", "files mapped by loading clients", static_cast<double>(st.leases()));
-  static const std::pair<FileState, const char*> kStates[] = {
-      {FileState::kPending, "pending"},     {FileState::kCached, "cached"},
-      {FileState::kBackedUp, "backed_up"},  {FileState::kPersisted, "persisted"},
-      {FileState::kFailed, "failed"},       {FileState::kEvicted, "evicted"},
-      {FileState::kDiscarded, "discarded"}};
-  for (const auto& [state, name] : kStates)
+  for (const FileStateRow& row : kFileStates)
     m.Gauge("tce_files", "files the server knows, by state",
-            static_cast<double>(stats.files_by_state[static_cast<int>(state)]), {{"state", name}});
+            static_cast<double>(stats.files_by_state[static_cast<int>(row.state)]), {{"state", row.metrics_label}});
   m.Gauge("tce_persist_queue", "files waiting for or in persistence", static_cast<double>(st.persist_queue()));
   m.Gauge("tce_backup_queue", "files waiting for or in a backup", static_cast<double>(st.backup_queue()));
   m.Gauge("tce_backup_lag_bytes", "bytes cached but not yet backed up", static_cast<double>(st.backup_lag_bytes()));

@@ -1,7 +1,15 @@
-// MetaStore: the durable record of every file's state (jobs, tags, files,
-// servers), one versioned schema applied idempotently on open. Backends are
-// chosen by URL in one factory: "sqlite:///abs/path.db" (the embedded
-// default). Calls come from one thread (the MetaWriter); not thread-safe.
+// MetaStore: the durable record of what a server knows (jobs, files and
+// their states, complete tags, rings, heartbeats), so that a restarted
+// server re-indexes what it had. Every backend keeps the one schema of
+// meta/schema.h, applied idempotently when opened (an older database is
+// migrated in place, a newer one refused), and checks every row it reads
+// back (meta/row_codec.h): a damaged row is logged and skipped.
+//
+// Backends, chosen by URL in OpenMetaStore (meta/meta_store.cc):
+//   sqlite:///abs/path.db           embedded; the file belongs to one server
+//   mysql://user:pass@host:port/db  shared by several servers, each reading
+//                                   and writing only its own rows
+// A store is used from one thread (the MetaWriter's); not thread-safe.
 #pragma once
 
 #include <memory>
@@ -10,11 +18,12 @@
 
 #include "cache/cache_types.h"
 #include "common/status.h"
-#include "meta/row_codec.h"  // the text columns both stores share
+#include "meta/schema.h"
 
 namespace tce {
 
-// One queued change: a file's new state (or its removal), or a completed tag.
+// One queued change: a file's new state or its removal, a completed tag
+// (is_tag), or a job's ring as this server was told it (is_ring).
 struct MetaChange {
   FileInfo file;
   bool removed = false;
@@ -26,22 +35,22 @@ struct MetaChange {
 
 class MetaStore {
  public:
-  // v2 added the tags table's complete_ns, world_size and files columns, v3
-  // the rings table, v4 (MySQL) the server column of files and tags; an
-  // older database is migrated in place when opened.
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = schema::kVersion;
   virtual ~MetaStore() = default;
-  // Applies a batch in one transaction (all or nothing).
+  // Applies a batch in one transaction (all or nothing). UNAVAILABLE while
+  // the database cannot be reached (the caller keeps the batch and retries).
   virtual Status Apply(const std::vector<MetaChange>& batch) = 0;
+  // This server's files.
   virtual Status LoadFiles(std::vector<FileInfo>* out) = 0;
-  // Tags recorded complete (complete_ns != 0).
+  // This server's tags recorded complete (complete_ns != 0).
   virtual Status LoadTags(std::vector<TagInfo>* out) = 0;
   // The rings recorded for the server at peer endpoint `self`.
   virtual Status LoadRings(const std::string& self, std::vector<RingInfo>* out) = 0;
+  // Records that the server at `endpoint` (process `pid`) is alive now.
   virtual Status Heartbeat(const std::string& endpoint, int64_t pid) = 0;
   // Whether the database is still the one opened (SQLite: the files at its
   // path are the ones open, same device and inode); DATA_LOSS when they were
-  // deleted or replaced. A server store (MySQL) is always intact here.
+  // deleted or replaced. A database server's store is always intact here.
   virtual Status CheckIntact() { return Status::OK(); }
   // After CheckIntact failed: closes the database and opens the one at the
   // same place again, a fresh one when it is gone (a foreign file found there
@@ -49,15 +58,20 @@ class MetaStore {
   virtual Status Reset() { return Status::NotSupported("this metadata store cannot be reset"); }
 };
 
-// The URL with any password replaced by "***" (for status and logs).
-std::string RedactUrl(const std::string& url);
+// The URL schemes this build can open ("sqlite", and "mysql" when built
+// with MariaDB's connector: the CMake option TCE_WITH_MYSQL).
+std::vector<std::string> MetaStoreSchemes();
 
-// "sqlite:///abs/path" -> SQLite, "mysql://..." -> MySQL. Other schemes: a
-// clear NotSupported. `server_id` names this server's rows in a store that
-// several servers share (MySQL: each reads and writes only its own files
-// and tags; required there). A SQLite file belongs to one server (it holds
-// it exclusively), so its rows carry no server.
+// Opens the store `url` names. `server_id` names this server's rows in a
+// store several servers share (MySQL: required there); a SQLite file
+// belongs to one server (it holds it exclusively), so its rows carry none.
+// INVALID_ARGUMENT for a malformed URL; NOT_SUPPORTED for an unknown scheme
+// or one this build lacks (saying which option it needs); the backend's
+// error when the database cannot be opened.
 Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out,
                      const std::string& server_id = "");
+
+// The URL with any password replaced by "***" (for status and logs).
+std::string RedactUrl(const std::string& url);
 
 }  // namespace tce

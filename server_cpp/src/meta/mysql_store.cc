@@ -10,56 +10,13 @@
 #include "meta/meta_store.h"
 #include "meta/mysql_store.h"
 #include "meta/row_codec.h"
+#include "meta/schema.h"
 
 namespace tce {
 namespace {
 
-const char* const kSchema[] = {
-    "CREATE TABLE IF NOT EXISTS schema_version (version INT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS jobs (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
-    "PRIMARY KEY, first_seen_ns BIGINT NOT NULL)",
-    // Rows of files and tags carry the server that wrote them (v4): servers
-    // sharing the database each read and write only their own.
-    "CREATE TABLE IF NOT EXISTS tags (server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
-    "NOT NULL DEFAULT '', job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
-    "tag VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, first_commit_ns BIGINT NOT NULL, "
-    "complete_ns BIGINT NOT NULL DEFAULT 0, world_size INT NOT NULL DEFAULT 0, files MEDIUMTEXT NULL, "
-    "PRIMARY KEY (server, job, tag))",
-    // Paths may be 4096 bytes, past InnoDB's key limit: key on a hash of
-    // (server, job, path).
-    "CREATE TABLE IF NOT EXISTS files (file_key BINARY(32) PRIMARY KEY, "
-    "server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL DEFAULT '', "
-    "job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, path TEXT NOT NULL, "
-    "tag VARCHAR(255) NOT NULL, `rank` INT NOT NULL, size BIGINT UNSIGNED NOT NULL, "
-    "state VARCHAR(16) NOT NULL, version BIGINT UNSIGNED NOT NULL, records MEDIUMTEXT NOT NULL, "
-    "created_ns BIGINT NOT NULL, committed_ns BIGINT NOT NULL, persisted_ns BIGINT NOT NULL, "
-    "reason TEXT NOT NULL, uid BIGINT NOT NULL, gid BIGINT NOT NULL, KEY (job), KEY server_key (server))",
-    "CREATE TABLE IF NOT EXISTS servers (endpoint VARCHAR(255) PRIMARY KEY, pid BIGINT NOT NULL, "
-    "heartbeat_ns BIGINT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS rings (job VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL, "
-    "self VARCHAR(255) NOT NULL, node_rank INT NOT NULL, endpoints MEDIUMTEXT NOT NULL, "
-    "PRIMARY KEY (job, self))",
-};
-
-// v1 -> v2: complete tags. MySQL commits DDL implicitly, so each step is
-// idempotent instead: a column another server added first is no error.
-const char* const kMigrateV1[] = {
-    "ALTER TABLE tags ADD COLUMN complete_ns BIGINT NOT NULL DEFAULT 0",
-    "ALTER TABLE tags ADD COLUMN world_size INT NOT NULL DEFAULT 0",
-    "ALTER TABLE tags ADD COLUMN files MEDIUMTEXT NULL",
-};
+const schema::Dialect& kDialect = schema::kMysql;
 constexpr unsigned kDuplicateColumn = 1060;  // ER_DUP_FIELDNAME
-// v3 -> v4: the server column. Rows from before it keep server '' and belong
-// to no server (a server re-indexes only its own rows). Each statement is
-// one atomic DDL: a column another server added first is no error.
-const char* const kMigrateV3[] = {
-    "ALTER TABLE files ADD COLUMN server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
-    "NOT NULL DEFAULT '' AFTER file_key, ADD KEY server_key (server)",
-    "ALTER TABLE tags ADD COLUMN server VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
-    "NOT NULL DEFAULT '' FIRST, DROP PRIMARY KEY, ADD PRIMARY KEY (server, job, tag)",
-};
-// The files table's key: a hash of (server, job, path).
-#define TCE_FILE_KEY "UNHEX(SHA2(CONCAT(?, CHAR(0), ?, CHAR(0), ?), 256))"
 
 // A parameter list for one prepared statement.
 class Params {
@@ -102,7 +59,7 @@ class Params {
   std::vector<unsigned long> lengths_;
 };
 
-class MysqlStore final : public MetaStore {
+class MysqlStore final : public MetaStore, private schema::Connection {
  public:
   explicit MysqlStore(std::string server) : server_(std::move(server)) {}
   ~MysqlStore() override {
@@ -120,42 +77,7 @@ class MysqlStore final : public MetaStore {
                             url.database.c_str(), url.port, nullptr, 0))
       return Fail("connect to " + url.host + ":" + std::to_string(url.port));
     mysql_set_character_set(db_, "utf8mb4");
-    for (const char* sql : kSchema)
-      if (mysql_query(db_, sql) != 0) return Fail("schema");
-    const std::string seed = "INSERT INTO schema_version SELECT " + std::to_string(kSchemaVersion) +
-                             " FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM schema_version)";
-    if (mysql_query(db_, seed.c_str()) != 0) return Fail("schema version");
-    int version = 0;
-    Status s = Version(&version);
-    if (!s.ok()) return s;
-    if (version == 1) {
-      for (const char* sql : kMigrateV1)
-        if (mysql_query(db_, sql) != 0 && mysql_errno(db_) != kDuplicateColumn) return Fail("migrate to 2");
-      if (mysql_query(db_, "UPDATE schema_version SET version = 2 WHERE version = 1") != 0)
-        return Fail("migrate to 2");
-      TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 1 to 2";
-      if (!(s = Version(&version)).ok()) return s;
-    }
-    if (version == 2) {  // v3: the rings table, which the schema above created
-      if (mysql_query(db_, "UPDATE schema_version SET version = 3 WHERE version = 2") != 0)
-        return Fail("migrate to 3");
-      TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 2 to 3";
-      if (!(s = Version(&version)).ok()) return s;
-    }
-    if (version == 3) {
-      for (const char* sql : kMigrateV3)
-        if (mysql_query(db_, sql) != 0 && mysql_errno(db_) != kDuplicateColumn) return Fail("migrate to 4");
-      if (mysql_query(db_, "UPDATE schema_version SET version = 4 WHERE version = 3") != 0)
-        return Fail("migrate to 4");
-      TCE_LOG(kInfo, "meta") << "migrated " << url.database << " from schema 3 to 4 (rows written before "
-                             << "belong to no server and are not re-indexed)";
-      if (!(s = Version(&version)).ok()) return s;
-    }
-    if (version > kSchemaVersion)
-      return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
-                                        " is newer than this server's " +
-                                        std::to_string(kSchemaVersion));
-    return Status::OK();
+    return schema::ApplySchema(kDialect, this, url.database);
   }
 
   Status Apply(const std::vector<MetaChange>& batch) override {
@@ -166,37 +88,25 @@ class MysqlStore final : public MetaStore {
       const FileInfo& f = c.file;
       if (c.is_ring) {
         const RingInfo& r = c.ring;
-        s = Run("INSERT INTO rings (job, self, node_rank, endpoints) VALUES (?, ?, ?, ?) "
-                "ON DUPLICATE KEY UPDATE node_rank=VALUES(node_rank), endpoints=VALUES(endpoints)",
+        s = Run(sql_.ring,
                 Params().Text(r.job).Text(r.self).Int(r.node_rank).Text(EncodeEndpoints(r.endpoints)));
       } else if (c.is_tag) {
         const TagInfo& t = c.tag;
-        s = Run("INSERT IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)",
-                Params().Text(t.job).Int(t.complete_unix_ns));
+        s = Run(sql_.job, Params().Text(t.job).Int(t.complete_unix_ns));
         if (s.ok())
-          s = Run("INSERT INTO tags (server, job, tag, first_commit_ns, complete_ns, world_size, files) "
-                  "VALUES (?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE complete_ns=VALUES(complete_ns), "
-                  "world_size=VALUES(world_size), files=VALUES(files)",
+          s = Run(sql_.done,
                   Params().Text(server_).Text(t.job).Text(t.tag).Int(t.complete_unix_ns)
                       .Int(t.complete_unix_ns).Int(t.world_size).Text(EncodeTagFiles(t.files)));
       } else if (c.removed) {
-        s = Run("DELETE FROM files WHERE file_key = " TCE_FILE_KEY,
+        s = Run(sql_.remove,
                 Params().Text(server_).Text(f.job).Text(f.path));
       } else {
-        s = Run("INSERT IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)",
-                Params().Text(f.job).Int(f.committed_unix_ns));
+        s = Run(sql_.job, Params().Text(f.job).Int(f.committed_unix_ns));
         if (s.ok() && !f.tag.empty())
-          s = Run("INSERT IGNORE INTO tags (server, job, tag, first_commit_ns) VALUES (?, ?, ?, ?)",
+          s = Run(sql_.tag,
                   Params().Text(server_).Text(f.job).Text(f.tag).Int(f.committed_unix_ns));
         if (s.ok())
-          s = Run("INSERT INTO files (file_key, server, job, path, tag, `rank`, size, state, version, records, "
-                  "created_ns, committed_ns, persisted_ns, reason, uid, gid) VALUES "
-                  "(" TCE_FILE_KEY ", ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                  "ON DUPLICATE KEY UPDATE tag=VALUES(tag), `rank`=VALUES(`rank`), size=VALUES(size), "
-                  "state=VALUES(state), version=VALUES(version), records=VALUES(records), "
-                  "created_ns=VALUES(created_ns), committed_ns=VALUES(committed_ns), "
-                  "persisted_ns=VALUES(persisted_ns), reason=VALUES(reason), uid=VALUES(uid), "
-                  "gid=VALUES(gid)",
+          s = Run(sql_.upsert,
                   Params().Text(server_).Text(f.job).Text(f.path).Text(server_).Text(f.job).Text(f.path)
                       .Text(f.tag).Int(f.rank)
                       .Int(static_cast<int64_t>(f.size)).Text(FileStateName(f.state))
@@ -322,14 +232,18 @@ class MysqlStore final : public MetaStore {
   Status Heartbeat(const std::string& endpoint, int64_t pid) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
-    return Run("INSERT INTO servers (endpoint, pid, heartbeat_ns) VALUES (?, ?, "
-               "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000000 AS SIGNED)) "
-               "ON DUPLICATE KEY UPDATE pid=VALUES(pid), heartbeat_ns=VALUES(heartbeat_ns)",
-               Params().Text(endpoint).Int(pid));
+    return Run(sql_.heartbeat, Params().Text(endpoint).Int(pid));
   }
 
  private:
-  Status Version(int* version) {
+  // schema::Connection. MySQL commits each ALTER: a column another server
+  // added first is no error.
+  Status Execute(const std::string& sql, bool migrating) override {
+    if (mysql_real_query(db_, sql.data(), sql.size()) == 0) return Status::OK();
+    if (migrating && mysql_errno(db_) == kDuplicateColumn) return Status::OK();
+    return Fail(migrating ? "migrate" : "schema");
+  }
+  Status ReadVersion(int* version) override {
     if (mysql_query(db_, "SELECT MAX(version) FROM schema_version") != 0) return Fail("schema version");
     MYSQL_RES* res = mysql_store_result(db_);
     MYSQL_ROW row = res ? mysql_fetch_row(res) : nullptr;
@@ -358,12 +272,12 @@ class MysqlStore final : public MetaStore {
     db_ = nullptr;
     return Connect(url_);
   }
-  Status Run(const char* sql, Params& params) {  // params: a chained temporary
+  Status Run(const std::string& sql, Params& params) {  // params: a chained temporary
     MYSQL_STMT* st = mysql_stmt_init(db_);
     if (!st) return Fail("statement");
     std::vector<MYSQL_BIND> b = params.Bind();
     Status s;
-    if (mysql_stmt_prepare(st, sql, std::strlen(sql)) != 0 || mysql_stmt_bind_param(st, b.data()) != 0 ||
+    if (mysql_stmt_prepare(st, sql.data(), sql.size()) != 0 || mysql_stmt_bind_param(st, b.data()) != 0 ||
         mysql_stmt_execute(st) != 0)
       s = Status::Unavailable(std::string("mysql: ") + mysql_stmt_error(st));
     mysql_stmt_close(st);
@@ -372,6 +286,24 @@ class MysqlStore final : public MetaStore {
 
   MysqlUrl url_;
   std::string server_;  // whose rows: set before Connect
+  // The statements Apply and Heartbeat run, in the order their parameters bind.
+  struct Statements {
+    std::string upsert = schema::InsertSql(
+        kDialect, "files",
+        {{"job"}, {"path"}, {"tag"}, {"rank"}, {"size"}, {"state"}, {"version"}, {"records"}, {"created_ns"},
+         {"committed_ns"}, {"persisted_ns"}, {"reason"}, {"uid"}, {"gid"}},
+        schema::NonKeyColumns("files"));
+    std::string remove = schema::DeleteByKeySql(kDialect, "files");
+    std::string job = schema::InsertSql(kDialect, "jobs", {{"job"}, {"first_seen_ns"}});
+    std::string tag = schema::InsertSql(kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}});
+    std::string done = schema::InsertSql(
+        kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}, {"complete_ns"}, {"world_size"}, {"files"}},
+        {"complete_ns", "world_size", "files"});
+    std::string ring = schema::InsertSql(kDialect, "rings", {{"job"}, {"self"}, {"node_rank"}, {"endpoints"}},
+                                         {"node_rank", "endpoints"});
+    std::string heartbeat = schema::InsertSql(
+        kDialect, "servers", {{"endpoint"}, {"pid"}, {"heartbeat_ns", kDialect.now_ns}}, {"pid", "heartbeat_ns"});
+  } sql_;
   MYSQL* db_ = nullptr;
 };
 

@@ -1,4 +1,6 @@
-// The MySQL/MariaDB MetaStore (Connector/C), created through OpenMetaStore.
+// The MySQL/MariaDB MetaStore (MariaDB Connector/C), created through
+// OpenMetaStore (meta/meta_store.cc); built only with TCE_WITH_MYSQL=ON,
+// the default.
 #pragma once
 
 #include <memory>

@@ -1,3 +1,4 @@
+// MetaStore on an embedded SQLite file: sqlite:///abs/path.db
 #include <sqlite3.h>
 #include <sys/stat.h>
 
@@ -8,38 +9,16 @@
 #include "common/logging.h"
 #include "common/validate.h"
 #include "env/env.h"
-#include "meta/meta_store.h"
-#include "meta/mysql_store.h"
+#include "meta/sqlite_store.h"
 #include "meta/row_codec.h"
+#include "meta/schema.h"
 
 namespace tce {
 namespace {
 
-const char* const kSchema[] = {
-    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS jobs (job TEXT PRIMARY KEY, first_seen_ns INTEGER NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS tags (job TEXT NOT NULL, tag TEXT NOT NULL, "
-    "first_commit_ns INTEGER NOT NULL, complete_ns INTEGER NOT NULL DEFAULT 0, "
-    "world_size INTEGER NOT NULL DEFAULT 0, files TEXT NOT NULL DEFAULT '', PRIMARY KEY (job, tag))",
-    "CREATE TABLE IF NOT EXISTS files (job TEXT NOT NULL, path TEXT NOT NULL, tag TEXT NOT NULL, "
-    "rank INTEGER NOT NULL, size INTEGER NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL, "
-    "records TEXT NOT NULL, created_ns INTEGER NOT NULL, committed_ns INTEGER NOT NULL, "
-    "persisted_ns INTEGER NOT NULL, reason TEXT NOT NULL, uid INTEGER NOT NULL, "
-    "gid INTEGER NOT NULL, PRIMARY KEY (job, path))",
-    "CREATE TABLE IF NOT EXISTS servers (endpoint TEXT PRIMARY KEY, pid INTEGER NOT NULL, "
-    "heartbeat_ns INTEGER NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS rings (job TEXT NOT NULL, self TEXT NOT NULL, node_rank INTEGER NOT NULL, "
-    "endpoints TEXT NOT NULL, PRIMARY KEY (job, self))",
-};
+const schema::Dialect& kDialect = schema::kSqlite;
 
-// v1 -> v2: complete tags.
-const char* const kMigrateV1[] = {
-    "ALTER TABLE tags ADD COLUMN complete_ns INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE tags ADD COLUMN world_size INTEGER NOT NULL DEFAULT 0",
-    "ALTER TABLE tags ADD COLUMN files TEXT NOT NULL DEFAULT ''",
-};
-
-class SqliteStore final : public MetaStore {
+class SqliteStore final : public MetaStore, private schema::Connection {
  public:
   ~SqliteStore() override { Close(); }
 
@@ -56,40 +35,8 @@ class SqliteStore final : public MetaStore {
     Status s = Exec("PRAGMA locking_mode=EXCLUSIVE");
     if (s.ok()) s = Exec("PRAGMA journal_mode=WAL");
     if (s.ok()) s = Exec("PRAGMA synchronous=NORMAL");
-    if (s.ok()) s = Exec("BEGIN");
-    for (const char* sql : kSchema)
-      if (s.ok()) s = Exec(sql);
-    if (s.ok())
-      s = Exec(("INSERT INTO schema_version SELECT " + std::to_string(kSchemaVersion) +
-                " WHERE NOT EXISTS (SELECT 1 FROM schema_version)").c_str());
-    int version = 0;
-    if (s.ok()) {
-      sqlite3_stmt* q = nullptr;
-      if (sqlite3_prepare_v2(db_, "SELECT MAX(version) FROM schema_version", -1, &q, nullptr) == SQLITE_OK &&
-          sqlite3_step(q) == SQLITE_ROW)
-        version = sqlite3_column_int(q, 0);
-      sqlite3_finalize(q);
-    }
-    // In the same transaction: all or nothing. v2 -> v3 is the rings table,
-    // which the schema above created; v4 changed only MySQL.
-    if (s.ok() && version == 1)
-      for (const char* sql : kMigrateV1)
-        if (s.ok()) s = Exec(sql);
-    if (s.ok() && version >= 1 && version < kSchemaVersion) {
-      s = Exec(("UPDATE schema_version SET version = " + std::to_string(kSchemaVersion)).c_str());
-      if (s.ok())
-        TCE_LOG(kInfo, "meta") << "migrated " << path << " from schema " << version << " to " << kSchemaVersion;
-    }
-    if (s.ok()) s = Exec("COMMIT");
-    if (!s.ok()) {
-      Status ignored = Exec("ROLLBACK");
-      (void)ignored;
-      return s;
-    }
-    if (version > kSchemaVersion)
-      return Status::FailedPrecondition("metadata schema version " + std::to_string(version) +
-                                        " is newer than this server's " +
-                                        std::to_string(kSchemaVersion));
+    if (s.ok()) s = schema::ApplySchema(kDialect, this, path);
+    if (!s.ok()) return s;
     // The files the handle has open, to notice their deletion or replacement.
     struct stat db, wal;
     if (::stat(path.c_str(), &db) != 0 || ::stat((path + "-wal").c_str(), &wal) != 0)
@@ -98,21 +45,21 @@ class SqliteStore final : public MetaStore {
     ino_ = db.st_ino;
     wal_dev_ = wal.st_dev;
     wal_ino_ = wal.st_ino;
-    return Prepare(&upsert_,
-                   "INSERT INTO files (job, path, tag, rank, size, state, version, records, created_ns, "
-                   "committed_ns, persisted_ns, reason, uid, gid) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
-                   "ON CONFLICT (job, path) DO UPDATE SET tag=excluded.tag, rank=excluded.rank, "
-                   "size=excluded.size, state=excluded.state, version=excluded.version, "
-                   "records=excluded.records, created_ns=excluded.created_ns, "
-                   "committed_ns=excluded.committed_ns, persisted_ns=excluded.persisted_ns, "
-                   "reason=excluded.reason, uid=excluded.uid, gid=excluded.gid")
-        .ok() && Prepare(&remove_, "DELETE FROM files WHERE job=? AND path=?").ok() &&
-        Prepare(&job_, "INSERT OR IGNORE INTO jobs (job, first_seen_ns) VALUES (?, ?)").ok() &&
-        Prepare(&tag_, "INSERT OR IGNORE INTO tags (job, tag, first_commit_ns) VALUES (?, ?, ?)").ok() &&
-        Prepare(&done_, "INSERT INTO tags (job, tag, first_commit_ns, complete_ns, world_size, files) "
-                        "VALUES (?,?,?,?,?,?) ON CONFLICT (job, tag) DO UPDATE SET "
-                        "complete_ns=excluded.complete_ns, world_size=excluded.world_size, "
-                        "files=excluded.files").ok()
+    using schema::InsertSql;
+    return Prepare(&upsert_, InsertSql(kDialect, "files",
+                                       {{"job"}, {"path"}, {"tag"}, {"rank"}, {"size"}, {"state"}, {"version"},
+                                        {"records"}, {"created_ns"}, {"committed_ns"}, {"persisted_ns"},
+                                        {"reason"}, {"uid"}, {"gid"}},
+                                       schema::NonKeyColumns("files")))
+                   .ok() &&
+               Prepare(&remove_, schema::DeleteByKeySql(kDialect, "files")).ok() &&
+               Prepare(&job_, InsertSql(kDialect, "jobs", {{"job"}, {"first_seen_ns"}})).ok() &&
+               Prepare(&tag_, InsertSql(kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}})).ok() &&
+               Prepare(&done_, InsertSql(kDialect, "tags",
+                                         {{"job"}, {"tag"}, {"first_commit_ns"}, {"complete_ns"}, {"world_size"},
+                                          {"files"}},
+                                         {"complete_ns", "world_size", "files"}))
+                   .ok()
                ? Status::OK()
                : Fail("prepare");
   }
@@ -209,11 +156,9 @@ class SqliteStore final : public MetaStore {
 
   Status ApplyRing(const RingInfo& r) {
     sqlite3_stmt* q = nullptr;
-    if (sqlite3_prepare_v2(db_,
-                           "INSERT INTO rings (job, self, node_rank, endpoints) VALUES (?, ?, ?, ?) "
-                           "ON CONFLICT (job, self) DO UPDATE SET node_rank=excluded.node_rank, "
-                           "endpoints=excluded.endpoints",
-                           -1, &q, nullptr) != SQLITE_OK)
+    const std::string sql = schema::InsertSql(kDialect, "rings", {{"job"}, {"self"}, {"node_rank"}, {"endpoints"}},
+                                              {"node_rank", "endpoints"});
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &q, nullptr) != SQLITE_OK)
       return Fail("prepare ring");
     const std::string endpoints = EncodeEndpoints(r.endpoints);
     BindText(q, 1, r.job);
@@ -312,12 +257,9 @@ class SqliteStore final : public MetaStore {
 
   Status Heartbeat(const std::string& endpoint, int64_t pid) override {
     sqlite3_stmt* q = nullptr;
-    if (sqlite3_prepare_v2(db_,
-                           "INSERT INTO servers (endpoint, pid, heartbeat_ns) VALUES (?, ?, "
-                           "CAST((julianday('now') - 2440587.5) * 86400000000000 AS INTEGER)) "
-                           "ON CONFLICT (endpoint) DO UPDATE SET pid=excluded.pid, "
-                           "heartbeat_ns=excluded.heartbeat_ns",
-                           -1, &q, nullptr) != SQLITE_OK)
+    const std::string sql = schema::InsertSql(
+        kDialect, "servers", {{"endpoint"}, {"pid"}, {"heartbeat_ns", kDialect.now_ns}}, {"pid", "heartbeat_ns"});
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &q, nullptr) != SQLITE_OK)
       return Fail("prepare heartbeat");
     BindText(q, 1, endpoint);
     sqlite3_bind_int64(q, 2, pid);
@@ -360,15 +302,27 @@ class SqliteStore final : public MetaStore {
   Status Fail(const std::string& what) {
     return Status::Unavailable("sqlite " + what + ": " + (db_ ? sqlite3_errmsg(db_) : "no database"));
   }
-  Status Exec(const char* sql) {
+  // schema::Connection
+  Status Execute(const std::string& sql, bool /*migrating*/) override { return Exec(sql); }
+  Status ReadVersion(int* version) override {
+    sqlite3_stmt* q = nullptr;
+    *version = 0;
+    if (sqlite3_prepare_v2(db_, "SELECT MAX(version) FROM schema_version", -1, &q, nullptr) == SQLITE_OK &&
+        sqlite3_step(q) == SQLITE_ROW)
+      *version = sqlite3_column_int(q, 0);
+    sqlite3_finalize(q);
+    return Status::OK();
+  }
+
+  Status Exec(const std::string& sql) {
     char* err = nullptr;
-    if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) == SQLITE_OK) return Status::OK();
+    if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) == SQLITE_OK) return Status::OK();
     std::string msg = err ? err : "error";
     sqlite3_free(err);
     return Status::Unavailable(std::string("sqlite: ") + msg);
   }
-  Status Prepare(sqlite3_stmt** s, const char* sql) {
-    return sqlite3_prepare_v2(db_, sql, -1, s, nullptr) == SQLITE_OK ? Status::OK() : Fail("prepare");
+  Status Prepare(sqlite3_stmt** s, const std::string& sql) {
+    return sqlite3_prepare_v2(db_, sql.c_str(), -1, s, nullptr) == SQLITE_OK ? Status::OK() : Fail("prepare");
   }
   static void Bind(sqlite3_stmt* s, std::initializer_list<std::string> texts) {
     sqlite3_reset(s);
@@ -405,31 +359,12 @@ class SqliteStore final : public MetaStore {
 
 }  // namespace
 
-Status OpenMetaStore(const std::string& url, std::unique_ptr<MetaStore>* out,
-                     const std::string& server_id) {
-  const std::string scheme = "sqlite://";
-  if (url.compare(0, scheme.size(), scheme) == 0) {
-    std::string path = url.substr(scheme.size());
-    if (path.empty() || path[0] != '/')
-      return Status::InvalidArgument("sqlite URL needs an absolute path (sqlite:///dir/tce.db): " + url);
-    auto store = std::make_unique<SqliteStore>();
-    Status s = store->Open(path);
-    if (!s.ok()) return s;
-    *out = std::move(store);
-    return Status::OK();
-  }
-  if (url.compare(0, 8, "mysql://") == 0) return OpenMysqlStore(url, server_id, out);
-  return Status::NotSupported("metadata URL scheme not supported: " + url +
-                              " (sqlite:///path or mysql://user:pass@host:port/db)");
-}
-
-std::string RedactUrl(const std::string& url) {
-  size_t scheme = url.find("://");
-  if (scheme == std::string::npos) return url;
-  size_t at = url.rfind('@');
-  size_t colon = url.find(':', scheme + 3);
-  if (at == std::string::npos || colon == std::string::npos || colon > at) return url;
-  return url.substr(0, colon + 1) + "***" + url.substr(at);
+Status OpenSqliteStore(const std::string& path, std::unique_ptr<MetaStore>* out) {
+  auto store = std::make_unique<SqliteStore>();
+  Status s = store->Open(path);
+  if (!s.ok()) return s;
+  *out = std::move(store);
+  return Status::OK();
 }
 
 }  // namespace tce

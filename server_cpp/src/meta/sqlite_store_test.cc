@@ -7,7 +7,6 @@
 
 #include "common/testing.h"
 #include "meta/meta_store.h"
-#include "meta/mysql_store.h"
 #include "meta/meta_writer.h"
 
 namespace tce {
@@ -82,24 +81,6 @@ TEST(SqliteStore, RoundTripAndIdempotentSchema) {
   EXPECT_EQ(Count(db, "SELECT COUNT(*) FROM jobs"), 1);
   EXPECT_EQ(Count(db, "SELECT pid FROM servers"), 99);
   fs::remove_all(dir);
-}
-
-TEST(SqliteStore, BadUrls) {
-  std::unique_ptr<MetaStore> s;
-  EXPECT_EQ(OpenMetaStore("sqlite://relative.db", &s).code(), Status::Code::kInvalidArgument);
-  EXPECT_EQ(OpenMetaStore("postgres://u@h/db", &s).code(), Status::Code::kUnimplemented);
-  EXPECT_EQ(OpenMetaStore("mysql://u@h", &s).code(), Status::Code::kInvalidArgument);
-  MysqlUrl u;
-  ASSERT_TRUE(ParseMysqlUrl("mysql://tce:p@ss:w@127.0.0.1:3307/ckpt", &u).ok());
-  EXPECT_EQ(u.user, "tce");
-  EXPECT_EQ(u.password, "p@ss:w");
-  EXPECT_EQ(u.host, "127.0.0.1");
-  EXPECT_EQ(u.port, 3307u);
-  EXPECT_EQ(u.database, "ckpt");
-  EXPECT_EQ(RedactUrl("mysql://tce:p@ss:w@127.0.0.1:3307/ckpt"), "mysql://tce:***@127.0.0.1:3307/ckpt");
-  EXPECT_EQ(RedactUrl("mysql://tce@h/db"), "mysql://tce@h/db");
-  EXPECT_EQ(RedactUrl("sqlite:///var/lib/tce/tce.db"), "sqlite:///var/lib/tce/tce.db");
-  EXPECT_FALSE(OpenMetaStore("sqlite:///nonexistent-dir/x/tce.db", &s).ok());
 }
 
 // A real store behind a switch that makes it fail like an unreachable

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "cache/file_state_proto.h"
 #include "cache/record_proto.h"
 #include "rpc/request_checks.h"
 
@@ -18,7 +19,7 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
   out->set_rank(f.rank);
   out->set_path(f.path);
   out->set_size(f.size);
-  out->set_state(static_cast<v1::FileState>(static_cast<int>(f.state)));
+  out->set_state(FileStateToProto(f.state));
   out->set_buffer_id(f.buffer_id);
   out->set_capacity(f.capacity);
   out->set_created_unix_ns(f.created_unix_ns);
