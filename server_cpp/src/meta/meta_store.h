@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "cache/cache_types.h"
@@ -22,16 +23,14 @@
 
 namespace tce {
 
-// One queued change: a file's new state or its removal, a completed tag
-// (is_tag), or a job's ring as this server was told it (is_ring).
-struct MetaChange {
-  FileInfo file;
-  bool removed = false;
-  bool is_tag = false;  // then only `tag` matters
-  TagInfo tag;
-  bool is_ring = false;  // then only `ring` matters
-  RingInfo ring;
+// A file gone from the cache (removed, replaced by nothing): its row goes.
+struct FileRemoved {
+  std::string job, path;
 };
+
+// One queued change, of one of four kinds: a file's new state, a file's
+// removal, a completed tag, or a job's ring as this server was told it.
+using MetaChange = std::variant<FileInfo, FileRemoved, TagInfo, RingInfo>;
 
 class MetaStore {
  public:

@@ -35,25 +35,19 @@ void MetaWriter::Queue(std::pair<std::string, std::string> key, MetaChange chang
 }
 
 void MetaWriter::Record(const FileInfo& file, bool removed) {
-  MetaChange change;
-  change.file = file;
-  change.removed = removed;
-  Queue({file.job, file.path}, std::move(change));
+  if (removed)
+    Queue({file.job, file.path}, FileRemoved{file.job, file.path});
+  else
+    Queue({file.job, file.path}, file);
 }
 
 // Tags and rings share the queue under keys no path can take (a leading NUL).
 void MetaWriter::RecordTag(const TagInfo& tag) {
-  MetaChange change;
-  change.is_tag = true;
-  change.tag = tag;
-  Queue({tag.job, std::string("\0tag:", 5) + tag.tag}, std::move(change));
+  Queue({tag.job, std::string("\0tag:", 5) + tag.tag}, tag);
 }
 
 void MetaWriter::RecordRing(const RingInfo& ring) {
-  MetaChange change;
-  change.is_ring = true;
-  change.ring = ring;
-  Queue({ring.job, std::string("\0ring:", 6) + ring.self}, std::move(change));
+  Queue({ring.job, std::string("\0ring:", 6) + ring.self}, ring);
 }
 
 MetaStatus MetaWriter::Status() {

@@ -85,22 +85,21 @@ class MysqlStore final : public MetaStore, private schema::Connection {
     if (!s.ok()) return s;
     if (mysql_query(db_, "START TRANSACTION") != 0) return Fail("begin");
     for (const MetaChange& c : batch) {
-      const FileInfo& f = c.file;
-      if (c.is_ring) {
-        const RingInfo& r = c.ring;
+      if (const RingInfo* ring = std::get_if<RingInfo>(&c)) {
+        const RingInfo& r = *ring;
         s = Run(sql_.ring,
                 Params().Text(r.job).Text(r.self).Int(r.node_rank).Text(EncodeEndpoints(r.endpoints)));
-      } else if (c.is_tag) {
-        const TagInfo& t = c.tag;
+      } else if (const TagInfo* tag = std::get_if<TagInfo>(&c)) {
+        const TagInfo& t = *tag;
         s = Run(sql_.job, Params().Text(t.job).Int(t.complete_unix_ns));
         if (s.ok())
           s = Run(sql_.done,
                   Params().Text(server_).Text(t.job).Text(t.tag).Int(t.complete_unix_ns)
                       .Int(t.complete_unix_ns).Int(t.world_size).Text(EncodeTagFiles(t.files)));
-      } else if (c.removed) {
-        s = Run(sql_.remove,
-                Params().Text(server_).Text(f.job).Text(f.path));
+      } else if (const FileRemoved* gone = std::get_if<FileRemoved>(&c)) {
+        s = Run(sql_.remove, Params().Text(server_).Text(gone->job).Text(gone->path));
       } else {
+        const FileInfo& f = std::get<FileInfo>(c);
         s = Run(sql_.job, Params().Text(f.job).Int(f.committed_unix_ns));
         if (s.ok() && !f.tag.empty())
           s = Run(sql_.tag,

@@ -64,47 +64,47 @@ class SqliteStore final : public MetaStore, private schema::Connection {
                : Fail("prepare");
   }
 
+  // A file's new state: its job and tag rows, then its own.
+  Status ApplyFile(const FileInfo& f) {
+    Bind(job_, {f.job});
+    sqlite3_bind_int64(job_, 2, f.committed_unix_ns);
+    Status s = Step(job_);
+    if (s.ok() && !f.tag.empty()) {
+      Bind(tag_, {f.job, f.tag});
+      sqlite3_bind_int64(tag_, 3, f.committed_unix_ns);
+      s = Step(tag_);
+    }
+    if (!s.ok()) return s;
+    Bind(upsert_, {f.job, f.path, f.tag});
+    sqlite3_bind_int64(upsert_, 4, f.rank);
+    sqlite3_bind_int64(upsert_, 5, static_cast<int64_t>(f.size));
+    std::string state = FileStateName(f.state), records = EncodeRecords(f.records);
+    BindText(upsert_, 6, state);
+    sqlite3_bind_int64(upsert_, 7, static_cast<int64_t>(f.version));
+    BindText(upsert_, 8, records);
+    sqlite3_bind_int64(upsert_, 9, f.created_unix_ns);
+    sqlite3_bind_int64(upsert_, 10, f.committed_unix_ns);
+    sqlite3_bind_int64(upsert_, 11, f.persisted_unix_ns);
+    BindText(upsert_, 12, f.reason);
+    sqlite3_bind_int64(upsert_, 13, f.owner_uid);
+    sqlite3_bind_int64(upsert_, 14, static_cast<int64_t>(f.owner_gid));
+    return Step(upsert_);
+  }
+
   Status Apply(const std::vector<MetaChange>& batch) override {
     Status s = Exec("BEGIN");
     for (const MetaChange& c : batch) {
       if (!s.ok()) break;
-      if (c.is_tag) {
-        s = ApplyTag(c.tag);
-        continue;
-      }
-      if (c.is_ring) {
-        s = ApplyRing(c.ring);
-        continue;
-      }
-      const FileInfo& f = c.file;
-      if (c.removed) {
-        Bind(remove_, {f.job, f.path});
+      if (const TagInfo* tag = std::get_if<TagInfo>(&c)) {
+        s = ApplyTag(*tag);
+      } else if (const RingInfo* ring = std::get_if<RingInfo>(&c)) {
+        s = ApplyRing(*ring);
+      } else if (const FileRemoved* gone = std::get_if<FileRemoved>(&c)) {
+        Bind(remove_, {gone->job, gone->path});
         s = Step(remove_);
-        continue;
+      } else {
+        s = ApplyFile(std::get<FileInfo>(c));
       }
-      Bind(job_, {f.job});
-      sqlite3_bind_int64(job_, 2, f.committed_unix_ns);
-      s = Step(job_);
-      if (s.ok() && !f.tag.empty()) {
-        Bind(tag_, {f.job, f.tag});
-        sqlite3_bind_int64(tag_, 3, f.committed_unix_ns);
-        s = Step(tag_);
-      }
-      if (!s.ok()) break;
-      Bind(upsert_, {f.job, f.path, f.tag});
-      sqlite3_bind_int64(upsert_, 4, f.rank);
-      sqlite3_bind_int64(upsert_, 5, static_cast<int64_t>(f.size));
-      std::string state = FileStateName(f.state), records = EncodeRecords(f.records);
-      BindText(upsert_, 6, state);
-      sqlite3_bind_int64(upsert_, 7, static_cast<int64_t>(f.version));
-      BindText(upsert_, 8, records);
-      sqlite3_bind_int64(upsert_, 9, f.created_unix_ns);
-      sqlite3_bind_int64(upsert_, 10, f.committed_unix_ns);
-      sqlite3_bind_int64(upsert_, 11, f.persisted_unix_ns);
-      BindText(upsert_, 12, f.reason);
-      sqlite3_bind_int64(upsert_, 13, f.owner_uid);
-      sqlite3_bind_int64(upsert_, 14, static_cast<int64_t>(f.owner_gid));
-      s = Step(upsert_);
     }
     if (s.ok()) return Exec("COMMIT");
     Status ignored = Exec("ROLLBACK");

@@ -48,11 +48,11 @@ TEST(SqliteStore, RoundTripAndIdempotentSchema) {
   {
     std::unique_ptr<MetaStore> store;
     ASSERT_TRUE(OpenMetaStore(url, &store).ok());
-    ASSERT_TRUE(store->Apply({{File("/c/a.pt", FileState::kCached), false},
-                              {File("/c/b.pt", FileState::kPersisted, "step2"), false}}).ok());
+    ASSERT_TRUE(store->Apply({MetaChange(File("/c/a.pt", FileState::kCached)),
+                              MetaChange(File("/c/b.pt", FileState::kPersisted, "step2"))}).ok());
     FileInfo failed = File("/c/a.pt", FileState::kFailed);
     failed.reason = "INTERNAL: write: Input/output error";
-    ASSERT_TRUE(store->Apply({{failed, false}}).ok());  // upsert
+    ASSERT_TRUE(store->Apply({failed}).ok());  // upsert
     ASSERT_TRUE(store->Heartbeat("/run/tce/tce.sock", 99).ok());
   }
   std::unique_ptr<MetaStore> again;  // reopening applies the schema again, harmlessly
@@ -69,7 +69,7 @@ TEST(SqliteStore, RoundTripAndIdempotentSchema) {
   EXPECT_EQ(files[0].records[0].crc32, 0xdeadbeefu);
   EXPECT_EQ(files[0].records[1].central_offset, 360u);
   EXPECT_EQ(files[1].state, FileState::kPersisted);
-  ASSERT_TRUE(again->Apply({{File("/c/b.pt", FileState::kPersisted), true}}).ok());  // removed
+  ASSERT_TRUE(again->Apply({FileRemoved{"job", "/c/b.pt"}}).ok());  // removed
   files.clear();
   ASSERT_TRUE(again->LoadFiles(&files).ok());
   EXPECT_EQ(files.size(), 1u);
@@ -157,14 +157,13 @@ TEST(MetaWriter, HeartbeatsWhileIdle) {
 }
 
 MetaChange TagChange(const std::string& tag, int64_t when, std::vector<TagFile> files) {
-  MetaChange c;
-  c.is_tag = true;
-  c.tag.job = "job";
-  c.tag.tag = tag;
-  c.tag.complete_unix_ns = when;
-  c.tag.world_size = 2;
-  c.tag.files = std::move(files);
-  return c;
+  TagInfo t;
+  t.job = "job";
+  t.tag = tag;
+  t.complete_unix_ns = when;
+  t.world_size = 2;
+  t.files = std::move(files);
+  return t;
 }
 
 TEST(SqliteStore, TagsRoundTripWithAnyPath) {
@@ -176,7 +175,7 @@ TEST(SqliteStore, TagsRoundTripWithAnyPath) {
   {
     std::unique_ptr<MetaStore> store;
     ASSERT_TRUE(OpenMetaStore(url, &store).ok());
-    ASSERT_TRUE(store->Apply({{File("/c/a.pt", FileState::kCached, "step2"), false},
+    ASSERT_TRUE(store->Apply({MetaChange(File("/c/a.pt", FileState::kCached, "step2")),
                               TagChange("step2", 2000, {{0, "/c/a.pt", 4242}, {1, odd, 7}}),
                               TagChange("step1", 1000, {{0, "/c/old.pt", 1}})}).ok());
   }
@@ -194,7 +193,7 @@ TEST(SqliteStore, TagsRoundTripWithAnyPath) {
   EXPECT_EQ(tags[1].files[1].rank, 1);
   EXPECT_EQ(tags[1].files[1].size, 7u);
   // a tag that only has files (no completion) is not loaded as complete
-  ASSERT_TRUE(again->Apply({{File("/c/x.pt", FileState::kCached, "step3"), false}}).ok());
+  ASSERT_TRUE(again->Apply({MetaChange(File("/c/x.pt", FileState::kCached, "step3"))}).ok());
   tags.clear();
   ASSERT_TRUE(again->LoadTags(&tags).ok());
   EXPECT_EQ(tags.size(), 2u);
@@ -259,11 +258,10 @@ TEST(SqliteStore, RingsAreKeptPerServer) {
   {
     std::unique_ptr<MetaStore> store;
     ASSERT_TRUE(OpenMetaStore(url, &store).ok());
-    std::vector<MetaChange> batch(3);
-    for (auto& c : batch) c.is_ring = true;
-    batch[0].ring = {"job", "10.0.0.1:7070", 0, {"10.0.0.1:7070", "10.0.0.2:7070"}};
-    batch[1].ring = {"job", "10.0.0.2:7070", 1, {"10.0.0.1:7070", "10.0.0.2:7070"}};
-    batch[2].ring = {"job", "10.0.0.1:7070", 2, {"a:1", "b:2", "10.0.0.1:7070"}};  // told again: replaces
+    std::vector<MetaChange> batch{
+        RingInfo{"job", "10.0.0.1:7070", 0, {"10.0.0.1:7070", "10.0.0.2:7070"}},
+        RingInfo{"job", "10.0.0.2:7070", 1, {"10.0.0.1:7070", "10.0.0.2:7070"}},
+        RingInfo{"job", "10.0.0.1:7070", 2, {"a:1", "b:2", "10.0.0.1:7070"}}};  // told again: replaces
     ASSERT_TRUE(store->Apply(batch).ok());
   }
   std::unique_ptr<MetaStore> store;
@@ -304,7 +302,7 @@ TEST(SqliteStore, ValuesWithNulRoundTripWhole) {
   {
     std::unique_ptr<MetaStore> store;
     ASSERT_TRUE(OpenMetaStore(url, &store).ok());
-    ASSERT_TRUE(store->Apply({{f, false}}).ok());
+    ASSERT_TRUE(store->Apply({f}).ok());
   }
   std::unique_ptr<MetaStore> again;
   ASSERT_TRUE(OpenMetaStore(url, &again).ok());
@@ -326,17 +324,15 @@ TEST(SqliteStore, DamagedRowsAreSkipped) {
     std::vector<MetaChange> batch;
     for (const char* p : {"/c/good.pt", "/c/records.pt", "/c/rank.pt", "/c/state.pt", "/c/size.pt",
                           "/c/nul.pt"})
-      batch.push_back({File(p, FileState::kPersisted), false});
+      batch.push_back(File(p, FileState::kPersisted));
     batch.push_back(TagChange("good", 1000, {{0, "/c/good.pt", 1}}));
     batch.push_back(TagChange("files", 2000, {{0, "/c/a.pt", 1}}));
     batch.push_back(TagChange("world", 3000, {{0, "/c/b.pt", 1}}));
     batch.push_back(TagChange("nulpath", 4000, {{0, "/c/a.pt", 1}}));
     ASSERT_TRUE(store->Apply(batch).ok());
-    MetaChange ring;
-    ring.is_ring = true;
-    ring.ring = RingInfo{"job", "me:1", 0, {"me:1", "you:2"}};
-    MetaChange bad_ring = ring;
-    bad_ring.ring.job = "job2";
+    RingInfo ring{"job", "me:1", 0, {"me:1", "you:2"}};
+    RingInfo bad_ring = ring;
+    bad_ring.job = "job2";
     ASSERT_TRUE(store->Apply({ring, bad_ring}).ok());
   }
   Exec(db, "UPDATE files SET records = 'abc:def' WHERE path = '/c/records.pt'");
@@ -370,7 +366,7 @@ TEST(SqliteStore, NoShmFileAndALostDatabaseIsNoticedAndReset) {
   std::string db = dir + "/tce.db";
   std::unique_ptr<MetaStore> store;
   ASSERT_TRUE(OpenMetaStore("sqlite://" + db, &store).ok());
-  ASSERT_TRUE(store->Apply({{File("/c/a.pt", FileState::kCached), false}}).ok());
+  ASSERT_TRUE(store->Apply({MetaChange(File("/c/a.pt", FileState::kCached))}).ok());
   EXPECT_FALSE(fs::exists(db + "-shm"));  // the WAL index is in heap memory: nothing to SIGBUS on
   EXPECT_TRUE(store->CheckIntact().ok());
   fs::remove(db + "-wal");
@@ -382,7 +378,7 @@ TEST(SqliteStore, NoShmFileAndALostDatabaseIsNoticedAndReset) {
   EXPECT_EQ(s.code(), Status::Code::kDataLoss);
   EXPECT_EQ(s.message(), db + " was deleted");
   ASSERT_TRUE(store->Reset().ok());
-  ASSERT_TRUE(store->Apply({{File("/c/b.pt", FileState::kCached), false}}).ok());
+  ASSERT_TRUE(store->Apply({MetaChange(File("/c/b.pt", FileState::kCached))}).ok());
   std::vector<FileInfo> files;
   ASSERT_TRUE(store->LoadFiles(&files).ok());
   ASSERT_EQ(files.size(), 1u);  // a fresh database: the caller writes the full state again
