@@ -290,7 +290,8 @@ CacheStats Cache::TallyLocked() const {
   s.persisted_bytes = persisted_bytes_;
   for (const auto& [key, f] : files_) {
     s.failed_files += f.state == FileState::kFailed;
-    ++s.files_by_state[static_cast<int>(f.state) & 7];
+    const int n = static_cast<int>(f.state);
+    if (n > 0 && n < kFileStateSlots) ++s.files_by_state[n];
   }
   s.evicted_files = evicted_files_;
   s.discarded_files = discarded_files_;

@@ -77,7 +77,7 @@ struct CacheStats {
   uint64_t discarded_files = 0, stale_drops = 0, storage_fallbacks = 0;
   uint64_t backup_queue = 0, backup_lag_bytes = 0, backed_up_files = 0, backup_failures = 0;
   uint64_t recovered_files = 0, ring_checksum_mismatches = 0;
-  uint64_t files_by_state[8] = {};  // indexed by FileState
+  uint64_t files_by_state[kFileStateSlots] = {};  // indexed by FileState's number
   bool accepting = true;            // false once a shutdown drain began
   std::string backup_error;
 };

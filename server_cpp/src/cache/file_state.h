@@ -40,6 +40,15 @@ inline constexpr FileStateRow kFileStates[] = {
 #undef TCE_FILE_STATE_ROW
 };
 
+// Slots for an array indexed by a state's number (0 unused).
+inline constexpr int kFileStateSlots = static_cast<int>(sizeof(kFileStates) / sizeof(kFileStates[0])) + 1;
+constexpr bool FileStatesNumberedInOrder() {
+  for (int i = 1; i < kFileStateSlots; ++i)
+    if (static_cast<int>(kFileStates[i - 1].state) != i) return false;
+  return true;
+}
+static_assert(FileStatesNumberedInOrder(), "file states are numbered 1, 2, ... in table order");
+
 // The stored name ("UNSPECIFIED" for a value outside the table).
 const char* FileStateName(FileState s);
 // The stored name back to its state; false for any other text.
