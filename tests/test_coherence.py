@@ -7,6 +7,7 @@ a persisting server, through the patched torch.save / torch.load.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
@@ -145,61 +146,56 @@ def test_a_file_deleted_after_it_persisted_is_not_served(server, storage, job):
         assert info.state == pb.FILE_STATE_EVICTED and "was deleted" in info.reason, info
 
 
+@contextlib.contextmanager
+def _saved_on(root: Path, job: str):
+    """A server persisting under `root` (a mount a test will break), and
+    `root`/step1/model.pt saved through the patched torch.save and on
+    storage. On the way out the server must have logged that storage could
+    not be checked for that path."""
+    s = LocalServer(memory_budget="256MiB", storage_roots=[str(root)]).start()
+    try:
+        path = root / "step1" / "model.pt"
+        path.parent.mkdir()
+        with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
+            tce.patch_torch([root])
+            torch.save({"w": torch.arange(10.0)}, path)
+            tce.wait()
+            yield path
+            tce.unpatch_torch()
+            _api.close()
+        assert s.stop() == 0, s.log()
+        assert "storage could not be checked for " + str(path) in s.log()
+    finally:
+        tce.unpatch_torch()
+        s.stop()
+        s.cleanup()
+
+
 def test_unmounted_storage_serves_the_cache(tmp_path, job):
-    with loop_mount(tmp_path / "disk", size_mb=64) as mnt:
-        s = LocalServer(memory_budget="256MiB", storage_roots=[str(mnt.path)]).start()
-        try:
-            path = mnt.path / "step1" / "model.pt"
-            path.parent.mkdir()
-            with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
-                tce.patch_torch([mnt.path])
-                torch.save({"w": torch.arange(10.0)}, path)
-                tce.wait()
-                mnt.unmount()  # the storage is gone, not the user's checkpoint
-                assert not path.exists()
-                assert torch.equal(torch.load(path)["w"], torch.arange(10.0))  # from the cache
-                assert tce.cached(path)
-                assert int(tce.status()["storage_fallbacks"]) >= 1
-                tce.unpatch_torch()
-                _api.close()
-            assert s.stop() == 0, s.log()
-            assert "storage could not be checked for " + str(path) in s.log()
-        finally:
-            s.stop()
-            s.cleanup()
+    with loop_mount(tmp_path / "disk", size_mb=64) as mnt, _saved_on(mnt.path, job) as path:
+        mnt.unmount()  # the storage is gone, not the user's checkpoint
+        assert not path.exists()
+        assert torch.equal(torch.load(path)["w"], torch.arange(10.0))  # from the cache
+        assert tce.cached(path)
+        assert int(tce.status()["storage_fallbacks"]) >= 1
 
 
 def test_storage_failing_with_eio_serves_the_cache(tmp_path, job):
     """A filesystem that answers every call with EIO (a FUSE passthrough
     that fails, still mounted): the load is served from the cache, counted
     and logged; once it heals, storage is checked again and agrees."""
-    with failing_mount(tmp_path / "backing", tmp_path / "mnt") as fs:
-        s = LocalServer(memory_budget="256MiB", storage_roots=[str(fs.path)]).start()
-        try:
-            path = fs.path / "step1" / "model.pt"
-            path.parent.mkdir()
-            with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
-                tce.patch_torch([fs.path])
-                torch.save({"w": torch.arange(10.0)}, path)
-                tce.wait()
-                assert (tmp_path / "backing" / "step1" / "model.pt").exists()  # written through FUSE
-                fs.fail()
-                with pytest.raises(OSError) as e:
-                    os.stat(path)
-                assert e.value.errno == errno.EIO
-                assert torch.equal(torch.load(path)["w"], torch.arange(10.0))  # from the cache
-                assert tce.cached(path)
-                assert int(tce.status()["storage_fallbacks"]) >= 1
-                fs.heal()
-                assert torch.equal(torch.load(path)["w"], torch.arange(10.0))
-                assert tce.cached(path)  # the same file: still served from memory
-                tce.unpatch_torch()
-                _api.close()
-            assert s.stop() == 0, s.log()
-            assert "storage could not be checked for " + str(path) in s.log()
-        finally:
-            s.stop()
-            s.cleanup()
+    with failing_mount(tmp_path / "backing", tmp_path / "mnt") as fs, _saved_on(fs.path, job) as path:
+        assert (tmp_path / "backing" / "step1" / "model.pt").exists()  # written through FUSE
+        fs.fail()
+        with pytest.raises(OSError) as e:
+            os.stat(path)
+        assert e.value.errno == errno.EIO
+        assert torch.equal(torch.load(path)["w"], torch.arange(10.0))  # from the cache
+        assert tce.cached(path)
+        assert int(tce.status()["storage_fallbacks"]) >= 1
+        fs.heal()
+        assert torch.equal(torch.load(path)["w"], torch.arange(10.0))
+        assert tce.cached(path)  # the same file: still served from memory
 
 
 def test_a_save_into_a_missing_directory_fails_like_torch_save(server, storage, job):
