@@ -6,11 +6,11 @@ Importing this package does nothing else, except that DeepSpeed (if and
 when it is imported) accepts ``"checkpoint_engine": "tce"``.
 """
 
-from tce._api import cached, close, load, remove, save, status, wait, wait_staged
-from tce._deepspeed import attach, install_deepspeed
-from tce._patch import patch_torch, unpatch_torch
-from tce._ring import join_ring
-from tce._knobs import configure
+from tce.api import cached, close, load, remove, save, status, wait, wait_staged
+from tce.integrations._deepspeed import attach, install_deepspeed
+from tce.integrations._patch import patch_torch, unpatch_torch
+from tce.core._ring import join_ring
+from tce.core._knobs import configure
 from tce.errors import (
     CacheFullError,
     DeadlineExceededError,
@@ -33,7 +33,7 @@ install_deepspeed()
 
 def __getattr__(name: str):
     if name == "TCECheckpointEngine":  # subclasses DeepSpeed's: built on first use
-        from tce._deepspeed import engine_class
+        from tce.integrations._deepspeed import engine_class
 
         return engine_class()
     raise AttributeError(f"module 'tce' has no attribute {name!r}")

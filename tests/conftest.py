@@ -10,8 +10,9 @@ import sys
 import pytest
 
 import tce
-from tce import _api, _knobs
-from tce._server import LocalServer, server_binary
+from tce import api
+from tce.core import _knobs
+from tce.tools._server import LocalServer, server_binary
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,7 +47,7 @@ def server(shared_server):
     """The shared server, with this process's client pointed at it."""
     with _knobs.override(socket=shared_server.socket, job=f"test-{os.getpid()}"):
         yield shared_server
-        _api.close()
+        api.close()
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def make_server():
         return s
 
     yield make
-    _api.close()
+    api.close()
     for s in started:
         code = s.stop()
         s.cleanup()

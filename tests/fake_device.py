@@ -1,6 +1,6 @@
 """A device made of host memory, so the GPU staging logic runs without a GPU.
 
-It stands in for ``tce._staging.CudaDevice``. Its storages are ordinary CPU
+It stands in for ``tce.core._staging.CudaDevice``. Its storages are ordinary CPU
 storages the fake claims, so a state dict can mix them with real CPU
 tensors. Each stream is a thread that runs what is queued on it in order, as
 a CUDA stream does: an enqueued copy happens later, reads its source when it

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from tce._server import server_binary
+from tce.tools._server import server_binary
 
 
 def assert_same(a: Any, b: Any, path: str = "obj") -> None:
@@ -214,7 +214,7 @@ class Hold:
     (up to 5 s a file), as it yields to training."""
 
     def __init__(self, socket: str, job: str, storage: Path) -> None:
-        from tce._client import Client
+        from tce.core._client import Client
         from tce.v1 import tce_pb2 as pb
 
         self.c = Client(socket, rpc_timeout=10)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import tce
-from tce import _knobs
-from tce._client import Client
+from tce.core import _knobs
+from tce.core._client import Client
 from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb
 
@@ -148,7 +148,7 @@ def test_garbage_on_fd_socket_ends_only_that_session(srv, client, tmp_path):
 def test_killed_client_pending_buffer_is_reclaimed(srv, tmp_path):
     code = f"""
 import mmap, os, signal
-from tce._client import Client
+from tce.core._client import Client
 from tce.v1 import tce_pb2 as pb
 c = Client({srv.socket!r}, rpc_timeout=10)
 a = c._call("Allocate", pb.AllocateRequest(session=c.session, job="dead", tag="t",
@@ -179,7 +179,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_peer_uid_not_allowed(make_server, tmp_path):
     # Allow only a uid that is not ours: the handshake refuses the session.
-    from tce._server import LocalServer
+    from tce.tools._server import LocalServer
 
     s = LocalServer(memory_budget="16MiB", extra_args=["--allowed-uids", str(os.getuid() + 4242)])
     s.start()
@@ -324,7 +324,7 @@ def _server_with_a_blocked_dir(tmp_path):
     """A server whose storage cannot take blocked/x.pt (a Blocker): a save
     there stays CACHED (persist retries every 50 ms) until the test releases
     `s.blocker`."""
-    from tce._server import LocalServer
+    from tce.tools._server import LocalServer
 
     storage = tmp_path / "s"
     storage.mkdir()
@@ -396,9 +396,9 @@ def test_wait_with_a_tiny_timeout_times_out_and_nan_is_refused(tmp_path):
 def test_save_to_a_non_utf8_path_writes_it_directly(srv, tmp_path, monkeypatch):
     """The protocol names files in UTF-8; a path made of other bytes is saved
     with plain torch.save (warned), loaded from disk, and never cached."""
-    from tce import _api
+    from tce import api
 
-    monkeypatch.setattr(_api, "_warned_fallback", False)
+    monkeypatch.setattr(api, "_warned_fallback", False)
     raw = os.fsencode(tmp_path) + b"/ckpt-\xff\xfe.pt"
     path = os.fsdecode(raw)  # '...ckpt-\udcff\udcfe.pt'
     sd = {"w": torch.arange(6.0)}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tce
-from tce import _server
+from tce.tools import _server
 
 
 def _tce(*args: str, socket: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -105,7 +105,7 @@ def test_demo_resumes_bitwise(tmp_path):
 def test_demo_shows_how_a_training_process_failed(tmp_path, capsys):
     import argparse
 
-    from tce import _demo
+    from tce.tools import _demo
 
     parser = argparse.ArgumentParser()
     _demo.add_arguments(parser)

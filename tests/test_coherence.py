@@ -24,9 +24,10 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
-from tce._client import Client
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs
+from tce.core._client import Client
+from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
 from helpers import Hold, failing_mount, loop_mount, until
@@ -45,7 +46,7 @@ def server(tmp_path, storage):
                     state_dir=str(tmp_path / "state")).start()
     yield s
     tce.unpatch_torch()
-    _api.close()
+    api.close()
     assert s.stop() == 0, s.log()
     s.cleanup()
 
@@ -92,7 +93,7 @@ def test_a_path_removed_right_after_a_save_stays_removed(server, storage, tmp_pa
                 os.rename(step, storage / "checkpoint-100.old")
         finally:
             hold.release()
-        info = _api._get_client().wait(job, [str(path)], 30)[0]
+        info = api._get_client().wait(job, [str(path)], 30)[0]
         assert info.state == pb.FILE_STATE_DISCARDED, info
         assert info.buffer_id == 0  # its memory is free
         assert ("was deleted" if habit == "os.remove" else "was removed") in info.reason, info.reason
@@ -104,7 +105,7 @@ def test_a_path_removed_right_after_a_save_stays_removed(server, storage, tmp_pa
             assert os.listdir(storage / "checkpoint-100.old") == []
         with pytest.raises(FileNotFoundError):
             torch.load(path)  # as plain torch would
-        _api.close()
+        api.close()
     assert int(_status(server.socket).discarded_files) == 1
     # The metadata says so too: a restarted server knows why.
     assert server.stop() == 0
@@ -162,7 +163,7 @@ def _saved_on(root: Path, job: str):
             tce.wait()
             yield path
             tce.unpatch_torch()
-            _api.close()
+            api.close()
         assert s.stop() == 0, s.log()
         assert "storage could not be checked for " + str(path) in s.log()
     finally:
@@ -265,7 +266,7 @@ def test_an_asynchronous_save_takes_the_crc_choice_of_its_call(server, storage, 
     asynchronous tce.save, though its staging thread commits later."""
     import threading
 
-    from tce import _staging
+    from tce.core import _staging
 
     gate = threading.Event()
     try:
@@ -288,7 +289,7 @@ def test_a_save_onto_a_directory_fails_like_torch_save(server, storage, job):
     d = storage / "a-directory"
     d.mkdir()
     with pytest.raises(RuntimeError):
-        _api._torch_save({"w": torch.ones(2)}, d)  # what plain torch does
+        api._torch_save({"w": torch.ones(2)}, d)  # what plain torch does
     for on_unavailable in ("raise", "fallback"):  # no fallback: the path is wrong, not the server
         with _knobs.override(socket=server.socket, job=job, on_unavailable=on_unavailable):
             with pytest.raises(tce.PathIsADirectoryError, match="Is a directory") as e:
@@ -303,14 +304,14 @@ def test_a_symlink_at_the_path_is_replaced_not_written_through(server, storage, 
     """docs/semantics.md, "What still differs": the save replaces the link
     by the file and leaves the link's target as it was."""
     target = storage / "real.pt"
-    _api._torch_save({"v": 1}, target)
+    api._torch_save({"v": 1}, target)
     before = target.read_bytes()
     link = storage / "link.pt"
     link.symlink_to(target)
     with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
         tce.save({"v": 2}, link)
         tce.wait([link])
-    assert not link.is_symlink() and _api._torch_load(link) == {"v": 2}
+    assert not link.is_symlink() and api._torch_load(link) == {"v": 2}
     assert target.read_bytes() == before
 
 
@@ -324,12 +325,12 @@ def _records(path) -> dict[str, bytes]:
 def test_a_fallback_writes_plain_torch_saves_bytes(tmp_path, monkeypatch):
     """Server down: the fallback's file has torch.save's record names (the
     archive is named after the file) and bytes, and no temp is left."""
-    monkeypatch.setattr(_api, "_warned_fallback", True)
+    monkeypatch.setattr(api, "_warned_fallback", True)
     sd = {"w": torch.arange(100.0), "b": torch.ones(3, dtype=torch.int64)}
     (tmp_path / "mine").mkdir()
     (tmp_path / "theirs").mkdir()
     mine, theirs = tmp_path / "mine" / "step7.pt", tmp_path / "theirs" / "step7.pt"
-    _api._torch_save(sd, theirs)
+    api._torch_save(sd, theirs)
     with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
         tce.save(sd, mine)
     assert _records(mine) == _records(theirs)
@@ -341,7 +342,7 @@ def test_durable_saves_and_waits_work_while_the_server_is_down(tmp_path, monkeyp
     """patch_torch(durable=True) with the server unreachable: the fallback
     wrote and fsynced the file, so torch.save returns without asking a
     server, and tce.wait settles those paths without one too."""
-    monkeypatch.setattr(_api, "_warned_fallback", True)
+    monkeypatch.setattr(api, "_warned_fallback", True)
     path = tmp_path / "model.pt"
     try:
         with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
@@ -353,13 +354,13 @@ def test_durable_saves_and_waits_work_while_the_server_is_down(tmp_path, monkeyp
                 tce.wait([tmp_path / "other.pt"])
     finally:
         tce.unpatch_torch()
-    assert torch.equal(_api._torch_load(path)["w"], torch.ones(8))
+    assert torch.equal(api._torch_load(path)["w"], torch.ones(8))
 
 
 _KILLED_MID_WRITE = """
 import os, sys, torch
 import tce
-from tce import _knobs
+from tce.core import _knobs
 path = sys.argv[1]
 with _knobs.override(socket=sys.argv[2], on_unavailable="fallback"):
     tce.save({"w": torch.ones(16 << 20)}, path)  # 64 MiB, written directly: the server is down
@@ -394,7 +395,7 @@ def test_a_fallback_killed_mid_write_leaves_the_old_file_intact(tmp_path):
 _FALLBACK_MODES = """
 import os, sys, torch
 import tce
-from tce import _knobs
+from tce.core import _knobs
 os.umask(0o027)
 with _knobs.override(socket=sys.argv[3], on_unavailable="fallback"):
     tce.save({"w": torch.ones(4)}, sys.argv[1])
@@ -414,7 +415,7 @@ def test_a_fallback_keeps_the_mode_and_honours_the_umask(tmp_path):
 
 
 def test_a_fallback_into_a_missing_directory_creates_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(_api, "_warned_fallback", False)  # the first fallback warns
+    monkeypatch.setattr(api, "_warned_fallback", False)  # the first fallback warns
     path = tmp_path / "nope" / "model.pt"
     with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
         with pytest.warns(RuntimeWarning):
@@ -451,11 +452,11 @@ def test_a_durable_patched_save_is_on_storage_when_it_returns(server, storage, j
             assert float(torch.load(path)["w"][0]) == 9.0  # through the cache
             with zipfile.ZipFile(path) as z:  # storage still holds the previous step
                 assert z.testzip() is None
-            assert float(_api._torch_load(path)["w"][0]) == 2.0
+            assert float(api._torch_load(path)["w"][0]) == 2.0
         finally:
             hold.release()
         tce.wait(path)
-        assert float(_api._torch_load(path)["w"][0]) == 9.0
+        assert float(api._torch_load(path)["w"][0]) == 9.0
 
 
 def test_wait_for_paths_the_cache_does_not_hold(server, storage, job, tmp_path):
@@ -475,7 +476,7 @@ def test_wait_for_paths_the_cache_does_not_hold(server, storage, job, tmp_path):
             hold.release()
         tce.wait([step / "x.pt"])  # discarded: settled, not an error
         tce.wait()  # nor for everything this process saved
-        _api.close()
+        api.close()
     cli = [sys.executable, "-m", "tce.cli", "--socket", server.socket, "wait"]
     p = subprocess.run([*cli, str(direct), str(step / "x.pt")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -501,7 +502,7 @@ def test_weights_only_overrides_warn_and_fail_as_torch_does(server, storage, tmp
     override and argument combination."""
     obj = {"w": torch.arange(4.0), "x": NotAWeight()}
     cached, plain = storage / "cached.pt", tmp_path / "plain.pt"
-    _api._torch_save(obj, plain)
+    api._torch_save(obj, plain)
     with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
         tce.save(obj, cached)
         tce.patch_torch([storage])
@@ -541,7 +542,7 @@ def test_mmap_loads_share_writes_as_torch_does(server, storage, tmp_path, job, s
 
     obj = {"w": torch.zeros(1024)}
     cached, plain = storage / "cached.pt", tmp_path / "plain.pt"
-    _api._torch_save(obj, plain)
+    api._torch_save(obj, plain)
     try:
         torch.serialization.set_default_mmap_options(mm.MAP_SHARED if shared else mm.MAP_PRIVATE)
         config.load.mmap = how == "config"
@@ -555,7 +556,7 @@ def test_mmap_loads_share_writes_as_torch_does(server, storage, tmp_path, job, s
                 t[0] = 42.0
                 del t
                 again = float(torch.load(path, weights_only=True, **kw)["w"][0])
-                on_disk = float(_api._torch_load(path, weights_only=True)["w"][0])
+                on_disk = float(api._torch_load(path, weights_only=True)["w"][0])
                 seen[name] = (again, on_disk)
         assert seen["tce"] == seen["torch"] == ((42.0, 42.0) if shared else (0.0, 0.0)), seen
     finally:
@@ -573,7 +574,7 @@ def test_a_shared_mapping_needs_storage(tmp_path, job):
             tce.save({"w": torch.zeros(4)}, tmp_path / "x.pt")
             with pytest.raises(tce.FailedPreconditionError, match="MAP_SHARED needs the file on storage"):
                 tce.load(tmp_path / "x.pt", mmap=True)
-            _api.close()
+            api.close()
     finally:
         torch.serialization.set_default_mmap_options(mm.MAP_PRIVATE)
         s.stop()

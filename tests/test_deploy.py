@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tce._server import server_binary
+from tce.tools._server import server_binary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY = os.path.join(REPO, "deploy")

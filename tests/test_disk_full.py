@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs
+from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
 from helpers import until
@@ -55,7 +56,7 @@ def test_a_checkpoint_failed_on_a_full_disk_persists_once_there_is_room(small_di
         w = torch.randn(2 << 20)  # 8 MiB: does not fit
         with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
             tce.save({"w": w}, path, tag="step1")
-            client = _api._get_client()
+            client = api._get_client()
             info = client.wait(job, [str(path)], 20)[0]
             assert info.state == pb.FILE_STATE_FAILED
             assert "No space left on device" in info.reason, info.reason
@@ -64,7 +65,7 @@ def test_a_checkpoint_failed_on_a_full_disk_persists_once_there_is_room(small_di
             ballast.unlink()  # room again
             until(lambda: client.lookup(job, str(path)).state == pb.FILE_STATE_PERSISTED, timeout=20,
                   what="the file to persist once there is room")
-            _api.close()
+            api.close()
         assert torch.equal(torch.load(path, weights_only=True)["w"], w)
         assert "persisting again job=" in s.log()
     finally:
@@ -93,7 +94,7 @@ def test_an_operator_retries_or_drops_what_failed(small_disk):
         with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
             tce.save({"w": w}, keep, tag="t")
             tce.save({"w": w}, drop, tag="t")
-            client = _api._get_client()
+            client = api._get_client()
             infos = client.wait(job, [str(keep), str(drop)], 20)
             assert [i.state for i in infos] == [pb.FILE_STATE_FAILED] * 2, [i.reason for i in infos]
             assert "persisted again" not in infos[0].reason  # nobody retries by itself
@@ -107,7 +108,7 @@ def test_an_operator_retries_or_drops_what_failed(small_disk):
             assert str(drop) not in {f.path for f in client.list(job)}
             p = _tce(s, "retry", str(keep))  # persisted: nothing to retry, and it says so
             assert p.returncode == 1 and "is PERSISTED, not FAILED: nothing to retry" in p.stderr, p.stderr
-            _api.close()
+            api.close()
         assert torch.equal(torch.load(keep, weights_only=True)["w"], w)
         assert not drop.exists()
     finally:

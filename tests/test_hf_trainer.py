@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tce._client import Client
-from tce._server import LocalServer
+from tce.core._client import Client
+from tce.tools._server import LocalServer
 
 from helpers import Hold, until
 

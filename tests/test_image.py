@@ -20,7 +20,8 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
+from tce import api
+from tce.core import _knobs
 
 from helpers import assert_same
 
@@ -171,7 +172,7 @@ def test_a_host_client_saves_and_loads_through_the_containers_socket(images, tmp
             mine, theirs = _mapped_buffers(), _held_buffers(spid)
             assert_same(out, sd)
             del out
-            _api.close()
+            api.close()
         assert mine and mine <= theirs, f"client maps {mine}, server holds {theirs}"
         # The server reports its pid as its container sees it.
         nspid = next(line.split()[1:] for line in Path(f"/proc/{spid}/status").read_text().splitlines()
@@ -212,6 +213,6 @@ def test_a_training_container_and_the_host_share_the_servers_cache(images, tmp_p
         with _knobs.override(socket=str(sockets / "tce.sock"), job="image", on_unavailable="raise"):
             assert tce.cached("/ckpt/from-training.pt")
             out = tce.load("/ckpt/from-training.pt", weights_only=True)
-            _api.close()
+            api.close()
         assert_same(out, {"w": torch.arange(1 << 20, dtype=torch.float32) * 0.5, "step": 3})
         _stop(name)

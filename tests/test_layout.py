@@ -11,7 +11,7 @@ import zipfile
 import pytest
 import torch
 
-from tce import _layout
+from tce.core import _layout
 from helpers import assert_same, every_dtype, sample_tensor
 
 
@@ -131,7 +131,7 @@ def test_same_data_as_two_dtypes_is_refused_like_torch():
 
 
 def test_the_pickle_memo_reuses_bytes_only_for_the_same_structure_and_values():
-    from tce._layout import _pickle, pickle_memo, plan
+    from tce.core._layout import _pickle, pickle_memo, plan
 
     w = torch.randn(4, 3)
     shared = torch.arange(6.0)

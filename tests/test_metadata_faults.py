@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
-from tce._client import Client
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs
+from tce.core._client import Client
+from tce.tools._server import LocalServer
 from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb
 from helpers import wait_metadata_written
@@ -28,13 +29,13 @@ def node(tmp_path):
                     state_dir=str(tmp_path / "state"))
     s.start()
     yield s, storage
-    _api.close()
+    api.close()
     s.stop()
     s.cleanup()
 
 
 def _restart(s: LocalServer) -> None:
-    _api.close()
+    api.close()
     assert s.stop() == 0, s.log()
     s.start()
 
@@ -82,7 +83,7 @@ def test_a_damaged_records_value_costs_its_row_only(node):
     s, storage = node
     for name in ("a", "b", "c"):
         _save(s, storage / f"{name}.pt", ord(name))
-    _api.close()
+    api.close()
     assert s.stop() == 0
     db = sqlite3.connect(Path(s.state_dir) / "tce.db")
     with db:
@@ -213,16 +214,16 @@ def test_a_read_only_database_costs_metadata_not_saves(tmp_path):
             assert torch.equal(tce.load(storage / "during.pt")["x"], torch.full((4,), 2))
             from helpers import until
 
-            st = until(lambda: (lambda st: not st["metadata_healthy"] and st)(_api.status()),
+            st = until(lambda: (lambda st: not st["metadata_healthy"] and st)(api.status()),
                        what="metadata to be unhealthy")
             assert st["metadata_error"], st
             subprocess.run(["chattr", "-i", *frozen], check=True)
-            until(lambda: _api.status()["metadata_healthy"], timeout=30, what="metadata to recover")
+            until(lambda: api.status()["metadata_healthy"], timeout=30, what="metadata to recover")
             wait_metadata_written()
         _restart(s)
         assert _paths(s) == [str(storage / "before.pt"), str(storage / "during.pt")]
     finally:
-        _api.close()
+        api.close()
         s.stop()
         s.cleanup()
         subprocess.run(["chattr", "-R", "-i", str(state)], check=False)

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs
+from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 from helpers import Blocker, wait_metadata_written
 
@@ -60,15 +61,15 @@ def test_rows_restart_and_ls(tmp_path, mariadb):
             assert _rows(mariadb) == [(str(storage / "step1.pt"), "step1", "1", "PERSISTED"),
                                       (str(storage / "step2.pt"), "step2", "1", "PERSISTED")]
             assert mariadb.sql("SELECT COUNT(*) FROM tce.schema_version").strip() == "1"
-            _api.close()
+            api.close()
             s.kill()  # the schema is applied again on an existing database, and re-indexed
             s.start()
             states = {f.path: pb.FileState.Name(f.state)
-                      for f in _api._get_client().list("mysql-job")}
+                      for f in api._get_client().list("mysql-job")}
             assert set(states.values()) == {"FILE_STATE_EVICTED"} and len(states) == 2
             assert tce.load(storage / "step2.pt", weights_only=True)["w"][0].item() == 2.0
             assert mariadb.sql("SELECT COUNT(*) FROM tce.schema_version").strip() == "1"
-            _api.close()
+            api.close()
         p = subprocess.run(["python3", "-m", "tce.cli", "ls", "--metadata", mariadb.url,
                             "--job", "mysql-job", "--json"], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
@@ -106,7 +107,7 @@ def test_database_outage_in_the_middle_of_saves(tmp_path, mariadb):
             rows = {r[0]: r[3] for r in _rows(mariadb) if "/during" in r[0] or "/before" in r[0]}
             assert rows == {str(storage / "before.pt"): "PERSISTED",
                             **{str(storage / f"during{i}.pt"): "PERSISTED" for i in range(3)}}
-            _api.close()
+            api.close()
     finally:
         s.stop()
         s.cleanup()
@@ -136,21 +137,21 @@ def test_complete_tags_survive_a_restart(tmp_path, mariadb):
     s = _server(storage, mariadb)
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise", job="tag-job"):
-            c = _api._get_client()
+            c = api._get_client()
             odd = str(storage / "we ird: 3 name 3:x.pt")  # the column format's separators
             c.commit_tag(_tag("tag-job", "global_step2", [(1, odd, 7), (0, str(storage / "a.pt"), 5)]))
             c.commit_tag(_tag("tag-job", "global_step4", [(0, str(storage / "b.pt"), 9)]))
             wait_metadata_written()
             assert mariadb.sql("SELECT tag, world_size FROM tce.tags WHERE job='tag-job' "
                                "ORDER BY complete_ns").split() == ["global_step2", "2", "global_step4", "2"]
-            _api.close()
+            api.close()
             s.kill()
             s.start()
-            tags = _api._get_client().list_tags("tag-job")
+            tags = api._get_client().list_tags("tag-job")
             assert [t.tag for t in tags] == ["global_step2", "global_step4"]
             assert [(f.rank, f.path, f.size) for f in tags[0].files] == [
                 (0, str(storage / "a.pt"), 5), (1, odd, 7)]
-            _api.close()
+            api.close()
     finally:
         s.stop()
         s.cleanup()
@@ -171,10 +172,10 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
         s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url]).start()
         try:
             with _knobs.override(socket=s.socket, on_unavailable="raise"):
-                c = _api._get_client()
+                c = api._get_client()
                 c.commit_tag(_tag("old-job", "step1", [(0, "/x/a.pt", 1)]))
                 wait_metadata_written()
-                _api.close()
+                api.close()
         finally:
             s.stop()
             s.cleanup()
@@ -212,23 +213,23 @@ def test_a_server_rejoins_its_ring_from_mysql(tmp_path, mariadb):
     try:
         for rank, s in enumerate(servers):
             with _knobs.override(socket=s.socket):
-                _api._get_client().set_ring("mysql-ring", rank, endpoints)
-                _api.close()
+                api._get_client().set_ring("mysql-ring", rank, endpoints)
+                api.close()
         with _knobs.override(socket=servers[0].socket, job="mysql-ring", on_unavailable="raise"):
             tce.save(x, "/ckpt/m/rank0.pt", tag="t", rank=0)
-            c = _api._get_client()
+            c = api._get_client()
             deadline = time.monotonic() + 30
             while not c.list("mysql-ring")[0].backup_holder:
                 assert time.monotonic() < deadline, "no backup"
                 time.sleep(0.05)
             wait_metadata_written()
-            _api.close()
+            api.close()
         rows = mariadb.sql("SELECT job, node_rank, endpoints FROM tce.rings WHERE job = 'mysql-ring'")
         assert rows.split("\t")[:2] == ["mysql-ring", "0"] and endpoints[1] in rows, rows
         servers[0].kill()
         servers[0] = start(0)
         with _knobs.override(socket=servers[0].socket, job="mysql-ring", on_unavailable="raise"):
-            c = _api._get_client()
+            c = api._get_client()
             deadline = time.monotonic() + 30
             while not [f for f in c.list("mysql-ring") if f.state == pb.FILE_STATE_BACKED_UP]:
                 assert time.monotonic() < deadline, "not recovered"
@@ -236,7 +237,7 @@ def test_a_server_rejoins_its_ring_from_mysql(tmp_path, mariadb):
             out = tce.load("/ckpt/m/rank0.pt", weights_only=True)
             assert torch.equal(out["w"], x["w"])
             assert int(tce.status()["recovered_files"]) == 1
-            _api.close()
+            api.close()
         assert "rejoining the ring of job=mysql-ring recorded in metadata" in servers[0].log()
     finally:
         for s in servers:
@@ -254,21 +255,21 @@ def test_damaged_rows_are_skipped_not_fatal(tmp_path, mariadb):
         with _knobs.override(socket=s.socket, on_unavailable="raise", job="dmg-job"):
             for name in ("a", "b", "c"):
                 tce.save({"w": torch.ones(3)}, storage / f"{name}.pt", tag="t")
-            c = _api._get_client()
+            c = api._get_client()
             c.commit_tag(_tag("dmg-job", "good", [(0, str(storage / "a.pt"), 1)]))
             c.commit_tag(_tag("dmg-job", "bad", [(0, str(storage / "b.pt"), 1)]))
             wait_metadata_written()
-            _api.close()
+            api.close()
         assert s.stop() == 0
         mariadb.sql(f"UPDATE tce.files SET records = 'x:y' WHERE path = '{storage / 'b.pt'}'; "
                     f"UPDATE tce.files SET `rank` = -3 WHERE path = '{storage / 'c.pt'}'; "
                     "UPDATE tce.tags SET files = '0 1 99:/short\n' WHERE job = 'dmg-job' AND tag = 'bad'")
         s.start()
         with _knobs.override(socket=s.socket, job="dmg-job"):
-            c = _api._get_client()
+            c = api._get_client()
             assert [f.path for f in c.list(job="dmg-job")] == [str(storage / "a.pt")]
             assert [t.tag for t in c.list_tags("dmg-job")] == ["good"]
-            _api.close()
+            api.close()
         log = s.log()
         assert f"skipping a damaged row of table files (job=dmg-job path={storage / 'b.pt'}): records:" in log
         assert f"skipping a damaged row of table files (job=dmg-job path={storage / 'c.pt'}): rank:" in log
@@ -299,26 +300,26 @@ def test_servers_sharing_mysql_touch_only_their_own_rows(tmp_path, mariadb):
     try:
         with _knobs.override(socket=a.socket, on_unavailable="raise", job="shared"):
             tce.save({"w": torch.ones(4)}, inflight, tag="t")
-            _api._get_client().commit_tag(_tag("shared", "t", [(0, str(inflight), 1)]))
+            api._get_client().commit_tag(_tag("shared", "t", [(0, str(inflight), 1)]))
             wait_metadata_written()
-            _api.close()
+            api.close()
         with _knobs.override(socket=b.socket, on_unavailable="raise", job="shared"):
             tce.save({"w": torch.zeros(4)}, sb / "y.pt", tag="t")
             tce.wait()
             wait_metadata_written()
-            _api.close()
+            api.close()
         assert b.stop() == 0
         b.start()
         with _knobs.override(socket=b.socket, job="shared"):
-            c = _api._get_client()
+            c = api._get_client()
             assert [(f.path, f.state) for f in c.list("shared")] == [
                 (str(sb / "y.pt"), pb.FILE_STATE_EVICTED)]
             assert [t.tag for t in c.list_tags("shared")] == []  # A's tag is A's
-            _api.close()
+            api.close()
         with _knobs.override(socket=a.socket, job="shared"):
-            c = _api._get_client()
+            c = api._get_client()
             assert [(f.path, f.state) for f in c.list("shared")] == [(str(inflight), pb.FILE_STATE_CACHED)]
-            _api.close()
+            api.close()
         rows = mariadb.sql("SELECT server, state FROM shareddb.files ORDER BY path")
         assert [r.split("\t") for r in rows.splitlines()] == [
             [f"{socket.gethostname()}:{a.socket}", "CACHED"],

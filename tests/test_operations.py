@@ -20,16 +20,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 import tce
-from tce import _api, _knobs
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs
+from tce.tools._server import LocalServer
 
 from helpers import Blocker, until
 
 
 def _status(server) -> dict:
     with _knobs.override(socket=server.socket):
-        st = _api.status()
-        _api.close()
+        st = api.status()
+        api.close()
     return st
 
 
@@ -83,8 +84,8 @@ def test_metrics_move_with_saves_persistence_and_failures(tmp_path):
             for p, sd in zip(paths, sds):
                 tce.save(sd, p)
                 scrapes.append(_scrape(endpoint))  # during the saves: persistence runs behind
-            sizes = [f.size for f in _api._get_client().list()]
-            _api.close()
+            sizes = [f.size for f in api._get_client().list()]
+            api.close()
         assert scrapes[0][("tce_cached_bytes", ())] > 0
         assert scrapes[-1][("tce_saves_total", ())] == 4
         assert max(m[("tce_persist_queue", ())] for m in scrapes) >= 1, "persistence never lagged a save"
@@ -104,7 +105,7 @@ def test_metrics_move_with_saves_persistence_and_failures(tmp_path):
         # and the file ends failed.
         with _knobs.override(socket=s.socket, on_unavailable="raise"):
             tce.save({"w": torch.ones(10)}, storage / "blocked" / "x.pt")
-            _api.close()
+            api.close()
         failed = until(lambda: (m := _scrape(endpoint))[("tce_failed_files", ())] == 1 and m,
                         what="the failed file")
         assert failed[("tce_failures_total", (("reason", "persist_write"),))] == 3  # 1 + 2 retries
@@ -193,7 +194,7 @@ def test_health_serves_until_the_drain_and_liveness_until_exit(tmp_path):
 
             with _knobs.override(socket=s.socket, on_unavailable="raise"):
                 tce.save({"w": torch.ones(10)}, storage / "blocked" / "x.pt")  # keeps the drain busy
-                _api.close()
+                api.close()
             s.proc.send_signal(signal.SIGTERM)
             until(lambda: _check(ch, "") == NOT_SERVING, what="readiness to drop")
             assert _check(ch, "tce.v1.Cache") == NOT_SERVING
@@ -212,7 +213,7 @@ def test_json_logs_are_one_object_per_line_with_the_event_fields(tmp_path):
     try:
         with _knobs.override(socket=s.socket, job="json-job", on_unavailable="raise"):
             tce.save({"w": torch.ones(10)}, path, tag="t1")
-            _api.close()
+            api.close()
     finally:
         assert s.stop() == 0
     lines = [ln for ln in s.log().splitlines() if ln.strip()]

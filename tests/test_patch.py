@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tce
-from tce import _api
+from tce import api
 from helpers import assert_same, every_dtype, sample_tensor
 
 _ORIGINAL_SAVE, _ORIGINAL_LOAD = torch.save, torch.load
@@ -102,8 +102,8 @@ def test_tce_fallback_does_not_recurse_into_the_patch(tmp_path):
     root.mkdir()
     tce.patch_torch([root])
     try:
-        with tce._knobs.override(socket=str(tmp_path / "nothing.sock"), on_unavailable="fallback"):
-            _api.close()
+        with tce.core._knobs.override(socket=str(tmp_path / "nothing.sock"), on_unavailable="fallback"):
+            api.close()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 torch.save({"x": torch.arange(4)}, root / "f.pt")  # server unreachable
@@ -117,7 +117,7 @@ def test_unpatch_restores_and_patch_is_idempotent(server, tmp_path):
     tce.patch_torch([tmp_path / "a"])
     tce.patch_torch([tmp_path / "b"])  # replaces the prefixes, never wraps twice
     try:
-        from tce._patch import patched_prefixes
+        from tce.integrations._patch import patched_prefixes
 
         assert patched_prefixes() == (str(tmp_path / "b"),)
         torch.save({"x": 1}, tmp_path / "a.pt")
@@ -139,13 +139,13 @@ def test_bad_prefixes_are_refused(bad):
 
 
 def test_patched_files_persist_as_torch_files(make_server, tmp_path):
-    from tce._server import LocalServer
+    from tce.tools._server import LocalServer
 
     storage = tmp_path / "storage"
     storage.mkdir()
     s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)]).start()
     try:
-        with tce._knobs.override(socket=s.socket, on_unavailable="raise"):
+        with tce.core._knobs.override(socket=s.socket, on_unavailable="raise"):
             tce.patch_torch([storage])
             try:
                 obj = {"w": torch.randn(100), "n": 3}
@@ -154,7 +154,7 @@ def test_patched_files_persist_as_torch_files(make_server, tmp_path):
             finally:
                 tce.unpatch_torch()
             assert_same(torch.load(storage / "p.pt"), obj)  # the original, from disk
-            _api.close()
+            api.close()
     finally:
         s.stop()
         s.cleanup()

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs
+from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 from conftest import run_python
 from helpers import assert_same, every_dtype, sample_tensor, wait_metadata_written
@@ -32,7 +33,7 @@ def persisting(storage):
     with _knobs.override(socket=s.socket, job=f"persist-{uuid.uuid4().hex[:8]}",
                          on_unavailable="raise"):
         yield s
-        _api.close()
+        api.close()
     assert s.stop() == 0, s.log()
     s.cleanup()
 
@@ -47,7 +48,7 @@ def test_persisted_file_is_a_plain_torch_file(persisting, storage):
     tce.wait()
     assert path.exists()
     assert zipfile.ZipFile(path).testzip() is None  # every CRC-32 filled by the server
-    info = _api._get_client().lookup(_knobs.get("job"), str(path))
+    info = api._get_client().lookup(_knobs.get("job"), str(path))
     assert info.state == pb.FILE_STATE_PERSISTED and info.persisted_unix_ns >= info.committed_unix_ns
     z = zipfile.ZipFile(path)
     assert [r.crc32 for r in info.records] == [i.CRC for i in z.infolist()]
@@ -68,7 +69,7 @@ def test_persisted_file_is_a_plain_torch_file(persisting, storage):
     )
     assert out.strip() == "ok"
     # the cache holds the same bytes the disk does (CRCs included)
-    _, mm = _api._get_client().open(_knobs.get("job"), str(path))
+    _, mm = api._get_client().open(_knobs.get("job"), str(path))
     assert mm[: info.size] == path.read_bytes()
 
 
@@ -141,7 +142,7 @@ def test_full_filesystem_fails_loudly_and_keeps_the_file_in_memory(tiny_fs):
             crcs = [l.split()[-1] for l in show.stdout.splitlines() if "record" in l]
             assert "state     PERSISTED" in show.stdout
             assert crcs == [f"{i.CRC:08x}" for i in zipfile.ZipFile(small).infolist()]
-            _api.close()
+            api.close()
     finally:
         s.stop()
         s.cleanup()
@@ -157,14 +158,14 @@ def test_checkpoints_beyond_the_budget_evict_persisted_ones(storage):
                 tce.save({"w": torch.full((3 << 20,), float(i))}, p, tag=f"step{i}")
             tce.wait()
             states = {f.path: pb.FileState.Name(f.state)
-                      for f in _api._get_client().list(_knobs.get("job"))}
+                      for f in api._get_client().list(_knobs.get("job"))}
             assert states[str(paths[-1])] == "FILE_STATE_PERSISTED"
             assert states[str(paths[0])] == "FILE_STATE_EVICTED"
             assert int(tce.status()["evicted_files"]) >= 5
             assert not tce.cached(paths[0]) and tce.cached(paths[-1])
             for i, p in enumerate(paths):  # every step loads, from cache or storage
                 assert tce.load(p, weights_only=True)["w"][0].item() == float(i)
-            _api.close()
+            api.close()
     finally:
         s.stop()
         s.cleanup()
@@ -182,11 +183,11 @@ def test_keep_last_tags_per_job(storage):
                              storage / f"step{step}" / f"rank{rank}.pt", tag=f"step{step}", rank=rank)
                 tce.wait()
             states = {(f.tag, f.rank): pb.FileState.Name(f.state)
-                      for f in _api._get_client().list(_knobs.get("job"))}
+                      for f in api._get_client().list(_knobs.get("job"))}
             assert states[("step3", 0)] == states[("step3", 1)] == "FILE_STATE_PERSISTED"
             assert states[("step1", 1)] == states[("step2", 0)] == "FILE_STATE_EVICTED"
             assert tce.load(storage / "step1" / "rank0.pt")["w"][0].item() == 1.0  # from storage
-            _api.close()
+            api.close()
     finally:
         s.stop()
         s.cleanup()
@@ -206,10 +207,10 @@ def test_server_killed_mid_persist_restarts_clean(storage):
             # so that the restarted server knows the file it lost.
             wait_metadata_written()
             s.kill()  # SIGKILL while it is being persisted
-            _api.close()
+            api.close()
             s.start()  # same state dir: re-indexes from metadata
             states = {f.path: (pb.FileState.Name(f.state), f.reason)
-                      for f in _api._get_client().list(_knobs.get("job"))}
+                      for f in api._get_client().list(_knobs.get("job"))}
             assert states[str(done[0])][0] == states[str(done[1])][0] == "FILE_STATE_EVICTED"
             big_state, reason = states[str(big)]
             assert [p.name for p in storage.iterdir() if ".tce-tmp-" in p.name] == []
@@ -222,7 +223,7 @@ def test_server_killed_mid_persist_restarts_clean(storage):
             assert tce.load(done[1], weights_only=True)["w"][0].item() == 1.0  # from storage
             st = tce.status()
             assert st["metadata_url"].startswith("sqlite://") and st["metadata_healthy"]
-            _api.close()
+            api.close()
     finally:
         s.stop()
         s.cleanup()
@@ -234,7 +235,7 @@ def test_ls_reads_metadata_without_a_server(storage):
         with _knobs.override(socket=s.socket, on_unavailable="raise", job="meta-job"):
             tce.save({"w": torch.ones(10)}, storage / "a.pt", tag="step5", rank=2)
             tce.wait()
-            _api.close()
+            api.close()
     finally:
         s.stop()  # the server is gone; its metadata stays
     url = f"sqlite://{s.state_dir}/tce.db"

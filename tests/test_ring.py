@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
-from tce._netns import Nodes
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs
+from tce.tools._netns import Nodes
+from tce.tools._server import LocalServer
 from tce.errors import FailedPreconditionError, InvalidArgumentError
 from tce.v1 import tce_pb2 as pb
 
@@ -49,8 +50,8 @@ def _ring_server(tmp_path, transport, name, *, token=TOKEN, listen="127.0.0.1:0"
 
 def _status(server) -> dict:
     with _knobs.override(socket=server.socket):
-        st = _api.status()
-        _api.close()
+        st = api.status()
+        api.close()
     return st
 
 
@@ -58,15 +59,15 @@ def _set_ring(servers, job="ring-job"):
     endpoints = [_status(s)["peer_endpoint"] for s in servers]
     for rank, s in enumerate(servers):
         with _knobs.override(socket=s.socket):
-            _api._get_client().set_ring(job, rank, endpoints)
-            _api.close()
+            api._get_client().set_ring(job, rank, endpoints)
+            api.close()
     return endpoints
 
 
 def _files(server, job="ring-job") -> dict:
     with _knobs.override(socket=server.socket):
-        out = {f.path: f for f in _api._get_client().list(job)}
-        _api.close()
+        out = {f.path: f for f in api._get_client().list(job)}
+        api.close()
     return out
 
 
@@ -93,7 +94,7 @@ def test_backup_reaches_the_successor_and_is_dropped_on_eviction(tmp_path, trans
         obj = {"w": torch.randn(1 << 20), "step": 1}
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             tce.save(obj, storage / "step1.pt", tag="step1")
-            _api.close()
+            api.close()
         f = _until(lambda: _files(a)[str(storage / "step1.pt")].backup_holder and
                    _files(a)[str(storage / "step1.pt")], what="the backup")
         assert f.backup_holder == endpoints[1]
@@ -105,7 +106,7 @@ def test_backup_reaches_the_successor_and_is_dropped_on_eviction(tmp_path, trans
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             tce.save(obj, storage / "step2.pt", tag="step2")
             tce.wait()
-            _api.close()
+            api.close()
         _until(lambda: _files(a)[str(storage / "step1.pt")].state == pb.FILE_STATE_EVICTED,
                what="eviction")
         _until(lambda: int(_status(b)["held_backups"]) == 1 and
@@ -122,7 +123,7 @@ def test_a_peer_without_the_token_is_refused(tmp_path, transport):
         _set_ring([a, b])
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             tce.save({"w": torch.ones(1000)}, "/ckpt/r/x.pt", tag="t")  # saves never wait for the ring
-            _api.close()
+            api.close()
         st = _until(lambda: int(_status(a)["backup_failures"]) >= 1 and _status(a), what="a failure")
         assert "refused our proof: it does not know our cluster token" in st["backup_error"], st["backup_error"]
         assert int(_status(b)["held_backups"]) == 0
@@ -136,18 +137,18 @@ def test_ring_settings_are_checked(tmp_path, make_server, transport):
     plain = make_server("64MiB")
     with _knobs.override(socket=plain.socket):
         with pytest.raises(FailedPreconditionError, match="takes part in no ring"):
-            _api._get_client().set_ring("j", 0, ["10.0.0.1:7000"])
-        _api.close()
+            api._get_client().set_ring("j", 0, ["10.0.0.1:7000"])
+        api.close()
     a = _ring_server(tmp_path, transport, "a")
     try:
         with _knobs.override(socket=a.socket):
-            c = _api._get_client()
+            c = api._get_client()
             with pytest.raises(InvalidArgumentError, match="node_rank 2 is outside the 2-node ring"):
                 c.set_ring("j", 2, ["h:1", "h:2"])
             with pytest.raises(InvalidArgumentError, match="must be host:port, got 'nohost'"):
                 c.set_ring("j", 0, ["nohost"])
             assert c.set_ring("j", 0, ["h:1"]) == ""  # one node: no ring, nothing to wait for
-            _api.close()
+            api.close()
         p = subprocess.run([*a.args[:1], "--peer-listen", "127.0.0.1:0", "--socket",
                             str(tmp_path / "x.sock")], capture_output=True, text=True)
         assert p.returncode == 2 and "needs a cluster token" in p.stderr
@@ -163,7 +164,7 @@ def test_ring_settings_are_checked(tmp_path, make_server, transport):
         _stop(a)
 
 
-# ---- several nodes, one network namespace each (tce._netns) ----
+# ---- several nodes, one network namespace each (tce.tools._netns) ----
 
 @pytest.fixture
 def nodes3():
@@ -185,7 +186,7 @@ def test_three_nodes_back_up_around_the_ring(tmp_path, nodes3, transport):
             with _knobs.override(socket=s.socket, job="ring-job", on_unavailable="raise"):
                 tce.save({"w": torch.full((1 << 18,), float(i))}, f"/ckpt/step1/rank{i}.pt",
                          tag="step1", rank=i)
-                _api.close()
+                api.close()
         for i, s in enumerate(servers):
             f = _until(lambda: _files(s)[f"/ckpt/step1/rank{i}.pt"].backup_holder and
                        _files(s)[f"/ckpt/step1/rank{i}.pt"], what=f"node {i}'s backup")
@@ -208,7 +209,7 @@ def test_a_cut_link_delays_the_backup_but_no_save(tmp_path, nodes3, transport):
         with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
             for step in range(3):
                 tce.save({"w": torch.full((1 << 20,), float(step))}, f"/ckpt/s{step}.pt", tag=f"s{step}")
-            _api.close()
+            api.close()
         assert time.monotonic() - t0 < 5  # the saves did not wait for the ring
         st = _until(lambda: int(_status(servers[0])["backup_failures"]) >= 1 and _status(servers[0]),
                     what="a failed attempt")
@@ -238,7 +239,7 @@ def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3, tra
             with _knobs.override(socket=s.socket, job="ring-job", on_unavailable="raise"):
                 for part in range(2):
                     tce.save(saved[i], f"/ckpt/step1/rank{i}-{part}.pt", tag="step1", rank=i)
-                _api.close()
+                api.close()
         for s in servers:
             _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
         servers[1].kill()  # the node is gone, memory and all
@@ -253,7 +254,7 @@ def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3, tra
         with _knobs.override(socket=fresh.socket, job="ring-job", on_unavailable="raise"):
             out = tce.load("/ckpt/step1/rank1-1.pt", weights_only=True)  # no file on disk: the ring's copy
             assert out["node"] == 1 and torch.equal(out["w"], saved[1]["w"]) and torch.equal(out["b"], saved[1]["b"])
-            _api.close()
+            api.close()
         # node 0's copies, lost with node 1's memory, are sent again
         _until(lambda: int(_status(fresh)["held_backups"]) == 2, what="node 0's files re-sent")
         assert all(f.backup_holder == endpoints[1] for f in _files(servers[0]).values())
@@ -274,15 +275,15 @@ def test_a_restarted_server_rejoins_its_ring_from_metadata(tmp_path, nodes3, tra
         x = {"w": torch.randn(1 << 18), "i": torch.arange(77)}
         with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
             tce.save(x, "/ckpt/step7/rank1.pt", tag="step7", rank=1)
-            _api.close()
+            api.close()
         with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
             tce.save({"n": 0}, "/ckpt/step7/rank0.pt", tag="step7", rank=0)
-            _api.close()
+            api.close()
         for s in servers[:2]:
             _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
         with _knobs.override(socket=servers[1].socket):
             wait_metadata_written()
-            _api.close()
+            api.close()
         servers[1].kill()
         servers[1] = _ring_server(tmp_path, transport, "n1", netns=nodes3.names[1],
                                   listen=f"{nodes3.addresses[1]}:7070", metadata=True)
@@ -295,7 +296,7 @@ def test_a_restarted_server_rejoins_its_ring_from_metadata(tmp_path, nodes3, tra
             out = tce.load("/ckpt/step7/rank1.pt", weights_only=True)
             assert torch.equal(out["w"], x["w"]) and torch.equal(out["i"], x["i"])
             assert int(tce.status()["recovered_files"]) == 1
-            _api.close()
+            api.close()
         _until(lambda: int(_status(servers[1])["held_backups"]) == 1, what="node 0's file re-sent")
     finally:
         _stop(*servers)
@@ -313,7 +314,7 @@ def test_a_rank_on_another_node_reads_its_shard_from_the_peer(tmp_path, nodes3, 
         x = {"w": torch.randn(1 << 18), "step": 12}
         with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
             tce.save(x, "/ckpt/step12/rank0.pt", tag="step12", rank=0)
-            _api.close()
+            api.close()
         _until(lambda: _files(servers[0])["/ckpt/step12/rank0.pt"].backup_holder, what="the backup")
         servers[0].kill()  # the owner is gone too: only node 1's copy is left
         with _knobs.override(socket=servers[2].socket, job="ring-job", on_unavailable="raise"):
@@ -330,7 +331,7 @@ def test_a_rank_on_another_node_reads_its_shard_from_the_peer(tmp_path, nodes3, 
                     tce.load("/ckpt/step12/nobody.pt", weights_only=True)
             # The peers were asked once: the second miss was remembered.
             assert int(tce.status()["remote_misses"]) == 1
-            _api.close()
+            api.close()
     finally:
         servers[0].cleanup()
         _stop(*servers[1:])
@@ -359,7 +360,7 @@ def test_a_stale_ring_copy_is_refused_against_metadata(tmp_path, nodes3, transpo
             tce.wait()
             wait_metadata_written()
             assert not _files(servers[0])[str(path)].backup_holder
-            _api.close()
+            api.close()
         # Version 2's attempt has failed (both ends timed out): its bytes,
         # still in flight on the cut link, can no longer land as a backup.
         _until(lambda: int(_status(servers[0])["backup_failures"]) >= 1, what="a failed attempt")
@@ -374,7 +375,7 @@ def test_a_stale_ring_copy_is_refused_against_metadata(tmp_path, nodes3, transpo
         with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
             out = tce.load(path, weights_only=True)
             assert out["v"][0].item() == 2.0
-            _api.close()
+            api.close()
     finally:
         _stop(*servers)
 
@@ -444,11 +445,11 @@ def test_corrupted_copies_are_refused_and_storage_serves(tmp_path, transport):
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             tce.save(x, storage / "x.pt", tag="t")
             tce.wait()
-            _api.close()
+            api.close()
         _until(lambda: _files(a)[str(storage / "x.pt")].backup_holder, what="A's backup")
         with _knobs.override(socket=b.socket, job="ring-job", on_unavailable="raise"):
             tce.save({"w": torch.ones(1000)}, "/ckpt/y.pt", tag="t")
-            _api.close()
+            api.close()
         st = _until(lambda: int(_status(b)["backup_failures"]) >= 1 and _status(b), what="a refusal")
         assert "checksum mismatch" in st["backup_error"], st["backup_error"]
         assert int(_status(a)["held_backups"]) == 0  # nothing corrupt was kept
@@ -465,7 +466,7 @@ def test_corrupted_copies_are_refused_and_storage_serves(tmp_path, transport):
             with _knobs.override(socket=a2.socket, job="ring-job", on_unavailable="raise"):
                 out = tce.load(storage / "x.pt", weights_only=True)  # from storage
                 assert torch.equal(out["w"], x["w"]) and out["n"] == 7
-                _api.close()
+                api.close()
         finally:
             _stop(a2)
     finally:

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
+from tce import api
+from tce.core import _knobs
 
 from helpers import until
 from hostile_peer import LyingPeer, Relay, connect_with_token, dial, frame, proc_status, recv_msg
@@ -28,14 +29,14 @@ JOB = "ring-job"
 
 def _set_ring(server, node: int, endpoints: list[str]) -> None:
     with _knobs.override(socket=server.socket):
-        _api._get_client().set_ring(JOB, node, endpoints)
-        _api.close()
+        api._get_client().set_ring(JOB, node, endpoints)
+        api.close()
 
 
 def _save(server, path, obj) -> None:
     with _knobs.override(socket=server.socket, job=JOB, on_unavailable="raise"):
         tce.save(obj, path, tag="t")
-        _api.close()
+        api.close()
 
 
 def test_a_handshake_relayed_to_the_server_itself_gets_no_checkpoint_bytes(tmp_path):

@@ -24,7 +24,7 @@ import pytest
 
 from as_user import Session
 from helpers import Blocker, until
-from tce._server import LocalServer
+from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
 pytestmark = pytest.mark.security

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tce import _server
+from tce.tools import _server
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ["key", "environment", "flag", "default", "meaning"]

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs
+from tce.tools._server import LocalServer
 from tce.errors import ServerUnavailableError
 from helpers import Blocker, until
 
@@ -41,7 +42,7 @@ def test_sigterm_persists_everything_cached_then_exits_0(tmp_path):
         with _knobs.override(socket=s.socket, on_unavailable="raise"):
             for i, sd in enumerate(sds):
                 tce.save(sd, storage / f"f{i}.pt")
-            _api.close()
+            api.close()
         # At once: most of the files are still waiting for the one persist worker.
         assert s.stop(timeout=120) == 0
         for i, sd in enumerate(sds):
@@ -64,7 +65,7 @@ def test_a_drain_refuses_saves_serves_loads_and_ends_at_its_deadline(tmp_path):
             with pytest.raises(ServerUnavailableError, match="shutting down"):
                 tce.save({"w": torch.ones(10)}, storage / "y.pt")
             assert torch.equal(tce.load(stuck, weights_only=True)["w"], torch.ones(10))
-            _api.close()
+            api.close()
         assert s.proc.wait(30) == 0
         assert time.monotonic() - t0 < 10  # the deadline, not the retries, ended it
         log = s.log()
@@ -79,7 +80,7 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path):
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise"):
             tce.save({"w": torch.ones(10)}, storage / "blocked" / "x.pt")
-            _api.close()
+            api.close()
         s.proc.send_signal(signal.SIGTERM)
         until(lambda: "draining" in s.log(), what="the drain")
         t0 = time.monotonic()

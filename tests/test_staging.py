@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs, _staging
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs, _staging
+from tce.tools._server import LocalServer
 from tce.errors import ServerUnavailableError
 from fake_device import FakeDevice
 from helpers import assert_same, until
@@ -89,7 +90,7 @@ def test_a_staging_failure_is_raised_by_the_fence(tmp_path, monkeypatch):
             tce.wait_staged(timeout=60)
         assert staged.done()
         tce.wait_staged()  # each failure is raised once
-        _api.close()
+        api.close()
     s.cleanup()
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import tce
-from tce import _api, _knobs
-from tce._server import LocalServer
+from tce import api
+from tce.core import _knobs
+from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
 from helpers import Blocker
@@ -36,8 +37,8 @@ def _server(storage, state=None):
 def _save_and_wait(server, path, obj) -> pb.FileInfo:
     with _knobs.override(socket=server.socket, job=f"conf-{uuid.uuid4().hex[:8]}", on_unavailable="raise"):
         tce.save(obj, path, tag="t")
-        infos = _api._get_client().wait(_knobs.get("job"), [str(path)], 20)
-        _api.close()
+        infos = api._get_client().wait(_knobs.get("job"), [str(path)], 20)
+        api.close()
     return infos[0]
 
 
@@ -92,8 +93,8 @@ def test_a_symlink_swapped_in_for_a_directory_is_not_written_through(roots, tmp_
             os.rename(storage / "ckpt", storage / "ckpt.moved")  # swap during the retries
             os.symlink(outside, storage / "ckpt")
             (outside / "x.pt").write_bytes(b"looks the same on the other side")
-            info = _api._get_client().wait(job, [str(target)], 30)[0]
-            _api.close()
+            info = api._get_client().wait(job, [str(target)], 30)[0]
+            api.close()
         assert info.state == pb.FILE_STATE_DISCARDED
         assert "not under a storage root" in info.reason, info.reason
         assert sorted(p.name for p in outside.iterdir()) == ["x.pt"]

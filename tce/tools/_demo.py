@@ -139,9 +139,9 @@ def train(args: argparse.Namespace) -> int:
 def _buffers() -> tuple[int, int]:
     """(buffers the server created, buffers this process has mapped)."""
     import tce
-    from tce import _api
+    from tce import api
 
-    return int(tce.status()["buffers_created"]), _api._get_client().mapped_buffers
+    return int(tce.status()["buffers_created"]), api._get_client().mapped_buffers
 
 
 def _free_port() -> int:
@@ -156,7 +156,7 @@ def _child(args: argparse.Namespace, socket_path: str, ckpt_dir: str, report: st
     prints how it ended and the end of its output, unfiltered."""
     cmd = [
         # faulthandler: a crash in native code still prints the Python stacks
-        sys.executable, "-X", "faulthandler", "-m", "tce._demo",
+        sys.executable, "-X", "faulthandler", "-m", "tce.tools._demo",
         "--dir", ckpt_dir, "--report", report,
         "--steps", str(args.steps), "--every", str(args.every), "--dim", str(args.dim),
         "--layers", str(args.layers), "--vocab", str(args.vocab), "--seq", str(args.seq),
@@ -185,7 +185,7 @@ def _child(args: argparse.Namespace, socket_path: str, ckpt_dir: str, report: st
 
 
 def main(args: argparse.Namespace) -> int:
-    from tce._server import LocalServer
+    from tce.tools._server import LocalServer
 
     print("TCE demo: DeepSpeed trains a small GPT on CPU with \"checkpoint_engine\": \"tce\".\n")
     with tempfile.TemporaryDirectory(prefix="tce-demo-") as work:
@@ -268,7 +268,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _train_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m tce._demo")
+    p = argparse.ArgumentParser(prog="python -m tce.tools._demo")
     add_arguments(p)
     p.add_argument("--dir", required=True)
     p.add_argument("--report", required=True)

@@ -14,7 +14,8 @@ import tempfile
 import time
 from typing import Sequence
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# tce/tools/_server.py -> the repository root (a development checkout)
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def server_binary() -> str:

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from tce import _files, _knobs, _layout, _staging
-from tce._staging import wait_staged  # noqa: F401 (public: tce.wait_staged)
-from tce._client import Client
+from tce.core import _files, _knobs, _layout, _staging
+from tce.core._staging import wait_staged  # noqa: F401 (public: tce.wait_staged)
+from tce.core._client import Client
 from tce.errors import (
     CacheFullError,
     FailedPreconditionError,
@@ -153,7 +153,7 @@ def save(
     out, leaving the copies to the staging thread (GPU tensors:
     device-to-host on a staging stream, after the work queued when the call
     was made; CPU tensors: by that thread), with a
-    :class:`~tce._staging.StagedSave` whose ``wait()`` gives the committed
+    :class:`~tce.core._staging.StagedSave` whose ``wait()`` gives the committed
     file; the saved tensors must not change until then. The fence,
     :func:`wait_staged`, runs before every ``torch.optim`` optimizer step.
     The file has exactly torch.save's format. When the server is unreachable (or its cache is full),
@@ -289,7 +289,7 @@ def _load(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = N
             path, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
             **pickle_load_args,
         ), False
-    from tce._torchload import load_mapping
+    from tce.core._torchload import load_mapping
 
     t0 = time.perf_counter()
     source = mm
@@ -356,7 +356,7 @@ def _all_to_cuda(map_location: Any) -> torch.device | None:
 def _async_to(device: torch.device):
     """A map_location that copies each storage to ``device`` without waiting."""
     def restore(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage:
-        from tce._layout import storage_bytes
+        from tce.core._layout import storage_bytes
 
         out = torch.empty(storage.nbytes(), dtype=torch.uint8, device=device)
         out.copy_(storage_bytes(storage), non_blocking=True)

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def fabric_info(provider: str = "", local_ranks: int = 1) -> dict[str, Any]:
-    from tce._server import server_binary
+    from tce.tools._server import server_binary
 
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(local_ranks))
     args = [server_binary(), "--fabric-info"] + (["--ofi-provider", provider] if provider else [])

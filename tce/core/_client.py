@@ -25,8 +25,8 @@ from typing import Any, Iterable
 import grpc
 import torch
 
-from tce import _layout
-from tce._files import current_umask
+from tce.core import _layout
+from tce.core._files import current_umask
 from tce.errors import (
     CacheFullError,
     FailedPreconditionError,
@@ -74,7 +74,7 @@ class _Mapping:
 
     def close(self) -> None:
         if self.cuda_registered:
-            from tce import _staging
+            from tce.core import _staging
 
             _staging.unregister(self)
         self.tensor = None
@@ -208,11 +208,11 @@ class Client:
         """Write a planned file into a fresh buffer and commit it.
 
         Returns the committed FileInfo; with ``blocking=False``, a
-        :class:`~tce._staging.StagedSave` as soon as the copies' places on
+        :class:`~tce.core._staging.StagedSave` as soon as the copies' places on
         the device streams are marked (the staging thread writes the file,
         waits for the copies and commits).
         """
-        from tce import _staging
+        from tce.core import _staging
 
         self._flush()
         request = pb.AllocateRequest(

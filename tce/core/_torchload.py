@@ -86,7 +86,7 @@ def load_mapping(
     reading each storage out of the file object (a copy), torch's worker gets
     the mapping as the archive's storage, as it gets a file's with mmap=True.
     """
-    from tce._api import _torch_load  # the original torch.load, never the patch
+    from tce.api import _torch_load  # the original torch.load, never the patch
 
     if _ts._load is not _load_viewing_mapping:  # once; a no-op for every other load
         _ts._load = _load_viewing_mapping

@@ -96,9 +96,10 @@ def _floor(nodes, size: int, repeats: int) -> list[float]:
 
 
 def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) -> list[float]:
-    from tce import _api, _knobs
-    from tce._server import LocalServer
-    from tce._bench import gpt_state_dict
+    from tce import api
+    from tce.core import _knobs
+    from tce.tools._server import LocalServer
+    from tce.tools._bench import gpt_state_dict
 
     work = tempfile.mkdtemp(prefix="tce-ringbench-")
     budget = f"{(4 * size + (256 << 20)) >> 20}MiB"
@@ -117,14 +118,14 @@ def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) ->
         endpoints = [f"{a}:7070" for a in nodes.addresses]
         for i, s in enumerate(servers):
             with _knobs.override(socket=s.socket):
-                _api._get_client().set_ring("ring-bench", i, endpoints)
-                _api.close()
+                api._get_client().set_ring("ring-bench", i, endpoints)
+                api.close()
         sd = gpt_state_dict(size)
         times = []
         with _knobs.override(socket=servers[0].socket, job="ring-bench", on_unavailable="raise"):
-            client = _api._get_client()
+            client = api._get_client()
             for _ in range(repeats + 2):  # the first two create the buffers (held + incoming)
-                _api.save(sd, "/ckpt/ring-bench/model.pt", tag="bench")
+                api.save(sd, "/ckpt/ring-bench/model.pt", tag="bench")
                 t0 = time.perf_counter()
                 while True:
                     (f,) = client.list("ring-bench")
@@ -134,7 +135,7 @@ def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) ->
                         raise TimeoutError("the backup did not complete in 600 s")
                     time.sleep(0.005)  # polling faster steals CPU from the transfer
                 times.append(time.perf_counter() - t0)
-            _api.close()
+            api.close()
         return times[2:]
     finally:
         for s in servers:
@@ -148,7 +149,7 @@ RUNS = [("tcp1", "tcp", 1), ("tcp4", "tcp", 4), ("ofi", "ofi", 1)]
 
 
 def run(size: int, repeats: int, runs=RUNS) -> dict[str, Any]:
-    from tce._netns import Nodes
+    from tce.tools._netns import Nodes
 
     if os.geteuid() != 0:
         raise SystemExit("tce bench --ring needs root (it creates network namespaces)")

@@ -16,7 +16,8 @@ import os
 
 import torch
 
-from tce import _api, _knobs
+from tce import api
+from tce.core import _knobs
 from tce.errors import TCEError
 
 log = logging.getLogger("tce.ring")
@@ -52,7 +53,7 @@ def join_ring(job: str | None = None) -> list[str]:
     endpoint = None
     if local_rank == 0:
         try:
-            endpoint = _api.status().get("peer_endpoint") or ""
+            endpoint = api.status().get("peer_endpoint") or ""
         except TCEError as e:
             log.warning("TCE: no ring for job %s: the server is unreachable (%s)", job, e)
             endpoint = ""
@@ -78,6 +79,6 @@ def join_ring(job: str | None = None) -> list[str]:
                         "(start them with peer_listen and a peer token)", job, missing)
         return []
     if local_rank == 0:
-        successor = _api._with_client(lambda c: c.set_ring(job, node, endpoints))
+        successor = api._with_client(lambda c: c.set_ring(job, node, endpoints))
         log.info("TCE: job %s, node %d of %d, backing up to %s", job, node, len(endpoints), successor)
     return endpoints

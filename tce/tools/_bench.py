@@ -120,8 +120,9 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
     """Time-to-persisted through a server with `directory` as storage root,
     against dd conv=fsync of the same bytes on the same filesystem."""
     import tce
-    from tce import _api, _knobs
-    from tce._server import LocalServer
+    from tce import api
+    from tce.core import _knobs
+    from tce.tools._server import LocalServer
 
     res: dict[str, Any] = {}
     root = os.path.join(directory, "storage")
@@ -161,7 +162,7 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
             tce.save(_TINY, tiny)
             tce.wait([tiny])
             res["tiny_load_checked_s"] = _median(lambda: tce.load(tiny), 200)
-            _api.close()
+            api.close()
     finally:
         server.stop()
         server.cleanup()
@@ -268,8 +269,9 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
         persist_repeats: int = 5, device: str = "cpu", dtype: torch.dtype = torch.float32,
         skip: tuple[str, ...] = (), layers: int | None = None) -> dict[str, Any]:
     import tce
-    from tce import _api, _knobs
-    from tce._server import LocalServer
+    from tce import api
+    from tce.core import _knobs
+    from tce.tools._server import LocalServer
 
     sd = gpt_state_dict(size, dtype=dtype, device=device, layers=layers)
     nbytes = _nbytes(sd)
@@ -324,7 +326,7 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
             tce.save(_TINY, tiny)
             res["tiny_load_s"] = _median(lambda: tce.load(tiny), 200)
             tce.remove(tiny)
-            _api.close()
+            api.close()
     except _Skipped:
         pass
     finally:
@@ -500,10 +502,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tce import _knobs
+    from tce.core import _knobs
 
     if args.ring:
-        from tce import _ringbench
+        from tce.tools import _ringbench
 
         return _ringbench.main(parse_size(args.size), args.repeats, args.json)
 

@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from tce import _api, _knobs
+from tce import api
+from tce.core import _knobs
 from tce.errors import TCEError
 
 log = logging.getLogger("tce.deepspeed")
@@ -153,7 +154,7 @@ def _engine_class():
             self._saved_paths: list[str] = []
             self.loads_from_cache = 0
             self.loads_from_storage = 0
-            from tce._ring import join_ring
+            from tce.core._ring import join_ring
 
             self.ring = join_ring(self.job)  # every rank builds the engine: a collective
             rank, _ = _world()
@@ -180,7 +181,7 @@ def _engine_class():
 
         def save(self, state_dict: Any, path: str) -> None:
             rank, _ = _world()
-            cached = _api._save(state_dict, path, job=self.job, tag=self._tag, rank=rank,
+            cached = api._save(state_dict, path, job=self.job, tag=self._tag, rank=rank,
                                 blocking=not self.async_save)
             path = os.path.abspath(path)
             size = cached.size if cached is not None else os.path.getsize(path)
@@ -192,7 +193,7 @@ def _engine_class():
             and rank 0 records the tag as complete."""
             if self.async_save:
                 self._pending_commit = None
-                _api.wait_staged()  # this rank's files are committed (or this raises)
+                api.wait_staged()  # this rank's files are committed (or this raises)
             tag = _tag_of(info) or self._tag
             mine = [f for f in self._files if _in_tag_dir(f[1], tag)]
             everyone = _all_gather(mine)  # also the barrier: every rank finished
@@ -209,7 +210,7 @@ def _engine_class():
             record = pb.TagInfo(job=self.job, tag=tag, world_size=world,
                                 files=[pb.TagFile(rank=r, path=p, size=s) for r, p, s in files])
             try:
-                _api._with_client(lambda c: c.commit_tag(record))
+                api._with_client(lambda c: c.commit_tag(record))
             except TCEError as e:
                 if _knobs.get("on_unavailable") == "raise":
                     raise
@@ -217,10 +218,10 @@ def _engine_class():
 
         # -- load ----------------------------------------------------------
         def load(self, path: str, map_location: Any = None) -> Any:
-            _api.wait_staged()  # a file this process is still staging loads complete
+            api.wait_staged()  # a file this process is still staging loads complete
             # weights_only=False like DeepSpeed's own engine: client state
             # carries arbitrary objects (e.g. argparse.Namespace).
-            obj, from_cache = _api._load(path, map_location=map_location, weights_only=False,
+            obj, from_cache = api._load(path, map_location=map_location, weights_only=False,
                                          job=self.job)
             if from_cache:
                 self.loads_from_cache += 1
@@ -258,7 +259,7 @@ def _engine_class():
             """Block until every file this engine saved is durable on storage."""
             paths, self._saved_paths = self._saved_paths, []
             if paths:
-                _api.wait(paths, timeout=timeout, job=self.job)
+                api.wait(paths, timeout=timeout, job=self.job)
 
         # -- which tag to load ---------------------------------------------
         def resolve_tag(self, load_dir: str) -> str | None:
@@ -314,7 +315,7 @@ def _engine_class():
         def _known_tags(self, load_dir: str) -> list[tuple[str, list[tuple[int, str, int]]]]:
             """Complete tags in ``load_dir``, oldest first."""
             try:
-                tags = _api._with_client(lambda c: c.list_tags(self.job))
+                tags = api._with_client(lambda c: c.list_tags(self.job))
             except TCEError as e:
                 log.warning("TCE: cannot list tags (%s); DeepSpeed reads 'latest' itself", e)
                 return []
@@ -331,7 +332,7 @@ def _engine_class():
             from tce.v1 import tce_pb2 as pb
 
             try:  # a file deleted or replaced on storage no longer counts
-                files = _api._with_client(lambda c: c.list(self.job, check_storage=True))
+                files = api._with_client(lambda c: c.list(self.job, check_storage=True))
             except TCEError:
                 return set()
             return {f.path for f in files
@@ -451,7 +452,7 @@ class _CacheAwarePath:
         if os.path.exists(path):
             return True
         engine = getattr(_loading, "engine", None)
-        return engine is not None and _api.cached(path, job=engine.job)
+        return engine is not None and api.cached(path, job=engine.job)
 
 
 class _CacheAwareOs:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from tce._layout import Plan, storage_bytes
+from tce.core._layout import Plan, storage_bytes
 
 SMALL = 1 << 20  # CUDA storages smaller than this are coalesced
 

@@ -1,0 +1,7 @@
+"""The client core: the session with the node's server and what a save or a
+load does in this process (layout, staging, loading from a mapping, files,
+settings, rank and world size, the ring, the metadata reader).
+
+Internal: the public API is what ``tce`` re-exports. Nothing here imports
+``tce.api``, the integrations or the tools.
+"""

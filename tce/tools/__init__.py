@@ -1,0 +1,3 @@
+"""The ``tce`` command and what it runs: the CLI, the benchmarks, the demo,
+the fabric doctor, the server launcher and network namespaces for tests.
+"""

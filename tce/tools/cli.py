@@ -1,0 +1,324 @@
+"""The ``tce`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _cmd_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    from tce.tools._server import server_binary
+
+    binary = server_binary()
+    os.execv(binary, [binary, *rest])
+    return 1  # not reached
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import tce
+
+    st = tce.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    budget, used = int(st["budget_bytes"]), int(st["used_bytes"])
+    print(f"tce-server {st['version']} pid {st['pid']} on {st['socket']}, up {float(st['uptime_s']):.0f}s")
+    print(f"memory    {_human(used)} used of {_human(budget)} budget "
+          f"({100 * used / budget if budget else 0:.1f}%)")
+    print(f"          cached {_human(int(st['cached_bytes']))}, pending {_human(int(st['pending_bytes']))}, "
+          f"free for reuse {_human(int(st['free_bytes']))}")
+    print(f"buffers   {st['buffers']} live, {st['buffers_created']} created, {st['buffers_reused']} reuses")
+    print(f"files     {st['files']}   sessions {st['sessions']}   leases {st['leases']}")
+    if st.get("metadata_url"):
+        health = "healthy" if st.get("metadata_healthy") else f"DEGRADED: {st.get('metadata_error')}"
+        print(f"metadata  {st['metadata_url']} ({health}, {st.get('metadata_queue', 0)} queued)")
+    else:
+        print("metadata  none")
+    roots = st.get("storage_roots") or []
+    if roots:
+        print(f"persist   roots {', '.join(roots)}; queue {st['persist_queue']}, "
+              f"{st['persisted_files']} written ({_human(int(st['persisted_bytes']))}), "
+              f"{st['failed_files']} FAILED, {st['evicted_files']} evicted")
+    else:
+        print("persist   off (no storage_roots): files live in memory only")
+    if st.get("peer_endpoint"):
+        print(f"ring      peer {st['peer_endpoint']} ({st.get('ring_transport', 'tcp')}); "
+              f"backup queue {st['backup_queue']} "
+              f"({_human(int(st['backup_lag_bytes']))} behind), {st['backed_up_files']} backed up, "
+              f"{st['backup_failures']} failed attempts"
+              + (f" (last: {st['backup_error']})" if st.get("backup_error") else ""))
+        print(f"          holding {st['held_backups']} predecessor file(s), "
+              f"{_human(int(st['held_backup_bytes']))} of {_human(int(st['backup_budget_bytes']))}")
+        print(f"          {st.get('recovered_files', 0)} file(s) recovered from the ring, "
+              f"{st.get('ring_checksum_mismatches', 0)} copies refused against metadata's CRCs, "
+              f"{st.get('remote_reads', 0)} remote read(s), "
+              f"{st.get('remote_misses', 0)} held by no peer")
+    else:
+        print("ring      off (no peer_listen)")
+    ops = [f"metrics http://{st['metrics_endpoint']}/metrics" if st.get("metrics_endpoint") else "",
+           f"gRPC health {st['health_endpoint']}" if st.get("health_endpoint") else ""]
+    print("ops       " + ("; ".join(o for o in ops if o) or "no metrics or health endpoint"))
+    return 0
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    rows = [("JOB", "TAG", "RANK", "STATE", "SIZE", "PATH")]
+    if args.metadata:  # straight from the metadata store: works with no server
+        from tce.core._meta import read_files
+
+        for f in read_files(args.metadata, job=args.job or "", tag=args.tag or ""):
+            rows.append((f.job, f.tag or "-", str(f.rank), f.state, _human(f.size), f.path))
+    else:
+        from tce.api import _with_client
+        from tce.v1 import tce_pb2 as pb
+
+        for f in _with_client(lambda c: c.list(args.job or "", args.tag or "")):
+            state = pb.FileState.Name(f.state).removeprefix("FILE_STATE_")
+            rows.append((f.job, f.tag or "-", str(f.rank), state, _human(f.size), f.path))
+    if args.json:
+        print(json.dumps([dict(zip((h.lower() for h in rows[0]), r)) for r in rows[1:]], indent=2))
+        return 0
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    print(f"{len(rows) - 1} file(s)")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    path = os.path.abspath(args.path)
+    if args.metadata:
+        from tce.core._meta import read_files
+
+        rows = [f for f in read_files(args.metadata, job=args.job or "") if f.path == path]
+        if not rows:
+            print(f"tce show: {path} is not recorded in {args.metadata}", file=sys.stderr)
+            return 1
+        for f in rows:
+            print(f"path      {f.path}\njob       {f.job}\ntag       {f.tag or '-'}\n"
+                  f"rank      {f.rank}\nstate     {f.state}\nsize      {f.size} ({_human(f.size)})")
+            if f.reason:
+                print(f"reason    {f.reason}")
+        return 0
+    from tce.api import _with_client
+    from tce.v1 import tce_pb2 as pb
+
+    files = [f for f in _with_client(lambda c: c.list(args.job or "", "")) if f.path == path]
+    if not files:
+        print(f"tce show: the server knows no file {path}", file=sys.stderr)
+        return 1
+
+    def when(ns: int) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9)) if ns else "-"
+
+    for f in files:
+        print(f"path      {f.path}\njob       {f.job}\ntag       {f.tag or '-'}\nrank      {f.rank}")
+        print(f"state     {pb.FileState.Name(f.state).removeprefix('FILE_STATE_')}")
+        print(f"size      {f.size} ({_human(f.size)}), buffer {f.buffer_id or '-'}")
+        print(f"created   {when(f.created_unix_ns)}\ncommitted {when(f.committed_unix_ns)}\n"
+              f"persisted {when(f.persisted_unix_ns)}")
+        if f.reason:
+            print(f"reason    {f.reason}")
+        for r in f.records:
+            print(f"  record {r.name}  offset {r.data_offset}  size {r.size}  crc32 {r.crc32:08x}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from tce.tools import _bench
+
+    return _bench.main(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from tce.tools import _demo
+
+    return _demo.main(args)
+
+
+def _matching(client, paths: list[str], job: str | None):
+    """The server's files at `paths` (absolute), in `job` or any job."""
+    import os
+
+    wanted = {os.path.abspath(p) for p in paths}
+    return [f for f in client.list(job or "", "") if f.path in wanted]
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    from tce.api import _with_client
+    from tce.v1 import tce_pb2 as pb
+
+    def run(client):
+        if args.all:
+            jobs = [args.job] if args.job else sorted({f.job for f in client.list("", "")
+                                                       if f.state == pb.FILE_STATE_FAILED})
+            return [f for job in jobs for f in client.retry(job, [])]
+        files = _matching(client, args.paths, args.job)
+        if not files:
+            raise SystemExit(f"tce retry: the server knows none of {' '.join(args.paths)}")
+        by_job: dict[str, list[str]] = {}
+        for f in files:
+            by_job.setdefault(f.job, []).append(f.path)
+        return [f for job, paths in sorted(by_job.items()) for f in client.retry(job, paths)]
+
+    for f in _with_client(run):
+        print(f"retrying  {f.path} (job {f.job})")
+    return 0
+
+
+def _cmd_wait(args: argparse.Namespace) -> int:
+    import os
+
+    from tce import api
+    from tce.errors import PersistFailedError
+
+    paths = [os.path.abspath(p) for p in args.paths]
+    by_job: dict[str, list[str]] = {}
+    for f in api._with_client(lambda c: _matching(c, paths, args.job)):
+        by_job.setdefault(f.job, []).append(f.path)
+    held = {p for ps in by_job.values() for p in ps}
+    code = 0
+    for p in paths:
+        if p not in held:  # written directly, or persisted and forgotten: only storage can say
+            if os.path.exists(p):
+                print(f"durable   {p} (not in the cache)")
+            else:
+                print(f"missing   {p}: neither in the cache nor on storage", file=sys.stderr)
+                code = 1
+    for job, ps in sorted(by_job.items()):
+        failed: dict[str, str] = {}
+        try:
+            api.wait(ps, timeout=args.timeout, job=job)
+        except PersistFailedError as e:
+            failed = e.failures
+        from tce.v1 import tce_pb2 as pb
+
+        now = {f.path: f for f in api._with_client(lambda c: _matching(c, ps, job))}
+        for p in ps:
+            if p in failed:
+                print(f"failed    {p}: {failed[p]}", file=sys.stderr)
+                code = 1
+            elif p in now and now[p].state == pb.FILE_STATE_DISCARDED:
+                print(f"discarded {p}: {now[p].reason}")  # settled: its path was removed
+            else:
+                print(f"durable   {p}")
+    return code
+
+
+def _cmd_drop(args: argparse.Namespace) -> int:
+    from tce.api import _with_client
+
+    def run(client):
+        files = _matching(client, args.paths, args.job)
+        if not files:
+            raise SystemExit(f"tce drop: the server knows none of {' '.join(args.paths)}")
+        return [client.remove(f.job, f.path) for f in files]
+
+    for f in _with_client(run):
+        print(f"dropped   {f.path} (job {f.job}); storage keeps what it had")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from tce.tools import _doctor
+
+    return _doctor.main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tce", description="TCE checkpoint cache")
+    p.add_argument("--socket", help="server socket (default: $TCE_SOCKET or /run/tce/tce.sock)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("server", help="run tce-server (arguments go to the server; try --help)",
+                   add_help=False)
+
+    s = sub.add_parser("status", help="show the server's memory, buffers and sessions")
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("ls", help="list the files the server knows")
+    s.add_argument("--job")
+    s.add_argument("--tag")
+    s.add_argument("--metadata", metavar="URL",
+                   help="read this metadata store (sqlite:///path/tce.db) instead of asking the server")
+    s.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("show", help="one file: state, times, reason, records and CRCs")
+    s.add_argument("path")
+    s.add_argument("--job")
+    s.add_argument("--metadata", metavar="URL", help="read the metadata store instead of the server")
+
+    s = sub.add_parser("retry", help="persist FAILED files again now")
+    s.add_argument("paths", nargs="*", metavar="PATH")
+    s.add_argument("--job", help="only this job's files")
+    s.add_argument("--all", action="store_true", help="every FAILED file (of --job, or of every job)")
+
+    s = sub.add_parser("wait", help="block until files are on storage (durable)")
+    s.add_argument("paths", nargs="+", metavar="PATH")
+    s.add_argument("--job", help="only this job's files")
+    s.add_argument("--timeout", type=float, default=None, help="seconds (default: as long as it takes)")
+
+    s = sub.add_parser("drop", help="let go of cached files (a FAILED one is then never persisted)")
+    s.add_argument("paths", nargs="+", metavar="PATH")
+    s.add_argument("--job", help="only this job's files")
+
+    s = sub.add_parser("bench", help="save/load throughput against torch.save/torch.load")
+    from tce.tools._bench import add_arguments
+
+    add_arguments(s)
+
+    s = sub.add_parser("doctor", help="the fabric devices and providers the ring would use")
+    from tce.tools._doctor import add_arguments as add_doctor_arguments
+
+    add_doctor_arguments(s)
+
+    s = sub.add_parser("demo", help="train, crash, resume from the cache; print the timings")
+    from tce.tools._demo import add_arguments as add_demo_arguments
+
+    add_demo_arguments(s)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "server":  # everything else goes to the daemon untouched
+        if args.socket:
+            rest = ["--socket", args.socket, *rest]
+        return _cmd_server(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.socket:
+        from tce.core import _knobs
+
+        _knobs.configure(socket=args.socket)
+    if args.command == "retry" and bool(args.paths) == bool(args.all):
+        parser.error("retry takes PATH... or --all")
+    handler = {"status": _cmd_status, "ls": _cmd_ls, "show": _cmd_show, "bench": _cmd_bench,
+               "demo": _cmd_demo, "doctor": _cmd_doctor, "retry": _cmd_retry, "drop": _cmd_drop,
+               "wait": _cmd_wait}
+    from tce.errors import TCEError
+
+    try:
+        return handler[args.command](args)
+    except TCEError as e:
+        print(f"tce {args.command}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
