@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tce
-from tce import api
+from tce import _service
 from tce.core import _knobs
 from tce.v1 import tce_pb2 as pb
 from conftest import run_python
@@ -85,7 +85,7 @@ def test_cached_bytes_are_a_torch_file(server, tmp_path):
     obj = {"w": torch.randn(64, 64), "b": torch.arange(7), "bf": torch.ones(3, dtype=torch.bfloat16)}
     path = _ckpt(tmp_path)
     tce.save(obj, path)
-    info, mm = api._get_client().open(_knobs.get("job"), path)
+    info, mm = _service.client().open(_knobs.get("job"), path)
     raw = tmp_path / "raw.pt"
     raw.write_bytes(mm[: info.size])
     del mm
@@ -146,11 +146,11 @@ def test_relative_paths_resolve_to_the_same_entry(server, tmp_path, monkeypatch)
 
 def test_overwrite_replaces_and_recycles(server, tmp_path):
     path = _ckpt(tmp_path)
-    client_status = lambda: api._get_client().status()  # noqa: E731
+    client_status = lambda: _service.client().status()  # noqa: E731
     for i in range(4):
         tce.save({"w": torch.full((4096,), float(i))}, path)
         assert tce.load(path)["w"][0].item() == float(i)
-    files = [f for f in api._get_client().list(_knobs.get("job")) if f.path == path]
+    files = [f for f in _service.client().list(_knobs.get("job")) if f.path == path]
     assert len(files) == 1 and files[0].state == pb.FILE_STATE_CACHED
     assert client_status().buffers_reused >= 2
 
@@ -158,7 +158,7 @@ def test_overwrite_replaces_and_recycles(server, tmp_path):
 def test_steady_state_save_needs_no_mmap_no_fd_and_no_faults(server, tmp_path):
     sd = {f"layer{i}": torch.randn(1 << 20) for i in range(32)}  # 128 MiB
     path = _ckpt(tmp_path)
-    client = api._get_client()
+    client = _service.client()
     for _ in range(3):  # two buffers alternate; the third save reuses the first
         tce.save(sd, path)
     st = client.status()
@@ -181,7 +181,7 @@ def test_steady_state_save_needs_no_mmap_no_fd_and_no_faults(server, tmp_path):
 def test_save_falls_back_to_torch_save_when_server_unreachable(tmp_path):
     path = tmp_path / "fallback.pt"
     with _knobs.override(socket=str(tmp_path / "nobody.sock")):
-        api._warned_fallback = False
+        _service._warned_fallback = False
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             tce.save({"x": torch.ones(3)}, path)
@@ -212,7 +212,7 @@ def test_cache_full_raises_or_falls_back(make_server, tmp_path):
     with _knobs.override(socket=small.socket):
         tce.save({"w": torch.ones(10)}, tmp_path / "big.pt")  # an older cached copy...
         with pytest.warns(RuntimeWarning, match="RESOURCE_EXHAUSTED"):
-            api._warned_fallback = False
+            _service._warned_fallback = False
             tce.save(big, tmp_path / "big.pt")  # ...must not shadow the fallback file
         assert not tce.cached(tmp_path / "big.pt")
         assert torch.equal(tce.load(tmp_path / "big.pt")["w"], big["w"])
@@ -253,7 +253,7 @@ def test_tensor_over_4gib_uses_zip64(make_server, tmp_path):
         assert torch.equal(out["big"][:: 1 << 20], big[:: 1 << 20])
         assert torch.equal(out["big"][-100:], big[-100:])
         assert torch.equal(out["after"], torch.arange(10))
-        info = api._get_client().lookup(_knobs.get("job"), str(path))
+        info = _service.client().lookup(_knobs.get("job"), str(path))
         assert info.size > 1 << 32
         assert [r.name.split("/", 1)[1] for r in info.records][4:6] == ["data/0", "data/1"]
         assert info.records[5].header_offset > 1 << 32
@@ -282,7 +282,7 @@ def test_live_loads_do_not_pin_the_cache(make_server, tmp_path):
         tce.save(v(2), p1)                       # B; A is replaced but still leased
         tce.save(v(3), p2)                       # C; 3 buffers fill the budget
         tce.save(v(4), p1)                       # full: our lease on A is detached, A reused
-        client = api._get_client()
+        client = _service.client()
         assert client.status().buffers_created == 3
         assert torch.equal(held["w"], v(1)["w"])  # the held load kept its own copy
         assert torch.equal(tce.load(p1, weights_only=True)["w"], v(4)["w"])

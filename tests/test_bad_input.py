@@ -396,9 +396,9 @@ def test_wait_with_a_tiny_timeout_times_out_and_nan_is_refused(tmp_path):
 def test_save_to_a_non_utf8_path_writes_it_directly(srv, tmp_path, monkeypatch):
     """The protocol names files in UTF-8; a path made of other bytes is saved
     with plain torch.save (warned), loaded from disk, and never cached."""
-    from tce import api
+    from tce import _service
 
-    monkeypatch.setattr(api, "_warned_fallback", False)
+    monkeypatch.setattr(_service, "_warned_fallback", False)
     raw = os.fsencode(tmp_path) + b"/ckpt-\xff\xfe.pt"
     path = os.fsdecode(raw)  # '...ckpt-\udcff\udcfe.pt'
     sd = {"w": torch.arange(6.0)}

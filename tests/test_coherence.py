@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import tce
-from tce import api
+from tce import _service, api
 from tce.core import _knobs
 from tce.core._client import Client
 from tce.tools._server import LocalServer
@@ -93,7 +93,7 @@ def test_a_path_removed_right_after_a_save_stays_removed(server, storage, tmp_pa
                 os.rename(step, storage / "checkpoint-100.old")
         finally:
             hold.release()
-        info = api._get_client().wait(job, [str(path)], 30)[0]
+        info = _service.client().wait(job, [str(path)], 30)[0]
         assert info.state == pb.FILE_STATE_DISCARDED, info
         assert info.buffer_id == 0  # its memory is free
         assert ("was deleted" if habit == "os.remove" else "was removed") in info.reason, info.reason
@@ -289,7 +289,7 @@ def test_a_save_onto_a_directory_fails_like_torch_save(server, storage, job):
     d = storage / "a-directory"
     d.mkdir()
     with pytest.raises(RuntimeError):
-        api._torch_save({"w": torch.ones(2)}, d)  # what plain torch does
+        _service.torch_save({"w": torch.ones(2)}, d)  # what plain torch does
     for on_unavailable in ("raise", "fallback"):  # no fallback: the path is wrong, not the server
         with _knobs.override(socket=server.socket, job=job, on_unavailable=on_unavailable):
             with pytest.raises(tce.PathIsADirectoryError, match="Is a directory") as e:
@@ -304,14 +304,14 @@ def test_a_symlink_at_the_path_is_replaced_not_written_through(server, storage, 
     """docs/semantics.md, "What still differs": the save replaces the link
     by the file and leaves the link's target as it was."""
     target = storage / "real.pt"
-    api._torch_save({"v": 1}, target)
+    _service.torch_save({"v": 1}, target)
     before = target.read_bytes()
     link = storage / "link.pt"
     link.symlink_to(target)
     with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
         tce.save({"v": 2}, link)
         tce.wait([link])
-    assert not link.is_symlink() and api._torch_load(link) == {"v": 2}
+    assert not link.is_symlink() and _service.torch_load(link) == {"v": 2}
     assert target.read_bytes() == before
 
 
@@ -325,12 +325,12 @@ def _records(path) -> dict[str, bytes]:
 def test_a_fallback_writes_plain_torch_saves_bytes(tmp_path, monkeypatch):
     """Server down: the fallback's file has torch.save's record names (the
     archive is named after the file) and bytes, and no temp is left."""
-    monkeypatch.setattr(api, "_warned_fallback", True)
+    monkeypatch.setattr(_service, "_warned_fallback", True)
     sd = {"w": torch.arange(100.0), "b": torch.ones(3, dtype=torch.int64)}
     (tmp_path / "mine").mkdir()
     (tmp_path / "theirs").mkdir()
     mine, theirs = tmp_path / "mine" / "step7.pt", tmp_path / "theirs" / "step7.pt"
-    api._torch_save(sd, theirs)
+    _service.torch_save(sd, theirs)
     with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
         tce.save(sd, mine)
     assert _records(mine) == _records(theirs)
@@ -342,7 +342,7 @@ def test_durable_saves_and_waits_work_while_the_server_is_down(tmp_path, monkeyp
     """patch_torch(durable=True) with the server unreachable: the fallback
     wrote and fsynced the file, so torch.save returns without asking a
     server, and tce.wait settles those paths without one too."""
-    monkeypatch.setattr(api, "_warned_fallback", True)
+    monkeypatch.setattr(_service, "_warned_fallback", True)
     path = tmp_path / "model.pt"
     try:
         with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
@@ -354,7 +354,7 @@ def test_durable_saves_and_waits_work_while_the_server_is_down(tmp_path, monkeyp
                 tce.wait([tmp_path / "other.pt"])
     finally:
         tce.unpatch_torch()
-    assert torch.equal(api._torch_load(path)["w"], torch.ones(8))
+    assert torch.equal(_service.torch_load(path)["w"], torch.ones(8))
 
 
 _KILLED_MID_WRITE = """
@@ -415,7 +415,7 @@ def test_a_fallback_keeps_the_mode_and_honours_the_umask(tmp_path):
 
 
 def test_a_fallback_into_a_missing_directory_creates_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(api, "_warned_fallback", False)  # the first fallback warns
+    monkeypatch.setattr(_service, "_warned_fallback", False)  # the first fallback warns
     path = tmp_path / "nope" / "model.pt"
     with _knobs.override(socket=str(tmp_path / "no-server.sock"), on_unavailable="fallback"):
         with pytest.warns(RuntimeWarning):
@@ -452,11 +452,11 @@ def test_a_durable_patched_save_is_on_storage_when_it_returns(server, storage, j
             assert float(torch.load(path)["w"][0]) == 9.0  # through the cache
             with zipfile.ZipFile(path) as z:  # storage still holds the previous step
                 assert z.testzip() is None
-            assert float(api._torch_load(path)["w"][0]) == 2.0
+            assert float(_service.torch_load(path)["w"][0]) == 2.0
         finally:
             hold.release()
         tce.wait(path)
-        assert float(api._torch_load(path)["w"][0]) == 9.0
+        assert float(_service.torch_load(path)["w"][0]) == 9.0
 
 
 def test_wait_for_paths_the_cache_does_not_hold(server, storage, job, tmp_path):
@@ -502,7 +502,7 @@ def test_weights_only_overrides_warn_and_fail_as_torch_does(server, storage, tmp
     override and argument combination."""
     obj = {"w": torch.arange(4.0), "x": NotAWeight()}
     cached, plain = storage / "cached.pt", tmp_path / "plain.pt"
-    api._torch_save(obj, plain)
+    _service.torch_save(obj, plain)
     with _knobs.override(socket=server.socket, job=job, on_unavailable="raise"):
         tce.save(obj, cached)
         tce.patch_torch([storage])
@@ -542,7 +542,7 @@ def test_mmap_loads_share_writes_as_torch_does(server, storage, tmp_path, job, s
 
     obj = {"w": torch.zeros(1024)}
     cached, plain = storage / "cached.pt", tmp_path / "plain.pt"
-    api._torch_save(obj, plain)
+    _service.torch_save(obj, plain)
     try:
         torch.serialization.set_default_mmap_options(mm.MAP_SHARED if shared else mm.MAP_PRIVATE)
         config.load.mmap = how == "config"
@@ -556,7 +556,7 @@ def test_mmap_loads_share_writes_as_torch_does(server, storage, tmp_path, job, s
                 t[0] = 42.0
                 del t
                 again = float(torch.load(path, weights_only=True, **kw)["w"][0])
-                on_disk = float(api._torch_load(path, weights_only=True)["w"][0])
+                on_disk = float(_service.torch_load(path, weights_only=True)["w"][0])
                 seen[name] = (again, on_disk)
         assert seen["tce"] == seen["torch"] == ((42.0, 42.0) if shared else (0.0, 0.0)), seen
     finally:

@@ -280,7 +280,7 @@ def test_a_tag_whose_files_were_deleted_on_disk_is_not_loaded(ds_server, tmp_pat
 
 
 def _wait_metadata_written(server: LocalServer) -> None:
-    from tce import api
+    from tce import _service, api
     from tce.core import _knobs
 
     with _knobs.override(socket=server.socket):
@@ -399,8 +399,8 @@ def test_engine_contract_with_string_tags_and_config(ds_server, tmp_path):
         "assert eng.is_data_parallel_writer(0) and not eng.is_data_parallel_writer(1)\n"
         "assert not eng.is_decoupled() and eng.preserves_storage_sharing()\n"
         "eng.cleanup(); eng.wait(timeout=60)\n"
-        "from tce import api\n"
-        "(t,) = api._get_client().list_tags('contract')\n"
+        "from tce import _service\n"
+        "(t,) = _service.client().list_tags('contract')\n"
         "print('tag', t.tag, t.world_size, [(f.rank, os.path.basename(f.path)) for f in t.files])\n",
         env={"TCE_SOCKET": ds_server.socket, "TCE_ON_UNAVAILABLE": "raise"})
     assert "refused: unknown TCE setting 'jobb'" in out

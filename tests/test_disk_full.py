@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tce
-from tce import api
+from tce import _service, api
 from tce.core import _knobs
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
@@ -56,7 +56,7 @@ def test_a_checkpoint_failed_on_a_full_disk_persists_once_there_is_room(small_di
         w = torch.randn(2 << 20)  # 8 MiB: does not fit
         with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
             tce.save({"w": w}, path, tag="step1")
-            client = api._get_client()
+            client = _service.client()
             info = client.wait(job, [str(path)], 20)[0]
             assert info.state == pb.FILE_STATE_FAILED
             assert "No space left on device" in info.reason, info.reason
@@ -94,7 +94,7 @@ def test_an_operator_retries_or_drops_what_failed(small_disk):
         with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
             tce.save({"w": w}, keep, tag="t")
             tce.save({"w": w}, drop, tag="t")
-            client = api._get_client()
+            client = _service.client()
             infos = client.wait(job, [str(keep), str(drop)], 20)
             assert [i.state for i in infos] == [pb.FILE_STATE_FAILED] * 2, [i.reason for i in infos]
             assert "persisted again" not in infos[0].reason  # nobody retries by itself

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tce
-from tce import api
+from tce import _service, api
 from tce.core import _knobs
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
@@ -65,7 +65,7 @@ def test_rows_restart_and_ls(tmp_path, mariadb):
             s.kill()  # the schema is applied again on an existing database, and re-indexed
             s.start()
             states = {f.path: pb.FileState.Name(f.state)
-                      for f in api._get_client().list("mysql-job")}
+                      for f in _service.client().list("mysql-job")}
             assert set(states.values()) == {"FILE_STATE_EVICTED"} and len(states) == 2
             assert tce.load(storage / "step2.pt", weights_only=True)["w"][0].item() == 2.0
             assert mariadb.sql("SELECT COUNT(*) FROM tce.schema_version").strip() == "1"
@@ -137,7 +137,7 @@ def test_complete_tags_survive_a_restart(tmp_path, mariadb):
     s = _server(storage, mariadb)
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise", job="tag-job"):
-            c = api._get_client()
+            c = _service.client()
             odd = str(storage / "we ird: 3 name 3:x.pt")  # the column format's separators
             c.commit_tag(_tag("tag-job", "global_step2", [(1, odd, 7), (0, str(storage / "a.pt"), 5)]))
             c.commit_tag(_tag("tag-job", "global_step4", [(0, str(storage / "b.pt"), 9)]))
@@ -147,7 +147,7 @@ def test_complete_tags_survive_a_restart(tmp_path, mariadb):
             api.close()
             s.kill()
             s.start()
-            tags = api._get_client().list_tags("tag-job")
+            tags = _service.client().list_tags("tag-job")
             assert [t.tag for t in tags] == ["global_step2", "global_step4"]
             assert [(f.rank, f.path, f.size) for f in tags[0].files] == [
                 (0, str(storage / "a.pt"), 5), (1, odd, 7)]
@@ -172,7 +172,7 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
         s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url]).start()
         try:
             with _knobs.override(socket=s.socket, on_unavailable="raise"):
-                c = api._get_client()
+                c = _service.client()
                 c.commit_tag(_tag("old-job", "step1", [(0, "/x/a.pt", 1)]))
                 wait_metadata_written()
                 api.close()
@@ -213,11 +213,11 @@ def test_a_server_rejoins_its_ring_from_mysql(tmp_path, mariadb):
     try:
         for rank, s in enumerate(servers):
             with _knobs.override(socket=s.socket):
-                api._get_client().set_ring("mysql-ring", rank, endpoints)
+                _service.client().set_ring("mysql-ring", rank, endpoints)
                 api.close()
         with _knobs.override(socket=servers[0].socket, job="mysql-ring", on_unavailable="raise"):
             tce.save(x, "/ckpt/m/rank0.pt", tag="t", rank=0)
-            c = api._get_client()
+            c = _service.client()
             deadline = time.monotonic() + 30
             while not c.list("mysql-ring")[0].backup_holder:
                 assert time.monotonic() < deadline, "no backup"
@@ -229,7 +229,7 @@ def test_a_server_rejoins_its_ring_from_mysql(tmp_path, mariadb):
         servers[0].kill()
         servers[0] = start(0)
         with _knobs.override(socket=servers[0].socket, job="mysql-ring", on_unavailable="raise"):
-            c = api._get_client()
+            c = _service.client()
             deadline = time.monotonic() + 30
             while not [f for f in c.list("mysql-ring") if f.state == pb.FILE_STATE_BACKED_UP]:
                 assert time.monotonic() < deadline, "not recovered"
@@ -255,7 +255,7 @@ def test_damaged_rows_are_skipped_not_fatal(tmp_path, mariadb):
         with _knobs.override(socket=s.socket, on_unavailable="raise", job="dmg-job"):
             for name in ("a", "b", "c"):
                 tce.save({"w": torch.ones(3)}, storage / f"{name}.pt", tag="t")
-            c = api._get_client()
+            c = _service.client()
             c.commit_tag(_tag("dmg-job", "good", [(0, str(storage / "a.pt"), 1)]))
             c.commit_tag(_tag("dmg-job", "bad", [(0, str(storage / "b.pt"), 1)]))
             wait_metadata_written()
@@ -266,7 +266,7 @@ def test_damaged_rows_are_skipped_not_fatal(tmp_path, mariadb):
                     "UPDATE tce.tags SET files = '0 1 99:/short\n' WHERE job = 'dmg-job' AND tag = 'bad'")
         s.start()
         with _knobs.override(socket=s.socket, job="dmg-job"):
-            c = api._get_client()
+            c = _service.client()
             assert [f.path for f in c.list(job="dmg-job")] == [str(storage / "a.pt")]
             assert [t.tag for t in c.list_tags("dmg-job")] == ["good"]
             api.close()
@@ -300,7 +300,7 @@ def test_servers_sharing_mysql_touch_only_their_own_rows(tmp_path, mariadb):
     try:
         with _knobs.override(socket=a.socket, on_unavailable="raise", job="shared"):
             tce.save({"w": torch.ones(4)}, inflight, tag="t")
-            api._get_client().commit_tag(_tag("shared", "t", [(0, str(inflight), 1)]))
+            _service.client().commit_tag(_tag("shared", "t", [(0, str(inflight), 1)]))
             wait_metadata_written()
             api.close()
         with _knobs.override(socket=b.socket, on_unavailable="raise", job="shared"):
@@ -311,13 +311,13 @@ def test_servers_sharing_mysql_touch_only_their_own_rows(tmp_path, mariadb):
         assert b.stop() == 0
         b.start()
         with _knobs.override(socket=b.socket, job="shared"):
-            c = api._get_client()
+            c = _service.client()
             assert [(f.path, f.state) for f in c.list("shared")] == [
                 (str(sb / "y.pt"), pb.FILE_STATE_EVICTED)]
             assert [t.tag for t in c.list_tags("shared")] == []  # A's tag is A's
             api.close()
         with _knobs.override(socket=a.socket, job="shared"):
-            c = api._get_client()
+            c = _service.client()
             assert [(f.path, f.state) for f in c.list("shared")] == [(str(inflight), pb.FILE_STATE_CACHED)]
             api.close()
         rows = mariadb.sql("SELECT server, state FROM shareddb.files ORDER BY path")

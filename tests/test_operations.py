@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 import tce
-from tce import api
+from tce import _service, api
 from tce.core import _knobs
 from tce.tools._server import LocalServer
 
@@ -84,7 +84,7 @@ def test_metrics_move_with_saves_persistence_and_failures(tmp_path):
             for p, sd in zip(paths, sds):
                 tce.save(sd, p)
                 scrapes.append(_scrape(endpoint))  # during the saves: persistence runs behind
-            sizes = [f.size for f in api._get_client().list()]
+            sizes = [f.size for f in _service.client().list()]
             api.close()
         assert scrapes[0][("tce_cached_bytes", ())] > 0
         assert scrapes[-1][("tce_saves_total", ())] == 4

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tce
-from tce import api
+from tce import _service, api
 from tce.core import _knobs
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
@@ -48,7 +48,7 @@ def test_persisted_file_is_a_plain_torch_file(persisting, storage):
     tce.wait()
     assert path.exists()
     assert zipfile.ZipFile(path).testzip() is None  # every CRC-32 filled by the server
-    info = api._get_client().lookup(_knobs.get("job"), str(path))
+    info = _service.client().lookup(_knobs.get("job"), str(path))
     assert info.state == pb.FILE_STATE_PERSISTED and info.persisted_unix_ns >= info.committed_unix_ns
     z = zipfile.ZipFile(path)
     assert [r.crc32 for r in info.records] == [i.CRC for i in z.infolist()]
@@ -69,7 +69,7 @@ def test_persisted_file_is_a_plain_torch_file(persisting, storage):
     )
     assert out.strip() == "ok"
     # the cache holds the same bytes the disk does (CRCs included)
-    _, mm = api._get_client().open(_knobs.get("job"), str(path))
+    _, mm = _service.client().open(_knobs.get("job"), str(path))
     assert mm[: info.size] == path.read_bytes()
 
 
@@ -158,7 +158,7 @@ def test_checkpoints_beyond_the_budget_evict_persisted_ones(storage):
                 tce.save({"w": torch.full((3 << 20,), float(i))}, p, tag=f"step{i}")
             tce.wait()
             states = {f.path: pb.FileState.Name(f.state)
-                      for f in api._get_client().list(_knobs.get("job"))}
+                      for f in _service.client().list(_knobs.get("job"))}
             assert states[str(paths[-1])] == "FILE_STATE_PERSISTED"
             assert states[str(paths[0])] == "FILE_STATE_EVICTED"
             assert int(tce.status()["evicted_files"]) >= 5
@@ -183,7 +183,7 @@ def test_keep_last_tags_per_job(storage):
                              storage / f"step{step}" / f"rank{rank}.pt", tag=f"step{step}", rank=rank)
                 tce.wait()
             states = {(f.tag, f.rank): pb.FileState.Name(f.state)
-                      for f in api._get_client().list(_knobs.get("job"))}
+                      for f in _service.client().list(_knobs.get("job"))}
             assert states[("step3", 0)] == states[("step3", 1)] == "FILE_STATE_PERSISTED"
             assert states[("step1", 1)] == states[("step2", 0)] == "FILE_STATE_EVICTED"
             assert tce.load(storage / "step1" / "rank0.pt")["w"][0].item() == 1.0  # from storage
@@ -210,7 +210,7 @@ def test_server_killed_mid_persist_restarts_clean(storage):
             api.close()
             s.start()  # same state dir: re-indexes from metadata
             states = {f.path: (pb.FileState.Name(f.state), f.reason)
-                      for f in api._get_client().list(_knobs.get("job"))}
+                      for f in _service.client().list(_knobs.get("job"))}
             assert states[str(done[0])][0] == states[str(done[1])][0] == "FILE_STATE_EVICTED"
             big_state, reason = states[str(big)]
             assert [p.name for p in storage.iterdir() if ".tce-tmp-" in p.name] == []

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tce
-from tce import api
+from tce import _service, api
 from tce.core import _knobs
 from tce.tools._netns import Nodes
 from tce.tools._server import LocalServer
@@ -59,14 +59,14 @@ def _set_ring(servers, job="ring-job"):
     endpoints = [_status(s)["peer_endpoint"] for s in servers]
     for rank, s in enumerate(servers):
         with _knobs.override(socket=s.socket):
-            api._get_client().set_ring(job, rank, endpoints)
+            _service.client().set_ring(job, rank, endpoints)
             api.close()
     return endpoints
 
 
 def _files(server, job="ring-job") -> dict:
     with _knobs.override(socket=server.socket):
-        out = {f.path: f for f in api._get_client().list(job)}
+        out = {f.path: f for f in _service.client().list(job)}
         api.close()
     return out
 
@@ -137,12 +137,12 @@ def test_ring_settings_are_checked(tmp_path, make_server, transport):
     plain = make_server("64MiB")
     with _knobs.override(socket=plain.socket):
         with pytest.raises(FailedPreconditionError, match="takes part in no ring"):
-            api._get_client().set_ring("j", 0, ["10.0.0.1:7000"])
+            _service.client().set_ring("j", 0, ["10.0.0.1:7000"])
         api.close()
     a = _ring_server(tmp_path, transport, "a")
     try:
         with _knobs.override(socket=a.socket):
-            c = api._get_client()
+            c = _service.client()
             with pytest.raises(InvalidArgumentError, match="node_rank 2 is outside the 2-node ring"):
                 c.set_ring("j", 2, ["h:1", "h:2"])
             with pytest.raises(InvalidArgumentError, match="must be host:port, got 'nohost'"):

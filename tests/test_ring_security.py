@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tce
-from tce import api
+from tce import _service, api
 from tce.core import _knobs
 
 from helpers import until
@@ -29,7 +29,7 @@ JOB = "ring-job"
 
 def _set_ring(server, node: int, endpoints: list[str]) -> None:
     with _knobs.override(socket=server.socket):
-        api._get_client().set_ring(JOB, node, endpoints)
+        _service.client().set_ring(JOB, node, endpoints)
         api.close()
 
 

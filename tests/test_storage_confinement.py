@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tce
-from tce import api
+from tce import _service, api
 from tce.core import _knobs
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
@@ -37,7 +37,7 @@ def _server(storage, state=None):
 def _save_and_wait(server, path, obj) -> pb.FileInfo:
     with _knobs.override(socket=server.socket, job=f"conf-{uuid.uuid4().hex[:8]}", on_unavailable="raise"):
         tce.save(obj, path, tag="t")
-        infos = api._get_client().wait(_knobs.get("job"), [str(path)], 20)
+        infos = _service.client().wait(_knobs.get("job"), [str(path)], 20)
         api.close()
     return infos[0]
 
@@ -93,7 +93,7 @@ def test_a_symlink_swapped_in_for_a_directory_is_not_written_through(roots, tmp_
             os.rename(storage / "ckpt", storage / "ckpt.moved")  # swap during the retries
             os.symlink(outside, storage / "ckpt")
             (outside / "x.pt").write_bytes(b"looks the same on the other side")
-            info = api._get_client().wait(job, [str(target)], 30)[0]
+            info = _service.client().wait(job, [str(target)], 30)[0]
             api.close()
         assert info.state == pb.FILE_STATE_DISCARDED
         assert "not under a storage root" in info.reason, info.reason

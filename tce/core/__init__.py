@@ -3,5 +3,5 @@ load does in this process (layout, staging, loading from a mapping, files,
 settings, rank and world size, the ring, the metadata reader).
 
 Internal: the public API is what ``tce`` re-exports. Nothing here imports
-``tce.api``, the integrations or the tools.
+``tce.api``, ``tce._service``, the integrations or the tools.
 """

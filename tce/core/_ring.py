@@ -16,8 +16,7 @@ import os
 
 import torch
 
-from tce import api
-from tce.core import _knobs
+from tce.core import _knobs, _session
 from tce.errors import TCEError
 
 log = logging.getLogger("tce.ring")
@@ -53,7 +52,7 @@ def join_ring(job: str | None = None) -> list[str]:
     endpoint = None
     if local_rank == 0:
         try:
-            endpoint = api.status().get("peer_endpoint") or ""
+            endpoint = _session.with_client(lambda c: c.status()).peer_endpoint
         except TCEError as e:
             log.warning("TCE: no ring for job %s: the server is unreachable (%s)", job, e)
             endpoint = ""
@@ -79,6 +78,6 @@ def join_ring(job: str | None = None) -> list[str]:
                         "(start them with peer_listen and a peer token)", job, missing)
         return []
     if local_rank == 0:
-        successor = api._with_client(lambda c: c.set_ring(job, node, endpoints))
+        successor = _session.with_client(lambda c: c.set_ring(job, node, endpoints))
         log.info("TCE: job %s, node %d of %d, backing up to %s", job, node, len(endpoints), successor)
     return endpoints

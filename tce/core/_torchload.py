@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.serialization as _ts
 
+from tce.core._originals import torch_load  # the original torch.load, never the patch
 
 
 class _ViewReader(io.RawIOBase):
@@ -86,15 +87,13 @@ def load_mapping(
     reading each storage out of the file object (a copy), torch's worker gets
     the mapping as the archive's storage, as it gets a file's with mmap=True.
     """
-    from tce.api import _torch_load  # the original torch.load, never the patch
-
     if _ts._load is not _load_viewing_mapping:  # once; a no-op for every other load
         _ts._load = _load_viewing_mapping
     overall = torch.frombuffer(mm, dtype=torch.uint8, count=size).untyped_storage()
     reader = _ViewReader(memoryview(mm)[:size])
     _local.overall = overall
     try:
-        return _torch_load(reader, map_location, pickle_module, weights_only=weights_only,
+        return torch_load(reader, map_location, pickle_module, weights_only=weights_only,
                            mmap=False, **pickle_load_args)
     finally:
         _local.overall = None

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from tce import api
+from tce import _service, api
 from tce.core import _knobs
 from tce.errors import TCEError
 
@@ -181,8 +181,8 @@ def _engine_class():
 
         def save(self, state_dict: Any, path: str) -> None:
             rank, _ = _world()
-            cached = api._save(state_dict, path, job=self.job, tag=self._tag, rank=rank,
-                                blocking=not self.async_save)
+            cached = _service.save_file(state_dict, path, job=self.job, tag=self._tag, rank=rank,
+                                        blocking=not self.async_save)
             path = os.path.abspath(path)
             size = cached.size if cached is not None else os.path.getsize(path)
             self._files.append((rank, path, size))
@@ -210,7 +210,7 @@ def _engine_class():
             record = pb.TagInfo(job=self.job, tag=tag, world_size=world,
                                 files=[pb.TagFile(rank=r, path=p, size=s) for r, p, s in files])
             try:
-                api._with_client(lambda c: c.commit_tag(record))
+                _service.with_client(lambda c: c.commit_tag(record))
             except TCEError as e:
                 if _knobs.get("on_unavailable") == "raise":
                     raise
@@ -221,8 +221,8 @@ def _engine_class():
             api.wait_staged()  # a file this process is still staging loads complete
             # weights_only=False like DeepSpeed's own engine: client state
             # carries arbitrary objects (e.g. argparse.Namespace).
-            obj, from_cache = api._load(path, map_location=map_location, weights_only=False,
-                                         job=self.job)
+            obj, from_cache = _service.load_file(path, map_location=map_location, weights_only=False,
+                                                 job=self.job)
             if from_cache:
                 self.loads_from_cache += 1
             else:
@@ -315,7 +315,7 @@ def _engine_class():
         def _known_tags(self, load_dir: str) -> list[tuple[str, list[tuple[int, str, int]]]]:
             """Complete tags in ``load_dir``, oldest first."""
             try:
-                tags = api._with_client(lambda c: c.list_tags(self.job))
+                tags = _service.with_client(lambda c: c.list_tags(self.job))
             except TCEError as e:
                 log.warning("TCE: cannot list tags (%s); DeepSpeed reads 'latest' itself", e)
                 return []
@@ -332,7 +332,7 @@ def _engine_class():
             from tce.v1 import tce_pb2 as pb
 
             try:  # a file deleted or replaced on storage no longer counts
-                files = api._with_client(lambda c: c.list(self.job, check_storage=True))
+                files = _service.with_client(lambda c: c.list(self.job, check_storage=True))
             except TCEError:
                 return set()
             return {f.path for f in files

@@ -139,9 +139,9 @@ def train(args: argparse.Namespace) -> int:
 def _buffers() -> tuple[int, int]:
     """(buffers the server created, buffers this process has mapped)."""
     import tce
-    from tce import api
+    from tce import _service
 
-    return int(tce.status()["buffers_created"]), api._get_client().mapped_buffers
+    return int(tce.status()["buffers_created"]), _service.client().mapped_buffers
 
 
 def _free_port() -> int:

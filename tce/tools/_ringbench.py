@@ -96,7 +96,7 @@ def _floor(nodes, size: int, repeats: int) -> list[float]:
 
 
 def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) -> list[float]:
-    from tce import api
+    from tce import _service, api
     from tce.core import _knobs
     from tce.tools._server import LocalServer
     from tce.tools._bench import gpt_state_dict
@@ -118,12 +118,12 @@ def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) ->
         endpoints = [f"{a}:7070" for a in nodes.addresses]
         for i, s in enumerate(servers):
             with _knobs.override(socket=s.socket):
-                api._get_client().set_ring("ring-bench", i, endpoints)
+                _service.client().set_ring("ring-bench", i, endpoints)
                 api.close()
         sd = gpt_state_dict(size)
         times = []
         with _knobs.override(socket=servers[0].socket, job="ring-bench", on_unavailable="raise"):
-            client = api._get_client()
+            client = _service.client()
             for _ in range(repeats + 2):  # the first two create the buffers (held + incoming)
                 api.save(sd, "/ckpt/ring-bench/model.pt", tag="bench")
                 t0 = time.perf_counter()

@@ -80,10 +80,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         for f in read_files(args.metadata, job=args.job or "", tag=args.tag or ""):
             rows.append((f.job, f.tag or "-", str(f.rank), f.state, _human(f.size), f.path))
     else:
-        from tce.api import _with_client
+        from tce import _service
         from tce.v1 import tce_pb2 as pb
 
-        for f in _with_client(lambda c: c.list(args.job or "", args.tag or "")):
+        for f in _service.with_client(lambda c: c.list(args.job or "", args.tag or "")):
             state = pb.FileState.Name(f.state).removeprefix("FILE_STATE_")
             rows.append((f.job, f.tag or "-", str(f.rank), state, _human(f.size), f.path))
     if args.json:
@@ -114,10 +114,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
             if f.reason:
                 print(f"reason    {f.reason}")
         return 0
-    from tce.api import _with_client
+    from tce import _service
     from tce.v1 import tce_pb2 as pb
 
-    files = [f for f in _with_client(lambda c: c.list(args.job or "", "")) if f.path == path]
+    files = [f for f in _service.with_client(lambda c: c.list(args.job or "", "")) if f.path == path]
     if not files:
         print(f"tce show: the server knows no file {path}", file=sys.stderr)
         return 1
@@ -159,7 +159,7 @@ def _matching(client, paths: list[str], job: str | None):
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
-    from tce.api import _with_client
+    from tce import _service
     from tce.v1 import tce_pb2 as pb
 
     def run(client):
@@ -175,7 +175,7 @@ def _cmd_retry(args: argparse.Namespace) -> int:
             by_job.setdefault(f.job, []).append(f.path)
         return [f for job, paths in sorted(by_job.items()) for f in client.retry(job, paths)]
 
-    for f in _with_client(run):
+    for f in _service.with_client(run):
         print(f"retrying  {f.path} (job {f.job})")
     return 0
 
@@ -183,12 +183,12 @@ def _cmd_retry(args: argparse.Namespace) -> int:
 def _cmd_wait(args: argparse.Namespace) -> int:
     import os
 
-    from tce import api
+    from tce import _service, api
     from tce.errors import PersistFailedError
 
     paths = [os.path.abspath(p) for p in args.paths]
     by_job: dict[str, list[str]] = {}
-    for f in api._with_client(lambda c: _matching(c, paths, args.job)):
+    for f in _service.with_client(lambda c: _matching(c, paths, args.job)):
         by_job.setdefault(f.job, []).append(f.path)
     held = {p for ps in by_job.values() for p in ps}
     code = 0
@@ -207,7 +207,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
             failed = e.failures
         from tce.v1 import tce_pb2 as pb
 
-        now = {f.path: f for f in api._with_client(lambda c: _matching(c, ps, job))}
+        now = {f.path: f for f in _service.with_client(lambda c: _matching(c, ps, job))}
         for p in ps:
             if p in failed:
                 print(f"failed    {p}: {failed[p]}", file=sys.stderr)
@@ -220,7 +220,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
 
 
 def _cmd_drop(args: argparse.Namespace) -> int:
-    from tce.api import _with_client
+    from tce import _service
 
     def run(client):
         files = _matching(client, args.paths, args.job)
@@ -228,7 +228,7 @@ def _cmd_drop(args: argparse.Namespace) -> int:
             raise SystemExit(f"tce drop: the server knows none of {' '.join(args.paths)}")
         return [client.remove(f.job, f.path) for f in files]
 
-    for f in _with_client(run):
+    for f in _service.with_client(run):
         print(f"dropped   {f.path} (job {f.job}); storage keeps what it had")
     return 0
 

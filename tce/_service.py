@@ -1,0 +1,313 @@
+"""The internal service API: what the public API, the integrations and the
+tools call to reach the cache.
+
+* the session: :func:`client`, :func:`with_client`, :func:`close`;
+* torch's own functions, never the patch: :data:`torch_save`, :data:`torch_load`;
+* :func:`save_file` and :func:`load_file`: ``tce.save`` / ``tce.load`` on a
+  path, with what callers need beyond the public result (the committed file,
+  or None after a fallback; whether a load came from the cache);
+* :func:`wait_files`: ``tce.wait``;
+* the small rules every caller shares: :func:`is_path`, :func:`norm`,
+  :func:`job_or_default`, :func:`uncacheable`.
+
+Not public: names here may change with the package.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap as _mmap
+import os
+import pickle
+import threading
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from tce.core import _files, _knobs, _layout, _staging
+from tce.core._layout import storage_bytes
+from tce.core._originals import torch_load, torch_save
+from tce.core._session import client, close, with_client
+from tce.core._torchload import load_mapping
+from tce.errors import (
+    CacheFullError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotCachedError,
+    PersistFailedError,
+    ServerUnavailableError,
+    TCEError,
+)
+from tce.v1 import tce_pb2 as pb
+
+try:  # torch.load's own default for mmap comes from its serialization config
+    from torch.utils.serialization import config as _serialization_config
+except ImportError:  # a torch without the config: mmap is off by default
+    _serialization_config = None
+
+__all__ = ["client", "close", "is_path", "job_or_default", "load_file", "norm", "save_file",
+           "torch_load", "torch_save", "uncacheable", "wait_files", "with_client"]
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_warned_fallback = False
+# (socket, job, path) of every file this process saved through a cache server
+# and has not yet seen persisted: what tce.wait() waits for by default.
+_unsettled: dict[tuple[str, str, str], None] = {}  # GUARDED_BY(_lock)
+# (socket, job, path) of every file this process's last save of that path
+# wrote directly (a fallback, fsynced before it returned): durable already,
+# so tce.wait() settles it without asking a server that may be down.
+_written_directly: set[tuple[str, str, str]] = set()  # GUARDED_BY(_lock)
+
+
+def is_path(f: Any) -> bool:
+    """Whether ``f`` names a file (else it is a file-like object for torch)."""
+    return isinstance(f, (str, os.PathLike))
+
+
+def norm(path: str | os.PathLike) -> str:
+    """The absolute path the server knows a file by."""
+    return os.path.abspath(os.fspath(path))
+
+
+def uncacheable(path: str) -> str | None:
+    """Why the server cannot name ``path`` (None: it can). The protocol carries
+    paths as UTF-8; a name that is not (``os.fsdecode`` of arbitrary bytes
+    gives surrogates) is saved and loaded directly, bypassing the cache."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{path!r} is not valid UTF-8, which the cache server needs to name a file"
+    return None
+
+
+def job_or_default(job: str | None) -> str:
+    """``job``, else the ``job`` setting."""
+    return job if job is not None else _knobs.get("job")
+
+
+def _rank(rank: int | None) -> int:
+    if rank is not None:
+        return rank
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def _fallback_warning(reason: str) -> None:
+    global _warned_fallback
+    if not _warned_fallback:
+        _warned_fallback = True
+        warnings.warn(
+            f"TCE: {reason}; writing with plain torch.save instead "
+            "(set TCE_ON_UNAVAILABLE=raise to make this an error)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    else:
+        log.warning("TCE: %s; wrote with plain torch.save", reason)
+
+
+# ---------------------------------------------------------------------------
+# Save
+# ---------------------------------------------------------------------------
+
+def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
+              pickle_protocol: int = 2, *, job: str | None = None, tag: str = "",
+              rank: int | None = None, blocking: bool = True) -> Any:
+    """:func:`tce.save` to a path; returns the cached FileInfo (a StagedSave
+    when not blocking), or None when it fell back to a plain torch.save."""
+    path = norm(f)
+    job = job_or_default(job)
+    reason = uncacheable(path)
+    if reason is not None:
+        if _knobs.get("on_unavailable") == "raise":
+            raise InvalidArgumentError(reason)
+        _fallback_warning(reason)
+        _write_directly(obj, path, job, pickle_module, pickle_protocol)
+        return None
+    plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+    try:
+        info = with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path,
+                                            blocking=blocking))
+        with _lock:
+            key = (_knobs.get("socket"), job, path)
+            _unsettled[key] = None
+            _written_directly.discard(key)
+        return info
+    except (ServerUnavailableError, CacheFullError) as e:
+        if _knobs.get("on_unavailable") == "raise":
+            raise
+        error = e
+    if isinstance(error, CacheFullError):
+        # The cache is reachable but full: make sure no older copy of this
+        # path can shadow the file we are about to write.
+        try:
+            with_client(lambda c: c.remove(job, path))
+        except TCEError:
+            pass
+    _fallback_warning(str(error))
+    _write_directly(obj, path, job, pickle_module, pickle_protocol)
+    return None
+
+
+def _write_directly(obj: Any, path: str, job: str, pickle_module: Any,
+                    pickle_protocol: int) -> None:
+    """The fallback: plain torch.save, atomically (see _files.atomic_write)."""
+    _files.atomic_write(path, lambda target: torch_save(obj, target, pickle_module,
+                                                        pickle_protocol))
+    with _lock:
+        key = (_knobs.get("socket"), job, path)
+        _unsettled.pop(key, None)
+        _written_directly.add(key)
+
+
+# ---------------------------------------------------------------------------
+# Load
+# ---------------------------------------------------------------------------
+
+def load_file(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = None, *,
+              weights_only: bool | None = None, mmap: bool | None = None,
+              job: str | None = None, **pickle_load_args: Any) -> tuple[Any, bool]:
+    """:func:`tce.load` from a path; returns (object, whether it came from the cache)."""
+    path = norm(f)
+    job = job_or_default(job)
+    if mmap is None:  # torch.load's own default for mmap
+        mmap = _serialization_config is not None and bool(_serialization_config.load.mmap)
+    if mmap and uncacheable(path) is None and \
+            torch.serialization.get_default_mmap_options() == _mmap.MAP_SHARED:
+        return _load_shared(path, job, map_location, pickle_module, weights_only=weights_only,
+                            **pickle_load_args), False
+    try:
+        if uncacheable(path) is not None:  # never cached: saved directly
+            raise NotCachedError(uncacheable(path))
+        info, mm = with_client(lambda c: c.open(job, path))
+    except (ServerUnavailableError, NotCachedError, InvalidArgumentError) as e:
+        # (INVALID_ARGUMENT: a name the server refuses, e.g. with a control
+        # character, can never be cached either.)
+        log.debug("loading %s from disk: %s", path, e)
+        return torch_load(
+            path, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
+            **pickle_load_args,
+        ), False
+    t0 = time.perf_counter()
+    source = mm
+    device = _all_to_cuda(map_location)
+    registered = client().registered_mapping(info.buffer_id) if device is not None else None
+    if registered is not None:
+        # Every storage goes to the GPU and this process has the buffer
+        # registered (pinned): copy from there, asynchronously, at PCIe
+        # speed, instead of synchronously from pageable memory; one sync at
+        # the end. The lease on `mm` keeps the bytes until then.
+        source = registered.mm
+        map_location = _async_to(device)
+    result = load_mapping(
+        source, info.size, map_location, pickle_module, weights_only=weights_only,
+        **pickle_load_args,
+    )
+    if registered is not None:
+        torch.cuda.current_stream(device).synchronize()
+    del mm
+    log.debug("loaded %s from cache (%d bytes) in %.3fs", path, info.size, time.perf_counter() - t0)
+    return result, True
+
+
+def _load_shared(path: str, job: str, map_location: Any, pickle_module: Any, **kw: Any) -> Any:
+    """torch.load(mmap=True) under MAP_SHARED: a write to a loaded tensor must
+    reach the file and the next load, which only the file on storage gives.
+    So the path is made durable, the cache lets go of it, and torch maps the
+    file itself."""
+    try:
+        wait_files([path], job=job)
+    except FailedPreconditionError:
+        raise FailedPreconditionError(
+            f"torch.load({path!r}, mmap=True) with MAP_SHARED needs the file on storage, and "
+            "this server persists nothing (no storage_roots)") from None
+    except (FileNotFoundError, ServerUnavailableError):
+        pass  # torch.load says what is wrong with the path
+    try:
+        with_client(lambda c: c.remove(job, path))
+    except (NotCachedError, ServerUnavailableError):
+        pass
+    return torch_load(path, map_location, pickle_module, mmap=True, **kw)
+
+
+def _all_to_cuda(map_location: Any) -> torch.device | None:
+    """The CUDA device ``map_location`` sends every storage to, if it does."""
+    if isinstance(map_location, str) and map_location.startswith("cuda"):
+        map_location = torch.device(map_location)
+    if isinstance(map_location, torch.device) and map_location.type == "cuda":
+        return map_location if map_location.index is not None else \
+            torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def _async_to(device: torch.device):
+    """A map_location that copies each storage to ``device`` without waiting."""
+    def restore(storage: torch.UntypedStorage, location: str) -> torch.UntypedStorage:
+        out = torch.empty(storage.nbytes(), dtype=torch.uint8, device=device)
+        out.copy_(storage_bytes(storage), non_blocking=True)
+        return out.untyped_storage()
+
+    return restore
+
+
+# ---------------------------------------------------------------------------
+# Wait
+# ---------------------------------------------------------------------------
+
+def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None, *,
+               timeout: float | None = None, job: str | None = None) -> None:
+    """:func:`tce.wait` (see there)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    _staging.wait_staged(timeout)  # asynchronous saves commit first
+    socket_path = _knobs.get("socket")
+    if paths is None:
+        with _lock:
+            keys = [(j, p) for s, j, p in _unsettled if s == socket_path]
+    else:
+        if is_path(paths):
+            paths = [paths]
+        # A path the cache cannot name was written directly: nothing to wait for.
+        keys = [(job_or_default(job), norm(p)) for p in paths if uncacheable(norm(p)) is None]
+    by_job: dict[str, list[str]] = {}
+    for j, p in keys:
+        with _lock:
+            direct = (socket_path, j, p) in _written_directly
+        if direct and os.path.exists(p):  # fsynced by the fallback: no server needed
+            continue
+        by_job.setdefault(j, []).append(p)
+    failures: dict[str, str] = {}
+
+    def left() -> float | None:
+        return None if deadline is None else max(0.001, deadline - time.monotonic())
+
+    def settle(j: str, ps: list[str]) -> list[Any]:
+        try:
+            return with_client(lambda c: c.wait(j, ps, left()))
+        except NotCachedError:
+            if len(ps) == 1:  # not held: settled only if it is on storage
+                if not os.path.exists(ps[0]):
+                    raise FileNotFoundError(errno.ENOENT, "not saved through the cache, and not on "
+                                            "storage", ps[0]) from None
+                with _lock:
+                    _unsettled.pop((socket_path, j, ps[0]), None)
+                return []
+            return [info for p in ps for info in settle(j, [p])]
+
+    for j, ps in by_job.items():
+        for info in settle(j, ps):
+            if info.state == pb.FILE_STATE_FAILED:
+                failures[info.path] = info.reason
+            with _lock:
+                _unsettled.pop((socket_path, j, info.path), None)
+    if failures:
+        first = next(iter(failures.items()))
+        raise PersistFailedError(
+            f"{len(failures)} file(s) could not be persisted, e.g. {first[0]}: {first[1]}",
+            failures=failures,
+        )
