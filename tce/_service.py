@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from tce.core import _files, _knobs, _layout, _staging
+from tce.core import _dist, _files, _knobs, _layout, _staging
 from tce.core._layout import storage_bytes
 from tce.core._originals import torch_load, torch_save
 from tce.core._session import client, close, with_client
@@ -90,14 +90,6 @@ def job_or_default(job: str | None) -> str:
     return job if job is not None else _knobs.get("job")
 
 
-def _rank(rank: int | None) -> int:
-    if rank is not None:
-        return rank
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return int(os.environ.get("RANK", "0"))
-
-
 def _fallback_warning(reason: str) -> None:
     global _warned_fallback
     if not _warned_fallback:
@@ -131,8 +123,9 @@ def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
         _write_directly(obj, path, job, pickle_module, pickle_protocol)
         return None
     plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
+    rank = _dist.rank() if rank is None else rank
     try:
-        info = with_client(lambda c: c.save(plan, job=job, tag=tag, rank=_rank(rank), path=path,
+        info = with_client(lambda c: c.save(plan, job=job, tag=tag, rank=rank, path=path,
                                             blocking=blocking))
         with _lock:
             key = (_knobs.get("socket"), job, path)

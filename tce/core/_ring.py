@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from tce.core import _knobs, _session
+from tce.core import _dist, _knobs, _session
 from tce.errors import TCEError
 
 log = logging.getLogger("tce.ring")
@@ -29,22 +29,18 @@ def node_rank() -> int:
         value = os.environ.get(name)
         if value not in (None, ""):
             return int(value)
-    rank = torch.distributed.get_rank() if _distributed() else int(os.environ.get("RANK", "0"))
+    rank = _dist.rank()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
     if local <= 0:
         local = torch.cuda.device_count() if torch.cuda.is_available() else 1
     return rank // max(local, 1)
 
 
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
 def join_ring(job: str | None = None) -> list[str]:
     """Collective (every rank calls it): set the job's ring on every node's
     server. Returns the endpoints by node rank ([] when there is no ring: one
     node, no process group, or servers started without ``peer_listen``)."""
-    if not _distributed():
+    if not _dist.initialized():
         return []
     job = job if job is not None else _knobs.get("job")
     local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
@@ -56,8 +52,7 @@ def join_ring(job: str | None = None) -> list[str]:
         except TCEError as e:
             log.warning("TCE: no ring for job %s: the server is unreachable (%s)", job, e)
             endpoint = ""
-    gathered: list = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, (node, endpoint))
+    gathered = _dist.all_gather((node, endpoint))
     by_node: dict[int, str] = {}
     for n, e in gathered:
         if e is not None:

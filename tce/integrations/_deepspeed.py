@@ -31,10 +31,8 @@ import sys
 import threading
 from typing import Any
 
-import torch
-
 from tce import _service, api
-from tce.core import _knobs
+from tce.core import _dist, _knobs
 from tce.errors import TCEError
 
 log = logging.getLogger("tce.deepspeed")
@@ -74,34 +72,8 @@ def _options(config_params: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
-# torch.distributed helpers (all no-ops in a single process)
+# Tags and paths
 # ---------------------------------------------------------------------------
-
-def _dist() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def _world() -> tuple[int, int]:
-    if _dist():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _all_gather(obj: Any) -> list[Any]:
-    if not _dist():
-        return [obj]
-    out: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def _broadcast(obj: Any) -> Any:
-    if not _dist():
-        return obj
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
 
 def _tag_of(info: Any) -> str:
     """The tag of a create/commit argument: CheckpointCommitInfo or (older API) a string."""
@@ -157,7 +129,7 @@ def _engine_class():
             from tce.core._ring import join_ring
 
             self.ring = join_ring(self.job)  # every rank builds the engine: a collective
-            rank, _ = _world()
+            rank = _dist.rank()
             message = (f"[TCE] checkpoint engine active: {ENGINE_NAME} "
                        f"(socket={_knobs.get('socket')}, job={self.job})")
             log.info(message)
@@ -180,7 +152,7 @@ def _engine_class():
             os.makedirs(path, exist_ok=exist_ok)
 
         def save(self, state_dict: Any, path: str) -> None:
-            rank, _ = _world()
+            rank = _dist.rank()
             cached = _service.save_file(state_dict, path, job=self.job, tag=self._tag, rank=rank,
                                         blocking=not self.async_save)
             path = os.path.abspath(path)
@@ -196,8 +168,8 @@ def _engine_class():
                 api.wait_staged()  # this rank's files are committed (or this raises)
             tag = _tag_of(info) or self._tag
             mine = [f for f in self._files if _in_tag_dir(f[1], tag)]
-            everyone = _all_gather(mine)  # also the barrier: every rank finished
-            rank, world = _world()
+            everyone = _dist.all_gather(mine)  # also the barrier: every rank finished
+            rank, world = _dist.rank(), _dist.world_size()
             files = sorted(f for part in everyone for f in part)
             if rank == 0 and files:
                 self._record_tag(tag, world, files)
@@ -251,7 +223,7 @@ def _engine_class():
             if info is None:
                 return
             self.commit(info)
-            if getattr(info, "save_latest", False) and _world()[0] == 0:
+            if getattr(info, "save_latest", False) and _dist.rank() == 0:
                 with open(os.path.join(info.save_dir, "latest"), "w") as f:
                     f.write(_tag_of(info))
 
@@ -277,17 +249,17 @@ def _engine_class():
             if os.path.isfile(latest_path):
                 with open(latest_path) as fd:
                     latest = fd.read().strip() or None
-            rank, world = _world()
+            rank, world = _dist.rank(), _dist.world_size()
             known: list[tuple[str, list[tuple[int, str, int]]]] | None = None
             if rank == 0:
                 known = self._known_tags(load_dir)
-            known = _broadcast(known)
+            known = _dist.broadcast(known)
             if not known:
                 return None
             in_memory = self._in_memory()  # one call, not one per file
             mine = [all(p in in_memory or _on_storage(p, s) for r, p, s in files if r % world == rank)
                     for _, files in known]
-            ok = [all(col) for col in zip(*_all_gather(mine))]
+            ok = [all(col) for col in zip(*_dist.all_gather(mine))]
             good = [tag for (tag, _), fine in zip(known, ok) if fine]
             names = [tag for tag, _ in known]
             if latest is not None and latest not in names:
