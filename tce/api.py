@@ -14,7 +14,7 @@ from google.protobuf.json_format import MessageToDict
 
 from tce import _service
 from tce.core._session import close
-from tce.core._staging import wait_staged
+from tce.core._staging import StagedSave, wait_staged
 from tce.errors import NotCachedError, ServerUnavailableError
 
 __all__ = ["cached", "close", "load", "remove", "save", "status", "wait", "wait_staged"]
@@ -30,7 +30,7 @@ def save(
     tag: str = "",
     rank: int | None = None,
     blocking: bool = True,
-) -> Any:
+) -> StagedSave | None:
     """Save ``obj`` to ``f`` through the node's cache, as ``torch.save`` would.
 
     Returns once the bytes are safe in the cache (None). With
@@ -59,14 +59,25 @@ def save(
         job: job name (default: the ``job`` setting).
         tag: the checkpoint this file belongs to (e.g. ``global_step200``).
         rank: the writing rank (default: torch.distributed rank, else $RANK, else 0).
-        blocking: False for an asynchronous save (see above). When it falls
-            back to torch.save, that is synchronous and None is returned.
+        blocking: False for an asynchronous save (see above). It then
+            always returns a StagedSave: a save written within the call (a
+            fallback to torch.save, a file-like target) gives one that is
+            already done, whose ``wait()`` returns None at once.
+
+    Returns:
+        None when ``blocking``; else the :class:`~tce.core._staging.StagedSave`.
     """
     if not _service.is_path(f):
-        return _service.torch_save(obj, f, pickle_module, pickle_protocol)
+        _service.torch_save(obj, f, pickle_module, pickle_protocol)
+        return None if blocking else StagedSave.finished(None, None)
     staged = _service.save_file(obj, f, pickle_module, pickle_protocol, job=job, tag=tag,
                                 rank=rank, blocking=blocking)
-    return None if blocking else staged
+    if blocking:
+        return None
+    if staged is None:  # written directly (a fallback): durable before it returned
+        path = _service.norm(f)
+        return StagedSave.finished(path, os.path.getsize(path))
+    return staged
 
 
 def load(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import resource
 import warnings
@@ -13,6 +14,7 @@ import torch
 import tce
 from tce import _service
 from tce.core import _knobs
+from tce.core._staging import StagedSave
 from tce.v1 import tce_pb2 as pb
 from conftest import run_python
 from helpers import assert_same, every_dtype, sample_tensor
@@ -193,6 +195,26 @@ def test_save_falls_back_to_torch_save_when_server_unreachable(tmp_path):
         ]
         assert torch.equal(torch.load(path)["x"], torch.ones(3))
         assert torch.equal(tce.load(path)["x"], torch.ones(3))  # load falls back too
+
+
+def test_an_asynchronous_save_that_falls_back_returns_a_finished_handle(tmp_path, monkeypatch):
+    path = tmp_path / "fallback.pt"
+    with _knobs.override(socket=str(tmp_path / "nobody.sock")):
+        monkeypatch.setattr(_service, "_warned_fallback", True)  # another test's business
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            staged = tce.save({"x": torch.ones(3)}, path, blocking=False)
+            assert tce.save({"x": torch.ones(3)}, path) is None  # blocking: None, as before
+        assert isinstance(staged, StagedSave) and staged.done()
+        assert staged.wait(timeout=0) is None
+        assert staged.path == str(path) and staged.size == path.stat().st_size
+        assert torch.equal(torch.load(path)["x"], torch.ones(3))
+    buf = io.BytesIO()
+    staged = tce.save({"x": torch.ones(2)}, buf, blocking=False)
+    assert isinstance(staged, StagedSave) and staged.done() and staged.wait(timeout=0) is None
+    assert staged.path is None and staged.size is None
+    buf.seek(0)
+    assert torch.equal(torch.load(buf)["x"], torch.ones(2))
 
 
 def test_unreachable_server_raises_when_configured(tmp_path):

@@ -204,19 +204,35 @@ class Staging:
 
 
 class StagedSave:
-    """An asynchronous save in flight: its copies, then its commit."""
+    """An asynchronous save in flight: its copies, then its commit.
 
-    def __init__(self, path: str, size: int, future: concurrent.futures.Future) -> None:
+    What ``tce.save(..., blocking=False)`` returns, always: a save that
+    completed within the call (a fallback to torch.save, a file-like target)
+    gives one that is already done (see :meth:`finished`).
+    """
+
+    def __init__(self, path: str | None, size: int | None,
+                 future: concurrent.futures.Future) -> None:
         self.path = path
         self.size = size  # the file's size in bytes
         self._future = future
+
+    @classmethod
+    def finished(cls, path: str | None, size: int | None) -> StagedSave:
+        """A save that was written within the call: ``done()`` is True and
+        ``wait()`` returns None at once. ``path`` and ``size`` are None for
+        a file-like target."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(None)
+        return cls(path, size, future)
 
     def done(self) -> bool:
         """Whether the copies finished and the commit was answered."""
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> Any:
-        """The committed file's info; raises what the staging raised."""
+        """The committed file's info (None for a save written within the
+        call); raises what the staging raised."""
         return self._future.result(timeout)
 
 
