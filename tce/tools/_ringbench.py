@@ -99,7 +99,7 @@ def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) ->
     from tce import _service, api
     from tce.core import _knobs
     from tce.tools._server import LocalServer
-    from tce.tools._bench import gpt_state_dict
+    from tce.tools._workload import gpt_state_dict
 
     work = tempfile.mkdtemp(prefix="tce-ringbench-")
     budget = f"{(4 * size + (256 << 20)) >> 20}MiB"
