@@ -7,7 +7,7 @@ when it is imported) accepts ``"checkpoint_engine": "tce"``.
 """
 
 from tce.api import cached, close, load, remove, save, status, wait, wait_staged
-from tce.integrations._deepspeed import attach, install_deepspeed
+from tce.integrations._deepspeed import attach, engine_class, install_deepspeed
 from tce.integrations._patch import patch_torch, unpatch_torch
 from tce.core._ring import join_ring
 from tce.core._knobs import configure
@@ -33,8 +33,6 @@ install_deepspeed()
 
 def __getattr__(name: str):
     if name == "TCECheckpointEngine":  # subclasses DeepSpeed's: built on first use
-        from tce.integrations._deepspeed import engine_class
-
         return engine_class()
     raise AttributeError(f"module 'tce' has no attribute {name!r}")
 

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import grpc
 import torch
 
-from tce.core import _layout
+from tce.core import _layout, _staging
 from tce.core._files import current_umask
 from tce.errors import (
     CacheFullError,
@@ -56,8 +56,6 @@ class _Mapping:
     __slots__ = ("buffer_id", "capacity", "mm", "view", "tensor", "cuda_registered")
 
     def __init__(self, buffer_id: int, capacity: int, fd: int) -> None:
-        import torch
-
         self.buffer_id = buffer_id
         self.capacity = capacity
         self.cuda_registered = False  # registered with CUDA by the first GPU save (_staging)
@@ -74,8 +72,6 @@ class _Mapping:
 
     def close(self) -> None:
         if self.cuda_registered:
-            from tce.core import _staging
-
             _staging.unregister(self)
         self.tensor = None
         self.view.release()
@@ -212,8 +208,6 @@ class Client:
         the device streams are marked (the staging thread writes the file,
         waits for the copies and commits).
         """
-        from tce.core import _staging
-
         self._flush()
         request = pb.AllocateRequest(
             session=self.session, job=job, tag=tag, rank=rank, path=path, size=plan.size,
@@ -317,8 +311,6 @@ class Client:
         per page forces the kernel to give each page its own copy; after that
         the buffer may be reused. Returns the number of leases released.
         """
-        import torch
-
         with self._lock:
             live = [(lease, ref()) for lease, ref in self._leases.items()]
         released = 0

@@ -7,6 +7,8 @@ import os
 import secrets
 from typing import Any, Callable
 
+from tce.errors import MissingDirectoryError
+
 
 def current_umask() -> int:
     """This process's umask, read without changing it (``os.umask`` can only
@@ -37,8 +39,6 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
     """
     directory, name = os.path.split(os.path.abspath(path))
     if not os.path.isdir(directory):
-        from tce.errors import MissingDirectoryError
-
         raise MissingDirectoryError(f"No such file or directory: {directory} (the directory of "
                                     f"{path}) does not exist", filename=path)
     try:

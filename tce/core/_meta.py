@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, fields
+from urllib.parse import unquote, urlsplit
+
+from tce.errors import FailedPreconditionError
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,7 @@ def _query(quote: str, param: str) -> str:
 
 
 def _read_mysql(url: str, job: str, tag: str) -> list[FileRow]:
-    from urllib.parse import unquote, urlsplit
-
-    import pymysql
+    import pymysql  # only for mysql:// URLs
 
     u = urlsplit(url)
     db = pymysql.connect(host=u.hostname, port=u.port or 3306, user=unquote(u.username or ""),
@@ -68,8 +69,6 @@ def read_files(url: str, *, job: str = "", tag: str = "") -> list[FileRow]:
     except sqlite3.OperationalError as e:
         if "locked" not in str(e):
             raise
-        from tce.errors import FailedPreconditionError
-
         # The server holds its SQLite database exclusively while it runs.
         raise FailedPreconditionError(
             f"{path} is held by a running tce-server; ask the server instead (tce ls without "

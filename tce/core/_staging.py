@@ -32,8 +32,10 @@ import threading
 from typing import Any, Callable, Iterator
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from tce.core._layout import Plan, storage_bytes
+from tce.errors import DeadlineExceededError
 
 SMALL = 1 << 20  # CUDA storages smaller than this are coalesced
 
@@ -245,8 +247,6 @@ def submit(path: str, size: int, work: Callable[[], Any]) -> StagedSave:
             _executor_pid = os.getpid()
             _inflight.clear()
         if _fence_handle is None:
-            from torch.optim.optimizer import register_optimizer_step_pre_hook
-
             _fence_handle = register_optimizer_step_pre_hook(_fence)
         future = _executor.submit(work)
         _inflight.append(future)
@@ -274,8 +274,6 @@ def wait_staged(timeout: float | None = None) -> None:
             if f in _inflight:
                 _inflight.remove(f)
     if not_done:
-        from tce.errors import DeadlineExceededError
-
         raise DeadlineExceededError(f"{len(not_done)} asynchronous save(s) still staging after {timeout} s")
     for f in futures:
         if f.exception() is not None:

@@ -33,7 +33,9 @@ from typing import Any
 
 from tce import _service, api
 from tce.core import _dist, _knobs
+from tce.core._ring import join_ring
 from tce.errors import TCEError
+from tce.v1 import tce_pb2 as pb
 
 log = logging.getLogger("tce.deepspeed")
 
@@ -96,6 +98,7 @@ def _in_tag_dir(path: str, tag: str) -> bool:
 # ---------------------------------------------------------------------------
 
 def _engine_class():
+    # Here, not at the top: DeepSpeed is optional and takes seconds to import.
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
     class TCECheckpointEngine(CheckpointEngine):
@@ -126,8 +129,6 @@ def _engine_class():
             self._saved_paths: list[str] = []
             self.loads_from_cache = 0
             self.loads_from_storage = 0
-            from tce.core._ring import join_ring
-
             self.ring = join_ring(self.job)  # every rank builds the engine: a collective
             rank = _dist.rank()
             message = (f"[TCE] checkpoint engine active: {ENGINE_NAME} "
@@ -177,8 +178,6 @@ def _engine_class():
             return True
 
         def _record_tag(self, tag: str, world: int, files: list[tuple[int, str, int]]) -> None:
-            from tce.v1 import tce_pb2 as pb
-
             record = pb.TagInfo(job=self.job, tag=tag, world_size=world,
                                 files=[pb.TagFile(rank=r, path=p, size=s) for r, p, s in files])
             try:
@@ -301,8 +300,6 @@ def _engine_class():
 
         def _in_memory(self) -> set[str]:
             """The job's paths this node's cache can serve (what tce.load reads from memory)."""
-            from tce.v1 import tce_pb2 as pb
-
             try:  # a file deleted or replaced on storage no longer counts
                 files = _service.with_client(lambda c: c.list(self.job, check_storage=True))
             except TCEError:
@@ -513,7 +510,7 @@ def attach(engine: Any, **options: Any) -> Any:
     """Use TCE for an engine returned by ``deepspeed.initialize`` (the explicit
     form of the config entry). ``options`` are client settings, like the
     ``"tce"`` block. Returns the TCE checkpoint engine."""
-    import deepspeed.runtime.engine as module
+    import deepspeed.runtime.engine as module  # loaded already: the caller has an engine
 
     _patch_engine_module(module)
     current = getattr(engine, "checkpoint_engine", None)

@@ -10,15 +10,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any, Callable
 
 import torch
 
+import tce
+from tce import api
+from tce.core import _knobs
 from tce.tools import _ringbench
+from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict, parse_size
 
 
@@ -45,8 +52,6 @@ def _restore_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) ->
 
 def _dd(path: str, nbytes: int) -> float:
     """Seconds for `dd conv=fsync` to write nbytes (16 MiB blocks) to path."""
-    import subprocess
-
     count = max(1, nbytes // (16 << 20))
     t0 = time.perf_counter()
     subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={count}", "conv=fsync"],
@@ -60,11 +65,6 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
                  directory: str) -> dict[str, Any]:
     """Time-to-persisted through a server with `directory` as storage root,
     against dd conv=fsync of the same bytes on the same filesystem."""
-    import tce
-    from tce import api
-    from tce.core import _knobs
-    from tce.tools._server import LocalServer
-
     res: dict[str, Any] = {}
     root = os.path.join(directory, "storage")
     os.makedirs(root)
@@ -140,9 +140,7 @@ def _pinned_copy_s(sd: dict[str, torch.Tensor], nbytes: int, repeats: int) -> fl
 def _dcp(sd: dict[str, torch.Tensor], directory: str, repeats: int) -> dict[str, Any]:
     """PyTorch DCP, one process (no_dist): save, async_save (default and with
     its pinned-memory stager where this torch has one), load in place."""
-    import shutil
-
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # only for the DCP rows (--skip dcp)
 
     res: dict[str, Any] = {}
     where = os.path.join(directory, "dcp")
@@ -209,11 +207,6 @@ def _dcp(sd: dict[str, torch.Tensor], directory: str, repeats: int) -> dict[str,
 def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
         persist_repeats: int = 5, device: str = "cpu", dtype: torch.dtype = torch.float32,
         skip: tuple[str, ...] = (), layers: int | None = None) -> dict[str, Any]:
-    import tce
-    from tce import api
-    from tce.core import _knobs
-    from tce.tools._server import LocalServer
-
     sd = gpt_state_dict(size, dtype=dtype, device=device, layers=layers)
     nbytes = _nbytes(sd)
     model = {k: torch.empty_like(v).fill_(0) for k, v in sd.items()}  # warm restore target
@@ -280,8 +273,6 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
     if "torch" not in skip:
         res.update(_torch(sd, model, restore, repeats=repeats, directory=directory, device=device))
     if "dcp" not in skip:
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP's single-process notices
             res.update(_dcp(sd, directory, repeats))
@@ -387,11 +378,12 @@ def render(res: dict[str, Any]) -> str:
 
 def plot(res: dict[str, Any], path: str) -> None:
     """A horizontal bar chart of every row, grouped, log-scaled seconds."""
-    try:
+    try:  # optional: the bench extra
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError:
         raise SystemExit("--plot needs matplotlib (pip install matplotlib)") from None
     data = rows(res)
@@ -407,8 +399,6 @@ def plot(res: dict[str, Any], path: str) -> None:
     ax.set_xlabel("seconds (log scale; shorter is better)")
     ax.set_title(f"tce bench: {res['bytes'] / 2**30:.1f} GiB {res.get('dtype', '')} on "
                  f"{res.get('gpu', res.get('device', 'cpu'))}")
-    from matplotlib.patches import Patch
-
     ax.legend(handles=[Patch(color=c, label=g) for g, c in colors.items()], loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -443,8 +433,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from tce.core import _knobs
-
     if args.ring:
         return _ringbench.main(parse_size(args.size), args.repeats, args.json)
 

@@ -33,6 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 
+import tce  # also what makes "checkpoint_engine": "tce" work (tce.install_deepspeed)
+from tce import _service
+from tce.tools._server import LocalServer
+
 
 class TinyGPT(nn.Module):
     def __init__(self, vocab: int, dim: int, layers: int, heads: int, seq: int) -> None:
@@ -73,9 +77,7 @@ def _event(args: argparse.Namespace, **fields: Any) -> None:
 
 def train(args: argparse.Namespace) -> int:
     """One DeepSpeed training process (the orchestrator runs this as a child)."""
-    if args.engine == "tce":
-        import tce  # noqa: F401  makes "checkpoint_engine": "tce" work
-    import deepspeed
+    import deepspeed  # only the training processes need it (seconds to import)
 
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
@@ -138,9 +140,6 @@ def train(args: argparse.Namespace) -> int:
 
 def _buffers() -> tuple[int, int]:
     """(buffers the server created, buffers this process has mapped)."""
-    import tce
-    from tce import _service
-
     return int(tce.status()["buffers_created"]), _service.client().mapped_buffers
 
 
@@ -185,8 +184,6 @@ def _child(args: argparse.Namespace, socket_path: str, ckpt_dir: str, report: st
 
 
 def main(args: argparse.Namespace) -> int:
-    from tce.tools._server import LocalServer
-
     print("TCE demo: DeepSpeed trains a small GPT on CPU with \"checkpoint_engine\": \"tce\".\n")
     with tempfile.TemporaryDirectory(prefix="tce-demo-") as work:
         storage = os.path.join(work, "storage")

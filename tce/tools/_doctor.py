@@ -22,6 +22,8 @@ import os
 import subprocess
 from typing import Any
 
+from tce.tools._server import server_binary
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-ranks", type=int, default=None,
@@ -34,8 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def fabric_info(provider: str = "", local_ranks: int = 1) -> dict[str, Any]:
-    from tce.tools._server import server_binary
-
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(local_ranks))
     args = [server_binary(), "--fabric-info"] + (["--ofi-provider", provider] if provider else [])
     out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
@@ -46,7 +46,7 @@ def fabric_info(provider: str = "", local_ranks: int = 1) -> dict[str, Any]:
 
 def verbs_devices() -> list[dict[str, Any]] | None:
     """The verbs devices and their ports, or None without pyverbs."""
-    try:
+    try:  # optional: the rdma extra
         import pyverbs.device as d
         from pyverbs.device import Context
     except ImportError:

@@ -25,6 +25,12 @@ import tempfile
 import time
 from typing import Any
 
+from tce import _service, api
+from tce.core import _knobs
+from tce.tools._netns import Nodes
+from tce.tools._server import LocalServer
+from tce.tools._workload import gpt_state_dict
+
 
 _RECEIVER = r"""
 import mmap, os, socket, sys, time
@@ -96,11 +102,6 @@ def _floor(nodes, size: int, repeats: int) -> list[float]:
 
 
 def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) -> list[float]:
-    from tce import _service, api
-    from tce.core import _knobs
-    from tce.tools._server import LocalServer
-    from tce.tools._workload import gpt_state_dict
-
     work = tempfile.mkdtemp(prefix="tce-ringbench-")
     budget = f"{(4 * size + (256 << 20)) >> 20}MiB"
     servers = []
@@ -149,8 +150,6 @@ RUNS = [("tcp1", "tcp", 1), ("tcp4", "tcp", 4), ("ofi", "ofi", 1)]
 
 
 def run(size: int, repeats: int, runs=RUNS) -> dict[str, Any]:
-    from tce.tools._netns import Nodes
-
     if os.geteuid() != 0:
         raise SystemExit("tce bench --ring needs root (it creates network namespaces)")
     nodes = Nodes(2)

@@ -6,7 +6,16 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Sequence
+
+from tce import _service, api
+from tce.core import _knobs
+from tce.core._meta import read_files
+from tce.errors import PersistFailedError, TCEError
+from tce.tools import _bench, _demo, _doctor
+from tce.tools._server import server_binary
+from tce.v1 import tce_pb2 as pb
 
 
 def _human(n: float) -> str:
@@ -18,17 +27,13 @@ def _human(n: float) -> str:
 
 
 def _cmd_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
-    from tce.tools._server import server_binary
-
     binary = server_binary()
     os.execv(binary, [binary, *rest])
     return 1  # not reached
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    import tce
-
-    st = tce.status()
+    st = api.status()
     if args.json:
         print(json.dumps(st, indent=2))
         return 0
@@ -75,14 +80,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_ls(args: argparse.Namespace) -> int:
     rows = [("JOB", "TAG", "RANK", "STATE", "SIZE", "PATH")]
     if args.metadata:  # straight from the metadata store: works with no server
-        from tce.core._meta import read_files
 
         for f in read_files(args.metadata, job=args.job or "", tag=args.tag or ""):
             rows.append((f.job, f.tag or "-", str(f.rank), f.state, _human(f.size), f.path))
     else:
-        from tce import _service
-        from tce.v1 import tce_pb2 as pb
-
         for f in _service.with_client(lambda c: c.list(args.job or "", args.tag or "")):
             state = pb.FileState.Name(f.state).removeprefix("FILE_STATE_")
             rows.append((f.job, f.tag or "-", str(f.rank), state, _human(f.size), f.path))
@@ -97,13 +98,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    import os
-    import time
-
     path = os.path.abspath(args.path)
     if args.metadata:
-        from tce.core._meta import read_files
-
         rows = [f for f in read_files(args.metadata, job=args.job or "") if f.path == path]
         if not rows:
             print(f"tce show: {path} is not recorded in {args.metadata}", file=sys.stderr)
@@ -114,10 +110,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
             if f.reason:
                 print(f"reason    {f.reason}")
         return 0
-    from tce import _service
-    from tce.v1 import tce_pb2 as pb
-
-    files = [f for f in _service.with_client(lambda c: c.list(args.job or "", "")) if f.path == path]
+    files = [f for f in _service.with_client(lambda c: c.list(args.job or "", ""))
+             if f.path == path]
     if not files:
         print(f"tce show: the server knows no file {path}", file=sys.stderr)
         return 1
@@ -139,29 +133,20 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from tce.tools import _bench
-
     return _bench.main(args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from tce.tools import _demo
-
     return _demo.main(args)
 
 
 def _matching(client, paths: list[str], job: str | None):
     """The server's files at `paths` (absolute), in `job` or any job."""
-    import os
-
     wanted = {os.path.abspath(p) for p in paths}
     return [f for f in client.list(job or "", "") if f.path in wanted]
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
-    from tce import _service
-    from tce.v1 import tce_pb2 as pb
-
     def run(client):
         if args.all:
             jobs = [args.job] if args.job else sorted({f.job for f in client.list("", "")
@@ -181,11 +166,6 @@ def _cmd_retry(args: argparse.Namespace) -> int:
 
 
 def _cmd_wait(args: argparse.Namespace) -> int:
-    import os
-
-    from tce import _service, api
-    from tce.errors import PersistFailedError
-
     paths = [os.path.abspath(p) for p in args.paths]
     by_job: dict[str, list[str]] = {}
     for f in _service.with_client(lambda c: _matching(c, paths, args.job)):
@@ -205,7 +185,6 @@ def _cmd_wait(args: argparse.Namespace) -> int:
             api.wait(ps, timeout=args.timeout, job=job)
         except PersistFailedError as e:
             failed = e.failures
-        from tce.v1 import tce_pb2 as pb
 
         now = {f.path: f for f in _service.with_client(lambda c: _matching(c, ps, job))}
         for p in ps:
@@ -220,8 +199,6 @@ def _cmd_wait(args: argparse.Namespace) -> int:
 
 
 def _cmd_drop(args: argparse.Namespace) -> int:
-    from tce import _service
-
     def run(client):
         files = _matching(client, args.paths, args.job)
         if not files:
@@ -234,8 +211,6 @@ def _cmd_drop(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from tce.tools import _doctor
-
     return _doctor.main(args)
 
 
@@ -277,19 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--job", help="only this job's files")
 
     s = sub.add_parser("bench", help="save/load throughput against torch.save/torch.load")
-    from tce.tools._bench import add_arguments
-
-    add_arguments(s)
+    _bench.add_arguments(s)
 
     s = sub.add_parser("doctor", help="the fabric devices and providers the ring would use")
-    from tce.tools._doctor import add_arguments as add_doctor_arguments
-
-    add_doctor_arguments(s)
+    _doctor.add_arguments(s)
 
     s = sub.add_parser("demo", help="train, crash, resume from the cache; print the timings")
-    from tce.tools._demo import add_arguments as add_demo_arguments
-
-    add_demo_arguments(s)
+    _demo.add_arguments(s)
     return p
 
 
@@ -303,16 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.socket:
-        from tce.core import _knobs
-
         _knobs.configure(socket=args.socket)
     if args.command == "retry" and bool(args.paths) == bool(args.all):
         parser.error("retry takes PATH... or --all")
     handler = {"status": _cmd_status, "ls": _cmd_ls, "show": _cmd_show, "bench": _cmd_bench,
                "demo": _cmd_demo, "doctor": _cmd_doctor, "retry": _cmd_retry, "drop": _cmd_drop,
                "wait": _cmd_wait}
-    from tce.errors import TCEError
-
     try:
         return handler[args.command](args)
     except TCEError as e:
