@@ -1,0 +1,158 @@
+"""The package's shape: every module imports on its own, tce's modules import
+one another without cycles, and each layer imports only the layers below it."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import tce
+
+PACKAGE = pathlib.Path(tce.__file__).parent
+
+# Layers, lowest first: a module may import its own layer and those below.
+LAYERS = [
+    ("errors and protocol", ("tce.errors", "tce.v1")),
+    ("client core", ("tce.core",)),
+    ("internal service API", ("tce._service",)),
+    ("public API", ("tce.api",)),
+    ("integrations", ("tce.integrations",)),
+    ("package", ("tce",)),
+    ("tools", ("tce.tools", "tce.cli")),
+]
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    """Every module of the package (the generated protocol modules aside)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        if "v1" in rel.parts:
+            continue
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """The tce modules ``name`` imports when it is imported: the imports at
+    module level (in ``if``/``try`` blocks too), not those inside functions
+    or classes. ``from tce import x`` names the module tce.x when there is
+    one, else the package."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    found.add(sub if sub in MODULES else base)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):  # still module level
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                visit(getattr(node, "finalbody", []))
+                for handler in getattr(node, "handlers", []):
+                    visit(handler.body)
+
+    visit(ast.parse(path.read_text()).body)
+    return {m for m in found if m == "tce" or m.startswith("tce.")}
+
+
+def _layer(module: str) -> int:
+    best, rank = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, rank = len(p), i
+    return rank
+
+
+def test_the_package_has_the_layout_the_readme_describes():
+    assert {"tce", "tce.api", "tce.errors", "tce._service", "tce.cli", "tce.core",
+            "tce.integrations", "tce.tools"} <= set(MODULES)
+    for name in MODULES:
+        assert _layer(name) >= 0, f"{name} belongs to no layer"
+
+
+# One interpreter that loads the third-party libraries once (torch takes
+# seconds), then imports each tce module in a forked child that has loaded no
+# tce module yet: as if that module were the first a program imports.
+_IMPORT_EACH = r"""
+import os, sys, traceback
+import grpc, torch  # noqa: F401
+assert not [m for m in sys.modules if m == "tce" or m.startswith("tce.")]
+failed = 0
+for name in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            __import__(name)
+        except BaseException:
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        print(f"FAILED: import {name}", file=sys.stderr)
+        failed += 1
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    p = subprocess.run([sys.executable, "-c", _IMPORT_EACH, *sorted(MODULES)],
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+
+
+def test_no_import_cycles_among_tce_modules():
+    graph = {name: {m for m in _imports(name, path) if m in MODULES and m != name}
+             for name, path in MODULES.items()}
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_each_layer_imports_only_the_layers_below():
+    upward = [f"{name} ({LAYERS[_layer(name)][0]}) imports {m} ({LAYERS[_layer(m)][0]})"
+              for name, path in MODULES.items() for m in sorted(_imports(name, path))
+              if _layer(m) > _layer(name)]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_import_walk_reads_module_level_imports_only(tmp_path):
+    """The walk the two tests above rely on."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from tce.core import _knobs\n")
+    b.write_text("import tce.api\ntry:\n    from tce import _service\nexcept ImportError:\n    pass\n"
+                 "def f():\n    import tce.tools.cli\n")
+    assert _imports("tce.core._x", a) == {"tce.core._knobs"}
+    assert _imports("tce.core._y", b) == {"tce.api", "tce._service"}
