@@ -75,6 +75,11 @@ targs = TrainingArguments(
     report_to=[], seed=0, data_seed=0, dataloader_num_workers=0, deepspeed=ds_config,
     disable_tqdm=True,
 )
+# On the CPU, accelerate counts each DeepSpeed rank as a world of its own
+# (process_index 0 everywhere), so every rank would rotate the checkpoints
+# and race the others' deletes. Only rank 0 rotates, as on GPUs.
+if int(os.environ.get("RANK", "0")) != 0:
+    targs.save_total_limit = None
 torch.manual_seed(0)
 model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=VOCAB,
                                    n_positions=SEQ))
