@@ -1,0 +1,146 @@
+// Cache: memory. Buffer sizes, the pool of free buffers, making room
+// within the budget, and eviction (least recently committed persisted file
+// first; keep_last).
+#include "cache/cache.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "common/logging.h"
+#include "common/strings.h"
+
+namespace tce {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kChunk = 64 << 10;
+
+uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+uint64_t Cache::CapacityFor(uint64_t size) {
+  if (size < kChunk) return RoundUp(size, kPage);
+  return RoundUp(size + std::min<uint64_t>(size / 64, 64 << 20), kChunk);
+}
+
+bool Cache::Fits(uint64_t capacity, uint64_t size) {
+  return size <= capacity && capacity <= size + size / 8 + (1 << 20);
+}
+
+void Cache::ReleaseBuffer(uint64_t buffer_id) {
+  auto it = buffers_.find(buffer_id);
+  if (it == buffers_.end()) return;
+  Buf& buf = it->second;
+  buf.allocation_id = 0;
+  buf.state = buf.leases > 0 || buf.pins > 0 ? BufState::kDraining : BufState::kFree;
+}
+
+void Cache::MaybeFree(Buf& buf) {
+  if (buf.state == BufState::kDraining && buf.leases == 0 && buf.pins == 0)
+    buf.state = BufState::kFree;
+}
+
+std::string Cache::FullMessage(uint64_t need) const {
+  CacheStats s = TallyLocked();
+  return "cache full: need " + std::to_string(need) + " bytes (" + HumanBytes(need) +
+         "), budget " + HumanBytes(s.budget) + ", used " + HumanBytes(s.used) + " (cached " +
+         HumanBytes(s.cached) + ", pending " + HumanBytes(s.pending) + ", free " +
+         HumanBytes(s.free) + ", retiring " + HumanBytes(s.retiring) + ")";
+}
+
+void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint64_t>* unmap) {
+  // Cheapest first: buffers nobody maps, then ours, then other sessions'
+  // (those only free their bytes once every mapper has unmapped them).
+  for (int pass = 0; pass < 3 && used_ + reserved_ + need > budget_; ++pass) {
+    std::vector<uint64_t> victims;
+    for (auto& [id, b] : buffers_) {
+      if (b.state != BufState::kFree || b.leases) continue;
+      bool only_us = b.mappers.size() == 1 && b.mappers.count(session);
+      bool pick = pass == 0 ? b.mappers.empty() : pass == 1 ? only_us : !b.mappers.empty() && !only_us;
+      if (pick) victims.push_back(id);
+    }
+    for (uint64_t id : victims) {
+      if (used_ + reserved_ + need <= budget_) break;
+      Buf& b = buffers_[id];
+      if (pass == 2) {
+        b.state = BufState::kRetiring;
+        b.mem.reset();
+        for (const auto& m : b.mappers) sessions_[m].pending_unmap.push_back(id);
+        TCE_LOG(kInfo, "cache") << "retiring buffer=" << id << " capacity=" << b.capacity
+                                << " (waiting for " << b.mappers.size() << " session(s) to unmap)";
+        continue;
+      }
+      if (pass == 1) unmap->push_back(id);
+      used_ -= b.capacity;
+      TCE_LOG(kInfo, "cache") << "destroyed free buffer=" << id << " capacity=" << b.capacity;
+      buffers_.erase(id);
+    }
+  }
+}
+
+Cache::Buf* Cache::PickFree(const std::string& session, uint64_t size) {
+  Buf* best = nullptr;
+  const uid_t uid = sessions_[session].uid;
+  for (auto& [id, b] : buffers_) {
+    if (b.state != BufState::kFree || !Fits(b.capacity, size)) continue;
+    if (b.uid != uid) continue;  // it holds another user's bytes
+    bool ours = b.mappers.count(session) != 0;
+    if (b.mappers.size() > (ours ? 1u : 0u)) continue;
+    bool best_ours = best && best->mappers.count(session) != 0;
+    if (!best || (ours && !best_ours) || (ours == best_ours && b.capacity < best->capacity))
+      best = &b;
+  }
+  return best;
+}
+
+bool Cache::Evictable(const FileInfo& f) {
+  if (f.state != FileState::kPersisted) return false;
+  const Buf& b = buffers_[f.buffer_id];
+  return b.leases == 0 && b.pins == 0;  // nobody reads or writes its bytes
+}
+
+void Cache::Evict(FileInfo& f, const char* why) {
+  TCE_LOG(kInfo, "cache") << "evicted job=" << f.job << " tag=" << f.tag << " path=" << f.path
+                          << " size=" << f.size << " (" << why << ")";
+  ReleaseBuffer(f.buffer_id);
+  QueueDrop(f);
+  f.state = FileState::kEvicted;
+  f.buffer_id = 0;
+  f.capacity = 0;
+  ++evicted_files_;
+  Note(f, false);
+}
+
+bool Cache::EvictOne() {
+  FileInfo* victim = nullptr;
+  for (auto& [key, f] : files_) {
+    if (Evictable(f) && (!victim || f.committed_unix_ns < victim->committed_unix_ns)) victim = &f;
+  }
+  if (!victim) return false;
+  Evict(*victim, "cache full");
+  return true;
+}
+
+void Cache::EnforceKeepLast(const std::string& job) {
+  if (keep_last_ == 0) return;
+  std::map<std::string, int64_t> newest;  // tag -> its newest commit
+  for (const auto& [key, f] : files_) {
+    if (f.job != job || f.tag.empty() || f.state == FileState::kEvicted ||
+        f.state == FileState::kDiscarded)
+      continue;  // a tag that holds no memory takes no place among the newest
+    newest[f.tag] = std::max(newest[f.tag], f.committed_unix_ns);
+  }
+  if (newest.size() <= keep_last_) return;
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (const auto& [tag, t] : newest) order.emplace_back(t, tag);
+  std::sort(order.rbegin(), order.rend());  // newest first
+  std::set<std::string> old;
+  for (size_t i = keep_last_; i < order.size(); ++i) old.insert(order[i].second);
+  for (auto& [key, f] : files_) {
+    if (f.job == job && old.count(f.tag) && Evictable(f)) Evict(f, "keep_last");
+  }
+}
+
+}  // namespace tce

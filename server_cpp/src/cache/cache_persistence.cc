@@ -1,0 +1,210 @@
+// Cache: the files' side of persistence. Committed files go to the
+// PersistFeed (persist/persist_queue.h); workers take the current version
+// (StartPersist) and report back (FinishPersist); failures that may clear
+// are retried, and Wait blocks until files are on storage.
+#include "cache/cache.h"
+
+#include "common/clock.h"
+#include "common/logging.h"
+
+namespace tce {
+
+Status Cache::Wait(const std::string& session, const std::string& job,
+                   const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
+                   std::vector<FileInfo>* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Status s = CheckAccess(session, job, "wait for files of job '" + job + "'");
+  if (!s.ok()) return s;
+  if (!persistence_enabled())
+    return Status::FailedPrecondition(
+        "persistence is off (the server has no storage_roots): files live in memory only");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    out->clear();
+    std::vector<std::string> unfinished;
+    for (const std::string& path : paths) {
+      auto it = files_.find({job, path});
+      if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
+      if (it->second.state == FileState::kCached || it->second.state == FileState::kBackedUp)
+        unfinished.push_back(path);
+      out->push_back(it->second);
+    }
+    if (unfinished.empty()) return Status::OK();
+    if (stopping_) return Status::Unavailable("the server is shutting down");
+    if (timeout.count() <= 0) {
+      done_cv_.wait(lock);
+    } else if (done_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return Status::DeadlineExceeded(std::to_string(unfinished.size()) + " of " + std::to_string(paths.size()) +
+                        " file(s) not persisted yet, e.g. " + unfinished[0]);
+    }
+  }
+}
+
+void Cache::SetPersistFeed(PersistFeed* feed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  persist_ = feed;
+}
+
+void Cache::QueuePersist(const FileKey& key) {
+  if (persistence_enabled() && persist_) persist_->Queue(key);
+}
+
+bool Cache::PersistQueued() const { return persist_ && persist_->Queued() > 0; }
+
+void Cache::FailPersist(FileInfo& f, const Status& why) {
+  f.state = FileState::kFailed;
+  f.reason = why.ToString();
+  const Status::Code c = why.code();
+  const bool may_clear = c == Status::Code::kResourceExhausted || c == Status::Code::kInternal ||
+                         c == Status::Code::kUnavailable || c == Status::Code::kDeadlineExceeded;
+  if (may_clear && f.buffer_id != 0 && persist_) {
+    const std::chrono::milliseconds every = persist_->RetryLater({f.job, f.path});
+    if (every.count() > 0)
+      f.reason += " (persisted again every " + std::to_string(every.count() / 1000.0).substr(0, 4) +
+                  " s while in memory)";
+  }
+  Note(f, false);
+  done_cv_.notify_all();
+}
+
+void Cache::Reopen(FileInfo& f) {
+  TCE_LOG(kInfo, "persist") << "persisting again job=" << f.job << " path=" << f.path
+                            << " (failed: " << f.reason << ")";
+  f.state = f.backup_holder.empty() ? FileState::kCached : FileState::kBackedUp;
+  f.reason.clear();
+  Note(f, false);
+}
+
+void Cache::Requeue(FileInfo& f) {
+  if (persist_) persist_->CancelRetry({f.job, f.path});
+  Reopen(f);
+  QueuePersist({f.job, f.path});
+}
+
+Status Cache::RetryFailed(const std::string& session, const std::string& job,
+                          const std::vector<std::string>& paths, std::vector<FileInfo>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job.empty()) return Status::InvalidArgument("retry needs a job");
+  Status s = CheckAccess(session, job, "retry files of job '" + job + "'");
+  if (!s.ok()) return s;
+  if (!persistence_enabled())
+    return Status::FailedPrecondition("this server persists nothing (no storage_roots)");
+  std::vector<FileInfo*> chosen;
+  if (paths.empty()) {
+    for (auto& [key, f] : files_)
+      if (key.first == job && f.state == FileState::kFailed && f.buffer_id != 0) chosen.push_back(&f);
+  }
+  for (const std::string& path : paths) {
+    auto it = files_.find({job, path});
+    if (it == files_.end()) return Status::NotFound("no file " + path + " in job " + job);
+    FileInfo& f = it->second;
+    if (f.state != FileState::kFailed)
+      return Status::FailedPrecondition(path + " is " + FileStateName(f.state) + ", not FAILED: nothing to retry");
+    if (f.buffer_id == 0)
+      return Status::FailedPrecondition(path + " is no longer in memory (" + f.reason +
+                                        "): only a new save can bring it back");
+    chosen.push_back(&f);
+  }
+  for (FileInfo* f : chosen) {
+    Requeue(*f);
+    out->push_back(*f);
+  }
+  return Status::OK();
+}
+
+bool Cache::StartPersist(const FileKey& key, bool retry, PersistJob* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return false;
+  auto it = files_.find(key);
+  if (it == files_.end()) return false;  // removed
+  FileInfo& f = it->second;
+  if (retry) {  // a scheduled attempt: only at a file still FAILED with its memory
+    if (f.state != FileState::kFailed || f.buffer_id == 0) return false;
+    Reopen(f);
+  }
+  if (f.state != FileState::kCached && f.state != FileState::kBackedUp) return false;  // gone or done
+  auto flying = in_flight_.find(key);
+  if (flying != in_flight_.end() && flying->second == f.version) return false;
+  Buf& buf = buffers_[f.buffer_id];
+  int fd = -1;
+  Status s = buf.mem->NewFd(/*writable=*/true, &fd);
+  if (!s.ok()) {  // e.g. out of descriptors: that clears
+    FailPersist(f, s);
+    return false;
+  }
+  ++buf.pins;
+  in_flight_[key] = f.version;
+  out->job = key.first;
+  out->path = key.second;
+  out->version = f.version;
+  out->buffer_id = buf.id;
+  out->size = f.size;
+  out->capacity = buf.capacity;
+  out->uid = f.owner_uid;
+  out->gid = f.owner_gid;
+  out->new_mode = f.new_mode;
+  out->zip_crc32 = f.zip_crc32;
+  out->expected = f.disk;
+  out->records = f.records;
+  out->fd = fd;
+  return true;
+}
+
+std::chrono::milliseconds Cache::WaitForNoSaves(std::chrono::milliseconds max) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (pending_.empty() || stopping_) return std::chrono::milliseconds(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  quiet_cv_.wait_for(lock, max, [this] { return pending_.empty() || stopping_; });
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+}
+
+bool Cache::IsCurrent(const PersistJob& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = files_.find({job.job, job.path});
+  return it != files_.end() && it->second.version == job.version;
+}
+
+void Cache::FinishPersist(const PersistJob& job, const Status& result,
+                          std::vector<Record> records, const FileStat& written) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto b = buffers_.find(job.buffer_id);
+  if (b != buffers_.end()) {
+    --b->second.pins;
+    MaybeFree(b->second);
+  }
+  auto flying = in_flight_.find({job.job, job.path});
+  if (flying != in_flight_.end() && flying->second == job.version) in_flight_.erase(flying);
+  auto it = files_.find({job.job, job.path});
+  if (it != files_.end() && it->second.version != job.version && result.ok() &&
+      it->second.disk.known && job.expected.known) {
+    // Superseded as it was renamed into place: the newer version must
+    // expect the file this one left.
+    it->second.disk = Written(job.expected, written);
+    return;
+  }
+  if (it == files_.end() || it->second.version != job.version) return;  // superseded
+  if (result.code() == Status::Code::kCancelled) {
+    Discard(it->second, result.message());
+  } else if (result.ok()) {
+    it->second.disk = Written(job.expected, written);
+    it->second.state = FileState::kPersisted;
+    it->second.persisted_unix_ns = UnixNowNs();
+    it->second.records = std::move(records);
+    ++persisted_files_;
+    persisted_bytes_ += job.size;
+    Note(it->second, false);
+    EnforceKeepLast(job.job);
+  } else {
+    FailPersist(it->second, result);
+  }
+  done_cv_.notify_all();
+}
+
+void Cache::StopPersistence() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  done_cv_.notify_all();
+  quiet_cv_.notify_all();
+}
+
+}  // namespace tce

@@ -1,0 +1,268 @@
+// Cache: the files' side of the ring. The job's ring (RingTable) decides
+// what goes to the BackupFeed (ring/backup_queue.h); backup workers pin the
+// current version (StartBackup); files pulled back from the ring are checked
+// and adopted (AdoptRecovered).
+#include "cache/cache.h"
+
+#include <algorithm>
+
+#include "common/clock.h"
+#include "common/logging.h"
+#include "common/validate.h"
+
+namespace tce {
+
+void Cache::SetBackupFeed(BackupFeed* feed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  backups_ = feed;
+}
+
+void Cache::QueueBackup(const FileKey& key) {
+  if (!rings_.Successor(key.first).empty() && backups_) backups_->Send(key);
+}
+
+void Cache::QueueDrop(const FileInfo& f) {
+  if (f.backup_holder.empty() || !backups_) return;
+  backups_->Drop(DropCopy{f.job, f.path, f.backup_holder, f.version});
+}
+
+Status Cache::SetRing(const std::string& session, const std::string& job, int32_t node_rank,
+                      std::vector<std::string> endpoints, std::string* successor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status s = CheckSession(session);
+  if (!s.ok()) return s;
+  if (job.empty()) return Status::InvalidArgument("a ring needs a job");
+  s = CheckAccess(session, job, "set the ring of job '" + job + "'", /*claim=*/true);
+  if (!s.ok()) return s;
+  s = RingTable::Check(job, node_rank, endpoints);
+  if (!s.ok()) return s;
+  if (meta_ && !self_endpoint_.empty()) meta_->RecordRing(RingInfo{job, self_endpoint_, node_rank, endpoints});
+  *successor = InstallRing(job, node_rank, std::move(endpoints));
+  const Session& who = sessions_.at(session);
+  rings_.SetOwner(job, who.uid, who.gid);
+  return Status::OK();
+}
+
+void Cache::SetSelfEndpoint(const std::string& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  self_endpoint_ = endpoint;
+}
+
+void Cache::RestoreRings(std::vector<RingInfo> rings) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (RingInfo& r : rings) {
+    if (!RingTable::Check(r.job, r.node_rank, r.endpoints).ok()) continue;
+    TCE_LOG(kInfo, "ring") << "rejoining the ring of job=" << r.job << " recorded in metadata";
+    InstallRing(r.job, r.node_rank, std::move(r.endpoints));
+  }
+}
+
+std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::vector<std::string> endpoints) {
+  const bool changed = rings_.Install(job, node_rank, std::move(endpoints));
+  const Ring& ring = *rings_.Find(job);
+  bool empty = true;  // nothing of this job in memory: a fresh or restarted node
+  for (const auto& [key, f] : files_) empty = empty && !(key.first == job && f.buffer_id != 0);
+  for (const auto& [id, a] : pending_) empty = empty && a.file.job != job;
+  if (empty && !ring.successor.empty() && backups_)
+    backups_->Recover(RecoverJob{job, node_rank, ring.successor, ring.Predecessor()});
+  TCE_LOG(kInfo, "ring") << "job=" << job << " node " << node_rank << " of "
+                         << ring.endpoints.size() << ", successor "
+                         << (ring.successor.empty() ? "none" : ring.successor);
+  const std::string successor = ring.successor;
+  if (changed) {  // back up what is cached already (to the new successor)
+    for (auto& [key, f] : files_) {
+      if (key.first != job || f.buffer_id == 0 || f.state == FileState::kEvicted ||
+          f.state == FileState::kFailed)
+        continue;
+      f.backup_holder.clear();
+      QueueBackup(key);
+    }
+  }
+  return successor;
+}
+
+bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = files_.find(key);
+  const std::string successor = rings_.Successor(key.first);
+  if (it == files_.end() || successor.empty()) return false;
+  FileInfo& f = it->second;
+  if (f.buffer_id == 0 || f.state == FileState::kEvicted || f.state == FileState::kFailed ||
+      f.state == FileState::kPending || f.backup_holder == successor)
+    return false;  // gone, not in memory, or already held there
+  Buf& buf = buffers_[f.buffer_id];
+  int fd = -1;
+  if (!buf.mem->NewFd(/*writable=*/false, &fd).ok()) return false;
+  ++buf.pins;
+  ++backups_in_flight_;
+  *out = BackupJob();
+  out->job = f.job;
+  out->tag = f.tag;
+  out->path = f.path;
+  out->rank = f.rank;
+  out->peer = successor;
+  out->node = rings_.Find(key.first)->node_rank;
+  out->version = f.version;
+  out->buffer_id = buf.id;
+  out->size = f.size;
+  out->records = f.records;
+  out->fd = fd;
+  out->data = nullptr;
+  Buffer* mem = buf.mem.get();
+  lock.unlock();  // mapping a new buffer faults it in: not under the lock
+  if (!mem->Mapping(&out->data).ok()) out->data = nullptr;
+  return true;
+}
+
+void Cache::FinishBackup(const BackupJob& job, const Status& result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --backups_in_flight_;
+  auto b = buffers_.find(job.buffer_id);
+  if (b != buffers_.end()) {
+    --b->second.pins;
+    MaybeFree(b->second);
+  }
+  auto it = files_.find({job.job, job.path});
+  const bool current = it != files_.end() && it->second.version == job.version &&
+                       it->second.buffer_id != 0;
+  if (!result.ok()) {
+    ++backup_failures_;
+    backup_error_ = job.peer + ": " + result.ToString();
+    if (current && backups_) backups_->Send({job.job, job.path});  // again, after the worker's backoff
+    return;
+  }
+  ++backed_up_files_;
+  if (!current) return;  // superseded or evicted meanwhile; the next version goes too
+  it->second.backup_holder = job.peer;
+  if (it->second.state == FileState::kCached) it->second.state = FileState::kBackedUp;
+  Note(it->second, false);
+}
+
+Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t capacity = CapacityFor(size);
+  std::vector<uint64_t> ignored;
+  while (used_ + reserved_ + capacity > budget_) {
+    Reclaim("", capacity, &ignored);
+    if (used_ + reserved_ + capacity <= budget_) break;
+    if (!EvictOne()) return Status::ResourceExhausted(FullMessage(capacity));
+  }
+  const uint64_t id = next_buffer_id_++;
+  reserved_ += capacity;
+  lock.unlock();
+  Status s = Buffer::Create(id, capacity, out);
+  if (!s.ok()) {
+    lock.lock();
+    reserved_ -= capacity;
+  }
+  return s;
+}
+
+void Cache::AbandonRecovery(std::unique_ptr<Buffer> mem) {
+  if (!mem) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_ -= mem->capacity();
+}
+
+Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
+  // A peer's copy is checked like a save (its names) and against what this
+  // server knows (its metadata, the ring's owner): a peer never names a path,
+  // an owner or a size of its own choosing.
+  Status s = ValidateName("job", f.job, /*allow_empty=*/false, /*allow_slash=*/true);
+  if (s.ok()) s = ValidateName("tag", f.tag, /*allow_empty=*/true, /*allow_slash=*/false);
+  if (s.ok()) s = ValidatePath(f.path);
+  if (s.ok()) s = CheckUnderRoots(f.path);
+  std::lock_guard<std::mutex> lock(mu_);
+  reserved_ -= mem->capacity();
+  if (!s.ok()) return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: " + s.message());
+  FileKey key{f.job, f.path};
+  auto it = files_.find(key);
+  if (it != files_.end() && it->second.buffer_id != 0)
+    return Status::FailedPrecondition(f.path + " was saved again meanwhile: the newer copy stays");
+  if (it != files_.end()) {  // known from metadata: size, owner and CRCs are metadata's
+    const FileInfo& known = it->second;
+    if (known.size != 0 && known.size != f.size) {
+      ++recovery_mismatches_;
+      return Status::DataLoss("the ring's copy of " + f.path + " has " + std::to_string(f.size) +
+                              " bytes, metadata " + std::to_string(known.size) + ": storage serves it");
+    }
+    for (const Record& k : known.records) {
+      if (k.crc32 == 0 && k.size > 0) continue;  // never checksummed (not persisted)
+      auto same = std::find_if(f.records.begin(), f.records.end(),
+                               [&](const Record& r) { return r.name == k.name; });
+      if (same == f.records.end() || same->crc32 != k.crc32 || same->size != k.size) {
+        ++recovery_mismatches_;
+        return Status::DataLoss("the ring's copy of " + f.path + " does not match the checksums in "
+                                "metadata (record " + k.name + "): storage serves it");
+      }
+    }
+    f.owner_uid = known.owner_uid;
+    f.owner_gid = known.owner_gid;
+  } else {  // unknown here: it belongs to whoever told us the job's ring
+    const Ring* ring = rings_.Find(f.job);
+    if (!ring || !ring->has_owner)
+      return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: job " + f.job +
+                                      " has no owner on this server (its ring came from metadata, "
+                                      "which does not know the file)");
+    f.owner_uid = ring->owner_uid;
+    f.owner_gid = ring->owner_gid;
+  }
+  const uint64_t id = mem->id();
+  Buf& buf = buffers_[id];
+  buf.id = id;
+  buf.capacity = mem->capacity();
+  buf.mem = std::move(mem);
+  buf.state = BufState::kCached;
+  buf.uid = f.owner_uid;
+  used_ += buf.capacity;
+  ++buffers_created_;
+  f.buffer_id = id;
+  f.capacity = buf.capacity;
+  f.state = FileState::kBackedUp;
+  f.version = next_allocation_id_++;
+  f.committed_unix_ns = UnixNowNs();
+  f.reason.clear();
+  files_[key] = f;
+  ++recovered_files_;
+  Note(f, false);
+  QueuePersist(key);  // it may never have reached storage
+  TCE_LOG(kInfo, "ring") << "recovered job=" << f.job << " path=" << f.path << " size=" << f.size
+                         << " from " << f.backup_holder;
+  return Status::OK();
+}
+
+std::vector<std::string> Cache::RingPeers(const std::string& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Ring* ring = rings_.Find(job);
+  return ring ? ring->Peers() : std::vector<std::string>();
+}
+
+bool Cache::MayBeInRing(const std::string& job, const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rings_.Successor(job).empty()) return false;
+  auto it = files_.find({job, path});
+  return it == files_.end() || (it->second.buffer_id == 0 && it->second.state != FileState::kEvicted &&
+                                 it->second.state != FileState::kDiscarded);
+}
+
+void Cache::ResendBackups(const std::string& job, const std::string& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (auto& [key, f] : files_) {
+    if (key.first != job || f.backup_holder != peer) continue;
+    f.backup_holder.clear();
+    if (f.state == FileState::kBackedUp) f.state = FileState::kCached;
+    QueueBackup(key);
+    ++n;
+  }
+  TCE_LOG(kInfo, "ring") << peer << " lost its copies of job=" << job << ": re-sending " << n
+                         << " file(s)";
+}
+
+void Cache::NoteBackupError(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++backup_failures_;
+  backup_error_ = message;
+}
+
+}  // namespace tce

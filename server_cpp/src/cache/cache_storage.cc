@@ -1,0 +1,147 @@
+// Cache: coherence with storage (docs/semantics.md). What a save's path
+// holds when it begins, what the persister left there, and the verdict of
+// comparing a cached file with storage before it serves a load.
+#include "cache/cache.h"
+
+#include "cache/storage_check.h"
+#include "common/logging.h"
+
+namespace tce {
+
+Status Cache::CheckUnderRoots(const std::string& path) {
+  if (roots_.empty()) return Status::OK();
+  std::string resolved;
+  Status s = env_->ResolvePath(path, &resolved);
+  if (!s.ok()) return Status::PermissionDenied("cannot resolve " + path + ": " + s.message());
+  for (const std::string& root : roots_) {
+    if (root == "/" || resolved == root ||
+        (resolved.size() > root.size() && resolved.compare(0, root.size(), root) == 0 &&
+         resolved[root.size()] == '/'))
+      return Status::OK();
+  }
+  std::string list;
+  for (const std::string& root : roots_) list += (list.empty() ? "" : ", ") + root;
+  return Status::PermissionDenied(path + (resolved != path ? " (resolves to " + resolved + ")" : "") +
+                                  " is not under a storage root (" + list + ")");
+}
+
+Status Cache::SnapshotFor(const std::string& path, DiskIdentity* out) {
+  if (roots_.empty()) return Status::OK();  // memory only: a path is a name
+  // Numbered before looking, so an identity this server records later (a
+  // write that lands meanwhile) is known to be newer.
+  const uint64_t seq = ++disk_seq_;
+  auto result = std::make_shared<std::pair<Status, DiskIdentity>>();
+  Env* env = env_;
+  std::vector<std::string> roots = roots_;
+  std::string p = path;
+  if (!prober_->Run([=] { result->first = SnapshotPath(env, roots, p, &result->second); })) {
+    NoteStorageFallback(path, "storage did not answer in time; the save goes on unchecked");
+    return Status::OK();
+  }
+  const Status& s = result->first;
+  if (s.code() == Status::Code::kNotFound || s.code() == Status::Code::kPermissionDenied ||
+      s.code() == Status::Code::kFailedPrecondition)
+    return s;  // as torch.save would fail: no such directory, or not a file
+  if (!s.ok()) {
+    NoteStorageFallback(path, s.ToString() + "; the save goes on unchecked");
+    return Status::OK();
+  }
+  *out = result->second;
+  out->seq = seq;
+  return Status::OK();
+}
+
+void Cache::NoteStorageFallback(const std::string& path, const std::string& why) {
+  ++storage_fallbacks_;
+  uint64_t dropped = 0;
+  if (storage_log_.Allow(&dropped))
+    TCE_LOG(kWarning, "cache") << "storage could not be checked for " << path << ": " << why
+                               << Suppressed(dropped);
+}
+
+DiskIdentity Cache::Written(const DiskIdentity& before, const FileStat& st) {
+  DiskIdentity d = before;  // the same directory
+  if (!before.known) return d;  // a recovered file: its directory was never seen
+  d.exists = true;
+  d.dev = st.dev;
+  d.ino = st.ino;
+  d.size = st.size;
+  d.mtime_ns = st.mtime_ns;
+  d.mode = st.mode & 07777;
+  d.seq = ++disk_seq_;
+  return d;
+}
+
+void Cache::LetGo(FileInfo& f, FileState state, const std::string& why) {
+  ReleaseBuffer(f.buffer_id);
+  QueueDrop(f);
+  if (persist_) persist_->CancelRetry({f.job, f.path});
+  f.state = state;
+  f.reason = why;
+  f.buffer_id = 0;
+  f.capacity = 0;
+  f.backup_holder.clear();
+  Note(f, false);
+  done_cv_.notify_all();
+}
+
+void Cache::Discard(FileInfo& f, const std::string& why) {
+  TCE_LOG(kWarning, "cache") << "DISCARDED job=" << f.job << " tag=" << f.tag << " path=" << f.path
+                             << ": " << why << " (the save is dropped, never persisted)";
+  ++discarded_files_;
+  LetGo(f, FileState::kDiscarded, why);
+}
+
+void Cache::DropStale(FileInfo& f, const std::string& why) {
+  TCE_LOG(kInfo, "cache") << "dropped the cached copy of job=" << f.job << " path=" << f.path << ": "
+                          << why << " (loads read storage)";
+  ++stale_drops_;
+  LetGo(f, FileState::kEvicted, why);
+}
+
+void Cache::Revalidate(const FileKey& key) {
+  DiskIdentity expected;
+  uint64_t version = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = files_.find(key);
+    if (it == files_.end() || it->second.buffer_id == 0 || !it->second.disk.known ||
+        it->second.state == FileState::kPending)
+      return;
+    // Being written now: the path changes under our own hand (the persister
+    // makes the same check itself just before its rename).
+    auto flying = in_flight_.find(key);
+    if (flying != in_flight_.end() && flying->second == it->second.version) return;
+    expected = it->second.disk;
+    version = it->second.version;
+  }
+  auto result = std::make_shared<StorageCheck>();
+  Env* env = env_;
+  std::vector<std::string> roots = roots_;
+  std::string path = key.second;
+  StorageCheck c;
+  if (prober_->Run([=] { *result = CheckPath(env, roots, path, expected); }))
+    c = *result;
+  else
+    c = {Verdict::kUnavailable, "storage did not answer within " + std::to_string(check_timeout_.count()) + " ms"};
+  if (c.verdict == Verdict::kSame) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = files_.find(key);
+  if (it == files_.end() || it->second.version != version || it->second.buffer_id == 0) return;
+  if (it->second.disk.seq != expected.seq || in_flight_.count(key)) return;  // we wrote it meanwhile
+  if (c.verdict == Verdict::kUnavailable) {
+    NoteStorageFallback(key.second, c.why + "; the cached copy is served");
+  } else if (it->second.state == FileState::kPersisted) {
+    DropStale(it->second, c.why);
+  } else {
+    Discard(it->second, c.why);
+  }
+}
+
+void Cache::SetStorageCheckTimeout(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_timeout_ = timeout;
+  prober_ = std::make_unique<Prober>(timeout);
+}
+
+}  // namespace tce
