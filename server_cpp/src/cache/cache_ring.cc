@@ -84,8 +84,9 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
 bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = files_.find(key);
-  const std::string successor = rings_.Successor(key.first);
-  if (it == files_.end() || successor.empty()) return false;
+  const Ring* ring = rings_.Find(key.first);
+  if (it == files_.end() || !ring || ring->successor.empty()) return false;
+  const std::string& successor = ring->successor;
   FileInfo& f = it->second;
   if (f.buffer_id == 0 || f.state == FileState::kEvicted || f.state == FileState::kFailed ||
       f.state == FileState::kPending || f.backup_holder == successor)
@@ -101,7 +102,7 @@ bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
   out->path = f.path;
   out->rank = f.rank;
   out->peer = successor;
-  out->node = rings_.Find(key.first)->node_rank;
+  out->node = ring->node_rank;
   out->version = f.version;
   out->buffer_id = buf.id;
   out->size = f.size;
