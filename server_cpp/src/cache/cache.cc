@@ -23,7 +23,7 @@ constexpr size_t kFatesKept = 65536;
 }  // namespace
 
 void Cache::SetMetaSink(MetaSink* sink) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   meta_ = sink;
 }
 
@@ -32,7 +32,7 @@ void Cache::Note(const FileInfo& f, bool removed) {
 }
 
 void Cache::Restore(std::vector<FileInfo> files) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (FileInfo& f : files) {
     if (f.state == FileState::kPersisted || f.state == FileState::kEvicted) {
       f.state = FileState::kEvicted;  // on storage; the memory did not survive
@@ -157,7 +157,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     s = Status::ResourceExhausted("file of " + std::to_string(req.size) + " bytes (" +
                                   HumanBytes(req.size) + ") exceeds the cache budget of " +
                                   std::to_string(budget_) + " bytes (" + HumanBytes(budget_) + ")");
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (s.ok()) s = CheckAccess(req.session, req.job, "write " + req.path + " in job '" + req.job + "'",
                               /*claim=*/true);
   if (s.ok() && !accepting_) s = Status::Unavailable("the server is shutting down: it takes no new saves");
@@ -189,7 +189,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     // 4. Only unpersisted files hold the memory: wait for persistence to
     //    finish some (never evict what is not on storage), within bounds.
     if (persistence_enabled() && (PersistQueued() || !in_flight_.empty()) && !stopping_ &&
-        done_cv_.wait_until(lock, deadline) != std::cv_status::timeout) {
+        done_cv_.WaitUntil(&mu_, deadline)) {
       if (!sessions_.count(req.session)) return CheckSession(req.session);
       continue;
     }
@@ -200,10 +200,10 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   }
   const uint64_t id = next_buffer_id_++;
   reserved_ += capacity;
-  lock.unlock();
+  lock.Unlock();
   std::unique_ptr<Buffer> mem;
   s = Buffer::Create(id, capacity, &mem);
-  lock.lock();
+  lock.Lock();
   reserved_ -= capacity;
   if (!s.ok()) {
     TCE_LOG(kError, "cache") << "cannot create buffer of " << capacity << " bytes: " << s.ToString();
@@ -243,7 +243,7 @@ Status Cache::FindAllocation(const std::string& session, uint64_t id,
 
 Status Cache::Commit(const std::string& session, uint64_t allocation_id,
                      std::vector<Record> records, FileInfo* out, bool zip_crc32) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::map<uint64_t, Allocation>::iterator it;
   Status s = FindAllocation(session, allocation_id, &it);
   if (s.ok()) {
@@ -269,7 +269,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
   }
   Allocation a = std::move(it->second);
   pending_.erase(it);
-  if (pending_.empty()) quiet_cv_.notify_all();
+  if (pending_.empty()) quiet_cv_.SignalAll();
   RecordFate(allocation_id, Fate::kCommitted);
   a.file.state = FileState::kCached;
   a.file.committed_unix_ns = UnixNowNs();
@@ -303,7 +303,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
 }
 
 Status Cache::Abort(const std::string& session, uint64_t allocation_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::map<uint64_t, Allocation>::iterator it;
   Status s = FindAllocation(session, allocation_id, &it);
   if (!s.ok()) return s;
@@ -311,7 +311,7 @@ Status Cache::Abort(const std::string& session, uint64_t allocation_id) {
   TCE_LOG(kInfo, "cache") << "aborted allocation=" << allocation_id
                           << " path=" << it->second.file.path;
   pending_.erase(it);
-  if (pending_.empty()) quiet_cv_.notify_all();
+  if (pending_.empty()) quiet_cv_.SignalAll();
   RecordFate(allocation_id, Fate::kAborted);
   ReleaseBuffer(buffer_id);
   return Status::OK();
@@ -321,12 +321,12 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
                      bool lease, FileInfo* out, uint64_t* lease_id,
                      std::vector<uint64_t>* unmap_buffer_ids) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
     if (!s.ok()) return s;
   }
   Revalidate({job, path});
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
   if (!s.ok()) return s;
   if (lease && sessions_[session].leases >= max_leases_per_session_)
@@ -354,7 +354,7 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
 
 Status Cache::Remove(const std::string& session, const std::string& job, const std::string& path,
                      FileInfo* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status s = CheckAccess(session, job, "remove " + path + " of job '" + job + "'");
   if (!s.ok()) return s;
   auto it = files_.find({job, path});
@@ -372,7 +372,7 @@ Status Cache::Remove(const std::string& session, const std::string& job, const s
 
 Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   const std::string why = TagRegistry::Check(&tag);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status s = CheckSession(session);
   if (s.ok() && why.empty())
     s = CheckAccess(session, tag.job, "commit tag '" + tag.tag + "' into job '" + tag.job + "'",
@@ -395,7 +395,7 @@ std::vector<TagInfo> Cache::ListTags(const std::string& job) { return tags_.List
 Status Cache::ListTags(const std::string& session, const std::string& job,
                        std::vector<TagInfo>* out) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     Status s = CheckAccess(session, job, "list the tags of job '" + job + "'");
     if (!s.ok()) return s;
   }
@@ -413,7 +413,7 @@ Status Cache::List(const std::string& session, const std::string& job, const std
       if (f.buffer_id != 0) Revalidate({f.job, f.path});
   }
   std::vector<FileInfo> all = List(job, tag);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status s = CheckSession(session);
   if (!s.ok()) return s;
   const uid_t uid = sessions_[session].uid;
@@ -429,7 +429,7 @@ void Cache::RestoreTags(std::vector<TagInfo> tags) {
 }
 
 std::vector<FileInfo> Cache::List(const std::string& job, const std::string& tag) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<FileInfo> out;
   auto want = [&](const FileInfo& f) {
     return (job.empty() || f.job == job) && (tag.empty() || f.tag == tag);
@@ -445,12 +445,12 @@ std::vector<FileInfo> Cache::List(const std::string& job, const std::string& tag
 }
 
 void Cache::StopAccepting() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   accepting_ = false;
 }
 
 std::vector<std::string> Cache::Unfinished(bool* allocations_in_flight) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> out;
   *allocations_in_flight = !pending_.empty();
   for (const auto& [key, f] : files_) {
@@ -466,12 +466,12 @@ std::vector<std::string> Cache::Unfinished(bool* allocations_in_flight) {
 }
 
 CacheStats Cache::Stats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return TallyLocked();
 }
 
 void Cache::RecordAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!meta_) return;
   for (const auto& [key, f] : files_) meta_->Record(f, false);
   for (const TagInfo& t : tags_.All()) meta_->RecordTag(t);

@@ -13,7 +13,9 @@
 // one uid: a free buffer is reused for the same uid, never handed to another
 // (another uid gets a new, zero-filled one). Leases per session are capped.
 //
-// All public methods are thread-safe (one mutex); creating a memfd (slow:
+// All public methods are thread-safe: they take the one mutex, `mu_` (they
+// are EXCLUDES(mu_); the private helpers that run under it are REQUIRES(mu_),
+// checked by clang, see common/thread_annotations.h). Creating a memfd (slow:
 // fallocate zero-fills it) and filesystem checks happen outside the lock.
 #pragma once
 
@@ -21,12 +23,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -41,6 +41,7 @@
 #include "cache/persist_feed.h"
 #include "cache/ring_table.h"
 #include "common/log_limiter.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "env/env.h"
 #include "cache/storage_check.h"
@@ -104,64 +105,64 @@ class Cache {
 
   // Sessions: one per client connection on the fd socket.
   // `gid` defaults to "unknown" (persistence then keeps the server's group).
-  std::string OpenSession(uid_t uid, pid_t pid, gid_t gid = static_cast<gid_t>(-1));
+  std::string OpenSession(uid_t uid, pid_t pid, gid_t gid = static_cast<gid_t>(-1)) EXCLUDES(mu_);
   // Aborts the session's PENDING allocations, drops its leases and mappings.
-  void CloseSession(const std::string& session);
+  void CloseSession(const std::string& session) EXCLUDES(mu_);
   // Sessions with no request for `idle`, no lease and no PENDING allocation
   // (the fd socket closes them).
-  std::vector<std::string> IdleSessions(std::chrono::milliseconds idle);
+  std::vector<std::string> IdleSessions(std::chrono::milliseconds idle) EXCLUDES(mu_);
   // UNAUTHENTICATED for an unknown session; else whether its uid is an
   // administrator (sees everything).
-  Status CheckCaller(const std::string& session, bool* admin);
-  void SetSessionLimits(const SessionLimits& limits);
+  Status CheckCaller(const std::string& session, bool* admin) EXCLUDES(mu_);
+  void SetSessionLimits(const SessionLimits& limits) EXCLUDES(mu_);
 
-  Status Allocate(const AllocateRequest& req, AllocateResult* out);
+  Status Allocate(const AllocateRequest& req, AllocateResult* out) EXCLUDES(mu_);
   // Without `zip_crc32` the zip headers keep the 0 CRCs the saver wrote.
   Status Commit(const std::string& session, uint64_t allocation_id,
-                std::vector<Record> records, FileInfo* out, bool zip_crc32 = true);
-  Status Abort(const std::string& session, uint64_t allocation_id);
+                std::vector<Record> records, FileInfo* out, bool zip_crc32 = true) EXCLUDES(mu_);
+  Status Abort(const std::string& session, uint64_t allocation_id) EXCLUDES(mu_);
   // The committed file; with `lease`, the buffer is kept until the lease ends.
   // With storage roots, the path is first compared with storage (Revalidate):
   // a file the user deleted or replaced there is NOT_FOUND (loads read
   // storage), and when storage cannot be checked the cache is served.
   Status Lookup(const std::string& session, const std::string& job, const std::string& path,
                 bool lease, FileInfo* out, uint64_t* lease_id,
-                std::vector<uint64_t>* unmap_buffer_ids);
+                std::vector<uint64_t>* unmap_buffer_ids) EXCLUDES(mu_);
   // Validates every id first, then applies; unmap acks are idempotent.
   Status Release(const std::string& session, const std::vector<uint64_t>& lease_ids,
-                 const std::vector<uint64_t>& unmapped_buffer_ids);
+                 const std::vector<uint64_t>& unmapped_buffer_ids) EXCLUDES(mu_);
   Status Remove(const std::string& session, const std::string& job, const std::string& path,
-                FileInfo* out);
+                FileInfo* out) EXCLUDES(mu_);
   // Files (CACHED and PENDING), filtered by non-empty job/tag, sorted.
   // Unchecked: for the daemon itself and tests.
-  std::vector<FileInfo> List(const std::string& job, const std::string& tag);
+  std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
   // The same, as `session` may see it: only its uid's jobs unless admin.
   // With `check_storage`, each listed file with memory is revalidated first.
   Status List(const std::string& session, const std::string& job, const std::string& tag,
-              std::vector<FileInfo>* out, bool check_storage = false);
+              std::vector<FileInfo>* out, bool check_storage = false) EXCLUDES(mu_);
   // Records that every rank finished `tag` (re-recording replaces it); fills
   // in complete_unix_ns and sorts the files. Tags are never removed.
-  Status CommitTag(const std::string& session, TagInfo tag, TagInfo* out);
+  Status CommitTag(const std::string& session, TagInfo tag, TagInfo* out) EXCLUDES(mu_);
   // The job's complete tags, oldest first. Unchecked: for the daemon and tests.
-  std::vector<TagInfo> ListTags(const std::string& job);
+  std::vector<TagInfo> ListTags(const std::string& job) EXCLUDES(mu_);
   // The same for `session`: PERMISSION_DENIED for another uid's job.
-  Status ListTags(const std::string& session, const std::string& job, std::vector<TagInfo>* out);
+  Status ListTags(const std::string& session, const std::string& job, std::vector<TagInfo>* out) EXCLUDES(mu_);
   // Tags recorded before a restart (from metadata).
-  void RestoreTags(std::vector<TagInfo> tags);
+  void RestoreTags(std::vector<TagInfo> tags) EXCLUDES(mu_);
   // A new fd for a buffer: writable when it is PENDING for this session,
   // read-only when this session leases it. The caller owns the fd.
   Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
-               uint64_t* capacity);
-  CacheStats Stats();
+               uint64_t* capacity) EXCLUDES(mu_);
+  CacheStats Stats() EXCLUDES(mu_);
 
   // Every later state change is reported to `sink` (null: none). Set before serving.
-  void SetMetaSink(MetaSink* sink);
+  void SetMetaSink(MetaSink* sink) EXCLUDES(mu_);
   // Reports every file, tag and ring to the sink again (the metadata
   // database was lost and a fresh one must hold the full state).
-  void RecordAll();
+  void RecordAll() EXCLUDES(mu_);
   // Re-indexes files recorded before a restart: those on storage become
   // EVICTED (loads read storage); the rest are FAILED as lost.
-  void Restore(std::vector<FileInfo> files);
+  void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
   const std::vector<std::string>& storage_roots() const { return roots_; }
   bool persistence_enabled() const { return !roots_.empty(); }
 
@@ -169,23 +170,23 @@ class Cache {
   // order), or `timeout` passes (DEADLINE_EXCEEDED); <= 0 waits forever.
   Status Wait(const std::string& session, const std::string& job,
               const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
-              std::vector<FileInfo>* out);
+              std::vector<FileInfo>* out) EXCLUDES(mu_);
 
   // ---- for persistence (persist/persister.h) ----
   // Where committed files are queued for persistence (persist/persist_queue.h;
   // null: nowhere, they stay in memory). Set before serving.
-  void SetPersistFeed(PersistFeed* feed);
+  void SetPersistFeed(PersistFeed* feed) EXCLUDES(mu_);
   // The current version of `key` to write, pinned, in `out`; false when
   // there is nothing to do (removed, persisted or being written, or, for a
   // scheduled `retry`, no longer FAILED with its memory), or after
   // StopPersistence.
-  bool StartPersist(const FileKey& key, bool retry, PersistJob* out);
+  bool StartPersist(const FileKey& key, bool retry, PersistJob* out) EXCLUDES(mu_);
   // Whether the job's version is still the file's current version.
-  bool IsCurrent(const PersistJob& job);
+  bool IsCurrent(const PersistJob& job) EXCLUDES(mu_);
   // Waits (at most `max`) until no save is being written into the cache, so
   // background persistence never competes with a training rank's copy.
   // Returns how long it waited.
-  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max);
+  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) EXCLUDES(mu_);
   // Records the outcome (records carry the CRCs) and unpins the buffer. A
   // file whose persistence failed for a reason that can clear by itself
   // (RESOURCE_EXHAUSTED: disk full, quota, out of descriptors or memory;
@@ -196,54 +197,54 @@ class Cache {
   // CANCELLED (the path was removed or replaced on storage since the save)
   // DISCARDS the file. `written`: the file the persister left at the path.
   void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records,
-                     const FileStat& written = FileStat());
+                     const FileStat& written = FileStat()) EXCLUDES(mu_);
   // How long a load (or a save's look at its directory) waits for storage to
   // answer a stat before it serves the cache (goes on unchecked). Default 2 s;
   // <= 0: no limit. Set before serving.
-  void SetStorageCheckTimeout(std::chrono::milliseconds timeout);
+  void SetStorageCheckTimeout(std::chrono::milliseconds timeout) EXCLUDES(mu_);
   // Persists FAILED files of `job` again now, whatever they failed of: the
   // named `paths` (each must be FAILED with its memory, else NOT_FOUND or
   // FAILED_PRECONDITION and nothing is queued), or with none every such file
   // of the job. `out`: the files queued.
   Status RetryFailed(const std::string& session, const std::string& job,
-                     const std::vector<std::string>& paths, std::vector<FileInfo>* out);
-  void StopPersistence();
+                     const std::vector<std::string>& paths, std::vector<FileInfo>* out) EXCLUDES(mu_);
+  void StopPersistence() EXCLUDES(mu_);
 
   // ---- the ring ----
   // Sets the job's ring: this node's rank and every node's peer endpoint.
   // Committed files of the job (and every later commit) are then backed up to
   // the successor, node (rank + 1) mod n; with one node there is none.
   Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
-                 std::vector<std::string> endpoints, std::string* successor);
+                 std::vector<std::string> endpoints, std::string* successor) EXCLUDES(mu_);
   // This server's peer endpoint: rings it is told are recorded for it.
-  void SetSelfEndpoint(const std::string& endpoint);
+  void SetSelfEndpoint(const std::string& endpoint) EXCLUDES(mu_);
   // Rings recorded in metadata before a restart: joined again, and (the
   // memory being empty) this node's files recovered from the ring.
-  void RestoreRings(std::vector<RingInfo> rings);
+  void RestoreRings(std::vector<RingInfo> rings) EXCLUDES(mu_);
   // The other members of the job's ring, the successor first (empty: no ring).
-  std::vector<std::string> RingPeers(const std::string& job);
+  std::vector<std::string> RingPeers(const std::string& job) EXCLUDES(mu_);
   // Whether a load that missed (job, path) may find it in the ring: it is
   // unknown here, or lost from memory, but not evicted by us (the ring's
   // copy goes when the original is evicted).
-  bool MayBeInRing(const std::string& job, const std::string& path);
+  bool MayBeInRing(const std::string& job, const std::string& path) EXCLUDES(mu_);
   // Where the ring's work is queued (ring/backup_queue.h; null: nowhere, no
   // file is backed up). Set before serving.
-  void SetBackupFeed(BackupFeed* feed);
+  void SetBackupFeed(BackupFeed* feed) EXCLUDES(mu_);
   // For backup workers: the current version of `key` to send to the job's
   // successor, pinned (until FinishBackup), in `out`; false when there is
   // nothing to send (no successor, not in memory, already held there).
-  bool StartBackup(const FileKey& key, BackupJob* out);
+  bool StartBackup(const FileKey& key, BackupJob* out) EXCLUDES(mu_);
   // Records the outcome. A failed backup is queued again (the worker backs
   // off); the file itself is unaffected.
-  void FinishBackup(const BackupJob& job, const Status& result);
+  void FinishBackup(const BackupJob& job, const Status& result) EXCLUDES(mu_);
   // Shutdown: new allocations are refused (UNAVAILABLE) from now on; saves
   // already allocated may still commit, loads are served as before.
-  void StopAccepting();
+  void StopAccepting() EXCLUDES(mu_);
   // What a drain still waits for: one line per file ("job=.. path=..: not
   // persisted" / "not backed up"), and whether allocations are in flight.
-  std::vector<std::string> Unfinished(bool* allocations_in_flight);
+  std::vector<std::string> Unfinished(bool* allocations_in_flight) EXCLUDES(mu_);
   // Recovery: room (within the budget) for a file pulled back from the ring.
-  Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out);
+  Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) EXCLUDES(mu_);
   // Installs a pulled file (CRCs verified) as BACKED_UP at `f.backup_holder`,
   // unless a save of the path arrived meanwhile (FAILED_PRECONDITION) or its
   // size or CRCs differ from those metadata recorded for the path (DATA_LOSS:
@@ -252,12 +253,12 @@ class Cache {
   // valid names under the storage roots (else PERMISSION_DENIED), and the
   // owner is metadata's, or the uid that set the job's ring here; a file
   // with neither is refused (PERMISSION_DENIED).
-  Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem);
-  void AbandonRecovery(std::unique_ptr<Buffer> mem);
+  Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) EXCLUDES(mu_);
+  void AbandonRecovery(std::unique_ptr<Buffer> mem) EXCLUDES(mu_);
   // `peer` lost the copies it held for us: send the job's files again.
-  void ResendBackups(const std::string& job, const std::string& peer);
+  void ResendBackups(const std::string& job, const std::string& peer) EXCLUDES(mu_);
   // Counts a ring failure that belongs to no queued job (shown in Stats).
-  void NoteBackupError(const std::string& message);
+  void NoteBackupError(const std::string& message) EXCLUDES(mu_);
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };
@@ -294,37 +295,37 @@ class Cache {
   };
 
   // UNAUTHENTICATED for an unknown session; else notes it was used.
-  Status CheckSession(const std::string& session);  // REQUIRES mu_
+  Status CheckSession(const std::string& session) REQUIRES(mu_);
   // CheckSession, then JobOwners::Check (or Claim) with the session's uid.
   Status CheckAccess(const std::string& session, const std::string& job, const std::string& what,
-                     bool claim = false);  // REQUIRES mu_
-  void DropLease(std::map<uint64_t, Lease>::iterator it);  // REQUIRES mu_
+                     bool claim = false) REQUIRES(mu_);
+  void DropLease(std::map<uint64_t, Lease>::iterator it) REQUIRES(mu_);
   Status FindAllocation(const std::string& session, uint64_t id,
-                        std::map<uint64_t, Allocation>::iterator* it);  // REQUIRES mu_
-  void RecordFate(uint64_t id, Fate fate);                              // REQUIRES mu_
+                        std::map<uint64_t, Allocation>::iterator* it) REQUIRES(mu_);
+  void RecordFate(uint64_t id, Fate fate) REQUIRES(mu_);
   // The buffer of a replaced/removed/aborted file goes back to the pool (or
   // drains while leased).
-  void ReleaseBuffer(uint64_t buffer_id);  // REQUIRES mu_
+  void ReleaseBuffer(uint64_t buffer_id) REQUIRES(mu_);
   // After a lease or pin ends: a DRAINING buffer nobody uses is FREE again.
-  void MaybeFree(Buf& buf);  // REQUIRES mu_
+  void MaybeFree(Buf& buf) REQUIRES(mu_);
   // The best FREE buffer for a `size`-byte file of this session, or null.
-  Buf* PickFree(const std::string& session, uint64_t size);  // REQUIRES mu_
+  Buf* PickFree(const std::string& session, uint64_t size) REQUIRES(mu_);
   // Evicts the least recently committed PERSISTED file nobody reads; false if none.
-  bool EvictOne();  // REQUIRES mu_
-  bool Evictable(const FileInfo& f);          // REQUIRES mu_
-  void Evict(FileInfo& f, const char* why);   // REQUIRES mu_
-  void EnforceKeepLast(const std::string& job);  // REQUIRES mu_
-  void Note(const FileInfo& f, bool removed);    // REQUIRES mu_
+  bool EvictOne() REQUIRES(mu_);
+  bool Evictable(const FileInfo& f) REQUIRES(mu_);
+  void Evict(FileInfo& f, const char* why) REQUIRES(mu_);
+  void EnforceKeepLast(const std::string& job) REQUIRES(mu_);
+  void Note(const FileInfo& f, bool removed) REQUIRES(mu_);
   Status CheckUnderRoots(const std::string& path);  // filesystem calls; no lock
   // Makes room for `need` more bytes; appends ids this session must unmap.
   void Reclaim(const std::string& session, uint64_t need,
-               std::vector<uint64_t>* unmap);  // REQUIRES mu_
-  void DropMapper(Buf& buf, const std::string& session);  // REQUIRES mu_; may erase buf
-  void TakeUnmaps(const std::string& session, std::vector<uint64_t>* out);  // REQUIRES mu_
-  std::string FullMessage(uint64_t need) const;                               // REQUIRES mu_
-  CacheStats TallyLocked() const;                                             // REQUIRES mu_
+               std::vector<uint64_t>* unmap) REQUIRES(mu_);
+  void DropMapper(Buf& buf, const std::string& session) REQUIRES(mu_);  // may erase buf
+  void TakeUnmaps(const std::string& session, std::vector<uint64_t>* out) REQUIRES(mu_);
+  std::string FullMessage(uint64_t need) const REQUIRES(mu_);
+  CacheStats TallyLocked() const REQUIRES(mu_);
   void StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,
-                       AllocateResult* out);  // REQUIRES mu_
+                       AllocateResult* out) REQUIRES(mu_);
   // ---- coherence with storage (cache/storage_check.h); no lock held ----
   // What the path of a save holds now: NOT_FOUND / PERMISSION_DENIED /
   // FAILED_PRECONDITION when torch.save would fail there; unknown (the save
@@ -337,66 +338,73 @@ class Cache {
   void NoteStorageFallback(const std::string& path, const std::string& why);  // thread-safe
   DiskIdentity Written(const DiskIdentity& before, const FileStat& st);
   // Frees the file's memory and ring copy, with `state` and `why` recorded.
-  void LetGo(FileInfo& f, FileState state, const std::string& why);  // REQUIRES mu_
-  void Discard(FileInfo& f, const std::string& why);     // REQUIRES mu_
-  void DropStale(FileInfo& f, const std::string& why);   // REQUIRES mu_
+  void LetGo(FileInfo& f, FileState state, const std::string& why) REQUIRES(mu_);
+  void Discard(FileInfo& f, const std::string& why) REQUIRES(mu_);
+  void DropStale(FileInfo& f, const std::string& why) REQUIRES(mu_);
 
   const uint64_t budget_;
-  MetaSink* meta_ = nullptr;  // GUARDED_BY(mu_)
+  MetaSink* meta_ GUARDED_BY(mu_) = nullptr;
   const std::chrono::milliseconds full_timeout_;
   const size_t keep_last_;
   Env* const env_;
   std::vector<std::string> roots_;  // resolved; immutable after construction
-  std::mutex mu_;
-  std::condition_variable done_cv_;     // a file was persisted or failed
-  std::condition_variable quiet_cv_;    // the last pending allocation ended
-  PersistFeed* persist_ = nullptr;  // GUARDED_BY(mu_)
-  std::map<std::pair<std::string, std::string>, uint64_t> in_flight_;  // GUARDED_BY(mu_): key -> version
-  bool stopping_ = false;                                        // GUARDED_BY(mu_)
-  uint64_t persisted_files_ = 0, persisted_bytes_ = 0;           // GUARDED_BY(mu_)
-  uint64_t evicted_files_ = 0;                                   // GUARDED_BY(mu_)
-  uint64_t discarded_files_ = 0, stale_drops_ = 0;               // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar done_cv_;     // a file was persisted or failed
+  CondVar quiet_cv_;    // the last pending allocation ended
+  PersistFeed* persist_ GUARDED_BY(mu_) = nullptr;
+  std::map<std::pair<std::string, std::string>, uint64_t> in_flight_ GUARDED_BY(mu_);  // key -> version
+  bool stopping_ GUARDED_BY(mu_) = false;
+  uint64_t persisted_files_ GUARDED_BY(mu_) = 0;
+  uint64_t persisted_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t evicted_files_ GUARDED_BY(mu_) = 0;
+  uint64_t discarded_files_ GUARDED_BY(mu_) = 0;
+  uint64_t stale_drops_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> storage_fallbacks_{0};
   std::atomic<uint64_t> disk_seq_{0};
   std::chrono::milliseconds check_timeout_{2000};  // immutable once serving
   std::unique_ptr<Prober> prober_;                 // immutable once serving
   LogLimiter storage_log_{5, std::chrono::seconds(10)};
-  uint64_t used_ = 0;      // GUARDED_BY(mu_): capacity of every buffer in buffers_
-  uint64_t reserved_ = 0;  // GUARDED_BY(mu_): bytes of buffers being created
-  uint64_t next_buffer_id_ = 1, next_allocation_id_ = 1, next_lease_id_ = 1;  // GUARDED_BY(mu_)
-  uint64_t buffers_created_ = 0, buffers_reused_ = 0;                          // GUARDED_BY(mu_)
-  std::map<uint64_t, Buf> buffers_;                 // GUARDED_BY(mu_)
-  std::map<uint64_t, Allocation> pending_;          // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Fate> fates_;        // GUARDED_BY(mu_)
-  std::deque<uint64_t> fate_order_;                 // GUARDED_BY(mu_)
-  std::map<FileKey, FileInfo> files_;               // GUARDED_BY(mu_)
-  std::map<uint64_t, Lease> leases_;                // GUARDED_BY(mu_)
-  std::map<std::string, Session> sessions_;         // GUARDED_BY(mu_)
-  JobOwners owners_;                                // GUARDED_BY(mu_)
+  uint64_t used_ GUARDED_BY(mu_) = 0;  // capacity of every buffer in buffers_
+  uint64_t reserved_ GUARDED_BY(mu_) = 0;  // bytes of buffers being created
+  uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
+  uint64_t next_allocation_id_ GUARDED_BY(mu_) = 1;
+  uint64_t next_lease_id_ GUARDED_BY(mu_) = 1;
+  uint64_t buffers_created_ GUARDED_BY(mu_) = 0;
+  uint64_t buffers_reused_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, Buf> buffers_ GUARDED_BY(mu_);
+  std::map<uint64_t, Allocation> pending_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, Fate> fates_ GUARDED_BY(mu_);
+  std::deque<uint64_t> fate_order_ GUARDED_BY(mu_);
+  std::map<FileKey, FileInfo> files_ GUARDED_BY(mu_);
+  std::map<uint64_t, Lease> leases_ GUARDED_BY(mu_);
+  std::map<std::string, Session> sessions_ GUARDED_BY(mu_);
+  JobOwners owners_ GUARDED_BY(mu_);
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
-  size_t max_leases_per_session_ = SessionLimits().max_leases_per_session;  // GUARDED_BY(mu_)
+  size_t max_leases_per_session_ GUARDED_BY(mu_) = SessionLimits().max_leases_per_session;
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
-  RingTable rings_;  // GUARDED_BY(mu_)
-  bool accepting_ = true;                            // GUARDED_BY(mu_)
-  BackupFeed* backups_ = nullptr;                    // GUARDED_BY(mu_)
-  uint64_t backed_up_files_ = 0, backup_failures_ = 0;  // GUARDED_BY(mu_)
-  uint64_t recovered_files_ = 0, recovery_mismatches_ = 0;  // GUARDED_BY(mu_)
-  uint64_t backups_in_flight_ = 0;                   // GUARDED_BY(mu_)
-  std::string backup_error_;                         // GUARDED_BY(mu_)
-  std::string self_endpoint_;                        // GUARDED_BY(mu_)
+  RingTable rings_ GUARDED_BY(mu_);
+  bool accepting_ GUARDED_BY(mu_) = true;
+  BackupFeed* backups_ GUARDED_BY(mu_) = nullptr;
+  uint64_t backed_up_files_ GUARDED_BY(mu_) = 0;
+  uint64_t backup_failures_ GUARDED_BY(mu_) = 0;
+  uint64_t recovered_files_ GUARDED_BY(mu_) = 0;
+  uint64_t recovery_mismatches_ GUARDED_BY(mu_) = 0;
+  uint64_t backups_in_flight_ GUARDED_BY(mu_) = 0;
+  std::string backup_error_ GUARDED_BY(mu_);
+  std::string self_endpoint_ GUARDED_BY(mu_);
   // Marks the file FAILED with `why`, and schedules another attempt if `why` may clear.
-  void FailPersist(FileInfo& f, const Status& why);  // REQUIRES mu_
+  void FailPersist(FileInfo& f, const Status& why) REQUIRES(mu_);
   // Makes a FAILED file (with memory) CACHED/BACKED_UP again.
-  void Reopen(FileInfo& f);  // REQUIRES mu_
+  void Reopen(FileInfo& f) REQUIRES(mu_);
   // Reopen, and queue it for persistence now.
-  void Requeue(FileInfo& f);  // REQUIRES mu_
-  void QueuePersist(const FileKey& key);  // REQUIRES mu_
-  bool PersistQueued() const;             // REQUIRES mu_
-  void QueueBackup(const FileKey& key);              // REQUIRES mu_
+  void Requeue(FileInfo& f) REQUIRES(mu_);
+  void QueuePersist(const FileKey& key) REQUIRES(mu_);
+  bool PersistQueued() const REQUIRES(mu_);
+  void QueueBackup(const FileKey& key) REQUIRES(mu_);
   // Sets the job's ring; returns the successor ("" for one node).
   std::string InstallRing(const std::string& job, int32_t node_rank,
-                          std::vector<std::string> endpoints);  // REQUIRES mu_
-  void QueueDrop(const FileInfo& f);                 // REQUIRES mu_
+                          std::vector<std::string> endpoints) REQUIRES(mu_);
+  void QueueDrop(const FileInfo& f) REQUIRES(mu_);
 };
 
 }  // namespace tce

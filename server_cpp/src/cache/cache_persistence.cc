@@ -12,7 +12,7 @@ namespace tce {
 Status Cache::Wait(const std::string& session, const std::string& job,
                    const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
                    std::vector<FileInfo>* out) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status s = CheckAccess(session, job, "wait for files of job '" + job + "'");
   if (!s.ok()) return s;
   if (!persistence_enabled())
@@ -32,8 +32,8 @@ Status Cache::Wait(const std::string& session, const std::string& job,
     if (unfinished.empty()) return Status::OK();
     if (stopping_) return Status::Unavailable("the server is shutting down");
     if (timeout.count() <= 0) {
-      done_cv_.wait(lock);
-    } else if (done_cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      done_cv_.Wait(&mu_);
+    } else if (!done_cv_.WaitUntil(&mu_, deadline)) {
       return Status::DeadlineExceeded(std::to_string(unfinished.size()) + " of " + std::to_string(paths.size()) +
                         " file(s) not persisted yet, e.g. " + unfinished[0]);
     }
@@ -41,7 +41,7 @@ Status Cache::Wait(const std::string& session, const std::string& job,
 }
 
 void Cache::SetPersistFeed(PersistFeed* feed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   persist_ = feed;
 }
 
@@ -64,7 +64,7 @@ void Cache::FailPersist(FileInfo& f, const Status& why) {
                   " s while in memory)";
   }
   Note(f, false);
-  done_cv_.notify_all();
+  done_cv_.SignalAll();
 }
 
 void Cache::Reopen(FileInfo& f) {
@@ -83,7 +83,7 @@ void Cache::Requeue(FileInfo& f) {
 
 Status Cache::RetryFailed(const std::string& session, const std::string& job,
                           const std::vector<std::string>& paths, std::vector<FileInfo>* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (job.empty()) return Status::InvalidArgument("retry needs a job");
   Status s = CheckAccess(session, job, "retry files of job '" + job + "'");
   if (!s.ok()) return s;
@@ -113,7 +113,7 @@ Status Cache::RetryFailed(const std::string& session, const std::string& job,
 }
 
 bool Cache::StartPersist(const FileKey& key, bool retry, PersistJob* out) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (stopping_) return false;
   auto it = files_.find(key);
   if (it == files_.end()) return false;  // removed
@@ -151,22 +151,24 @@ bool Cache::StartPersist(const FileKey& key, bool retry, PersistJob* out) {
 }
 
 std::chrono::milliseconds Cache::WaitForNoSaves(std::chrono::milliseconds max) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (pending_.empty() || stopping_) return std::chrono::milliseconds(0);
   const auto t0 = std::chrono::steady_clock::now();
-  quiet_cv_.wait_for(lock, max, [this] { return pending_.empty() || stopping_; });
+  const auto deadline = t0 + max;
+  while (!pending_.empty() && !stopping_ && quiet_cv_.WaitUntil(&mu_, deadline)) {
+  }
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
 }
 
 bool Cache::IsCurrent(const PersistJob& job) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = files_.find({job.job, job.path});
   return it != files_.end() && it->second.version == job.version;
 }
 
 void Cache::FinishPersist(const PersistJob& job, const Status& result,
                           std::vector<Record> records, const FileStat& written) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto b = buffers_.find(job.buffer_id);
   if (b != buffers_.end()) {
     --b->second.pins;
@@ -197,14 +199,14 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
   } else {
     FailPersist(it->second, result);
   }
-  done_cv_.notify_all();
+  done_cv_.SignalAll();
 }
 
 void Cache::StopPersistence() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stopping_ = true;
-  done_cv_.notify_all();
-  quiet_cv_.notify_all();
+  done_cv_.SignalAll();
+  quiet_cv_.SignalAll();
 }
 
 }  // namespace tce

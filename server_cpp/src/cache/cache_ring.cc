@@ -13,7 +13,7 @@
 namespace tce {
 
 void Cache::SetBackupFeed(BackupFeed* feed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   backups_ = feed;
 }
 
@@ -28,7 +28,7 @@ void Cache::QueueDrop(const FileInfo& f) {
 
 Status Cache::SetRing(const std::string& session, const std::string& job, int32_t node_rank,
                       std::vector<std::string> endpoints, std::string* successor) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status s = CheckSession(session);
   if (!s.ok()) return s;
   if (job.empty()) return Status::InvalidArgument("a ring needs a job");
@@ -44,12 +44,12 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
 }
 
 void Cache::SetSelfEndpoint(const std::string& endpoint) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   self_endpoint_ = endpoint;
 }
 
 void Cache::RestoreRings(std::vector<RingInfo> rings) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (RingInfo& r : rings) {
     if (!RingTable::Check(r.job, r.node_rank, r.endpoints).ok()) continue;
     TCE_LOG(kInfo, "ring") << "rejoining the ring of job=" << r.job << " recorded in metadata";
@@ -82,7 +82,7 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
 }
 
 bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = files_.find(key);
   const Ring* ring = rings_.Find(key.first);
   if (it == files_.end() || !ring || ring->successor.empty()) return false;
@@ -110,13 +110,13 @@ bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
   out->fd = fd;
   out->data = nullptr;
   Buffer* mem = buf.mem.get();
-  lock.unlock();  // mapping a new buffer faults it in: not under the lock
+  lock.Unlock();  // mapping a new buffer faults it in: not under the lock
   if (!mem->Mapping(&out->data).ok()) out->data = nullptr;
   return true;
 }
 
 void Cache::FinishBackup(const BackupJob& job, const Status& result) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   --backups_in_flight_;
   auto b = buffers_.find(job.buffer_id);
   if (b != buffers_.end()) {
@@ -140,7 +140,7 @@ void Cache::FinishBackup(const BackupJob& job, const Status& result) {
 }
 
 Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t capacity = CapacityFor(size);
   std::vector<uint64_t> ignored;
   while (used_ + reserved_ + capacity > budget_) {
@@ -150,10 +150,10 @@ Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
   }
   const uint64_t id = next_buffer_id_++;
   reserved_ += capacity;
-  lock.unlock();
+  lock.Unlock();
   Status s = Buffer::Create(id, capacity, out);
   if (!s.ok()) {
-    lock.lock();
+    lock.Lock();
     reserved_ -= capacity;
   }
   return s;
@@ -161,7 +161,7 @@ Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
 
 void Cache::AbandonRecovery(std::unique_ptr<Buffer> mem) {
   if (!mem) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   reserved_ -= mem->capacity();
 }
 
@@ -173,7 +173,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   if (s.ok()) s = ValidateName("tag", f.tag, /*allow_empty=*/true, /*allow_slash=*/false);
   if (s.ok()) s = ValidatePath(f.path);
   if (s.ok()) s = CheckUnderRoots(f.path);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   reserved_ -= mem->capacity();
   if (!s.ok()) return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: " + s.message());
   FileKey key{f.job, f.path};
@@ -233,13 +233,13 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
 }
 
 std::vector<std::string> Cache::RingPeers(const std::string& job) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const Ring* ring = rings_.Find(job);
   return ring ? ring->Peers() : std::vector<std::string>();
 }
 
 bool Cache::MayBeInRing(const std::string& job, const std::string& path) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (rings_.Successor(job).empty()) return false;
   auto it = files_.find({job, path});
   return it == files_.end() || (it->second.buffer_id == 0 && it->second.state != FileState::kEvicted &&
@@ -247,7 +247,7 @@ bool Cache::MayBeInRing(const std::string& job, const std::string& path) {
 }
 
 void Cache::ResendBackups(const std::string& job, const std::string& peer) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   size_t n = 0;
   for (auto& [key, f] : files_) {
     if (key.first != job || f.backup_holder != peer) continue;
@@ -261,7 +261,7 @@ void Cache::ResendBackups(const std::string& job, const std::string& peer) {
 }
 
 void Cache::NoteBackupError(const std::string& message) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++backup_failures_;
   backup_error_ = message;
 }

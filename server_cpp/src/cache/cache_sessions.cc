@@ -27,7 +27,7 @@ std::string RandomSessionId() {
 
 std::string Cache::OpenSession(uid_t uid, pid_t pid, gid_t gid) {
   std::string id = RandomSessionId();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Session& session = sessions_[id];
   session.uid = uid;
   session.gid = gid;
@@ -39,7 +39,7 @@ std::string Cache::OpenSession(uid_t uid, pid_t pid, gid_t gid) {
 }
 
 void Cache::CloseSession(const std::string& session) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto sit = sessions_.find(session);
   if (sit == sessions_.end()) return;
   size_t aborted = 0, dropped = 0;
@@ -68,7 +68,7 @@ void Cache::CloseSession(const std::string& session) {
     auto b = buffers_.find(id);
     if (b != buffers_.end()) DropMapper(b->second, session);
   }
-  if (pending_.empty()) quiet_cv_.notify_all();
+  if (pending_.empty()) quiet_cv_.SignalAll();
   TCE_LOG(kInfo, "session") << "closed session=" << session.substr(0, 8)
                             << " pid=" << sit->second.pid << " aborted=" << aborted
                             << " leases_dropped=" << dropped;
@@ -99,20 +99,20 @@ Status Cache::CheckAccess(const std::string& session, const std::string& job,
 }
 
 Status Cache::CheckCaller(const std::string& session, bool* admin) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status s = CheckSession(session);
   if (s.ok()) *admin = owners_.IsAdmin(sessions_[session].uid);
   return s;
 }
 
 void Cache::SetSessionLimits(const SessionLimits& limits) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
   max_leases_per_session_ = limits.max_leases_per_session;
 }
 
 std::vector<std::string> Cache::IdleSessions(std::chrono::milliseconds idle) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::set<std::string> busy;
   for (const auto& [id, a] : pending_) busy.insert(a.session);
   const auto now = std::chrono::steady_clock::now();
@@ -152,7 +152,7 @@ void Cache::TakeUnmaps(const std::string& session, std::vector<uint64_t>* out) {
 
 Status Cache::Release(const std::string& session, const std::vector<uint64_t>& lease_ids,
                       const std::vector<uint64_t>& unmapped_buffer_ids) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status s = CheckSession(session);
   if (!s.ok()) return s;
   for (uint64_t id : lease_ids) {
@@ -173,7 +173,7 @@ Status Cache::Release(const std::string& session, const std::vector<uint64_t>& l
 
 Status Cache::FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
                     uint64_t* capacity) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Status s = CheckSession(session);
   if (!s.ok()) return s;
   auto it = buffers_.find(buffer_id);

@@ -82,7 +82,7 @@ void Cache::LetGo(FileInfo& f, FileState state, const std::string& why) {
   f.capacity = 0;
   f.backup_holder.clear();
   Note(f, false);
-  done_cv_.notify_all();
+  done_cv_.SignalAll();
 }
 
 void Cache::Discard(FileInfo& f, const std::string& why) {
@@ -103,7 +103,7 @@ void Cache::Revalidate(const FileKey& key) {
   DiskIdentity expected;
   uint64_t version = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = files_.find(key);
     if (it == files_.end() || it->second.buffer_id == 0 || !it->second.disk.known ||
         it->second.state == FileState::kPending)
@@ -125,7 +125,7 @@ void Cache::Revalidate(const FileKey& key) {
   else
     c = {Verdict::kUnavailable, "storage did not answer within " + std::to_string(check_timeout_.count()) + " ms"};
   if (c.verdict == Verdict::kSame) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = files_.find(key);
   if (it == files_.end() || it->second.version != version || it->second.buffer_id == 0) return;
   if (it->second.disk.seq != expected.seq || in_flight_.count(key)) return;  // we wrote it meanwhile
@@ -139,7 +139,7 @@ void Cache::Revalidate(const FileKey& key) {
 }
 
 void Cache::SetStorageCheckTimeout(std::chrono::milliseconds timeout) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   check_timeout_ = timeout;
   prober_ = std::make_unique<Prober>(timeout);
 }

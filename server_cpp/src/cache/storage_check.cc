@@ -2,10 +2,10 @@
 
 #include <sys/stat.h>
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
+
+#include "common/mutex.h"
 
 namespace tce {
 namespace {
@@ -146,33 +146,34 @@ StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const st
 struct Prober::Core {
   struct Task {
     std::function<void()> fn;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
+    Mutex mu;
+    CondVar cv;
+    bool done GUARDED_BY(mu) = false;
   };
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::shared_ptr<Task>> queue;  // GUARDED_BY(mu)
-  int threads = 0, idle = 0;                // GUARDED_BY(mu)
-  bool stop = false;                        // GUARDED_BY(mu)
+  Mutex mu;
+  CondVar cv;
+  std::deque<std::shared_ptr<Task>> queue GUARDED_BY(mu);
+  int threads GUARDED_BY(mu) = 0;
+  int idle GUARDED_BY(mu) = 0;
+  bool stop GUARDED_BY(mu) = false;
 
   static void Loop(std::shared_ptr<Core> core) {
-    std::unique_lock<std::mutex> l(core->mu);
+    MutexLock l(&core->mu);
     for (;;) {
       ++core->idle;
-      core->cv.wait(l, [&] { return !core->queue.empty() || core->stop; });
+      while (core->queue.empty() && !core->stop) core->cv.Wait(&core->mu);
       --core->idle;
       if (core->queue.empty()) break;  // stopping
       std::shared_ptr<Task> t = core->queue.front();
       core->queue.pop_front();
-      l.unlock();
+      l.Unlock();
       t->fn();
       {
-        std::lock_guard<std::mutex> tl(t->mu);
+        MutexLock tl(&t->mu);
         t->done = true;
       }
-      t->cv.notify_all();
-      l.lock();
+      t->cv.SignalAll();
+      l.Lock();
     }
     --core->threads;
   }
@@ -183,10 +184,10 @@ Prober::Prober(std::chrono::milliseconds timeout, int max_stuck)
 
 Prober::~Prober() {
   {
-    std::lock_guard<std::mutex> l(core_->mu);
+    MutexLock l(&core_->mu);
     core_->stop = true;
   }
-  core_->cv.notify_all();  // idle threads end; stuck ones end when they return
+  core_->cv.SignalAll();  // idle threads end; stuck ones end when they return
 }
 
 bool Prober::Run(std::function<void()> fn) {
@@ -197,7 +198,7 @@ bool Prober::Run(std::function<void()> fn) {
   auto task = std::make_shared<Core::Task>();
   task->fn = std::move(fn);
   {
-    std::lock_guard<std::mutex> l(core_->mu);
+    MutexLock l(&core_->mu);
     if (core_->idle <= static_cast<int>(core_->queue.size())) {
       // Every thread is busy: the busy ones beyond a normal load are stuck.
       if (core_->threads >= max_stuck_) return false;
@@ -206,9 +207,12 @@ bool Prober::Run(std::function<void()> fn) {
     }
     core_->queue.push_back(task);
   }
-  core_->cv.notify_one();
-  std::unique_lock<std::mutex> tl(task->mu);
-  return task->cv.wait_for(tl, timeout_, [&] { return task->done; });
+  core_->cv.Signal();
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  MutexLock tl(&task->mu);
+  while (!task->done && task->cv.WaitUntil(&task->mu, deadline)) {
+  }
+  return task->done;
 }
 
 }  // namespace tce

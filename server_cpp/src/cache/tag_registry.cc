@@ -27,14 +27,14 @@ std::string TagRegistry::Check(TagInfo* tag) {
 
 TagInfo TagRegistry::Complete(TagInfo tag, int64_t complete_unix_ns) {
   tag.complete_unix_ns = complete_unix_ns;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return tags_[{tag.job, tag.tag}] = std::move(tag);
 }
 
 std::vector<TagInfo> TagRegistry::List(const std::string& job) const {
   std::vector<TagInfo> out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto it = tags_.lower_bound({job, ""}); it != tags_.end() && it->first.first == job; ++it)
       out.push_back(it->second);
   }
@@ -45,7 +45,7 @@ std::vector<TagInfo> TagRegistry::List(const std::string& job) const {
 }
 
 std::vector<TagInfo> TagRegistry::All() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<TagInfo> out;
   out.reserve(tags_.size());
   for (const auto& [key, t] : tags_) out.push_back(t);
@@ -53,13 +53,13 @@ std::vector<TagInfo> TagRegistry::All() const {
 }
 
 size_t TagRegistry::Restore(std::vector<TagInfo> tags) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (TagInfo& t : tags) tags_[{t.job, t.tag}] = std::move(t);
   return tags_.size();
 }
 
 size_t TagRegistry::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return tags_.size();
 }
 

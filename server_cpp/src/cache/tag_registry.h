@@ -10,12 +10,12 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cache/cache_types.h"
+#include "common/mutex.h"
 
 namespace tce {
 
@@ -37,8 +37,8 @@ class TagRegistry {
   size_t size() const;
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, std::string>, TagInfo> tags_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, std::string>, TagInfo> tags_ GUARDED_BY(mu_);
 };
 
 }  // namespace tce

@@ -3,7 +3,7 @@
 namespace tce {
 
 bool LogLimiter::Allow(uint64_t* suppressed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto now = std::chrono::steady_clock::now();
   if (in_window_ == 0 || now - window_start_ >= interval_) {
     window_start_ = now;

@@ -10,8 +10,9 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
+
+#include "common/mutex.h"
 
 namespace tce {
 
@@ -26,10 +27,10 @@ class LogLimiter {
  private:
   const int burst_;
   const std::chrono::milliseconds interval_;
-  std::mutex mu_;
-  std::chrono::steady_clock::time_point window_start_;  // GUARDED_BY(mu_)
-  int in_window_ = 0;                                    // GUARDED_BY(mu_)
-  uint64_t suppressed_ = 0;                              // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::chrono::steady_clock::time_point window_start_ GUARDED_BY(mu_);
+  int in_window_ GUARDED_BY(mu_) = 0;
+  uint64_t suppressed_ GUARDED_BY(mu_) = 0;
 };
 
 // " (N similar lines suppressed)", or "" for 0: to append to an allowed line.

@@ -82,32 +82,32 @@ Status FaultInjectionEnv::Stat(const std::string& path, FileStat* out) {
 }
 
 Status FaultInjectionEnv::BeforeStat() {
-  std::unique_lock<std::mutex> l(mu_);
-  unblocked_.wait(l, [this] { return !stats_blocked_; });
+  MutexLock l(&mu_);
+  while (stats_blocked_) unblocked_.Wait(&mu_);
   if (stat_err_ != 0) return Status::FromErrno(stat_err_, "stat (injected)");
   return Status::OK();
 }
 
 void FaultInjectionEnv::FailStats(int err) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   stat_err_ = err;
 }
 
 void FaultInjectionEnv::BlockStats() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   stats_blocked_ = true;
 }
 
 void FaultInjectionEnv::UnblockStats() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stats_blocked_ = false;
   }
-  unblocked_.notify_all();
+  unblocked_.SignalAll();
 }
 
 Status FaultInjectionEnv::BeforeRename() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   ++renames_;
   if (rename_failures_ > 0) {
     --rename_failures_;
@@ -117,29 +117,29 @@ Status FaultInjectionEnv::BeforeRename() {
 }
 
 void FaultInjectionEnv::FailAppends(int err, int count, int skip) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   append_err_ = err;
   append_failures_ = count;
   append_skip_ = skip;
 }
 
 void FaultInjectionEnv::FailRenames(int count) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   rename_failures_ = count;
 }
 
 int FaultInjectionEnv::appends() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return appends_;
 }
 
 int FaultInjectionEnv::renames() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return renames_;
 }
 
 Status FaultInjectionEnv::BeforeAppend() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   ++appends_;
   if (append_skip_ > 0) {
     --append_skip_;

@@ -2,9 +2,8 @@
 // full disk, a dying disk or a crash would. For tests; thread-safe.
 #pragma once
 
-#include <condition_variable>
-#include <mutex>
 
+#include "common/mutex.h"
 #include "env/env.h"
 
 namespace tce {
@@ -44,13 +43,16 @@ class FaultInjectionEnv final : public Env {
 
  private:
   Env* const base_;
-  mutable std::mutex mu_;
-  int append_err_ = 0, append_failures_ = 0, rename_failures_ = 0;  // GUARDED_BY(mu_)
-  int append_skip_ = 0;                                             // GUARDED_BY(mu_)
-  int appends_ = 0, renames_ = 0;                                   // GUARDED_BY(mu_)
-  int stat_err_ = 0;                                                // GUARDED_BY(mu_)
-  bool stats_blocked_ = false;                                      // GUARDED_BY(mu_)
-  std::condition_variable unblocked_;
+  mutable Mutex mu_;
+  int append_err_ GUARDED_BY(mu_) = 0;
+  int append_failures_ GUARDED_BY(mu_) = 0;
+  int rename_failures_ GUARDED_BY(mu_) = 0;
+  int append_skip_ GUARDED_BY(mu_) = 0;
+  int appends_ GUARDED_BY(mu_) = 0;
+  int renames_ GUARDED_BY(mu_) = 0;
+  int stat_err_ GUARDED_BY(mu_) = 0;
+  bool stats_blocked_ GUARDED_BY(mu_) = false;
+  CondVar unblocked_;
 };
 
 }  // namespace tce

@@ -18,20 +18,20 @@ void MetaWriter::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void MetaWriter::Stop(std::chrono::milliseconds deadline) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (stop_) return;
     stop_ = true;
     stop_by_ = std::chrono::steady_clock::now() + deadline;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void MetaWriter::Queue(std::pair<std::string, std::string> key, MetaChange change) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   queue_[std::move(key)] = std::move(change);  // the newest change of a key wins
   status_.queued = queue_.size() + in_flight_;
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void MetaWriter::Record(const FileInfo& file, bool removed) {
@@ -51,7 +51,7 @@ void MetaWriter::RecordRing(const RingInfo& ring) {
 }
 
 MetaStatus MetaWriter::Status() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return status_;
 }
 
@@ -59,7 +59,7 @@ bool MetaWriter::EnsureIntact() {
   tce::Status intact = store_->CheckIntact();
   if (intact.ok()) return true;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (status_.healthy || !resyncing_)
       TCE_LOG(kError, "meta") << "metadata database lost: " << intact.message()
                               << "; writing the full state into a fresh one";
@@ -68,7 +68,7 @@ bool MetaWriter::EnsureIntact() {
   }
   tce::Status reset = store_->Reset();
   if (!reset.ok()) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     status_.last_error = "metadata database lost (" + intact.message() + "); a fresh one cannot be opened: " +
                          reset.message();
     TCE_LOG(kError, "meta") << status_.last_error;
@@ -81,29 +81,37 @@ bool MetaWriter::EnsureIntact() {
 
 void MetaWriter::Loop() {
   auto backoff = std::chrono::milliseconds(100);
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto next_beat = std::chrono::steady_clock::now();
   auto next_check = std::chrono::steady_clock::now() + check_every_;
+  // Sleeps `d`, or less once stopping and past the stop deadline.
+  auto back_off = [&](std::chrono::milliseconds d) REQUIRES(mu_) {
+    const auto until = std::chrono::steady_clock::now() + d;
+    while (!(stop_ && std::chrono::steady_clock::now() >= stop_by_) && cv_.WaitUntil(&mu_, until)) {
+    }
+  };
   while (true) {
-    cv_.wait_until(l, std::min(next_beat, next_check), [this] { return stop_ || !queue_.empty(); });
+    const auto wake = std::min(next_beat, next_check);
+    while (!stop_ && queue_.empty() && cv_.WaitUntil(&mu_, wake)) {
+    }
     if (stop_ && queue_.empty()) return;  // nothing left to write
     if (std::chrono::steady_clock::now() >= next_check || !queue_.empty()) {
       next_check = std::chrono::steady_clock::now() + check_every_;
-      l.unlock();
+      l.Unlock();
       const bool intact = EnsureIntact();
-      l.lock();
+      l.Lock();
       if (!intact) {
         if (stop_ && std::chrono::steady_clock::now() >= stop_by_) return;
-        cv_.wait_for(l, backoff, [this] { return stop_ && std::chrono::steady_clock::now() >= stop_by_; });
+        back_off(backoff);
         backoff = std::min(backoff * 2, max_backoff_);
         continue;
       }
     }
     if (!endpoint_.empty() && std::chrono::steady_clock::now() >= next_beat) {
       next_beat = std::chrono::steady_clock::now() + heartbeat_;
-      l.unlock();
+      l.Unlock();
       tce::Status hb = store_->Heartbeat(endpoint_, pid_);
-      l.lock();
+      l.Lock();
       if (!hb.ok()) {
         status_.healthy = false;
         status_.last_error = hb.message();
@@ -117,9 +125,9 @@ void MetaWriter::Loop() {
     std::map<std::pair<std::string, std::string>, MetaChange> taken;
     taken.swap(queue_);
     in_flight_ = taken.size();  // still counted as queued until written
-    l.unlock();
+    l.Unlock();
     tce::Status s = store_->Apply(batch);
-    l.lock();
+    l.Lock();
     in_flight_ = 0;
     if (s.ok()) {
       if (!status_.healthy) {
@@ -143,7 +151,7 @@ void MetaWriter::Loop() {
         TCE_LOG(kError, "meta") << "stopping with " << queue_.size() << " unwritten change(s)";
         return;
       }
-      cv_.wait_for(l, backoff, [this] { return stop_ && std::chrono::steady_clock::now() >= stop_by_; });
+      back_off(backoff);
       backoff = std::min(backoff * 2, max_backoff_);
     }
     status_.queued = queue_.size() + in_flight_;

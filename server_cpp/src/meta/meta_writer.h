@@ -9,15 +9,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "cache/meta_sink.h"
+#include "common/mutex.h"
 #include "meta/meta_store.h"
 
 namespace tce {
@@ -65,14 +64,14 @@ class MetaWriter final : public MetaSink {
   const std::chrono::milliseconds check_every_;
   std::function<void()> resync_;  // set before Start
   bool resyncing_ = false;        // thread only: the full state is being written again
-  std::mutex mu_;
-  std::condition_variable cv_;
+  Mutex mu_;
+  CondVar cv_;
   // (job, path) for files; (job, "\0tag:" + tag) for tags (paths are absolute).
-  std::map<std::pair<std::string, std::string>, MetaChange> queue_;  // GUARDED_BY(mu_)
-  MetaStatus status_;                                               // GUARDED_BY(mu_)
-  size_t in_flight_ = 0;  // GUARDED_BY(mu_): changes being written now
-  bool stop_ = false;                                               // GUARDED_BY(mu_)
-  std::chrono::steady_clock::time_point stop_by_;                  // GUARDED_BY(mu_)
+  std::map<std::pair<std::string, std::string>, MetaChange> queue_ GUARDED_BY(mu_);
+  MetaStatus status_ GUARDED_BY(mu_);
+  size_t in_flight_ GUARDED_BY(mu_) = 0;  // changes being written now
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::chrono::steady_clock::time_point stop_by_ GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -8,31 +8,31 @@ PersistQueue::PersistQueue(std::chrono::milliseconds retry_interval)
     : retry_interval_(retry_interval) {}
 
 void PersistQueue::Queue(const FileKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   items_.push_back(Item{key, false});
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 std::chrono::milliseconds PersistQueue::RetryLater(const FileKey& key) {
   if (retry_interval_.count() <= 0) return std::chrono::milliseconds(0);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   retry_at_[key] = std::chrono::steady_clock::now() + retry_interval_;
-  cv_.notify_all();  // a worker waits for the attempt
+  cv_.SignalAll();  // a worker waits for the attempt
   return retry_interval_;
 }
 
 void PersistQueue::CancelRetry(const FileKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   retry_at_.erase(key);
 }
 
 size_t PersistQueue::Queued() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return items_.size();
 }
 
 bool PersistQueue::Next(Item* out) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stopping_) {
     // Due retries join the queue behind what is already there.
     const auto now = std::chrono::steady_clock::now();
@@ -52,17 +52,17 @@ bool PersistQueue::Next(Item* out) {
       return true;
     }
     if (next_retry == std::chrono::steady_clock::time_point::max())
-      cv_.wait(lock);
+      cv_.Wait(&mu_);
     else
-      cv_.wait_until(lock, next_retry);
+      cv_.WaitUntil(&mu_, next_retry);
   }
   return false;
 }
 
 void PersistQueue::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stopping_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 }  // namespace tce

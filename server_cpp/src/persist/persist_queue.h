@@ -9,12 +9,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 
 #include "cache/persist_feed.h"
+#include "common/mutex.h"
 
 namespace tce {
 
@@ -43,11 +42,11 @@ class PersistQueue : public PersistFeed {
 
  private:
   const std::chrono::milliseconds retry_interval_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;  // an item was queued, a retry scheduled, or stopping
-  std::deque<Item> items_;                                       // GUARDED_BY(mu_)
-  std::map<FileKey, std::chrono::steady_clock::time_point> retry_at_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;                                        // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;  // an item was queued, a retry scheduled, or stopping
+  std::deque<Item> items_ GUARDED_BY(mu_);
+  std::map<FileKey, std::chrono::steady_clock::time_point> retry_at_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tce

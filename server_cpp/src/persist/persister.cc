@@ -11,14 +11,13 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "persist/crc.h"
 #include "cache/storage_check.h"
 
@@ -39,22 +38,23 @@ class InFlight {
   int depth() const { return depth_; }
 
   Status Submit(uint64_t offset, const char* data, size_t n) {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return queue_.size() + busy_ < threads_.size() || !error_.ok(); });
+    MutexLock l(&mu_);
+    while (queue_.size() + busy_ >= threads_.size() && error_.ok()) cv_.Wait(&mu_);
     if (!error_.ok()) return error_;
     queue_.push_back({offset, data, n});
-    cv_.notify_all();
+    cv_.SignalAll();
     return Status::OK();
   }
 
   Status Finish() {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       done_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     for (auto& t : threads_) t.join();
     threads_.clear();
+    MutexLock l(&mu_);
     return error_;
   }
 
@@ -66,32 +66,32 @@ class InFlight {
   };
 
   void Run() {
-    std::unique_lock<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (;;) {
-      cv_.wait(l, [&] { return !queue_.empty() || done_; });
+      while (queue_.empty() && !done_) cv_.Wait(&mu_);
       if (queue_.empty()) return;
       Write w = queue_.front();
       queue_.pop_front();
       ++busy_;
       const bool failed = !error_.ok();  // after a failure the rest are dropped
-      l.unlock();
+      l.Unlock();
       Status s = failed ? Status::OK() : file_->WriteAt(w.offset, w.data, w.n);
-      l.lock();
+      l.Lock();
       --busy_;
       if (!s.ok() && error_.ok()) error_ = s;
-      cv_.notify_all();
+      cv_.SignalAll();
     }
   }
 
   WritableFile* const file_;
   const int depth_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Write> queue_;  // GUARDED_BY(mu_)
-  size_t busy_ = 0;          // GUARDED_BY(mu_)
-  bool done_ = false;        // GUARDED_BY(mu_)
-  Status error_;             // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Write> queue_ GUARDED_BY(mu_);
+  size_t busy_ GUARDED_BY(mu_) = 0;
+  bool done_ GUARDED_BY(mu_) = false;
+  Status error_ GUARDED_BY(mu_);
 };
 
 std::string Dirname(const std::string& path) {
@@ -148,10 +148,10 @@ void Persister::Start() {
 
 void Persister::Stop() {
   {
-    std::lock_guard<std::mutex> l(stop_mu_);
+    MutexLock l(&stop_mu_);
     stop_ = true;
   }
-  stop_cv_.notify_all();
+  stop_cv_.SignalAll();
   queue_.Stop();
   cache_->StopPersistence();
   for (auto& t : threads_) t.join();
@@ -159,8 +159,11 @@ void Persister::Stop() {
 }
 
 bool Persister::SleepUnlessStopping(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> l(stop_mu_);
-  return !stop_cv_.wait_for(l, d, [this] { return stop_; });
+  const auto deadline = std::chrono::steady_clock::now() + d;
+  MutexLock l(&stop_mu_);
+  while (!stop_ && stop_cv_.WaitUntil(&stop_mu_, deadline)) {
+  }
+  return !stop_;
 }
 
 void Persister::Loop() {
@@ -310,7 +313,7 @@ Status Persister::PersistOnce(const PersistJob& job, unsigned char* data, uint64
   if (s.ok() && direct) s = file->Truncate(job.size);
   if (s.ok()) s = file->Sync();
   if (s.ok()) {
-    std::lock_guard<std::mutex> l(rename_mu_);
+    MutexLock l(&rename_mu_);
     // Last look before the rename: the path must still hold what the save
     // found there. A file being replaced lends its permission bits.
     FileStat there;

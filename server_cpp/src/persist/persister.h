@@ -33,14 +33,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "cache/cache.h"
 #include "cache/storage_check.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "env/env.h"
 #include "persist/crc.h"
 #include "persist/persist_queue.h"
@@ -106,10 +105,10 @@ class Persister {
   Env* const env_;
   const PersistOptions options_;
   std::vector<std::thread> threads_;
-  std::mutex rename_mu_;  // orders "is this version current?" + rename
-  std::mutex stop_mu_;
-  std::condition_variable stop_cv_;
-  bool stop_ = false;  // GUARDED_BY(stop_mu_)
+  Mutex rename_mu_;  // orders "is this version current?" + rename
+  Mutex stop_mu_;
+  CondVar stop_cv_;
+  bool stop_ GUARDED_BY(stop_mu_) = false;
 };
 
 }  // namespace tce

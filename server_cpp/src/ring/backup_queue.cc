@@ -5,31 +5,31 @@
 namespace tce {
 
 void BackupQueue::Send(const FileKey& key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   sends_.push_back(key);
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void BackupQueue::Drop(DropCopy drop) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   urgent_.push_back(std::move(drop));
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 void BackupQueue::Recover(RecoverJob recover) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   urgent_.push_back(std::move(recover));
-  cv_.notify_one();
+  cv_.Signal();
 }
 
 std::vector<FileKey> BackupQueue::Waiting() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return std::vector<FileKey>(sends_.begin(), sends_.end());
 }
 
 bool BackupQueue::Next(Job* out) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return stopping_ || !urgent_.empty() || !sends_.empty(); });
+  MutexLock lock(&mu_);
+  while (!stopping_ && urgent_.empty() && sends_.empty()) cv_.Wait(&mu_);
   if (stopping_) return false;
   if (!urgent_.empty()) {
     *out = std::move(urgent_.front());
@@ -42,9 +42,9 @@ bool BackupQueue::Next(Job* out) {
 }
 
 void BackupQueue::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   stopping_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 }  // namespace tce

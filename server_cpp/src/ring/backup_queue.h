@@ -4,12 +4,11 @@
 // (BackupFeed); Replicator workers take from it. Thread-safe.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <variant>
 
 #include "cache/backup_feed.h"
+#include "common/mutex.h"
 
 namespace tce {
 
@@ -29,11 +28,11 @@ class BackupQueue : public BackupFeed {
   void Stop();
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;  // a job was queued, or stopping
-  std::deque<Job> urgent_;      // GUARDED_BY(mu_): drops and recoveries
-  std::deque<FileKey> sends_;   // GUARDED_BY(mu_)
-  bool stopping_ = false;       // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;  // a job was queued, or stopping
+  std::deque<Job> urgent_ GUARDED_BY(mu_);  // drops and recoveries
+  std::deque<FileKey> sends_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tce

@@ -35,7 +35,7 @@ Status BackupStore::Reserve(const std::string& job, const std::string& path, uin
   uint64_t id = 0;
   std::vector<std::unique_ptr<MappedBuffer>> destroy;  // freed outside the lock
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     // 1. A free buffer that fits (the smallest).
     size_t best = free_.size();
     for (size_t i = 0; i < free_.size(); ++i)
@@ -67,7 +67,7 @@ Status BackupStore::Reserve(const std::string& job, const std::string& path, uin
   destroy.clear();
   Status s = MappedBuffer::Create(id, capacity, out);  // slow (zero-fills): outside the lock
   if (!s.ok()) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     used_ -= capacity;
   }
   return s;
@@ -75,12 +75,12 @@ Status BackupStore::Reserve(const std::string& job, const std::string& path, uin
 
 void BackupStore::Abandon(std::unique_ptr<MappedBuffer> buffer) {
   if (!buffer) return;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   free_.push_back(std::move(buffer));
 }
 
 void BackupStore::Commit(HeldBackup held) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto key = std::make_pair(held.file.job, held.file.path);
   auto old = held_.find(key);
   if (old != held_.end()) {
@@ -93,7 +93,7 @@ void BackupStore::Commit(HeldBackup held) {
 }
 
 bool BackupStore::Drop(const std::string& job, const std::string& path, uint64_t version) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = held_.find({job, path});
   if (it == held_.end() || (version != 0 && it->second.file.version != version)) return false;
   free_.push_back(std::move(it->second.buffer));
@@ -103,7 +103,7 @@ bool BackupStore::Drop(const std::string& job, const std::string& path, uint64_t
 }
 
 std::vector<HeldBackup> BackupStore::List(const std::string& job, int32_t owner_node) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   std::vector<HeldBackup> out;
   for (const auto& [key, h] : held_) {
     if (key.first != job || h.owner_node != owner_node) continue;
@@ -117,7 +117,7 @@ std::vector<HeldBackup> BackupStore::List(const std::string& job, int32_t owner_
 }
 
 Status BackupStore::Open(const std::string& job, const std::string& path, HeldBackup* info, int* fd) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = held_.find({job, path});
   if (it == held_.end()) return Status::NotFound("no copy of " + path + " is held for job " + job);
   info->file = it->second.file;
@@ -127,12 +127,12 @@ Status BackupStore::Open(const std::string& job, const std::string& path, HeldBa
 }
 
 void BackupStore::CountCorrupt() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   ++corrupt_;
 }
 
 BackupStoreStats BackupStore::Stats() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   BackupStoreStats s;
   s.budget = budget_;
   s.used = used_;

@@ -8,13 +8,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cache/buffer.h"
 #include "cache/cache_types.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tce {
@@ -69,13 +69,13 @@ class BackupStore {
 
  private:
   const uint64_t budget_;
-  std::mutex mu_;
-  uint64_t used_ = 0;  // GUARDED_BY(mu_): capacity of held and reserved buffers
-  uint64_t next_id_ = 1;  // GUARDED_BY(mu_)
-  uint64_t corrupt_ = 0;  // GUARDED_BY(mu_)
-  uint64_t reused_ = 0;   // GUARDED_BY(mu_)
-  std::map<std::pair<std::string, std::string>, HeldBackup> held_;  // GUARDED_BY(mu_)
-  std::vector<std::unique_ptr<MappedBuffer>> free_;                 // GUARDED_BY(mu_)
+  Mutex mu_;
+  uint64_t used_ GUARDED_BY(mu_) = 0;  // capacity of held and reserved buffers
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
+  uint64_t corrupt_ GUARDED_BY(mu_) = 0;
+  uint64_t reused_ GUARDED_BY(mu_) = 0;
+  std::map<std::pair<std::string, std::string>, HeldBackup> held_ GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<MappedBuffer>> free_ GUARDED_BY(mu_);
 };
 
 // Checks every record's payload in `data` against its CRC-32. Names the first

@@ -31,14 +31,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "ring/fabric_info.h"
 #include "ring/fabric_select.h"
 #include "tce/v1/tce.pb.h"
@@ -55,11 +54,11 @@ std::string FiError(const std::string& what, int ret) {
 
 // One sender transfer, shared with the progress thread through its writes.
 struct Transfer {
-  std::mutex mu;
-  std::condition_variable cv;
-  int in_flight = 0;                 // GUARDED_BY(mu)
-  std::vector<bool> done;            // GUARDED_BY(mu): per chunk
-  std::string error;                 // GUARDED_BY(mu): first failed write
+  Mutex mu;
+  CondVar cv;
+  int in_flight GUARDED_BY(mu) = 0;
+  std::vector<bool> done GUARDED_BY(mu);  // per chunk
+  std::string error GUARDED_BY(mu);  // first failed write
   void* map = MAP_FAILED;            // the source, mapped for this transfer
   uint64_t size = 0;
   fid_mr* mr = nullptr;              // the source's registration (FI_MR_LOCAL)
@@ -183,14 +182,14 @@ class OfiTransport final : public Transport {
       desc = fi_mr_desc(t->mr);
     }
     const size_t chunks = static_cast<size_t>((src.size + chunk_ - 1) / chunk_);
-    t->done.assign(chunks, false);
     size_t posted = 0, landed_chunks = 0;
     uint64_t reported = 0;
-    std::unique_lock<std::mutex> l(t->mu);
+    MutexLock l(&t->mu);
+    t->done.assign(chunks, false);
     while (landed_chunks < chunks) {
       while (posted < chunks && t->in_flight < kWindow && t->error.empty()) {
         const uint64_t off = posted * chunk_, n = std::min<uint64_t>(chunk_, src.size - off);
-        l.unlock();
+        l.Unlock();
         if (before) before(off, n);
         auto* w = new Write{};
         w->transfer = t;
@@ -201,7 +200,7 @@ class OfiTransport final : public Transport {
                                                 target.key(), &w->ctx))) == -FI_EAGAIN &&
                std::chrono::steady_clock::now() < deadline)
           std::this_thread::sleep_for(std::chrono::microseconds(50));  // queue full: the progress thread drains it
-        l.lock();
+        l.Lock();
         if (ret != 0) {
           delete w;
           if (t->error.empty()) t->error = FiError("fi_write", ret);
@@ -211,18 +210,21 @@ class OfiTransport final : public Transport {
         ++posted;
       }
       if (!t->error.empty()) break;
-      if (!t->cv.wait_for(l, timeout_, [&] { return !t->error.empty() || t->done[landed_chunks]; })) {
+      const auto wait_until = std::chrono::steady_clock::now() + timeout_;
+      while (t->error.empty() && !t->done[landed_chunks] && t->cv.WaitUntil(&t->mu, wait_until)) {
+      }
+      if (t->error.empty() && !t->done[landed_chunks]) {
         t->error = "no write completed in " + std::to_string(timeout_.count()) + "ms";
         break;
       }
       while (landed_chunks < chunks && t->done[landed_chunks]) ++landed_chunks;
       const uint64_t landed = std::min<uint64_t>(landed_chunks * chunk_, src.size);
       if (landed - reported >= kProgressEvery || landed == src.size) {
-        l.unlock();
+        l.Unlock();
         v1::OfiProgress p;
         p.set_landed(landed);
         s = link->Send(p);
-        l.lock();
+        l.Lock();
         if (!s.ok()) return s;
         reported = landed;
       }
@@ -230,7 +232,7 @@ class OfiTransport final : public Transport {
     if (!t->error.empty()) {
       // In-flight writes keep `t` (and the mapping) alive until they complete.
       std::string error = t->error;
-      l.unlock();
+      l.Unlock();
       return Fail(link, Status::Unavailable("RMA write to " + link->peer() + ": " + error));
     }
     return Status::OK();
@@ -300,7 +302,7 @@ class OfiTransport final : public Transport {
   }
 
   Status Resolve(const std::string& address, fi_addr_t* out) {
-    std::lock_guard<std::mutex> l(av_mu_);
+    MutexLock l(&av_mu_);
     auto it = peers_.find(address);
     if (it != peers_.end()) {
       *out = it->second;
@@ -320,12 +322,12 @@ class OfiTransport final : public Transport {
     const size_t chunk = w->chunk;
     delete w;
     {
-      std::lock_guard<std::mutex> l(t->mu);
+      MutexLock l(&t->mu);
       --t->in_flight;
       if (error.empty()) t->done[chunk] = true;
       else if (t->error.empty()) t->error = error;
     }
-    t->cv.notify_all();
+    t->cv.SignalAll();
   }
 
   void Progress() {
@@ -354,8 +356,8 @@ class OfiTransport final : public Transport {
   std::string address_;
   uint64_t chunk_ = kTransferChunk;
   std::chrono::milliseconds timeout_{30000};
-  std::mutex av_mu_;
-  std::map<std::string, fi_addr_t> peers_;  // GUARDED_BY(av_mu_)
+  Mutex av_mu_;
+  std::map<std::string, fi_addr_t> peers_ GUARDED_BY(av_mu_);
   std::atomic<bool> stop_{false};
   std::thread progress_;
 };

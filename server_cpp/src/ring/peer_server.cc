@@ -38,15 +38,15 @@ Status PeerServer::Start() {
 void PeerServer::Stop() {
   if (stop_.exchange(true)) return;
   {
-    std::lock_guard<std::mutex> l(mu_);  // wakes BindLanes
+    MutexLock l(&mu_);  // wakes BindLanes
   }
-  lanes_cv_.notify_all();
+  lanes_cv_.SignalAll();
   if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
   std::map<uint64_t, std::thread> workers;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (int fd : conns_) shutdown(fd, SHUT_RDWR);  // wakes blocked receives
     for (auto& [fd, h] : handshakes_) shutdown(fd, SHUT_RDWR);
     workers.swap(workers_);
@@ -82,8 +82,10 @@ void PeerServer::AcceptLoop() {
       if (err == EBADF || err == EINVAL || err == ENOTSOCK || err == EOPNOTSUPP || err == EFAULT) return;
       // Out of descriptors or memory (or a transient refusal): wait for
       // connections to end, never spin.
-      std::unique_lock<std::mutex> l(mu_);
-      lanes_cv_.wait_for(l, std::chrono::milliseconds(100), [this] { return stop_.load(); });
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      MutexLock l(&mu_);
+      while (!stop_.load() && lanes_cv_.WaitUntil(&mu_, deadline)) {
+      }
       continue;
     }
     Admit(fd, SourceOf(ss));
@@ -91,7 +93,7 @@ void PeerServer::AcceptLoop() {
 }
 
 void PeerServer::Admit(int fd, const std::string& source) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   const size_t max_threads = static_cast<size_t>(options_.max_connections) +
                              2 * static_cast<size_t>(options_.max_handshakes);
   if (static_cast<int>(conns_.size()) >= options_.max_connections || workers_.size() >= max_threads) {
@@ -105,7 +107,7 @@ void PeerServer::Admit(int fd, const std::string& source) {
   }
   // Beyond a cap, the oldest handshake (from this source, else from anyone)
   // gives way: its socket is shut down and its thread ends.
-  auto push_out_oldest = [&](bool same_source, int cap) {
+  auto push_out_oldest = [&](bool same_source, int cap) REQUIRES(mu_) {
     int count = 0;
     auto oldest = handshakes_.end();
     for (auto it = handshakes_.begin(); it != handshakes_.end(); ++it) {
@@ -127,7 +129,7 @@ void PeerServer::Admit(int fd, const std::string& source) {
 void PeerServer::ReapWorkers() {
   std::vector<std::thread> done;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     for (uint64_t id : finished_) {
       auto it = workers_.find(id);
       if (it == workers_.end()) continue;
@@ -143,7 +145,7 @@ void PeerServer::Serve(int fd, uint64_t worker) {
   std::unique_ptr<PeerLink> link = PeerLink::Adopt(fd, options_.io_timeout);
   Status s = link->AcceptHandshake(endpoint_, options_.token, options_.handshake_timeout);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     handshakes_.erase(fd);  // before the fd can close: Admit shuts down only registered ones
     if (s.ok() && stop_) s = Status::Unavailable("stopping");
     if (s.ok()) conns_.insert(fd);
@@ -155,7 +157,7 @@ void PeerServer::Serve(int fd, uint64_t worker) {
     link.reset();
   } else {
     ServeLink(&link);
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     // `link` may have been handed to another as a lane (then it is null here).
     if (link) {
       conns_.erase(fd);
@@ -163,7 +165,7 @@ void PeerServer::Serve(int fd, uint64_t worker) {
     }
   }
   link.reset();  // closes the sockets, now that no map names them
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   finished_.push_back(worker);
 }
 
@@ -245,7 +247,7 @@ Status PeerServer::ParkLane(std::unique_ptr<PeerLink>* lane, const v1::PeerLane&
                                    " bytes, index " + std::to_string(req.index()) + ")");
   std::vector<std::unique_ptr<PeerLink>> stale;  // closed outside the lock
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     const auto now = std::chrono::steady_clock::now();
     for (auto it = parked_.begin(); it != parked_.end();) {  // never claimed: their link died
       if (now - it->second.since <= 2 * options_.io_timeout) {
@@ -263,7 +265,7 @@ Status PeerServer::ParkLane(std::unique_ptr<PeerLink>* lane, const v1::PeerLane&
     if (p.lanes.count(req.index())) return Status::InvalidArgument("lane " + std::to_string(req.index()) + " twice");
     p.lanes[req.index()] = std::move(*lane);
   }
-  lanes_cv_.notify_all();
+  lanes_cv_.SignalAll();
   return Status::OK();
 }
 
@@ -272,11 +274,18 @@ Status PeerServer::BindLanes(PeerLink* link, const v1::PeerLanes& req) {
     return Status::InvalidArgument("cannot bind " + std::to_string(req.count()) + " lanes to a link with " +
                                    std::to_string(link->lanes()));
   const size_t want = static_cast<size_t>(req.count() - 1);
-  std::unique_lock<std::mutex> l(mu_);
-  const bool all = lanes_cv_.wait_for(l, options_.io_timeout, [&] {
+  const auto deadline = std::chrono::steady_clock::now() + options_.io_timeout;
+  MutexLock l(&mu_);
+  auto arrived = [&]() REQUIRES(mu_) {
     auto it = parked_.find(req.key());
-    return stop_ || (it != parked_.end() && it->second.lanes.size() >= want);
-  });
+    return it != parked_.end() && it->second.lanes.size() >= want;
+  };
+  bool all = arrived();
+  while (!stop_ && !all) {
+    const bool woken = lanes_cv_.WaitUntil(&mu_, deadline);
+    all = arrived();
+    if (!woken) break;
+  }
   auto it = parked_.find(req.key());
   if (!all || stop_ || it == parked_.end())
     return Status::Unavailable("the lanes did not arrive within " + std::to_string(options_.io_timeout.count()) + " ms");

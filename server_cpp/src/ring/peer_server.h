@@ -19,10 +19,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -30,6 +28,7 @@
 
 #include "cache/cache.h"
 #include "common/log_limiter.h"
+#include "common/mutex.h"
 #include "ring/backup_store.h"
 #include "ring/transport.h"
 #include "tce/v1/tce.pb.h"
@@ -85,23 +84,23 @@ class PeerServer {
   std::string endpoint_;
   int listen_fd_ = -1;
   std::thread acceptor_;
-  std::mutex mu_;
-  std::set<int> conns_;                // GUARDED_BY(mu_): authenticated connection fds
+  Mutex mu_;
+  std::set<int> conns_ GUARDED_BY(mu_);  // authenticated connection fds
   struct Handshake {
     std::string source;  // remote address, without the port
     uint64_t seq = 0;    // arrival order: the oldest is pushed out first
     bool evicted = false;
   };
-  std::map<int, Handshake> handshakes_;  // GUARDED_BY(mu_): by fd, until authenticated
-  uint64_t next_seq_ = 0;                // GUARDED_BY(mu_)
-  std::map<uint64_t, std::thread> workers_;  // GUARDED_BY(mu_)
-  std::vector<uint64_t> finished_;           // GUARDED_BY(mu_): workers to join
+  std::map<int, Handshake> handshakes_ GUARDED_BY(mu_);  // by fd, until authenticated
+  uint64_t next_seq_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, std::thread> workers_ GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_ GUARDED_BY(mu_);  // workers to join
   struct Parked {
     std::chrono::steady_clock::time_point since;
     std::map<int, std::unique_ptr<PeerLink>> lanes;  // by index
   };
-  std::map<std::string, Parked> parked_;  // GUARDED_BY(mu_): lanes by key
-  std::condition_variable lanes_cv_;
+  std::map<std::string, Parked> parked_ GUARDED_BY(mu_);  // lanes by key
+  CondVar lanes_cv_;
   // What a flood may repeat: a few lines a second, then a count.
   LogLimiter accept_errors_{5, std::chrono::seconds(1)}, refusals_{5, std::chrono::seconds(1)},
       failed_handshakes_{5, std::chrono::seconds(1)};

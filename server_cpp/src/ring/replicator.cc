@@ -30,18 +30,21 @@ void Replicator::Start() {
 
 void Replicator::Stop() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   queue_.Stop();
   for (auto& t : threads_) t.join();
   threads_.clear();
 }
 
 bool Replicator::SleepUnlessStopping(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> l(mu_);
-  return !cv_.wait_for(l, d, [this] { return stop_; });
+  const auto deadline = std::chrono::steady_clock::now() + d;
+  MutexLock l(&mu_);
+  while (!stop_ && cv_.WaitUntil(&mu_, deadline)) {
+  }
+  return !stop_;
 }
 
 void Replicator::Loop() {

@@ -10,16 +10,15 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cache/cache.h"
 #include "common/metrics.h"
+#include "common/mutex.h"
 #include "ring/backup_queue.h"
 #include "ring/peer_link.h"
 #include "ring/transport.h"
@@ -72,9 +71,9 @@ class Replicator {
   Transport* const transport_;
   const ReplicatorOptions options_;
   std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tce

@@ -24,7 +24,7 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
 }
 
 bool RingFetch::RecentlyMissed(const std::string& job, const std::string& path) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = misses_.find({job, path});
   if (it == misses_.end()) return false;
   if (std::chrono::steady_clock::now() - it->second < miss_ttl_) return true;
@@ -34,7 +34,7 @@ bool RingFetch::RecentlyMissed(const std::string& job, const std::string& path) 
 
 void RingFetch::NoteMiss(const std::string& job, const std::string& path) {
   ++remote_misses_;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (misses_.size() >= kMaxRemembered) misses_.clear();  // bounded; forgetting only costs a fetch
   misses_[{job, path}] = std::chrono::steady_clock::now();
 }

@@ -16,12 +16,12 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cache/cache.h"
+#include "common/mutex.h"
 #include "common/status.h"
 
 namespace tce {
@@ -52,8 +52,8 @@ class RingFetch {
   const std::chrono::milliseconds miss_ttl_;
   std::atomic<uint64_t> remote_reads_{0};
   std::atomic<uint64_t> remote_misses_{0};
-  std::mutex mu_;
-  std::map<std::pair<std::string, std::string>, std::chrono::steady_clock::time_point> misses_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::chrono::steady_clock::time_point> misses_ GUARDED_BY(mu_);
 };
 
 }  // namespace tce

@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace tce {
 namespace {
@@ -48,8 +48,8 @@ class Striped {
       lanes.emplace_back([&, j] {
         for (uint64_t c = j; c < chunks_; c += link_->lanes()) {
           {
-            std::unique_lock<std::mutex> l(mu_);
-            cv_.wait(l, [&] { return released > c || !error_.ok(); });
+            MutexLock l(&mu_);
+            while (released <= c && error_.ok()) cv_.Wait(&mu_);
             if (!error_.ok()) return;
           }
           Status s = move(link_->lane(j), Offset(c), Size(c));
@@ -58,10 +58,10 @@ class Striped {
       });
     for (uint64_t c = 0; before && c < chunks_; ++c) {
       before(Offset(c), Size(c));
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       if (!error_.ok()) break;
       released = c + 1;
-      cv_.notify_all();
+      cv_.SignalAll();
     }
     return Join(&lanes);
   }
@@ -75,15 +75,15 @@ class Striped {
         for (uint64_t c = j; c < chunks_; c += link_->lanes()) {
           Status s = move(link_->lane(j), Offset(c), Size(c));
           if (!s.ok()) return Fail(s);
-          std::lock_guard<std::mutex> l(mu_);
+          MutexLock l(&mu_);
           done_[c] = true;
-          cv_.notify_all();
+          cv_.SignalAll();
         }
       });
     for (uint64_t c = 0; landed && c < chunks_; ++c) {
       {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return done_[c] || !error_.ok(); });
+        MutexLock l(&mu_);
+        while (!done_[c] && error_.ok()) cv_.Wait(&mu_);
         if (!error_.ok()) break;
       }
       landed(Offset(c), Size(c));
@@ -96,25 +96,26 @@ class Striped {
   uint64_t Size(uint64_t c) const { return std::min(kTransferChunk, size_ - Offset(c)); }
 
   void Fail(const Status& s) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (error_.ok()) {
       error_ = s;
       link_->Break();
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
   Status Join(std::vector<std::thread>* lanes) {
     for (auto& t : *lanes) t.join();
+    MutexLock l(&mu_);
     return error_;
   }
 
   PeerLink* const link_;
   const uint64_t size_, chunks_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<bool> done_;  // GUARDED_BY(mu_)
-  Status error_;            // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<bool> done_ GUARDED_BY(mu_);
+  Status error_ GUARDED_BY(mu_);
 };
 
 class TcpTransport final : public Transport {

@@ -7,14 +7,14 @@ using grpc::health::v1::HealthCheckResponse;
 
 void HealthStates::Set(const std::string& service, bool serving) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     serving_[service] = serving;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool HealthStates::Get(const std::string& service, bool* serving) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   auto it = serving_.find(service);
   if (it == serving_.end()) return false;
   *serving = it->second;
@@ -22,25 +22,27 @@ bool HealthStates::Get(const std::string& service, bool* serving) const {
 }
 
 int HealthStates::WaitChange(const std::string& service, int seen, std::chrono::milliseconds until) {
-  std::unique_lock<std::mutex> l(mu_);
-  auto now = [&] {
+  const auto deadline = std::chrono::steady_clock::now() + until;
+  MutexLock l(&mu_);
+  auto now = [&]() REQUIRES(mu_) {
     auto it = serving_.find(service);
     return it == serving_.end() ? -1 : static_cast<int>(it->second);
   };
-  cv_.wait_for(l, until, [&] { return shutdown_ || now() != seen; });
+  while (!shutdown_ && now() == seen && cv_.WaitUntil(&mu_, deadline)) {
+  }
   return now();
 }
 
 void HealthStates::Shutdown() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     shutdown_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool HealthStates::shut_down() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return shutdown_;
 }
 

@@ -10,11 +10,10 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
 #include <map>
-#include <mutex>
 #include <string>
 
+#include "common/mutex.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace tce {
@@ -31,10 +30,10 @@ class HealthStates {
   bool shut_down() const;
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, bool> serving_;  // GUARDED_BY(mu_)
-  bool shutdown_ = false;                // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<std::string, bool> serving_ GUARDED_BY(mu_);
+  bool shutdown_ GUARDED_BY(mu_) = false;
 };
 
 class HealthService final : public grpc::health::v1::Health::Service {
