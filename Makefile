@@ -11,16 +11,17 @@ BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
 STAMPS      := build/.stamps
 # Debian packages: compilers/build tools, gRPC + protobuf for the server,
 # SQLite/MariaDB/libfabric for the metadata and ring pieces, gtest;
-# libfuse2 for the tests' failing filesystem (fusepy drives it);
+# libfuse2 for the tests' failing filesystem (fusepy drives it); clang for
+# the thread-safety check;
 # podman/runc/debootstrap to build and smoke-test the image offline, and
 # kubectl (Debian's kubernetes-client, unless a kubectl is installed already)
 # to render the kustomize manifests.
 APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev libfuse2 \
+	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev libfuse2 clang \
 	podman runc catatonit debootstrap
 
-.PHONY: setup build test test-cpp test-sanitize test-py demo bench image clean
+.PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py demo bench image clean
 
 setup: $(STAMPS)/apt $(STAMPS)/python build
 
@@ -72,10 +73,19 @@ test-sanitize: $(STAMPS)/apt
 	ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		$(SANITIZE_DIR)/tce_server_tests --gtest_brief=1
 
+# The server and its tests built with clang and -Werror=thread-safety: a
+# member touched without the mutex it is GUARDED_BY, or a helper called
+# without the lock it REQUIRES, fails the build (common/thread_annotations.h).
+THREAD_SAFETY_DIR := build/thread-safety
+test-thread-safety: $(STAMPS)/apt
+	cmake -S server_cpp -B $(THREAD_SAFETY_DIR) -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
+		-DCMAKE_BUILD_TYPE=Debug -DTCE_BUILD_TESTS=ON -DTCE_THREAD_SAFETY_WERROR=ON >/dev/null
+	cmake --build $(THREAD_SAFETY_DIR) -j2
+
 test-py: build
 	$(PYTHON) -m pytest -q
 
-test: test-cpp test-sanitize test-py
+test: test-cpp test-thread-safety test-sanitize test-py
 
 demo: setup
 	$(PYTHON) -m tce.cli demo
