@@ -87,7 +87,7 @@ CacheStats Cache::TallyLocked() const {
   s.buffers = buffers_.size();
   s.files = files_.size();
   s.sessions = sessions_.size();
-  s.leases = leases_.size();
+  s.leases = sessions_.leases();
   s.buffers_created = buffers_created_;
   s.buffers_reused = buffers_reused_;
   s.persist_queue = (persist_ ? persist_->Queued() : 0) + in_flight_.size();
@@ -132,8 +132,9 @@ void Cache::StartAllocation(const AllocateRequest& req, const DiskIdentity& disk
   a.file.buffer_id = buf.id;
   a.file.capacity = buf.capacity;
   a.file.created_unix_ns = UnixNowNs();
-  a.file.owner_uid = sessions_[req.session].uid;
-  a.file.owner_gid = sessions_[req.session].gid;
+  const SessionTable::Session* who = sessions_.Find(req.session);
+  a.file.owner_uid = who->uid;
+  a.file.owner_gid = who->gid;
   a.file.new_mode = req.mode & 0777;
   a.file.disk = disk;
   buf.state = BufState::kPending;
@@ -166,7 +167,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
                                << " size=" << req.size << ": " << s.ToString();
     return s;
   }
-  TakeUnmaps(req.session, &out->unmap_buffer_ids);
+  sessions_.TakeUnmaps(req.session, &out->unmap_buffer_ids);
 
   const uint64_t capacity = std::min(CapacityFor(req.size), std::max(req.size, budget_));
   const auto deadline = std::chrono::steady_clock::now() + full_timeout_;
@@ -190,7 +191,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     //    finish some (never evict what is not on storage), within bounds.
     if (persistence_enabled() && (PersistQueued() || !in_flight_.empty()) && !stopping_ &&
         done_cv_.WaitUntil(&mu_, deadline)) {
-      if (!sessions_.count(req.session)) return CheckSession(req.session);
+      if (!sessions_.Find(req.session)) return sessions_.Check(req.session);
       continue;
     }
     Status full = Status::ResourceExhausted(FullMessage(capacity));
@@ -209,7 +210,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     TCE_LOG(kError, "cache") << "cannot create buffer of " << capacity << " bytes: " << s.ToString();
     return s;
   }
-  if (!sessions_.count(req.session)) return CheckSession(req.session);  // closed meanwhile
+  if (!sessions_.Find(req.session)) return sessions_.Check(req.session);  // closed meanwhile
   Buf& buf = buffers_[id];
   buf.mem = std::move(mem);
   buf.id = id;
@@ -225,7 +226,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
 
 Status Cache::FindAllocation(const std::string& session, uint64_t id,
                              std::map<uint64_t, Allocation>::iterator* it) {
-  Status s = CheckSession(session);
+  Status s = sessions_.Check(session);
   if (!s.ok()) return s;
   *it = pending_.find(id);
   if (*it != pending_.end()) {
@@ -329,12 +330,11 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
   MutexLock lock(&mu_);
   Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
   if (!s.ok()) return s;
-  if (lease && sessions_[session].leases >= max_leases_per_session_)
-    return Status::ResourceExhausted("this session holds " + std::to_string(sessions_[session].leases) +
-                                     " leases (max_leases_per_session=" +
-                                     std::to_string(max_leases_per_session_) +
-                                     "): release loaded files before loading more");
-  TakeUnmaps(session, unmap_buffer_ids);
+  if (lease) {
+    s = sessions_.CanLease(session);
+    if (!s.ok()) return s;
+  }
+  sessions_.TakeUnmaps(session, unmap_buffer_ids);
   auto it = files_.find({job, path});
   if (it == files_.end()) return Status::NotFound(path + " is not cached for job " + job);
   if (it->second.state == FileState::kEvicted)
@@ -344,10 +344,8 @@ Status Cache::Lookup(const std::string& session, const std::string& job, const s
   *out = it->second;
   *lease_id = 0;
   if (lease) {
-    *lease_id = next_lease_id_++;
-    leases_[*lease_id] = Lease{session, it->second.buffer_id};
+    *lease_id = sessions_.AddLease(session, it->second.buffer_id);
     ++buffers_[it->second.buffer_id].leases;
-    ++sessions_[session].leases;
   }
   return Status::OK();
 }
@@ -373,7 +371,7 @@ Status Cache::Remove(const std::string& session, const std::string& job, const s
 Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   const std::string why = TagRegistry::Check(&tag);
   MutexLock lock(&mu_);
-  Status s = CheckSession(session);
+  Status s = sessions_.Check(session);
   if (s.ok() && why.empty())
     s = CheckAccess(session, tag.job, "commit tag '" + tag.tag + "' into job '" + tag.job + "'",
                     /*claim=*/true);
@@ -414,9 +412,9 @@ Status Cache::List(const std::string& session, const std::string& job, const std
   }
   std::vector<FileInfo> all = List(job, tag);
   MutexLock lock(&mu_);
-  Status s = CheckSession(session);
+  Status s = sessions_.Check(session);
   if (!s.ok()) return s;
-  const uid_t uid = sessions_[session].uid;
+  const uid_t uid = sessions_.Find(session)->uid;
   out->clear();
   for (FileInfo& f : all)
     if (owners_.Visible(uid, f.job)) out->push_back(std::move(f));

@@ -40,6 +40,7 @@
 #include "cache/meta_sink.h"
 #include "cache/persist_feed.h"
 #include "cache/ring_table.h"
+#include "cache/session_table.h"
 #include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "common/status.h"
@@ -281,25 +282,12 @@ class Cache {
     FileInfo file;
   };
   enum class Fate { kCommitted, kAborted };
-  struct Lease {
-    std::string session;
-    uint64_t buffer_id = 0;
-  };
-  struct Session {
-    uid_t uid = 0;
-    gid_t gid = static_cast<gid_t>(-1);
-    pid_t pid = 0;
-    std::vector<uint64_t> pending_unmap;  // delivered with the next response
-    std::chrono::steady_clock::time_point last_used;  // the last request naming it
-    size_t leases = 0;
-  };
 
-  // UNAUTHENTICATED for an unknown session; else notes it was used.
-  Status CheckSession(const std::string& session) REQUIRES(mu_);
-  // CheckSession, then JobOwners::Check (or Claim) with the session's uid.
+  // SessionTable::Check, then JobOwners::Check (or Claim) with the session's uid.
   Status CheckAccess(const std::string& session, const std::string& job, const std::string& what,
                      bool claim = false) REQUIRES(mu_);
-  void DropLease(std::map<uint64_t, Lease>::iterator it) REQUIRES(mu_);
+  // Ends the lease and lets go of the buffer it held.
+  void DropLease(uint64_t lease_id) REQUIRES(mu_);
   Status FindAllocation(const std::string& session, uint64_t id,
                         std::map<uint64_t, Allocation>::iterator* it) REQUIRES(mu_);
   void RecordFate(uint64_t id, Fate fate) REQUIRES(mu_);
@@ -321,7 +309,6 @@ class Cache {
   void Reclaim(const std::string& session, uint64_t need,
                std::vector<uint64_t>* unmap) REQUIRES(mu_);
   void DropMapper(Buf& buf, const std::string& session) REQUIRES(mu_);  // may erase buf
-  void TakeUnmaps(const std::string& session, std::vector<uint64_t>* out) REQUIRES(mu_);
   std::string FullMessage(uint64_t need) const REQUIRES(mu_);
   CacheStats TallyLocked() const REQUIRES(mu_);
   void StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,
@@ -368,7 +355,6 @@ class Cache {
   uint64_t reserved_ GUARDED_BY(mu_) = 0;  // bytes of buffers being created
   uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
   uint64_t next_allocation_id_ GUARDED_BY(mu_) = 1;
-  uint64_t next_lease_id_ GUARDED_BY(mu_) = 1;
   uint64_t buffers_created_ GUARDED_BY(mu_) = 0;
   uint64_t buffers_reused_ GUARDED_BY(mu_) = 0;
   std::map<uint64_t, Buf> buffers_ GUARDED_BY(mu_);
@@ -376,11 +362,9 @@ class Cache {
   std::unordered_map<uint64_t, Fate> fates_ GUARDED_BY(mu_);
   std::deque<uint64_t> fate_order_ GUARDED_BY(mu_);
   std::map<FileKey, FileInfo> files_ GUARDED_BY(mu_);
-  std::map<uint64_t, Lease> leases_ GUARDED_BY(mu_);
-  std::map<std::string, Session> sessions_ GUARDED_BY(mu_);
+  SessionTable sessions_ GUARDED_BY(mu_);  // sessions and their leases
   JobOwners owners_ GUARDED_BY(mu_);
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
-  size_t max_leases_per_session_ GUARDED_BY(mu_) = SessionLimits().max_leases_per_session;
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
   RingTable rings_ GUARDED_BY(mu_);
   bool accepting_ GUARDED_BY(mu_) = true;

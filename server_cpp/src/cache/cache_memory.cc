@@ -67,7 +67,7 @@ void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint6
       if (pass == 2) {
         b.state = BufState::kRetiring;
         b.mem.reset();
-        for (const auto& m : b.mappers) sessions_[m].pending_unmap.push_back(id);
+        for (const auto& m : b.mappers) sessions_.OweUnmap(m, id);
         TCE_LOG(kInfo, "cache") << "retiring buffer=" << id << " capacity=" << b.capacity
                                 << " (waiting for " << b.mappers.size() << " session(s) to unmap)";
         continue;
@@ -82,7 +82,7 @@ void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint6
 
 Cache::Buf* Cache::PickFree(const std::string& session, uint64_t size) {
   Buf* best = nullptr;
-  const uid_t uid = sessions_[session].uid;
+  const uid_t uid = sessions_.Find(session)->uid;
   for (auto& [id, b] : buffers_) {
     if (b.state != BufState::kFree || !Fits(b.capacity, size)) continue;
     if (b.uid != uid) continue;  // it holds another user's bytes

@@ -29,7 +29,7 @@ void Cache::QueueDrop(const FileInfo& f) {
 Status Cache::SetRing(const std::string& session, const std::string& job, int32_t node_rank,
                       std::vector<std::string> endpoints, std::string* successor) {
   MutexLock lock(&mu_);
-  Status s = CheckSession(session);
+  Status s = sessions_.Check(session);
   if (!s.ok()) return s;
   if (job.empty()) return Status::InvalidArgument("a ring needs a job");
   s = CheckAccess(session, job, "set the ring of job '" + job + "'", /*claim=*/true);
@@ -38,8 +38,8 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
   if (!s.ok()) return s;
   if (meta_ && !self_endpoint_.empty()) meta_->RecordRing(RingInfo{job, self_endpoint_, node_rank, endpoints});
   *successor = InstallRing(job, node_rank, std::move(endpoints));
-  const Session& who = sessions_.at(session);
-  rings_.SetOwner(job, who.uid, who.gid);
+  const SessionTable::Session* who = sessions_.Find(session);
+  rings_.SetOwner(job, who->uid, who->gid);
   return Status::OK();
 }
 
