@@ -380,6 +380,17 @@ def test_a_stale_ring_copy_is_refused_against_metadata(tmp_path, nodes3, transpo
         _stop(*servers)
 
 
+def test_a_missing_storage_root_stops_the_server(tmp_path):
+    from tce.tools._server import server_binary
+
+    root = tmp_path / "moved-away"
+    p = subprocess.run([server_binary(), "--socket", str(tmp_path / "x.sock"), "--metadata-url", "none",
+                        "--storage-roots", str(root)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2, p.stderr
+    assert f"storage_roots: {root} does not exist" in p.stderr and "never creates" in p.stderr, p.stderr
+    assert not root.exists()
+
+
 def test_join_ring_tells_every_server_the_ring(tmp_path, transport):
     """Two "nodes" (one process each, NODE_RANK set as a launcher would) join
     the ring with torch.distributed; each node's file is then backed up to
