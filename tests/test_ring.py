@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -298,6 +299,102 @@ def test_a_restarted_server_rejoins_its_ring_from_metadata(tmp_path, nodes3, tra
             assert int(tce.status()["recovered_files"]) == 1
             api.close()
         _until(lambda: int(_status(servers[1])["held_backups"]) == 1, what="node 0's file re-sent")
+    finally:
+        _stop(*servers)
+
+
+def _set_ring_on(server, rank, endpoints, job="ring-job"):
+    with _knobs.override(socket=server.socket):
+        _service.client().set_ring(job, rank, endpoints)
+        api.close()
+
+
+def _list_restored(server, job="ring-job"):
+    with _knobs.override(socket=server.socket):
+        try:
+            return {f.path: f for f in _service.client().list(job, wait_for_restore=True)}
+        finally:
+            api.close()
+
+
+@pytest.mark.multinode
+def test_a_list_waits_for_the_ring_restore_in_flight(tmp_path, nodes3, transport):
+    """A replaced node cannot reach its successor yet: a list that asks to
+    wait for the restore fails after ring_restore_wait_ms, naming what it
+    waited for; with the default it waits, and sees the files as soon as the
+    link is back and they are."""
+    from tce.errors import DeadlineExceededError
+
+    def start(name, *extra):
+        return _ring_server(tmp_path, transport, name, netns=nodes3.names[1],
+                            listen=f"{nodes3.addresses[1]}:7070", extra=list(extra))
+
+    servers = [_ring_server(tmp_path, transport, f"n{i}", netns=name, listen=f"{addr}:7070")
+               for i, (name, addr) in enumerate(zip(nodes3.names, nodes3.addresses))]
+    try:
+        endpoints = _set_ring(servers)
+        with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
+            for part in range(2):
+                tce.save({"w": torch.randn(1 << 16)}, f"/ckpt/s1/rank1-{part}.pt", tag="s1", rank=1)
+            api.close()
+        _until(lambda: all(f.backup_holder for f in _files(servers[1]).values()), what="backups")
+        servers[1].kill()
+        nodes3.cut(2)  # the successor is out of reach: the restore cannot end
+        servers[1] = start("n1-impatient", "--ring-restore-wait-ms", "200")
+        _set_ring_on(servers[1], 1, endpoints)
+        with pytest.raises(DeadlineExceededError, match="ring restore of job ring-job: node 1's files are "
+                           f"still being pulled back from {endpoints[2]}"):
+            _list_restored(servers[1])
+        servers[1].kill()
+        servers[1] = start("n1-again")
+        _set_ring_on(servers[1], 1, endpoints)
+        result = {}
+        waiter = threading.Thread(target=lambda: result.update(got=_list_restored(servers[1])))
+        waiter.start()
+        time.sleep(1.5)
+        assert waiter.is_alive() and not result  # waiting for the restore, not answering without it
+        nodes3.restore(2)
+        waiter.join(timeout=60)
+        assert sorted(result["got"]) == ["/ckpt/s1/rank1-0.pt", "/ckpt/s1/rank1-1.pt"], result
+    finally:
+        _stop(*servers)
+
+
+@pytest.mark.multinode
+def test_a_replaced_node_whose_copies_are_gone_says_so(tmp_path, nodes3, transport):
+    """Nodes 1 and 2 are lost together: node 1's copies died with node 2.
+    Node 2's replacement gets its file back from node 0; node 1's finds
+    nothing at node 2, which holds files of the job, and warns."""
+    def start(i, name):
+        return _ring_server(tmp_path, transport, name, netns=nodes3.names[i],
+                            listen=f"{nodes3.addresses[i]}:7070")
+
+    servers = [start(i, f"n{i}") for i in range(3)]
+    try:
+        endpoints = _set_ring(servers)
+        for i, s in enumerate(servers):
+            with _knobs.override(socket=s.socket, job="ring-job", on_unavailable="raise"):
+                tce.save({"w": torch.full((1000,), float(i))}, f"/ckpt/s1/rank{i}.pt", tag="s1", rank=i)
+                api.close()
+        for s in servers:
+            _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
+        servers[1].kill()
+        servers[2].kill()
+        servers[1], servers[2] = start(1, "n1-again"), start(2, "n2-again")
+        _set_ring_on(servers[0], 0, endpoints)
+        _set_ring_on(servers[2], 2, endpoints)
+        assert "/ckpt/s1/rank2.pt" in _list_restored(servers[2])  # node 0 held node 2's copy
+        _set_ring_on(servers[1], 1, endpoints)
+        assert _list_restored(servers[1]) == {}
+        line = _until(lambda: next((ln for ln in servers[1].log().splitlines()
+                                    if "recovered 0 of 0 file(s) of job=ring-job" in ln), None),
+                      what="the replacement's report")
+        assert "WARN" in line.upper() and "node 1's files" in line and "gone" in line, line
+        assert "recovered 1 of 1 file(s) of job=ring-job" in servers[2].log()
+        with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
+            with pytest.raises(FileNotFoundError):
+                tce.load("/ckpt/s1/rank1.pt", weights_only=True)
+            api.close()
     finally:
         _stop(*servers)
 

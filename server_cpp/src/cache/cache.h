@@ -39,6 +39,7 @@
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
 #include "cache/persist_feed.h"
+#include "cache/restore_tracker.h"
 #include "cache/ring_table.h"
 #include "common/log_limiter.h"
 #include "common/status.h"
@@ -258,6 +259,24 @@ class Cache {
   void ResendBackups(const std::string& job, const std::string& peer);
   // Counts a ring failure that belongs to no queued job (shown in Stats).
   void NoteBackupError(const std::string& message);
+  // ---- restores and peer reads ----
+  // How long a load waits for an in-flight ring restore of its job. Set
+  // before serving.
+  void SetRestoreWait(std::chrono::milliseconds wait);
+  // OK at once unless this server is pulling `job`'s files back from the
+  // ring (a fresh or restarted node); then waits for that restore to end, up
+  // to the restore wait: DEADLINE_EXCEEDED, naming the job and the peer, if
+  // it does not. *waited (optional): whether a restore was in flight.
+  // RPC threads.
+  Status WaitForRestore(const std::string& job, bool* waited = nullptr);
+  // The Replicator pulled back what the ring held of `job` (whatever it
+  // got): loads waiting for it go on.
+  void RestoreEnded(const std::string& job);
+  // Files of `job` that metadata recorded here and that are not in memory
+  // (after a restore: what the ring could not give back).
+  std::vector<FileInfo> NotInMemory(const std::string& job);
+  // How many committed files of `job` this node holds in memory.
+  size_t InMemoryCount(const std::string& job);
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };
@@ -377,6 +396,8 @@ class Cache {
   size_t max_leases_per_session_ = SessionLimits().max_leases_per_session;  // GUARDED_BY(mu_)
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
   RingTable rings_;  // GUARDED_BY(mu_)
+  RestoreTracker restores_;  // its own lock, taken inside mu_ (or alone)
+  std::chrono::milliseconds restore_wait_{30000};  // set before serving
   bool accepting_ = true;                            // GUARDED_BY(mu_)
   BackupFeed* backups_ = nullptr;                    // GUARDED_BY(mu_)
   uint64_t backed_up_files_ = 0, backup_failures_ = 0;  // GUARDED_BY(mu_)

@@ -268,6 +268,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
   cache.SetStorageCheckTimeout(std::chrono::milliseconds(opt.storage_check_timeout_ms));
+  cache.SetRestoreWait(std::chrono::milliseconds(opt.ring_restore_wait_ms));
   cache.SetSessionLimits(SessionLimits{opt.root_is_admin, static_cast<size_t>(opt.max_leases_per_session)});
   PersistOptions popt;
   popt.threads = opt.persist_threads;

@@ -202,6 +202,8 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
         b->set_path(h.file.path);
         b->set_size(h.file.size);
       }
+      if (refused.ok() && cache_ && MayRead(req.list().job(), link->peer(), "").ok())
+        list.set_own_files(cache_->InMemoryCount(req.list().job()));
       if (!refused.ok()) {
         TCE_LOG(kWarning, "ring") << "refused the list of job=" << req.list().job() << " to "
                                   << link->peer() << ": " << refused.message();

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <set>
 #include <variant>
 
 #include "cache/record_proto.h"
@@ -150,8 +151,8 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
       cache_->NoteBackupError("recovery of " + f.path() + ": " + p.ToString());
     }
   }
-  TCE_LOG(kInfo, "ring") << "recovered " << pulled << " of " << list.files_size()
-                         << " file(s) of job=" << job.job << " from " << job.peer;
+  ReportRecovery(job, pulled, list.files_size(), list.own_files());
+  cache_->RestoreEnded(job.job);  // loads waiting for the restore go on
   if (job.predecessor.empty() || job.predecessor == options_.self) return Status::OK();
   PeerLink* pred = nullptr;
   if (!(s = Link(job.predecessor, links, &pred)).ok()) return s;
@@ -160,6 +161,33 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
   v1::PeerReply reply;
   if (!(s = pred->Send(resync)).ok() || !(s = pred->Recv(&reply)).ok()) return s;
   return Status::OK();
+}
+
+void Replicator::ReportRecovery(const RecoverJob& job, int pulled, int listed, uint64_t peer_own) {
+  // What metadata says this node held and the ring did not give back.
+  const std::vector<FileInfo> missing = cache_->NotInMemory(job.job);
+  if (pulled == listed && missing.empty() && (listed > 0 || peer_own == 0)) {  // all, or a new job
+    TCE_LOG(kInfo, "ring") << "recovered " << pulled << " of " << listed << " file(s) of job="
+                           << job.job << " from " << job.peer;
+    return;
+  }
+  std::set<std::string> tags;
+  for (const FileInfo& f : missing) tags.insert(f.tag.empty() ? "(no tag)" : f.tag);
+  std::string named;
+  for (const std::string& t : tags) named += (named.empty() ? "" : ", ") + t;
+  std::string why;
+  if (!missing.empty())
+    why = std::to_string(missing.size()) + " file(s) this node held are gone from memory and the ring (tags: " +
+          named + "); loads read them from storage, or fail";
+  else if (listed == 0)
+    why = "the successor holds no copy of node " + std::to_string(job.node) + "'s files, though it holds " +
+          std::to_string(peer_own) + " file(s) of the job's checkpoints itself: what this node cached for the "
+          "job is gone (no metadata here says which tags); loads read storage, or fail";
+  else
+    why = std::to_string(listed - pulled) + " file(s) could not be recovered (logged above); loads read "
+          "them from storage, or fail";
+  TCE_LOG(kWarning, "ring") << "recovered " << pulled << " of " << listed << " file(s) of job=" << job.job
+                            << " from " << job.peer << ": " << why;
 }
 
 Status Replicator::Pull(PeerLink* link, const std::string& job, const std::string& peer,

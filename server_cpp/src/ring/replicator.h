@@ -63,6 +63,9 @@ class Replicator {
   // Pulls this node's copies back from the successor, then asks the
   // predecessor to back up to us again.
   Status Recover(const RecoverJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  // Logs how a recovery went: at WARNING, with the tags metadata names,
+  // when the ring gave back nothing or less than this node held.
+  void ReportRecovery(const RecoverJob& job, int pulled, int listed, uint64_t peer_own);
   // (job, path) as `peer` holds it, fetched into a new cache buffer and checked.
   Status Pull(PeerLink* link, const std::string& job, const std::string& peer, const std::string& path);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
