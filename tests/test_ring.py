@@ -477,6 +477,65 @@ def test_a_stale_ring_copy_is_refused_against_metadata(tmp_path, nodes3, transpo
         _stop(*servers)
 
 
+def test_a_server_serves_its_clients_the_copies_it_holds(tmp_path, transport):
+    """Node 0 saved a file, backed up to node 1. A rank on node 1 loads it:
+    node 1's server reads the copy it holds for node 0 (no peer is asked,
+    no storage exists)."""
+    a = _ring_server(tmp_path, transport, "a")
+    b = _ring_server(tmp_path, transport, "b")
+    try:
+        _set_ring([a, b])
+        x = {"w": torch.randn(1 << 16), "step": 3}
+        with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
+            tce.save(x, "/ckpt/step3/mp_rank_00_model_states.pt", tag="step3", rank=0)
+            api.close()
+        _until(lambda: _files(a)["/ckpt/step3/mp_rank_00_model_states.pt"].backup_holder, what="the backup")
+        a.kill()  # no peer could answer: the copy held here must serve
+        with _knobs.override(socket=b.socket, job="ring-job", on_unavailable="raise"):
+            out = tce.load("/ckpt/step3/mp_rank_00_model_states.pt", weights_only=True)
+            assert torch.equal(out["w"], x["w"]) and out["step"] == 3
+            api.close()
+        assert "from the copy held here" in b.log()
+    finally:
+        a.cleanup()
+        _stop(b)
+
+
+def test_a_peer_serves_its_own_cached_files_to_ring_members_only(tmp_path, transport):
+    """Node 0 saved a file, backed up to node 1, which then dies. A rank on
+    node 2 loads the file: node 2's server asks its successor, node 0, which
+    sends its own cached file. A server outside the job's ring gets nothing."""
+    servers = [_ring_server(tmp_path, transport, f"n{i}") for i in range(3)]
+    outsider = _ring_server(tmp_path, transport, "outsider")
+    try:
+        _set_ring(servers)
+        x = {"w": torch.randn(1 << 16), "b": torch.arange(99)}
+        with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
+            tce.save(x, "/ckpt/s1/mp_rank_00_model_states.pt", tag="s1", rank=0)
+            api.close()
+        _until(lambda: _files(servers[0])["/ckpt/s1/mp_rank_00_model_states.pt"].backup_holder,
+               what="the backup")
+        servers[1].kill()  # the copy is gone: only node 0's own cache has the file
+        with _knobs.override(socket=servers[2].socket, job="ring-job", on_unavailable="raise"):
+            out = tce.load("/ckpt/s1/mp_rank_00_model_states.pt", weights_only=True)
+            assert torch.equal(out["w"], x["w"]) and torch.equal(out["b"], x["b"])
+            assert int(tce.status()["remote_reads"]) == 1
+            api.close()
+        assert "sent back job=ring-job path=/ckpt/s1/mp_rank_00_model_states.pt" in servers[0].log()
+        # The outsider names node 0 in a ring of its own for the same job:
+        # node 0 does not count it a member, and sends nothing.
+        _set_ring_on(outsider, 0, [_status(outsider)["peer_endpoint"], _status(servers[0])["peer_endpoint"]])
+        with _knobs.override(socket=outsider.socket, job="ring-job", on_unavailable="raise"):
+            with pytest.raises(FileNotFoundError):
+                tce.load("/ckpt/s1/mp_rank_00_model_states.pt", weights_only=True)
+            api.close()
+        _until(lambda: "is not a member of job ring-job's ring here" in servers[0].log(),
+               what="node 0 to refuse the outsider")
+    finally:
+        servers[1].cleanup()
+        _stop(servers[0], servers[2], outsider)
+
+
 def test_a_missing_storage_root_stops_the_server(tmp_path):
     from tce.tools._server import server_binary
 

@@ -277,6 +277,12 @@ class Cache {
   std::vector<FileInfo> NotInMemory(const std::string& job);
   // How many committed files of `job` this node holds in memory.
   size_t InMemoryCount(const std::string& job);
+  // For a ring member's read (ring/peer_server.h; the caller checked that
+  // the peer is a member of the job's ring): the committed file (job, path)
+  // this node holds in memory, its buffer pinned and a read-only fd in *fd
+  // until EndPeerRead(out->buffer_id). NOT_FOUND if not in memory.
+  Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd);
+  void EndPeerRead(uint64_t buffer_id);
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };

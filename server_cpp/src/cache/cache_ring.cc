@@ -288,6 +288,28 @@ size_t Cache::InMemoryCount(const std::string& job) {
   return n;
 }
 
+Status Cache::StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = files_.find({job, path});
+  if (it == files_.end() || it->second.buffer_id == 0 || it->second.state == FileState::kPending ||
+      it->second.state == FileState::kEvicted || it->second.state == FileState::kDiscarded)
+    return Status::NotFound(path + " is not in this server's memory");
+  Buf& buf = buffers_[it->second.buffer_id];
+  Status s = buf.mem->NewFd(/*writable=*/false, fd);
+  if (!s.ok()) return s;
+  ++buf.pins;  // not reused until EndPeerRead
+  *out = it->second;
+  return Status::OK();
+}
+
+void Cache::EndPeerRead(uint64_t buffer_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto b = buffers_.find(buffer_id);
+  if (b == buffers_.end()) return;
+  --b->second.pins;
+  MaybeFree(b->second);
+}
+
 void Cache::NoteBackupError(const std::string& message) {
   std::lock_guard<std::mutex> lock(mu_);
   ++backup_failures_;

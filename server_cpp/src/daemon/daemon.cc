@@ -335,6 +335,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
     ro.threads = opt.backup_threads;
     ro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
     ro.metrics = &backup_metrics;
+    ro.held = &backups;
     replicator = std::make_unique<Replicator>(&cache, transport.get(), ro);
     replicator->Start();
     cache.SetSelfEndpoint(peers->endpoint());

@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <set>
 #include <variant>
 
@@ -244,7 +246,53 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
   return cache_->AdoptRecovered(std::move(f), std::move(mem));
 }
 
+Status Replicator::PullHeld(const std::string& job, const std::string& path) {
+  if (!options_.held) return Status::NotFound("no copies are held here");
+  HeldBackup held;
+  int fd = -1;
+  Status s = options_.held->Open(job, path, &held, &fd);
+  if (!s.ok()) return Status::NotFound(s.message());
+  const std::vector<std::string> ring = cache_->RingPeers(job);  // job isolation, as for a peer
+  if (std::find(ring.begin(), ring.end(), held.owner) == ring.end()) {
+    ::close(fd);
+    return Status::PermissionDenied("the copy of " + path + " held here was sent by " + held.owner +
+                                    ", not a member of job " + job + "'s ring");
+  }
+  const uint64_t size = held.file.size;
+  std::unique_ptr<Buffer> mem;
+  s = cache_->ReserveRecovery(size, &mem);
+  void* dst = MAP_FAILED;
+  void* src = MAP_FAILED;
+  if (s.ok() && size > 0) {
+    dst = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
+    src = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (dst == MAP_FAILED || src == MAP_FAILED) s = Status::FromErrno(errno, "mmap a held copy");
+  }
+  if (s.ok() && size > 0) {
+    std::memcpy(dst, src, size);
+    s = VerifyRecords(static_cast<unsigned char*>(dst), size, held.file.records);
+    if (!s.ok()) s = Status::DataLoss("the copy of " + path + " held here is corrupt: " + s.message());
+  }
+  if (src != MAP_FAILED) munmap(src, size);
+  if (dst != MAP_FAILED) munmap(dst, mem->capacity());
+  ::close(fd);
+  if (!s.ok()) {
+    cache_->AbandonRecovery(std::move(mem));
+    return s;
+  }
+  FileInfo f = held.file;
+  f.backup_holder = options_.self;  // the copy stays held here too
+  return cache_->AdoptRecovered(std::move(f), std::move(mem));
+}
+
 Status Replicator::FetchForLoad(const std::string& job, const std::string& path) {
+  Status here = PullHeld(job, path);
+  if (here.ok() || here.code() == Status::Code::kFailedPrecondition) {
+    TCE_LOG(kInfo, "ring") << "read job=" << job << " path=" << path << " from the copy held here";
+    return here;
+  }
+  if (here.code() != Status::Code::kNotFound)
+    TCE_LOG(kWarning, "ring") << "the copy of " << path << " held here: " << here.ToString();
   Status last = Status::NotFound(path + " is held by no peer of job " + job);
   for (const std::string& peer : cache_->RingPeers(job)) {
     std::unique_ptr<PeerLink> link;

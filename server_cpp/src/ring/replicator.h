@@ -21,6 +21,7 @@
 #include "cache/cache.h"
 #include "common/metrics.h"
 #include "ring/backup_queue.h"
+#include "ring/backup_store.h"
 #include "ring/peer_link.h"
 #include "ring/transport.h"
 
@@ -34,6 +35,9 @@ struct ReplicatorOptions {
   std::chrono::milliseconds max_backoff{10000};
   std::chrono::milliseconds io_timeout{30000};
   TransferMetrics* metrics = nullptr;  // observes each backup sent or failed (optional)
+  // The copies this server keeps for its predecessor (optional): a load that
+  // misses reads them first, before asking any peer.
+  BackupStore* held = nullptr;
 };
 
 class Replicator {
@@ -42,9 +46,11 @@ class Replicator {
   ~Replicator();
   void Start();
   void Stop();
-  // A load missed (job, path): fetch it into the cache from the ring member
-  // that holds it, the successor first. NOT_FOUND if none does; DATA_LOSS if
-  // the copy is corrupt or differs from metadata. Called by RPC threads.
+  // A load missed (job, path): fetch it into the cache from where the ring
+  // keeps it: the copy this server holds for its predecessor, else a ring
+  // member's copy or its own file in memory, the successor first. NOT_FOUND
+  // if none has it; DATA_LOSS if the copy is corrupt or differs from
+  // metadata. Called by RPC threads.
   Status FetchForLoad(const std::string& job, const std::string& path);
 
  private:
@@ -68,6 +74,9 @@ class Replicator {
   void ReportRecovery(const RecoverJob& job, int pulled, int listed, uint64_t peer_own);
   // (job, path) as `peer` holds it, fetched into a new cache buffer and checked.
   Status Pull(PeerLink* link, const std::string& job, const std::string& peer, const std::string& path);
+  // (job, path) from this server's own BackupStore, if it holds a copy sent
+  // by a member of the job's ring: copied into a new cache buffer, checked.
+  Status PullHeld(const std::string& job, const std::string& path);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   Cache* const cache_;
