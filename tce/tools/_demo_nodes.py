@@ -19,6 +19,7 @@ checks that (b) and (c) end with bitwise the same weights.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import signal
@@ -61,10 +62,12 @@ class _Job:
         self.servers[i] = self.server(i)
 
     def close(self) -> None:
+        """Stops the servers (again: nothing)."""
         for s in self.servers:
             s.stop()
         for s in self.servers + self.retired:
             s.cleanup()
+        self.servers, self.retired = [], []
 
     def run(self, label: str, ckpt: str, *extra: str, crash_at: int = 0) -> float | None:
         """One launch of the job on every node; the launch time, or None
@@ -81,7 +84,8 @@ class _Job:
                    "--layers", str(a.layers), "--vocab", str(a.vocab), "--seq", str(a.seq),
                    "--batch", str(a.batch), "--zero-stage", str(a.zero_stage),
                    "--crash-at", str(crash_at), *extra]
-            env = dict(os.environ, TCE_SOCKET=self.servers[rank].socket, TCE_ON_UNAVAILABLE="raise",
+            socket_path = self.servers[rank].socket if self.servers else os.path.join(self.work, "none.sock")
+            env = dict(os.environ, TCE_SOCKET=socket_path, TCE_ON_UNAVAILABLE="raise",
                        RANK=str(rank), WORLD_SIZE=str(a.nodes), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                        NODE_RANK=str(rank), GROUP_RANK=str(rank), MASTER_ADDR=self.nodes.addresses[0],
                        MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
@@ -133,16 +137,18 @@ def main(args: argparse.Namespace) -> int:
                 ("c", "    restart: DeepSpeed's default engine loads from storage", ref,
                  ["--engine", "torch", "--resume"], 0),
             ]
+            recovered: list[str] = []
             for label, title, directory, extra, crash in steps:
                 print(f"\n{title}")
                 if label == "b":
                     job.lose(1)
                     print("    node 1's server replaced")
+                if label == "c-train":  # the TCE part is over: give its memory back
+                    recovered = _restore_lines(job.servers[1].log())
+                    job.close()
                 launches[label] = job.run(label, directory, *extra, crash_at=crash)
                 if launches[label] is None:
                     return 1
-            recovered = [ln for ln in job.servers[1].log().splitlines()
-                         if " ring: recovered " in ln and " file(s) of job=" in ln]
             with open(job.report) as f:
                 events = [json.loads(line) for line in f]
     finally:
@@ -150,8 +156,26 @@ def main(args: argparse.Namespace) -> int:
             job.close()
         nodes.close()
     for line in recovered:
-        print(f"    node 1's new server: {line.split(' ring: ', 1)[-1]}")
+        print(f"    node 1's new server: {line}")
     return _print_table(events, launches)
+
+
+def _restore_lines(log: str) -> list[str]:
+    """The replacement's restore, from its log: what it recovered, and how
+    long after the job told it the ring."""
+    def stamp(line: str) -> float:
+        return datetime.datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")).timestamp()
+
+    lines = log.splitlines()
+    told = next((ln for ln in lines if " ring: job=tce-demo node 1 of " in ln), None)
+    out = []
+    for ln in lines:
+        if " ring: recovered " in ln and " file(s) of job=" in ln:
+            text = ln.split(" ring: ", 1)[-1]
+            if told is not None:
+                text += f", {(stamp(ln) - stamp(told)) * 1e3:.0f} ms after the job told it the ring"
+            out.append(text)
+    return out
 
 
 def _print_table(events: list[dict], launches: dict[str, float]) -> int:
