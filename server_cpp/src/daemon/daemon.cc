@@ -229,8 +229,9 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   if (!(s = ParseRoots(opt.storage_roots, &roots)).ok()) return Fail("storage_roots: " + s.message(), 2);
   for (const std::string& root : roots) {  // never created: a missing root is a missing mount
     struct stat st;
-    if (stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      return Fail("storage_roots: " + root + (stat(root.c_str(), &st) != 0 ? " does not exist" : " is not a directory") +
+    const bool exists = stat(root.c_str(), &st) == 0;
+    if (!exists || !S_ISDIR(st.st_mode))
+      return Fail("storage_roots: " + root + (exists ? " is not a directory" : " does not exist") +
                       ": the server never creates a storage root (mount or create it first, or leave it out)",
                   2);
   }

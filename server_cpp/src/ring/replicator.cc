@@ -179,8 +179,8 @@ void Replicator::ReportRecovery(const RecoverJob& job, int pulled, int listed, u
   for (const std::string& t : tags) named += (named.empty() ? "" : ", ") + t;
   std::string why;
   if (!missing.empty())
-    why = std::to_string(missing.size()) + " file(s) this node held are gone from memory and the ring (tags: " +
-          named + "); loads read them from storage, or fail";
+    why = std::to_string(missing.size()) + " file(s) this node held are gone from memory and the ring " +
+          "(tags: " + named + "); loads read them from storage, or fail";
   else if (listed == 0)
     why = "the successor holds no copy of node " + std::to_string(job.node) + "'s files, though it holds " +
           std::to_string(peer_own) + " file(s) of the job's checkpoints itself: what this node cached for the "
