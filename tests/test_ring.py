@@ -400,6 +400,39 @@ def test_a_replaced_node_whose_copies_are_gone_says_so(tmp_path, nodes3, transpo
 
 
 @pytest.mark.multinode
+def test_a_restarted_node_names_the_tags_it_lost(tmp_path, nodes3, transport):
+    """Node 1 restarts with its metadata after its successor lost the
+    copies too: the files metadata records did not come back, and the
+    warning names their tags."""
+    def start(i, name):
+        return _ring_server(tmp_path, transport, name, netns=nodes3.names[i],
+                            listen=f"{nodes3.addresses[i]}:7070", metadata=True)
+
+    servers = [start(i, f"n{i}") for i in range(3)]
+    try:
+        endpoints = _set_ring(servers)
+        with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
+            for tag in ("step7", "step8"):
+                tce.save({"w": torch.ones(100)}, f"/ckpt/{tag}/rank1.pt", tag=tag, rank=1)
+            wait_metadata_written()
+            api.close()
+        _until(lambda: all(f.backup_holder for f in _files(servers[1]).values()), what="backups")
+        servers[1].kill()
+        servers[2].kill()
+        servers[2] = start(2, "n2-again")
+        servers[1] = start(1, "n1")  # its metadata: rejoins the ring, and knows what it held
+        _set_ring_on(servers[2], 2, endpoints)
+        restarted = lambda: servers[1].log().split("re-indexed")[-1]  # noqa: E731 (its log goes on the first's)
+        line = _until(lambda: next((ln for ln in restarted().splitlines()
+                                    if "recovered 0 of 0 file(s) of job=ring-job" in ln), None),
+                      what="the restarted server's report")
+        assert "WARN" in line.upper() and "2 file(s) this node held are gone" in line, line
+        assert "(tags: step7, step8)" in line, line
+    finally:
+        _stop(*servers)
+
+
+@pytest.mark.multinode
 def test_a_rank_on_another_node_reads_its_shard_from_the_peer(tmp_path, nodes3, transport):
     """Node 0 saved rank 0's file, backed up to node 1. The rank now runs on
     node 2, whose server has never seen the file and no storage exists: its
