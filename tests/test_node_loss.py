@@ -137,6 +137,8 @@ def test_zero2_resumes_from_the_ring_after_losing_a_node(tmp_path, nodes3):
         _assert_resumed(reference, resumed)
         assert [r["loads"]["storage"] for r in resumed] == [0, 0, 0]
         assert "recovered 2 of 2 file(s) of job=" + JOB in cluster.log(1)  # rank 1's two files
+        log = cluster.log(1)  # the newest checkpoint came back first
+        assert log.index("global_step4/zero_pp_rank_1_") < log.index("global_step2/zero_pp_rank_1_"), log
 
         # Nodes 1 and 2 together: node 1's copies died with node 2.
         cluster.lose(1, 2)

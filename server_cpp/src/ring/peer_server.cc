@@ -216,6 +216,7 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
         b->set_job(h.file.job);
         b->set_path(h.file.path);
         b->set_size(h.file.size);
+        b->set_version(h.file.version);  // save order: the asker pulls the newest first
       }
       if (refused.ok() && cache_ && MayRead(req.list().job(), link->peer(), "").ok())
         list.set_own_files(cache_->InMemoryCount(req.list().job()));

@@ -141,8 +141,15 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
                                list.message().substr(0, 1024));
   TCE_LOG(kInfo, "ring") << "recovering job=" << job.job << ": " << list.files_size()
                          << " file(s) held by " << job.peer;
+  // The newest first (versions grow with every save on the owner): the
+  // checkpoint a restarted job loads is back soonest.
+  std::vector<const v1::PeerBackup*> order;
+  for (const v1::PeerBackup& f : list.files()) order.push_back(&f);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const v1::PeerBackup* a, const v1::PeerBackup* b) { return a->version() > b->version(); });
   int pulled = 0;
-  for (const v1::PeerBackup& f : list.files()) {
+  for (const v1::PeerBackup* file : order) {
+    const v1::PeerBackup& f = *file;
     Status p = Pull(link, job.job, job.peer, f.path());
     if (p.code() == Status::Code::kUnavailable) return p;  // the link broke: retry the whole
     if (p.ok()) {
