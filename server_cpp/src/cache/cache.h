@@ -403,7 +403,7 @@ class Cache {
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
   RingTable rings_;  // GUARDED_BY(mu_)
   RestoreTracker restores_;  // its own lock, taken inside mu_ (or alone)
-  std::chrono::milliseconds restore_wait_{30000};  // set before serving
+  std::chrono::milliseconds restore_wait_{120000};  // set before serving
   bool accepting_ = true;                            // GUARDED_BY(mu_)
   BackupFeed* backups_ = nullptr;                    // GUARDED_BY(mu_)
   uint64_t backed_up_files_ = 0, backup_failures_ = 0;  // GUARDED_BY(mu_)
