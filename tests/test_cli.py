@@ -102,6 +102,27 @@ def test_demo_resumes_bitwise(tmp_path):
         assert row in p.stdout
 
 
+@pytest.mark.deepspeed
+@pytest.mark.multinode
+@pytest.mark.slow
+def test_demo_loses_a_node_and_resumes_from_the_ring(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
+    p = _tce("demo", "--nodes", "3", "--steps", "8", "--every", "2", "--crash-at", "3", "--dim", "64",
+             "--layers", "2", "--vocab", "256", "--memory-budget", "256MiB", timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    assert "(identical)" in out
+    assert "node 1's new server: recovered 2 of 2 file(s) of job=tce-demo" in out, out
+    for row in ("no node lost, TCE (each node's cache)", "node 1 lost, TCE (recovered from the ring)",
+                "DeepSpeed's default engine (from storage)"):
+        line = next(ln for ln in out.splitlines() if ln.startswith(row))
+        restart, load = (float(x) for x in line[len(row):].split()[:2])
+        assert 0 <= load < restart, line
+        if "TCE" in row:
+            assert line.endswith("storage 0"), line
+
+
 def test_demo_shows_how_a_training_process_failed(tmp_path, capsys):
     import argparse
 

@@ -34,10 +34,14 @@ def _free_port() -> int:
 
 class Run:
     """One multi-process DeepSpeed run of tests/ds_train.py: one process per
-    rank with the variables torchrun sets, or torchrun itself."""
+    rank with the variables torchrun sets, or torchrun itself. With
+    ``nodes`` (tce.tools._netns.Nodes), rank i runs alone on node i, in its
+    namespace, with that node's server (``sockets[i]``) and the node rank
+    torchrun gives it, and gloo talks over the namespace addresses."""
 
-    def __init__(self, world: int, args: list[str], *, socket_path: str, out: Path,
-                 job: str = "ds-test", ready: bool = False, torchrun: bool = False) -> None:
+    def __init__(self, world: int, args: list[str], *, socket_path: str = "", out: Path,
+                 job: str = "ds-test", ready: bool = False, torchrun: bool = False,
+                 nodes=None, sockets: list[str] | None = None) -> None:
         port = _free_port()
         self.world, self.out = world, out
         self.ready = str(out) + ".ready" if ready else ""
@@ -54,6 +58,12 @@ class Run:
                               LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                               MASTER_PORT=str(port)))
                         for rank in range(world)]
+        if nodes is not None:  # one rank per node, as torchrun starts them with --nnodes
+            launches = [([*nodes.exec_prefix(rank), *cmd],
+                         dict(env, TCE_SOCKET=sockets[rank], LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                              NODE_RANK=str(rank), GROUP_RANK=str(rank), MASTER_ADDR=nodes.addresses[0],
+                              GLOO_SOCKET_IFNAME="eth0"))
+                        for rank, (cmd, env) in enumerate(launches)]
         for i, (cmd, env) in enumerate(launches):
             self.log_paths.append(Path(f"{out}-{i}.log"))
             log = open(self.log_paths[-1], "w")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -302,6 +303,135 @@ def test_a_restarted_server_rejoins_its_ring_from_metadata(tmp_path, nodes3, tra
         _stop(*servers)
 
 
+def _set_ring_on(server, rank, endpoints, job="ring-job"):
+    with _knobs.override(socket=server.socket):
+        _service.client().set_ring(job, rank, endpoints)
+        api.close()
+
+
+def _list_restored(server, job="ring-job"):
+    with _knobs.override(socket=server.socket):
+        try:
+            return {f.path: f for f in _service.client().list(job, wait_for_restore=True)}
+        finally:
+            api.close()
+
+
+@pytest.mark.multinode
+def test_a_list_waits_for_the_ring_restore_in_flight(tmp_path, nodes3, transport):
+    """A replaced node cannot reach its successor yet: a list that asks to
+    wait for the restore fails after ring_restore_wait_ms, naming what it
+    waited for; with the default it waits, and sees the files as soon as the
+    link is back and they are."""
+    from tce.errors import DeadlineExceededError
+
+    def start(name, *extra):
+        return _ring_server(tmp_path, transport, name, netns=nodes3.names[1],
+                            listen=f"{nodes3.addresses[1]}:7070", extra=list(extra))
+
+    servers = [_ring_server(tmp_path, transport, f"n{i}", netns=name, listen=f"{addr}:7070")
+               for i, (name, addr) in enumerate(zip(nodes3.names, nodes3.addresses))]
+    try:
+        endpoints = _set_ring(servers)
+        with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
+            for part in range(2):
+                tce.save({"w": torch.randn(1 << 16)}, f"/ckpt/s1/rank1-{part}.pt", tag="s1", rank=1)
+            api.close()
+        _until(lambda: all(f.backup_holder for f in _files(servers[1]).values()), what="backups")
+        servers[1].kill()
+        nodes3.cut(2)  # the successor is out of reach: the restore cannot end
+        servers[1] = start("n1-impatient", "--ring-restore-wait-ms", "200")
+        _set_ring_on(servers[1], 1, endpoints)
+        with pytest.raises(DeadlineExceededError, match="ring restore of job ring-job: node 1's files are "
+                           f"still being pulled back from {endpoints[2]}"):
+            _list_restored(servers[1])
+        servers[1].kill()
+        servers[1] = start("n1-again")
+        _set_ring_on(servers[1], 1, endpoints)
+        result = {}
+        waiter = threading.Thread(target=lambda: result.update(got=_list_restored(servers[1])))
+        waiter.start()
+        time.sleep(1.5)
+        assert waiter.is_alive() and not result  # waiting for the restore, not answering without it
+        nodes3.restore(2)
+        waiter.join(timeout=60)
+        assert sorted(result["got"]) == ["/ckpt/s1/rank1-0.pt", "/ckpt/s1/rank1-1.pt"], result
+    finally:
+        _stop(*servers)
+
+
+@pytest.mark.multinode
+def test_a_replaced_node_whose_copies_are_gone_says_so(tmp_path, nodes3, transport):
+    """Nodes 1 and 2 are lost together: node 1's copies died with node 2.
+    Node 2's replacement gets its file back from node 0; node 1's finds
+    nothing at node 2, which holds files of the job, and warns."""
+    def start(i, name):
+        return _ring_server(tmp_path, transport, name, netns=nodes3.names[i],
+                            listen=f"{nodes3.addresses[i]}:7070")
+
+    servers = [start(i, f"n{i}") for i in range(3)]
+    try:
+        endpoints = _set_ring(servers)
+        for i, s in enumerate(servers):
+            with _knobs.override(socket=s.socket, job="ring-job", on_unavailable="raise"):
+                tce.save({"w": torch.full((1000,), float(i))}, f"/ckpt/s1/rank{i}.pt", tag="s1", rank=i)
+                api.close()
+        for s in servers:
+            _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
+        servers[1].kill()
+        servers[2].kill()
+        servers[1], servers[2] = start(1, "n1-again"), start(2, "n2-again")
+        _set_ring_on(servers[0], 0, endpoints)
+        _set_ring_on(servers[2], 2, endpoints)
+        assert "/ckpt/s1/rank2.pt" in _list_restored(servers[2])  # node 0 held node 2's copy
+        _set_ring_on(servers[1], 1, endpoints)
+        assert _list_restored(servers[1]) == {}
+        line = _until(lambda: next((ln for ln in servers[1].log().splitlines()
+                                    if "recovered 0 of 0 file(s) of job=ring-job" in ln), None),
+                      what="the replacement's report")
+        assert "WARN" in line.upper() and "node 1's files" in line and "gone" in line, line
+        assert "recovered 1 of 1 file(s) of job=ring-job" in servers[2].log()
+        with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
+            with pytest.raises(FileNotFoundError):
+                tce.load("/ckpt/s1/rank1.pt", weights_only=True)
+            api.close()
+    finally:
+        _stop(*servers)
+
+
+@pytest.mark.multinode
+def test_a_restarted_node_names_the_tags_it_lost(tmp_path, nodes3, transport):
+    """Node 1 restarts with its metadata after its successor lost the
+    copies too: the files metadata records did not come back, and the
+    warning names their tags."""
+    def start(i, name):
+        return _ring_server(tmp_path, transport, name, netns=nodes3.names[i],
+                            listen=f"{nodes3.addresses[i]}:7070", metadata=True)
+
+    servers = [start(i, f"n{i}") for i in range(3)]
+    try:
+        endpoints = _set_ring(servers)
+        with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
+            for tag in ("step7", "step8"):
+                tce.save({"w": torch.ones(100)}, f"/ckpt/{tag}/rank1.pt", tag=tag, rank=1)
+            wait_metadata_written()
+            api.close()
+        _until(lambda: all(f.backup_holder for f in _files(servers[1]).values()), what="backups")
+        servers[1].kill()
+        servers[2].kill()
+        servers[2] = start(2, "n2-again")
+        servers[1] = start(1, "n1")  # its metadata: rejoins the ring, and knows what it held
+        _set_ring_on(servers[2], 2, endpoints)
+        restarted = lambda: servers[1].log().split("re-indexed")[-1]  # noqa: E731 (its log goes on the first's)
+        line = _until(lambda: next((ln for ln in restarted().splitlines()
+                                    if "recovered 0 of 0 file(s) of job=ring-job" in ln), None),
+                      what="the restarted server's report")
+        assert "WARN" in line.upper() and "2 file(s) this node held are gone" in line, line
+        assert "(tags: step7, step8)" in line, line
+    finally:
+        _stop(*servers)
+
+
 @pytest.mark.multinode
 def test_a_rank_on_another_node_reads_its_shard_from_the_peer(tmp_path, nodes3, transport):
     """Node 0 saved rank 0's file, backed up to node 1. The rank now runs on
@@ -378,6 +508,76 @@ def test_a_stale_ring_copy_is_refused_against_metadata(tmp_path, nodes3, transpo
             api.close()
     finally:
         _stop(*servers)
+
+
+def test_a_server_serves_its_clients_the_copies_it_holds(tmp_path, transport):
+    """Node 0 saved a file, backed up to node 1. A rank on node 1 loads it:
+    node 1's server reads the copy it holds for node 0 (no peer is asked,
+    no storage exists)."""
+    a = _ring_server(tmp_path, transport, "a")
+    b = _ring_server(tmp_path, transport, "b")
+    try:
+        _set_ring([a, b])
+        x = {"w": torch.randn(1 << 16), "step": 3}
+        with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
+            tce.save(x, "/ckpt/step3/mp_rank_00_model_states.pt", tag="step3", rank=0)
+            api.close()
+        _until(lambda: _files(a)["/ckpt/step3/mp_rank_00_model_states.pt"].backup_holder, what="the backup")
+        a.kill()  # no peer could answer: the copy held here must serve
+        with _knobs.override(socket=b.socket, job="ring-job", on_unavailable="raise"):
+            out = tce.load("/ckpt/step3/mp_rank_00_model_states.pt", weights_only=True)
+            assert torch.equal(out["w"], x["w"]) and out["step"] == 3
+            api.close()
+        assert "from the copy held here" in b.log()
+    finally:
+        a.cleanup()
+        _stop(b)
+
+
+def test_a_peer_serves_its_own_cached_files_to_ring_members_only(tmp_path, transport):
+    """Node 0 saved a file, backed up to node 1, which then dies. A rank on
+    node 2 loads the file: node 2's server asks its successor, node 0, which
+    sends its own cached file. A server outside the job's ring gets nothing."""
+    servers = [_ring_server(tmp_path, transport, f"n{i}") for i in range(3)]
+    outsider = _ring_server(tmp_path, transport, "outsider")
+    try:
+        _set_ring(servers)
+        x = {"w": torch.randn(1 << 16), "b": torch.arange(99)}
+        with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
+            tce.save(x, "/ckpt/s1/mp_rank_00_model_states.pt", tag="s1", rank=0)
+            api.close()
+        _until(lambda: _files(servers[0])["/ckpt/s1/mp_rank_00_model_states.pt"].backup_holder,
+               what="the backup")
+        servers[1].kill()  # the copy is gone: only node 0's own cache has the file
+        with _knobs.override(socket=servers[2].socket, job="ring-job", on_unavailable="raise"):
+            out = tce.load("/ckpt/s1/mp_rank_00_model_states.pt", weights_only=True)
+            assert torch.equal(out["w"], x["w"]) and torch.equal(out["b"], x["b"])
+            assert int(tce.status()["remote_reads"]) == 1
+            api.close()
+        assert "sent back job=ring-job path=/ckpt/s1/mp_rank_00_model_states.pt" in servers[0].log()
+        # The outsider names node 0 in a ring of its own for the same job:
+        # node 0 does not count it a member, and sends nothing.
+        _set_ring_on(outsider, 0, [_status(outsider)["peer_endpoint"], _status(servers[0])["peer_endpoint"]])
+        with _knobs.override(socket=outsider.socket, job="ring-job", on_unavailable="raise"):
+            with pytest.raises(FileNotFoundError):
+                tce.load("/ckpt/s1/mp_rank_00_model_states.pt", weights_only=True)
+            api.close()
+        _until(lambda: "is not a member of job ring-job's ring here" in servers[0].log(),
+               what="node 0 to refuse the outsider")
+    finally:
+        servers[1].cleanup()
+        _stop(servers[0], servers[2], outsider)
+
+
+def test_a_missing_storage_root_stops_the_server(tmp_path):
+    from tce.tools._server import server_binary
+
+    root = tmp_path / "moved-away"
+    p = subprocess.run([server_binary(), "--socket", str(tmp_path / "x.sock"), "--metadata-url", "none",
+                        "--storage-roots", str(root)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2, p.stderr
+    assert f"storage_roots: {root} does not exist" in p.stderr and "never creates" in p.stderr, p.stderr
+    assert not root.exists()
 
 
 def test_join_ring_tells_every_server_the_ring(tmp_path, transport):

@@ -341,11 +341,18 @@ class Client:
         return list(self._call(
             "Retry", pb.RetryRequest(session=self.session, job=job, paths=paths)).files)
 
-    def list(self, job: str = "", tag: str = "", *, check_storage: bool = False) -> list[pb.FileInfo]:
+    def list(self, job: str = "", tag: str = "", *, check_storage: bool = False,
+             wait_for_restore: bool = False) -> list[pb.FileInfo]:
         """The job's files; with ``check_storage``, each cached one is first
-        compared with storage, as a load would (docs/semantics.md)."""
-        return list(self._call("List", pb.ListRequest(
-            session=self.session, job=job, tag=tag, check_storage=check_storage)).files)
+        compared with storage, as a load would (docs/semantics.md); with
+        ``wait_for_restore``, once the server has pulled the job's files back
+        from the ring, if it is doing so (bounded by the server's
+        ``ring_restore_wait_ms``: DeadlineExceededError)."""
+        request = pb.ListRequest(session=self.session, job=job, tag=tag, check_storage=check_storage,
+                                 wait_for_restore=wait_for_restore)
+        # A wait for a restore is bounded by the server (ring_restore_wait_ms),
+        # which then says what it waited for: no client deadline cuts it short.
+        return list(self._call("List", request, timeout=None if wait_for_restore else -1.0).files)
 
     def wait(self, job: str, paths: list[str], timeout: float | None) -> list[pb.FileInfo]:
         """Block until the files are PERSISTED or FAILED (server-side wait)."""

@@ -34,7 +34,7 @@ from typing import Any
 from tce import _service, api
 from tce.core import _dist, _knobs
 from tce.core._ring import join_ring
-from tce.errors import TCEError
+from tce.errors import DeadlineExceededError, TCEError
 from tce.v1 import tce_pb2 as pb
 
 log = logging.getLogger("tce.deepspeed")
@@ -127,6 +127,7 @@ def _engine_class():
             self._tag = ""
             self._files: list[tuple[int, str, int]] = []  # this rank's (rank, path, size)
             self._saved_paths: list[str] = []
+            self._tag_files: set[str] = set()  # files of the complete tags (learn_tags)
             self.loads_from_cache = 0
             self.loads_from_storage = 0
             self.ring = join_ring(self.job)  # every rank builds the engine: a collective
@@ -233,14 +234,27 @@ def _engine_class():
                 api.wait(paths, timeout=timeout, job=self.job)
 
         # -- which tag to load ---------------------------------------------
+        def learn_tags(self, load_dir: str) -> list[tuple[str, list[tuple[int, str, int]]]]:
+            """The complete tags TCE knows in ``load_dir``, oldest first, as
+            rank 0's server recorded them (collective). Their files count as
+            present for DeepSpeed's file discovery on every rank, wherever
+            they live: a load reads them from this node's cache, the ring or
+            storage."""
+            load_dir = os.path.abspath(load_dir)
+            known = self._known_tags(load_dir) if _dist.rank() == 0 else None
+            known = _dist.broadcast(known) or []
+            self._tag_files = {p for _, files in known for _, p, _ in files}
+            return known
+
         def resolve_tag(self, load_dir: str) -> str | None:
             """The tag ``load_checkpoint(load_dir)`` should load (collective).
 
             ``latest`` when it names a complete tag whose files are all
-            recoverable (in this node's cache or on storage); else the newest
-            such tag, with a warning. None: TCE knows no tag here, so DeepSpeed
-            reads ``latest`` itself. Raises when TCE knows tags but none is
-            recoverable.
+            recoverable (each rank's own files in its node's cache, once a
+            ring restore in flight has ended, or on storage); else the newest
+            such tag, with a warning. None: TCE knows no tag here, so
+            DeepSpeed reads ``latest`` itself. Raises when TCE knows tags but
+            none is recoverable, naming the files that are missing.
             """
             load_dir = os.path.abspath(load_dir)
             latest_path = os.path.join(load_dir, "latest")
@@ -249,37 +263,49 @@ def _engine_class():
                 with open(latest_path) as fd:
                     latest = fd.read().strip() or None
             rank, world = _dist.rank(), _dist.world_size()
-            known: list[tuple[str, list[tuple[int, str, int]]]] | None = None
-            if rank == 0:
-                known = self._known_tags(load_dir)
-            known = _dist.broadcast(known)
+            known = self.learn_tags(load_dir)
             if not known:
                 return None
             in_memory = self._in_memory()  # one call, not one per file
-            mine = [all(p in in_memory or _on_storage(p, s) for r, p, s in files if r % world == rank)
-                    for _, files in known]
-            ok = [all(col) for col in zip(*_dist.all_gather(mine))]
-            good = [tag for (tag, _), fine in zip(known, ok) if fine]
+            mine = [[(p, p in in_memory) for r, p, s in files
+                     if r % world == rank and (p in in_memory or _on_storage(p, s))] for _, files in known]
+            everyone = _dist.all_gather(mine)
             names = [tag for tag, _ in known]
+            found = [{p: cached for part in everyone for p, cached in part[i]} for i in range(len(known))]
+            missing = [[p for _, p, _ in files if p not in found[i]] for i, (_, files) in enumerate(known)]
+            good = [tag for tag, m in zip(names, missing) if not m]
             if latest is not None and latest not in names:
                 return None  # not a TCE tag (e.g. written by another engine): DeepSpeed's way
             if latest is not None and latest in good:
-                return latest
-            if not good:
+                chosen = latest
+            elif not good:
+                want = latest if latest is not None else names[-1]
+                lost = missing[names.index(want)]
                 raise TCEError(
                     f"no recoverable checkpoint in {load_dir}: "
                     + (f"'latest' names {latest!r}, " if latest else "")
-                    + f"complete tag(s) {names} have files that are neither cached nor on storage"
+                    + f"complete tag(s) {names} have files that are neither cached nor on storage; "
+                    + f"{want!r} misses {len(lost)}: " + ", ".join(lost[:8])
+                    + (" ..." if len(lost) > 8 else "")
                 )
-            chosen = good[-1]
-            if latest is not None:
-                message = (f"[TCE] 'latest' in {load_dir} names {latest!r}, whose files are "
-                           f"lost (not cached and not on storage); loading {chosen!r}, the newest "
-                           f"recoverable tag (recoverable: {good})")
             else:
-                message = f"[TCE] no 'latest' in {load_dir}; loading {chosen!r}, the newest recoverable tag"
-            log.warning(message)
-            if rank == 0:
+                chosen = good[-1]
+                lost = missing[names.index(latest)] if latest is not None else []
+                if latest is not None:
+                    message = (f"[TCE] 'latest' in {load_dir} names {latest!r}, whose files are "
+                               f"lost (not cached and not on storage: {', '.join(lost[:8])}); loading "
+                               f"{chosen!r}, the newest recoverable tag (recoverable: {good})")
+                else:
+                    message = f"[TCE] no 'latest' in {load_dir}; loading {chosen!r}, the newest recoverable tag"
+                log.warning(message)
+                if rank == 0:
+                    _ds_log(message, warning=True)
+            from_storage = sorted(p for p, cached in found[names.index(chosen)].items() if not cached)
+            if from_storage and rank == 0:
+                message = (f"[TCE] tag {chosen!r}: {len(from_storage)} file(s) are in no node's cache "
+                           f"and load from storage: {', '.join(from_storage[:8])}"
+                           + (" ..." if len(from_storage) > 8 else ""))
+                log.warning(message)
                 _ds_log(message, warning=True)
             return chosen
 
@@ -299,18 +325,28 @@ def _engine_class():
             return out
 
         def _in_memory(self) -> set[str]:
-            """The job's paths this node's cache can serve (what tce.load reads from memory)."""
+            """The job's paths this node's cache can serve (what tce.load reads
+            from memory), once a ring restore of the job in flight has ended."""
             try:  # a file deleted or replaced on storage no longer counts
-                files = _service.with_client(lambda c: c.list(self.job, check_storage=True))
+                files = _service.with_client(
+                    lambda c: c.list(self.job, check_storage=True, wait_for_restore=True))
+            except DeadlineExceededError:
+                raise  # the restore did not end in time: say so, never guess
             except TCEError:
                 return set()
             return {f.path for f in files
                     if f.buffer_id and f.state not in (pb.FILE_STATE_PENDING, pb.FILE_STATE_EVICTED)}
 
         def cached_matches(self, pattern: str) -> list[str]:
-            """Cached paths matching a glob pattern (for files not on disk yet)."""
+            """Paths matching a glob pattern that are not on disk (yet): in
+            this node's cache, or files of a complete tag (learn_tags), which
+            a load finds in the ring or on storage."""
             pattern = os.path.abspath(pattern)
-            return sorted(p for p in self._in_memory() if fnmatch.fnmatchcase(p, pattern))
+            return sorted(p for p in self._in_memory() | self._tag_files if fnmatch.fnmatchcase(p, pattern))
+
+        def knows(self, path: str) -> bool:
+            """Whether ``path`` is a file of a complete tag learn_tags found."""
+            return os.path.abspath(path) in self._tag_files
 
     return TCECheckpointEngine
 
@@ -384,6 +420,8 @@ def _wrap_load_checkpoint(original):
         universal = getattr(self, "load_universal_checkpoint", lambda: False)()
         if tag is None and not universal:
             tag = engine.resolve_tag(load_dir)
+        else:
+            engine.learn_tags(load_dir)  # DeepSpeed's file discovery sees the tag's files
         _loading.engine = engine
         try:
             return original(self, load_dir, tag, *args, **kwargs)
@@ -421,7 +459,7 @@ class _CacheAwarePath:
         if os.path.exists(path):
             return True
         engine = getattr(_loading, "engine", None)
-        return engine is not None and api.cached(path, job=engine.job)
+        return engine is not None and (engine.knows(path) or api.cached(path, job=engine.job))
 
 
 class _CacheAwareOs:

@@ -71,6 +71,7 @@ def _digest(model: nn.Module) -> str:
 
 
 def _event(args: argparse.Namespace, **fields: Any) -> None:
+    fields.update(rank=int(os.environ.get("RANK", "0")), label=args.label)
     with open(args.report, "a") as f:  # appended line by line: survives the SIGKILL
         f.write(json.dumps(fields) + "\n")
 
@@ -112,6 +113,8 @@ def train(args: argparse.Namespace) -> int:
         engine.backward(loss)
         engine.step()
         done = step + 1
+        if done == start + 1:  # restart to first training step (tce demo --nodes)
+            _event(args, kind="first_step", engine=args.engine, t=time.time())
         if args.every and done % args.every == 0 and done < args.steps:
             before = _buffers() if args.engine == "tce" else (0, 0)
             t0 = time.perf_counter()
@@ -184,6 +187,10 @@ def _child(args: argparse.Namespace, socket_path: str, ckpt_dir: str, report: st
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.nodes > 1:
+        from tce.tools import _demo_nodes  # the node-loss story
+
+        return _demo_nodes.main(args)
     print("TCE demo: DeepSpeed trains a small GPT on CPU with \"checkpoint_engine\": \"tce\".\n")
     with tempfile.TemporaryDirectory(prefix="tce-demo-") as work:
         storage = os.path.join(work, "storage")
@@ -262,6 +269,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "persisted, so their buffers are recycled")
     p.add_argument("--memory-budget", default="4GiB")
     p.add_argument("--verbose", action="store_true", help="show DeepSpeed's own output")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="N >= 3: N nodes (network namespaces, root), one rank and one tce-server "
+                        "each in a ring; node 1 is lost and the job resumes from the ring")
 
 
 def _train_main(argv: list[str]) -> int:
@@ -272,6 +282,7 @@ def _train_main(argv: list[str]) -> int:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--restore-own", action="store_true")
     p.add_argument("--engine", choices=("tce", "torch"), default="tce")
+    p.add_argument("--label", default="", help="names this process's events in the report")
     args = p.parse_args(argv)
     return train(args)
 

@@ -39,6 +39,7 @@
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
 #include "cache/persist_feed.h"
+#include "cache/restore_tracker.h"
 #include "cache/ring_table.h"
 #include "cache/session_table.h"
 #include "common/log_limiter.h"
@@ -260,6 +261,30 @@ class Cache {
   void ResendBackups(const std::string& job, const std::string& peer) EXCLUDES(mu_);
   // Counts a ring failure that belongs to no queued job (shown in Stats).
   void NoteBackupError(const std::string& message) EXCLUDES(mu_);
+  // ---- restores and peer reads ----
+  // How long a load waits for an in-flight ring restore of its job. Set
+  // before serving.
+  void SetRestoreWait(std::chrono::milliseconds wait) EXCLUDES(mu_);
+  // OK at once unless this server is pulling `job`'s files back from the
+  // ring (a fresh or restarted node); then waits for that restore to end, up
+  // to the restore wait: DEADLINE_EXCEEDED, naming the job and the peer, if
+  // it does not. *waited (optional): whether a restore was in flight.
+  // RPC threads.
+  Status WaitForRestore(const std::string& job, bool* waited = nullptr) EXCLUDES(mu_);
+  // The Replicator pulled back what the ring held of `job` (whatever it
+  // got): loads waiting for it go on.
+  void RestoreEnded(const std::string& job) EXCLUDES(mu_);
+  // Files of `job` that metadata recorded here and that are not in memory
+  // (after a restore: what the ring could not give back).
+  std::vector<FileInfo> NotInMemory(const std::string& job) EXCLUDES(mu_);
+  // How many committed files of `job` this node holds in memory.
+  size_t InMemoryCount(const std::string& job) EXCLUDES(mu_);
+  // For a ring member's read (ring/peer_server.h; the caller checked that
+  // the peer is a member of the job's ring): the committed file (job, path)
+  // this node holds in memory, its buffer pinned and a read-only fd in *fd
+  // until EndPeerRead(out->buffer_id). NOT_FOUND if not in memory.
+  Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) EXCLUDES(mu_);
+  void EndPeerRead(uint64_t buffer_id) EXCLUDES(mu_);
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };
@@ -367,6 +392,8 @@ class Cache {
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
   RingTable rings_ GUARDED_BY(mu_);
+  RestoreTracker restores_;  // its own lock, taken inside mu_ (or alone)
+  std::chrono::milliseconds restore_wait_{120000};  // set before serving
   bool accepting_ GUARDED_BY(mu_) = true;
   BackupFeed* backups_ GUARDED_BY(mu_) = nullptr;
   uint64_t backed_up_files_ GUARDED_BY(mu_) = 0;

@@ -63,8 +63,10 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
   bool empty = true;  // nothing of this job in memory: a fresh or restarted node
   for (const auto& [key, f] : files_) empty = empty && !(key.first == job && f.buffer_id != 0);
   for (const auto& [id, a] : pending_) empty = empty && a.file.job != job;
-  if (empty && !ring.successor.empty() && backups_)
+  if (empty && !ring.successor.empty() && backups_) {
+    restores_.Begin(job, ring.successor, node_rank);  // loads of the job wait for it
     backups_->Recover(RecoverJob{job, node_rank, ring.successor, ring.Predecessor()});
+  }
   TCE_LOG(kInfo, "ring") << "job=" << job << " node " << node_rank << " of "
                          << ring.endpoints.size() << ", successor "
                          << (ring.successor.empty() ? "none" : ring.successor);
@@ -258,6 +260,54 @@ void Cache::ResendBackups(const std::string& job, const std::string& peer) {
   }
   TCE_LOG(kInfo, "ring") << peer << " lost its copies of job=" << job << ": re-sending " << n
                          << " file(s)";
+}
+
+void Cache::SetRestoreWait(std::chrono::milliseconds wait) { restore_wait_ = wait; }
+
+Status Cache::WaitForRestore(const std::string& job, bool* waited) {
+  return restores_.Wait(job, restore_wait_, waited);
+}
+
+void Cache::RestoreEnded(const std::string& job) { restores_.End(job); }
+
+std::vector<FileInfo> Cache::NotInMemory(const std::string& job) {
+  MutexLock lock(&mu_);
+  std::vector<FileInfo> out;
+  for (const auto& [key, f] : files_)
+    if (key.first == job && f.buffer_id == 0 && f.state != FileState::kEvicted &&
+        f.state != FileState::kDiscarded)
+      out.push_back(f);
+  return out;
+}
+
+size_t Cache::InMemoryCount(const std::string& job) {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [key, f] : files_)
+    n += key.first == job && f.buffer_id != 0 && f.state != FileState::kPending;
+  return n;
+}
+
+Status Cache::StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) {
+  MutexLock lock(&mu_);
+  auto it = files_.find({job, path});
+  if (it == files_.end() || it->second.buffer_id == 0 || it->second.state == FileState::kPending ||
+      it->second.state == FileState::kEvicted || it->second.state == FileState::kDiscarded)
+    return Status::NotFound(path + " is not in this server's memory");
+  Buf& buf = buffers_[it->second.buffer_id];
+  Status s = buf.mem->NewFd(/*writable=*/false, fd);
+  if (!s.ok()) return s;
+  ++buf.pins;  // not reused until EndPeerRead
+  *out = it->second;
+  return Status::OK();
+}
+
+void Cache::EndPeerRead(uint64_t buffer_id) {
+  MutexLock lock(&mu_);
+  auto b = buffers_.find(buffer_id);
+  if (b == buffers_.end()) return;
+  --b->second.pins;
+  MaybeFree(b->second);
 }
 
 void Cache::NoteBackupError(const std::string& message) {

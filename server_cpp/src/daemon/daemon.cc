@@ -227,6 +227,14 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
 
   std::vector<std::string> roots;
   if (!(s = ParseRoots(opt.storage_roots, &roots)).ok()) return Fail("storage_roots: " + s.message(), 2);
+  for (const std::string& root : roots) {  // never created: a missing root is a missing mount
+    struct stat st;
+    const bool exists = stat(root.c_str(), &st) == 0;
+    if (!exists || !S_ISDIR(st.st_mode))
+      return Fail("storage_roots: " + root + (exists ? " is not a directory" : " does not exist") +
+                      ": the server never creates a storage root (mount or create it first, or leave it out)",
+                  2);
+  }
   // The ring: a share of the budget holds the predecessor's backups.
   const bool ring = !opt.peer_listen.empty();
   std::string token = opt.peer_token;
@@ -261,6 +269,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
   cache.SetStorageCheckTimeout(std::chrono::milliseconds(opt.storage_check_timeout_ms));
+  cache.SetRestoreWait(std::chrono::milliseconds(opt.ring_restore_wait_ms));
   cache.SetSessionLimits(SessionLimits{opt.root_is_admin, static_cast<size_t>(opt.max_leases_per_session)});
   PersistOptions popt;
   popt.threads = opt.persist_threads;
@@ -327,6 +336,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
     ro.threads = opt.backup_threads;
     ro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
     ro.metrics = &backup_metrics;
+    ro.held = &backups;
     replicator = std::make_unique<Replicator>(&cache, transport.get(), ro);
     replicator->Start();
     cache.SetSelfEndpoint(peers->endpoint());

@@ -70,6 +70,7 @@ struct Options {
   int peer_max_connections = 256;
   int peer_max_handshakes = 64;
   int peer_max_handshakes_per_source = 8;
+  int ring_restore_wait_ms = 120000;
 
   std::string config;  // the config file read, if any (--config or TCE_CONFIG); not a setting
 };

@@ -216,6 +216,8 @@ const std::vector<Setting> kSettings = {
         "connections authenticating at once"),
     Int("peer_max_handshakes_per_source", &Options::peer_max_handshakes_per_source, {1, 65536},
         "of those, from one address"),
+    Millis("ring_restore_wait_ms", &Options::ring_restore_wait_ms, 0, 3600000,
+           "a load waits at most N ms for its job's files to come back from the ring"),
 };
 
 std::string Quote(const std::string& s) {

@@ -16,6 +16,21 @@
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
+namespace {
+// The record CRCs of a file in memory (persistence may not have computed
+// them), from a read-only mapping of `fd`.
+Status FillCrcs(int fd, FileInfo* f) {
+  if (f->size == 0) return Status::OK();
+  void* map = mmap(nullptr, f->size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap " + f->path);
+  RecordCrcs crcs(f->records);
+  crcs.Feed(0, static_cast<const unsigned char*>(map), static_cast<size_t>(f->size));
+  munmap(map, f->size);
+  for (size_t i = 0; i < f->records.size(); ++i) f->records[i].crc32 = crcs.crcs()[i];
+  return Status::OK();
+}
+}  // namespace
+
 PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store,
                        Cache* cache)
     : options_(std::move(options)), transport_(transport), store_(store), cache_(cache) {}
@@ -203,7 +218,10 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
         b->set_job(h.file.job);
         b->set_path(h.file.path);
         b->set_size(h.file.size);
+        b->set_version(h.file.version);  // save order: the asker pulls the newest first
       }
+      if (refused.ok() && cache_ && MayRead(req.list().job(), link->peer(), "").ok())
+        list.set_own_files(cache_->InMemoryCount(req.list().job()));
       if (!refused.ok()) {
         TCE_LOG(kWarning, "ring") << "refused the list of job=" << req.list().job() << " to "
                                   << link->peer() << ": " << refused.message();
@@ -358,13 +376,32 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
 Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
   HeldBackup held;
   int fd = -1;
+  uint64_t pinned = 0;  // a buffer of the cache, when the file is this server's own
   Status found = store_->Open(req.job(), req.path(), &held, &fd);
-  if (found.ok() && !(found = MayRead(held.file.job, link->peer(), held.owner)).ok()) {
+  if (found.ok()) {
+    found = MayRead(held.file.job, link->peer(), held.owner);
+  } else if (cache_) {  // this server's own file, for a member of the job's ring only
+    Status member = MayRead(req.job(), link->peer(), "");
+    found = member.ok() ? cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd) : member;
+    if (found.ok()) {
+      pinned = held.file.buffer_id;
+      found = FillCrcs(fd, &held.file);  // the puller checks every record
+    }
+  }
+  if (!found.ok() && fd >= 0) {
     ::close(fd);
     fd = -1;
+  }
+  if (found.code() == Status::Code::kPermissionDenied)
     TCE_LOG(kWarning, "ring") << "refused to send job=" << req.job() << " path=" << req.path()
                               << " to " << link->peer() << ": " << found.message();
-  }
+  struct Unpin {
+    Cache* cache;
+    uint64_t id;
+    ~Unpin() {
+      if (id) cache->EndPeerRead(id);
+    }
+  } unpin{cache_, pinned};
   v1::PeerReply reply;
   reply.set_code(static_cast<int>(found.code()));
   reply.set_message(found.message());

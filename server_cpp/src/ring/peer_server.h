@@ -4,7 +4,8 @@
 // BackupStore, its record CRCs are checked, and only then is it kept; a drop
 // lets go of a copy; a held copy is sent back only to a member of its job's
 // ring (or, where this server does not know the ring, to the peer that sent
-// it).
+// it); a file this server holds in its own cache is sent, with its record
+// CRCs, only to a member of its job's ring as this server was told it.
 //
 // Anyone who can reach the port can open connections, so what a connection
 // costs before it authenticates is bounded: one handshake deadline, at most
@@ -74,7 +75,8 @@ class PeerServer {
   // Binds the parked lanes with the key to `link` (waiting for late ones).
   Status BindLanes(PeerLink* link, const v1::PeerLanes& req);
   Status ServeBackup(PeerLink* link, const v1::PeerBackup& req);
-  // Sends the reply itself (header and bytes follow an OK).
+  // A held copy, else (for a member of the job's ring) this server's own
+  // file in memory. Sends the reply itself (header and bytes follow an OK).
   Status ServeFetch(PeerLink* link, const v1::PeerFetch& req);
 
   const PeerServerOptions options_;

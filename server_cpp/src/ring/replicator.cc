@@ -3,7 +3,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
+#include <set>
 #include <variant>
 
 #include "cache/record_proto.h"
@@ -141,8 +144,15 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
                                list.message().substr(0, 1024));
   TCE_LOG(kInfo, "ring") << "recovering job=" << job.job << ": " << list.files_size()
                          << " file(s) held by " << job.peer;
+  // The newest first (versions grow with every save on the owner): the
+  // checkpoint a restarted job loads is back soonest.
+  std::vector<const v1::PeerBackup*> order;
+  for (const v1::PeerBackup& f : list.files()) order.push_back(&f);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const v1::PeerBackup* a, const v1::PeerBackup* b) { return a->version() > b->version(); });
   int pulled = 0;
-  for (const v1::PeerBackup& f : list.files()) {
+  for (const v1::PeerBackup* file : order) {
+    const v1::PeerBackup& f = *file;
     Status p = Pull(link, job.job, job.peer, f.path());
     if (p.code() == Status::Code::kUnavailable) return p;  // the link broke: retry the whole
     if (p.ok()) {
@@ -153,8 +163,8 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
       cache_->NoteBackupError("recovery of " + f.path() + ": " + p.ToString());
     }
   }
-  TCE_LOG(kInfo, "ring") << "recovered " << pulled << " of " << list.files_size()
-                         << " file(s) of job=" << job.job << " from " << job.peer;
+  ReportRecovery(job, pulled, list.files_size(), list.own_files());
+  cache_->RestoreEnded(job.job);  // loads waiting for the restore go on
   if (job.predecessor.empty() || job.predecessor == options_.self) return Status::OK();
   PeerLink* pred = nullptr;
   if (!(s = Link(job.predecessor, links, &pred)).ok()) return s;
@@ -163,6 +173,33 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
   v1::PeerReply reply;
   if (!(s = pred->Send(resync)).ok() || !(s = pred->Recv(&reply)).ok()) return s;
   return Status::OK();
+}
+
+void Replicator::ReportRecovery(const RecoverJob& job, int pulled, int listed, uint64_t peer_own) {
+  // What metadata says this node held and the ring did not give back.
+  const std::vector<FileInfo> missing = cache_->NotInMemory(job.job);
+  if (pulled == listed && missing.empty() && (listed > 0 || peer_own == 0)) {  // all, or a new job
+    TCE_LOG(kInfo, "ring") << "recovered " << pulled << " of " << listed << " file(s) of job="
+                           << job.job << " from " << job.peer;
+    return;
+  }
+  std::set<std::string> tags;
+  for (const FileInfo& f : missing) tags.insert(f.tag.empty() ? "(no tag)" : f.tag);
+  std::string named;
+  for (const std::string& t : tags) named += (named.empty() ? "" : ", ") + t;
+  std::string why;
+  if (!missing.empty())
+    why = std::to_string(missing.size()) + " file(s) this node held are gone from memory and the ring " +
+          "(tags: " + named + "); loads read them from storage, or fail";
+  else if (listed == 0)
+    why = "the successor holds no copy of node " + std::to_string(job.node) + "'s files, though it holds " +
+          std::to_string(peer_own) + " file(s) of the job's checkpoints itself: what this node cached for the "
+          "job is gone (no metadata here says which tags); loads read storage, or fail";
+  else
+    why = std::to_string(listed - pulled) + " file(s) could not be recovered (logged above); loads read "
+          "them from storage, or fail";
+  TCE_LOG(kWarning, "ring") << "recovered " << pulled << " of " << listed << " file(s) of job=" << job.job
+                            << " from " << job.peer << ": " << why;
 }
 
 Status Replicator::Pull(PeerLink* link, const std::string& job, const std::string& peer,
@@ -219,7 +256,53 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
   return cache_->AdoptRecovered(std::move(f), std::move(mem));
 }
 
+Status Replicator::PullHeld(const std::string& job, const std::string& path) {
+  if (!options_.held) return Status::NotFound("no copies are held here");
+  HeldBackup held;
+  int fd = -1;
+  Status s = options_.held->Open(job, path, &held, &fd);
+  if (!s.ok()) return Status::NotFound(s.message());
+  const std::vector<std::string> ring = cache_->RingPeers(job);  // job isolation, as for a peer
+  if (std::find(ring.begin(), ring.end(), held.owner) == ring.end()) {
+    ::close(fd);
+    return Status::PermissionDenied("the copy of " + path + " held here was sent by " + held.owner +
+                                    ", not a member of job " + job + "'s ring");
+  }
+  const uint64_t size = held.file.size;
+  std::unique_ptr<Buffer> mem;
+  s = cache_->ReserveRecovery(size, &mem);
+  void* dst = MAP_FAILED;
+  void* src = MAP_FAILED;
+  if (s.ok() && size > 0) {
+    dst = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
+    src = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (dst == MAP_FAILED || src == MAP_FAILED) s = Status::FromErrno(errno, "mmap a held copy");
+  }
+  if (s.ok() && size > 0) {
+    std::memcpy(dst, src, size);
+    s = VerifyRecords(static_cast<unsigned char*>(dst), size, held.file.records);
+    if (!s.ok()) s = Status::DataLoss("the copy of " + path + " held here is corrupt: " + s.message());
+  }
+  if (src != MAP_FAILED) munmap(src, size);
+  if (dst != MAP_FAILED) munmap(dst, mem->capacity());
+  ::close(fd);
+  if (!s.ok()) {
+    cache_->AbandonRecovery(std::move(mem));
+    return s;
+  }
+  FileInfo f = held.file;
+  f.backup_holder = options_.self;  // the copy stays held here too
+  return cache_->AdoptRecovered(std::move(f), std::move(mem));
+}
+
 Status Replicator::FetchForLoad(const std::string& job, const std::string& path) {
+  Status here = PullHeld(job, path);
+  if (here.ok() || here.code() == Status::Code::kFailedPrecondition) {
+    TCE_LOG(kInfo, "ring") << "read job=" << job << " path=" << path << " from the copy held here";
+    return here;
+  }
+  if (here.code() != Status::Code::kNotFound)
+    TCE_LOG(kWarning, "ring") << "the copy of " << path << " held here: " << here.ToString();
   Status last = Status::NotFound(path + " is held by no peer of job " + job);
   for (const std::string& peer : cache_->RingPeers(job)) {
     std::unique_ptr<PeerLink> link;

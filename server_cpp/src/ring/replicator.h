@@ -20,6 +20,7 @@
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "ring/backup_queue.h"
+#include "ring/backup_store.h"
 #include "ring/peer_link.h"
 #include "ring/transport.h"
 
@@ -33,6 +34,9 @@ struct ReplicatorOptions {
   std::chrono::milliseconds max_backoff{10000};
   std::chrono::milliseconds io_timeout{30000};
   TransferMetrics* metrics = nullptr;  // observes each backup sent or failed (optional)
+  // The copies this server keeps for its predecessor (optional): a load that
+  // misses reads them first, before asking any peer.
+  BackupStore* held = nullptr;
 };
 
 class Replicator {
@@ -41,9 +45,11 @@ class Replicator {
   ~Replicator();
   void Start();
   void Stop();
-  // A load missed (job, path): fetch it into the cache from the ring member
-  // that holds it, the successor first. NOT_FOUND if none does; DATA_LOSS if
-  // the copy is corrupt or differs from metadata. Called by RPC threads.
+  // A load missed (job, path): fetch it into the cache from where the ring
+  // keeps it: the copy this server holds for its predecessor, else a ring
+  // member's copy or its own file in memory, the successor first. NOT_FOUND
+  // if none has it; DATA_LOSS if the copy is corrupt or differs from
+  // metadata. Called by RPC threads.
   Status FetchForLoad(const std::string& job, const std::string& path);
 
  private:
@@ -62,8 +68,14 @@ class Replicator {
   // Pulls this node's copies back from the successor, then asks the
   // predecessor to back up to us again.
   Status Recover(const RecoverJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  // Logs how a recovery went: at WARNING, with the tags metadata names,
+  // when the ring gave back nothing or less than this node held.
+  void ReportRecovery(const RecoverJob& job, int pulled, int listed, uint64_t peer_own);
   // (job, path) as `peer` holds it, fetched into a new cache buffer and checked.
   Status Pull(PeerLink* link, const std::string& job, const std::string& peer, const std::string& path);
+  // (job, path) from this server's own BackupStore, if it holds a copy sent
+  // by a member of the job's ring: copied into a new cache buffer, checked.
+  Status PullHeld(const std::string& job, const std::string& path);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   Cache* const cache_;

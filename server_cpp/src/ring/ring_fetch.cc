@@ -12,9 +12,16 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
                          const std::string& path, bool lease, FileInfo* out, uint64_t* lease_id,
                          std::vector<uint64_t>* unmap_buffer_ids) {
   Status s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
-  if (s.code() != Status::Code::kNotFound || !lease || !cache_->MayBeInRing(job, path) ||
-      RecentlyMissed(job, path))
-    return s;
+  if (s.code() != Status::Code::kNotFound || !lease) return s;
+  bool waited = false;  // the file may be on its way back from the ring
+  Status restored = cache_->WaitForRestore(job, &waited);
+  if (!restored.ok()) return restored;
+  if (waited) {
+    unmap_buffer_ids->clear();
+    s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
+    if (s.code() != Status::Code::kNotFound) return s;
+  }
+  if (!cache_->MayBeInRing(job, path) || RecentlyMissed(job, path)) return s;
   Status fetched = fetch_(job, path);
   if (fetched.code() == Status::Code::kNotFound) NoteMiss(job, path);
   if (!fetched.ok() && fetched.code() != Status::Code::kFailedPrecondition) return s;

@@ -33,7 +33,9 @@ class RingFetch {
   RingFetch(Cache* cache, Fetch fetch,
             std::chrono::milliseconds miss_ttl = std::chrono::seconds(5));
 
-  // Cache::Lookup, and on a miss the ring as above. A fetch that found the
+  // Cache::Lookup; on a miss while the job's files are being restored from
+  // the ring, waits for the restore (Cache::WaitForRestore: bounded, and
+  // DEADLINE_EXCEEDED naming it) and looks again; then the ring as above. A fetch that found the
   // file (OK), or found a newer save already here (FAILED_PRECONDITION),
   // is followed by a second lookup, whose answer is returned.
   Status Lookup(const std::string& session, const std::string& job, const std::string& path,

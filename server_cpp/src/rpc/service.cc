@@ -120,6 +120,12 @@ grpc::Status CacheService::Remove(grpc::ServerContext*, const v1::RemoveRequest*
 grpc::Status CacheService::List(grpc::ServerContext*, const v1::ListRequest* req,
                                 v1::ListResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
+  if (req->wait_for_restore() && !req->job().empty()) {
+    bool admin = false;  // only a caller with a session waits
+    tce::Status s = cache_->CheckCaller(req->session(), &admin);
+    if (s.ok()) s = cache_->WaitForRestore(req->job());
+    if (!s.ok()) return ToGrpc(s);
+  }
   std::vector<FileInfo> files;
   tce::Status s = cache_->List(req->session(), req->job(), req->tag(), &files, req->check_storage());
   for (const FileInfo& f : files) ToProto(f, resp->add_files());

@@ -1,0 +1,43 @@
+#include "cache/restore_tracker.h"
+
+namespace tce {
+
+void RestoreTracker::Begin(const std::string& job, const std::string& peer, int32_t node_rank) {
+  MutexLock l(&mu_);
+  restores_[job] = Restore{peer, node_rank, std::chrono::steady_clock::now()};
+}
+
+void RestoreTracker::End(const std::string& job) {
+  {
+    MutexLock l(&mu_);
+    restores_.erase(job);
+  }
+  ended_.SignalAll();
+}
+
+bool RestoreTracker::InProgress(const std::string& job) const {
+  MutexLock l(&mu_);
+  return restores_.count(job) != 0;
+}
+
+Status RestoreTracker::Wait(const std::string& job, std::chrono::milliseconds timeout, bool* waited) {
+  MutexLock l(&mu_);
+  if (waited) *waited = restores_.count(job) != 0;
+  if (!restores_.count(job)) return Status::OK();
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + timeout;
+  while (restores_.count(job) && ended_.WaitUntil(&mu_, deadline)) {
+  }
+  if (!restores_.count(job)) return Status::OK();
+  const Restore& r = restores_.at(job);
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - t0);
+  const auto running = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - r.since);
+  return Status::DeadlineExceeded(
+      "waited " + std::to_string(took.count()) + " ms (ring_restore_wait_ms) for the ring restore of job " +
+      job + ": node " + std::to_string(r.node_rank) + "'s files are still being pulled back from " + r.peer +
+      " (running for " + std::to_string(running.count()) + " ms; tce status shows the ring's last error)");
+}
+
+}  // namespace tce

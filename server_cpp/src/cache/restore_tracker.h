@@ -1,0 +1,46 @@
+// RestoreTracker: the jobs whose files this server is pulling back from the
+// ring (a fresh or restarted node), so a load can wait for the restore
+// instead of missing files that arrive moments later.
+//
+// A restore begins when the Cache queues a job's recovery and ends when the
+// Replicator has pulled what the successor holds (whatever it got); a restore
+// that keeps failing stays in progress, and waits for it time out. Waits are
+// bounded by the timeout their caller gives.
+//
+// Thread-safe (its own mutex, a leaf: nothing is called while it is held).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "common/mutex.h"
+#include "common/status.h"
+
+namespace tce {
+
+class RestoreTracker {
+ public:
+  // The job's files are being pulled from `peer` (node `node_rank`'s copies).
+  void Begin(const std::string& job, const std::string& peer, int32_t node_rank);
+  // The restore of `job` ended; wakes its waiters.
+  void End(const std::string& job);
+  // OK at once when `job` is not being restored; else waits up to `timeout`
+  // for the restore to end: DEADLINE_EXCEEDED (naming the job, the peer and
+  // how long it waited) if it does not. *waited (optional): whether it did.
+  Status Wait(const std::string& job, std::chrono::milliseconds timeout, bool* waited = nullptr);
+  bool InProgress(const std::string& job) const;
+
+ private:
+  struct Restore {
+    std::string peer;
+    int32_t node_rank = 0;
+    std::chrono::steady_clock::time_point since;
+  };
+  mutable Mutex mu_;
+  CondVar ended_;
+  std::map<std::string, Restore> restores_ GUARDED_BY(mu_);  // by job
+};
+
+}  // namespace tce
