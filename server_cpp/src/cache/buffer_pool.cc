@@ -1,0 +1,166 @@
+#include "cache/buffer_pool.h"
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iterator>
+#include <vector>
+
+#include "cache/buffer.h"
+#include "common/logging.h"
+#include "common/strings.h"
+
+namespace tce {
+namespace {
+
+constexpr int kFillerNice = 10;
+constexpr auto kRetry = std::chrono::seconds(1);  // after the budget or the kernel said no
+
+}  // namespace
+
+BufferPool::BufferPool(uint64_t target, Backing backing, PoolBudget* budget)
+    : target_(backing == Backing::kHugetlb ? target / kHugePage * kHugePage : target),
+      backing_(backing), budget_(budget), next_piece_(kMaxPiece) {}
+
+BufferPool::~BufferPool() { Stop(); }
+
+void BufferPool::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (filler_.joinable() || stop_ || target_ == 0) return;
+  filling_ = true;
+  filler_ = std::thread([this] { Fill(); });
+}
+
+void BufferPool::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (filler_.joinable()) filler_.join();
+  Shed(UINT64_MAX);
+}
+
+void BufferPool::Fill() {
+  // Filling competes with training for CPU and memory bandwidth: it yields.
+  if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kFillerNice) != 0)
+    TCE_LOG(kWarning, "cache") << "pool: setpriority: " << std::strerror(errno);
+  TCE_LOG(kInfo, "cache") << "pool: pre-faulting " << HumanBytes(target_) << " of "
+                          << BackingName(backing_) << " memory in the background";
+  bool warned = false, announced = false;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    const uint64_t want = target_ > held_ ? target_ - held_ : 0;
+    uint64_t size = std::min(want, next_piece_);
+    if (backing_ == Backing::kHugetlb) size = size / kHugePage * kHugePage;
+    Status s = Status::NotFound("nothing to do");
+    int fd = -1;
+    if (size > 0) {
+      lock.unlock();
+      if (budget_->ReservePool(size)) {
+        s = Buffer::Prefault(size, backing_, &fd);
+        if (!s.ok()) budget_->ReturnPool(size);
+      } else {
+        s = Status::ResourceExhausted("the memory budget is in use");
+      }
+      lock.lock();
+    }
+    if (s.ok()) {
+      pieces_.emplace(size, fd);
+      held_ += size;
+      filled_ += size;
+      resting_ = false;
+      warned = false;
+      continue;
+    }
+    if (size > 0 && !warned && s.code() != Status::Code::kResourceExhausted) {
+      TCE_LOG(kWarning, "cache") << "pool: cannot pre-fault " << HumanBytes(size) << ": " << s.ToString();
+      warned = true;
+    }
+    if (size == 0 && !announced) {
+      TCE_LOG(kInfo, "cache") << "pool: " << HumanBytes(held_) << " pre-faulted";
+      announced = true;
+    }
+    if (size > 0) announced = false;
+    filling_ = false;
+    resting_ = true;
+    idle_.notify_all();
+    wake_.wait_for(lock, kRetry);
+    filling_ = true;
+  }
+  filling_ = false;
+  resting_ = true;
+  idle_.notify_all();
+}
+
+Status BufferPool::Take(uint64_t capacity, int* fd) {
+  int piece = -1;
+  uint64_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pieces_.empty()) {
+      ++missed_;
+      return Status::NotFound("the pool is empty");
+    }
+    auto it = pieces_.lower_bound(capacity);
+    if (it == pieces_.end()) it = std::prev(pieces_.end());
+    size = it->first;
+    piece = it->second;
+    pieces_.erase(it);
+    held_ -= size;
+    ++taken_;
+    resting_ = false;  // there is room to fill again
+    // The next file is likely shaped like this one (the next rank's, the next checkpoint's).
+    next_piece_ = std::max<uint64_t>(std::min(RoundForBacking(capacity, backing_), kMaxPiece), kHugePage);
+  }
+  wake_.notify_all();
+  budget_->ReturnPool(size);
+  Status s = Buffer::Resize(piece, size, capacity, backing_);
+  if (!s.ok()) {
+    ::close(piece);
+    return s;
+  }
+  *fd = piece;
+  return Status::OK();
+}
+
+uint64_t BufferPool::Shed(uint64_t bytes) {
+  std::vector<int> fds;
+  uint64_t freed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (freed < bytes && !pieces_.empty()) {
+      freed += pieces_.begin()->first;
+      fds.push_back(pieces_.begin()->second);
+      pieces_.erase(pieces_.begin());
+    }
+    held_ -= freed;
+  }
+  for (int fd : fds) ::close(fd);
+  if (freed) budget_->ReturnPool(freed);
+  return freed;
+}
+
+bool BufferPool::WaitIdle(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [this] { return resting_; });
+}
+
+PoolStats BufferPool::Stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  PoolStats s;
+  s.target = target_;
+  s.held = held_;
+  s.pieces = pieces_.size();
+  s.filled = filled_;
+  s.taken = taken_;
+  s.missed = missed_;
+  s.filling = filling_;
+  return s;
+}
+
+}  // namespace tce
