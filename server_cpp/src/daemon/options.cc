@@ -143,7 +143,8 @@ Status ResolvePrealloc(const std::string& text, uint64_t budget, const MemoryLim
       if (v < *out) *out = v, *why = what;
     };
     if (limits.mem_available) bound(limits.mem_available / 2, "half the available memory");
-    if (limits.cgroup_limit) bound(cgroup_room / 2, "half of 90% of the cgroup limit");
+    // Huge pages are not charged to the memory cgroup: their own reservation bounds them.
+    if (limits.cgroup_limit && !hugetlb) bound(cgroup_room / 2, "half of 90% of the cgroup limit");
     if (hugetlb) bound(huge_room, "the free huge pages");
     return Status::OK();
   }
@@ -151,7 +152,9 @@ Status ResolvePrealloc(const std::string& text, uint64_t budget, const MemoryLim
   *why = "the size set";
   if (*out > budget)
     return Status::InvalidArgument(text + " exceeds the memory budget of " + HumanBytes(budget));
-  if (limits.cgroup_limit && *out > cgroup_room)
+  if (hugetlb && *out > huge_room)
+    return Status::InvalidArgument(text + " exceeds the free huge pages (" + HumanBytes(huge_room) + ")");
+  if (limits.cgroup_limit && !hugetlb && *out > cgroup_room)
     return Status::InvalidArgument(text + " exceeds 90% of the cgroup memory limit of " +
                                    HumanBytes(limits.cgroup_limit));
   return Status::OK();

@@ -93,9 +93,11 @@ Status ParseConfigText(const std::string& text, const std::string& name,
 Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64_t* out);
 
 // "0", "auto" or a size -> the bytes to pre-fault at start (cache/buffer_pool.h).
-// auto: half the budget, at most half the memory available now, half of 90%
-// of the cgroup limit, and (hugetlb) the free huge pages. A size must fit in
-// the budget and in 90% of the cgroup limit. `why` says how auto was bounded.
+// auto: half the budget, at most half the memory available now and half of
+// 90% of the cgroup limit (4 KiB pages and thp) or the free huge pages
+// (hugetlb, which the memory cgroup does not charge). A size must fit in the
+// budget and in 90% of the cgroup limit, or the free huge pages. `why` says
+// how auto was bounded.
 Status ResolvePrealloc(const std::string& text, uint64_t budget, const MemoryLimits& limits,
                        bool hugetlb, uint64_t* out, std::string* why);
 
