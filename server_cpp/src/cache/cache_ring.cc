@@ -141,7 +141,7 @@ void Cache::FinishBackup(const BackupJob& job, const Status& result) {
 
 Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
   std::unique_lock<std::mutex> lock(mu_);
-  const uint64_t capacity = CapacityFor(size);
+  const uint64_t capacity = RoundForBacking(CapacityFor(size), backing_);
   std::vector<uint64_t> ignored;
   while (used_ + reserved_ + capacity > budget_) {
     Reclaim("", capacity, &ignored);
@@ -151,7 +151,7 @@ Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
   const uint64_t id = next_buffer_id_++;
   reserved_ += capacity;
   lock.unlock();
-  Status s = Buffer::Create(id, capacity, out);
+  Status s = NewBuffer(id, capacity, out);  // the pool's, on the cache's pages
   if (!s.ok()) {
     lock.lock();
     reserved_ -= capacity;
