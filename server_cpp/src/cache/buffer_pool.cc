@@ -22,9 +22,10 @@ constexpr auto kRetry = std::chrono::seconds(1);  // after the budget or the ker
 
 }  // namespace
 
-BufferPool::BufferPool(uint64_t target, Backing backing, PoolBudget* budget)
+BufferPool::BufferPool(uint64_t target, Backing backing, PoolBudget* budget, uint64_t max_piece)
     : target_(backing == Backing::kHugetlb ? target / kHugePage * kHugePage : target),
-      backing_(backing), budget_(budget), next_piece_(kMaxPiece) {}
+      backing_(backing), budget_(budget), max_piece_(max_piece),
+      next_piece_(std::min(max_piece, target_)) {}
 
 BufferPool::~BufferPool() { Stop(); }
 
@@ -74,6 +75,7 @@ void BufferPool::Fill() {
       held_ += size;
       filled_ += size;
       resting_ = false;
+      if (!learned_) next_piece_ = std::max(next_piece_ / 2, max_piece_ / 16);
       warned = false;
       continue;
     }
@@ -115,7 +117,8 @@ Status BufferPool::Take(uint64_t capacity, int* fd) {
     ++taken_;
     resting_ = false;  // there is room to fill again
     // The next file is likely shaped like this one (the next rank's, the next checkpoint's).
-    next_piece_ = std::max<uint64_t>(std::min(RoundForBacking(capacity, backing_), kMaxPiece), kHugePage);
+    next_piece_ = std::max<uint64_t>(std::min(RoundForBacking(capacity, backing_), max_piece_), kHugePage);
+    learned_ = true;
   }
   wake_.notify_all();
   budget_->ReturnPool(size);

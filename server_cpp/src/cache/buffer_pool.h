@@ -52,7 +52,12 @@ class BufferPool {
   // The largest piece the filler makes.
   static constexpr uint64_t kMaxPiece = uint64_t{1} << 30;
 
-  BufferPool(uint64_t target, Backing backing, PoolBudget* budget);
+  // Until the first Take shows what sizes are wanted, the filler makes
+  // pieces of halving sizes: `max_piece` (at most the target), then half of
+  // it, down to max_piece / 16, so that a file of any size finds a piece
+  // that is not much larger (the tail of a shrunk piece is freed and made
+  // again). After a Take, it makes pieces of the size taken.
+  BufferPool(uint64_t target, Backing backing, PoolBudget* budget, uint64_t max_piece = kMaxPiece);
   ~BufferPool();  // Stop()
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
@@ -91,7 +96,9 @@ class BufferPool {
   std::condition_variable idle_;  // the filler went idle
   std::multimap<uint64_t, int> pieces_;  // GUARDED_BY(mu_): size -> memfd
   uint64_t held_ = 0;                    // GUARDED_BY(mu_)
+  const uint64_t max_piece_;
   uint64_t next_piece_ = 0;              // GUARDED_BY(mu_): the size the filler makes next
+  bool learned_ = false;                 // GUARDED_BY(mu_): next_piece_ is a taken size
   uint64_t filled_ = 0, taken_ = 0, missed_ = 0;  // GUARDED_BY(mu_)
   bool filling_ = false;                 // GUARDED_BY(mu_): not resting
   bool resting_ = false;                 // GUARDED_BY(mu_): the filler found nothing it may do

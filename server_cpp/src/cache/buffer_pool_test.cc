@@ -123,6 +123,32 @@ TEST(BufferPool, TakesArePreFaultedZeroedAndExactlySized) {
   close(fd);
 }
 
+TEST(BufferPool, PiecesHalveUntilATakeShowsTheSizesWanted) {
+  FakeBudget budget(256 * kMiB);
+  BufferPool pool(31 * kMiB, Backing::k4k, &budget, 16 * kMiB);
+  pool.Start();
+  ASSERT_TRUE(pool.WaitIdle(10000));
+  PoolStats st = pool.Stats();
+  EXPECT_EQ(st.held, 31 * kMiB);
+  EXPECT_EQ(st.pieces, 5u);  // 16 + 8 + 4 + 2 + 1 MiB (down to max_piece / 16)
+  // Best fit: a 3 MiB file takes a 4 MiB piece, a 10 MiB one the 16 MiB piece.
+  budget.Hold(true);  // the filler adds nothing until both takes are done
+  int small = -1, large = -1;
+  ASSERT_TRUE(pool.Take(3 * kMiB, &small).ok());
+  EXPECT_EQ(pool.Stats().held, 27 * kMiB);
+  ASSERT_TRUE(pool.Take(10 * kMiB, &large).ok());
+  EXPECT_EQ(pool.Stats().held, 11 * kMiB);
+  EXPECT_EQ(pool.Stats().pieces, 3u);
+  budget.Hold(false);
+  // Then it refills.
+  ASSERT_TRUE(pool.WaitIdle(10000));
+  EXPECT_EQ(pool.Stats().held, 31 * kMiB);
+  EXPECT_EQ(budget.pooled(), 31 * kMiB);
+  close(small);
+  close(large);
+  pool.Stop();
+}
+
 TEST(BufferPool, TakeNeverWaitsForTheFiller) {
   FakeBudget budget(64 * kMiB);
   budget.Hold(true);  // the filler is stuck making its first piece
