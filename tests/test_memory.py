@@ -16,7 +16,7 @@ import torch
 
 import tce
 from tce import api
-from tce.core import _knobs
+from tce.core import _knobs, _session
 from tce.tools._server import LocalServer, server_binary
 
 from conftest import run_python
@@ -191,3 +191,28 @@ def test_a_prealloc_the_server_cannot_honour_is_refused(tmp_path, value, why):
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2
     assert why in p.stderr + p.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_saves_register_and_load_huge_page_buffers(huge_pages, tmp_path):
+    """cudaHostRegister of a hugetlb mapping, the device-to-host copies into
+    it, and loads back to the GPU, bit for bit."""
+    huge_pages(256)
+    s = LocalServer(memory_budget="256MiB", extra_args=["--memory-backing", "hugetlb"]).start()
+    try:
+        with _knobs.override(socket=s.socket, job="gpu-huge"):
+            sd = {"w": torch.randn(16 << 20, device="cuda"), "b": torch.randn(7, device="cuda")}
+            p = str(tmp_path / "g.pt")
+            tce.save(sd, p)
+            c = _session.client()
+            m = c.registered_mapping(c.lookup("gpu-huge", p).buffer_id)
+            assert m is not None and m.cuda_registered
+            assert int(api.status()["huge_page_buffers"]) == 1
+            for where in ("cuda", "cpu"):
+                got = tce.load(p, map_location=where, weights_only=True)
+                assert all(torch.equal(got[k].cpu(), sd[k].cpu()) for k in sd)
+            api.close()
+    finally:
+        assert s.stop() == 0, s.log()
+        s.cleanup()
