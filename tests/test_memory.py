@@ -216,3 +216,52 @@ def test_gpu_saves_register_and_load_huge_page_buffers(huge_pages, tmp_path):
     finally:
         assert s.stop() == 0, s.log()
         s.cleanup()
+
+
+SHMEM_THP = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def _shmem_huge_kib() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("ShmemHugePages:"))
+
+
+def test_a_thp_server_puts_buffers_on_shmem_huge_pages(tmp_path):
+    """memory_backing = thp with shmem THP on 'advise' (set by the test as
+    root, put back after): the buffers are huge folios, saves and loads
+    bitwise."""
+    try:
+        with open(SHMEM_THP) as f:
+            old = f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        pytest.skip(f"no shmem THP on this kernel ({SHMEM_THP})")
+    if os.geteuid() != 0:
+        pytest.skip(f"setting {SHMEM_THP} needs root")
+    with open(SHMEM_THP, "w") as f:
+        f.write("advise")
+    try:
+        before = _shmem_huge_kib()
+        s = LocalServer(memory_budget="256MiB", extra_args=["--memory-backing", "thp"]).start()
+        try:
+            assert "memory_backing=thp" in s.log()
+            with _knobs.override(socket=s.socket, job="thp"):
+                path = str(tmp_path / "t.pt")
+                want = _state(5, 24 * MiB)
+                tce.save(want, path)
+                st = api.status()
+                assert st["memory_backing"] == "thp" and int(st["huge_page_buffers"]) == 1
+                assert _shmem_huge_kib() - before >= 20 * 1024  # the buffer is huge folios
+                assert _same(tce.load(path, weights_only=True), want)
+                api.close()
+        finally:
+            assert s.stop() == 0, s.log()
+            s.cleanup()
+    finally:
+        with open(SHMEM_THP, "w") as f:
+            f.write(old)
+    # With shmem THP off, asking for it is refused at start with the reason.
+    if old in ("never", "deny"):
+        p = subprocess.run([server_binary(), "--socket", str(tmp_path / "x.sock"), "--state-dir",
+                            str(tmp_path), "--memory-backing", "thp"],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and "shmem_enabled" in p.stderr + p.stdout

@@ -58,10 +58,12 @@ def _page_size(fd: int) -> int:
     return max(os.fstat(fd).st_blksize, mmap.PAGESIZE)
 
 
-def _advise_huge(mm: mmap.mmap, page: int) -> None:
-    """Let a mapping of a huge-page buffer use huge page-table entries
-    (needed for shmem THP when ``shmem_enabled`` is ``advise``)."""
-    if page > mmap.PAGESIZE and hasattr(mmap, "MADV_HUGEPAGE"):
+def _advise_huge(mm: mmap.mmap) -> None:
+    """Let a mapping of a buffer on shmem transparent huge pages map them
+    with huge page-table entries (needed when ``shmem_enabled`` is
+    ``advise``; a THP memfd reports 4 KiB ``st_blksize``, so every mapping
+    is advised; on 4 KiB and hugetlb buffers it changes nothing)."""
+    if hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             mm.madvise(mmap.MADV_HUGEPAGE)
         except OSError:
@@ -93,7 +95,7 @@ def _map_private(fd: int, size: int) -> tuple[mmap.mmap, bool]:
     length = min(-(-size // page) * page, os.fstat(fd).st_size)
     try:
         mm = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        _advise_huge(mm, page)
+        _advise_huge(mm)
         return mm, True
     except OSError as e:
         if e.errno != errno.ENOMEM or page == mmap.PAGESIZE:
@@ -133,7 +135,7 @@ class _Mapping:
             fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
         )
         page = _page_size(fd)
-        _advise_huge(self.mm, page)
+        _advise_huge(self.mm)
         self.view = memoryview(self.mm)
         self.tensor = torch.frombuffer(self.mm, dtype=torch.uint8)
         # Fault every page in once, now, so no save into this buffer ever takes
