@@ -25,7 +25,9 @@ constexpr auto kRetry = std::chrono::seconds(1);  // after the budget or the ker
 BufferPool::BufferPool(uint64_t target, Backing backing, PoolBudget* budget, uint64_t max_piece)
     : target_(backing == Backing::kHugetlb ? target / kHugePage * kHugePage : target),
       backing_(backing), budget_(budget), max_piece_(max_piece),
-      next_piece_(std::min(max_piece, target_)) {}
+      // Half the target first: a file takes the piece nearest its size, and a
+      // file larger than any piece grows the largest (only the growth is zeroed).
+      next_piece_(std::max<uint64_t>(std::min(max_piece, target_ / 2), kHugePage)) {}
 
 BufferPool::~BufferPool() { Stop(); }
 
@@ -75,7 +77,7 @@ void BufferPool::Fill() {
       held_ += size;
       filled_ += size;
       resting_ = false;
-      if (!learned_) next_piece_ = std::max(next_piece_ / 2, max_piece_ / 16);
+      if (!learned_) next_piece_ = std::max(next_piece_ / 2, std::min(max_piece_ / 16, size));
       warned = false;
       continue;
     }

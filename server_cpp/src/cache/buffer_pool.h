@@ -53,10 +53,10 @@ class BufferPool {
   static constexpr uint64_t kMaxPiece = uint64_t{1} << 30;
 
   // Until the first Take shows what sizes are wanted, the filler makes
-  // pieces of halving sizes: `max_piece` (at most the target), then half of
-  // it, down to max_piece / 16, so that a file of any size finds a piece
-  // that is not much larger (the tail of a shrunk piece is freed and made
-  // again). After a Take, it makes pieces of the size taken.
+  // pieces of halving sizes: half the target (at most `max_piece`), then
+  // half of that, down to max_piece / 16, so that a file of any size finds a
+  // piece that is not much larger (the tail of a shrunk piece is freed and
+  // made again). After a Take, it makes pieces of the size taken.
   BufferPool(uint64_t target, Backing backing, PoolBudget* budget, uint64_t max_piece = kMaxPiece);
   ~BufferPool();  // Stop()
   BufferPool(const BufferPool&) = delete;

@@ -95,7 +95,7 @@ TEST(BufferPool, TakesArePreFaultedZeroedAndExactlySized) {
   pool.Start();
   ASSERT_TRUE(pool.WaitIdle(10000));
   ASSERT_EQ(pool.Stats().held, 32 * kMiB);
-  ASSERT_EQ(pool.Stats().pieces, 1u);
+  ASSERT_EQ(pool.Stats().pieces, 2u);  // half the target, twice
   // Shrunk: the smallest piece that holds it, its tail freed.
   int fd = -1;
   ASSERT_TRUE(pool.Take(5 * kMiB, &fd).ok());
@@ -125,25 +125,25 @@ TEST(BufferPool, TakesArePreFaultedZeroedAndExactlySized) {
 
 TEST(BufferPool, PiecesHalveUntilATakeShowsTheSizesWanted) {
   FakeBudget budget(256 * kMiB);
-  BufferPool pool(31 * kMiB, Backing::k4k, &budget, 16 * kMiB);
+  BufferPool pool(32 * kMiB, Backing::k4k, &budget, 16 * kMiB);
   pool.Start();
   ASSERT_TRUE(pool.WaitIdle(10000));
   PoolStats st = pool.Stats();
-  EXPECT_EQ(st.held, 31 * kMiB);
-  EXPECT_EQ(st.pieces, 5u);  // 16 + 8 + 4 + 2 + 1 MiB (down to max_piece / 16)
+  EXPECT_EQ(st.held, 32 * kMiB);
+  EXPECT_EQ(st.pieces, 6u);  // half the target, then halving down to 1 MiB: 16 8 4 2 1 1
   // Best fit: a 3 MiB file takes a 4 MiB piece, a 10 MiB one the 16 MiB piece.
   budget.Hold(true);  // the filler adds nothing until both takes are done
   int small = -1, large = -1;
   ASSERT_TRUE(pool.Take(3 * kMiB, &small).ok());
-  EXPECT_EQ(pool.Stats().held, 27 * kMiB);
+  EXPECT_EQ(pool.Stats().held, 28 * kMiB);
   ASSERT_TRUE(pool.Take(10 * kMiB, &large).ok());
-  EXPECT_EQ(pool.Stats().held, 11 * kMiB);
-  EXPECT_EQ(pool.Stats().pieces, 3u);
+  EXPECT_EQ(pool.Stats().held, 12 * kMiB);
+  EXPECT_EQ(pool.Stats().pieces, 4u);
   budget.Hold(false);
   // Then it refills.
   ASSERT_TRUE(pool.WaitIdle(10000));
-  EXPECT_EQ(pool.Stats().held, 31 * kMiB);
-  EXPECT_EQ(budget.pooled(), 31 * kMiB);
+  EXPECT_EQ(pool.Stats().held, 32 * kMiB);
+  EXPECT_EQ(budget.pooled(), 32 * kMiB);
   close(small);
   close(large);
   pool.Stop();
@@ -170,8 +170,11 @@ TEST(BufferPool, ShedFreesSmallestFirst) {
   BufferPool pool(16 * kMiB, Backing::k4k, &budget);
   pool.Start();
   ASSERT_TRUE(pool.WaitIdle(10000));
-  EXPECT_EQ(pool.Shed(kMiB), 16 * kMiB);  // one piece: all of it
-  EXPECT_EQ(pool.Stats().held, 0u);
+  ASSERT_EQ(pool.Stats().pieces, 2u);     // 8 + 8 MiB
+  EXPECT_EQ(pool.Shed(kMiB), 8 * kMiB);   // a whole piece
+  EXPECT_EQ(pool.Stats().held, 8 * kMiB);
+  EXPECT_EQ(budget.pooled(), 8 * kMiB);
+  EXPECT_EQ(pool.Shed(UINT64_MAX), 8 * kMiB);
   EXPECT_EQ(budget.pooled(), 0u);
   pool.Stop();
 }
