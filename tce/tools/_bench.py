@@ -234,7 +234,7 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
         # Pre-faulted at start (prealloc), as a node's server is long before a
         # job's first save: the bench starts timing once the pool is full.
         server = LocalServer(memory_budget=str(3 * nbytes + (256 << 20)),
-                             extra_args=["--prealloc", str(nbytes + (128 << 20))]).start()
+                             extra_args=["--prealloc", str(2 * nbytes + (256 << 20))]).start()
         socket_path = server.socket
         _coldbench.wait_pool(server)
     try:

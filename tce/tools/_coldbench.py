@@ -43,9 +43,9 @@ out = {}
 if mode == "save":
     t0 = time.perf_counter(); tce.save(sd, path); out["first"] = time.perf_counter() - t0
     times = []
-    for _ in range(int(repeats) + 1):
+    for _ in range(int(repeats) + 2):  # two more buffers to map first: one is the parent's
         t0 = time.perf_counter(); tce.save(sd, path); times.append(time.perf_counter() - t0)
-    out["steady"] = statistics.median(times[1:])
+    out["steady"] = statistics.median(times[2:])
 else:
     model = {k: torch.empty_like(v).fill_(0) for k, v in sd.items()}  # a built model, faulted in
     del sd
@@ -113,11 +113,15 @@ def _drop_caches() -> bool:
 
 
 def wait_pool(server: LocalServer, timeout: float = 120.0) -> dict[str, Any]:
+    """Wait until the server's pool holds what it may: its target, or what
+    the budget leaves beside the buffers."""
     with _knobs.override(socket=server.socket):
         deadline = time.monotonic() + timeout
         while True:
             st = api.status()
-            if int(st["pool_bytes"]) >= int(st["pool_target_bytes"]) or time.monotonic() > deadline:
+            room = int(st["budget_bytes"]) - int(st["used_bytes"])
+            want = min(int(st["pool_target_bytes"]), room) - (4 << 20)
+            if int(st["pool_bytes"]) >= want or time.monotonic() > deadline:
                 api.close()
                 return st
             time.sleep(0.1)
@@ -129,17 +133,16 @@ def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.
     4k and hugetlb, ``cold_torch_restore_s`` (and ``_dropped_s`` as root)."""
     res: dict[str, Any] = {}
     nbytes = sum(v.untyped_storage().nbytes() for v in sd.values())
-    # One file cached, one saved by the child (plus a version of it in flight).
-    budget = 3 * nbytes + (256 << 20)
+    # The file cached, and the new version the child saves over it: two buffers.
+    budget = 2 * nbytes + (256 << 20)
     path = os.path.join(directory, "tce_bench_cold.pt")
-    first = os.path.join(directory, "tce_bench_cold_first.pt")
     for backing in ("4k", "hugetlb"):
         old = None
         if backing == "hugetlb":
             # The buffers, and a restore's copy-on-write reservation of the
             # file (the kernel reserves it when the file is mapped; with too
             # few free pages a load copies instead, which is not what is timed).
-            old, why = _reserve_huge_pages((budget + 2 * nbytes) // _HUGE + 64)
+            old, why = _reserve_huge_pages((budget + nbytes) // _HUGE + 64)
             if why:
                 res["cold_hugetlb_skipped"] = why
                 if old is not None:
@@ -148,7 +151,7 @@ def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.
                 continue
         try:
             server = LocalServer(memory_budget=str(budget), extra_args=[
-                "--memory-backing", backing, "--prealloc", str(2 * nbytes + (128 << 20))]).start()
+                "--memory-backing", backing, "--prealloc", str(budget)]).start()
             try:
                 st = wait_pool(server)
                 res[f"cold_{backing}_pool_bytes"] = int(st["pool_bytes"])
@@ -157,7 +160,7 @@ def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.
                     api.close()
                 kw = dict(socket_path=server.socket, dtype=dtype, layers=layers, repeats=repeats)
                 wait_pool(server)  # refilled, as a job starting later finds it
-                saved = _child("save", size, first, **kw)
+                saved = _child("save", size, path, **kw)  # a new version: a new buffer
                 res[f"cold_{backing}_first_save_s"] = saved["first"]
                 res[f"cold_{backing}_steady_save_s"] = saved["steady"]
                 res[f"cold_{backing}_restore_s"] = statistics.median(
