@@ -63,8 +63,13 @@ void BufferPool::Fill() {
     Status s = Status::NotFound("nothing to do");
     int fd = -1;
     if (size > 0) {
+      const bool reshape = learned_;
       lock.unlock();
-      if (budget_->ReservePool(size)) {
+      bool room = budget_->ReservePool(size);
+      // Pieces smaller than the files taken serve them only by growing (each
+      // growth zero-filled on the save's path): trade them for one that fits.
+      if (!room && reshape && ShedBelow(size, size) >= size) room = budget_->ReservePool(size);
+      if (room) {
         s = Buffer::Prefault(size, backing_, &fd);
         if (!s.ok()) budget_->ReturnPool(size);
       } else {
@@ -139,6 +144,26 @@ uint64_t BufferPool::Shed(uint64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     while (freed < bytes && !pieces_.empty()) {
+      freed += pieces_.begin()->first;
+      fds.push_back(pieces_.begin()->second);
+      pieces_.erase(pieces_.begin());
+    }
+    held_ -= freed;
+  }
+  for (int fd : fds) ::close(fd);
+  if (freed) budget_->ReturnPool(freed);
+  return freed;
+}
+
+uint64_t BufferPool::ShedBelow(uint64_t size, uint64_t need) {
+  std::vector<int> fds;
+  uint64_t freed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t small = 0;
+    for (auto it = pieces_.begin(); it != pieces_.end() && it->first < size; ++it) small += it->first;
+    if (small < need) return 0;  // not enough to trade: keep them
+    while (freed < need && !pieces_.empty() && pieces_.begin()->first < size) {
       freed += pieces_.begin()->first;
       fds.push_back(pieces_.begin()->second);
       pieces_.erase(pieces_.begin());

@@ -56,7 +56,8 @@ class BufferPool {
   // pieces of halving sizes: half the target (at most `max_piece`), then
   // half of that, down to max_piece / 16, so that a file of any size finds a
   // piece that is not much larger (the tail of a shrunk piece is freed and
-  // made again). After a Take, it makes pieces of the size taken.
+  // made again). After a Take, it makes pieces of the size taken, trading
+  // smaller pieces for them when the budget has no room left.
   BufferPool(uint64_t target, Backing backing, PoolBudget* budget, uint64_t max_piece = kMaxPiece);
   ~BufferPool();  // Stop()
   BufferPool(const BufferPool&) = delete;
@@ -87,6 +88,9 @@ class BufferPool {
 
  private:
   void Fill();
+  // Drops pieces smaller than `size`, smallest first, until `need` bytes
+  // are freed; drops none (returns 0) when they hold less than `need`.
+  uint64_t ShedBelow(uint64_t size, uint64_t need);
 
   const uint64_t target_;
   const Backing backing_;

@@ -149,6 +149,25 @@ TEST(BufferPool, PiecesHalveUntilATakeShowsTheSizesWanted) {
   pool.Stop();
 }
 
+TEST(BufferPool, SmallPiecesAreTradedForOnesOfTheSizeTaken) {
+  FakeBudget budget(32 * kMiB);  // less than the target: the budget bounds the pool
+  BufferPool pool(64 * kMiB, Backing::k4k, &budget, 16 * kMiB);
+  pool.Start();
+  ASSERT_TRUE(pool.WaitIdle(10000));
+  ASSERT_EQ(pool.Stats().pieces, 6u);  // 16 8 4 2 1 1
+  int fd = -1;
+  ASSERT_TRUE(pool.Take(12 * kMiB, &fd).ok());  // the 16 MiB piece, shrunk
+  close(fd);
+  // A 12 MiB piece fits the room left; for a second one the budget has no
+  // room, and the small pieces (16 MiB) make way for it.
+  ASSERT_TRUE(pool.WaitIdle(10000));
+  PoolStats st = pool.Stats();
+  EXPECT_EQ(st.pieces, 2u);
+  EXPECT_EQ(st.held, 24 * kMiB);
+  EXPECT_EQ(budget.pooled(), 24 * kMiB);
+  pool.Stop();
+}
+
 TEST(BufferPool, TakeNeverWaitsForTheFiller) {
   FakeBudget budget(64 * kMiB);
   budget.Hold(true);  // the filler is stuck making its first piece

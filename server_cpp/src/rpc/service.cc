@@ -165,6 +165,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_pool_bytes(s.pool.held);
   resp->set_pool_taken(s.pool.taken);
   resp->set_pool_missed(s.pool.missed);
+  resp->set_pool_filling(s.pool.filling);
   for (const std::string& root : cache_->storage_roots()) resp->add_storage_roots(root);
   resp->set_persist_queue(s.persist_queue);
   resp->set_persisted_files(s.persisted_files);
