@@ -113,15 +113,14 @@ def _drop_caches() -> bool:
 
 
 def wait_pool(server: LocalServer, timeout: float = 120.0) -> dict[str, Any]:
-    """Wait until the server's pool holds what it may: its target, or what
-    the budget leaves beside the buffers."""
+    """Wait until the server's pool has filled as far as the budget lets it
+    (its filler is idle), as a job that starts a while after the server finds it."""
     with _knobs.override(socket=server.socket):
         deadline = time.monotonic() + timeout
+        time.sleep(0.2)  # a take wakes the filler
         while True:
             st = api.status()
-            room = int(st["budget_bytes"]) - int(st["used_bytes"])
-            want = min(int(st["pool_target_bytes"]), room) - (4 << 20)
-            if int(st["pool_bytes"]) >= want or time.monotonic() > deadline:
+            if not st.get("pool_filling") or time.monotonic() > deadline:
                 api.close()
                 return st
             time.sleep(0.1)
