@@ -72,6 +72,20 @@ def test_bench_json(tmp_path):
         assert res[key] > 0, key
     assert res["device"] == "cpu" and res["dtype"] == "float32"
     assert 30 << 20 <= res["bytes"] <= 40 << 20
+    # A new process's first save and restore, from a filled pool, against
+    # torch.load in a new process; with huge pages where the run is root.
+    backings = ["4k", "hugetlb"] if os.geteuid() == 0 else ["4k"]
+    for b in backings:
+        for key in ("first_save_s", "steady_save_s", "restore_s", "restore_speedup_vs_torch"):
+            assert res[f"cold_{b}_{key}"] > 0, (b, key)
+        assert res[f"cold_{b}_pool_taken"] >= 1  # the new buffers came from the pool
+    assert res["cold_4k_huge_page_buffers"] == 0
+    if os.geteuid() == 0:
+        assert res["cold_hugetlb_huge_page_buffers"] >= 1
+        assert res["cold_torch_restore_dropped_s"] > 0
+    else:
+        assert "needs root" in res["cold_hugetlb_skipped"]
+    assert res["cold_torch_restore_s"] > 0
     assert os.listdir(tmp_path) == []  # the bench cleans up after itself
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10000
     p = _tce("bench", "--device", "cuda:0", "--size", "1MiB")
@@ -81,7 +95,7 @@ def test_bench_json(tmp_path):
 
 def test_bench_layers_sets_the_tensor_count(tmp_path):
     p = _tce("bench", "--size", "64MiB", "--layers", "168", "--repeats", "1",
-             "--skip", "persist,torch,dcp", "--dir", str(tmp_path), "--json")
+             "--skip", "persist,torch,dcp,cold", "--dir", str(tmp_path), "--json")
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     assert res["tensors"] == 2020 and res["bytes"] <= 64 << 20  # the 16 GiB model's count

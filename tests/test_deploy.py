@@ -25,8 +25,9 @@ DEPLOY = os.path.join(REPO, "deploy")
 # The oldest Kubernetes the manifests target (gRPC probes are GA since 1.27),
 # and the newest the validator knows.
 K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
-TARGETS = [".", "base", "overlays/single-node", "overlays/cluster-mysql", "overlays/rdma"]
-CLUSTER = ["overlays/cluster-mysql", "overlays/rdma"]
+TARGETS = [".", "base", "overlays/single-node", "overlays/cluster-mysql", "overlays/rdma",
+           "overlays/hugepages"]
+CLUSTER = ["overlays/cluster-mysql", "overlays/rdma", "overlays/hugepages"]
 CONFIG_PATH = "/etc/tce/tce.toml"  # where the DaemonSet mounts the ConfigMap
 # What the kubelet would put in the server's environment (stand-ins).
 NODE_IP = "10.0.0.7"
@@ -191,6 +192,8 @@ def test_the_server_accepts_the_config_map_and_the_environment(target, tmp_path)
     assert effective["log_format"] == "json"
     assert effective["storage_roots"] == "/mnt/checkpoints"
     for key, value in _config(docs).items():
+        if "TCE_" + key.upper() in given:
+            continue  # the environment wins (checked below)
         assert effective[key] == value, f"config file {key} = {value}, server: {effective[key]}"
     for name, value in given.items():
         assert effective[name[len("TCE_"):].lower()] == _redacted(value), f"{name}={value} not applied (passwords printed as ***)"
@@ -232,12 +235,21 @@ def test_the_memory_limit_holds_the_cache_budget(target):
     limit = _bytes(res["limits"]["memory"])
     # Requests equal limits: the node reserves the cache.
     assert res["requests"]["memory"] == res["limits"]["memory"]
-    budget = _config(docs)["memory_budget"]
+    env = _kubelet_env(c)
+    budget = env.get("TCE_MEMORY_BUDGET", _config(docs)["memory_budget"])
     assert not budget.endswith("%"), "a percentage is of the node's memory, not of the pod's limit"
+    # Huge pages are their own resource (requests equal limits, as Kubernetes
+    # wants): with memory_backing = hugetlb they hold the budget.
+    huge = res["limits"].get("hugepages-2Mi")
+    assert huge == res["requests"].get("hugepages-2Mi")
+    assert (env.get("TCE_MEMORY_BACKING") == "hugetlb") == (huge is not None)
+    held = limit + (_bytes(huge) if huge else 0)
     # "auto" is 90% of the cgroup limit; an explicit budget must leave the
     # server the same 10% (gRPC, metadata, page tables) or more.
     budget_bytes = limit * 9 // 10 if budget == "auto" else _bytes(budget)
-    assert budget_bytes * 10 <= limit * 9, (budget, res["limits"]["memory"])
+    assert budget_bytes * 10 <= held * 9, (budget, res["limits"])
+    if huge:
+        assert budget_bytes <= _bytes(huge), "the budget must fit in the huge pages asked for"
     assert budget_bytes >= 8 << 30, "a cache smaller than one large shard is no cache"
     # The budget is pinned memory of this pod: the container may lock it.
     assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
@@ -338,3 +350,15 @@ def test_the_rdma_overlay_uses_ofi_verbs_and_asks_for_the_device(tmp_path):
         _, other = _server(_render(target))
         assert "TCE_RING_TRANSPORT" not in _by_name(other.get("env"))
         assert not any(r.startswith("rdma/") for r in other["resources"]["limits"])
+
+
+def test_the_hugepages_overlay_puts_the_cache_on_the_huge_pages_it_asks_for(tmp_path):
+    docs = _render("overlays/hugepages")
+    _, c = _server(docs)
+    effective, _ = _print_config(docs, tmp_path)
+    assert effective["memory_backing"] == "hugetlb" and effective["prealloc"] == "auto"
+    assert _bytes(c["resources"]["limits"]["hugepages-2Mi"]) >= _bytes(effective["memory_budget"])
+    # The other overlays keep 4 KiB pages (auto) and ask for no huge pages.
+    for target in ("overlays/cluster-mysql", "overlays/single-node", "overlays/rdma"):
+        _, other = _server(_render(target))
+        assert "hugepages-2Mi" not in other["resources"]["limits"]

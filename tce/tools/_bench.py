@@ -24,7 +24,7 @@ import torch
 import tce
 from tce import api
 from tce.core import _knobs
-from tce.tools import _ringbench
+from tce.tools import _coldbench, _ringbench
 from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict, parse_size
 
@@ -231,14 +231,19 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
 
     server = None
     if socket_path is None and "tce" not in skip:
-        server = LocalServer(memory_budget=str(3 * nbytes + (256 << 20))).start()
+        # Pre-faulted at start (prealloc), as a node's server is long before a
+        # job's first save: the bench starts timing once the pool is full.
+        server = LocalServer(memory_budget=str(3 * nbytes + (256 << 20)),
+                             extra_args=["--prealloc", str(2 * nbytes + (256 << 20))]).start()
         socket_path = server.socket
+        _coldbench.wait_pool(server)
     try:
         with _knobs.override(socket=socket_path, on_unavailable="raise"):
             if "tce" in skip:
                 raise _Skipped
             path = os.path.join(directory, "tce_bench_cache.pt")
             res["tce_save_first_s"] = _time(lambda: tce.save(sd, path, tag="bench"))
+            res["memory_backing"] = api.status()["memory_backing"]
             res["tce_save_s"] = _median(lambda: tce.save(sd, path, tag="bench"), repeats, warmup=2)
             blocked, modifiable = [], []
             for _ in range(repeats + 1):
@@ -268,6 +273,9 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
             server.stop()
             server.cleanup()
 
+    if "cold" not in skip and "tce" not in skip and device == "cpu":
+        res.update(_coldbench.run(sd, size, directory=directory, dtype=dtype, layers=layers,
+                                  repeats=repeats))
     if "persist" not in skip:
         res.update(_persistence(sd, nbytes, repeats=persist_repeats, directory=directory))
     if "torch" not in skip:
@@ -329,7 +337,20 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
     add("stall", "tce.save, blocking, steady state", "tce_save_s",
         lambda: f"{res['tce_save_vs_memcpy']:.0%} of memcpy"
         + (f", {res['tce_save_speedup_vs_torch_save']:.1f}x torch.save" if "torch_save_s" in res else ""))
-    add("stall", "tce.save, blocking, first (new buffer)", "tce_save_first_s")
+    add("stall", "tce.save, blocking, first (new buffer)", "tce_save_first_s",
+        lambda: f"{res['tce_save_first_s'] / res['tce_save_s']:.1f}x steady state (pre-faulted pool, "
+        f"{res.get('memory_backing', '4k')} pages)" if "tce_save_s" in res else "")
+    for b, pages in (("4k", "4 KiB pages"), ("hugetlb", "2 MiB pages")):
+        add("cold", f"first tce.save in a new process, {pages}", f"cold_{b}_first_save_s",
+            lambda b=b: f"{res[f'cold_{b}_first_vs_steady']:.1f}x its steady state "
+            f"({res[f'cold_{b}_steady_save_s']:.3f} s)")
+    for b, pages in (("4k", "4 KiB pages"), ("hugetlb", "2 MiB pages")):
+        add("cold", f"restore in a new process: tce, {pages}", f"cold_{b}_restore_s",
+            lambda b=b: f"{res[f'cold_{b}_restore_speedup_vs_torch']:.1f}x torch.load + copy, new process")
+    add("cold", "restore in a new process: torch.load + copy", "cold_torch_restore_s",
+        lambda: "page cache warm")
+    add("cold", "  the same, page cache dropped", "cold_torch_restore_dropped_s",
+        lambda: "echo 1 > /proc/sys/vm/drop_caches")
     add("stall", "tce.save, async: call returns", "tce_async_blocking_s")
     add("stall", "tce.save while another file persists", "tce_save_while_persisting_s",
         lambda: f"{res['tce_save_s'] / res['tce_save_while_persisting_s']:.0%} of the steady-state speed"
@@ -387,7 +408,7 @@ def plot(res: dict[str, Any], path: str) -> None:
     except ImportError:
         raise SystemExit("--plot needs matplotlib (pip install matplotlib)") from None
     data = rows(res)
-    colors = {"floor": "#999999", "stall": "#d62728", "modifiable": "#ff7f0e",
+    colors = {"floor": "#999999", "stall": "#d62728", "cold": "#8c564b", "modifiable": "#ff7f0e",
               "durable": "#1f77b4", "restore": "#2ca02c", "per file": "#9467bd"}
     fig, ax = plt.subplots(figsize=(10, 0.38 * len(data) + 1.5))
     names = [f"{n}" for _, n, _, _ in data][::-1]
@@ -423,7 +444,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None,
                    help="float32 (default on cpu) or bfloat16 (default on cuda), float16")
     p.add_argument("--skip", default="", metavar="PARTS",
-                   help="comma list of parts to leave out: tce (the cache rows), persist, torch, dcp")
+                   help="comma list of parts to leave out: tce (the cache rows), cold (a new "
+                        "process's first save and restore), persist, torch, dcp")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the figures as a bar chart (needs matplotlib)")

@@ -197,7 +197,8 @@ def main(args: argparse.Namespace) -> int:
         os.makedirs(storage)
         with LocalServer(memory_budget=args.memory_budget, storage_roots=[storage],
                          state_dir=os.path.join(work, "state"),
-                         extra_args=["--keep-last", str(args.keep)]) as server:
+                         extra_args=["--keep-last", str(args.keep), "--prealloc", args.prealloc,
+                                     "--memory-backing", args.memory_backing]) as server:
             print(f"started tce-server on {server.socket}, persisting to {storage}")
             ckpt, ref = os.path.join(storage, "ckpt"), os.path.join(storage, "reference")
             report = os.path.join(work, "report.jsonl")
@@ -268,6 +269,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the server's keep_last: older checkpoints leave the cache once "
                         "persisted, so their buffers are recycled")
     p.add_argument("--memory-budget", default="4GiB")
+    p.add_argument("--prealloc", default="auto",
+                   help="the server's prealloc: memory pre-faulted at start so the first "
+                        "checkpoint costs what the steady state costs (auto: half the budget; 0: none)")
+    p.add_argument("--memory-backing", default="auto",
+                   help="the server's memory_backing: auto (huge pages where reserved), hugetlb, "
+                        "thp or 4k")
     p.add_argument("--verbose", action="store_true", help="show DeepSpeed's own output")
     p.add_argument("--nodes", type=int, default=1,
                    help="N >= 3: N nodes (network namespaces, root), one rank and one tce-server "

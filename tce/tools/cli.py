@@ -44,6 +44,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     print(f"          cached {_human(int(st['cached_bytes']))}, pending {_human(int(st['pending_bytes']))}, "
           f"free for reuse {_human(int(st['free_bytes']))}")
     print(f"buffers   {st['buffers']} live, {st['buffers_created']} created, {st['buffers_reused']} reuses")
+    fallbacks = int(st.get("hugetlb_fallbacks", 0))
+    print(f"pages     {st.get('memory_backing') or '4k'}: {st.get('huge_page_buffers', 0)} buffer(s) on huge pages"
+          + (f", {fallbacks} made with 4 KiB pages (no huge page left)" if fallbacks else ""))
+    if int(st.get("pool_target_bytes", 0)):
+        print(f"pool      {_human(int(st['pool_bytes']))} pre-faulted of {_human(int(st['pool_target_bytes']))}; "
+              f"{st['pool_taken']} new buffer(s) from it, {st['pool_missed']} while it was empty")
     print(f"files     {st['files']}   sessions {st['sessions']}   leases {st['leases']}")
     if st.get("metadata_url"):
         health = "healthy" if st.get("metadata_healthy") else f"DEGRADED: {st.get('metadata_error')}"

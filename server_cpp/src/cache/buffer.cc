@@ -5,9 +5,44 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 namespace tce {
+namespace {
+
+Status Allocate(int fd, uint64_t from, uint64_t to) {
+  int rc;
+  do {
+    rc = fallocate(fd, 0, static_cast<off_t>(from), static_cast<off_t>(to - from));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return Status::OK();
+  const int err = errno;
+  if (err == ENOSPC || err == ENOMEM)  // hugetlb: the reserved pages ran out
+    return Status::ResourceExhausted("fallocate of a cache buffer: " + std::string(strerror(err)));
+  return Status::FromErrno(err, "fallocate of a cache buffer");
+}
+
+// THP: pages are allocated through a mapping advised MADV_HUGEPAGE, so that
+// shmem gives the file 2 MiB folios (fallocate alone allocates 4 KiB ones
+// unless shmem_enabled is always).
+Status PopulateHuge(int fd, uint64_t from, uint64_t to) {
+  const uint64_t start = from / kHugePage * kHugePage;
+  void* m = mmap(nullptr, to - start, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (m == MAP_FAILED) return Status::FromErrno(errno, "mmap to populate a cache buffer");
+  madvise(m, to - start, MADV_HUGEPAGE);  // best effort: the pages are what matter
+  Status s;
+  if (madvise(m, to - start, MADV_POPULATE_WRITE) != 0)
+    s = Status::FromErrno(errno, "populating a cache buffer");
+  munmap(m, to - start);
+  return s;
+}
+
+}  // namespace
 
 Buffer::~Buffer() {
   if (map_) munmap(map_, capacity_);
@@ -23,32 +58,58 @@ Status Buffer::Mapping(const unsigned char** out) {
     }
     map_ = static_cast<unsigned char*>(m);
     volatile unsigned char sink = 0;  // read-touch a byte per page: no faults later
-    const long page = sysconf(_SC_PAGESIZE);
-    for (uint64_t off = 0; off < capacity_; off += static_cast<uint64_t>(page)) sink = sink + map_[off];
+    const uint64_t page = backing_ == Backing::kHugetlb ? kHugePage : static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    for (uint64_t off = 0; off < capacity_; off += page) sink = sink + map_[off];
   });
   *out = map_;
   return map_status_;
 }
 
-Status Buffer::Create(uint64_t id, uint64_t capacity, std::unique_ptr<Buffer>* out) {
-  std::string name = "tce:" + std::to_string(id);
-  int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+Status Buffer::Prefault(uint64_t capacity, Backing backing, int* out) {
+  if (backing == Backing::kHugetlb && capacity % kHugePage != 0)
+    return Status::InvalidArgument("a hugetlb buffer's capacity must be a multiple of 2 MiB, not " +
+                                   std::to_string(capacity));
+  unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+  if (backing == Backing::kHugetlb) flags |= MFD_HUGETLB;
+  int fd = memfd_create("tce", flags);
   if (fd < 0) return Status::FromErrno(errno, "memfd_create");
-  auto fail = [fd](const char* what) {
-    int err = errno;
+  Status s = Resize(fd, 0, capacity, backing);
+  if (!s.ok()) {
     ::close(fd);
-    return Status::FromErrno(err, std::string(what) + " of a cache buffer");
-  };
-  if (ftruncate(fd, static_cast<off_t>(capacity)) != 0) return fail("ftruncate");
-  int rc;
-  do {
-    rc = fallocate(fd, 0, 0, static_cast<off_t>(capacity));
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0) return fail("fallocate");
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    return fail("sealing");
-  out->reset(new Buffer(id, capacity, fd));
+    return s;
+  }
+  *out = fd;
   return Status::OK();
+}
+
+Status Buffer::Resize(int fd, uint64_t from, uint64_t to, Backing backing) {
+  if (ftruncate(fd, static_cast<off_t>(to)) != 0) return Status::FromErrno(errno, "ftruncate of a cache buffer");
+  if (to <= from) return Status::OK();
+  Status s = backing == Backing::kThp ? PopulateHuge(fd, from, to) : Allocate(fd, from, to);
+  if (!s.ok()) (void)!ftruncate(fd, static_cast<off_t>(from));  // back to its old size
+  return s;
+}
+
+Status Buffer::Adopt(uint64_t id, int fd, uint64_t capacity, Backing backing,
+                     std::unique_ptr<Buffer>* out) {
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    Status s = Status::FromErrno(errno, "sealing a cache buffer");
+    ::close(fd);
+    return s;
+  }
+  out->reset(new Buffer(id, capacity, fd, backing));
+  return Status::OK();
+}
+
+Status Buffer::Create(uint64_t id, uint64_t capacity, Backing backing, std::unique_ptr<Buffer>* out) {
+  int fd;
+  Status s = Prefault(capacity, backing, &fd);
+  if (!s.ok()) return s;
+  return Adopt(id, fd, capacity, backing, out);
+}
+
+Status Buffer::Create(uint64_t id, uint64_t capacity, std::unique_ptr<Buffer>* out) {
+  return Create(id, capacity, Backing::k4k, out);
 }
 
 Status Buffer::NewFd(bool writable, int* out) const {

@@ -1,8 +1,11 @@
 // Buffer: one memfd of fixed capacity, owned by the server.
 // Created pre-faulted (fallocate: pages exist and are charged to the server's
 // cgroup before any client touches them) and sealed against shrinking and
-// growing, so a client can never make the server's view of it fault.
-// Not thread-safe by itself; the Cache serialises access.
+// growing, so a client can never make the server's view of it fault. Backed
+// by 4 KiB pages, hugetlb 2 MiB pages or shmem THP (cache/memory_backing.h);
+// a hugetlb buffer's capacity is a multiple of 2 MiB.
+// Not thread-safe by itself; the Cache serialises access. The static
+// functions are thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +13,7 @@
 #include <mutex>
 #include <string>
 
+#include "cache/memory_backing.h"
 #include "common/status.h"
 
 namespace tce {
@@ -20,11 +24,28 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
-  // Creates, pre-faults and seals a memfd of `capacity` bytes.
+  // Creates, pre-faults and seals a memfd of `capacity` bytes (4 KiB pages).
   static Status Create(uint64_t id, uint64_t capacity, std::unique_ptr<Buffer>* out);
+  // The same with `backing`; a hugetlb capacity must be a multiple of
+  // 2 MiB (INVALID_ARGUMENT), and no free huge page left is
+  // RESOURCE_EXHAUSTED.
+  static Status Create(uint64_t id, uint64_t capacity, Backing backing,
+                       std::unique_ptr<Buffer>* out);
+  // A new memfd of `capacity` bytes, zero-filled and pre-faulted, not sealed
+  // (the pool keeps these until an allocation sizes and seals one). The
+  // caller owns *fd.
+  static Status Prefault(uint64_t capacity, Backing backing, int* fd);
+  // Resizes an unsealed memfd of `from` bytes to `to`: shrinking frees the
+  // tail, growing pre-faults the new (zero-filled) pages.
+  static Status Resize(int fd, uint64_t from, uint64_t to, Backing backing);
+  // Seals a memfd of `capacity` bytes made by Prefault and wraps it; takes
+  // ownership of `fd` (closed on error).
+  static Status Adopt(uint64_t id, int fd, uint64_t capacity, Backing backing,
+                      std::unique_ptr<Buffer>* out);
 
   uint64_t id() const { return id_; }
   uint64_t capacity() const { return capacity_; }
+  Backing backing() const { return backing_; }
   int fd() const { return fd_; }
 
   // A new fd for the same memory: writable (dup) or read-only (reopened
@@ -37,13 +58,15 @@ class Buffer {
   Status Mapping(const unsigned char** out);
 
  private:
-  Buffer(uint64_t id, uint64_t capacity, int fd) : id_(id), capacity_(capacity), fd_(fd) {}
+  Buffer(uint64_t id, uint64_t capacity, int fd, Backing backing)
+      : id_(id), capacity_(capacity), fd_(fd), backing_(backing) {}
   std::once_flag mapped_;
   unsigned char* map_ = nullptr;
   Status map_status_;
   const uint64_t id_;
   const uint64_t capacity_;
   const int fd_;
+  const Backing backing_;
 };
 
 }  // namespace tce

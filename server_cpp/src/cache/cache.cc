@@ -114,6 +114,10 @@ CacheStats Cache::TallyLocked() const {
   s.stale_drops = stale_drops_;
   s.storage_fallbacks = storage_fallbacks_;
   s.accepting = accepting_;
+  s.memory_backing = BackingName(backing_);
+  for (const auto& [id, b] : buffers_)
+    if (b.mem && b.mem->backing() != Backing::k4k) ++s.huge_page_buffers;
+  s.hugetlb_fallbacks = hugetlb_fallbacks_;
   return s;
 }
 
@@ -169,7 +173,8 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   }
   sessions_.TakeUnmaps(req.session, &out->unmap_buffer_ids);
 
-  const uint64_t capacity = std::min(CapacityFor(req.size), std::max(req.size, budget_));
+  const uint64_t capacity =
+      RoundForBacking(std::min(CapacityFor(req.size), std::max(req.size, budget_)), backing_);
   const auto deadline = std::chrono::steady_clock::now() + full_timeout_;
   while (true) {
     // 1. A free buffer that fits, never one another live session has mapped;
@@ -203,7 +208,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   reserved_ += capacity;
   lock.Unlock();
   std::unique_ptr<Buffer> mem;
-  s = Buffer::Create(id, capacity, &mem);
+  s = NewBuffer(id, capacity, &mem);
   lock.Lock();
   reserved_ -= capacity;
   if (!s.ok()) {
@@ -464,8 +469,13 @@ std::vector<std::string> Cache::Unfinished(bool* allocations_in_flight) {
 }
 
 CacheStats Cache::Stats() {
-  MutexLock lock(&mu_);
-  return TallyLocked();
+  CacheStats s;
+  {
+    MutexLock lock(&mu_);
+    s = TallyLocked();
+  }
+  if (pool_) s.pool = pool_->Stats();
+  return s;
 }
 
 void Cache::RecordAll() {

@@ -17,6 +17,10 @@
 // are EXCLUDES(mu_); the private helpers that run under it are REQUIRES(mu_),
 // checked by clang, see common/thread_annotations.h). Creating a memfd (slow:
 // fallocate zero-fills it) and filesystem checks happen outside the lock.
+// New buffers come from the pre-faulted pool when there is one
+// (buffer_pool.h); the pool's bytes count against the budget (the Cache is
+// its PoolBudget) but never stop an allocation: a new buffer takes the
+// pool's memory first, and the pool sheds what no longer fits.
 #pragma once
 
 #include <sys/types.h>
@@ -35,6 +39,8 @@
 
 #include "cache/backup_feed.h"
 #include "cache/buffer.h"
+#include "cache/buffer_pool.h"
+#include "cache/memory_backing.h"
 #include "cache/cache_types.h"
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
@@ -83,9 +89,14 @@ struct CacheStats {
   uint64_t files_by_state[kFileStateSlots] = {};  // indexed by FileState's number
   bool accepting = true;            // false once a shutdown drain began
   std::string backup_error;
+  // Memory backing and the pre-faulted pool.
+  std::string memory_backing = "4k";  // what new buffers are made of
+  uint64_t huge_page_buffers = 0;     // live buffers backed by huge pages (hugetlb or thp)
+  uint64_t hugetlb_fallbacks = 0;     // buffers made with 4 KiB pages: no huge page was left
+  PoolStats pool;                     // all zero without a pool
 };
 
-class Cache {
+class Cache : public PoolBudget {
  public:
   // `storage_roots`: absolute directories files may be persisted under;
   // empty means memory only. `full_timeout`: how long an allocation that finds
@@ -204,6 +215,14 @@ class Cache {
   // answer a stat before it serves the cache (goes on unchecked). Default 2 s;
   // <= 0: no limit. Set before serving.
   void SetStorageCheckTimeout(std::chrono::milliseconds timeout) EXCLUDES(mu_);
+  // What new buffers are made of (default 4k), and the pool they come from
+  // first (null: none; it must outlive the Cache's use of it). A hugetlb
+  // buffer's capacity is rounded up to 2 MiB; when no huge page is left, a
+  // buffer is made with 4 KiB pages (logged, counted). Set before serving.
+  void SetMemory(Backing backing, BufferPool* pool) EXCLUDES(mu_);
+  // PoolBudget: pooled bytes fit in the budget beside every buffer.
+  bool ReservePool(uint64_t bytes) override EXCLUDES(mu_);
+  void ReturnPool(uint64_t bytes) override EXCLUDES(mu_);
   // Persists FAILED files of `job` again now, whatever they failed of: the
   // named `paths` (each must be FAILED with its memory, else NOT_FOUND or
   // FAILED_PRECONDITION and nothing is queued), or with none every such file
@@ -338,6 +357,9 @@ class Cache {
   CacheStats TallyLocked() const REQUIRES(mu_);
   void StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,
                        AllocateResult* out) REQUIRES(mu_);
+  // A new buffer of `capacity` bytes (already counted in reserved_): from
+  // the pool, else made now; the pool sheds what no longer fits the budget.
+  Status NewBuffer(uint64_t id, uint64_t capacity, std::unique_ptr<Buffer>* out) EXCLUDES(mu_);
   // ---- coherence with storage (cache/storage_check.h); no lock held ----
   // What the path of a save holds now: NOT_FOUND / PERMISSION_DENIED /
   // FAILED_PRECONDITION when torch.save would fail there; unknown (the save
@@ -378,6 +400,11 @@ class Cache {
   LogLimiter storage_log_{5, std::chrono::seconds(10)};
   uint64_t used_ GUARDED_BY(mu_) = 0;  // capacity of every buffer in buffers_
   uint64_t reserved_ GUARDED_BY(mu_) = 0;  // bytes of buffers being created
+  uint64_t pooled_ GUARDED_BY(mu_) = 0;    // bytes the pool holds or is making
+  Backing backing_ = Backing::k4k;  // immutable once serving
+  BufferPool* pool_ = nullptr;      // immutable once serving
+  std::atomic<uint64_t> hugetlb_fallbacks_{0};
+  LogLimiter fallback_log_{1, std::chrono::seconds(60)};
   uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
   uint64_t next_allocation_id_ GUARDED_BY(mu_) = 1;
   uint64_t buffers_created_ GUARDED_BY(mu_) = 0;

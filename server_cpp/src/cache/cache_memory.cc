@@ -26,7 +26,50 @@ uint64_t Cache::CapacityFor(uint64_t size) {
 }
 
 bool Cache::Fits(uint64_t capacity, uint64_t size) {
-  return size <= capacity && capacity <= size + size / 8 + (1 << 20);
+  // (in whole huge pages: a hugetlb buffer's capacity is rounded up to one)
+  return size <= capacity && capacity <= RoundUp(size + size / 8 + (1 << 20), kHugePage);
+}
+
+void Cache::SetMemory(Backing backing, BufferPool* pool) {
+  MutexLock lock(&mu_);
+  backing_ = backing;
+  pool_ = pool;
+}
+
+bool Cache::ReservePool(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  if (!accepting_ || used_ + reserved_ + pooled_ + bytes > budget_) return false;
+  pooled_ += bytes;
+  return true;
+}
+
+void Cache::ReturnPool(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  pooled_ -= std::min(pooled_, bytes);
+}
+
+Status Cache::NewBuffer(uint64_t id, uint64_t capacity, std::unique_ptr<Buffer>* out) {
+  int fd = -1;
+  const bool pooled = pool_ && pool_->Take(capacity, &fd).ok();
+  if (pool_) {
+    uint64_t excess = 0;
+    {
+      MutexLock lock(&mu_);
+      const uint64_t total = used_ + reserved_ + pooled_;
+      excess = total > budget_ ? total - budget_ : 0;
+    }
+    if (excess) pool_->Shed(excess);  // the budget holds buffers first
+  }
+  if (pooled) return Buffer::Adopt(id, fd, capacity, pool_->backing(), out);
+  Status s = Buffer::Create(id, capacity, backing_, out);
+  if (s.code() != Status::Code::kResourceExhausted || backing_ != Backing::kHugetlb) return s;
+  ++hugetlb_fallbacks_;
+  uint64_t suppressed = 0;
+  if (fallback_log_.Allow(&suppressed))
+    TCE_LOG(kWarning, "cache") << "no free huge page for a buffer of " << HumanBytes(capacity)
+                               << ": made with 4 KiB pages (reserve more in /proc/sys/vm/nr_hugepages)"
+                               << Suppressed(suppressed);
+  return Buffer::Create(id, capacity, Backing::k4k, out);
 }
 
 void Cache::ReleaseBuffer(uint64_t buffer_id) {

@@ -143,7 +143,7 @@ void Cache::FinishBackup(const BackupJob& job, const Status& result) {
 
 Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
   MutexLock lock(&mu_);
-  const uint64_t capacity = CapacityFor(size);
+  const uint64_t capacity = RoundForBacking(CapacityFor(size), backing_);
   std::vector<uint64_t> ignored;
   while (used_ + reserved_ + capacity > budget_) {
     Reclaim("", capacity, &ignored);
@@ -153,7 +153,7 @@ Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
   const uint64_t id = next_buffer_id_++;
   reserved_ += capacity;
   lock.Unlock();
-  Status s = Buffer::Create(id, capacity, out);
+  Status s = NewBuffer(id, capacity, out);  // the pool's, on the cache's pages
   if (!s.ok()) {
     lock.Lock();
     reserved_ -= capacity;

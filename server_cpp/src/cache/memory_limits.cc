@@ -55,12 +55,16 @@ MemoryLimits DetectMemoryLimits(const std::string& root) {
     std::string key;
     uint64_t kb;
     while (in >> key >> kb) {
-      if (key == "MemTotal:") {
-        out.mem_total = kb * 1024;
-        break;
-      }
+      if (key == "MemTotal:") out.mem_total = kb * 1024;
+      if (key == "MemAvailable:") out.mem_available = kb * 1024;
+      if (key == "HugePages_Free:") out.hugepages_free = kb;  // a count, not kB
       in.ignore(1 << 10, '\n');
     }
+  }
+  std::string thp;
+  if (ReadFile(root + "/sys/kernel/mm/transparent_hugepage/shmem_enabled", &thp)) {
+    size_t a = thp.find('['), b = thp.find(']');
+    if (a != std::string::npos && b != std::string::npos && b > a) out.shmem_thp = thp.substr(a + 1, b - a - 1);
   }
   std::string cgroups;
   if (!ReadFile(root + "/proc/self/cgroup", &cgroups)) return out;

@@ -18,7 +18,9 @@
 #include <iostream>
 #include <memory>
 
+#include "cache/buffer_pool.h"
 #include "cache/cache.h"
+#include "cache/memory_backing.h"
 #include "cache/memory_limits.h"
 #include "common/logging.h"
 #include "common/net.h"
@@ -196,8 +198,13 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   ParseLogFormat(opt.log_format, &format);
   SetLogFormat(format);
   uint64_t budget;
-  s = ResolveBudget(opt.memory_budget, DetectMemoryLimits(""), &budget);
+  const MemoryLimits limits = DetectMemoryLimits("");
+  s = ResolveBudget(opt.memory_budget, limits, &budget);
   if (!s.ok()) return Fail("memory_budget: " + s.message(), 2);
+  Backing backing;
+  std::string backing_why;
+  if (!(s = ResolveBacking(opt.memory_backing, limits, &backing, &backing_why)).ok())
+    return Fail(s.message(), 2);
   std::set<uid_t> uids;
   s = ParseUids(opt.allowed_uids, getuid(), &uids);
   if (!s.ok()) return Fail("allowed_uids: " + s.message(), 2);
@@ -265,9 +272,22 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
       return Fail("ring_transport " + opt.ring_transport + ": " + s.message(), 2);
   }
   if (ring && hooks.wrap_transport) transport = hooks.wrap_transport(std::move(transport));
+  uint64_t prealloc = 0;
+  std::string prealloc_why;
+  if (!(s = ResolvePrealloc(opt.prealloc, budget, limits, backing == Backing::kHugetlb, &prealloc,
+                            &prealloc_why)).ok())
+    return Fail("prealloc: " + s.message(), 2);
   BackupStore backups(backup_budget);
   Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
               static_cast<size_t>(opt.keep_last));
+  // Destroyed before the cache it counts its bytes in.
+  std::unique_ptr<BufferPool> pool;
+  if (prealloc > 0) pool = std::make_unique<BufferPool>(prealloc, backing, &cache);
+  cache.SetMemory(backing, pool.get());
+  TCE_LOG(kInfo, "daemon") << backing_why;
+  if (pool)
+    TCE_LOG(kInfo, "daemon") << "prealloc=" << opt.prealloc << ": " << HumanBytes(prealloc) << " ("
+                             << prealloc_why << ")";
   cache.SetStorageCheckTimeout(std::chrono::milliseconds(opt.storage_check_timeout_ms));
   cache.SetRestoreWait(std::chrono::milliseconds(opt.ring_restore_wait_ms));
   cache.SetSessionLimits(SessionLimits{opt.root_is_admin, static_cast<size_t>(opt.max_leases_per_session)});
@@ -420,6 +440,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
     return Fail(s.message(), 1);
   }
   set_ready(true);
+  if (pool) pool->Start();  // fills in the background while the server serves
   TCE_LOG(kInfo, "daemon") << "ready socket=" << opt.socket << " budget=" << budget << " ("
                            << HumanBytes(budget) << ") storage_roots="
                            << (roots.empty() ? "(none: memory only)" : opt.storage_roots)
@@ -430,6 +451,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   TCE_LOG(kInfo, "daemon") << "received " << strsignal(sig) << ", draining (at most "
                            << opt.drain_timeout_ms << " ms; a second signal stops at once)";
   set_ready(false);
+  if (pool) pool->Stop();  // its memory goes back now, not after the drain
   Drain(&cache, &stop, std::chrono::milliseconds(opt.drain_timeout_ms));
   persister.Stop();  // wakes Wait() callers before the RPC server drains
   if (replicator) replicator->Stop();

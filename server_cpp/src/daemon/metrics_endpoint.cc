@@ -110,6 +110,14 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
   m.Gauge("tce_pending_bytes", "bytes of buffers being written by a save", static_cast<double>(st.pending_bytes()));
   m.Gauge("tce_free_bytes", "bytes of buffers ready for reuse", static_cast<double>(st.free_bytes()));
   m.Gauge("tce_buffers", "memfd buffers", static_cast<double>(st.buffers()));
+  m.Gauge("tce_memory_backing", "1 for what new buffers are made of", 1, {{"backing", st.memory_backing()}});
+  m.Gauge("tce_huge_page_buffers", "buffers backed by huge pages", static_cast<double>(st.huge_page_buffers()));
+  m.Gauge("tce_pool_target_bytes", "bytes the pre-faulted pool fills up to", static_cast<double>(st.pool_target_bytes()));
+  m.Gauge("tce_pool_bytes", "bytes pre-faulted and waiting for a new buffer", static_cast<double>(st.pool_bytes()));
+  m.Counter("tce_pool_taken_total", "new buffers made from the pre-faulted pool", static_cast<double>(st.pool_taken()));
+  m.Counter("tce_pool_missed_total", "new buffers made while the pool was empty", static_cast<double>(st.pool_missed()));
+  m.Counter("tce_hugetlb_fallbacks_total", "buffers made with 4 KiB pages because no huge page was left",
+            static_cast<double>(st.hugetlb_fallbacks()));
   m.Gauge("tce_sessions", "open client sessions", static_cast<double>(st.sessions()));
   m.Gauge("tce_leases", "files mapped by loading clients", static_cast<double>(st.leases()));
   for (const FileStateRow& row : kFileStates)

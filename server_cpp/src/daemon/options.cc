@@ -132,6 +132,34 @@ Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64
   return Status::OK();
 }
 
+Status ResolvePrealloc(const std::string& text, uint64_t budget, const MemoryLimits& limits,
+                       bool hugetlb, uint64_t* out, std::string* why) {
+  const uint64_t cgroup_room = limits.cgroup_limit / 10 * 9;
+  const uint64_t huge_room = limits.hugepages_free * (uint64_t{2} << 20);
+  if (text == "auto") {
+    *out = budget / 2;
+    *why = "half the budget";
+    auto bound = [&](uint64_t v, const char* what) {
+      if (v < *out) *out = v, *why = what;
+    };
+    if (limits.mem_available) bound(limits.mem_available / 2, "half the available memory");
+    // Huge pages are not charged to the memory cgroup: their own reservation bounds them.
+    if (limits.cgroup_limit && !hugetlb) bound(cgroup_room / 2, "half of 90% of the cgroup limit");
+    if (hugetlb) bound(huge_room, "the free huge pages");
+    return Status::OK();
+  }
+  if (!ParseSize(text, out)) return Status::InvalidArgument("bad size " + text + " (a size, 0 or auto)");
+  *why = "the size set";
+  if (*out > budget)
+    return Status::InvalidArgument(text + " exceeds the memory budget of " + HumanBytes(budget));
+  if (hugetlb && *out > huge_room)
+    return Status::InvalidArgument(text + " exceeds the free huge pages (" + HumanBytes(huge_room) + ")");
+  if (limits.cgroup_limit && !hugetlb && *out > cgroup_room)
+    return Status::InvalidArgument(text + " exceeds 90% of the cgroup memory limit of " +
+                                   HumanBytes(limits.cgroup_limit));
+  return Status::OK();
+}
+
 std::string EffectiveServerId(const Options& o) {
   if (!o.server_id.empty()) return o.server_id;
   char host[256] = {};

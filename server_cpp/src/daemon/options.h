@@ -24,6 +24,8 @@ struct Options {
   // Sockets, logging and the operations endpoints.
   std::string socket = "/run/tce/tce.sock";
   std::string memory_budget = "auto";
+  std::string memory_backing = "auto";
+  std::string prealloc = "0";
   std::string log_level = "info";
   std::string log_format = "text";
   std::string metrics_listen;
@@ -90,6 +92,15 @@ Status ParseConfigText(const std::string& text, const std::string& name,
 
 // "auto", "NN%", or a size -> bytes.
 Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64_t* out);
+
+// "0", "auto" or a size -> the bytes to pre-fault at start (cache/buffer_pool.h).
+// auto: half the budget, at most half the memory available now and half of
+// 90% of the cgroup limit (4 KiB pages and thp) or the free huge pages
+// (hugetlb, which the memory cgroup does not charge). A size must fit in the
+// budget and in 90% of the cgroup limit, or the free huge pages. `why` says
+// how auto was bounded.
+Status ResolvePrealloc(const std::string& text, uint64_t budget, const MemoryLimits& limits,
+                       bool hugetlb, uint64_t* out, std::string* why);
 
 // The metadata URL in effect ("" for none).
 std::string EffectiveMetadataUrl(const Options& o);

@@ -215,5 +215,49 @@ TEST(OptionsFuzz, RandomConfigTextFlagsAndValuesEndInAStatus) {
   }
 }
 
+TEST(Options, PreallocAutoStaysWithinTheBudgetMemoryCgroupAndHugePages) {
+  const uint64_t GiB = uint64_t{1} << 30;
+  MemoryLimits l;
+  l.mem_total = 64 * GiB;
+  l.mem_available = 60 * GiB;
+  uint64_t p = 0;
+  std::string why;
+  ASSERT_TRUE(ResolvePrealloc("auto", 16 * GiB, l, false, &p, &why).ok());
+  EXPECT_EQ(p, 8 * GiB);
+  EXPECT_EQ(why, "half the budget");
+  l.cgroup_limit = 10 * GiB;  // 9 GiB usable: at most half of it
+  ASSERT_TRUE(ResolvePrealloc("auto", 16 * GiB, l, false, &p, &why).ok());
+  EXPECT_EQ(p, l.cgroup_limit / 10 * 9 / 2);
+  l.mem_available = 2 * GiB;
+  ASSERT_TRUE(ResolvePrealloc("auto", 16 * GiB, l, false, &p, &why).ok());
+  EXPECT_EQ(p, 1 * GiB);
+  // Huge pages are not charged to the memory cgroup: the free pages bound them.
+  l.mem_available = 60 * GiB;
+  l.hugepages_free = 1024;  // 2 GiB
+  ASSERT_TRUE(ResolvePrealloc("auto", 16 * GiB, l, true, &p, &why).ok());
+  EXPECT_EQ(p, 2 * GiB);
+  EXPECT_EQ(why, "the free huge pages");
+  ASSERT_TRUE(ResolvePrealloc("0", 16 * GiB, l, false, &p, &why).ok());
+  EXPECT_EQ(p, 0u);
+}
+
+TEST(Options, APreallocSizeTheServerCannotHonourIsRefused) {
+  const uint64_t GiB = uint64_t{1} << 30;
+  MemoryLimits l;
+  l.cgroup_limit = 4 * GiB;
+  l.hugepages_free = 512;  // 1 GiB
+  uint64_t p = 0;
+  std::string why;
+  Status s = ResolvePrealloc("2GiB", 1 * GiB, l, false, &p, &why);
+  EXPECT_NE(s.message().find("exceeds the memory budget"), std::string::npos) << s.message();
+  s = ResolvePrealloc("3900MiB", 8 * GiB, l, false, &p, &why);
+  EXPECT_NE(s.message().find("cgroup"), std::string::npos) << s.message();
+  s = ResolvePrealloc("2GiB", 8 * GiB, l, true, &p, &why);
+  EXPECT_NE(s.message().find("free huge pages"), std::string::npos) << s.message();
+  EXPECT_TRUE(ResolvePrealloc("512MiB", 8 * GiB, l, true, &p, &why).ok());
+  EXPECT_EQ(p, GiB / 2);
+  EXPECT_FALSE(ResolvePrealloc("lots", 8 * GiB, l, false, &p, &why).ok());
+}
+
 }  // namespace
 }  // namespace tce

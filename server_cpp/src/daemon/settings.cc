@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "cache/memory_backing.h"
 #include "common/strings.h"
 #include "meta/meta_store.h"
 
@@ -28,9 +29,20 @@ std::string EmptyOrAbsolutePath(const std::string& v) { return v.empty() ? "" : 
 
 std::string Budget(const std::string& v) {
   uint64_t ignored;
-  return ResolveBudget(v, MemoryLimits{0, uint64_t{1} << 40}, &ignored).ok()
+  MemoryLimits any;  // a 1 TiB machine with no cgroup: only the syntax is checked
+  any.mem_total = uint64_t{1} << 40;
+  return ResolveBudget(v, any, &ignored).ok()
              ? ""
              : "a size like 8GiB, a percentage like 50%, or auto";
+}
+
+std::string BackingKind(const std::string& v) {
+  return ValidBackingSetting(v) ? "" : "auto, hugetlb, thp or 4k";
+}
+
+std::string Prealloc(const std::string& v) {
+  uint64_t ignored;
+  return v == "auto" || ParseSize(v, &ignored) ? "" : "a size like 4GiB, 0 (none), or auto";
 }
 
 std::string LogLevelName(const std::string& v) {
@@ -126,6 +138,14 @@ const std::vector<Setting> kSettings = {
     Text("socket", &Options::socket, "PATH", SocketPath, "gRPC socket; the fd socket is PATH.fd"),
     Text("memory_budget", &Options::memory_budget, "SIZE", Budget,
          "bytes, 8GiB, 50%, or auto (90% of the cgroup limit, else 50% of RAM)"),
+    Text("memory_backing", &Options::memory_backing, "KIND", BackingKind,
+         "pages of the cache's buffers: hugetlb (2 MiB pages reserved in /proc/sys/vm/nr_hugepages), "
+         "thp (shmem transparent huge pages), 4k, or auto (hugetlb where huge pages are free, else "
+         "thp where shmem THP is on, else 4k)"),
+    Text("prealloc", &Options::prealloc, "SIZE", Prealloc,
+         "memory pre-faulted in the background at start, so that first saves run at steady-state "
+         "speed: a size within the budget, 0 (none), or auto (half the budget, within the memory "
+         "available, the cgroup limit and the free huge pages)"),
     Text("log_level", &Options::log_level, "LEVEL", LogLevelName, "debug, info, warning or error"),
     Text("log_format", &Options::log_format, "F", LogFormatName,
          "text, or json (one object per line)"),

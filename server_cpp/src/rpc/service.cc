@@ -164,6 +164,14 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
+  resp->set_memory_backing(s.memory_backing);
+  resp->set_huge_page_buffers(s.huge_page_buffers);
+  resp->set_hugetlb_fallbacks(s.hugetlb_fallbacks);
+  resp->set_pool_target_bytes(s.pool.target);
+  resp->set_pool_bytes(s.pool.held);
+  resp->set_pool_taken(s.pool.taken);
+  resp->set_pool_missed(s.pool.missed);
+  resp->set_pool_filling(s.pool.filling);
   for (const std::string& root : cache_->storage_roots()) resp->add_storage_roots(root);
   resp->set_persist_queue(s.persist_queue);
   resp->set_persisted_files(s.persisted_files);
