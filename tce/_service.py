@@ -56,7 +56,7 @@ except ImportError:  # a torch without the config: mmap is off by default
     _serialization_config = None
 
 __all__ = ["allocate_file", "client", "close", "is_path", "job_or_default", "load_file",
-           "load_range", "norm", "object_layout", "open_cached", "save_file",
+           "load_range", "norm", "object_layout", "open_cached", "remove_file", "save_file",
            "stage_later", "torch_load", "torch_save", "uncacheable", "wait_files", "wait_staged",
            "with_client"]
 
@@ -388,6 +388,21 @@ def allocate_file(path: str | os.PathLike, size: int, *, job: str | None = None,
         raise InvalidArgumentError(reason)
     _fallback_warning(reason)
     return DirectFile(path, size, job)
+
+
+def remove_file(path: str | os.PathLike, *, job: str | None = None) -> None:
+    """:func:`tce.remove`: drop the file from the cache; :func:`wait_files`
+    no longer waits for it. Raises NotCachedError."""
+    path = norm(path)
+    job = job_or_default(job)
+    reason = uncacheable(path)
+    if reason is not None:
+        raise NotCachedError(reason)
+    try:
+        with_client(lambda c: c.remove(job, path))
+    finally:
+        with _lock:
+            _unsettled.pop((_knobs.get("socket"), job, path), None)
 
 
 def object_layout(obj: Any) -> _layout.Plan:
