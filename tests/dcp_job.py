@@ -11,8 +11,9 @@ do TCE_SOCKET and TCE_JOB. Actions:
   checks every tensor and prints ``SOURCES <json>``;
 * ``async``: dcp.async_save through the writer, the fence, then the model
   changes; the future's result, then a load checks the values as of the call;
-* ``die``: dcp.save where rank 1 is killed (SIGKILL) before it commits its
-  data file; rank 0 prints ``RAISED`` when the save fails.
+* ``die``: a complete dcp.save, then another into the same directory where
+  rank 1 is killed (SIGKILL) before it commits its data file; rank 0 prints
+  ``RAISED`` when the save fails.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ def main() -> None:
         dcp.load(loaded, storage_reader=tce.dcp.StorageReader(path))
         check(loaded, expected())  # (a replicated DTensor shares `full`'s memory)
     elif action == "die":
+        dcp.save(state(mesh, full), storage_writer=tce.dcp.StorageWriter(path))  # complete
+        dist.barrier()
         try:
             dcp.save(state(mesh, full), storage_writer=dying_writer(path))
         except Exception as e:  # noqa: BLE001 (any failure of the collective will do)

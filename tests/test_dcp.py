@@ -153,8 +153,10 @@ def test_async_save_holds_the_values_as_of_the_call(memory_server, tmp_path):
 
 @pytest.mark.slow
 def test_rank_killed_before_commit_leaves_no_checkpoint(memory_server, tmp_path):
-    """Rank 1 dies before committing its data file: the save fails on rank 0,
-    no .metadata exists, and a load refuses the directory."""
+    """A checkpoint saved again into its directory, and rank 1 dies before
+    committing its data file: the save fails on rank 0, no .metadata exists
+    (not even the first save's, which no longer matches the data files),
+    and a load refuses the directory."""
     ckpt = str(tmp_path / "dead")
     outs = run_ranks(2, "die", ckpt, memory_server, timeout=90)
     assert "RAISED" in outs[0], outs[0]

@@ -59,7 +59,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from tce import _service, api
 from tce.core import _dist
-from tce.errors import TCEError
+from tce.errors import NotCachedError, ServerUnavailableError, TCEError
 from tce.v1 import tce_pb2 as pb
 
 __all__ = ["METADATA", "ReadRecord", "StorageReader", "StorageWriter"]
@@ -206,6 +206,16 @@ class StorageWriter(_DCPWriter, AsyncStager):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """The coordinator, before any rank writes: a previous checkpoint's
+        ``.metadata`` in this directory goes first, so a save that does not
+        finish leaves none (never old metadata over new data files)."""
+        meta = os.path.join(self.path, METADATA)
+        try:
+            _service.remove_file(meta, job=self.job)
+        except (NotCachedError, ServerUnavailableError):
+            pass
+        if os.path.lexists(meta):
+            os.remove(meta)
         return [dataclasses.replace(p, storage_data=_Prefix(i)) for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -332,12 +342,14 @@ class StorageWriter(_DCPWriter, AsyncStager):
                     leaves.append((t, _service.object_layout(t)))
 
         collect(state_dict)
+        if not leaves:
+            return state_dict  # nothing to stage: write_data writes what there is
         os.makedirs(self.path, exist_ok=True)
         offsets, offset = [], 0
         for _, layout in leaves:
             offsets.append(offset)
             offset = _aligned(offset + layout.size)
-        size = offsets[-1] + leaves[-1][1].size if leaves else 0
+        size = offsets[-1] + leaves[-1][1].size
         name = _data_name(_dist.rank(), 0)
         dest = _service.allocate_file(os.path.join(self.path, name), size, job=self.job,
                                       tag=self.tag, rank=_dist.rank())
