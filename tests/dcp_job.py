@@ -11,6 +11,9 @@ do TCE_SOCKET and TCE_JOB. Actions:
   checks every tensor and prints ``SOURCES <json>``;
 * ``async``: dcp.async_save through the writer, the fence, then the model
   changes; the future's result, then a load checks the values as of the call;
+* ``fsdp_save`` / ``fsdp_load``: an FSDP2 model and its AdamW state through
+  get_state_dict / set_state_dict; the load compares the unsharded state with
+  what the save wrote beside the checkpoint (``DIR.ref``, plain torch.save);
 * ``die``: a complete dcp.save, then another into the same directory where
   rank 1 is killed (SIGKILL) before it commits its data file; rank 0 prints
   ``RAISED`` when the save fails.
@@ -68,6 +71,46 @@ def check(sd: dict, full: dict[str, torch.Tensor]) -> None:
     assert torch.equal(sd["extra"]["plain"], full["w1"][:3]), "extra.plain differs"
 
 
+def fsdp_model(seed: int):
+    """A small FSDP2 model (CPU, gloo) and its AdamW after one step."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    return model, opt
+
+
+def full_state(model, opt) -> dict:
+    """The unsharded model and optimizer state (collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True,
+                                                                   cpu_offload=True))
+    return {"model": msd, "optim": osd}
+
+
+def equal(a, b, where: str = "") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), (where, a.keys(), b.keys())
+        for k in a:
+            equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, (list, tuple)):
+        for i, (x, y) in enumerate(zip(a, b)):
+            equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
 def dying_writer(path: str):
     """A writer whose rank 1 dies (SIGKILL) before it commits its data file."""
     import tce.dcp
@@ -114,6 +157,28 @@ def main() -> None:
         loaded = zeros_like_state(mesh)
         dcp.load(loaded, storage_reader=tce.dcp.StorageReader(path))
         check(loaded, expected())  # (a replicated DTensor shares `full`'s memory)
+    elif action == "fsdp_save":
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, opt = fsdp_model(0)
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, storage_writer=tce.dcp.StorageWriter(path))
+        ref = full_state(model, opt)
+        if rank == 0:  # the expected values, written by plain torch beside the checkpoint
+            torch.save(ref, path + ".ref")
+    elif action == "fsdp_load":
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model, opt = fsdp_model(1)  # other weights and optimizer state, this world size
+        msd, osd = get_state_dict(model, opt)
+        sd = {"model": msd, "optim": osd}
+        reader = tce.dcp.StorageReader(path)
+        dcp.load(sd, storage_reader=reader)
+        set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        got = full_state(model, opt)
+        if rank == 0:
+            equal(got, torch.load(path + ".ref", weights_only=False))
+        print("SOURCES " + json.dumps(reader.sources()), flush=True)
     elif action == "die":
         dcp.save(state(mesh, full), storage_writer=tce.dcp.StorageWriter(path))  # complete
         dist.barrier()

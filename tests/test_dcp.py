@@ -102,6 +102,17 @@ def test_save_two_ranks_reshard_from_memory(memory_server, tmp_path):
 
 
 @pytest.mark.slow
+def test_fsdp2_model_and_optimizer_reshard_from_memory(memory_server, tmp_path):
+    """FSDP2 (CPU, gloo): a model and its AdamW state saved by 2 ranks, loaded
+    by 3 and by 1 through get/set_state_dict: the unsharded states equal."""
+    ckpt = str(tmp_path / "fsdp")
+    run_ranks(2, "fsdp_save", ckpt, memory_server)
+    for world in (3, 1):
+        got = sources(run_ranks(world, "fsdp_load", ckpt, memory_server))
+        assert set(got) == {"local"}, (world, got)
+
+
+@pytest.mark.slow
 def test_persisted_checkpoint_reads_without_tce(storage_server):
     """The persisted directory is an ordinary DCP checkpoint: FileSystemReader
     and dcp_to_torch_save read it in a process that never imports tce."""
