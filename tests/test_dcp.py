@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import tce
 import tce.dcp
+from tce import _service
 from tce.core import _knobs
 from tce.tools._server import LocalServer
 
@@ -197,5 +198,11 @@ def test_single_process_roundtrip_and_ranged_reads(server, tmp_path):
     assert torch.equal(out["a"], sd["a"]) and torch.equal(out["b"]["c"], sd["b"]["c"])
     assert out["n"] == "text" and torch.equal(out["t"], torch.ones(2))
     assert reader.sources() == {"local": 4}
+    # The coordinator recorded the checkpoint as a complete tag, with every file.
+    job = _knobs.get("job")
+    tag = next(t for t in _service.with_client(lambda c: c.list_tags(job)) if t.tag == "one")
+    assert sorted(os.path.basename(f.path) for f in tag.files) == [".metadata", "__0_0.distcp"]
+    for f in tag.files:
+        assert f.size == _service.with_client(lambda c: c.lookup(job, f.path)).size
     ranges = sorted((r.offset, r.offset + r.length) for r in reader.reads)
     assert all(end <= start for (_, end), (start, _) in zip(ranges, ranges[1:]))  # item by item

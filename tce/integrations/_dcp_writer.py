@@ -228,14 +228,15 @@ class StorageWriter(_DCPWriter, AsyncStager):
                                       tag=self.tag, rank=self.rank)
         dest.view[:] = data
         self._commit(dest)
-        sizes: dict[str, int] = {}
+        ends: dict[str, int] = {}
         for rs in results:
             for r in rs:
                 info = r.storage_data
                 end = info.offset + info.length
-                sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), end)
-        files = [pb.TagFile(rank=rank_of(n), path=os.path.join(self.path, n), size=s)
-                 for n, s in sorted(sizes.items())]
+                ends[info.relative_path] = max(ends.get(info.relative_path, 0), end)
+        files = [pb.TagFile(rank=rank_of(n), path=os.path.join(self.path, n),
+                            size=self._size(os.path.join(self.path, n), end))
+                 for n, end in sorted(ends.items())]
         files.append(pb.TagFile(rank=self.rank, path=os.path.join(self.path, METADATA),
                                 size=len(data)))
         record = pb.TagInfo(job=self.job, tag=self.tag, world_size=len(results), files=files)
@@ -243,6 +244,14 @@ class StorageWriter(_DCPWriter, AsyncStager):
             _service.with_client(lambda c: c.commit_tag(record))
         except TCEError as e:
             log.warning("TCE: could not record %s as a complete tag: %s", self.path, e)
+
+    def _size(self, path: str, at_least: int) -> int:
+        """A data file's size: this node's cache knows it (a staged file may
+        hold unreferenced items after the last one); else its last item's end."""
+        try:
+            return _service.with_client(lambda c: c.lookup(self.job, path)).size
+        except TCEError:
+            return at_least
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
