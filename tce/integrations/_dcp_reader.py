@@ -59,6 +59,7 @@ class StorageReader(_DCPReader):
         return dict(collections.Counter(r.source for r in self.reads))
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """A new load (from ``checkpoint_id`` when given); :attr:`reads` restarts."""
         self.storage_data = {}
         self.reads = []
         if checkpoint_id:
@@ -91,17 +92,32 @@ class StorageReader(_DCPReader):
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
+        """Keep the metadata's map of items to files, offsets and lengths.
+
+        Raises:
+            ValueError: the metadata has no such map.
+        """
         if metadata.storage_data is None:
             raise ValueError(f"{os.path.join(self.path, METADATA)} has no storage data")
         self.storage_data = metadata.storage_data
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """The plan as DCP made it (each rank reads what it needs)."""
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """The plans as DCP made them."""
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read the planned items, file by file, in offset order; each file
+        from this node's cache, else storage. The future is already done.
+
+        Raises:
+            FileNotFoundError: a data file is neither cached nor on storage.
+            ValueError: an item lies past its file's end, does not have the
+                planned size, or uses a stream transform.
+        """
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
@@ -167,4 +183,5 @@ class StorageReader(_DCPReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        """Any path names a checkpoint directory."""
         return isinstance(checkpoint_id, (str, os.PathLike))

@@ -135,6 +135,11 @@ class StorageWriter(_DCPWriter, AsyncStager):
 
     # -- the DCP contract ---------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """A new save, into ``checkpoint_id`` when given.
+
+        Raises:
+            ValueError: ``stage`` laid this save out for another directory.
+        """
         if checkpoint_id:
             path = _service.norm(checkpoint_id)
             if self._staged_file is not None and path != self.path:
@@ -144,11 +149,13 @@ class StorageWriter(_DCPWriter, AsyncStager):
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Note whether this rank coordinates, and its rank (DCP's ``rank=``)."""
         self.is_coordinator = is_coordinator
         rank = kwargs.get("rank")
         self.rank = _dist.rank() if rank is None else int(rank)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Create the directory (every rank: each may be on its own node)."""
         os.makedirs(self.path, exist_ok=True)
         return plan
 
@@ -254,6 +261,7 @@ class StorageWriter(_DCPWriter, AsyncStager):
             return at_least
 
     def storage_meta(self) -> StorageMeta | None:
+        """The checkpoint's id (its directory) and this save's id."""
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
 
     @property
@@ -263,11 +271,13 @@ class StorageWriter(_DCPWriter, AsyncStager):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        """Any path names a checkpoint directory."""
         return isinstance(checkpoint_id, (str, os.PathLike))
 
     # -- asynchronous save -------------------------------------------------
     @property
     def should_synchronize_after_execute(self) -> bool:
+        """False: DCP need not wait for the copies; the fence does."""
         return False
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
