@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -184,6 +185,17 @@ def test_directory_without_metadata_is_refused(server, tmp_path):
     (tmp_path / "__0_0.distcp").write_bytes(b"\0" * 64)
     with pytest.raises(CheckpointException, match=r"no complete DCP checkpoint in .*\.metadata is neither"):
         dcp.load({"x": torch.zeros(1)}, storage_reader=tce.dcp.StorageReader(tmp_path), no_dist=True)
+
+
+def test_metadata_that_is_not_dcp_metadata_is_refused(server, tmp_path):
+    """A truncated or foreign .metadata is refused with the reason."""
+    meta = tmp_path / ".metadata"
+    for content, reason in ((b"", "not a DCP checkpoint's metadata: Ran out of input"),
+                            (pickle.dumps({"a": 1}), "holds a dict")):
+        meta.write_bytes(content)
+        with pytest.raises(CheckpointException, match=reason):
+            dcp.load({"x": torch.zeros(1)}, storage_reader=tce.dcp.StorageReader(tmp_path),
+                     no_dist=True)
 
 
 def test_single_process_roundtrip_and_ranged_reads(server, tmp_path):

@@ -71,6 +71,7 @@ class StorageReader(_DCPReader):
 
         Raises:
             FileNotFoundError: the directory holds no complete checkpoint.
+            ValueError: its ``.metadata`` is not DCP metadata.
         """
         path = os.path.join(self.path, METADATA)
         mm, _ = self._map(path)
@@ -83,8 +84,13 @@ class StorageReader(_DCPReader):
                 path)
         try:
             metadata = pickle.loads(mm)
+        except Exception as e:  # noqa: BLE001 (any unpickling failure means the same)
+            raise ValueError(f"{path} is not a DCP checkpoint's metadata: {e}") from None
         finally:
             del mm
+        if not isinstance(metadata, Metadata):
+            raise ValueError(f"{path} is not a DCP checkpoint's metadata: it holds a "
+                             f"{type(metadata).__name__}")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
