@@ -7,6 +7,7 @@ TORCH_PIN   := torch==2.13.0
 DEEPSPEED_PIN := deepspeed>=0.17.1,<0.20
 TRANSFORMERS_PIN := transformers>=4.46,<6
 ACCELERATE_PIN := accelerate>=1.0,<2
+LIGHTNING_PIN := lightning>=2.4,<3
 BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
 STAMPS      := build/.stamps
 # Debian packages: compilers/build tools, gRPC + protobuf for the server,
@@ -51,6 +52,9 @@ $(STAMPS)/python: pyproject.toml Makefile
 	@# Hugging Face Trainer (with DeepSpeed) for its test; torch held as installed.
 	@$(PYTHON) -c "import transformers, accelerate" 2>/dev/null || $(PIP) install -q \
 		"$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)" \
+		"torch==$$($(PYTHON) -c 'import torch; print(torch.__version__)')"
+	@# Lightning for TCECheckpointIO's test; torch held as installed.
+	@$(PYTHON) -c "import lightning" 2>/dev/null || $(PIP) install -q "$(LIGHTNING_PIN)" \
 		"torch==$$($(PYTHON) -c 'import torch; print(torch.__version__)')"
 	@touch $@
 

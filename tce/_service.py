@@ -8,7 +8,13 @@ tools call to reach the cache.
   or None after a fallback; whether a load came from the cache);
 * :func:`wait_files`: ``tce.wait``;
 * the small rules every caller shares: :func:`is_path`, :func:`norm`,
-  :func:`job_or_default`, :func:`uncacheable`.
+  :func:`job_or_default`, :func:`uncacheable`;
+* files that are not one torch zip (DCP's data files): :func:`allocate_file`
+  (write bytes into a mapped buffer, then commit), :func:`object_layout` (the
+  bytes ``torch.save`` writes for an object, to place in such a buffer),
+  :func:`open_cached` and :func:`load_range` (a torch zip inside a cached or
+  mapped file, read without copying the rest), :func:`stage_later` (work
+  for the staging thread, waited for by the fence).
 
 Not public: names here may change with the package.
 """
@@ -31,6 +37,7 @@ from tce.core import _dist, _files, _knobs, _layout, _staging
 from tce.core._layout import storage_bytes
 from tce.core._originals import torch_load, torch_save
 from tce.core._session import client, close, with_client
+from tce.core._staging import StagedSave, wait_staged
 from tce.core._torchload import load_mapping
 from tce.errors import (
     CacheFullError,
@@ -48,8 +55,10 @@ try:  # torch.load's own default for mmap comes from its serialization config
 except ImportError:  # a torch without the config: mmap is off by default
     _serialization_config = None
 
-__all__ = ["client", "close", "is_path", "job_or_default", "load_file", "norm", "save_file",
-           "torch_load", "torch_save", "uncacheable", "wait_files", "with_client"]
+__all__ = ["allocate_file", "client", "close", "is_path", "job_or_default", "load_file",
+           "load_range", "norm", "object_layout", "open_cached", "remove_file", "save_file",
+           "stage_later", "torch_load", "torch_save", "uncacheable", "wait_files", "wait_staged",
+           "with_client"]
 
 log = logging.getLogger(__name__)
 
@@ -304,3 +313,126 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
             f"{len(failures)} file(s) could not be persisted, e.g. {first[0]}: {first[1]}",
             failures=failures,
         )
+
+
+# ---------------------------------------------------------------------------
+# Files that are not one torch zip
+# ---------------------------------------------------------------------------
+
+class DirectFile:
+    """What :func:`allocate_file` gives when the server cannot take the file:
+    the same ``tensor``/``view`` over private memory, written to the path
+    atomically (and fsynced) by :meth:`commit`."""
+
+    def __init__(self, path: str, size: int, job: str) -> None:
+        self.path = path
+        self.size = size
+        self._job = job
+        self._data = bytearray(size)
+        self.tensor = torch.frombuffer(self._data, dtype=torch.uint8) if size else \
+            torch.empty(0, dtype=torch.uint8)
+        self.view = memoryview(self._data)
+
+    def commit(self) -> None:
+        """Write the bytes to the path; returns None (no cached file)."""
+        data = self._data
+
+        def write(target: str) -> None:
+            with open(target, "wb") as f:
+                f.write(data)
+
+        _files.atomic_write(self.path, write)
+        with _lock:
+            key = (_knobs.get("socket"), self._job, self.path)
+            _unsettled.pop(key, None)
+            _written_directly.add(key)
+        self.abort()
+
+    def abort(self) -> None:
+        """Drop the bytes; nothing is written."""
+        self.tensor = None
+        self.view.release()
+
+
+def allocate_file(path: str | os.PathLike, size: int, *, job: str | None = None, tag: str = "",
+                  rank: int | None = None) -> Any:
+    """A buffer for a file of ``size`` bytes at ``path`` that is not a torch
+    zip: write its bytes through ``.tensor`` (uint8) or ``.view``, then
+    ``.commit()`` (the server persists it; returns the FileInfo) or
+    ``.abort()``. When the server is unreachable or full (and
+    ``on_unavailable`` is ``fallback``), the buffer is private memory and
+    ``.commit()`` writes the file directly, atomically (returns None)."""
+    path = norm(path)
+    job = job_or_default(job)
+    rank = _dist.rank() if rank is None else rank
+    reason = uncacheable(path)
+    if reason is None:
+        try:
+            allocation = with_client(lambda c: c.allocate(job=job, tag=tag, rank=rank, path=path,
+                                                          size=size))
+            with _lock:
+                key = (_knobs.get("socket"), job, path)
+                _unsettled[key] = None
+                _written_directly.discard(key)
+            return allocation
+        except (ServerUnavailableError, CacheFullError) as e:
+            if _knobs.get("on_unavailable") == "raise":
+                raise
+            if isinstance(e, CacheFullError):
+                try:  # no older cached copy may shadow the file written directly
+                    with_client(lambda c: c.remove(job, path))
+                except TCEError:
+                    pass
+            reason = str(e)
+    elif _knobs.get("on_unavailable") == "raise":
+        raise InvalidArgumentError(reason)
+    _fallback_warning(reason)
+    return DirectFile(path, size, job)
+
+
+def remove_file(path: str | os.PathLike, *, job: str | None = None) -> None:
+    """:func:`tce.remove`: drop the file from the cache; :func:`wait_files`
+    no longer waits for it. Raises NotCachedError."""
+    path = norm(path)
+    job = job_or_default(job)
+    reason = uncacheable(path)
+    if reason is not None:
+        raise NotCachedError(reason)
+    try:
+        with_client(lambda c: c.remove(job, path))
+    finally:
+        with _lock:
+            _unsettled.pop((_knobs.get("socket"), job, path), None)
+
+
+def object_layout(obj: Any) -> _layout.Plan:
+    """The file ``torch.save(obj, stream)`` writes, laid out: ``.size`` bytes,
+    written into a buffer by ``.write(view, tensor)``."""
+    return _layout.plan(obj, None)
+
+
+def open_cached(path: str | os.PathLike, *, job: str | None = None) -> Any:
+    """A private (copy-on-write) mapping of the cached file at ``path``, under
+    a lease held while the mapping lives; None when this node's cache cannot
+    serve it (not held, stale, or no server)."""
+    path = norm(path)
+    if uncacheable(path) is not None:
+        return None
+    job = job_or_default(job)
+    try:
+        _, mm = with_client(lambda c: c.open(job, path))
+    except (ServerUnavailableError, NotCachedError, InvalidArgumentError):
+        return None
+    return mm
+
+
+def load_range(mm: Any, offset: int, length: int, *, map_location: Any = None) -> Any:
+    """``torch.load(weights_only=True)`` of the torch zip in
+    ``mm[offset:offset + length]``: tensors view the mapping (no copy)."""
+    return load_mapping(mm, length, map_location, weights_only=True, offset=offset)
+
+
+def stage_later(path: str, size: int, work: Any) -> StagedSave:
+    """Run ``work`` on the staging thread; the fence (:func:`wait_staged`,
+    which also runs before every optimizer step) waits for it."""
+    return _staging.submit(path, size, work)

@@ -160,11 +160,7 @@ def cached(f: str | os.PathLike, *, job: str | None = None) -> bool:
 
 def remove(f: str | os.PathLike, *, job: str | None = None) -> None:
     """Drop ``f`` from the cache (the file on disk, if any, is untouched)."""
-    path = _service.norm(f)
-    reason = _service.uncacheable(path)
-    if reason is not None:
-        raise NotCachedError(reason)
-    _service.with_client(lambda c: c.remove(_service.job_or_default(job), path))
+    _service.remove_file(f, job=job)
 
 
 def status() -> dict[str, Any]:

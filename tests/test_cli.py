@@ -102,6 +102,22 @@ def test_bench_layers_sets_the_tensor_count(tmp_path):
     assert res["tce_async_blocking_s"] > 0 and "torch_save_s" not in res
 
 
+@pytest.mark.slow
+def test_bench_dcp(tmp_path):
+    """`tce bench --dcp`: every figure, from 2 ranks (the ranks check that the
+    reader's loads came from the cache, then from storage)."""
+    p = _tce("bench", "--dcp", "--size", "32MiB", "--repeats", "1", "--dir", str(tmp_path),
+             "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    for key in ("fs_save_s", "dcp_async_blocking_s", "dcp_async_durable_s", "tce_save_s",
+                "tce_save_durable_s", "tce_async_blocking_s", "tce_async_modifiable_s",
+                "tce_async_durable_s", "tce_load_cache_s", "tce_load_storage_s", "fs_load_s"):
+        assert res[key] > 0, key
+    assert res["tce_async_modifiable_s"] >= res["tce_async_blocking_s"]
+    assert os.listdir(tmp_path) == []  # the bench cleans up after itself
+
+
 @pytest.mark.deepspeed
 def test_demo_resumes_bitwise(tmp_path):
     p = _tce("demo", "--steps", "16", "--every", "2", "--crash-at", "9", "--dim", "64",

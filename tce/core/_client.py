@@ -152,7 +152,12 @@ class _Mapping:
             _staging.unregister(self)
         self.tensor = None
         self.view.release()
-        self.mm.close()
+        try:
+            self.mm.close()
+        except BufferError:
+            # Tensors still view the buffer (a DCP stager's staged state
+            # dict): the mapping goes when the last of them does.
+            pass
 
 
 class Client:
@@ -285,25 +290,7 @@ class Client:
         the device streams are marked (the staging thread writes the file,
         waits for the copies and commits).
         """
-        self._flush()
-        request = pb.AllocateRequest(
-            session=self.session, job=job, tag=tag, rank=rank, path=path, size=plan.size,
-            mode=0o666 & ~current_umask(),
-        )
-        try:
-            try:
-                resp = self._call("Allocate", request)
-            except CacheFullError:
-                if not self.detach_leases():
-                    raise
-                resp = self._call("Allocate", request)  # our loads no longer pin buffers
-        except NotCachedError as e:  # the only NOT_FOUND of Allocate: no such directory
-            raise MissingDirectoryError(e.message, filename=path) from None
-        except FailedPreconditionError as e:
-            if e.message.startswith("Is a directory"):  # storage_check.cc's words
-                raise PathIsADirectoryError(e.message, filename=path) from None
-            raise
-        self._unmap(resp.unmap_buffer_ids)
+        resp = self._allocate(job=job, tag=tag, rank=rank, path=path, size=plan.size)
         # torch.save reads its CRC choice when it is called: so does this,
         # not the staging thread that commits later.
         omit_zip_crc32 = not torch.serialization.get_crc32_options()
@@ -337,6 +324,46 @@ class Client:
         if blocking:
             return commit(staging)
         return _staging.submit(path, plan.size, lambda: commit(staging))
+
+    def _allocate(self, *, job: str, tag: str, rank: int, path: str, size: int) -> Any:
+        """Allocate a buffer for a file of ``size`` bytes at ``path``."""
+        self._flush()
+        request = pb.AllocateRequest(
+            session=self.session, job=job, tag=tag, rank=rank, path=path, size=size,
+            mode=0o666 & ~current_umask(),
+        )
+        try:
+            try:
+                resp = self._call("Allocate", request)
+            except CacheFullError:
+                if not self.detach_leases():
+                    raise
+                resp = self._call("Allocate", request)  # our loads no longer pin buffers
+        except NotCachedError as e:  # the only NOT_FOUND of Allocate: no such directory
+            raise MissingDirectoryError(e.message, filename=path) from None
+        except FailedPreconditionError as e:
+            if e.message.startswith("Is a directory"):  # storage_check.cc's words
+                raise PathIsADirectoryError(e.message, filename=path) from None
+            raise
+        self._unmap(resp.unmap_buffer_ids)
+        return resp
+
+    def allocate(self, *, job: str, tag: str, rank: int, path: str, size: int) -> "Allocation":
+        """A mapped, writable buffer for a file of ``size`` bytes that is not
+        a torch zip (no records): write its bytes, then commit or abort it."""
+        resp = self._allocate(job=job, tag=tag, rank=rank, path=path, size=size)
+        try:
+            m = self._writable_mapping(resp.buffer_id, resp.capacity)
+        except BaseException:
+            self._abort(resp.allocation_id)
+            raise
+        return Allocation(self, resp.allocation_id, m, path, size)
+
+    def _commit_raw(self, allocation_id: int) -> pb.FileInfo:
+        # No records (a byte range table is for torch zips only: the persister
+        # checks each record's data descriptor), so no zip CRCs to patch.
+        return self._call("Commit", pb.CommitRequest(
+            session=self.session, allocation_id=allocation_id, omit_zip_crc32=True)).file
 
     def _abort(self, allocation_id: int) -> None:
         try:
@@ -480,3 +507,42 @@ class Client:
             m.close()
         self._fd_sock.close()
         self._channel.close()
+
+
+class Allocation:
+    """A buffer allocated for one file and mapped writable in this process.
+
+    ``tensor`` (uint8) and ``view`` cover the file's ``size`` bytes. Exactly
+    one of :meth:`commit` and :meth:`abort` ends it; a process that dies
+    first leaves nothing (the server reclaims its session's allocations).
+    """
+
+    def __init__(self, client: Client, allocation_id: int, mapping: _Mapping, path: str,
+                 size: int) -> None:
+        self._client = client
+        self._id = allocation_id
+        self.path = path
+        self.size = size
+        self.tensor = mapping.tensor[:size]
+        self.view = mapping.view[:size]
+
+    def commit(self) -> pb.FileInfo:
+        """Hand the bytes to the server (which persists them); returns the file."""
+        try:
+            return self._client._commit_raw(self._id)
+        except BaseException:
+            self._client._abort(self._id)
+            raise
+        finally:
+            self._release()
+
+    def abort(self) -> None:
+        """Give the buffer back; nothing is saved."""
+        self._client._abort(self._id)
+        self._release()
+
+    def _release(self) -> None:
+        self.tensor = None
+        if self.view is not None:
+            self.view.release()
+            self.view = None

@@ -76,9 +76,11 @@ def load_mapping(
     pickle_module: Any = None,
     *,
     weights_only: bool | None = None,
+    offset: int = 0,
     **pickle_load_args: Any,
 ) -> Any:
-    """Unpickle the torch-zip file held in ``mm[:size]``; storages view ``mm``.
+    """Unpickle the torch-zip file held in ``mm[offset:offset + size]``;
+    storages view ``mm``.
 
     The call is torch.load's own, on a file object over the mapping, so every
     argument check, environment override (``TORCH_FORCE_WEIGHTS_ONLY_LOAD``,
@@ -89,8 +91,8 @@ def load_mapping(
     """
     if _ts._load is not _load_viewing_mapping:  # once; a no-op for every other load
         _ts._load = _load_viewing_mapping
-    overall = torch.frombuffer(mm, dtype=torch.uint8, count=size).untyped_storage()
-    reader = _ViewReader(memoryview(mm)[:size])
+    overall = torch.frombuffer(mm, dtype=torch.uint8, count=size, offset=offset).untyped_storage()
+    reader = _ViewReader(memoryview(mm)[offset : offset + size])
     _local.overall = overall
     try:
         return torch_load(reader, map_location, pickle_module, weights_only=weights_only,

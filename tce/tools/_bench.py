@@ -24,7 +24,7 @@ import torch
 import tce
 from tce import api
 from tce.core import _knobs
-from tce.tools import _coldbench, _ringbench
+from tce.tools import _coldbench, _dcpbench, _ringbench
 from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict, parse_size
 
@@ -449,6 +449,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the figures as a bar chart (needs matplotlib)")
+    p.add_argument("--dcp", action="store_true",
+                   help="instead: PyTorch DCP with 2 ranks (CPU, gloo): FileSystemWriter and "
+                        "DCP's async_save against TCE's writer and reader")
     p.add_argument("--ring", action="store_true",
                    help="instead: ring backup throughput between two network namespaces "
                         "against a plain TCP stream (root)")
@@ -457,6 +460,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.ring:
         return _ringbench.main(parse_size(args.size), args.repeats, args.json)
+    if args.dcp:
+        return _dcpbench.main(parse_size(args.size), args.repeats, args.json, args.dir)
 
     socket_path = (args.socket or _knobs.get("socket")) if args.use_running_server else None
     dtype_name = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")

@@ -1,0 +1,28 @@
+"""The directory format of a DCP checkpoint as TCE writes it: that of DCP's
+``FileSystemWriter`` (``__<rank>_<i>.distcp`` data files, a pickled
+``.metadata``), with items at aligned offsets."""
+
+from __future__ import annotations
+
+METADATA = ".metadata"
+DCP_VERSION = "1.0.0"  # the metadata version FileSystemWriter writes
+# Items start at multiples of this in a data file, so a tensor's bytes (64-byte
+# aligned within its archive, as torch.save aligns them) are aligned in the
+# buffer too and can be viewed as any dtype. The gaps are zeros.
+ALIGN = 64
+
+
+def aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+def data_name(rank: int, index: int) -> str:
+    return f"__{rank}_{index}.distcp"
+
+
+def rank_of(name: str) -> int:
+    """The rank in a data file's name (``__<rank>_<i>.distcp``)."""
+    try:
+        return int(name[2:].split("_", 1)[0])
+    except ValueError:
+        return 0

@@ -1,0 +1,193 @@
+"""``tce.dcp.StorageReader``: DCP's StorageReader over the node's cache, then
+storage (see :mod:`tce.integrations.dcp`)."""
+
+from __future__ import annotations
+
+import collections
+import errno
+import io
+import mmap
+import os
+import pickle
+import uuid
+from typing import Any, NamedTuple
+
+from torch.distributed.checkpoint import Metadata
+from torch.distributed.checkpoint import StorageReader as _DCPReader
+from torch.distributed.checkpoint.metadata import StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.futures import Future
+
+from tce import _service
+from tce.integrations._dcp_format import METADATA
+
+__all__ = ["ReadRecord", "StorageReader"]
+
+
+class ReadRecord(NamedTuple):
+    """Where one read of :class:`StorageReader` came from."""
+
+    path: str  # the file, relative to the checkpoint directory
+    offset: int
+    length: int
+    source: str  # "local" (this node's cache) or "storage"
+
+
+class StorageReader(_DCPReader):
+    """DCP's ``StorageReader`` over the node's cache, for any DCP checkpoint
+    directory (saved through TCE or by ``FileSystemWriter``).
+
+    Each file is read from this node's cache when it holds it, else from
+    storage; either way it is mapped and only the planned byte ranges are
+    touched. :attr:`reads` lists every read with its source.
+
+    Args:
+        path: the checkpoint directory (DCP's ``checkpoint_id``).
+        job: the cache job (default: the ``job`` setting).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, job: str | None = None) -> None:
+        super().__init__()
+        self.path = _service.norm(path)
+        self.job = _service.job_or_default(job)
+        self.storage_data: dict[Any, Any] = {}
+        self.load_id = uuid.uuid4().hex
+        self.reads: list[ReadRecord] = []
+
+    def sources(self) -> dict[str, int]:
+        """How many reads came from each source."""
+        return dict(collections.Counter(r.source for r in self.reads))
+
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """A new load (from ``checkpoint_id`` when given); :attr:`reads` restarts."""
+        self.storage_data = {}
+        self.reads = []
+        if checkpoint_id:
+            self.path = _service.norm(checkpoint_id)
+        self.load_id = uuid.uuid4().hex
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's ``.metadata`` (from the cache, else storage).
+
+        Raises:
+            FileNotFoundError: the directory holds no complete checkpoint.
+            ValueError: its ``.metadata`` is not DCP metadata.
+        """
+        path = os.path.join(self.path, METADATA)
+        mm, _ = self._map(path)
+        if mm is None:
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"no complete DCP checkpoint in {self.path}: its {METADATA} is neither in this "
+                "node's cache nor on storage (a save that did not finish on every rank "
+                "writes none)",
+                path)
+        try:
+            metadata = pickle.loads(mm)
+        except Exception as e:  # noqa: BLE001 (any unpickling failure means the same)
+            raise ValueError(f"{path} is not a DCP checkpoint's metadata: {e}") from None
+        finally:
+            del mm
+        if not isinstance(metadata, Metadata):
+            raise ValueError(f"{path} is not a DCP checkpoint's metadata: it holds a "
+                             f"{type(metadata).__name__}")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        """Keep the metadata's map of items to files, offsets and lengths.
+
+        Raises:
+            ValueError: the metadata has no such map.
+        """
+        if metadata.storage_data is None:
+            raise ValueError(f"{os.path.join(self.path, METADATA)} has no storage data")
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """The plan as DCP made it (each rank reads what it needs)."""
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """The plans as DCP made them."""
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Read the planned items, file by file, in offset order; each file
+        from this node's cache, else storage. The future is already done.
+
+        Raises:
+            FileNotFoundError: a data file is neither cached nor on storage.
+            ValueError: an item lies past its file's end, does not have the
+                planned size, or uses a stream transform.
+        """
+        per_file: dict[str, list[Any]] = {}
+        for req in plan.items:
+            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        for name, reqs in per_file.items():
+            path = os.path.join(self.path, name)
+            mm, source = self._map(path)
+            if mm is None:
+                raise FileNotFoundError(
+                    errno.ENOENT, f"DCP checkpoint {self.path}: data file {name} is neither in "
+                    "this node's cache nor on storage", path)
+            try:
+                for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
+                    self._read(mm, name, source, req, planner)
+            finally:
+                del mm
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def _read(self, mm: Any, name: str, source: str, req: Any, planner: LoadPlanner) -> None:
+        info = self.storage_data[req.storage_index]
+        if getattr(info, "transform_descriptors", None):
+            raise ValueError(f"{name}: stream transforms {info.transform_descriptors} are not "
+                             "supported by tce.dcp.StorageReader; use FileSystemReader")
+        if info.offset + info.length > len(mm):
+            raise ValueError(f"{name}: item {req.storage_index.fqn} ends at "
+                             f"{info.offset + info.length}, past the file's {len(mm)} bytes")
+        self.reads.append(ReadRecord(name, info.offset, info.length, source))
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(mm[info.offset:info.offset + info.length]))
+            return
+        tensor = _service.load_range(mm, info.offset, info.length, map_location="cpu")
+        for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
+            if tensor.size(dim) != length:
+                tensor = tensor.narrow(dim, start, length)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise ValueError(f"{name}: item {req.storage_index.fqn} has size "
+                             f"{tuple(tensor.size())}, the plan wants {tuple(target.size())}")
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
+
+    def _map(self, path: str) -> tuple[Any, str]:
+        """(mapping of the file, "local" or "storage"), or (None, "") when
+        neither the cache nor storage has it."""
+        mm = _service.open_cached(path, job=self.job)
+        if mm is not None:
+            return mm, "local"
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    return b"", "storage"
+                return mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE,
+                                 prot=mmap.PROT_READ | mmap.PROT_WRITE), "storage"
+        except FileNotFoundError:
+            return None, ""
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The checkpoint directory."""
+        return self.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        """Any path names a checkpoint directory."""
+        return isinstance(checkpoint_id, (str, os.PathLike))

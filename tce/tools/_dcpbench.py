@@ -1,0 +1,236 @@
+"""``tce bench --dcp``: PyTorch DCP through TCE against DCP's own writer, reader
+and ``async_save``, with 2 ranks (CPU, gloo) on one node, in one run.
+
+The bench starts a ``tce-server`` persisting to a temporary directory, then
+the ranks (this module run as a script). Each holds its half of a
+DTensor-sharded GPT-like state dict (``--size`` in total) and times, in turn:
+
+* DCP ``save`` with ``FileSystemWriter`` (it fsyncs: that is durable);
+* DCP ``async_save`` with DCP's own stager (pinned memory where CUDA is
+  present, else a CPU copy): the call, then durable;
+* TCE's writer: ``save`` (blocking), ``async_save`` (the call, the fence,
+  durable);
+* loads in place: TCE's reader from the cache and from storage (the cache
+  dropped), and ``FileSystemReader`` (page cache).
+
+A figure is the slowest rank's, the median of ``--repeats`` runs after one
+warm-up run; saves go to a fresh directory each run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from tce.tools._server import LocalServer
+from tce.tools._workload import gpt_state_dict
+
+WORLD = 2
+LAYERS = 12  # a 12-layer model at any --size: ~150 tensors per rank
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(size: int, *, repeats: int, directory: str) -> dict[str, Any]:
+    """Run the ranks against a private server; returns the slowest rank's figures."""
+    storage = os.path.join(directory, "storage")
+    os.makedirs(storage)
+    # keep_last 2: the buffers of older checkpoints are recycled once they
+    # are persisted, as in a training run, so a save is not a first save.
+    server = LocalServer(memory_budget=str(4 * size + (512 << 20)), storage_roots=[storage],
+                         state_dir=os.path.join(directory, "state"),
+                         extra_args=["--keep-last", "2"]).start()
+    try:
+        port = str(_free_port())
+        procs = []
+        for rank in range(WORLD):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port, TCE_SOCKET=server.socket, TCE_JOB="dcp-bench")
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "tce.tools._dcpbench", str(size), str(repeats), storage],
+                env=env, stdout=subprocess.PIPE, text=True))
+        outs = [p.communicate()[0] for p in procs]
+        for rank, p in enumerate(procs):
+            if p.returncode != 0:
+                raise SystemExit(f"tce bench --dcp: rank {rank} exited {p.returncode}")
+    finally:
+        server.stop()
+        server.cleanup()
+    line = next(l for l in outs[0].splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def render(res: dict[str, Any]) -> str:
+    gb = res["bytes"] / 1e9
+    out = [f"DCP, {WORLD} ranks (CPU, gloo), {res['bytes'] / 2**30:.2f} GiB DTensor-sharded "
+           f"state dict; median of {res['repeats']} runs, slowest rank; torch {res['torch']}",
+           f"{'':11s}{'':46s} {'seconds':>9s} {'GB/s':>8s}"]
+    names = [
+        ("stall", "DCP save, FileSystemWriter (fsync)", "fs_save_s"),
+        ("stall", "DCP async_save, DCP's stager: returns", "dcp_async_blocking_s"),
+        ("stall", "TCE writer, save: returns", "tce_save_s"),
+        ("stall", "TCE writer, async_save: returns", "tce_async_blocking_s"),
+        ("modifiable", "TCE writer, async_save: fence passed", "tce_async_modifiable_s"),
+        ("durable", "DCP save, FileSystemWriter", "fs_save_s"),
+        ("durable", "DCP async_save, DCP's stager: durable", "dcp_async_durable_s"),
+        ("durable", "TCE writer, save: durable", "tce_save_durable_s"),
+        ("durable", "TCE writer, async_save: durable", "tce_async_durable_s"),
+        ("restore", "TCE reader, from the cache", "tce_load_cache_s"),
+        ("restore", "TCE reader, from storage", "tce_load_storage_s"),
+        ("restore", "FileSystemReader (page cache)", "fs_load_s"),
+    ]
+    for group, name, key in names:
+        if key in res:
+            s = res[key]
+            out.append(f"{group:11s}{name:46s} {s:9.4f} {gb / s:8.2f}")
+    if "dcp_async_blocking_s" in res and "tce_async_blocking_s" in res:
+        out.append(f"TCE async stall: {res['tce_async_blocking_s'] * 1e3:.1f} ms, "
+                   f"{res['tce_async_blocking_s'] / res['dcp_async_blocking_s']:.2f}x DCP's; "
+                   f"load from cache {res['fs_load_s'] / res['tce_load_cache_s']:.1f}x "
+                   "FileSystemReader")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# One rank
+# ---------------------------------------------------------------------------
+
+def _rank_main(size: int, repeats: int, storage: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    import tce
+    import tce.dcp
+
+    warnings.simplefilter("ignore")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    local = gpt_state_dict(size // WORLD, layers=LAYERS)
+    sd = {k: DTensor.from_local(v, mesh, [Shard(0)], run_check=False) for k, v in local.items()}
+    nbytes = sum(v.untyped_storage().nbytes() for v in local.values()) * WORLD
+    target = {k: DTensor.from_local(torch.zeros_like(v), mesh, [Shard(0)], run_check=False)
+              for k, v in local.items()}
+    counter = iter(range(1 << 30))
+
+    def fresh(kind: str) -> str:
+        return os.path.join(storage, f"{kind}{next(counter)}")
+
+    def slowest(seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def timed(fn: Callable[[], Any]) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        return slowest(time.perf_counter() - t0)
+
+    res: dict[str, Any] = {"bytes": nbytes, "repeats": repeats, "torch": torch.__version__}
+    runs: dict[str, list[float]] = {}
+
+    def note(key: str, seconds: float) -> None:
+        runs.setdefault(key, []).append(seconds)
+
+    last_fs = ""
+    for i in range(repeats + 1):  # the first run warms up (buffers, page cache) and is dropped
+        if i == 1:
+            runs.clear()
+        last_fs = fresh("fs")
+        note("fs_save_s", timed(lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(last_fs))))
+        # DCP's async_save with its own stager (a copy into CPU memory; pinned with CUDA).
+        path = fresh("fsasync")
+        dist.barrier()
+        t0 = time.perf_counter()
+        future = dcp.async_save(sd, storage_writer=dcp.FileSystemWriter(path))
+        blocked = time.perf_counter() - t0
+        future.result()
+        durable = time.perf_counter() - t0
+        note("dcp_async_blocking_s", slowest(blocked))
+        note("dcp_async_durable_s", slowest(durable))
+        shutil.rmtree(path, ignore_errors=True) if rank == 0 else None
+        # TCE's writer, blocking.
+        path = fresh("tce")
+        writer = tce.dcp.StorageWriter(path)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dcp.save(sd, storage_writer=writer)
+        blocked = time.perf_counter() - t0
+        writer.wait()
+        dist.barrier()
+        note("tce_save_s", slowest(blocked))
+        note("tce_save_durable_s", slowest(time.perf_counter() - t0))
+        # TCE's writer, async_save: stage into the cache buffer, fence, durable.
+        path = fresh("tceasync")
+        writer = tce.dcp.StorageWriter(path)
+        dist.barrier()
+        t0 = time.perf_counter()
+        future = dcp.async_save(sd, storage_writer=writer)
+        blocked = time.perf_counter() - t0
+        tce.wait_staged()
+        modifiable = time.perf_counter() - t0
+        future.result()
+        writer.wait()
+        dist.barrier()
+        note("tce_async_blocking_s", slowest(blocked))
+        note("tce_async_modifiable_s", slowest(modifiable))
+        note("tce_async_durable_s", slowest(time.perf_counter() - t0))
+    # Loads, in place, of the last TCE checkpoint (cache, then storage) and
+    # of the last FileSystemWriter one (page cache).
+    # Each load runs once untimed first (DCP's and the allocator's first-use
+    # costs), then --repeats times.
+    def load(reader: Any) -> float:
+        dcp.load(target, storage_reader=reader)
+        return statistics.median(timed(lambda: dcp.load(target, storage_reader=reader))
+                                 for _ in range(repeats))
+
+    reader = tce.dcp.StorageReader(path)
+    note("tce_load_cache_s", load(reader))
+    assert set(reader.sources()) == {"local"}, reader.sources()
+    dist.barrier()
+    if rank == 0:
+        for name in os.listdir(path):
+            tce.remove(os.path.join(path, name))
+    dist.barrier()
+    reader = tce.dcp.StorageReader(path)
+    note("tce_load_storage_s", load(reader))
+    assert set(reader.sources()) == {"storage"}, reader.sources()
+    note("fs_load_s", load(dcp.FileSystemReader(last_fs)))
+    for k, v in runs.items():
+        res[k] = statistics.median(v)
+    if rank == 0:
+        print("RESULT " + json.dumps(res), flush=True)
+    tce.close()
+    dist.destroy_process_group()
+
+
+def main(size: int, repeats: int, as_json: bool, directory: str | None = None) -> int:
+    """``tce bench --dcp``."""
+    with tempfile.TemporaryDirectory(dir=directory) as d:
+        res = run(size, repeats=repeats, directory=d)
+    print(json.dumps(res, indent=2) if as_json else render(res))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    _rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

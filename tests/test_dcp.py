@@ -1,0 +1,220 @@
+"""tce.dcp: PyTorch Distributed Checkpoint through a real tce-server, with
+real ranks (CPU, gloo, DTensor-sharded state dicts; see dcp_job.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+import tce
+import tce.dcp
+from tce import _service
+from tce.core import _knobs
+from tce.tools._server import LocalServer
+
+from conftest import run_python
+
+JOB = os.path.join(os.path.dirname(__file__), "dcp_job.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world: int, action: str, path: str, server: LocalServer, *, job: str = "dcp",
+              extra_env: dict[str, str] | None = None, timeout: float = 120) -> list[str]:
+    """Run dcp_job.py ACTION PATH as ``world`` ranks; returns each rank's stdout."""
+    port = str(_free_port())
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TCE_SOCKET=server.socket,
+                   TCE_JOB=job, OMP_NUM_THREADS="1", **(extra_env or {}))
+        procs.append(subprocess.Popen([sys.executable, JOB, action, path], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    for rank, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append((p.returncode, out, err))
+    for rank, (code, out, err) in enumerate(outs):
+        if action != "die" or rank == 0:
+            assert code == 0, f"rank {rank} exited {code}\n{out}\n{err[-4000:]}\n{server.log()[-2000:]}"
+    return [out for _, out, _ in outs]
+
+
+def sources(outs: list[str]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for out in outs:
+        line = next(l for l in out.splitlines() if l.startswith("SOURCES "))
+        for k, v in json.loads(line[len("SOURCES "):]).items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+@pytest.fixture
+def memory_server(tmp_path):
+    """A server with no storage: whatever loads came from its memory."""
+    s = LocalServer(memory_budget="512MiB", state_dir=str(tmp_path / "state")).start()
+    yield s
+    tce.close()
+    assert s.stop() == 0, s.log()
+    s.cleanup()
+
+
+@pytest.fixture
+def storage_server(tmp_path):
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    s = LocalServer(memory_budget="512MiB", storage_roots=[str(storage)],
+                    state_dir=str(tmp_path / "state")).start()
+    s.storage = storage
+    yield s
+    tce.close()
+    assert s.stop() == 0, s.log()
+    s.cleanup()
+
+
+@pytest.mark.slow
+def test_save_two_ranks_reshard_from_memory(memory_server, tmp_path):
+    """Saved by 2 ranks into a server with no storage; loaded by 2, 1 and 3
+    ranks: every tensor equal, every read from this node's cache."""
+    ckpt = str(tmp_path / "ckpt" / "step10")
+    run_ranks(2, "save", ckpt, memory_server)
+    assert not os.path.exists(os.path.join(ckpt, ".metadata"))  # nothing on storage
+    for world in (2, 1, 3):
+        got = sources(run_ranks(world, "load", ckpt, memory_server))
+        assert set(got) == {"local"} and got["local"] > 0, (world, got)
+
+
+@pytest.mark.slow
+def test_fsdp2_model_and_optimizer_reshard_from_memory(memory_server, tmp_path):
+    """FSDP2 (CPU, gloo): a model and its AdamW state saved by 2 ranks, loaded
+    by 3 and by 1 through get/set_state_dict: the unsharded states equal."""
+    ckpt = str(tmp_path / "fsdp")
+    run_ranks(2, "fsdp_save", ckpt, memory_server)
+    for world in (3, 1):
+        got = sources(run_ranks(world, "fsdp_load", ckpt, memory_server))
+        assert set(got) == {"local"}, (world, got)
+
+
+@pytest.mark.slow
+def test_persisted_checkpoint_reads_without_tce(storage_server):
+    """The persisted directory is an ordinary DCP checkpoint: FileSystemReader
+    and dcp_to_torch_save read it in a process that never imports tce."""
+    ckpt = str(storage_server.storage / "step20")
+    run_ranks(2, "save", ckpt, storage_server, extra_env={"TCE_TEST_DURABLE": "1"})
+    assert sorted(os.listdir(ckpt)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    out = run_python(textwrap.dedent(f"""
+        import sys, torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        sys.path.insert(0, {os.path.dirname(JOB)!r})
+        from dcp_job import expected
+        full = expected()
+        sd = {{"model": {{k: torch.zeros_like(v) for k, v in full.items()}},
+              "extra": {{"step": 0, "plain": torch.zeros(3, 8)}}}}
+        dcp.load(sd, storage_reader=dcp.FileSystemReader({ckpt!r}), no_dist=True)
+        for k, v in full.items():
+            assert torch.equal(sd["model"][k], v), k
+        assert sd["extra"]["step"] == 7 and torch.equal(sd["extra"]["plain"], full["w1"][:3])
+        dcp_to_torch_save({ckpt!r}, {ckpt!r} + ".pt")
+        flat = torch.load({ckpt!r} + ".pt", weights_only=False)
+        for k, v in full.items():
+            assert torch.equal(flat["model"][k], v), k
+        assert "tce" not in sys.modules
+        print("PLAIN OK")
+    """), env={"PYTHONWARNINGS": "ignore"})
+    assert "PLAIN OK" in out
+
+
+@pytest.mark.slow
+def test_storage_serves_after_the_cache_lost_the_files(storage_server, tmp_path):
+    """Files no longer cached are read from storage, and reported so."""
+    ckpt = str(storage_server.storage / "step30")
+    run_ranks(2, "save", ckpt, storage_server, job="s", extra_env={"TCE_TEST_DURABLE": "1"})
+    with _knobs.override(socket=storage_server.socket, job="s"):
+        for name in os.listdir(ckpt):
+            tce.remove(os.path.join(ckpt, name))
+        tce.close()
+    got = sources(run_ranks(2, "load", ckpt, storage_server, job="s"))
+    assert set(got) == {"storage"}, got
+
+
+@pytest.mark.slow
+def test_async_save_holds_the_values_as_of_the_call(memory_server, tmp_path):
+    """async_save through the writer, the fence, then the model changes: the
+    checkpoint holds the values as of the call (dcp_job.py checks them)."""
+    run_ranks(2, "async", str(tmp_path / "async"), memory_server)
+
+
+@pytest.mark.slow
+def test_rank_killed_before_commit_leaves_no_checkpoint(memory_server, tmp_path):
+    """A checkpoint saved again into its directory, and rank 1 dies before
+    committing its data file: the save fails on rank 0, no .metadata exists
+    (not even the first save's, which no longer matches the data files),
+    and a load refuses the directory."""
+    ckpt = str(tmp_path / "dead")
+    outs = run_ranks(2, "die", ckpt, memory_server, timeout=90)
+    assert "RAISED" in outs[0], outs[0]
+    with _knobs.override(socket=memory_server.socket, job="dcp"):
+        assert not tce.cached(os.path.join(ckpt, ".metadata"))
+        with pytest.raises(CheckpointException, match="no complete DCP checkpoint"):
+            dcp.load({"x": torch.zeros(1)}, storage_reader=tce.dcp.StorageReader(ckpt),
+                     no_dist=True)
+
+
+def test_directory_without_metadata_is_refused(server, tmp_path):
+    """A reader pointed at a directory with no .metadata says so."""
+    (tmp_path / "__0_0.distcp").write_bytes(b"\0" * 64)
+    with pytest.raises(CheckpointException, match=r"no complete DCP checkpoint in .*\.metadata is neither"):
+        dcp.load({"x": torch.zeros(1)}, storage_reader=tce.dcp.StorageReader(tmp_path), no_dist=True)
+
+
+def test_metadata_that_is_not_dcp_metadata_is_refused(server, tmp_path):
+    """A truncated or foreign .metadata is refused with the reason."""
+    meta = tmp_path / ".metadata"
+    for content, reason in ((b"", "not a DCP checkpoint's metadata: Ran out of input"),
+                            (pickle.dumps({"a": 1}), "holds a dict")):
+        meta.write_bytes(content)
+        with pytest.raises(CheckpointException, match=reason):
+            dcp.load({"x": torch.zeros(1)}, storage_reader=tce.dcp.StorageReader(tmp_path),
+                     no_dist=True)
+
+
+def test_single_process_roundtrip_and_ranged_reads(server, tmp_path):
+    """One process, no process group: values equal, every read local, and
+    each read covers only its item's range."""
+    sd = {"a": torch.randn(64, 16), "b": {"c": torch.arange(7)}, "n": "text", "t": torch.ones(3)[1:]}
+    dcp.save(sd, storage_writer=tce.dcp.StorageWriter(tmp_path / "one"), no_dist=True)
+    out = {"a": torch.zeros(64, 16), "b": {"c": torch.zeros(7, dtype=torch.long)}, "n": "",
+           "t": torch.zeros(2)}
+    reader = tce.dcp.StorageReader(tmp_path / "one")
+    dcp.load(out, storage_reader=reader, no_dist=True)
+    assert torch.equal(out["a"], sd["a"]) and torch.equal(out["b"]["c"], sd["b"]["c"])
+    assert out["n"] == "text" and torch.equal(out["t"], torch.ones(2))
+    assert reader.sources() == {"local": 4}
+    # The coordinator recorded the checkpoint as a complete tag, with every file.
+    job = _knobs.get("job")
+    tag = next(t for t in _service.with_client(lambda c: c.list_tags(job)) if t.tag == "one")
+    assert sorted(os.path.basename(f.path) for f in tag.files) == [".metadata", "__0_0.distcp"]
+    for f in tag.files:
+        assert f.size == _service.with_client(lambda c: c.lookup(job, f.path)).size
+    ranges = sorted((r.offset, r.offset + r.length) for r in reader.reads)
+    assert all(end <= start for (_, end), (start, _) in zip(ranges, ranges[1:]))  # item by item
