@@ -554,7 +554,8 @@ def test_a_peer_serves_its_own_cached_files_to_ring_members_only(tmp_path, trans
             assert torch.equal(out["w"], x["w"]) and torch.equal(out["b"], x["b"])
             assert int(tce.status()["remote_reads"]) == 1
             api.close()
-        assert "sent back job=ring-job path=/ckpt/s1/mp_rank_00_model_states.pt" in servers[0].log()
+        _until(lambda: "sent back job=ring-job path=/ckpt/s1/mp_rank_00_model_states.pt" in servers[0].log(),
+               what="node 0 to log what it sent")  # logged once its send returned
         # The outsider names node 0 in a ring of its own for the same job:
         # node 0 does not count it a member, and sends nothing.
         _set_ring_on(outsider, 0, [_status(outsider)["peer_endpoint"], _status(servers[0])["peer_endpoint"]])
