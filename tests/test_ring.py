@@ -517,18 +517,24 @@ def test_a_server_serves_its_clients_the_copies_it_holds(tmp_path, transport):
     a = _ring_server(tmp_path, transport, "a")
     b = _ring_server(tmp_path, transport, "b")
     try:
-        _set_ring([a, b])
+        endpoints = _set_ring([a, b])
         x = {"w": torch.randn(1 << 16), "step": 3}
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             tce.save(x, "/ckpt/step3/mp_rank_00_model_states.pt", tag="step3", rank=0)
             api.close()
         _until(lambda: _files(a)["/ckpt/step3/mp_rank_00_model_states.pt"].backup_holder, what="the backup")
         a.kill()  # no peer could answer: the copy held here must serve
+        # The job tells b the ring again: b restores from a, which is gone.
+        # After a few failed attempts loads stop waiting for that restore.
+        _set_ring_on(b, 1, endpoints)
+        t0 = time.monotonic()
         with _knobs.override(socket=b.socket, job="ring-job", on_unavailable="raise"):
             out = tce.load("/ckpt/step3/mp_rank_00_model_states.pt", weights_only=True)
             assert torch.equal(out["w"], x["w"]) and out["step"] == 3
             api.close()
+        assert time.monotonic() - t0 < 30
         assert "from the copy held here" in b.log()
+        assert "loads no longer wait for it" in b.log()
     finally:
         a.cleanup()
         _stop(b)
@@ -554,7 +560,8 @@ def test_a_peer_serves_its_own_cached_files_to_ring_members_only(tmp_path, trans
             assert torch.equal(out["w"], x["w"]) and torch.equal(out["b"], x["b"])
             assert int(tce.status()["remote_reads"]) == 1
             api.close()
-        assert "sent back job=ring-job path=/ckpt/s1/mp_rank_00_model_states.pt" in servers[0].log()
+        _until(lambda: "sent back job=ring-job path=/ckpt/s1/mp_rank_00_model_states.pt" in servers[0].log(),
+               what="node 0 to log what it sent")  # logged once its send returned
         # The outsider names node 0 in a ring of its own for the same job:
         # node 0 does not count it a member, and sends nothing.
         _set_ring_on(outsider, 0, [_status(outsider)["peer_endpoint"], _status(servers[0])["peer_endpoint"]])

@@ -32,6 +32,7 @@ struct RecoverJob {
   std::string job;
   int32_t node = 0;
   std::string peer, predecessor;
+  int failures = 0;  // attempts that failed so far
 };
 
 class BackupFeed {

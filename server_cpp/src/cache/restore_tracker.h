@@ -3,9 +3,10 @@
 // instead of missing files that arrive moments later.
 //
 // A restore begins when the Cache queues a job's recovery and ends when the
-// Replicator has pulled what the successor holds (whatever it got); a restore
-// that keeps failing stays in progress, and waits for it time out. Waits are
-// bounded by the timeout their caller gives.
+// Replicator has pulled what the successor holds (whatever it got), or has
+// failed a few times in a row (the successor may be gone: the restore goes
+// on in the background, loads no longer wait). Waits are bounded by the
+// timeout their caller gives.
 //
 // Thread-safe (its own mutex, a leaf: nothing is called while it is held).
 #pragma once

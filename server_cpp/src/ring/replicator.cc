@@ -16,6 +16,10 @@
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
+namespace {
+// After this many failed attempts a restore no longer holds loads up.
+constexpr int kRecoverFailuresBeforeLoadsGoOn = 3;
+}  // namespace
 
 Replicator::Replicator(Cache* cache, Transport* transport, ReplicatorOptions options)
     : cache_(cache), transport_(transport), options_(std::move(options)) {
@@ -84,7 +88,16 @@ void Replicator::Loop() {
       s = Recover(recover, &links);
       if (!s.ok()) {  // again, after the backoff
         cache_->NoteBackupError("recovery from " + recover.peer + ": " + s.ToString());
-        queue_.Recover(recover);
+        RecoverJob again = recover;
+        if (++again.failures == kRecoverFailuresBeforeLoadsGoOn) {
+          // The successor may be gone for good: loads stop waiting for a
+          // restore that may never come (it goes on in the background).
+          TCE_LOG(kWarning, "ring") << "the restore of job=" << recover.job << " from " << recover.peer
+                                    << " failed " << again.failures << " times (" << s.ToString()
+                                    << "): loads no longer wait for it; it is retried in the background";
+          cache_->RestoreEnded(recover.job);
+        }
+        queue_.Recover(again);
       }
       what = "recovery of " + recover.job;
       peer = recover.peer;
