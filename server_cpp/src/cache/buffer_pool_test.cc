@@ -283,7 +283,7 @@ class HugePages {
     if (lock_fd_ >= 0) flock(lock_fd_, LOCK_EX);
     if (!(std::ifstream(kPath) >> old_)) return;
     std::ofstream(kPath) << old_ - Free() + n;
-    ok_ = Free() == n;
+    ok_ = Free() >= n;
   }
   ~HugePages() {
     if (old_ >= 0) std::ofstream(kPath) << old_;
@@ -294,10 +294,9 @@ class HugePages {
  private:
   static long Free() {
     std::ifstream in("/proc/meminfo");
-    std::string key;
-    long value = 0;
-    while (in >> key >> value)
-      if (key == "HugePages_Free:") return value;
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("HugePages_Free:", 0) == 0) return std::stol(line.substr(15));
     return -1;
   }
   static constexpr const char* kPath = "/proc/sys/vm/nr_hugepages";
