@@ -29,7 +29,10 @@ def pytest_runtest_setup(item):
 
 
 def _start(budget: str) -> LocalServer:
-    return LocalServer(memory_budget=budget).start()
+    # 4 KiB pages whatever the machine has reserved: budgets here count
+    # buffers in 4 KiB (hugetlb rounds each to 2 MiB; tests/test_memory.py
+    # covers it).
+    return LocalServer(memory_budget=budget, extra_args=["--memory-backing", "4k"]).start()
 
 
 @pytest.fixture(scope="session")
