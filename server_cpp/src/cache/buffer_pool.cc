@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <vector>
 
 #include "cache/buffer.h"
@@ -139,30 +140,19 @@ Status BufferPool::Take(uint64_t capacity, int* fd) {
 }
 
 uint64_t BufferPool::Shed(uint64_t bytes) {
-  std::vector<int> fds;
-  uint64_t freed = 0;
-  {
-    MutexLock lock(&mu_);
-    while (freed < bytes && !pieces_.empty()) {
-      freed += pieces_.begin()->first;
-      fds.push_back(pieces_.begin()->second);
-      pieces_.erase(pieces_.begin());
-    }
-    held_ -= freed;
-  }
-  for (int fd : fds) ::close(fd);
-  if (freed) budget_->ReturnPool(freed);
-  return freed;
+  return ShedBelow(std::numeric_limits<uint64_t>::max(), bytes, /*all_or_none=*/false);
 }
 
-uint64_t BufferPool::ShedBelow(uint64_t size, uint64_t need) {
+uint64_t BufferPool::ShedBelow(uint64_t size, uint64_t need, bool all_or_none) {
   std::vector<int> fds;
   uint64_t freed = 0;
   {
     MutexLock lock(&mu_);
-    uint64_t small = 0;
-    for (auto it = pieces_.begin(); it != pieces_.end() && it->first < size; ++it) small += it->first;
-    if (small < need) return 0;  // not enough to trade: keep them
+    if (all_or_none) {
+      uint64_t small = 0;
+      for (auto it = pieces_.begin(); it != pieces_.end() && it->first < size; ++it) small += it->first;
+      if (small < need) return 0;  // not enough to trade: keep them
+    }
     while (freed < need && !pieces_.empty() && pieces_.begin()->first < size) {
       freed += pieces_.begin()->first;
       fds.push_back(pieces_.begin()->second);

@@ -88,8 +88,9 @@ class BufferPool {
  private:
   void Fill();
   // Drops pieces smaller than `size`, smallest first, until `need` bytes
-  // are freed; drops none (returns 0) when they hold less than `need`.
-  uint64_t ShedBelow(uint64_t size, uint64_t need);
+  // are freed; with `all_or_none`, drops none (returns 0) when they hold
+  // less than `need`.
+  uint64_t ShedBelow(uint64_t size, uint64_t need, bool all_or_none = true);
 
   const uint64_t target_;
   const Backing backing_;
