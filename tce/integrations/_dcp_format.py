@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+
 METADATA = ".metadata"
 DCP_VERSION = "1.0.0"  # the metadata version FileSystemWriter writes
 # Items start at multiples of this in a data file, so a tensor's bytes (64-byte
@@ -26,3 +28,20 @@ def rank_of(name: str) -> int:
         return int(name[2:].split("_", 1)[0])
     except ValueError:
         return 0
+
+
+class CheckpointDir:
+    """What the writer and the reader say of their checkpoint: a directory,
+    ``self.path``."""
+
+    path: str
+
+    @property
+    def checkpoint_id(self) -> str:
+        """The checkpoint directory."""
+        return self.path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        """Any path names a checkpoint directory."""
+        return isinstance(checkpoint_id, (str, os.PathLike))

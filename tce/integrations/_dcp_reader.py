@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from tce import _service
-from tce.integrations._dcp_format import METADATA
+from tce.integrations._dcp_format import METADATA, CheckpointDir
 
 __all__ = ["ReadRecord", "StorageReader"]
 
@@ -33,7 +33,7 @@ class ReadRecord(NamedTuple):
     source: str  # "local" (this node's cache) or "storage"
 
 
-class StorageReader(_DCPReader):
+class StorageReader(CheckpointDir, _DCPReader):
     """DCP's ``StorageReader`` over the node's cache, for any DCP checkpoint
     directory (saved through TCE or by ``FileSystemWriter``).
 
@@ -181,13 +181,3 @@ class StorageReader(_DCPReader):
                                  prot=mmap.PROT_READ | mmap.PROT_WRITE), "storage"
         except FileNotFoundError:
             return None, ""
-
-    @property
-    def checkpoint_id(self) -> str:
-        """The checkpoint directory."""
-        return self.path
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        """Any path names a checkpoint directory."""
-        return isinstance(checkpoint_id, (str, os.PathLike))

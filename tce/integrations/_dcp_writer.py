@@ -27,6 +27,7 @@ from tce.errors import NotCachedError, ServerUnavailableError, TCEError
 from tce.integrations._dcp_format import (
     DCP_VERSION,
     METADATA,
+    CheckpointDir,
     aligned,
     data_name,
     rank_of,
@@ -97,7 +98,7 @@ class _Prefix:
     rank: int
 
 
-class StorageWriter(_DCPWriter, AsyncStager):
+class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
     """DCP's ``StorageWriter`` over the node's cache (see the module's doc).
 
     Used as ``dcp.save(sd, storage_writer=StorageWriter(path))`` or
@@ -263,16 +264,6 @@ class StorageWriter(_DCPWriter, AsyncStager):
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint's id (its directory) and this save's id."""
         return StorageMeta(checkpoint_id=self.path, save_id=self.save_id)
-
-    @property
-    def checkpoint_id(self) -> str:
-        """The checkpoint directory."""
-        return self.path
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        """Any path names a checkpoint directory."""
-        return isinstance(checkpoint_id, (str, os.PathLike))
 
     # -- asynchronous save -------------------------------------------------
     @property
