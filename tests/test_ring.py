@@ -346,6 +346,18 @@ def test_a_list_waits_for_the_ring_restore_in_flight(tmp_path, nodes3, transport
                            f"still being pulled back from {endpoints[2]}"):
             _list_restored(servers[1])
         servers[1].kill()
+        # The default wait (two minutes) outlasts a client's rpc_timeout: the
+        # server answers before the client's deadline, naming the restore.
+        servers[1] = start("n1-deadline")
+        _set_ring_on(servers[1], 1, endpoints)
+        with _knobs.override(socket=servers[1].socket, job="ring-job", rpc_timeout=3.0):
+            t0 = time.monotonic()
+            with pytest.raises(DeadlineExceededError, match="the caller's deadline, before "
+                               "ring_restore_wait_ms\\) for the ring restore of job ring-job"):
+                tce.load("/ckpt/s1/rank1-0.pt", weights_only=True)
+            assert time.monotonic() - t0 < 3.0
+            api.close()
+        servers[1].kill()
         servers[1] = start("n1-again")
         _set_ring_on(servers[1], 1, endpoints)
         result = {}

@@ -288,8 +288,11 @@ class Cache : public PoolBudget {
   // ring (a fresh or restarted node); then waits for that restore to end, up
   // to the restore wait: DEADLINE_EXCEEDED, naming the job and the peer, if
   // it does not. *waited (optional): whether a restore was in flight.
-  // RPC threads.
-  Status WaitForRestore(const std::string& job, bool* waited = nullptr) EXCLUDES(mu_);
+  // `call_deadline`: the caller's own deadline, when sooner (the answer then
+  // comes before the caller gives up, and says so). RPC threads.
+  Status WaitForRestore(const std::string& job, bool* waited = nullptr,
+                        std::chrono::steady_clock::time_point call_deadline =
+                            std::chrono::steady_clock::time_point::max()) EXCLUDES(mu_);
   // The Replicator pulled back what the ring held of `job` (whatever it
   // got): loads waiting for it go on.
   void RestoreEnded(const std::string& job) EXCLUDES(mu_);

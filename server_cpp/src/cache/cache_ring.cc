@@ -264,7 +264,14 @@ void Cache::ResendBackups(const std::string& job, const std::string& peer) {
 
 void Cache::SetRestoreWait(std::chrono::milliseconds wait) { restore_wait_ = wait; }
 
-Status Cache::WaitForRestore(const std::string& job, bool* waited) {
+Status Cache::WaitForRestore(const std::string& job, bool* waited,
+                             std::chrono::steady_clock::time_point call_deadline) {
+  const auto now = std::chrono::steady_clock::now();
+  if (call_deadline < now + restore_wait_) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline - now);
+    return restores_.Wait(job, std::max(left, std::chrono::milliseconds(0)), waited,
+                          "the caller's deadline, before ring_restore_wait_ms");
+  }
   return restores_.Wait(job, restore_wait_, waited);
 }
 

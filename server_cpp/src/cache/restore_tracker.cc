@@ -20,7 +20,8 @@ bool RestoreTracker::InProgress(const std::string& job) const {
   return restores_.count(job) != 0;
 }
 
-Status RestoreTracker::Wait(const std::string& job, std::chrono::milliseconds timeout, bool* waited) {
+Status RestoreTracker::Wait(const std::string& job, std::chrono::milliseconds timeout, bool* waited,
+                            const std::string& bound) {
   MutexLock l(&mu_);
   if (waited) *waited = restores_.count(job) != 0;
   if (!restores_.count(job)) return Status::OK();
@@ -35,7 +36,7 @@ Status RestoreTracker::Wait(const std::string& job, std::chrono::milliseconds ti
   const auto running = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - r.since);
   return Status::DeadlineExceeded(
-      "waited " + std::to_string(took.count()) + " ms (ring_restore_wait_ms) for the ring restore of job " +
+      "waited " + std::to_string(took.count()) + " ms (" + bound + ") for the ring restore of job " +
       job + ": node " + std::to_string(r.node_rank) + "'s files are still being pulled back from " + r.peer +
       " (running for " + std::to_string(running.count()) + " ms; tce status shows the ring's last error)");
 }

@@ -28,9 +28,11 @@ class RestoreTracker {
   // The restore of `job` ended; wakes its waiters.
   void End(const std::string& job);
   // OK at once when `job` is not being restored; else waits up to `timeout`
-  // for the restore to end: DEADLINE_EXCEEDED (naming the job, the peer and
-  // how long it waited) if it does not. *waited (optional): whether it did.
-  Status Wait(const std::string& job, std::chrono::milliseconds timeout, bool* waited = nullptr);
+  // for the restore to end: DEADLINE_EXCEEDED (naming the job, the peer, how
+  // long it waited and `bound`, what set the timeout) if it does not.
+  // *waited (optional): whether it did.
+  Status Wait(const std::string& job, std::chrono::milliseconds timeout, bool* waited = nullptr,
+              const std::string& bound = "ring_restore_wait_ms");
   bool InProgress(const std::string& job) const;
 
  private:

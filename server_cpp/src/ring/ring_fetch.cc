@@ -10,11 +10,12 @@ RingFetch::RingFetch(Cache* cache, Fetch fetch, std::chrono::milliseconds miss_t
 
 Status RingFetch::Lookup(const std::string& session, const std::string& job,
                          const std::string& path, bool lease, FileInfo* out, uint64_t* lease_id,
-                         std::vector<uint64_t>* unmap_buffer_ids) {
+                         std::vector<uint64_t>* unmap_buffer_ids,
+                         std::chrono::steady_clock::time_point call_deadline) {
   Status s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
   if (s.code() != Status::Code::kNotFound || !lease) return s;
   bool waited = false;  // the file may be on its way back from the ring
-  Status restored = cache_->WaitForRestore(job, &waited);
+  Status restored = cache_->WaitForRestore(job, &waited, call_deadline);
   if (!restored.ok()) return restored;
   if (waited) {
     unmap_buffer_ids->clear();

@@ -38,9 +38,12 @@ class RingFetch {
   // DEADLINE_EXCEEDED naming it) and looks again; then the ring as above. A fetch that found the
   // file (OK), or found a newer save already here (FAILED_PRECONDITION),
   // is followed by a second lookup, whose answer is returned.
+  // `call_deadline`: the caller's, which bounds the restore wait too.
   Status Lookup(const std::string& session, const std::string& job, const std::string& path,
                 bool lease, FileInfo* out, uint64_t* lease_id,
-                std::vector<uint64_t>* unmap_buffer_ids);
+                std::vector<uint64_t>* unmap_buffer_ids,
+                std::chrono::steady_clock::time_point call_deadline =
+                    std::chrono::steady_clock::time_point::max());
 
   uint64_t remote_reads() const { return remote_reads_.load(); }    // files the ring gave
   uint64_t remote_misses() const { return remote_misses_.load(); }  // fetches no peer answered

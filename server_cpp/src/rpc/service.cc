@@ -7,6 +7,21 @@
 #include "rpc/request_checks.h"
 
 namespace tce {
+namespace {
+
+// When a call that may wait must answer: half a second before the client's
+// deadline (so the client reads the server's reason, not its own timeout);
+// none when the client set none.
+std::chrono::steady_clock::time_point AnswerBy(const grpc::ServerContext* ctx) {
+  const auto deadline = ctx->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max())
+    return std::chrono::steady_clock::time_point::max();
+  const auto left = deadline - std::chrono::system_clock::now() - std::chrono::milliseconds(500);
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+}
+
+}  // namespace
 
 grpc::Status ToGrpc(const tce::Status& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -81,7 +96,7 @@ grpc::Status CacheService::Abort(grpc::ServerContext*, const v1::AbortRequest* r
   return ToGrpc(cache_->Abort(req->session(), req->allocation_id()));
 }
 
-grpc::Status CacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest* req,
+grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
                                   v1::LookupResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   FileInfo f;
@@ -89,7 +104,7 @@ grpc::Status CacheService::Lookup(grpc::ServerContext*, const v1::LookupRequest*
   std::vector<uint64_t> unmap;
   tce::Status s =
       ring_fetch_ ? ring_fetch_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
-                                        &lease, &unmap)
+                                        &lease, &unmap, AnswerBy(ctx))
                   : cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                    &lease, &unmap);
   for (uint64_t id : unmap) resp->add_unmap_buffer_ids(id);
@@ -117,13 +132,13 @@ grpc::Status CacheService::Remove(grpc::ServerContext*, const v1::RemoveRequest*
   return ToGrpc(s);
 }
 
-grpc::Status CacheService::List(grpc::ServerContext*, const v1::ListRequest* req,
+grpc::Status CacheService::List(grpc::ServerContext* ctx, const v1::ListRequest* req,
                                 v1::ListResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   if (req->wait_for_restore() && !req->job().empty()) {
     bool admin = false;  // only a caller with a session waits
     tce::Status s = cache_->CheckCaller(req->session(), &admin);
-    if (s.ok()) s = cache_->WaitForRestore(req->job());
+    if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx));
     if (!s.ok()) return ToGrpc(s);
   }
   std::vector<FileInfo> files;
