@@ -28,8 +28,8 @@ MiB = 1 << 20
 
 @pytest.fixture
 def huge_pages():
-    """reserve(n): set the kernel's huge-page pool to n 2 MiB pages for the
-    test (root; CI runs as root), and put the old count back after."""
+    """reserve(n): make n 2 MiB huge pages free for the test (root; CI runs
+    as root), and put the old count back after."""
     try:
         with open(NR_HUGEPAGES) as f:
             old = int(f.read())
@@ -38,12 +38,19 @@ def huge_pages():
     if os.geteuid() != 0:
         pytest.skip(f"reserving huge pages needs root ({NR_HUGEPAGES})")
 
+    def free_pages() -> int:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("HugePages_Free:"))
+
     def reserve(n: int) -> None:
-        with open(NR_HUGEPAGES, "w") as f:
-            f.write(str(n))
+        # n pages free for the test, on top of those other processes use
+        # (0 stays 0: "no huge page free").
         with open(NR_HUGEPAGES) as f:
-            got = int(f.read())
-        assert got >= n, f"the kernel reserved only {got} of {n} huge pages"
+            total = int(f.read())
+        with open(NR_HUGEPAGES, "w") as f:
+            f.write(str(total - free_pages() + n))
+        got = free_pages()
+        assert got >= n, f"the kernel made only {got} of {n} huge pages free"
 
     yield reserve
     with open(NR_HUGEPAGES, "w") as f:
