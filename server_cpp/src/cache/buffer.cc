@@ -65,13 +65,13 @@ Status Buffer::Mapping(const unsigned char** out) {
   return map_status_;
 }
 
-Status Buffer::Prefault(uint64_t capacity, Backing backing, int* out) {
+Status Buffer::Prefault(uint64_t capacity, Backing backing, int* out, const std::string& name) {
   if (backing == Backing::kHugetlb && capacity % kHugePage != 0)
     return Status::InvalidArgument("a hugetlb buffer's capacity must be a multiple of 2 MiB, not " +
                                    std::to_string(capacity));
   unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
   if (backing == Backing::kHugetlb) flags |= MFD_HUGETLB;
-  int fd = memfd_create("tce", flags);
+  int fd = memfd_create(name.c_str(), flags);
   if (fd < 0) return Status::FromErrno(errno, "memfd_create");
   Status s = Resize(fd, 0, capacity, backing);
   if (!s.ok()) {
@@ -103,7 +103,7 @@ Status Buffer::Adopt(uint64_t id, int fd, uint64_t capacity, Backing backing,
 
 Status Buffer::Create(uint64_t id, uint64_t capacity, Backing backing, std::unique_ptr<Buffer>* out) {
   int fd;
-  Status s = Prefault(capacity, backing, &fd);
+  Status s = Prefault(capacity, backing, &fd, "tce:" + std::to_string(id));
   if (!s.ok()) return s;
   return Adopt(id, fd, capacity, backing, out);
 }

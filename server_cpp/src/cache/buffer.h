@@ -33,8 +33,10 @@ class Buffer {
                        std::unique_ptr<Buffer>* out);
   // A new memfd of `capacity` bytes, zero-filled and pre-faulted, not sealed
   // (the pool keeps these until an allocation sizes and seals one). The
-  // caller owns *fd.
-  static Status Prefault(uint64_t capacity, Backing backing, int* fd);
+  // caller owns *fd. Its name shows in /proc/<pid>/maps and fd links as
+  // /memfd:<name>: "tce:<buffer id>" for a buffer, "tce:pool" for a piece.
+  static Status Prefault(uint64_t capacity, Backing backing, int* fd,
+                         const std::string& name = "tce:pool");
   // Resizes an unsealed memfd of `from` bytes to `to`: shrinking frees the
   // tail, growing pre-faults the new (zero-filled) pages.
   static Status Resize(int fd, uint64_t from, uint64_t to, Backing backing);
