@@ -117,6 +117,16 @@ def _fallback_warning(reason: str) -> None:
 # Save
 # ---------------------------------------------------------------------------
 
+
+def _note_cached(job: str, path: str) -> None:
+    """`path` now has a cached version: tce.wait() waits for it, and no
+    direct write of it stands any more."""
+    with _lock:
+        key = (_knobs.get("socket"), job, path)
+        _unsettled[key] = None
+        _written_directly.discard(key)
+
+
 def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
               pickle_protocol: int = 2, *, job: str | None = None, tag: str = "",
               rank: int | None = None, blocking: bool = True) -> Any:
@@ -136,10 +146,7 @@ def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
     try:
         info = with_client(lambda c: c.save(plan, job=job, tag=tag, rank=rank, path=path,
                                             blocking=blocking))
-        with _lock:
-            key = (_knobs.get("socket"), job, path)
-            _unsettled[key] = None
-            _written_directly.discard(key)
+        _note_cached(job, path)
         return info
     except (ServerUnavailableError, CacheFullError) as e:
         if _knobs.get("on_unavailable") == "raise":
@@ -370,10 +377,7 @@ def allocate_file(path: str | os.PathLike, size: int, *, job: str | None = None,
         try:
             allocation = with_client(lambda c: c.allocate(job=job, tag=tag, rank=rank, path=path,
                                                           size=size))
-            with _lock:
-                key = (_knobs.get("socket"), job, path)
-                _unsettled[key] = None
-                _written_directly.discard(key)
+            _note_cached(job, path)
             return allocation
         except (ServerUnavailableError, CacheFullError) as e:
             if _knobs.get("on_unavailable") == "raise":
