@@ -12,6 +12,7 @@ import pytest
 import tce
 from tce import api
 from tce.core import _knobs
+from tce.tools._netns import Nodes
 from tce.tools._server import LocalServer, server_binary
 
 
@@ -79,3 +80,13 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     )
     assert p.returncode == 0, f"exit {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return p.stdout
+
+
+@pytest.fixture
+def nodes3():
+    """Three "nodes": network namespaces on a bridge (tce.tools._netns)."""
+    if os.geteuid() != 0:
+        pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
+    n = Nodes(3)
+    yield n
+    n.close()

@@ -88,15 +88,6 @@ class Cluster:
         return self.servers[i].log()
 
 
-@pytest.fixture
-def nodes3():
-    if os.geteuid() != 0:
-        pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
-    n = Nodes(3)
-    yield n
-    n.close()
-
-
 def _run(cluster: Cluster, stage: int, ckpt, out, extra: list[str], *, ready: bool = False) -> Run:
     return Run(3, ["--stage", str(stage), "--ckpt", str(ckpt), "--steps", str(STEPS), *extra],
                out=out, job=JOB, ready=ready, nodes=cluster.nodes, sockets=cluster.sockets)

@@ -19,7 +19,6 @@ import torch
 import tce
 from tce import _service, api
 from tce.core import _knobs
-from tce.tools._netns import Nodes
 from tce.tools._server import LocalServer
 from tce.errors import FailedPreconditionError, InvalidArgumentError
 from tce.v1 import tce_pb2 as pb
@@ -166,15 +165,6 @@ def test_ring_settings_are_checked(tmp_path, make_server, transport):
 
 
 # ---- several nodes, one network namespace each (tce.tools._netns) ----
-
-@pytest.fixture
-def nodes3():
-    if os.geteuid() != 0:
-        pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
-    n = Nodes(3)
-    yield n
-    n.close()
-
 
 @pytest.mark.multinode
 def test_three_nodes_back_up_around_the_ring(tmp_path, nodes3, transport):
