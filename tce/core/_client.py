@@ -477,9 +477,12 @@ class Client:
         return self._call("SetRing", pb.SetRingRequest(
             session=self.session, job=job, node_rank=node_rank, endpoints=endpoints)).successor
 
-    def list_tags(self, job: str) -> list[pb.TagInfo]:
-        """The job's complete tags, oldest first."""
-        return list(self._call("ListTags", pb.ListTagsRequest(session=self.session, job=job)).tags)
+    def list_tags(self, job: str, *, wait_for_restore: bool = False) -> list[pb.TagInfo]:
+        """The job's complete tags, oldest first; with ``wait_for_restore``,
+        once the server has pulled the job back from the ring (its tags come
+        back with its files), bounded as :meth:`list` is."""
+        request = pb.ListTagsRequest(session=self.session, job=job, wait_for_restore=wait_for_restore)
+        return list(self._call("ListTags", request, timeout=None if wait_for_restore else -1.0).tags)
 
     def flush(self) -> None:
         """Send pending lease releases now."""

@@ -312,7 +312,8 @@ def _engine_class():
         def _known_tags(self, load_dir: str) -> list[tuple[str, list[tuple[int, str, int]]]]:
             """Complete tags in ``load_dir``, oldest first."""
             try:
-                tags = _service.with_client(lambda c: c.list_tags(self.job))
+                # A replaced node 0 gets the tags it recorded back from the ring.
+                tags = _service.with_client(lambda c: c.list_tags(self.job, wait_for_restore=True))
             except TCEError as e:
                 log.warning("TCE: cannot list tags (%s); DeepSpeed reads 'latest' itself", e)
                 return []

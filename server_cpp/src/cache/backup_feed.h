@@ -1,10 +1,11 @@
 // BackupFeed: how the Cache hands work to the ring (ring/backup_queue.h).
 //
-// Three kinds of job, each its own type: a file's current version to send
+// Four kinds of job, each its own type: a file's current version to send
 // to the job's ring successor (named by its key; the worker asks the Cache
 // for the version when it gets to it, Cache::StartBackup, and gets a
-// BackupJob), a copy a peer must let go of (DropCopy), and a job whose files
-// this node pulls back from the ring (RecoverJob). The Cache calls these with
+// BackupJob), a complete tag to send there too (TagCopy, likewise named:
+// Cache::StartTagBackup), a copy a peer must let go of (DropCopy), and a job
+// whose files and tags this node pulls back from the ring (RecoverJob). The Cache calls these with
 // its lock held: an implementation takes only its own lock and never calls
 // back into the Cache. Any thread.
 #pragma once
@@ -25,6 +26,12 @@ struct DropCopy {
   uint64_t version = 0;
 };
 
+// The complete tag (job, tag) this server recorded, for the job's successor
+// to hold: a replacement of this node gets it back with the files.
+struct TagCopy {
+  std::string job, tag;
+};
+
 // This node (`node` in the job's ring) holds nothing of `job`: pull its
 // copies back from `peer` (the successor), then ask `predecessor` to back up
 // to us again.
@@ -39,6 +46,7 @@ class BackupFeed {
  public:
   virtual ~BackupFeed() = default;
   virtual void Send(const FileKey& key) = 0;
+  virtual void SendTag(TagCopy tag) = 0;
   virtual void Drop(DropCopy drop) = 0;
   virtual void Recover(RecoverJob recover) = 0;
   // The files waiting to be sent, in order (not those being sent).

@@ -390,6 +390,7 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   // Under mu_, so that RecordAll sees a tag either recorded here or in the registry.
   *out = tags_.Complete(std::move(tag), UnixNowNs());
   if (meta_) meta_->RecordTag(*out);
+  if (!rings_.Successor(out->job).empty() && backups_) backups_->SendTag(TagCopy{out->job, out->tag});
   return Status::OK();
 }
 

@@ -258,6 +258,15 @@ class Cache : public PoolBudget {
   // Records the outcome. A failed backup is queued again (the worker backs
   // off); the file itself is unaffected.
   void FinishBackup(const BackupJob& job, const Status& result) EXCLUDES(mu_);
+  // For backup workers: the complete tag `copy` names, the job's successor
+  // to send it to and this node's rank in the ring; false when there is
+  // nothing to send (no successor, no such tag).
+  bool StartTagBackup(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) EXCLUDES(mu_);
+  // Recovery: complete tags of `job` this node recorded before it was
+  // replaced, as its successor held them (checked by the caller: valid, of
+  // `job`). Each is kept unless one as new is recorded here, and told to
+  // metadata. Returns how many were kept.
+  size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) EXCLUDES(mu_);
   // Shutdown: new allocations are refused (UNAVAILABLE) from now on; saves
   // already allocated may still commit, loads are served as before.
   void StopAccepting() EXCLUDES(mu_);
@@ -442,6 +451,8 @@ class Cache : public PoolBudget {
   void QueuePersist(const FileKey& key) REQUIRES(mu_);
   bool PersistQueued() const REQUIRES(mu_);
   void QueueBackup(const FileKey& key) REQUIRES(mu_);
+  // Every complete tag of `job` recorded here, to the job's successor.
+  void QueueTags(const std::string& job) REQUIRES(mu_);
   // Sets the job's ring; returns the successor ("" for one node).
   std::string InstallRing(const std::string& job, int32_t node_rank,
                           std::vector<std::string> endpoints) REQUIRES(mu_);

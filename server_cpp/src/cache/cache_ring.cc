@@ -21,6 +21,33 @@ void Cache::QueueBackup(const FileKey& key) {
   if (!rings_.Successor(key.first).empty() && backups_) backups_->Send(key);
 }
 
+void Cache::QueueTags(const std::string& job) {
+  if (rings_.Successor(job).empty() || !backups_) return;
+  for (const TagInfo& t : tags_.List(job)) backups_->SendTag(TagCopy{job, t.tag});
+}
+
+bool Cache::StartTagBackup(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) {
+  MutexLock lock(&mu_);
+  const Ring* ring = rings_.Find(copy.job);
+  if (!ring || ring->successor.empty() || !tags_.Find(copy.job, copy.tag, tag)) return false;
+  *peer = ring->successor;
+  *node = ring->node_rank;
+  return true;
+}
+
+size_t Cache::AdoptTags(const std::string& job, std::vector<TagInfo> tags) {
+  MutexLock lock(&mu_);  // as CommitTag: RecordAll sees a tag here or in the registry
+  size_t kept = 0;
+  for (TagInfo& t : tags) {
+    if (t.job != job) continue;
+    const TagInfo copy = t;
+    if (!tags_.Adopt(std::move(t))) continue;
+    ++kept;
+    if (meta_) meta_->RecordTag(copy);
+  }
+  return kept;
+}
+
 void Cache::QueueDrop(const FileInfo& f) {
   if (f.backup_holder.empty() || !backups_) return;
   backups_->Drop(DropCopy{f.job, f.path, f.backup_holder, f.version});
@@ -72,6 +99,7 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
                          << (ring.successor.empty() ? "none" : ring.successor);
   const std::string successor = ring.successor;
   if (changed) {  // back up what is cached already (to the new successor)
+    QueueTags(job);
     for (auto& [key, f] : files_) {
       if (key.first != job || f.buffer_id == 0 || f.state == FileState::kEvicted ||
           f.state == FileState::kFailed)
@@ -258,6 +286,7 @@ void Cache::ResendBackups(const std::string& job, const std::string& peer) {
     QueueBackup(key);
     ++n;
   }
+  if (rings_.Successor(job) == peer) QueueTags(job);
   TCE_LOG(kInfo, "ring") << peer << " lost its copies of job=" << job << ": re-sending " << n
                          << " file(s)";
 }

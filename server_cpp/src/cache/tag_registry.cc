@@ -31,6 +31,22 @@ TagInfo TagRegistry::Complete(TagInfo tag, int64_t complete_unix_ns) {
   return tags_[{tag.job, tag.tag}] = std::move(tag);
 }
 
+bool TagRegistry::Adopt(TagInfo tag) {
+  MutexLock lock(&mu_);
+  auto it = tags_.find({tag.job, tag.tag});
+  if (it != tags_.end() && it->second.complete_unix_ns >= tag.complete_unix_ns) return false;
+  tags_[{tag.job, tag.tag}] = std::move(tag);
+  return true;
+}
+
+bool TagRegistry::Find(const std::string& job, const std::string& tag, TagInfo* out) const {
+  MutexLock lock(&mu_);
+  auto it = tags_.find({job, tag});
+  if (it == tags_.end()) return false;
+  *out = it->second;
+  return true;
+}
+
 std::vector<TagInfo> TagRegistry::List(const std::string& job) const {
   std::vector<TagInfo> out;
   {

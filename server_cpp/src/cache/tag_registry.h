@@ -32,6 +32,12 @@ class TagRegistry {
   std::vector<TagInfo> List(const std::string& job) const;
   // Every tag (for a fresh metadata database), in (job, tag) order.
   std::vector<TagInfo> All() const;
+  // A tag recorded elsewhere (pulled back from the ring), complete when it
+  // says: kept unless the (job, tag) recorded here is as new or newer.
+  // Returns whether it was kept.
+  bool Adopt(TagInfo tag);
+  // The tag recorded as (job, tag), if any.
+  bool Find(const std::string& job, const std::string& tag, TagInfo* out) const;
   // Tags recorded before a restart (from metadata); returns how many are held.
   size_t Restore(std::vector<TagInfo> tags);
   size_t size() const;

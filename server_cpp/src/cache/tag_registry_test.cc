@@ -53,5 +53,28 @@ TEST(TagRegistry, ListsAJobsTagsOldestFirstAndReplacesARecordedTag) {
   EXPECT_EQ(r.Restore({Tag("j3", "a", {{0, "/e/a", 1}})}), 4u);
 }
 
+TEST(TagRegistry, AdoptsATagFromTheRingUnlessOneAsNewIsRecorded) {
+  TagRegistry r;
+  TagInfo ring = Tag("j", "step2", {{0, "/c/2", 1}});
+  ring.complete_unix_ns = 500;
+  EXPECT_TRUE(r.Adopt(ring));  // its completion time is kept, not "now"
+  TagInfo found;
+  ASSERT_TRUE(r.Find("j", "step2", &found));
+  EXPECT_EQ(found.complete_unix_ns, 500);
+  EXPECT_FALSE(r.Adopt(ring));  // the same again
+  TagInfo older = ring;
+  older.complete_unix_ns = 400;
+  older.files.push_back({1, "/c/2b", 1});
+  EXPECT_FALSE(r.Adopt(older));
+  ASSERT_TRUE(r.Find("j", "step2", &found));
+  EXPECT_EQ(found.files.size(), 1u);
+  r.Complete(Tag("j", "step2", {{0, "/c/2", 1}, {1, "/c/2c", 1}}), 900);  // re-recorded here
+  EXPECT_FALSE(r.Adopt(ring));
+  ASSERT_TRUE(r.Find("j", "step2", &found));
+  EXPECT_EQ(found.complete_unix_ns, 900);
+  EXPECT_FALSE(r.Find("j", "step3", &found));
+  EXPECT_FALSE(r.Find("other", "step2", &found));
+}
+
 }  // namespace
 }  // namespace tce

@@ -10,6 +10,12 @@ void BackupQueue::Send(const FileKey& key) {
   cv_.Signal();
 }
 
+void BackupQueue::SendTag(TagCopy tag) {
+  MutexLock lock(&mu_);
+  urgent_.push_back(std::move(tag));
+  cv_.Signal();
+}
+
 void BackupQueue::Drop(DropCopy drop) {
   MutexLock lock(&mu_);
   urgent_.push_back(std::move(drop));

@@ -1,4 +1,4 @@
-// BackupQueue: the ring's work, in the order it is done. Drops and
+// BackupQueue: the ring's work, in the order it is done. Drops, tags and
 // recoveries carry no file data and unblock peers, so they go first, in the
 // order they came; then files to send, in commit order. The Cache feeds it
 // (BackupFeed); Replicator workers take from it. Thread-safe.
@@ -15,9 +15,10 @@ namespace tce {
 class BackupQueue : public BackupFeed {
  public:
   // A FileKey is a file to send (Cache::StartBackup says what, if anything).
-  using Job = std::variant<FileKey, DropCopy, RecoverJob>;
+  using Job = std::variant<FileKey, DropCopy, RecoverJob, TagCopy>;
 
   void Send(const FileKey& key) override;
+  void SendTag(TagCopy tag) override;
   void Drop(DropCopy drop) override;
   void Recover(RecoverJob recover) override;
   std::vector<FileKey> Waiting() const override;
@@ -30,7 +31,7 @@ class BackupQueue : public BackupFeed {
  private:
   mutable Mutex mu_;
   CondVar cv_;  // a job was queued, or stopping
-  std::deque<Job> urgent_ GUARDED_BY(mu_);  // drops and recoveries
+  std::deque<Job> urgent_ GUARDED_BY(mu_);  // drops, tags and recoveries
   std::deque<FileKey> sends_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
 };

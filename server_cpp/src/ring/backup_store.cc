@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <tuple>
 
 #include "cache/cache.h"
 #include "common/logging.h"
@@ -140,7 +142,63 @@ BackupStoreStats BackupStore::Stats() {
   for (const auto& [key, h] : held_) s.bytes += h.file.size;
   s.rejected_corrupt = corrupt_;
   s.reused = reused_;
+  for (const auto& [key, tags] : tags_) s.tags += tags.size();
   return s;
+}
+
+size_t BackupStore::TagBytes(const TagInfo& tag) {
+  size_t n = 64 + tag.job.size() + tag.tag.size();
+  for (const TagFile& f : tag.files) n += 32 + f.path.size();
+  return n;
+}
+
+Status BackupStore::HoldTag(HeldTag held) {
+  const size_t bytes = TagBytes(held.tag);
+  if (bytes > kMaxTagBytesPerOwner)
+    return Status::ResourceExhausted("tag " + held.tag.tag + " is " + std::to_string(bytes) +
+                                     " bytes, more than a server holds of one peer's tags");
+  MutexLock l(&mu_);
+  const std::pair<std::string, int32_t> key{held.tag.job, held.owner_node};
+  auto& tags = tags_[key];
+  auto it = tags.find(held.tag.tag);
+  if (it != tags.end() && it->second.tag.complete_unix_ns > held.tag.complete_unix_ns)
+    return Status::OK();  // a late resend of an older record
+  const size_t replaced = it == tags.end() ? 0 : TagBytes(it->second.tag);
+  if (tag_bytes_ - replaced + bytes > kMaxTagBytes) {
+    if (tags.empty()) tags_.erase(key);
+    return Status::ResourceExhausted("the tags held here take " + std::to_string(tag_bytes_) +
+                                     " bytes, the most a server holds for its peers");
+  }
+  tag_bytes_ = tag_bytes_ - replaced + bytes;
+  size_t owner_bytes = 0;
+  for (const auto& [name, t] : tags) owner_bytes += TagBytes(t.tag);
+  owner_bytes = owner_bytes - replaced + bytes;
+  const std::string name = held.tag.tag;
+  tags[name] = std::move(held);
+  while (owner_bytes > kMaxTagBytesPerOwner) {  // the oldest go
+    auto oldest = tags.begin();
+    for (auto t = tags.begin(); t != tags.end(); ++t)
+      if (t->second.tag.complete_unix_ns < oldest->second.tag.complete_unix_ns) oldest = t;
+    const size_t gone = TagBytes(oldest->second.tag);
+    owner_bytes -= gone;
+    tag_bytes_ -= gone;
+    tags.erase(oldest);
+  }
+  return Status::OK();
+}
+
+std::vector<HeldTag> BackupStore::Tags(const std::string& job, int32_t owner_node) {
+  std::vector<HeldTag> out;
+  {
+    MutexLock l(&mu_);
+    auto it = tags_.find({job, owner_node});
+    if (it == tags_.end()) return out;
+    for (const auto& [name, t] : it->second) out.push_back(t);
+  }
+  std::sort(out.begin(), out.end(), [](const HeldTag& a, const HeldTag& b) {
+    return std::tie(a.tag.complete_unix_ns, a.tag.tag) < std::tie(b.tag.complete_unix_ns, b.tag.tag);
+  });
+  return out;
 }
 
 Status CompareCrcs(const std::vector<Record>& records, const std::vector<uint32_t>& computed) {

@@ -42,8 +42,15 @@ struct HeldBackup {
   std::unique_ptr<MappedBuffer> buffer;
 };
 
+// A complete tag of the predecessor's job (its rank 0 recorded it there).
+struct HeldTag {
+  TagInfo tag;
+  std::string owner;       // the peer that sent it
+  int32_t owner_node = 0;  // its node rank in the job's ring
+};
+
 struct BackupStoreStats {
-  uint64_t budget = 0, used = 0, files = 0, bytes = 0, rejected_corrupt = 0, reused = 0;
+  uint64_t budget = 0, used = 0, files = 0, bytes = 0, rejected_corrupt = 0, reused = 0, tags = 0;
 };
 
 class BackupStore {
@@ -67,6 +74,20 @@ class BackupStore {
   void CountCorrupt();
   BackupStoreStats Stats();
 
+  // Keeps a tag the owner recorded, replacing the same (job, tag), unless
+  // the one held is newer. The tags held for one (job, owner_node) take at
+  // most kMaxTagBytesPerOwner (the oldest go; they fit one peer message),
+  // all of them kMaxTagBytes (RESOURCE_EXHAUSTED beyond): a peer cannot
+  // grow them without bound.
+  Status HoldTag(HeldTag tag);
+  // The tags held for (job, owner_node), oldest first.
+  std::vector<HeldTag> Tags(const std::string& job, int32_t owner_node);
+  // What a tag counts against those bounds (about its encoded size).
+  static size_t TagBytes(const TagInfo& tag);
+
+  static constexpr size_t kMaxTagBytesPerOwner = size_t{16} << 20;
+  static constexpr size_t kMaxTagBytes = size_t{256} << 20;
+
  private:
   const uint64_t budget_;
   Mutex mu_;
@@ -76,6 +97,9 @@ class BackupStore {
   uint64_t reused_ GUARDED_BY(mu_) = 0;
   std::map<std::pair<std::string, std::string>, HeldBackup> held_ GUARDED_BY(mu_);
   std::vector<std::unique_ptr<MappedBuffer>> free_ GUARDED_BY(mu_);
+  // By (job, owner_node), then tag name.
+  std::map<std::pair<std::string, int32_t>, std::map<std::string, HeldTag>> tags_ GUARDED_BY(mu_);
+  size_t tag_bytes_ GUARDED_BY(mu_) = 0;  // TagBytes of every tag held
 };
 
 // Checks every record's payload in `data` against its CRC-32. Names the first

@@ -1,6 +1,6 @@
 // Bounded random-input loops for every decoder that takes bytes from a
-// peer: frames before and after authentication, the handshake, and the
-// record tables a backup or a recovery carries. Each iteration must end in
+// peer: frames before and after authentication, the handshake, the record
+// tables a backup or a recovery carries, and the tags a peer sends. Each iteration must end in
 // a Status, never a crash (the sanitizer build runs these too). The seed is
 // fixed, so a failure reproduces; TCE_FUZZ_ITERATIONS scales the loops.
 #include <gtest/gtest.h>
@@ -8,14 +8,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <random>
 #include <thread>
 
 #include "cache/record_proto.h"
+#include "cache/tag_registry.h"
 #include "persist/crc.h"
 #include "ring/backup_store.h"
 #include "ring/peer_link.h"
+#include "ring/peer_server.h"
+#include "ring/tcp_transport.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
@@ -133,6 +137,59 @@ TEST(PeerFuzz, RecordTablesFromPeersAreCheckedNotTrusted) {
     (void)c;
   }
   close(fd);
+}
+
+// Mutated tags from an authenticated peer: each gets a verdict, the server
+// keeps serving, and what it holds passes the checks a client's tag does.
+TEST(PeerFuzz, TagsFromPeersAreCheckedNotTrusted) {
+  signal(SIGPIPE, SIG_IGN);
+  std::mt19937_64 rng(4);
+  std::unique_ptr<Transport> transport = NewTcpTransport(1);
+  BackupStore store(1 << 20);
+  PeerServerOptions po;
+  po.listen = "127.0.0.1:0";
+  po.token = "t";
+  po.io_timeout = 2000ms;
+  PeerServer server(po, transport.get(), &store);
+  ASSERT_TRUE(server.Start().ok());
+  std::unique_ptr<PeerLink> link;
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
+  int accepted = 0;
+  for (int it = 0; it < Iterations(2000); ++it) {
+    v1::PeerRequest req;
+    v1::TagInfo* t = req.mutable_tag()->mutable_tag();
+    t->set_job(rng() % 8 ? "job" : RandomBytes(rng, 8));
+    t->set_tag("step" + std::to_string(rng() % 16));
+    t->set_complete_unix_ns(static_cast<int64_t>(rng() % 3 ? rng() % 1000 : rng()));
+    t->set_world_size(static_cast<int32_t>(rng() % 4 ? rng() % 8 : rng()));
+    for (int i = 0, n = static_cast<int>(rng() % 5); i < n; ++i) {
+      v1::TagFile* f = t->add_files();
+      f->set_rank(static_cast<int32_t>(rng() % 4 ? rng() % 8 : rng()));
+      f->set_path(rng() % 4 ? "/ckpt/f" + std::to_string(rng() % 6) : RandomBytes(rng, 12));
+      f->set_size(rng());
+    }
+    req.mutable_tag()->set_owner_node(static_cast<int32_t>(rng() % 4 ? rng() % 4 : rng()));
+    std::string body = req.SerializeAsString();
+    if (rng() % 4 == 0)
+      for (int flips = 1 + static_cast<int>(rng() % 3); flips > 0; --flips)
+        body[rng() % body.size()] = static_cast<char>(rng());
+    v1::PeerRequest sent;
+    if (!sent.ParseFromString(body) || !sent.has_tag()) continue;  // a frame the server would not see as a tag
+    ASSERT_TRUE(link->Send(sent).ok());
+    v1::PeerReply reply;
+    ASSERT_TRUE(link->Recv(&reply).ok()) << "iteration " << it;
+    accepted += reply.code() == 0;
+  }
+  EXPECT_GT(accepted, 0);
+  for (int32_t node = 0; node < 4; ++node) {
+    for (HeldTag& h : store.Tags("job", node)) {
+      TagInfo copy = h.tag;
+      EXPECT_EQ(TagRegistry::Check(&copy), "") << h.tag.tag;
+      EXPECT_GT(h.tag.complete_unix_ns, 0);
+      for (const TagFile& f : h.tag.files) EXPECT_EQ(f.path.rfind("/ckpt/f", 0), 0u) << f.path;
+    }
+  }
+  server.Stop();
 }
 
 }  // namespace

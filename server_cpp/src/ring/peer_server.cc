@@ -11,8 +11,12 @@
 #include <cstring>
 
 #include "cache/record_proto.h"
+#include "cache/tag_proto.h"
+#include "cache/tag_registry.h"
 #include "common/logging.h"
+#include "common/validate.h"
 #include "persist/crc.h"
+#include "rpc/request_checks.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
@@ -220,6 +224,14 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
         b->set_size(h.file.size);
         b->set_version(h.file.version);  // save order: the asker pulls the newest first
       }
+      for (const HeldTag& t : store_->Tags(req.list().job(), req.list().owner_node())) {
+        Status may = MayRead(t.tag.job, link->peer(), t.owner);
+        if (!may.ok()) {
+          refused = may;
+          continue;
+        }
+        TagToProto(t.tag, list.add_tags());
+      }
       if (refused.ok() && cache_ && MayRead(req.list().job(), link->peer(), "").ok())
         list.set_own_files(cache_->InMemoryCount(req.list().job()));
       if (!refused.ok()) {
@@ -234,6 +246,8 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
     } else if (req.has_fetch()) {
       s = ServeFetch(link, req.fetch());
       continue;
+    } else if (req.has_tag()) {
+      result = HoldTag(link, req.tag());
     } else if (req.has_resync()) {
       if (cache_) cache_->ResendBackups(req.resync().job(), link->peer());
     } else {
@@ -244,6 +258,27 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
     reply.set_message(result.message());
     s = link->Send(reply);
   }
+}
+
+Status PeerServer::HoldTag(PeerLink* link, const v1::PeerTag& req) {
+  Status s = CheckTag(req.tag(), "tag");  // a peer's bytes are checked as a client's are
+  TagInfo tag = TagFromProto(req.tag());
+  if (s.ok()) {
+    const std::string why = TagRegistry::Check(&tag);
+    if (!why.empty()) s = Status::InvalidArgument(why);
+  }
+  if (s.ok() && tag.complete_unix_ns <= 0)
+    s = Status::InvalidArgument("tag " + tag.tag + " has no completion time");
+  if (s.ok() && (req.owner_node() < 0 || static_cast<size_t>(req.owner_node()) >= kMaxRingNodes))
+    s = Status::InvalidArgument("owner_node " + std::to_string(req.owner_node()) + " is outside a ring");
+  if (s.ok()) s = store_->HoldTag(HeldTag{tag, link->peer(), req.owner_node()});
+  if (!s.ok()) {
+    TCE_LOG(kWarning, "ring") << "refused a tag from " << link->peer() << ": " << s.ToString();
+    return s;
+  }
+  TCE_LOG(kInfo, "ring") << "holding tag job=" << tag.job << " tag=" << tag.tag << " of node "
+                         << req.owner_node() << " (" << link->peer() << ")";
+  return s;
 }
 
 Status PeerServer::MayRead(const std::string& job, const std::string& peer, const std::string& owner) {

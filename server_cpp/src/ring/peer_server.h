@@ -5,7 +5,9 @@
 // lets go of a copy; a held copy is sent back only to a member of its job's
 // ring (or, where this server does not know the ring, to the peer that sent
 // it); a file this server holds in its own cache is sent, with its record
-// CRCs, only to a member of its job's ring as this server was told it.
+// CRCs, only to a member of its job's ring as this server was told it; a
+// complete tag the predecessor recorded is kept (checked, bounded) and listed
+// back under the same rule as the copies.
 //
 // Anyone who can reach the port can open connections, so what a connection
 // costs before it authenticates is bounded: one handshake deadline, at most
@@ -75,6 +77,8 @@ class PeerServer {
   // Binds the parked lanes with the key to `link` (waiting for late ones).
   Status BindLanes(PeerLink* link, const v1::PeerLanes& req);
   Status ServeBackup(PeerLink* link, const v1::PeerBackup& req);
+  // Keeps a complete tag the peer recorded, once checked.
+  Status HoldTag(PeerLink* link, const v1::PeerTag& req);
   // A held copy, else (for a member of the job's ring) this server's own
   // file in memory. Sends the reply itself (header and bytes follow an OK).
   Status ServeFetch(PeerLink* link, const v1::PeerFetch& req);

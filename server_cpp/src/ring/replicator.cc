@@ -10,9 +10,12 @@
 #include <variant>
 
 #include "cache/record_proto.h"
+#include "cache/tag_proto.h"
+#include "cache/tag_registry.h"
 #include "common/logging.h"
 #include "persist/crc.h"
 #include "ring/backup_store.h"
+#include "rpc/request_checks.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
@@ -77,6 +80,18 @@ void Replicator::Loop() {
       }
       what = "backup of " + job.path;
       peer = job.peer;
+    } else if (const TagCopy* copy = std::get_if<TagCopy>(&next)) {
+      TagInfo tag;
+      int32_t node = 0;
+      if (!cache_->StartTagBackup(*copy, &tag, &peer, &node)) continue;
+      s = SendTag(tag, node, peer, &links);
+      if (s.ok()) {
+        TCE_LOG(kInfo, "ring") << "backed up tag job=" << tag.job << " tag=" << tag.tag << " to " << peer;
+      } else {  // again, after the backoff (to whoever is the successor then)
+        cache_->NoteBackupError("tag " + tag.tag + " to " + peer + ": " + s.ToString());
+        queue_.SendTag(*copy);
+      }
+      what = "backup of tag " + copy->tag;
     } else if (const DropCopy* drop = std::get_if<DropCopy>(&next)) {
       s = Drop(*drop, &links);
       // A drop that failed leaves a stale copy; the holder replaces it with the next version.
@@ -156,7 +171,29 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
     return Status::Unavailable("peer " + job.peer + " refused the list of job " + job.job + ": " +
                                list.message().substr(0, 1024));
   TCE_LOG(kInfo, "ring") << "recovering job=" << job.job << ": " << list.files_size()
-                         << " file(s) held by " << job.peer;
+                         << " file(s) and " << list.tags_size() << " tag(s) held by " << job.peer;
+  // The tags first (small): a job's discovery lists them as soon as they are back.
+  std::vector<TagInfo> tags;
+  for (int i = 0; i < list.tags_size(); ++i) {
+    TagInfo tag = TagFromProto(list.tags(i));
+    Status bad = CheckTag(list.tags(i), "tags[" + std::to_string(i) + "]");
+    if (bad.ok()) {
+      const std::string why = TagRegistry::Check(&tag);
+      if (!why.empty()) bad = Status::InvalidArgument(why);
+      else if (tag.job != job.job) bad = Status::PermissionDenied("a tag of job " + tag.job + ", not " + job.job);
+      else if (tag.complete_unix_ns <= 0) bad = Status::InvalidArgument("tag " + tag.tag + " has no completion time");
+    }
+    if (!bad.ok()) {
+      TCE_LOG(kWarning, "ring") << "refused a tag from " << job.peer << ": " << bad.ToString();
+      continue;
+    }
+    tags.push_back(std::move(tag));
+  }
+  if (!tags.empty()) {
+    const size_t kept = cache_->AdoptTags(job.job, std::move(tags));
+    TCE_LOG(kInfo, "ring") << "recovered " << kept << " complete tag(s) of job=" << job.job << " from "
+                           << job.peer;
+  }
   // The newest first (versions grow with every save on the owner): the
   // checkpoint a restarted job loads is back soonest.
   std::vector<const v1::PeerBackup*> order;
@@ -355,6 +392,18 @@ Status Replicator::SendWithChecksums(PeerLink* link, const BackupJob& job) {
   v1::PeerChecksums trailer;
   for (uint32_t c : crcs.crcs()) trailer.add_crc32(c);
   return link->Send(trailer);
+}
+
+Status Replicator::SendTag(const TagInfo& tag, int32_t node, const std::string& peer,
+                           std::map<std::string, std::unique_ptr<PeerLink>>* links) {
+  PeerLink* link = nullptr;
+  Status s = Link(peer, links, &link);
+  if (!s.ok()) return s;
+  v1::PeerRequest req;
+  TagToProto(tag, req.mutable_tag()->mutable_tag());
+  req.mutable_tag()->set_owner_node(node);
+  if (!(s = link->Send(req)).ok()) return s;
+  return Verdict(link, peer);
 }
 
 Status Replicator::Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links) {

@@ -1,6 +1,7 @@
 // Replicator: worker threads that do the ring's work (ring/backup_queue.h)
-// off the training rank's critical path: back committed files up to the
-// ring successor, tell a peer to drop a copy, recover a job's files. Each backup: the record
+// off the training rank's critical path: back committed files and complete
+// tags up to the ring successor, tell a peer to drop a copy, recover a job's
+// files and tags. Each backup: the record
 // CRCs (computed here, read-only, when persistence has not filled them in
 // yet), a PeerBackup header on an authenticated link, the bytes through the
 // transport, and the peer's verdict. A failure (peer down, link cut, refused)
@@ -57,6 +58,9 @@ class Replicator {
   // One job of each kind: a file to the successor, a copy a peer lets go of.
   Status Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   Status Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  // A complete tag this node recorded, for `peer` (the successor) to hold.
+  Status SendTag(const TagInfo& tag, int32_t node, const std::string& peer,
+                 std::map<std::string, std::unique_ptr<PeerLink>>* links);
   // The peer's answer to a backup or a drop.
   Status Verdict(PeerLink* link, const std::string& peer);
   // The bytes, checksummed chunk by chunk as they go, then the CRCs.

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "cache/cache.h"
+#include "cache/tag_proto.h"
 #include "persist/crc.h"
 #include "ring/backup_store.h"
 #include "ring/peer_link.h"
@@ -310,6 +311,126 @@ TEST(DeviceFilter, EnvironmentPrecedence) {
   unsetenv("NCCL_IB_HCA");
   EXPECT_EQ(DeviceSpecFromEnv(&var), "");
   EXPECT_EQ(var, "");
+}
+
+TagInfo HeldTagInfo(const std::string& job, const std::string& name, int64_t complete, size_t files,
+                    size_t path_bytes = 16) {
+  TagInfo t;
+  t.job = job;
+  t.tag = name;
+  t.complete_unix_ns = complete;
+  t.world_size = static_cast<int32_t>(files);
+  for (size_t i = 0; i < files; ++i)
+    t.files.push_back(TagFile{static_cast<int32_t>(i), "/" + std::string(path_bytes, 'p') + std::to_string(i), 1});
+  return t;
+}
+
+TEST(BackupStore, HoldsTagsPerOwnerNewestWinsAndBounded) {
+  BackupStore store(0);
+  ASSERT_TRUE(store.HoldTag(HeldTag{HeldTagInfo("j", "s2", 200, 2), "a:1", 0}).ok());
+  ASSERT_TRUE(store.HoldTag(HeldTag{HeldTagInfo("j", "s1", 100, 2), "a:1", 0}).ok());
+  ASSERT_TRUE(store.HoldTag(HeldTag{HeldTagInfo("j", "s1", 50, 3), "a:1", 0}).ok());  // older: ignored
+  ASSERT_TRUE(store.HoldTag(HeldTag{HeldTagInfo("j", "x", 10, 1), "b:1", 1}).ok());  // another owner
+  std::vector<HeldTag> tags = store.Tags("j", 0);
+  ASSERT_EQ(tags.size(), 2u);
+  EXPECT_EQ(tags[0].tag.tag, "s1");  // oldest first
+  EXPECT_EQ(tags[0].tag.files.size(), 2u);
+  EXPECT_EQ(tags[1].tag.tag, "s2");
+  EXPECT_EQ(tags[1].owner, "a:1");
+  EXPECT_EQ(store.Tags("j", 1).size(), 1u);
+  EXPECT_TRUE(store.Tags("j", 2).empty());
+  EXPECT_EQ(store.Stats().tags, 3u);
+
+  // One tag bigger than an owner's share is refused; many push out the oldest.
+  const TagInfo huge = HeldTagInfo("j", "huge", 300, 4200, 4000);
+  ASSERT_GT(BackupStore::TagBytes(huge), BackupStore::kMaxTagBytesPerOwner);
+  EXPECT_EQ(store.HoldTag(HeldTag{huge, "a:1", 0}).code(), Status::Code::kResourceExhausted);
+  const TagInfo big = HeldTagInfo("j", "big", 0, 1024, 4000);  // ~4 MiB
+  const size_t fit = BackupStore::kMaxTagBytesPerOwner / BackupStore::TagBytes(big);
+  for (size_t i = 0; i < fit + 2; ++i) {
+    TagInfo t = big;
+    t.tag = "big" + std::to_string(i);
+    t.complete_unix_ns = 1000 + static_cast<int64_t>(i);
+    ASSERT_TRUE(store.HoldTag(HeldTag{t, "a:1", 0}).ok());
+  }
+  tags = store.Tags("j", 0);
+  ASSERT_EQ(tags.size(), fit);
+  EXPECT_EQ(tags.front().tag.tag, "big2");  // s1, s2, big0 and big1 went
+  EXPECT_EQ(tags.back().tag.tag, "big" + std::to_string(fit + 1));
+  // Over all owners, the total is bounded too.
+  Status s;
+  for (int owner = 1; s.ok() && owner < 1000; ++owner) {
+    for (size_t i = 0; s.ok() && i < fit; ++i) {
+      TagInfo t = big;
+      t.tag = "big" + std::to_string(i);
+      s = store.HoldTag(HeldTag{t, "c:1", owner});
+    }
+  }
+  EXPECT_EQ(s.code(), Status::Code::kResourceExhausted) << s.ToString();
+  EXPECT_NE(s.message().find("the most a server holds for its peers"), std::string::npos) << s.message();
+  EXPECT_LE((store.Stats().tags - 1) * BackupStore::TagBytes(big), BackupStore::kMaxTagBytes);  // all but "x" are big
+}
+
+// A peer's tags end to end: checked when they arrive, held, listed back to
+// the peer that sent them, refused to another (this server knows no ring).
+TEST(PeerServer, HoldsAPeersCheckedTagsAndListsThemBack) {
+  signal(SIGPIPE, SIG_IGN);
+  std::unique_ptr<Transport> transport = NewTcpTransport(1);
+  BackupStore store(64 << 20);
+  PeerServerOptions po;
+  po.listen = "127.0.0.1:0";
+  po.token = "t";
+  po.io_timeout = 2000ms;
+  PeerServer server(po, transport.get(), &store);
+  ASSERT_TRUE(server.Start().ok());
+  std::unique_ptr<PeerLink> link;
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
+  auto send = [&](const TagInfo& t, int32_t node) {
+    v1::PeerRequest req;
+    TagToProto(t, req.mutable_tag()->mutable_tag());
+    req.mutable_tag()->set_owner_node(node);
+    v1::PeerReply reply;
+    EXPECT_TRUE(link->Send(req).ok());
+    EXPECT_TRUE(link->Recv(&reply).ok());
+    return reply;
+  };
+  EXPECT_EQ(send(HeldTagInfo("j", "step4", 400, 2), 0).code(), 0);
+  TagInfo relative = HeldTagInfo("j", "bad", 500, 1);
+  relative.files[0].path = "rel/x";
+  v1::PeerReply r = send(relative, 0);
+  EXPECT_EQ(r.code(), static_cast<int>(Status::Code::kInvalidArgument));
+  EXPECT_NE(r.message().find("tag.files[0].path"), std::string::npos) << r.message();
+  TagInfo outside = HeldTagInfo("j", "bad", 500, 1);
+  outside.files[0].rank = 3;
+  EXPECT_EQ(send(outside, 0).code(), static_cast<int>(Status::Code::kInvalidArgument));
+  EXPECT_EQ(send(HeldTagInfo("j", "bad", 0, 1), 0).code(), static_cast<int>(Status::Code::kInvalidArgument));
+  r = send(HeldTagInfo("j", "bad", 500, 1), -1);
+  EXPECT_NE(r.message().find("owner_node -1 is outside a ring"), std::string::npos) << r.message();
+  TagInfo nul = HeldTagInfo("j", "bad", 500, 1);
+  nul.job = std::string("j\0x", 3);
+  EXPECT_EQ(send(nul, 0).code(), static_cast<int>(Status::Code::kInvalidArgument));
+  EXPECT_EQ(store.Stats().tags, 1u);  // only the good one
+
+  v1::PeerRequest list;
+  list.mutable_list()->set_job("j");
+  list.mutable_list()->set_owner_node(0);
+  v1::PeerListReply got;
+  ASSERT_TRUE(link->Send(list).ok());
+  ASSERT_TRUE(link->Recv(&got).ok());
+  EXPECT_EQ(got.code(), 0) << got.message();
+  ASSERT_EQ(got.tags_size(), 1);
+  EXPECT_EQ(got.tags(0).tag(), "step4");
+  EXPECT_EQ(got.tags(0).complete_unix_ns(), 400);
+  ASSERT_EQ(got.tags(0).files_size(), 2);
+  EXPECT_EQ(got.tags(0).files(1).rank(), 1);
+
+  std::unique_ptr<PeerLink> other;  // authenticated, but not who sent the tag
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "other:2", "t", 2000ms, &other).ok());
+  ASSERT_TRUE(other->Send(list).ok());
+  ASSERT_TRUE(other->Recv(&got).ok());
+  EXPECT_EQ(got.code(), static_cast<int>(Status::Code::kPermissionDenied));
+  EXPECT_EQ(got.tags_size(), 0);
+  server.Stop();
 }
 
 // Lanes end to end: OpenLanes against a real PeerServer, a striped backup

@@ -88,21 +88,24 @@ Status CheckRequest(const v1::WaitRequest& r, int64_t* timeout_ms) {
   return s;
 }
 
-Status CheckRequest(const v1::CommitTagRequest& r) {
-  const v1::TagInfo& t = r.tag();
-  Status s = First([&] { return Session(r.session()); },
-                   [&] { return ValidateName("tag.job", t.job(), false, true); },
-                   [&] { return Tag(t.tag(), "tag.tag"); },
-                   [&] { return Count("tag.files", t.files_size(), kMaxFilesPerTag); });
+Status CheckTag(const v1::TagInfo& t, const std::string& field) {
+  Status s = First([&] { return ValidateName(field + ".job", t.job(), false, true); },
+                   [&] { return Tag(t.tag(), field + ".tag"); },
+                   [&] { return Count((field + ".files").c_str(), t.files_size(), kMaxFilesPerTag); });
   if (s.ok() && (t.world_size() < 1 || t.world_size() > kMaxWorldSize))
-    s = Status::InvalidArgument("tag.world_size: must be in [1, " + std::to_string(kMaxWorldSize) +
+    s = Status::InvalidArgument(field + ".world_size: must be in [1, " + std::to_string(kMaxWorldSize) +
                                 "], got " + std::to_string(t.world_size()));
   for (int i = 0; s.ok() && i < t.files_size(); ++i) {
-    const std::string field = Nth("tag.files", i);
-    s = ValidatePath(t.files(i).path(), field + ".path");
-    if (s.ok()) s = ValidateRank(field + ".rank", t.files(i).rank());
+    const std::string f = Nth((field + ".files").c_str(), i);
+    s = ValidatePath(t.files(i).path(), f + ".path");
+    if (s.ok()) s = ValidateRank(f + ".rank", t.files(i).rank());
   }
   return s;
+}
+
+Status CheckRequest(const v1::CommitTagRequest& r) {
+  Status s = Session(r.session());
+  return s.ok() ? CheckTag(r.tag(), "tag") : s;
 }
 
 Status CheckRequest(const v1::ListTagsRequest& r) {

@@ -4,6 +4,7 @@
 
 #include "cache/file_state_proto.h"
 #include "cache/record_proto.h"
+#include "cache/tag_proto.h"
 #include "rpc/request_checks.h"
 
 namespace tce {
@@ -45,18 +46,7 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
   RecordsToProto(f.records, out->mutable_records());
 }
 
-void ToProto(const TagInfo& t, v1::TagInfo* out) {
-  out->set_job(t.job);
-  out->set_tag(t.tag);
-  out->set_complete_unix_ns(t.complete_unix_ns);
-  out->set_world_size(t.world_size);
-  for (const TagFile& f : t.files) {
-    v1::TagFile* p = out->add_files();
-    p->set_rank(f.rank);
-    p->set_path(f.path);
-    p->set_size(f.size);
-  }
-}
+void ToProto(const TagInfo& t, v1::TagInfo* out) { TagToProto(t, out); }
 
 CacheService::CacheService(Cache* cache, std::string socket_path, MetaWriter* meta,
                            std::string metadata_url, BackupStore* backups, std::string peer_endpoint)
@@ -214,6 +204,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
     BackupStoreStats b = backups_->Stats();
     resp->set_held_backups(b.files);
     resp->set_held_backup_bytes(b.bytes);
+    resp->set_held_tags(b.tags);
     resp->set_backup_budget_bytes(b.budget);
   }
   if (meta_) {
@@ -249,20 +240,23 @@ grpc::Status CacheService::Wait(grpc::ServerContext*, const v1::WaitRequest* req
 grpc::Status CacheService::CommitTag(grpc::ServerContext*, const v1::CommitTagRequest* req,
                                      v1::CommitTagResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
-  TagInfo t;
-  t.job = req->tag().job();
-  t.tag = req->tag().tag();
-  t.world_size = req->tag().world_size();
-  for (const auto& f : req->tag().files()) t.files.push_back(TagFile{f.rank(), f.path(), f.size()});
+  TagInfo t = TagFromProto(req->tag());
+  t.complete_unix_ns = 0;  // the server's to set
   TagInfo out;
   tce::Status s = cache_->CommitTag(req->session(), std::move(t), &out);
   if (s.ok()) ToProto(out, resp->mutable_tag());
   return ToGrpc(s);
 }
 
-grpc::Status CacheService::ListTags(grpc::ServerContext*, const v1::ListTagsRequest* req,
+grpc::Status CacheService::ListTags(grpc::ServerContext* ctx, const v1::ListTagsRequest* req,
                                     v1::ListTagsResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
+  if (req->wait_for_restore()) {  // the tags come back with the files
+    bool admin = false;  // only a caller with a session waits
+    tce::Status s = cache_->CheckCaller(req->session(), &admin);
+    if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx));
+    if (!s.ok()) return ToGrpc(s);
+  }
   std::vector<TagInfo> tags;
   tce::Status s = cache_->ListTags(req->session(), req->job(), &tags);
   for (const TagInfo& t : tags) ToProto(t, resp->add_tags());
