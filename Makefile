@@ -20,7 +20,7 @@ STAMPS      := build/.stamps
 APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
 	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev libfuse2 clang \
-	podman runc catatonit debootstrap
+	podman runc catatonit debootstrap iptables
 
 .PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py demo bench image clean
 

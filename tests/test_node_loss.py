@@ -9,12 +9,16 @@ twice and is SIGKILLed on every node; it is also the uninterrupted reference
 1's server is SIGKILLed and a replacement with empty memory takes its place;
 the job restarts on every node and must resume bit for bit. Then nodes 1 and
 2 are lost together: without storage the load raises naming the files that
-are gone; with storage it resumes from storage and says so.
+are gone; with storage it resumes from storage and says so. Last, node 1
+loses its ring link before the newest save and then dies: the newest tag's
+copy never left it, and the job resumes from the tag before.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -53,9 +57,15 @@ class Cluster:
 
     def lose(self, *nodes: int) -> None:
         """SIGKILL the nodes' servers (memory gone), then start replacements."""
+        self.kill(*nodes)
+        self.replace(*nodes)
+
+    def kill(self, *nodes: int) -> None:
         for i in nodes:
             self.servers[i].kill()
             self.retired.append(self.servers[i])
+
+    def replace(self, *nodes: int) -> None:
         for i in nodes:
             self.servers[i] = self._start(i)
 
@@ -93,22 +103,23 @@ def _run(cluster: Cluster, stage: int, ckpt, out, extra: list[str], *, ready: bo
                out=out, job=JOB, ready=ready, nodes=cluster.nodes, sockets=cluster.sockets)
 
 
-def _assert_resumed(reference: list[dict], resumed: list[dict]) -> None:
-    """Parameters and optimizer state at the load, the next steps' losses and
-    the final state equal the uninterrupted run's, bit for bit."""
+def _assert_resumed(reference: list[dict], resumed: list[dict], at: int = RESUME_AT) -> None:
+    """Parameters and optimizer state at the load (of the tag saved at step
+    ``at``), the next steps' losses and the final state equal the
+    uninterrupted run's, bit for bit."""
     for rank, (a, b) in enumerate(zip(reference, resumed)):
-        assert f"/global_step{RESUME_AT}/" in b["loaded_path"], b["loaded_path"]
-        _same_state(a["saved"][RESUME_AT], b["at_load"], f"rank {rank} at the load:")
-        for step in range(RESUME_AT + 1, STEPS + 1):
+        assert f"/global_step{at}/" in b["loaded_path"], b["loaded_path"]
+        _same_state(a["saved"][at], b["at_load"], f"rank {rank} at the load:")
+        for step in range(at + 1, STEPS + 1):
             assert a["losses"][step] == b["losses"][step], f"rank {rank} step {step} loss"
         _same_state(a["final"], b["final"], f"rank {rank} at the end:")
 
 
-def _first_run(cluster: Cluster, stage: int, ckpt, tmp_path, extra=()) -> list[dict]:
-    """Trains, saves at SAVE_AT, then every rank is SIGKILLed (the node
+def _first_run(cluster: Cluster, stage: int, ckpt, tmp_path, extra=(), save_at=SAVE_AT) -> list[dict]:
+    """Trains, saves at ``save_at``, then every rank is SIGKILLed (the node
     failure takes the job down). Returns its dumps: the reference."""
     run = _run(cluster, stage, ckpt, tmp_path / "first",
-               ["--save-at", ",".join(map(str, SAVE_AT)), *extra], ready=True)
+               ["--save-at", ",".join(map(str, save_at)), *extra], ready=True)
     reference = run.wait()
     cluster.wait_backed_up()
     return reference
@@ -166,5 +177,56 @@ def test_zero3_resumes_from_the_ring_then_from_storage(tmp_path, nodes3):
         assert from_storage[2]["loads"]["storage"] == 0  # node 2's files came back from node 0
         assert f"[TCE] tag 'global_step{RESUME_AT}': " in run.logs(), run.logs()
         assert "load from storage: " + str(ckpt / f"global_step{RESUME_AT}" / "zero_pp_rank_1_") in run.logs()
+    finally:
+        cluster.close()
+
+
+def _iptables(nodes: Nodes, i: int, op: str, rule: list[str]) -> None:
+    subprocess.run([*nodes.exec_prefix(i), "iptables", op, *rule], check=True, capture_output=True,
+                   timeout=30)
+
+
+def test_zero2_falls_back_to_the_newest_tag_the_ring_still_holds(tmp_path, nodes3):
+    """ZeRO-2, no storage. global_step2 is backed up around the ring; then
+    node 1's link to its successor is cut (the ring port only: gloo goes
+    on), so its shard of global_step4 stays in its memory alone, and node 1
+    dies. 'latest' names global_step4; load_checkpoint warns, naming the
+    shard that is gone, and every rank loads global_step2 from the ring."""
+    if shutil.which("iptables") is None:
+        pytest.skip("needs iptables (make setup installs it)")
+    ckpt = tmp_path / "ckpt"
+    cluster = Cluster(tmp_path, nodes3)
+    block = ["OUTPUT", "-p", "tcp", "-d", nodes3.addresses[2], "--dport", "7070",
+             "-j", "REJECT", "--reject-with", "tcp-reset"]
+    try:
+        # Saves at 2 only, trains on to STEPS: the reference from step 2 on.
+        reference = _first_run(cluster, 2, ckpt, tmp_path, save_at=(2,))
+
+        _iptables(nodes3, 1, "-A", block)  # gone with the namespace at the end
+        second = _run(cluster, 2, ckpt, tmp_path / "second", ["--load", "--save-at", "4"], ready=True).wait()
+        assert all("/global_step2/" in r["loaded_path"] for r in second)
+        assert (ckpt / "latest").read_text() == "global_step4"
+        shard = str(ckpt / "global_step4" / "zero_pp_rank_1_mp_rank_00_optim_states.pt")
+        peer = f"{nodes3.addresses[2]}:7070"
+        deadline = time.monotonic() + 60  # nodes 0 and 2 back step 4 up; node 1 tries and fails
+        while not (all(f.backup_holder for i in (0, 2) for f in cluster.files(i))
+                   and f"backup of {shard} with {peer} failed" in cluster.log(1)):
+            assert time.monotonic() < deadline, cluster.log(1)
+            time.sleep(0.2)
+        node1 = {f.path: f.backup_holder for f in cluster.files(1)}
+        assert node1[shard] == "", node1  # the copy never left node 1
+        assert node1[shard.replace("global_step4", "global_step2")] == peer, node1
+
+        cluster.kill(1)
+        _iptables(nodes3, 1, "-D", block)  # the rule outlives the server: the replacement needs the link
+        cluster.replace(1)
+        run = _run(cluster, 2, ckpt, tmp_path / "resumed", ["--load"])
+        resumed = run.wait()
+        _assert_resumed(reference, resumed, at=2)
+        assert [r["loads"]["storage"] for r in resumed] == [0, 0, 0]
+        assert "recovered 1 of 1 file(s) of job=" + JOB in cluster.log(1)  # step 2's shard only
+        logs = "\n".join(p.read_text() for p in run.log_paths)
+        assert (f"'latest' in {ckpt} names 'global_step4', whose files are lost (not cached and not "
+                f"on storage: {shard}); loading 'global_step2', the newest recoverable tag") in logs, logs
     finally:
         cluster.close()
