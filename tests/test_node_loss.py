@@ -7,8 +7,9 @@ namespace addresses), "checkpoint_engine": "tce". A first run trains, saves
 twice and is SIGKILLed on every node; it is also the uninterrupted reference
 (tests/ds_train.py dumps its state at every save and at the end). Then node
 1's server is SIGKILLed and a replacement with empty memory takes its place;
-the job restarts on every node and must resume bit for bit. Then nodes 1 and
-2 are lost together: without storage the load raises naming the files that
+the job restarts on every node and must resume bit for bit; then node 0, where
+rank 0 recorded the complete tags, and the tags come back from the ring with
+its files. Then nodes 1 and 2 are lost together: without storage the load raises naming the files that
 are gone; with storage it resumes from storage and says so. Last, node 1
 loses its ring link before the newest save and then dies: the newest tag's
 copy never left it, and the job resumes from the tag before.
@@ -88,6 +89,18 @@ class Cluster:
             assert time.monotonic() < deadline, "the backups did not complete"
             time.sleep(0.2)
 
+    def wait_held_tags(self, i: int, n: int, timeout: float = 60) -> None:
+        """Node i holds n complete tags of its predecessor's."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with _knobs.override(socket=self.servers[i].socket):
+                held = int(api.status()["held_tags"])
+                api.close()
+            if held == n:
+                return
+            assert time.monotonic() < deadline, f"node {i} holds {held} tags, not {n}"
+            time.sleep(0.2)
+
     def close(self) -> None:
         for s in self.servers:
             s.stop()
@@ -127,7 +140,9 @@ def _first_run(cluster: Cluster, stage: int, ckpt, tmp_path, extra=(), save_at=S
 
 def test_zero2_resumes_from_the_ring_after_losing_a_node(tmp_path, nodes3):
     """ZeRO-2, no storage at all: the model file lives only in node 0's cache
-    (and its copy at node 1), every optimizer shard in its own node's."""
+    (and its copy at node 1), every optimizer shard in its own node's. Node
+    1 is lost, then node 0 (with the tags rank 0 recorded), then nodes 1 and
+    2 together."""
     ckpt = tmp_path / "ckpt"
     cluster = Cluster(tmp_path, nodes3)
     try:
@@ -141,6 +156,17 @@ def test_zero2_resumes_from_the_ring_after_losing_a_node(tmp_path, nodes3):
         assert "recovered 2 of 2 file(s) of job=" + JOB in cluster.log(1)  # rank 1's two files
         log = cluster.log(1)  # the newest checkpoint came back first
         assert log.index("global_step4/zero_pp_rank_1_") < log.index("global_step2/zero_pp_rank_1_"), log
+
+        # Node 0, where rank 0 recorded the complete tags: they come back
+        # from node 1 (node 1's replacement was sent them again) with node
+        # 0's files, and DeepSpeed's discovery finds every tag again.
+        cluster.wait_backed_up()
+        cluster.wait_held_tags(1, 2)
+        cluster.lose(0)
+        resumed = _run(cluster, 2, ckpt, tmp_path / "resumed-node0", ["--load"]).wait()
+        _assert_resumed(reference, resumed)
+        assert [r["loads"]["storage"] for r in resumed] == [0, 0, 0]
+        assert "recovered 2 complete tag(s) of job=" + JOB in cluster.log(0), cluster.log(0)
 
         # Nodes 1 and 2 together: node 1's copies died with node 2.
         cluster.lose(1, 2)

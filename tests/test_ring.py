@@ -254,6 +254,44 @@ def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3, tra
 
 
 @pytest.mark.multinode
+def test_a_replaced_node_gets_its_complete_tags_back_from_the_ring(tmp_path, nodes3, transport):
+    """Node 0 recorded the job's complete tags (rank 0 reports them to its
+    own server) and is lost, memory and all. Its successor held the tags,
+    and the fresh server, told the ring, lists them again with their
+    completion times: a list that waits for the restore sees them."""
+    def start(i, name):
+        return _ring_server(tmp_path, transport, name, netns=nodes3.names[i],
+                            listen=f"{nodes3.addresses[i]}:7070")
+
+    servers = [start(i, f"n{i}") for i in range(3)]
+    try:
+        endpoints = _set_ring(servers)
+        recorded = []
+        with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
+            for step in (1, 2):
+                tce.save({"w": torch.full((10,), float(step))}, f"/ckpt/s{step}/rank0.pt",
+                         tag=f"s{step}", rank=0)
+                files = [pb.TagFile(rank=r, path=f"/ckpt/s{step}/rank{r}.pt", size=100 + r) for r in (0, 1)]
+                recorded.append(_service.client().commit_tag(
+                    pb.TagInfo(job="ring-job", tag=f"s{step}", world_size=2, files=files)))
+            api.close()
+        _until(lambda: int(_status(servers[1])["held_tags"]) == 2, what="the tags held at node 1")
+        assert int(_status(servers[2])["held_tags"]) == 0  # the successor only
+
+        servers[0].kill()
+        servers[0] = start(0, "n0-again")
+        _set_ring_on(servers[0], 0, endpoints)
+        with _knobs.override(socket=servers[0].socket):
+            got = _service.client().list_tags("ring-job", wait_for_restore=True)
+            api.close()
+        assert got == recorded  # names, completion times, files and sizes
+        assert "recovered 2 complete tag(s) of job=ring-job from " + endpoints[1] in servers[0].log()
+        assert "/ckpt/s2/rank0.pt" in _files(servers[0])  # and the files came back with them
+    finally:
+        _stop(*servers)
+
+
+@pytest.mark.multinode
 def test_a_restarted_server_rejoins_its_ring_from_metadata(tmp_path, nodes3, transport):
     """Node 1's server dies (SIGKILL, memory gone) and comes back on the same
     endpoint with its metadata. Nobody tells it the ring: it finds the ring in
@@ -632,7 +670,7 @@ def test_tce_status_shows_the_ring(tmp_path, transport):
         assert f"ring      peer {_status(a)['peer_endpoint']} ({transport}); backup queue 0" in p.stdout
         assert "0 file(s) recovered from the ring, 0 copies refused against metadata's CRCs, 0 remote read(s)" \
             in p.stdout, p.stdout
-        assert "holding 0 predecessor file(s), 0 B of 256.0 MiB" in p.stdout, p.stdout
+        assert "holding 0 predecessor file(s), 0 B of 256.0 MiB, and 0 of its complete tag(s)" in p.stdout, p.stdout
     finally:
         _stop(a)
 

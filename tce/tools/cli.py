@@ -70,7 +70,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{st['backup_failures']} failed attempts"
               + (f" (last: {st['backup_error']})" if st.get("backup_error") else ""))
         print(f"          holding {st['held_backups']} predecessor file(s), "
-              f"{_human(int(st['held_backup_bytes']))} of {_human(int(st['backup_budget_bytes']))}")
+              f"{_human(int(st['held_backup_bytes']))} of {_human(int(st['backup_budget_bytes']))}, "
+              f"and {st.get('held_tags', 0)} of its complete tag(s)")
         print(f"          {st.get('recovered_files', 0)} file(s) recovered from the ring, "
               f"{st.get('ring_checksum_mismatches', 0)} copies refused against metadata's CRCs, "
               f"{st.get('remote_reads', 0)} remote read(s), "
