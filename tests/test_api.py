@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import tce
-from tce import _service
+from tce import _service, api
 from tce.core import _knobs
 from tce.core._staging import StagedSave
+from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 from conftest import run_python
 from helpers import assert_same, every_dtype, sample_tensor
@@ -178,6 +179,51 @@ def test_steady_state_save_needs_no_mmap_no_fd_and_no_faults(server, tmp_path):
     assert client.status().buffers_created == st.buffers_created
     assert faults < pages * 0.02, f"{faults} page faults for {pages} pages written"
     assert torch.equal(tce.load(path, weights_only=True)["layer0"], sd["layer0"])
+
+
+def test_a_first_save_is_written_with_pwrite_then_the_buffer_is_mapped(tmp_path):
+    """A large save into a buffer this process has not mapped goes by pwrite
+    (no page tables set up on the save's path); the buffer is mapped in the
+    background, and saves into it after are plain copies (no fd, no
+    pwrite). The file is the same torch zip either way: loaded from the
+    cache and, once persisted, by torch.load from storage."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    server = LocalServer(memory_budget="1GiB", storage_roots=[str(storage)],
+                         extra_args=["--memory-backing", "4k"]).start()
+    try:
+        with _knobs.override(socket=server.socket, job="pwrite", on_unavailable="raise"):
+            client = _service.client()
+            sd = {f"layer{i}": torch.randn(1 << 20) for i in range(20)}  # 80 MiB
+            sd["half"] = sd["layer0"][::2]  # a view: shares layer0's storage
+            sd["ints"] = torch.arange(1000, dtype=torch.int16)
+            sd["step"] = 7
+            path = str(storage / "model.pt")
+            tce.save(sd, path)
+            assert client.pwrite_saves == 1
+            got = tce.load(path, weights_only=True)
+            assert_same(got, sd)
+            assert got["half"].untyped_storage().data_ptr() == got["layer0"].untyped_storage().data_ptr()
+            del got
+            tce.wait(path)
+            assert_same(torch.load(path, weights_only=True), sd)  # no TCE in the way: the bytes on disk
+            sd["layer1"].add_(1)
+            tce.save(sd, path)  # the second buffer (the first holds the cached file)
+            assert client.pwrite_saves == 2
+            tce.wait(path)  # persisted: the older buffer is free again
+            fd_requests = client.fd_requests
+            for step in range(4):
+                sd["layer2"].fill_(step)
+                tce.save(sd, path)
+                tce.wait(path)
+            assert client.pwrite_saves == 2 and client.fd_requests == fd_requests
+            assert client.mapped_buffers == 2
+            assert_same(tce.load(path, weights_only=True), sd)
+            assert_same(torch.load(path, weights_only=True), sd)
+            api.close()
+    finally:
+        server.stop()
+        server.cleanup()
 
 
 def test_save_falls_back_to_torch_save_when_server_unreachable(tmp_path):

@@ -14,6 +14,7 @@ sent with the next call.
 from __future__ import annotations
 
 import collections
+import ctypes
 import errno
 import logging
 import mmap
@@ -73,12 +74,17 @@ def _advise_huge(mm: mmap.mmap) -> None:
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
 def _populate(mm: mmap.mmap, tensor: torch.Tensor, page: int) -> None:
-    """Fault in every page of a mapping now (read faults)."""
-    try:
-        mm.madvise(_MADV_POPULATE_READ)
-    except OSError:  # an older kernel: touch a byte per page
-        tensor[::page].max()
+    """Fault in every page of a mapping now (read faults). Through ctypes,
+    which lets go of the GIL for the call (``mmap.madvise`` holds it, and
+    populating a GiB of 4 KiB pages takes tenths of a second that no other
+    thread of the process could run)."""
+    if _libc.madvise(tensor.data_ptr(), len(mm), _MADV_POPULATE_READ) != 0:
+        tensor[::page].max()  # an older kernel: touch a byte per page
 
 
 def _map_private(fd: int, size: int) -> tuple[mmap.mmap, bool]:
@@ -120,6 +126,10 @@ def _map_private(fd: int, size: int) -> tuple[mmap.mmap, bool]:
 
 
 _copy_logged = False
+
+# A save of at least this many bytes into a buffer not mapped here yet
+# writes it with pwrite (FdStaging): below, a mapping costs little.
+PWRITE_MIN_BYTES = 64 << 20
 
 
 class _Mapping:
@@ -193,9 +203,12 @@ class Client:
             ],
         )
         self._stub = pb_grpc.CacheStub(self._channel)
-        self._lock = threading.Lock()  # guards _mappings and _unmapped
+        self._lock = threading.Lock()  # guards _mappings, _premapping, _retired and _unmapped
         self._fd_lock = threading.Lock()  # one request/reply at a time on the fd socket
         self._mappings: dict[int, _Mapping] = {}
+        self._premapping: dict[int, threading.Event] = {}  # buffers being mapped in the background
+        self.pwrite_saves = 0  # saves written with pwrite into a buffer not mapped yet
+        self._retired: set[int] = set()  # of those, the ones the server retired meanwhile
         self._unmapped: list[int] = []
         self._released: collections.deque[int] = collections.deque()  # appended by finalizers
         self._leases: dict[int, weakref.ref] = {}  # live lease id -> its private mapping
@@ -234,6 +247,8 @@ class Client:
             with self._lock:
                 m = self._mappings.pop(buffer_id, None)
                 self._unmapped.append(buffer_id)
+                if buffer_id in self._premapping:  # dropped when its mapping is made
+                    self._retired.add(buffer_id)
             if m is not None:
                 m.close()
                 log.debug("unmapped retired buffer %d", buffer_id)
@@ -316,14 +331,65 @@ class Client:
                 raise
 
         try:
-            m = self._writable_mapping(resp.buffer_id, resp.capacity)
-            staging = _staging.Staging(plan, m)
+            staging = self._staging_for(plan, resp.buffer_id, resp.capacity)
         except BaseException:
             self._abort(resp.allocation_id)
             raise
         if blocking:
             return commit(staging)
         return _staging.submit(path, plan.size, lambda: commit(staging))
+
+    def _staging_for(self, plan: _layout.Plan, buffer_id: int, capacity: int) -> Any:
+        """How a save reaches the buffer: through this process's mapping of
+        it; or, for a large save of host memory into a buffer not mapped here
+        yet, by ``pwrite`` (no page-table setup on the save's path), the
+        buffer then mapped in the background for the saves after it (a save
+        into it meanwhile waits for that mapping, then copies)."""
+        with self._lock:
+            m = self._mappings.get(buffer_id)
+            mapping = self._premapping.get(buffer_id)
+        if m is None and mapping is None and plan.size >= PWRITE_MIN_BYTES and \
+                all(s.device.type == "cpu" for s in plan.storages):
+            fd = self._request_fd(buffer_id)
+            self.pwrite_saves += 1
+            return _staging.FdStaging(plan, fd, then=lambda: self._map_later(buffer_id, capacity, fd))
+        if m is None and mapping is not None:
+            mapping.wait()
+            with self._lock:
+                m = self._mappings.get(buffer_id)
+        if m is None:
+            m = self._writable_mapping(buffer_id, capacity)
+        return _staging.Staging(plan, m)
+
+    def _map_later(self, buffer_id: int, capacity: int, fd: int) -> None:
+        """Maps the buffer (and faults it in) on a thread of its own: the
+        next save into it is a plain copy. The mapping is dropped if the
+        server retired the buffer meanwhile."""
+        mine = os.dup(fd)
+        done = threading.Event()
+        with self._lock:
+            self._premapping[buffer_id] = done
+
+        def run() -> None:
+            m = None
+            try:
+                m = _Mapping(buffer_id, capacity, mine)
+            except (OSError, ValueError) as e:
+                log.debug("mapping buffer %d in the background failed: %s", buffer_id, e)
+            finally:
+                os.close(mine)
+            with self._lock:
+                del self._premapping[buffer_id]
+                keep = m is not None and not self.closed and buffer_id not in self._retired \
+                    and buffer_id not in self._mappings
+                if keep:
+                    self._mappings[buffer_id] = m
+                self._retired.discard(buffer_id)
+            if m is not None and not keep:
+                m.close()
+            done.set()
+
+        threading.Thread(target=run, name="tce-map", daemon=True).start()
 
     def _allocate(self, *, job: str, tag: str, rank: int, path: str, size: int) -> Any:
         """Allocate a buffer for a file of ``size`` bytes at ``path``."""

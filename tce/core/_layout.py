@@ -322,6 +322,14 @@ class Plan:
             if rec.size
         ]
 
+    def storage_offsets(self) -> list[tuple[int, torch.UntypedStorage]]:
+        """(offset in the file, storage) of the non-empty storages."""
+        return [
+            (rec.data_offset, storage)
+            for rec, storage in zip(self._layout.records[4:], self.storages)
+            if rec.size
+        ]
+
     def to_bytes(self) -> bytes:
         """The whole file as bytes (tests and the direct-to-disk fallback)."""
         out = bytearray(self.size)
