@@ -5,7 +5,9 @@
 // lets go of a copy; a held copy is sent back only to a member of its job's
 // ring (or, where this server does not know the ring, to the peer that sent
 // it); a file this server holds in its own cache is sent, with its record
-// CRCs, only to a member of its job's ring as this server was told it.
+// CRCs, only to a member of its job's ring as this server was told it; a
+// ranged read (a slice of either, at most kMaxRangeLength bytes, checked
+// against the file's size) follows the same rule.
 //
 // Anyone who can reach the port can open connections, so what a connection
 // costs before it authenticates is bounded: one handshake deadline, at most
@@ -78,6 +80,9 @@ class PeerServer {
   // A held copy, else (for a member of the job's ring) this server's own
   // file in memory. Sends the reply itself (header and bytes follow an OK).
   Status ServeFetch(PeerLink* link, const v1::PeerFetch& req);
+  // Bytes of a held copy, else (for a member of the job's ring) of this
+  // server's own file in memory, with their CRC-32; the reply says why not.
+  v1::PeerRangeReply ServeReadRange(const std::string& peer, const v1::PeerReadRange& req);
 
   const PeerServerOptions options_;
   Transport* const transport_;
