@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from tce.core import _dist, _files, _knobs, _layout, _staging
+from tce.core import _client, _dist, _files, _knobs, _layout, _staging
 from tce.core._layout import storage_bytes
 from tce.core._originals import torch_load, torch_save
 from tce.core._session import client, close, with_client
@@ -44,6 +44,7 @@ from tce.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotCachedError,
+    PermissionDeniedError,
     PersistFailedError,
     ServerUnavailableError,
     TCEError,
@@ -56,7 +57,7 @@ except ImportError:  # a torch without the config: mmap is off by default
     _serialization_config = None
 
 __all__ = ["allocate_file", "client", "close", "is_path", "job_or_default", "load_file",
-           "load_range", "norm", "object_layout", "open_cached", "remove_file", "save_file",
+           "load_range", "norm", "object_layout", "open_cached", "read_range", "remove_file", "save_file",
            "stage_later", "torch_load", "torch_save", "uncacheable", "wait_files", "wait_staged",
            "with_client"]
 
@@ -415,19 +416,61 @@ def object_layout(obj: Any) -> _layout.Plan:
     return _layout.plan(obj, None)
 
 
-def open_cached(path: str | os.PathLike, *, job: str | None = None) -> Any:
+def open_cached(path: str | os.PathLike, *, job: str | None = None,
+                local_only: bool = False) -> Any:
     """A private (copy-on-write) mapping of the cached file at ``path``, under
     a lease held while the mapping lives; None when this node's cache cannot
-    serve it (not held, stale, or no server)."""
+    serve it (not held, stale, or no server). With ``local_only`` a file not
+    in this node's memory is not brought here from the ring."""
     path = norm(path)
     if uncacheable(path) is not None:
         return None
     job = job_or_default(job)
     try:
-        _, mm = with_client(lambda c: c.open(job, path))
+        _, mm = with_client(lambda c: c.open(job, path, local_only=local_only))
     except (ServerUnavailableError, NotCachedError, InvalidArgumentError):
         return None
     return mm
+
+
+_RANGE_SOURCES = {pb.RANGE_SOURCE_LOCAL: "local", pb.RANGE_SOURCE_HELD: "peer",
+                  pb.RANGE_SOURCE_PEER: "peer"}
+
+
+def read_range(path: str | os.PathLike, offset: int, length: int, *,
+               job: str | None = None) -> tuple[bytearray, str] | None:
+    """Bytes ``[offset, offset + length)`` of the file at ``path`` through the
+    server: from its cache (source ``"local"``), else from another node's file
+    as the ring keeps it, the copy held here or a peer's memory (``"peer"``).
+    Only the range moves. None when neither has the file (or no server).
+
+    Raises:
+        ValueError: the range is not inside the file.
+    """
+    path = norm(path)
+    if uncacheable(path) is not None:
+        return None
+    job = job_or_default(job)
+    out = bytearray(length)
+    source = "local"
+    done = 0
+    try:
+        while done < length:
+            n = min(length - done, _client.MAX_RANGE)
+            resp = with_client(lambda c: c.read_range(job, path, offset + done, n))
+            out[done:done + n] = resp.data
+            if _RANGE_SOURCES.get(resp.source) == "peer":
+                source = "peer"
+            done += n
+    except (ServerUnavailableError, NotCachedError, PermissionDeniedError):
+        return None
+    except TCEError as e:
+        if e.code in ("OUT_OF_RANGE", "INVALID_ARGUMENT"):
+            raise ValueError(f"{path}: {e.message}") from None
+        if e.code in ("UNIMPLEMENTED", "DATA_LOSS"):  # an older server; a corrupt copy
+            return None
+        raise
+    return out, source
 
 
 def load_range(mm: Any, offset: int, length: int, *, map_location: Any = None) -> Any:

@@ -83,6 +83,16 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
 
 
 @pytest.fixture
+def nodes2():
+    """Two "nodes": network namespaces on a bridge (tce.tools._netns)."""
+    if os.geteuid() != 0:
+        pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
+    n = Nodes(2)
+    yield n
+    n.close()
+
+
+@pytest.fixture
 def nodes3():
     """Three "nodes": network namespaces on a bridge (tce.tools._netns)."""
     if os.geteuid() != 0:

@@ -3,7 +3,8 @@
     python dcp_job.py ACTION DIR
 
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT come from the environment, and so
-do TCE_SOCKET and TCE_JOB. Actions:
+do TCE_SOCKET and TCE_JOB; TCE_TEST_RING=1 joins the job's ring first, and
+TCE_TEST_BIG=1 adds a 1 MiB row-sharded tensor. Actions:
 
 * ``save``: dcp.save through tce.dcp.StorageWriter, then wait for storage
   when TCE_TEST_DURABLE=1;
@@ -37,12 +38,15 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 def expected() -> dict[str, torch.Tensor]:
     """The full tensors every run saves (independent of the world size)."""
     g = torch.Generator().manual_seed(17)
-    return {
+    out = {
         "w1": torch.arange(24 * 8, dtype=torch.float32).reshape(24, 8),
         "w2": torch.randn(30, 6, generator=g),
         "bias": torch.arange(5, dtype=torch.int64),
         "half": torch.randn(12, 4, generator=g).to(torch.bfloat16),
     }
+    if os.environ.get("TCE_TEST_BIG") == "1":  # 1 MiB, sharded by rows
+        out["big"] = torch.randn(1024, 256, generator=g)
+    return out
 
 
 def state(mesh, full: dict[str, torch.Tensor]) -> dict:
@@ -53,6 +57,7 @@ def state(mesh, full: dict[str, torch.Tensor]) -> dict:
             "w2": distribute_tensor(full["w2"], mesh, [Shard(1)]),
             "bias": distribute_tensor(full["bias"], mesh, [Replicate()]),
             "half": distribute_tensor(full["half"], mesh, [Shard(0)]),
+            **({"big": distribute_tensor(full["big"], mesh, [Shard(0)])} if "big" in full else {}),
         },
         "extra": {"step": 7, "plain": full["w1"][:3].clone()},
     }
@@ -130,6 +135,8 @@ def main() -> None:
 
     action, path = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    if os.environ.get("TCE_TEST_RING") == "1":
+        tce.join_ring()
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     full = expected()

@@ -48,6 +48,9 @@ _CODE_NAMES = {sc.value[0]: sc.name for sc in grpc.StatusCode}
 _FD_PACKET = 4096
 
 
+MAX_RANGE = 16 << 20  # the most one ReadRange call returns (the server's kMaxRangeLength)
+
+
 def fd_socket_path(socket_path: str) -> str:
     return socket_path + ".fd"
 
@@ -437,15 +440,18 @@ class Client:
         except TCEError:
             pass
 
-    def open(self, job: str, path: str) -> tuple[pb.FileInfo, mmap.mmap]:
+    def open(self, job: str, path: str, *, local_only: bool = False) -> tuple[pb.FileInfo, mmap.mmap]:
         """Map a cached file privately (copy-on-write) under a lease.
 
         The lease is released once the returned mapping is garbage (all views
-        of it, e.g. loaded tensors, are gone). Raises NotCachedError.
+        of it, e.g. loaded tensors, are gone). With ``local_only`` the server
+        does not bring the file here from the ring on a miss. Raises
+        NotCachedError.
         """
         self._flush()
         resp = self._call(
-            "Lookup", pb.LookupRequest(session=self.session, job=job, path=path, lease=True)
+            "Lookup", pb.LookupRequest(session=self.session, job=job, path=path, lease=True,
+                                       local_only=local_only)
         )
         self._unmap(resp.unmap_buffer_ids)
         info = resp.file
@@ -495,6 +501,13 @@ class Client:
                 released += 1
         self._flush()
         return released
+
+    def read_range(self, job: str, path: str, offset: int, length: int) -> pb.ReadRangeResponse:
+        """Bytes ``[offset, offset + length)`` (at most :data:`MAX_RANGE`) of a
+        file from this server's cache, a copy it holds, or a ring peer.
+        Raises NotCachedError when none has it."""
+        return self._call("ReadRange", pb.ReadRangeRequest(
+            session=self.session, job=job, path=path, offset=offset, length=length))
 
     def lookup(self, job: str, path: str) -> pb.FileInfo:
         return self._call(

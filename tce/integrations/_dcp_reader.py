@@ -30,16 +30,19 @@ class ReadRecord(NamedTuple):
     path: str  # the file, relative to the checkpoint directory
     offset: int
     length: int
-    source: str  # "local" (this node's cache) or "storage"
+    source: str  # "local" (this node's cache), "peer" (another node's file, through the ring) or "storage"
 
 
 class StorageReader(CheckpointDir, _DCPReader):
     """DCP's ``StorageReader`` over the node's cache, for any DCP checkpoint
     directory (saved through TCE or by ``FileSystemWriter``).
 
-    Each file is read from this node's cache when it holds it, else from
-    storage; either way it is mapped and only the planned byte ranges are
-    touched. :attr:`reads` lists every read with its source.
+    Each file is mapped from this node's cache when it holds it; else its
+    planned byte ranges are read through the server from another node's file
+    as the ring keeps it (the copy held on this node, or the other node's
+    memory), only those ranges moving; else the file is mapped from storage.
+    Only the planned byte ranges are touched. :attr:`reads` lists every read
+    with its source.
 
     Args:
         path: the checkpoint directory (DCP's ``checkpoint_id``).
@@ -117,10 +120,12 @@ class StorageReader(CheckpointDir, _DCPReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read the planned items, file by file, in offset order; each file
-        from this node's cache, else storage. The future is already done.
+        from this node's cache, else ranges of it through the ring, else
+        storage. The future is already done.
 
         Raises:
-            FileNotFoundError: a data file is neither cached nor on storage.
+            FileNotFoundError: a data file is neither cached, nor in the ring,
+                nor on storage.
             ValueError: an item lies past its file's end, does not have the
                 planned size, or uses a stream transform.
         """
@@ -129,33 +134,64 @@ class StorageReader(CheckpointDir, _DCPReader):
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for name, reqs in per_file.items():
             path = os.path.join(self.path, name)
-            mm, source = self._map(path)
+            reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
+            mm, source = self._map(path, local_only=True)
+            if mm is None and self._read_from_ring(path, name, reqs, planner):
+                continue
+            if mm is None:
+                mm, source = self._map_storage(path)
             if mm is None:
                 raise FileNotFoundError(
                     errno.ENOENT, f"DCP checkpoint {self.path}: data file {name} is neither in "
-                    "this node's cache nor on storage", path)
+                    "this node's cache, nor in the ring, nor on storage", path)
             try:
-                for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
-                    self._read(mm, name, source, req, planner)
+                for req in reqs:
+                    info = self._item(name, req)
+                    if info.offset + info.length > len(mm):
+                        raise ValueError(f"{name}: item {req.storage_index.fqn} ends at "
+                                         f"{info.offset + info.length}, past the file's "
+                                         f"{len(mm)} bytes")
+                    self._read(mm, info.offset, name, source, req, planner)
             finally:
                 del mm
         future: Future[None] = Future()
         future.set_result(None)
         return future
 
-    def _read(self, mm: Any, name: str, source: str, req: Any, planner: LoadPlanner) -> None:
+    def _read_from_ring(self, path: str, name: str, reqs: list[Any],
+                        planner: LoadPlanner) -> bool:
+        """Each item's range through the server (another node's file as the
+        ring keeps it); False, having read nothing, when the ring does not
+        have the file."""
+        for i, req in enumerate(reqs):
+            info = self._item(name, req)
+            got = _service.read_range(path, info.offset, info.length, job=self.job)
+            if got is None:
+                if i == 0:
+                    return False
+                raise FileNotFoundError(
+                    errno.ENOENT, f"DCP checkpoint {self.path}: data file {name} left the ring "
+                    "during the load", path)
+            data, source = got
+            self._read(data, 0, name, source, req, planner)
+        return True
+
+    def _item(self, name: str, req: Any) -> Any:
         info = self.storage_data[req.storage_index]
         if getattr(info, "transform_descriptors", None):
             raise ValueError(f"{name}: stream transforms {info.transform_descriptors} are not "
                              "supported by tce.dcp.StorageReader; use FileSystemReader")
-        if info.offset + info.length > len(mm):
-            raise ValueError(f"{name}: item {req.storage_index.fqn} ends at "
-                             f"{info.offset + info.length}, past the file's {len(mm)} bytes")
+        return info
+
+    def _read(self, buf: Any, at: int, name: str, source: str, req: Any,
+              planner: LoadPlanner) -> None:
+        """Load one item whose bytes start at ``buf[at]``."""
+        info = self.storage_data[req.storage_index]
         self.reads.append(ReadRecord(name, info.offset, info.length, source))
         if req.type == LoadItemType.BYTE_IO:
-            planner.load_bytes(req, io.BytesIO(mm[info.offset:info.offset + info.length]))
+            planner.load_bytes(req, io.BytesIO(buf[at:at + info.length]))
             return
-        tensor = _service.load_range(mm, info.offset, info.length, map_location="cpu")
+        tensor = _service.load_range(buf, at, info.length, map_location="cpu")
         for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
             if tensor.size(dim) != length:
                 tensor = tensor.narrow(dim, start, length)
@@ -166,12 +202,18 @@ class StorageReader(CheckpointDir, _DCPReader):
         target.copy_(tensor)
         planner.commit_tensor(req, target)
 
-    def _map(self, path: str) -> tuple[Any, str]:
+    def _map(self, path: str, *, local_only: bool = False) -> tuple[Any, str]:
         """(mapping of the file, "local" or "storage"), or (None, "") when
-        neither the cache nor storage has it."""
-        mm = _service.open_cached(path, job=self.job)
+        neither the cache nor (unless ``local_only``) storage has it."""
+        mm = _service.open_cached(path, job=self.job, local_only=local_only)
         if mm is not None:
             return mm, "local"
+        if local_only:
+            return None, ""
+        return self._map_storage(path)
+
+    @staticmethod
+    def _map_storage(path: str) -> tuple[Any, str]:
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size

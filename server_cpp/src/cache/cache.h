@@ -316,6 +316,11 @@ class Cache : public PoolBudget {
   // until EndPeerRead(out->buffer_id). NOT_FOUND if not in memory.
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) EXCLUDES(mu_);
+  // Whether `session` may read ranges of `job`'s files from this node's
+  // memory and its ring (ReadRange): its uid owns the job here (it saved
+  // into it or told its ring), or is an administrator. UNAUTHENTICATED for
+  // an unknown session, else PERMISSION_DENIED saying why.
+  Status CheckRangeRead(const std::string& session, const std::string& job) EXCLUDES(mu_);
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };

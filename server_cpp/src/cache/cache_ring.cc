@@ -352,4 +352,14 @@ void Cache::NoteBackupError(const std::string& message) {
   backup_error_ = message;
 }
 
+Status Cache::CheckRangeRead(const std::string& session, const std::string& job) {
+  MutexLock lock(&mu_);
+  Status s = CheckAccess(session, job, "read ranges of job '" + job + "'");
+  if (!s.ok()) return s;
+  if (!owners_.Visible(sessions_.Find(session)->uid, job))
+    return Status::PermissionDenied("job '" + job + "' has no owner on this server: save into it or "
+                                    "join its ring before reading ranges of its files");
+  return Status::OK();
+}
+
 }  // namespace tce

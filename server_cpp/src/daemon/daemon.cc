@@ -31,6 +31,7 @@
 #include "meta/meta_store.h"
 #include "ring/backup_store.h"
 #include "ring/peer_server.h"
+#include "ring/range_reader.h"
 #include "ring/replicator.h"
 #include "ring/ring_fetch.h"
 #include "ring/fabric_select.h"
@@ -368,6 +369,15 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   CacheService service(&cache, opt.socket, meta.get(), RedactUrl(meta_url), &backups,
                        peers ? peers->endpoint() : "");
   if (ring) service.SetRing(ring_fetch.get(), opt.ring_transport);
+  RangeReaderOptions rro;  // ranged reads: this cache, then (with a ring) the ring's
+  if (ring) {
+    rro.self = peers->endpoint();
+    rro.token = token;
+    rro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
+    rro.held = &backups;
+  }
+  RangeReader ranges(&cache, rro);
+  service.SetRangeReader(&ranges);
   service.SetMaxWaits(static_cast<size_t>(opt.max_waits));
   // Operations: Prometheus metrics over HTTP, and the standard gRPC health
   // service over TCP (for probes; the cache service stays on the Unix socket).

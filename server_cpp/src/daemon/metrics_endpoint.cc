@@ -147,6 +147,10 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
             static_cast<double>(st.storage_fallbacks()));
   m.Counter("tce_recovered_files_total", "files pulled back from the ring", static_cast<double>(st.recovered_files()));
   m.Counter("tce_remote_reads_total", "loads served from a peer's backup", static_cast<double>(st.remote_reads()));
+  m.Counter("tce_range_reads_local_total", "ranged reads served from this cache", static_cast<double>(st.range_reads_local()));
+  m.Counter("tce_range_reads_held_total", "ranged reads served from a copy held for a peer", static_cast<double>(st.range_reads_held()));
+  m.Counter("tce_range_reads_peer_total", "ranged reads served by a ring peer", static_cast<double>(st.range_reads_peer()));
+  m.Counter("tce_range_peer_bytes_total", "bytes ranged reads brought from ring peers", static_cast<double>(st.range_peer_bytes()));
   const char* kFailures = "failures, by reason";
   m.Counter("tce_failures_total", kFailures, static_cast<double>(persist.failures.load()), {{"reason", "persist_write"}});
   m.Counter("tce_failures_total", kFailures, static_cast<double>(st.backup_failures()), {{"reason", "backup"}});

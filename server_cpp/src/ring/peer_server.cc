@@ -17,6 +17,7 @@
 #include "common/validate.h"
 #include "persist/crc.h"
 #include "rpc/request_checks.h"
+#include "ring/range_read.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
@@ -248,6 +249,9 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
       continue;
     } else if (req.has_tag()) {
       result = HoldTag(link, req.tag());
+    } else if (req.has_read_range()) {
+      s = link->Send(ServeReadRange(link->peer(), req.read_range()));
+      continue;
     } else if (req.has_resync()) {
       if (cache_) cache_->ResendBackups(req.resync().job(), link->peer());
     } else {
@@ -462,6 +466,41 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
                            << link->peer() << ": " << (s.ok() ? "ok" : s.ToString());
   }
   return s;
+}
+
+v1::PeerRangeReply PeerServer::ServeReadRange(const std::string& peer, const v1::PeerReadRange& req) {
+  v1::PeerRangeReply reply;
+  HeldBackup held;
+  int fd = -1;
+  uint64_t pinned = 0;  // a buffer of the cache, when the file is this server's own
+  Status s = store_->Open(req.job(), req.path(), &held, &fd);
+  if (s.ok()) {
+    s = MayRead(held.file.job, peer, held.owner);
+    reply.set_held(true);
+  } else if (cache_) {  // this server's own file, for a member of the job's ring only
+    s = MayRead(req.job(), peer, "");
+    if (s.ok()) s = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
+    if (s.ok()) pinned = held.file.buffer_id;
+  } else {
+    s = Status::NotFound(req.path() + " is not held here");
+  }
+  if (s.ok()) s = CheckRange(req.offset(), req.length(), held.file.size);
+  if (s.ok()) s = ReadRangeOf(fd, req.offset(), req.length(), reply.mutable_data());
+  if (fd >= 0) ::close(fd);
+  if (pinned) cache_->EndPeerRead(pinned);
+  if (s.code() == Status::Code::kPermissionDenied)
+    TCE_LOG(kWarning, "ring") << "refused a ranged read of job=" << req.job() << " path=" << req.path()
+                              << " to " << peer << ": " << s.message();
+  if (!s.ok()) {
+    reply.Clear();
+    reply.set_code(static_cast<int>(s.code()));
+    reply.set_message(s.message());
+    return reply;
+  }
+  reply.set_file_size(held.file.size);
+  reply.set_version(held.file.version);
+  reply.set_crc32(Crc32(0, reinterpret_cast<const unsigned char*>(reply.data().data()), reply.data().size()));
+  return reply;
 }
 
 }  // namespace tce

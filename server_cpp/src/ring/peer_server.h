@@ -6,8 +6,10 @@
 // ring (or, where this server does not know the ring, to the peer that sent
 // it); a file this server holds in its own cache is sent, with its record
 // CRCs, only to a member of its job's ring as this server was told it; a
-// complete tag the predecessor recorded is kept (checked, bounded) and listed
-// back under the same rule as the copies.
+// ranged read (a slice of either, at most kMaxRangeLength bytes, checked
+// against the file's size) follows the same rule; a complete tag the
+// predecessor recorded is kept (checked, bounded) and listed back under
+// the same rule as the copies.
 //
 // Anyone who can reach the port can open connections, so what a connection
 // costs before it authenticates is bounded: one handshake deadline, at most
@@ -82,6 +84,9 @@ class PeerServer {
   // A held copy, else (for a member of the job's ring) this server's own
   // file in memory. Sends the reply itself (header and bytes follow an OK).
   Status ServeFetch(PeerLink* link, const v1::PeerFetch& req);
+  // Bytes of a held copy, else (for a member of the job's ring) of this
+  // server's own file in memory, with their CRC-32; the reply says why not.
+  v1::PeerRangeReply ServeReadRange(const std::string& peer, const v1::PeerReadRange& req);
 
   const PeerServerOptions options_;
   Transport* const transport_;

@@ -11,7 +11,7 @@ RingFetch::RingFetch(Cache* cache, Fetch fetch, std::chrono::milliseconds miss_t
 Status RingFetch::Lookup(const std::string& session, const std::string& job,
                          const std::string& path, bool lease, FileInfo* out, uint64_t* lease_id,
                          std::vector<uint64_t>* unmap_buffer_ids,
-                         std::chrono::steady_clock::time_point call_deadline) {
+                         std::chrono::steady_clock::time_point call_deadline, bool ask_ring) {
   Status s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
   if (s.code() != Status::Code::kNotFound || !lease) return s;
   bool waited = false;  // the file may be on its way back from the ring
@@ -22,7 +22,7 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
     s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
     if (s.code() != Status::Code::kNotFound) return s;
   }
-  if (!cache_->MayBeInRing(job, path) || RecentlyMissed(job, path)) return s;
+  if (!ask_ring || !cache_->MayBeInRing(job, path) || RecentlyMissed(job, path)) return s;
   Status fetched = fetch_(job, path);
   if (fetched.code() == Status::Code::kNotFound) NoteMiss(job, path);
   if (!fetched.ok() && fetched.code() != Status::Code::kFailedPrecondition) return s;

@@ -39,11 +39,14 @@ class RingFetch {
   // file (OK), or found a newer save already here (FAILED_PRECONDITION),
   // is followed by a second lookup, whose answer is returned.
   // `call_deadline`: the caller's, which bounds the restore wait too.
+  // Without `ask_ring`, a miss after the restore wait is the answer (the
+  // caller reads ranges instead of pulling the whole file).
   Status Lookup(const std::string& session, const std::string& job, const std::string& path,
                 bool lease, FileInfo* out, uint64_t* lease_id,
                 std::vector<uint64_t>* unmap_buffer_ids,
                 std::chrono::steady_clock::time_point call_deadline =
-                    std::chrono::steady_clock::time_point::max());
+                    std::chrono::steady_clock::time_point::max(),
+                bool ask_ring = true);
 
   uint64_t remote_reads() const { return remote_reads_.load(); }    // files the ring gave
   uint64_t remote_misses() const { return remote_misses_.load(); }  // fetches no peer answered

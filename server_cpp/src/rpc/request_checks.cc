@@ -53,6 +53,11 @@ Status CheckRequest(const v1::LookupRequest& r) {
                [&] { return ValidatePath(r.path()); });
 }
 
+Status CheckRequest(const v1::ReadRangeRequest& r) {
+  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+               [&] { return ValidatePath(r.path()); });
+}
+
 Status CheckRequest(const v1::ReleaseRequest& r) {
   return First([&] { return Session(r.session()); },
                [&] { return Count("lease_ids", r.lease_ids_size(), kMaxIdsPerRelease); },

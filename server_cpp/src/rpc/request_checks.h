@@ -17,6 +17,7 @@ Status CheckRequest(const v1::AllocateRequest& r);
 Status CheckRequest(const v1::CommitRequest& r);
 Status CheckRequest(const v1::AbortRequest& r);
 Status CheckRequest(const v1::LookupRequest& r);
+Status CheckRequest(const v1::ReadRangeRequest& r);  // the path; the range is the reader's to check
 Status CheckRequest(const v1::ReleaseRequest& r);
 Status CheckRequest(const v1::RemoveRequest& r);
 Status CheckRequest(const v1::ListRequest& r);

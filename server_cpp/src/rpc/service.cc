@@ -94,13 +94,27 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
   std::vector<uint64_t> unmap;
   tce::Status s =
       ring_fetch_ ? ring_fetch_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
-                                        &lease, &unmap, AnswerBy(ctx))
+                                        &lease, &unmap, AnswerBy(ctx), !req->local_only())
                   : cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                    &lease, &unmap);
   for (uint64_t id : unmap) resp->add_unmap_buffer_ids(id);
   if (!s.ok()) return ToGrpc(s);
   ToProto(f, resp->mutable_file());
   resp->set_lease_id(lease);
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheService::ReadRange(grpc::ServerContext*, const v1::ReadRangeRequest* req,
+                                     v1::ReadRangeResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
+  if (!ranges_) return ToGrpc(tce::Status::NotSupported("this server reads no ranges"));
+  tce::Status s = cache_->CheckRangeRead(req->session(), req->job());
+  RangeRead r;
+  if (s.ok()) s = ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r);
+  if (!s.ok()) return ToGrpc(s);
+  *resp->mutable_data() = std::move(r.data);
+  resp->set_source(r.source);
+  resp->set_file_size(r.file_size);
   return grpc::Status::OK;
 }
 
@@ -198,6 +212,12 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_remote_reads(ring_fetch_ ? ring_fetch_->remote_reads() : 0);
   resp->set_remote_misses(ring_fetch_ ? ring_fetch_->remote_misses() : 0);
   resp->set_ring_transport(ring_transport_);
+  if (ranges_) {
+    resp->set_range_reads_local(ranges_->local_reads());
+    resp->set_range_reads_held(ranges_->held_reads());
+    resp->set_range_reads_peer(ranges_->peer_reads());
+    resp->set_range_peer_bytes(ranges_->peer_bytes());
+  }
   resp->set_metrics_endpoint(metrics_endpoint_);
   resp->set_health_endpoint(health_endpoint_);
   if (backups_) {

@@ -19,6 +19,7 @@
 #include "cache/cache.h"
 #include "meta/meta_writer.h"
 #include "ring/backup_store.h"
+#include "ring/range_reader.h"
 #include "ring/ring_fetch.h"
 #include "tce/v1/tce.grpc.pb.h"
 
@@ -44,6 +45,7 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status ListTags(grpc::ServerContext*, const v1::ListTagsRequest*, v1::ListTagsResponse*) override;
   grpc::Status SetRing(grpc::ServerContext*, const v1::SetRingRequest*, v1::SetRingResponse*) override;
   grpc::Status Retry(grpc::ServerContext*, const v1::RetryRequest*, v1::RetryResponse*) override;
+  grpc::Status ReadRange(grpc::ServerContext*, const v1::ReadRangeRequest*, v1::ReadRangeResponse*) override;
 
   // The ring's part (set before serving): a load that misses asks the ring
   // through `fetch` (ring/ring_fetch.h); `transport` is shown in Status.
@@ -51,6 +53,9 @@ class CacheService final : public v1::Cache::Service {
     ring_fetch_ = fetch;
     ring_transport_ = std::move(transport);
   }
+  // Where ranged reads come from (set before serving; without it ReadRange
+  // is UNIMPLEMENTED).
+  void SetRangeReader(RangeReader* ranges) { ranges_ = ranges; }
   // The whole server's status, unfiltered: for the daemon's own metrics.
   void FillStatus(v1::StatusResponse* resp);
   // At most `n` Wait calls at once (set before serving).
@@ -69,6 +74,7 @@ class CacheService final : public v1::Cache::Service {
   BackupStore* const backups_;
   const std::string peer_endpoint_;
   RingFetch* ring_fetch_ = nullptr;
+  RangeReader* ranges_ = nullptr;
   std::string ring_transport_;
   std::string metrics_endpoint_, health_endpoint_;
   size_t max_waits_ = 256;

@@ -1,0 +1,163 @@
+#include "ring/range_reader.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "persist/crc.h"
+#include "ring/range_read.h"
+
+namespace tce {
+namespace {
+constexpr size_t kMaxHolders = 4096;
+}  // namespace
+
+RangeReader::RangeReader(Cache* cache, RangeReaderOptions options)
+    : cache_(cache), options_(std::move(options)) {}
+
+Status RangeReader::Read(const std::string& job, const std::string& path, uint64_t offset,
+                         uint64_t length, RangeRead* out) {
+  Status s = ReadOwn(job, path, offset, length, out);
+  if (s.code() != Status::Code::kNotFound) return s;
+  s = ReadHeld(job, path, offset, length, out);
+  if (s.code() != Status::Code::kNotFound) return s;
+  if (options_.self.empty()) return s;
+  std::vector<std::string> peers = cache_->RingPeers(job);
+  {
+    MutexLock l(&mu_);
+    auto it = holder_.find({job, path});
+    if (it != holder_.end()) {
+      auto p = std::find(peers.begin(), peers.end(), it->second);
+      if (p != peers.end()) std::rotate(peers.begin(), p, p + 1);
+    }
+  }
+  Status last = Status::NotFound(path + " is in no ring member's memory for job " + job);
+  for (const std::string& peer : peers) {
+    s = ReadPeer(peer, job, path, offset, length, out);
+    if (s.ok()) {
+      ++peer_reads_;
+      peer_bytes_ += length;
+      MutexLock l(&mu_);
+      if (holder_.size() >= kMaxHolders) holder_.clear();
+      holder_[{job, path}] = peer;
+      return s;
+    }
+    // The range does not fit the file a member has: the file is there, the request is bad.
+    if (s.code() == Status::Code::kOutOfRange || s.code() == Status::Code::kInvalidArgument) return s;
+    if (s.code() != Status::Code::kNotFound) {  // unreachable, refused or corrupt: the next one
+      TCE_LOG(kWarning, "ring") << "ranged read of job=" << job << " path=" << path << " from "
+                                << peer << ": " << s.ToString();
+      if (last.code() != Status::Code::kDataLoss)
+        last = s.code() == Status::Code::kDataLoss
+                   ? s
+                   : Status::NotFound(path + " could not be read from the ring: " + s.message());
+    }
+  }
+  return last;
+}
+
+Status RangeReader::ReadOwn(const std::string& job, const std::string& path, uint64_t offset,
+                            uint64_t length, RangeRead* out) {
+  FileInfo f;
+  int fd = -1;
+  Status s = cache_->StartPeerRead(job, path, &f, &fd);
+  if (!s.ok()) return s;
+  s = CheckRange(offset, length, f.size);
+  if (s.ok()) s = ReadRangeOf(fd, offset, length, &out->data);
+  ::close(fd);
+  cache_->EndPeerRead(f.buffer_id);
+  if (!s.ok()) return s;
+  out->source = v1::RANGE_SOURCE_LOCAL;
+  out->file_size = f.size;
+  ++local_reads_;
+  return s;
+}
+
+Status RangeReader::ReadHeld(const std::string& job, const std::string& path, uint64_t offset,
+                             uint64_t length, RangeRead* out) {
+  if (!options_.held) return Status::NotFound("no copies are held here");
+  HeldBackup held;
+  int fd = -1;
+  Status s = options_.held->Open(job, path, &held, &fd);
+  if (!s.ok()) return Status::NotFound(s.message());
+  const std::vector<std::string> ring = cache_->RingPeers(job);  // job isolation, as for a peer
+  if (std::find(ring.begin(), ring.end(), held.owner) == ring.end())
+    s = Status::NotFound("the copy of " + path + " held here was sent by " + held.owner +
+                         ", not a member of job " + job + "'s ring");
+  if (s.ok()) s = CheckRange(offset, length, held.file.size);
+  if (s.ok()) s = ReadRangeOf(fd, offset, length, &out->data);
+  ::close(fd);
+  if (!s.ok()) return s;
+  out->source = v1::RANGE_SOURCE_HELD;
+  out->file_size = held.file.size;
+  ++held_reads_;
+  return s;
+}
+
+Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
+                             uint64_t offset, uint64_t length, RangeRead* out) {
+  v1::PeerRequest req;
+  v1::PeerReadRange* r = req.mutable_read_range();
+  r->set_job(job);
+  r->set_path(path);
+  r->set_offset(offset);
+  r->set_length(length);
+  v1::PeerRangeReply reply;
+  Status s;
+  // A kept link may have died while idle (the peer restarted): one more try on a new one.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::unique_ptr<PeerLink> link = attempt == 0 ? TakeLink(peer) : nullptr;
+    const bool kept = link != nullptr;
+    s = Status::OK();
+    if (!link) s = PeerLink::Connect(peer, options_.self, options_.token, options_.io_timeout, &link);
+    if (!s.ok()) return Status::Unavailable(s.message());
+    reply.Clear();
+    s = link->Send(req);
+    if (s.ok()) s = link->Recv(&reply);
+    if (s.ok()) {
+      ReturnLink(peer, std::move(link));  // in step: one reply per request
+      break;
+    }
+    if (!kept) return Status::Unavailable(s.message());  // the link is dropped
+  }
+  if (!s.ok()) return Status::Unavailable(s.message());
+  if (reply.code() != 0) {
+    const auto code = static_cast<Status::Code>(reply.code());
+    const bool known = code == Status::Code::kNotFound || code == Status::Code::kOutOfRange ||
+                       code == Status::Code::kInvalidArgument || code == Status::Code::kPermissionDenied;
+    return Status::FromCode(known ? code : Status::Code::kUnavailable,
+                            peer + ": " + reply.message().substr(0, 1024));
+  }
+  if (reply.data().size() != length)
+    return Status::DataLoss(peer + " sent " + std::to_string(reply.data().size()) + " bytes for a range of " +
+                            std::to_string(length));
+  if (Status fits = CheckRange(offset, length, reply.file_size()); !fits.ok())
+    return Status::DataLoss(peer + " says the file has " + std::to_string(reply.file_size()) +
+                            " bytes, too few for the range it sent");
+  const uint32_t crc =
+      Crc32(0, reinterpret_cast<const unsigned char*>(reply.data().data()), reply.data().size());
+  if (crc != reply.crc32())
+    return Status::DataLoss("the bytes from " + peer + " do not match their CRC-32");
+  out->data = std::move(*reply.mutable_data());
+  out->source = v1::RANGE_SOURCE_PEER;
+  out->file_size = reply.file_size();
+  return Status::OK();
+}
+
+std::unique_ptr<PeerLink> RangeReader::TakeLink(const std::string& peer) {
+  MutexLock l(&mu_);
+  auto it = idle_.find(peer);
+  if (it == idle_.end() || it->second.empty()) return nullptr;
+  std::unique_ptr<PeerLink> link = std::move(it->second.back());
+  it->second.pop_back();
+  return link;
+}
+
+void RangeReader::ReturnLink(const std::string& peer, std::unique_ptr<PeerLink> link) {
+  MutexLock l(&mu_);
+  std::vector<std::unique_ptr<PeerLink>>& idle = idle_[peer];
+  if (idle.size() < kIdleLinks) idle.push_back(std::move(link));
+}
+
+}  // namespace tce

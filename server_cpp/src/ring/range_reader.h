@@ -1,0 +1,84 @@
+// RangeReader: where the bytes of a ranged read (the ReadRange call) come
+// from. This server's own file in memory first; else the copy it holds for
+// its predecessor, when a member of the job's ring sent it; else a ring
+// member that has the file in memory or holds a copy (PeerReadRange over an
+// authenticated link), the member that last answered for the file first,
+// then the others, the successor first. Only the range moves: a file is
+// never pulled whole. A peer's reply is hostile input: its size, and its
+// CRC-32 against the bytes, are checked before any byte is handed on.
+//
+// The caller (rpc/service) checked the asking session's right to the job;
+// the range is checked here (CheckRange) against the file's size. Links are
+// kept per peer (up to kIdleLinks idle ones) and dropped on any failure.
+// Thread-safe: RPC threads call Read concurrently.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cache/cache.h"
+#include "common/mutex.h"
+#include "ring/backup_store.h"
+#include "ring/peer_link.h"
+#include "tce/v1/tce.pb.h"
+
+namespace tce {
+
+struct RangeReaderOptions {
+  std::string self;   // our advertised peer endpoint (empty: no ring, no peers asked)
+  std::string token;  // the cluster token
+  std::chrono::milliseconds io_timeout{30000};
+  BackupStore* held = nullptr;  // the copies this server keeps (optional)
+};
+
+struct RangeRead {
+  std::string data;  // the asked bytes
+  v1::RangeSource source = v1::RANGE_SOURCE_UNSPECIFIED;
+  uint64_t file_size = 0;
+};
+
+class RangeReader {
+ public:
+  static constexpr size_t kIdleLinks = 4;  // kept per peer
+
+  RangeReader(Cache* cache, RangeReaderOptions options);
+  // Bytes [offset, offset + length) of (job, path). NOT_FOUND when neither
+  // this server nor any reachable ring member has the file (the message says
+  // which member failed, if one did); OUT_OF_RANGE or
+  // INVALID_ARGUMENT for a range the file does not have; DATA_LOSS when a
+  // peer's bytes do not match their CRC (the next member is asked first).
+  Status Read(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
+              RangeRead* out) EXCLUDES(mu_);
+
+  uint64_t local_reads() const { return local_reads_.load(); }
+  uint64_t held_reads() const { return held_reads_.load(); }
+  uint64_t peer_reads() const { return peer_reads_.load(); }
+  uint64_t peer_bytes() const { return peer_bytes_.load(); }
+
+ private:
+  Status ReadOwn(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
+                 RangeRead* out);
+  Status ReadHeld(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
+                  RangeRead* out);
+  // One PeerReadRange to `peer`, its reply checked.
+  Status ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
+                  uint64_t offset, uint64_t length, RangeRead* out) EXCLUDES(mu_);
+  std::unique_ptr<PeerLink> TakeLink(const std::string& peer) EXCLUDES(mu_);
+  void ReturnLink(const std::string& peer, std::unique_ptr<PeerLink> link) EXCLUDES(mu_);
+
+  Cache* const cache_;
+  const RangeReaderOptions options_;
+  std::atomic<uint64_t> local_reads_{0}, held_reads_{0}, peer_reads_{0}, peer_bytes_{0};
+  Mutex mu_;
+  std::map<std::string, std::vector<std::unique_ptr<PeerLink>>> idle_ GUARDED_BY(mu_);
+  // (job, path) -> the member that answered last; bounded (cleared past 4096).
+  std::map<std::pair<std::string, std::string>, std::string> holder_ GUARDED_BY(mu_);
+};
+
+}  // namespace tce

@@ -1,0 +1,263 @@
+// Ranged reads over the ring: the range checks, the peer port's answers to
+// PeerReadRange (own file, held copy, refusals) and the RangeReader that
+// asks it, against a real PeerServer and a hostile one.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <limits>
+#include <thread>
+
+#include "cache/cache.h"
+#include "persist/crc.h"
+#include "ring/peer_server.h"
+#include "ring/range_read.h"
+#include "ring/range_reader.h"
+#include "ring/tcp_transport.h"
+
+namespace tce {
+namespace {
+using namespace std::chrono_literals;
+
+constexpr uint64_t kSize = 3 * 1024 * 1024 + 123;
+
+std::string Pattern(uint64_t size, int seed) {
+  std::string s(size, '\0');
+  for (uint64_t i = 0; i < size; ++i) s[i] = static_cast<char>(i * 131 + i / 997 + seed);
+  return s;
+}
+
+TEST(CheckRange, RefusesEmptyHugePastTheEndAndWrappingRanges) {
+  EXPECT_TRUE(CheckRange(0, 10, 10).ok());
+  EXPECT_TRUE(CheckRange(9, 1, 10).ok());
+  Status s = CheckRange(0, 0, 10);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("takes 1 to 16777216 bytes, not 0"), std::string::npos) << s.message();
+  EXPECT_EQ(CheckRange(0, kMaxRangeLength + 1, uint64_t{1} << 40).code(), Status::Code::kInvalidArgument);
+  s = CheckRange(5, 6, 10);
+  EXPECT_EQ(s.code(), Status::Code::kOutOfRange);
+  EXPECT_NE(s.message().find("bytes [5, +6) are not inside the file's 10 bytes"), std::string::npos);
+  EXPECT_EQ(CheckRange(11, 1, 10).code(), Status::Code::kOutOfRange);
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(CheckRange(max - 3, 16, max).code(), Status::Code::kOutOfRange);  // offset + length wraps
+  EXPECT_EQ(CheckRange(max, 1, 10).code(), Status::Code::kOutOfRange);
+}
+
+// A PeerServer whose cache holds /c/own (job "j", ring {server, "me:1"}) and
+// whose store holds /c/held, a copy "me:1" sent.
+class PeerRangeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    signal(SIGPIPE, SIG_IGN);
+    PeerServerOptions po;
+    po.listen = "127.0.0.1:0";
+    po.token = "t";
+    po.io_timeout = 2000ms;
+    server_ = std::make_unique<PeerServer>(po, transport_.get(), &store_, &cache_);
+    ASSERT_TRUE(server_->Start().ok());
+    session_ = cache_.OpenSession(getuid(), getpid());
+    std::string successor;
+    ASSERT_TRUE(cache_.SetRing(session_, "j", 0, {server_->endpoint(), "me:1"}, &successor).ok());
+    own_ = Pattern(kSize, 1);
+    AllocateResult a;
+    ASSERT_TRUE(cache_.Allocate({session_, "j", "t", "/c/own", 0, kSize}, &a).ok());
+    int fd = -1;
+    bool writable = false;
+    uint64_t cap = 0;
+    ASSERT_TRUE(cache_.FdFor(session_, a.buffer_id, &fd, &writable, &cap).ok());
+    ASSERT_EQ(pwrite(fd, own_.data(), kSize, 0), static_cast<ssize_t>(kSize));
+    close(fd);
+    FileInfo f;
+    ASSERT_TRUE(cache_.Commit(session_, a.allocation_id, {}, &f).ok());
+    held_ = Pattern(5000, 2);
+    std::unique_ptr<MappedBuffer> buf;
+    ASSERT_TRUE(store_.Reserve("j", "/c/held", held_.size(), &buf).ok());
+    memcpy(buf->data(), held_.data(), held_.size());
+    HeldBackup h;
+    h.file.job = "j";
+    h.file.path = "/c/held";
+    h.file.size = held_.size();
+    h.file.version = 9;
+    h.owner = "me:1";
+    h.buffer = std::move(buf);
+    store_.Commit(std::move(h));
+  }
+  void TearDown() override { server_->Stop(); }
+
+  std::unique_ptr<PeerLink> Connect(const std::string& self) {
+    std::unique_ptr<PeerLink> link;
+    Status s = PeerLink::Connect(server_->endpoint(), self, "t", 2000ms, &link);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return link;
+  }
+  v1::PeerRangeReply Ask(PeerLink* link, const std::string& job, const std::string& path,
+                         uint64_t offset, uint64_t length) {
+    v1::PeerRequest req;
+    req.mutable_read_range()->set_job(job);
+    req.mutable_read_range()->set_path(path);
+    req.mutable_read_range()->set_offset(offset);
+    req.mutable_read_range()->set_length(length);
+    v1::PeerRangeReply reply;
+    EXPECT_TRUE(link->Send(req).ok());
+    Status s = link->Recv(&reply);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return reply;
+  }
+
+  Cache cache_{64 << 20};
+  BackupStore store_{16 << 20};
+  std::unique_ptr<Transport> transport_ = NewTcpTransport(1);
+  std::unique_ptr<PeerServer> server_;
+  std::string session_, own_, held_;
+};
+
+TEST_F(PeerRangeTest, ServesExactlyTheRangeWithItsCrc) {
+  std::unique_ptr<PeerLink> link = Connect("me:1");
+  v1::PeerRangeReply r = Ask(link.get(), "j", "/c/own", 1000001, 70000);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ(r.data(), own_.substr(1000001, 70000));
+  EXPECT_EQ(r.file_size(), kSize);
+  EXPECT_FALSE(r.held());
+  EXPECT_EQ(r.crc32(), Crc32(0, reinterpret_cast<const unsigned char*>(r.data().data()), r.data().size()));
+  r = Ask(link.get(), "j", "/c/own", kSize - 1, 1);  // the last byte
+  ASSERT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ(r.data(), own_.substr(kSize - 1));
+  r = Ask(link.get(), "j", "/c/held", 4000, 1000);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  EXPECT_TRUE(r.held());
+  EXPECT_EQ(r.data(), held_.substr(4000));
+  EXPECT_EQ(r.version(), 9u);
+}
+
+TEST_F(PeerRangeTest, BadRangesUnknownFilesAndStrangersAreRefusedAndTheLinkGoesOn) {
+  std::unique_ptr<PeerLink> link = Connect("me:1");
+  const uint64_t max = std::numeric_limits<uint64_t>::max();
+  struct Case {
+    std::string job, path;
+    uint64_t offset, length;
+    Status::Code code;
+    std::string says;
+  } cases[] = {
+      {"j", "/c/own", kSize, 1, Status::Code::kOutOfRange, "not inside the file's"},
+      {"j", "/c/own", kSize - 10, 11, Status::Code::kOutOfRange, "not inside the file's"},
+      {"j", "/c/own", max - 7, 16, Status::Code::kOutOfRange, "not inside the file's"},
+      {"j", "/c/held", 0, 5001, Status::Code::kOutOfRange, "5000 bytes"},
+      {"j", "/c/own", 0, 0, Status::Code::kInvalidArgument, "takes 1 to"},
+      {"j", "/c/own", 0, kMaxRangeLength + 1, Status::Code::kInvalidArgument, "takes 1 to"},
+      {"j", "/c/none", 0, 1, Status::Code::kNotFound, "not in this server's memory"},
+      {"other", "/c/own", 0, 1, Status::Code::kPermissionDenied, "did not send the copy"},
+  };
+  for (const Case& c : cases) {
+    v1::PeerRangeReply r = Ask(link.get(), c.job, c.path, c.offset, c.length);
+    EXPECT_EQ(r.code(), static_cast<int>(c.code)) << c.path << " " << c.offset << " " << r.message();
+    EXPECT_NE(r.message().find(c.says), std::string::npos) << r.message();
+    EXPECT_TRUE(r.data().empty());
+  }
+  // A peer that is not a member of the job's ring reads nothing, own file or held copy.
+  std::unique_ptr<PeerLink> stranger = Connect("stranger:1");
+  for (const char* path : {"/c/own", "/c/held"}) {
+    v1::PeerRangeReply r = Ask(stranger.get(), "j", path, 0, 10);
+    EXPECT_EQ(r.code(), static_cast<int>(Status::Code::kPermissionDenied)) << path;
+    EXPECT_NE(r.message().find("stranger:1 is not a member of job j's ring"), std::string::npos) << r.message();
+  }
+  v1::PeerRangeReply r = Ask(link.get(), "j", "/c/own", 5, 5);  // still in step
+  ASSERT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ(r.data(), own_.substr(5, 5));
+}
+
+TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
+  Cache mine(16 << 20);  // the asking node: file-less, in the same ring as "me:1"
+  const std::string s = mine.OpenSession(getuid(), getpid());
+  std::string successor;
+  ASSERT_TRUE(mine.SetRing(s, "j", 1, {server_->endpoint(), "me:1"}, &successor).ok());
+  RangeReaderOptions o;
+  o.self = "me:1";
+  o.token = "t";
+  o.io_timeout = 2000ms;
+  RangeReader reader(&mine, o);
+  RangeRead got;
+  for (int i = 0; i < 3; ++i) {  // the link is kept and reused
+    Status st = reader.Read("j", "/c/own", 2000000 + i, 4096, &got);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(got.data, own_.substr(2000000 + i, 4096));
+    EXPECT_EQ(got.source, v1::RANGE_SOURCE_PEER);
+    EXPECT_EQ(got.file_size, kSize);
+  }
+  EXPECT_EQ(reader.peer_reads(), 3u);
+  EXPECT_EQ(reader.peer_bytes(), 3u * 4096);  // the ranges, not the file
+  EXPECT_EQ(reader.Read("j", "/c/own", kSize, 1, &got).code(), Status::Code::kOutOfRange);
+  EXPECT_EQ(reader.Read("j", "/c/none", 0, 1, &got).code(), Status::Code::kNotFound);
+  // A job whose ring this node was never told asks nobody.
+  EXPECT_EQ(reader.Read("k", "/c/own", 0, 1, &got).code(), Status::Code::kNotFound);
+  // The copy the peer holds is read the same way.
+  Status st = reader.Read("j", "/c/held", 0, 5000, &got);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(got.data, held_);
+  // A peer that went away: NOT_FOUND (the caller reads storage), saying why.
+  server_->Stop();
+  st = reader.Read("j", "/c/own", 0, 1, &got);
+  EXPECT_EQ(st.code(), Status::Code::kNotFound);
+  EXPECT_NE(st.message().find("could not be read from the ring"), std::string::npos) << st.message();
+}
+
+// A peer that authenticates, then answers a ranged read with `reply`.
+void HostilePeer(int lfd, const std::string& bound, v1::PeerRangeReply reply) {
+  int fd = accept(lfd, nullptr, nullptr);
+  std::unique_ptr<PeerLink> link;
+  if (!PeerLink::Accept(fd, bound, "t", 2000ms, &link).ok()) return;
+  v1::PeerRequest req;
+  if (link->Recv(&req).ok()) (void)link->Send(reply);
+}
+
+TEST(RangeReader, APeersBytesAreCheckedBeforeUse) {
+  signal(SIGPIPE, SIG_IGN);
+  const std::string data(100, 'x');
+  v1::PeerRangeReply bad_crc, short_data, small_file, error;
+  bad_crc.set_data(data);
+  bad_crc.set_file_size(1000);
+  bad_crc.set_crc32(Crc32(0, reinterpret_cast<const unsigned char*>(data.data()), data.size()) ^ 1);
+  short_data = bad_crc;
+  short_data.set_data(data.substr(1));
+  short_data.set_crc32(Crc32(0, reinterpret_cast<const unsigned char*>(data.data()), 99));
+  small_file = bad_crc;
+  small_file.set_crc32(Crc32(0, reinterpret_cast<const unsigned char*>(data.data()), 100));
+  small_file.set_file_size(50);
+  error.set_code(13);
+  error.set_message(std::string(5000, 'e'));
+  struct Case {
+    v1::PeerRangeReply reply;
+    Status::Code code;
+    std::string says;
+  } cases[] = {{bad_crc, Status::Code::kDataLoss, "do not match their CRC-32"},
+               {short_data, Status::Code::kDataLoss, "sent 99 bytes for a range of 100"},
+               {small_file, Status::Code::kDataLoss, "too few for the range it sent"},
+               {error, Status::Code::kNotFound, "eee"}};
+  for (const Case& c : cases) {
+    int lfd = -1;
+    std::string bound;
+    ASSERT_TRUE(ListenTcp("127.0.0.1:0", &lfd, &bound).ok());
+    std::thread peer(HostilePeer, lfd, bound, c.reply);
+    Cache mine(16 << 20);
+    const std::string s = mine.OpenSession(getuid(), getpid());
+    std::string successor;
+    ASSERT_TRUE(mine.SetRing(s, "j", 0, {"me:1", bound}, &successor).ok());
+    RangeReaderOptions o;
+    o.self = "me:1";
+    o.token = "t";
+    o.io_timeout = 2000ms;
+    RangeReader reader(&mine, o);
+    RangeRead got;
+    Status st = reader.Read("j", "/c/f", 0, 100, &got);
+    peer.join();
+    close(lfd);
+    EXPECT_EQ(st.code(), c.code) << st.ToString();
+    EXPECT_NE(st.message().find(c.says), std::string::npos) << st.message();
+    EXPECT_LE(st.message().size(), 1200u);  // a peer's message is cut short
+    EXPECT_TRUE(got.data.empty());
+    EXPECT_EQ(reader.peer_reads(), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace tce
