@@ -89,10 +89,13 @@ def test_a_hugetlb_server_saves_and_loads_bitwise_on_huge_pages(huge_pages, tmp_
         until(lambda: int(_status(s)["pool_bytes"]) == 64 * MiB, what="the pool to fill")
         with _knobs.override(socket=s.socket, job="huge"):
             saved = {}
-            for i, size in enumerate([20 * MiB + 12345, 5 * MiB, 1000]):
+            # The first is large enough that a 4 KiB buffer would be written
+            # with pwrite: a hugetlb one is mapped (hugetlbfs has no write()).
+            for i, size in enumerate([70 * MiB + 12345, 5 * MiB, 1000]):
                 path = str(tmp_path / f"r{i}.pt")
                 saved[path] = _state(i, size)
                 tce.save(saved[path], path)
+            assert _session.client().pwrite_saves == 0
             st = api.status()
             assert st["memory_backing"] == "hugetlb"
             assert int(st["huge_page_buffers"]) == 3

@@ -277,12 +277,17 @@ class Client:
             raise error_for(_CODE_NAMES.get(reply.code, "UNKNOWN"), reply.message)
         return fds[0]
 
-    def _writable_mapping(self, buffer_id: int, capacity: int) -> _Mapping:
+    def _writable_mapping(self, buffer_id: int, capacity: int, fd: int = -1) -> _Mapping:
+        """This process's mapping of the buffer, made now if there is none
+        (from ``fd`` when given: it is closed)."""
         with self._lock:
             m = self._mappings.get(buffer_id)
         if m is not None:
+            if fd >= 0:
+                os.close(fd)
             return m
-        fd = self._request_fd(buffer_id)
+        if fd < 0:
+            fd = self._request_fd(buffer_id)
         try:
             m = _Mapping(buffer_id, capacity, fd)
         finally:
@@ -354,8 +359,11 @@ class Client:
         if m is None and mapping is None and plan.size >= PWRITE_MIN_BYTES and \
                 all(s.device.type == "cpu" for s in plan.storages):
             fd = self._request_fd(buffer_id)
-            self.pwrite_saves += 1
-            return _staging.FdStaging(plan, fd, then=lambda: self._map_later(buffer_id, capacity, fd))
+            if _page_size(fd) == mmap.PAGESIZE:
+                self.pwrite_saves += 1
+                return _staging.FdStaging(plan, fd, then=lambda: self._map_later(buffer_id, capacity, fd))
+            # Huge pages: a mapping costs little (and hugetlbfs has no write()).
+            return _staging.Staging(plan, self._writable_mapping(buffer_id, capacity, fd))
         if m is None and mapping is not None:
             mapping.wait()
             with self._lock:
