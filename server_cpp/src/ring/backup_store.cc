@@ -128,6 +128,17 @@ Status BackupStore::Open(const std::string& job, const std::string& path, HeldBa
   return it->second.buffer->buffer().NewFd(/*writable=*/false, fd);
 }
 
+Status BackupStore::OpenForRing(const std::string& job, const std::string& path,
+                                const std::vector<std::string>& ring, HeldBackup* info, int* fd) {
+  Status s = Open(job, path, info, fd);
+  if (!s.ok()) return Status::NotFound(s.message());
+  if (std::find(ring.begin(), ring.end(), info->owner) != ring.end()) return s;
+  ::close(*fd);
+  *fd = -1;
+  return Status::PermissionDenied("the copy of " + path + " held here was sent by " + info->owner +
+                                  ", not a member of job " + job + "'s ring");
+}
+
 void BackupStore::CountCorrupt() {
   MutexLock l(&mu_);
   ++corrupt_;

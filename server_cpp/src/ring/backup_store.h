@@ -71,6 +71,12 @@ class BackupStore {
   std::vector<HeldBackup> List(const std::string& job, int32_t owner_node);  // buffer left null
   // A read-only fd of a held copy, and its description.
   Status Open(const std::string& job, const std::string& path, HeldBackup* info, int* fd);
+  // The same for this server's own use of a copy (a load, a ranged read):
+  // only one that a member of the job's `ring` sent (job isolation, as for a
+  // peer's read). NOT_FOUND if none is held; PERMISSION_DENIED, saying who
+  // sent it, if its sender is not in `ring`.
+  Status OpenForRing(const std::string& job, const std::string& path,
+                     const std::vector<std::string>& ring, HeldBackup* info, int* fd);
   void CountCorrupt();
   BackupStoreStats Stats();
 

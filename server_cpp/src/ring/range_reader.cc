@@ -79,13 +79,9 @@ Status RangeReader::ReadHeld(const std::string& job, const std::string& path, ui
   if (!options_.held) return Status::NotFound("no copies are held here");
   HeldBackup held;
   int fd = -1;
-  Status s = options_.held->Open(job, path, &held, &fd);
-  if (!s.ok()) return Status::NotFound(s.message());
-  const std::vector<std::string> ring = cache_->RingPeers(job);  // job isolation, as for a peer
-  if (std::find(ring.begin(), ring.end(), held.owner) == ring.end())
-    s = Status::NotFound("the copy of " + path + " held here was sent by " + held.owner +
-                         ", not a member of job " + job + "'s ring");
-  if (s.ok()) s = CheckRange(offset, length, held.file.size);
+  Status s = options_.held->OpenForRing(job, path, cache_->RingPeers(job), &held, &fd);
+  if (!s.ok()) return Status::NotFound(s.message());  // then the ring's peers, or storage
+  s = CheckRange(offset, length, held.file.size);
   if (s.ok()) s = ReadRangeOf(fd, offset, length, &out->data);
   ::close(fd);
   if (!s.ok()) return s;

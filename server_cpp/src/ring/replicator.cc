@@ -310,14 +310,8 @@ Status Replicator::PullHeld(const std::string& job, const std::string& path) {
   if (!options_.held) return Status::NotFound("no copies are held here");
   HeldBackup held;
   int fd = -1;
-  Status s = options_.held->Open(job, path, &held, &fd);
-  if (!s.ok()) return Status::NotFound(s.message());
-  const std::vector<std::string> ring = cache_->RingPeers(job);  // job isolation, as for a peer
-  if (std::find(ring.begin(), ring.end(), held.owner) == ring.end()) {
-    ::close(fd);
-    return Status::PermissionDenied("the copy of " + path + " held here was sent by " + held.owner +
-                                    ", not a member of job " + job + "'s ring");
-  }
+  Status s = options_.held->OpenForRing(job, path, cache_->RingPeers(job), &held, &fd);
+  if (!s.ok()) return s;
   const uint64_t size = held.file.size;
   std::unique_ptr<Buffer> mem;
   s = cache_->ReserveRecovery(size, &mem);
