@@ -14,6 +14,7 @@ mapped, so no page tables are set up, and no storage is allocated per item.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import ctypes
 import io
 import os
@@ -199,10 +200,11 @@ class Scratch:
 
 
 def read_tensor(source: Source, layout: Layout, offsets: Any, lengths: Any,
-                target: torch.Tensor, scratch: Scratch) -> str:
+                target: torch.Tensor, scratch: Scratch, reads: "Reads") -> str:
     """Copy the region ``offsets``/``lengths`` of the tensor at ``layout``
     into ``target`` (whose size is ``lengths``); returns "direct" when the
-    bytes went straight into ``target``, else "scratch"."""
+    bytes go straight into ``target`` (queued on ``reads``: done once it ran),
+    else "scratch" (done)."""
     item = layout.dtype.itemsize
     offsets = list(offsets) or [0] * len(layout.size)
     lengths = list(lengths) or list(layout.size)
@@ -222,7 +224,7 @@ def read_tensor(source: Source, layout: Layout, offsets: Any, lengths: Any,
         expect *= n
     if (contiguous and target.is_contiguous() and target.dtype == layout.dtype
             and target.device.type == "cpu"):
-        source.readinto(_writable_bytes(target), layout.offset + first * item)
+        reads.add(source, _writable_bytes(target), layout.offset + first * item)
         return "direct"
     last = first + sum((n - 1) * s for n, s in zip(lengths, layout.stride))
     span = (last - first + 1) * item
@@ -231,3 +233,35 @@ def read_tensor(source: Source, layout: Layout, offsets: Any, lengths: Any,
     region = buf.view(layout.dtype).as_strided(lengths, layout.stride)
     target.copy_(region)
     return "scratch"
+
+
+# Reads straight into destinations run on this many threads (preadv drops
+# the GIL), in pieces of at most READ_PIECE bytes so the threads share the
+# work evenly.
+READ_THREADS = min(4, os.cpu_count() or 1)
+READ_PIECE = 8 << 20
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+class Reads:
+    """Queued reads of file bytes into destination memory; :meth:`run`
+    does them all, on :data:`READ_THREADS` threads."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[Source, memoryview, int]] = []
+
+    def add(self, source: Source, view: memoryview, offset: int) -> None:
+        for at in range(0, len(view), READ_PIECE):
+            self.pieces.append((source, view[at:at + READ_PIECE], offset + at))
+
+    def run(self) -> None:
+        global _pool
+        pieces, self.pieces = self.pieces, []
+        if READ_THREADS <= 1 or len(pieces) <= 1:
+            for source, view, offset in pieces:
+                source.readinto(view, offset)
+            return
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(READ_THREADS, "tce-dcp-read")
+        for f in [_pool.submit(source.readinto, view, offset) for source, view, offset in pieces]:
+            f.result()

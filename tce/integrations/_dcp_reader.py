@@ -21,8 +21,8 @@ from torch.futures import Future
 
 from tce import _service
 from tce.integrations._dcp_format import METADATA, CheckpointDir
-from tce.integrations._dcp_item import (BufferSource, FdSource, Scratch, Source, read_tensor,
-                                        tensor_layout)
+from tce.integrations._dcp_item import (BufferSource, FdSource, Reads, Scratch, Source,
+                                        read_tensor, tensor_layout)
 
 __all__ = ["ReadRecord", "StorageReader"]
 
@@ -40,12 +40,14 @@ class StorageReader(CheckpointDir, _DCPReader):
     """DCP's ``StorageReader`` over the node's cache, for any DCP checkpoint
     directory (saved through TCE or by ``FileSystemWriter``).
 
-    Each file is mapped from this node's cache when it holds it; else its
-    planned byte ranges are read through the server from another node's file
-    as the ring keeps it (the copy held on this node, or the other node's
-    memory), only those ranges moving; else the file is mapped from storage.
-    Only the planned byte ranges are touched. :attr:`reads` lists every read
-    with its source.
+    Each file is read from this node's cache when it holds it (through a
+    leased file descriptor, unmapped); else its planned byte ranges are read
+    through the server from another node's file as the ring keeps it (the
+    copy held on this node, or the other node's memory), only those ranges
+    moving; else the file is read from storage. Only the planned byte ranges
+    are touched, and each tensor's planned region is copied once, straight
+    into its destination. :attr:`reads` lists every read with its source,
+    :attr:`copies` how the tensors' regions were copied.
 
     Args:
         path: the checkpoint directory (DCP's ``checkpoint_id``).
@@ -63,6 +65,8 @@ class StorageReader(CheckpointDir, _DCPReader):
         # straight into the destination) or "scratch" (through a buffer).
         self.copies: collections.Counter[str] = collections.Counter()
         self._scratch = Scratch()
+        self._queued = Reads()
+        self._commits: list[tuple[Any, Any]] = []
 
     def sources(self) -> dict[str, int]:
         """How many reads came from each source."""
@@ -140,6 +144,7 @@ class StorageReader(CheckpointDir, _DCPReader):
             ValueError: an item lies past its file's end, does not have the
                 planned size, or uses a stream transform.
         """
+        self._queued, self._commits = Reads(), []  # nothing left from a failed read
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
@@ -177,6 +182,14 @@ class StorageReader(CheckpointDir, _DCPReader):
                                  f"{info.offset + info.length}, past the file's "
                                  f"{source.size} bytes")
             self._read(source, name, kind, req, planner)
+        self._finish(planner)
+
+    def _finish(self, planner: LoadPlanner) -> None:
+        """Run the queued reads, then commit the tensors they filled."""
+        self._queued.run()
+        commits, self._commits = self._commits, []
+        for req, target in commits:
+            planner.commit_tensor(req, target)
 
     def _read_from_ring(self, path: str, name: str, reqs: list[Any],
                         planner: LoadPlanner) -> bool:
@@ -194,6 +207,7 @@ class StorageReader(CheckpointDir, _DCPReader):
                     "during the load", path)
             data, source = got
             self._read(BufferSource(data, info.offset), name, source, req, planner)
+            self._finish(planner)
         return True
 
     def _item(self, name: str, req: Any) -> Any:
@@ -239,8 +253,12 @@ class StorageReader(CheckpointDir, _DCPReader):
                 tensor = tensor.narrow(dim, start, length)
             target.copy_(tensor)
         else:
-            self.copies[read_tensor(source, layout, req.storage_offsets, req.lengths, target,
-                                    self._scratch)] += 1
+            how = read_tensor(source, layout, req.storage_offsets, req.lengths, target,
+                              self._scratch, self._queued)
+            self.copies[how] += 1
+            if how == "direct":  # committed once the queued reads ran (_finish)
+                self._commits.append((req, target))
+                return
         planner.commit_tensor(req, target)
 
     def _map(self, path: str, *, local_only: bool = False) -> tuple[Any, str]:
