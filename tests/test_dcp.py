@@ -218,3 +218,87 @@ def test_single_process_roundtrip_and_ranged_reads(server, tmp_path):
         assert f.size == _service.with_client(lambda c: c.lookup(job, f.path)).size
     ranges = sorted((r.offset, r.offset + r.length) for r in reader.reads)
     assert all(end <= start for (_, end), (start, _) in zip(ranges, ranges[1:]))  # item by item
+
+
+def _archive(t: torch.Tensor) -> bytes:
+    import io
+    b = io.BytesIO()
+    torch.save(t, b)
+    return b.getvalue()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_planned_region_is_copied_from_the_file_into_the_destination(tmp_path, dtype):
+    """An item's region (DCP's storage_offsets/lengths) lands in the
+    destination bytewise equal to torch.load + narrow: regions contiguous in
+    the file go straight into the destination, others through the scratch
+    buffer; saved views (storage offset, strides) and 0-d tensors too."""
+    from tce.integrations._dcp_item import FdSource, Reads, Scratch, read_tensor, tensor_layout
+
+    base = (torch.arange(6 * 10 * 4) * 7 - 3).to(dtype).reshape(6, 10, 4)
+    cases = [  # (saved tensor, offsets, lengths, expected copy)
+        (base, [2, 0, 0], [3, 10, 4], "direct"),     # rows: contiguous
+        (base, [0, 0, 0], [6, 10, 4], "direct"),     # whole
+        (base, [1, 3, 0], [1, 5, 4], "direct"),      # one row's middle
+        (base, [0, 2, 0], [6, 5, 4], "scratch"),     # a column band
+        (base, [1, 1, 1], [4, 8, 2], "scratch"),
+        (base[2:5], [0, 0, 0], [3, 10, 4], "direct"),  # a view: storage offset
+        (base.transpose(0, 1), [0, 0, 0], [10, 6, 4], "scratch"),  # strides
+        (base[1, 2, 3], [], [], "direct"),           # 0-d
+    ]
+    data = tmp_path / "items"
+    offsets = []
+    with open(data, "wb") as f:
+        for t, _, _, _ in cases:
+            f.write(b"\0" * (-f.tell() % 64))
+            offsets.append(f.tell())
+            f.write(_archive(t))
+    size = data.stat().st_size
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        source, scratch = FdSource(fd, size), Scratch()
+        for (t, offs, lens, how), at in zip(cases, offsets):
+            length = len(_archive(t))
+            layout = tensor_layout(source, at, length)
+            assert layout is not None and layout.size == tuple(t.size())
+            want = t
+            for dim, (o, n) in enumerate(zip(offs, lens)):
+                want = want.narrow(dim, o, n)
+            target = torch.full(tuple(lens), 99, dtype=dtype)
+            reads = Reads()
+            assert read_tensor(source, layout, offs, lens, target, scratch, reads) == how
+            reads.run()
+            assert (target.contiguous().reshape(-1).view(torch.uint8).tolist()
+                    == want.contiguous().reshape(-1).view(torch.uint8).tolist()), (offs, lens)
+    finally:
+        os.close(fd)
+
+
+def test_reader_copies_each_tensor_once_from_cache_and_storage(storage_server):
+    """Through dcp.load: a checkpoint written through the cache and one written
+    by FileSystemWriter (read from storage) load bytewise equal, every tensor
+    copied straight from the file into its destination; destinations that
+    are not contiguous or of another dtype go through the scratch buffer."""
+    sd = {"a": torch.randn(512, 300), "h": torch.randn(64, 33).to(torch.bfloat16),
+          "b": {"c": torch.arange(1000)}, "n": "text"}
+    with _knobs.override(socket=storage_server.socket, job="direct"):
+        dcp.save(sd, storage_writer=tce.dcp.StorageWriter(storage_server.storage / "tce"), no_dist=True)
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(storage_server.storage / "fs"), no_dist=True)
+        for where, source in (("tce", "local"), ("fs", "storage")):
+            out = {"a": torch.zeros(512, 300), "h": torch.zeros(64, 33, dtype=torch.bfloat16),
+                   "b": {"c": torch.zeros(1000, dtype=torch.long)}, "n": ""}
+            reader = tce.dcp.StorageReader(storage_server.storage / where)
+            dcp.load(out, storage_reader=reader, no_dist=True)
+            assert reader.sources() == {source: 4}
+            assert dict(reader.copies) == {"direct": 3}
+            for k in ("a", "h"):
+                assert torch.equal(out[k].view(torch.uint8), sd[k].view(torch.uint8)), (where, k)
+            assert torch.equal(out["b"]["c"], sd["b"]["c"]) and out["n"] == "text"
+        # A transposed destination (not contiguous) and one of another dtype.
+        out = {"a": torch.zeros(300, 512).t(), "h": torch.zeros(64, 33),
+               "b": {"c": torch.zeros(1000, dtype=torch.long)}, "n": ""}
+        reader = tce.dcp.StorageReader(storage_server.storage / "tce")
+        dcp.load(out, storage_reader=reader, no_dist=True)
+        assert dict(reader.copies) == {"direct": 1, "scratch": 2}
+        assert torch.equal(out["a"], sd["a"]) and torch.equal(out["h"], sd["h"].float())
+        tce.close()

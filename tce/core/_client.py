@@ -481,6 +481,29 @@ class Client:
         weakref.finalize(mm, self._lease_done, lease)
         return info, mm
 
+    def open_fd(self, job: str, path: str, *, local_only: bool = False) -> tuple[pb.FileInfo, int, int]:
+        """A cached file's buffer as a file descriptor, under a lease: (the
+        file, the fd, the lease). Nothing is mapped, so reading it with
+        ``os.preadv`` sets up no page tables. The caller closes the fd and
+        passes the lease to :meth:`release_lease`. Raises NotCachedError.
+        """
+        self._flush()
+        resp = self._call(
+            "Lookup", pb.LookupRequest(session=self.session, job=job, path=path, lease=True,
+                                       local_only=local_only)
+        )
+        self._unmap(resp.unmap_buffer_ids)
+        try:
+            fd = self._request_fd(resp.file.buffer_id)
+        except BaseException:
+            self._released.append(resp.lease_id)
+            raise
+        return resp.file, fd, resp.lease_id
+
+    def release_lease(self, lease: int) -> None:
+        """Give back a lease of :meth:`open_fd` (sent with the next call)."""
+        self._released.append(lease)
+
     def _lease_done(self, lease: int) -> None:
         # Runs in whichever thread drops the last view: no I/O, no blocking.
         self._leases.pop(lease, None)

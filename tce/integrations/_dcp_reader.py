@@ -12,6 +12,7 @@ import pickle
 import uuid
 from typing import Any, NamedTuple
 
+import torch
 from torch.distributed.checkpoint import Metadata
 from torch.distributed.checkpoint import StorageReader as _DCPReader
 from torch.distributed.checkpoint.metadata import StorageMeta
@@ -20,6 +21,8 @@ from torch.futures import Future
 
 from tce import _service
 from tce.integrations._dcp_format import METADATA, CheckpointDir
+from tce.integrations._dcp_item import (BufferSource, FdSource, Reads, Scratch, Source,
+                                        read_tensor, tensor_layout)
 
 __all__ = ["ReadRecord", "StorageReader"]
 
@@ -37,12 +40,14 @@ class StorageReader(CheckpointDir, _DCPReader):
     """DCP's ``StorageReader`` over the node's cache, for any DCP checkpoint
     directory (saved through TCE or by ``FileSystemWriter``).
 
-    Each file is mapped from this node's cache when it holds it; else its
-    planned byte ranges are read through the server from another node's file
-    as the ring keeps it (the copy held on this node, or the other node's
-    memory), only those ranges moving; else the file is mapped from storage.
-    Only the planned byte ranges are touched. :attr:`reads` lists every read
-    with its source.
+    Each file is read from this node's cache when it holds it (through a
+    leased file descriptor, unmapped); else its planned byte ranges are read
+    through the server from another node's file as the ring keeps it (the
+    copy held on this node, or the other node's memory), only those ranges
+    moving; else the file is read from storage. Only the planned byte ranges
+    are touched, and each tensor's planned region is copied once, straight
+    into its destination. :attr:`reads` lists every read with its source,
+    :attr:`copies` how the tensors' regions were copied.
 
     Args:
         path: the checkpoint directory (DCP's ``checkpoint_id``).
@@ -56,6 +61,12 @@ class StorageReader(CheckpointDir, _DCPReader):
         self.storage_data: dict[Any, Any] = {}
         self.load_id = uuid.uuid4().hex
         self.reads: list[ReadRecord] = []
+        # How the tensors' regions were copied: "direct" (from the file
+        # straight into the destination) or "scratch" (through a buffer).
+        self.copies: collections.Counter[str] = collections.Counter()
+        self._scratch = Scratch()
+        self._queued = Reads()
+        self._commits: list[tuple[Any, Any]] = []
 
     def sources(self) -> dict[str, int]:
         """How many reads came from each source."""
@@ -65,6 +76,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         """A new load (from ``checkpoint_id`` when given); :attr:`reads` restarts."""
         self.storage_data = {}
         self.reads = []
+        self.copies = collections.Counter()
         if checkpoint_id:
             self.path = _service.norm(checkpoint_id)
         self.load_id = uuid.uuid4().hex
@@ -123,40 +135,61 @@ class StorageReader(CheckpointDir, _DCPReader):
         from this node's cache, else ranges of it through the ring, else
         storage. The future is already done.
 
+        A tensor's planned region is copied once, from the file straight
+        into the destination tensor (see :mod:`._dcp_item`).
+
         Raises:
             FileNotFoundError: a data file is neither cached, nor in the ring,
                 nor on storage.
             ValueError: an item lies past its file's end, does not have the
                 planned size, or uses a stream transform.
         """
+        self._queued, self._commits = Reads(), []  # nothing left from a failed read
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         for name, reqs in per_file.items():
             path = os.path.join(self.path, name)
             reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
-            mm, source = self._map(path, local_only=True)
-            if mm is None and self._read_from_ring(path, name, reqs, planner):
+            cached = _service.open_cached_fd(path, job=self.job, local_only=True)
+            if cached is not None:
+                with cached:
+                    self._read_file(FdSource(cached.fd, cached.size), name, "local", reqs, planner)
                 continue
-            if mm is None:
-                mm, source = self._map_storage(path)
-            if mm is None:
+            if self._read_from_ring(path, name, reqs, planner):
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
                 raise FileNotFoundError(
                     errno.ENOENT, f"DCP checkpoint {self.path}: data file {name} is neither in "
-                    "this node's cache, nor in the ring, nor on storage", path)
+                    "this node's cache, nor in the ring, nor on storage", path) from None
             try:
-                for req in reqs:
-                    info = self._item(name, req)
-                    if info.offset + info.length > len(mm):
-                        raise ValueError(f"{name}: item {req.storage_index.fqn} ends at "
-                                         f"{info.offset + info.length}, past the file's "
-                                         f"{len(mm)} bytes")
-                    self._read(mm, info.offset, name, source, req, planner)
+                self._read_file(FdSource(fd, os.fstat(fd).st_size), name, "storage", reqs,
+                                planner)
             finally:
-                del mm
+                os.close(fd)
         future: Future[None] = Future()
         future.set_result(None)
         return future
+
+    def _read_file(self, source: FdSource, name: str, kind: str, reqs: list[Any],
+                   planner: LoadPlanner) -> None:
+        for req in reqs:
+            info = self._item(name, req)
+            if info.offset + info.length > source.size:
+                raise ValueError(f"{name}: item {req.storage_index.fqn} ends at "
+                                 f"{info.offset + info.length}, past the file's "
+                                 f"{source.size} bytes")
+            self._read(source, name, kind, req, planner)
+        self._finish(planner)
+
+    def _finish(self, planner: LoadPlanner) -> None:
+        """Run the queued reads, then commit the tensors they filled."""
+        self._queued.run()
+        commits, self._commits = self._commits, []
+        for req, target in commits:
+            planner.commit_tensor(req, target)
 
     def _read_from_ring(self, path: str, name: str, reqs: list[Any],
                         planner: LoadPlanner) -> bool:
@@ -173,7 +206,8 @@ class StorageReader(CheckpointDir, _DCPReader):
                     errno.ENOENT, f"DCP checkpoint {self.path}: data file {name} left the ring "
                     "during the load", path)
             data, source = got
-            self._read(data, 0, name, source, req, planner)
+            self._read(BufferSource(data, info.offset), name, source, req, planner)
+            self._finish(planner)
         return True
 
     def _item(self, name: str, req: Any) -> Any:
@@ -183,23 +217,48 @@ class StorageReader(CheckpointDir, _DCPReader):
                              "supported by tce.dcp.StorageReader; use FileSystemReader")
         return info
 
-    def _read(self, buf: Any, at: int, name: str, source: str, req: Any,
+    def _read(self, source: Source, name: str, kind: str, req: Any,
               planner: LoadPlanner) -> None:
-        """Load one item whose bytes start at ``buf[at]``."""
+        """Load one item of the file ``source`` reads."""
         info = self.storage_data[req.storage_index]
-        self.reads.append(ReadRecord(name, info.offset, info.length, source))
+        self.reads.append(ReadRecord(name, info.offset, info.length, kind))
         if req.type == LoadItemType.BYTE_IO:
-            planner.load_bytes(req, io.BytesIO(buf[at:at + info.length]))
+            data = bytearray(info.length)
+            source.readinto(memoryview(data), info.offset)
+            planner.load_bytes(req, io.BytesIO(data))
             return
-        tensor = _service.load_range(buf, at, info.length, map_location="cpu")
-        for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
-            if tensor.size(dim) != length:
-                tensor = tensor.narrow(dim, start, length)
         target = planner.resolve_tensor(req).detach()
-        if target.size() != tensor.size():
-            raise ValueError(f"{name}: item {req.storage_index.fqn} has size "
-                             f"{tuple(tensor.size())}, the plan wants {tuple(target.size())}")
-        target.copy_(tensor)
+        if target.size() != torch.Size(req.lengths):
+            raise ValueError(f"{name}: item {req.storage_index.fqn}: the plan wants size "
+                             f"{tuple(req.lengths)}, its destination has "
+                             f"{tuple(target.size())}")
+        layout = tensor_layout(source, info.offset, info.length)
+        if layout is None:  # not one plain tensor: torch.load it
+            data = bytearray(info.length)
+            source.readinto(memoryview(data), info.offset)
+            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            layout_size = tuple(tensor.size())
+        else:
+            layout_size = layout.size
+        for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
+            if dim >= len(layout_size) or start + length > layout_size[dim]:
+                raise ValueError(f"{name}: item {req.storage_index.fqn} has size "
+                                 f"{layout_size}, the plan wants {tuple(req.lengths)} at "
+                                 f"{tuple(req.storage_offsets)}")
+        if len(req.lengths) != len(layout_size):
+            raise ValueError(f"{name}: item {req.storage_index.fqn} has size {layout_size}, "
+                             f"the plan wants {tuple(req.lengths)}")
+        if layout is None:
+            for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
+                tensor = tensor.narrow(dim, start, length)
+            target.copy_(tensor)
+        else:
+            how = read_tensor(source, layout, req.storage_offsets, req.lengths, target,
+                              self._scratch, self._queued)
+            self.copies[how] += 1
+            if how == "direct":  # committed once the queued reads ran (_finish)
+                self._commits.append((req, target))
+                return
         planner.commit_tensor(req, target)
 
     def _map(self, path: str, *, local_only: bool = False) -> tuple[Any, str]:

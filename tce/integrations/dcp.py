@@ -21,8 +21,10 @@ persisted directory is an ordinary DCP checkpoint.
   fence (:func:`tce.wait_staged`, run by itself before every optimizer step)
   waits for them. No pinned copy, no extra process.
 * :class:`StorageReader` reads each item's byte range from the node's cache
-  (mapped, tensors viewing the mapping), else from storage (mapped the same
-  way), and records where each read came from in :attr:`StorageReader.reads`.
+  (a leased file descriptor, nothing mapped), else through the ring, else
+  from storage, copying each tensor's planned region once, straight into
+  its destination; it records where each read came from in
+  :attr:`StorageReader.reads`.
 """
 
 from tce.integrations._dcp_format import METADATA

@@ -11,7 +11,12 @@ DTensor-sharded GPT-like state dict (``--size`` in total) and times, in turn:
 * TCE's writer: ``save`` (blocking), ``async_save`` (the call, the fence,
   durable);
 * loads in place: TCE's reader from the cache and from storage (the cache
-  dropped), and ``FileSystemReader`` (page cache).
+  dropped), and ``FileSystemReader`` (page cache);
+* resharded loads (saved by 2 ranks, loaded whole by 1 process): TCE's
+  reader from the cache, from a peer (root only: two network namespaces with
+  a server each and a ring; the loading node's server holds no copy, so the
+  planned ranges come over the link from the other node's memory) and from
+  storage, and ``FileSystemReader`` (page cache).
 
 A figure is the slowest rank's, the median of ``--repeats`` runs after one
 warm-up run; saves go to a fresh directory each run.
@@ -73,6 +78,61 @@ def run(size: int, *, repeats: int, directory: str) -> dict[str, Any]:
         server.stop()
         server.cleanup()
     line = next(l for l in outs[0].splitlines() if l.startswith("RESULT "))
+    res = json.loads(line[len("RESULT "):])
+    if os.geteuid() != 0:
+        res["peer_skipped"] = "not root (the peer load needs two network namespaces)"
+    else:
+        res.update(_peer_load(size, repeats, directory))
+    return res
+
+
+def _peer_load(size: int, repeats: int, directory: str) -> dict[str, Any]:
+    """Two nodes (network namespaces), a memory-only server each, a ring: 2
+    ranks save through node 0's server, then 1 process loads the whole state
+    dict through node 1's server, which holds no copy of node 0's files."""
+    from tce import api
+    from tce.core import _knobs
+    from tce.tools._netns import Nodes
+
+    from tce import _service
+
+    nodes = Nodes(2)
+    servers: list[LocalServer] = []
+    try:
+        for i, budget in enumerate([str(2 * size + (256 << 20)), str(256 << 20)]):
+            d = os.path.join(directory, f"node{i}")
+            os.makedirs(d)
+            # Node 1's backup share is too small for any of node 0's files.
+            share = ["--backup-share", "1"] if i == 1 else []
+            servers.append(LocalServer(
+                memory_budget=budget, socket_path=os.path.join(d, "tce.sock"),
+                netns=nodes.names[i],
+                extra_args=["--peer-listen", f"{nodes.addresses[i]}:7070", "--peer-token", "bench",
+                            "--metadata-url", "none", "--log-level", "warning", *share]).start())
+        endpoints = [f"{a}:7070" for a in nodes.addresses]
+        for i, s in enumerate(servers):
+            with _knobs.override(socket=s.socket):
+                _service.client().set_ring("dcp-bench", i, endpoints)
+                api.close()
+        path = os.path.join(directory, "peer", "step")
+        port = str(_free_port())
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "tce.tools._dcpbench", "peer-save", str(size), path],
+            env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=port, TCE_SOCKET=servers[0].socket, TCE_JOB="dcp-bench"))
+            for r in range(WORLD)]
+        if any(p.wait() != 0 for p in procs):
+            raise SystemExit("tce bench --dcp: a rank of the peer save failed")
+        out = subprocess.run(
+            [sys.executable, "-m", "tce.tools._dcpbench", "peer-load", str(size), str(repeats),
+             path], env=dict(os.environ, TCE_SOCKET=servers[1].socket, TCE_JOB="dcp-bench"),
+            stdout=subprocess.PIPE, text=True, check=True).stdout
+    finally:
+        for s in servers:
+            s.stop()
+            s.cleanup()
+        nodes.close()
+    line = next(l for l in out.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 
 
@@ -94,6 +154,10 @@ def render(res: dict[str, Any]) -> str:
         ("restore", "TCE reader, from the cache", "tce_load_cache_s"),
         ("restore", "TCE reader, from storage", "tce_load_storage_s"),
         ("restore", "FileSystemReader (page cache)", "fs_load_s"),
+        ("reshard", "TCE reader, from the cache", "tce_reshard_cache_s"),
+        ("reshard", "TCE reader, from a peer (ring)", "tce_reshard_peer_s"),
+        ("reshard", "TCE reader, from storage", "tce_reshard_storage_s"),
+        ("reshard", "FileSystemReader (page cache)", "fs_reshard_s"),
     ]
     for group, name, key in names:
         if key in res:
@@ -104,6 +168,15 @@ def render(res: dict[str, Any]) -> str:
                    f"{res['tce_async_blocking_s'] / res['dcp_async_blocking_s']:.2f}x DCP's; "
                    f"load from cache {res['fs_load_s'] / res['tce_load_cache_s']:.1f}x "
                    "FileSystemReader")
+    if "fs_reshard_s" in res:
+        speed = [f"{where} {res['fs_reshard_s'] / res[key]:.1f}x"
+                 for where, key in (("from cache", "tce_reshard_cache_s"),
+                                    ("from a peer", "tce_reshard_peer_s"),
+                                    ("from storage", "tce_reshard_storage_s")) if key in res]
+        out.append(f"resharded load (saved by {WORLD} ranks, loaded by 1) vs FileSystemReader: "
+                   + ", ".join(speed))
+    if "peer_skipped" in res:
+        out.append(f"resharded load from a peer: skipped, {res['peer_skipped']}")
     return "\n".join(out)
 
 
@@ -203,9 +276,19 @@ def _rank_main(size: int, repeats: int, storage: str) -> None:
         return statistics.median(timed(lambda: dcp.load(target, storage_reader=reader))
                                  for _ in range(repeats))
 
+    # Resharded: the whole state dict, loaded by rank 0 alone (rank 1 waits).
+    full = _full_target(local)
+
+    def reshard(key: str, reader: Any, source: str) -> None:
+        if rank == 0:
+            note(key, _load_alone(full, reader, repeats))
+            assert set(getattr(reader, "sources", lambda: {source: 1})()) == {source}
+        dist.barrier()
+
     reader = tce.dcp.StorageReader(path)
     note("tce_load_cache_s", load(reader))
     assert set(reader.sources()) == {"local"}, reader.sources()
+    reshard("tce_reshard_cache_s", tce.dcp.StorageReader(path), "local")
     dist.barrier()
     if rank == 0:
         for name in os.listdir(path):
@@ -214,13 +297,69 @@ def _rank_main(size: int, repeats: int, storage: str) -> None:
     reader = tce.dcp.StorageReader(path)
     note("tce_load_storage_s", load(reader))
     assert set(reader.sources()) == {"storage"}, reader.sources()
+    reshard("tce_reshard_storage_s", tce.dcp.StorageReader(path), "storage")
     note("fs_load_s", load(dcp.FileSystemReader(last_fs)))
+    reshard("fs_reshard_s", dcp.FileSystemReader(last_fs), "fs")
     for k, v in runs.items():
         res[k] = statistics.median(v)
     if rank == 0:
         print("RESULT " + json.dumps(res), flush=True)
     tce.close()
     dist.destroy_process_group()
+
+
+def _full_target(local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Zeros shaped as the whole (unsharded) state dict of ``gpt_state_dict``
+    shards (``Shard(0)`` over ``WORLD`` ranks)."""
+    return {k: torch.zeros((v.shape[0] * WORLD, *v.shape[1:]), dtype=v.dtype)
+            for k, v in local.items()}
+
+
+def _load_alone(target: dict[str, torch.Tensor], reader: Any, repeats: int) -> float:
+    """The median time of ``repeats`` loads by this process alone, after an
+    untimed one."""
+    import torch.distributed.checkpoint as dcp
+
+    times = []
+    for i in range(repeats + 1):
+        reader.reset()
+        t0 = time.perf_counter()
+        dcp.load(target, storage_reader=reader, no_dist=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def _peer_save_main(size: int, path: str) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    import tce
+    import tce.dcp
+
+    warnings.simplefilter("ignore")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
+    mesh = init_device_mesh("cpu", (WORLD,))
+    local = gpt_state_dict(size // WORLD, layers=LAYERS)
+    sd = {k: DTensor.from_local(v, mesh, [Shard(0)], run_check=False) for k, v in local.items()}
+    dcp.save(sd, storage_writer=tce.dcp.StorageWriter(path))
+    dist.barrier()
+    tce.close()
+    dist.destroy_process_group()
+
+
+def _peer_load_main(size: int, repeats: int, path: str) -> None:
+    import tce
+    import tce.dcp
+
+    warnings.simplefilter("ignore")
+    full = _full_target(gpt_state_dict(size // WORLD, layers=LAYERS))
+    reader = tce.dcp.StorageReader(path)
+    seconds = _load_alone(full, reader, repeats)
+    assert set(reader.sources()) == {"peer"}, reader.sources()
+    print("RESULT " + json.dumps({"tce_reshard_peer_s": seconds}), flush=True)
+    tce.close()
 
 
 def main(size: int, repeats: int, as_json: bool, directory: str | None = None) -> int:
@@ -233,4 +372,9 @@ def main(size: int, repeats: int, as_json: bool, directory: str | None = None) -
 
 
 if __name__ == "__main__":
-    _rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    if sys.argv[1] == "peer-save":
+        _peer_save_main(int(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1] == "peer-load":
+        _peer_load_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    else:
+        _rank_main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
