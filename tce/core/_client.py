@@ -318,7 +318,7 @@ class Client:
         # not the staging thread that commits later.
         omit_zip_crc32 = not torch.serialization.get_crc32_options()
 
-        def commit(staging: _staging.Staging) -> pb.FileInfo:
+        def commit(staging: _staging.Staging | _staging.FdStaging) -> pb.FileInfo:
             try:
                 staging.finish()
                 records = [
@@ -327,7 +327,7 @@ class Client:
                               central_offset=r.central_offset)
                     for r in plan.records
                 ]
-                return self._call(
+                info = self._call(
                     "Commit",
                     pb.CommitRequest(
                         session=self.session, allocation_id=resp.allocation_id, records=records,
@@ -336,7 +336,17 @@ class Client:
                 ).file
             except BaseException:
                 self._abort(resp.allocation_id)
+                if isinstance(staging, _staging.FdStaging):
+                    staging.close()
                 raise
+            if isinstance(staging, _staging.FdStaging):
+                # Once the save is answered: the mapping's page faults must
+                # not compete with the save they would serve later.
+                try:
+                    self._map_later(resp.buffer_id, resp.capacity, staging.fd)
+                finally:
+                    staging.close()
+            return info
 
         try:
             staging = self._staging_for(plan, resp.buffer_id, resp.capacity)
@@ -361,7 +371,7 @@ class Client:
             fd = self._request_fd(buffer_id)
             if _page_size(fd) == mmap.PAGESIZE:
                 self.pwrite_saves += 1
-                return _staging.FdStaging(plan, fd, then=lambda: self._map_later(buffer_id, capacity, fd))
+                return _staging.FdStaging(plan, fd)
             # Huge pages: a mapping costs little (and hugetlbfs has no write()).
             return _staging.Staging(plan, self._writable_mapping(buffer_id, capacity, fd))
         if m is None and mapping is not None:

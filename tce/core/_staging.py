@@ -212,30 +212,28 @@ class FdStaging:
     entries: about 0.2-0.4 s per GiB, by faults or by populating it, against
     0.05 s for the copy), and the kernel's write does that work for 1 page at
     a time under the file's lock for ~0.15 s per GiB. CPU storages only; the
-    caller maps the buffer for later saves (``then``: called once every
-    byte is written, before the fd is closed). Closes the fd when done."""
+    caller maps the buffer for later saves from :attr:`fd`, then
+    :meth:`close`\ s it."""
 
-    def __init__(self, plan: Plan, fd: int, then: Callable[[], None] | None = None) -> None:
+    def __init__(self, plan: Plan, fd: int) -> None:
         self._plan = plan
-        self._fd = fd
-        self._then = then
+        self.fd = fd
 
     def __setitem__(self, where: slice, data: Any) -> None:  # write_fixed's view[a:b] = data
-        _pwrite_all(self._fd, memoryview(data).cast("B"), where.start)
+        _pwrite_all(self.fd, memoryview(data).cast("B"), where.start)
 
     def enqueue(self) -> None:
         pass
 
     def finish(self) -> None:
-        try:
-            self._plan.write_fixed(self)  # type: ignore[arg-type]
-            for offset, storage in self._plan.storage_offsets():
-                _pwrite_all(self._fd, memoryview(storage_bytes(storage).numpy()), offset)
-            if self._then is not None:
-                self._then()
-        finally:
-            os.close(self._fd)
-            self._fd = -1
+        self._plan.write_fixed(self)  # type: ignore[arg-type]
+        for offset, storage in self._plan.storage_offsets():
+            _pwrite_all(self.fd, memoryview(storage_bytes(storage).numpy()), offset)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
