@@ -721,6 +721,71 @@ def test_corrupted_copies_are_refused_and_storage_serves(tmp_path, transport):
         _stop(b)
 
 
+def _save_raw(server, path: str, data: bytes, job="ring-job") -> None:
+    """A file that is not a torch zip (as a DCP data file is): raw bytes."""
+    with _knobs.override(socket=server.socket):
+        alloc = _service.client().allocate(job=job, tag="t", rank=0, path=path, size=len(data))
+        alloc.view[:] = data
+        alloc.commit()
+        api.close()
+
+
+def test_files_that_are_not_torch_zips_are_checked_on_the_ring_too(tmp_path, transport):
+    """A raw file has no records to check, so it travels with byte ranges
+    that carry CRCs: a good copy is held and comes back bitwise (and as the
+    file it was: no records); a copy corrupted on the wire is refused, as a
+    backup and when sent back for recovery."""
+    faulty = faulty_server_binary()
+    a = _ring_server(tmp_path, transport, "a")
+    b = _ring_server(tmp_path, transport, "b", extra=["--ring-fault", "corrupt"], binary=faulty)
+    try:
+        _set_ring([a, b])
+        good = os.urandom((5 << 20) + 123)
+        _save_raw(a, "/ckpt/a.distcp", good)  # A -> B: a clean transport
+        _until(lambda: _files(a)["/ckpt/a.distcp"].backup_holder, what="A's backup")
+        _save_raw(b, "/ckpt/b.distcp", os.urandom(1 << 20))  # B -> A: corrupted on the way
+        st = _until(lambda: int(_status(b)["backup_failures"]) >= 1 and _status(b), what="a refusal")
+        assert "checksum mismatch in record range" in st["backup_error"], st["backup_error"]
+        assert int(_status(a)["held_backups"]) == 0  # nothing corrupt was kept
+
+        a.kill()
+        a2 = _ring_server(tmp_path, transport, "a2")
+        try:
+            _set_ring([a2, b])  # B sends A's file back through its corrupting transport
+            st = _until(lambda: "checksum mismatch" in _status(a2)["backup_error"] and _status(a2),
+                        what="the refused recovery")
+            assert "/ckpt/a.distcp" not in _files(a2)  # never installed
+        finally:
+            a2.kill()
+            a2.cleanup()
+    finally:
+        a.cleanup()
+        _stop(b)
+
+    # Between two sound servers the same file comes back whole, and as it was.
+    c, d = (_ring_server(tmp_path, transport, name) for name in ("c", "d"))
+    try:
+        _set_ring([c, d])
+        _save_raw(c, "/ckpt/c.distcp", good)
+        _until(lambda: _files(c)["/ckpt/c.distcp"].backup_holder, what="C's backup")
+        c.kill()
+        c2 = _ring_server(tmp_path, transport, "c2")
+        try:
+            _set_ring([c2, d])
+            got = _list_restored(c2)["/ckpt/c.distcp"]
+            assert got.size == len(good) and len(got.records) == 0
+            with _knobs.override(socket=c2.socket, job="ring-job"):
+                _, mm = _service.client().open("ring-job", "/ckpt/c.distcp")
+                assert bytes(mm[:len(good)]) == good
+                mm.close()
+                api.close()
+        finally:
+            _stop(c2)
+    finally:
+        c.cleanup()
+        _stop(d)
+
+
 @pytest.mark.multinode
 @pytest.mark.rdma  # the bench runs ofi too
 def test_ring_bench_runs(tmp_path):

@@ -212,8 +212,8 @@ class FdStaging:
     entries: about 0.2-0.4 s per GiB, by faults or by populating it, against
     0.05 s for the copy), and the kernel's write does that work for 1 page at
     a time under the file's lock for ~0.15 s per GiB. CPU storages only; the
-    caller maps the buffer for later saves from :attr:`fd`, then
-    :meth:`close`\ s it."""
+    caller maps the buffer for later saves from :attr:`fd`, then closes it
+    (:meth:`close`)."""
 
     def __init__(self, plan: Plan, fd: int) -> None:
         self._plan = plan

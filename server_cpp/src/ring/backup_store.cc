@@ -111,6 +111,7 @@ std::vector<HeldBackup> BackupStore::List(const std::string& job, int32_t owner_
     if (key.first != job || h.owner_node != owner_node) continue;
     HeldBackup copy;
     copy.file = h.file;
+    copy.check_ranges = h.check_ranges;
     copy.owner = h.owner;
     copy.owner_node = h.owner_node;
     out.push_back(std::move(copy));
@@ -123,6 +124,7 @@ Status BackupStore::Open(const std::string& job, const std::string& path, HeldBa
   auto it = held_.find({job, path});
   if (it == held_.end()) return Status::NotFound("no copy of " + path + " is held for job " + job);
   info->file = it->second.file;
+  info->check_ranges = it->second.check_ranges;
   info->owner = it->second.owner;
   info->owner_node = it->second.owner_node;
   return it->second.buffer->buffer().NewFd(/*writable=*/false, fd);

@@ -37,6 +37,7 @@ class MappedBuffer {
 
 struct HeldBackup {
   FileInfo file;   // job, tag, rank, path, size, version, records (with CRCs)
+  bool check_ranges = false;  // file.records are CheckRanges (the file has none)
   std::string owner;  // the peer that sent it
   int32_t owner_node = 0;  // its node rank in the job's ring
   std::unique_ptr<MappedBuffer> buffer;

@@ -402,6 +402,7 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
       held.file.size = req.size();
       held.file.version = req.version();
       held.file.records = std::move(records);
+      held.check_ranges = req.check_ranges();
       held.owner = link->peer();
       held.owner_node = req.owner_node();
       held.buffer = std::move(buffer);
@@ -424,6 +425,10 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     found = member.ok() ? cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd) : member;
     if (found.ok()) {
       pinned = held.file.buffer_id;
+      if (held.file.records.empty()) {  // not a torch zip: ranges, so every byte is checked
+        held.file.records = CheckRanges(held.file.size);
+        held.check_ranges = true;
+      }
       found = FillCrcs(fd, &held.file);  // the puller checks every record
     }
   }
@@ -455,6 +460,7 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     header.set_version(held.file.version);
     header.set_owner_node(held.owner_node);
     RecordsToProto(held.file.records, header.mutable_records());
+    header.set_check_ranges(held.check_ranges);
     if (s.ok()) s = link->Send(header);
     if (s.ok()) s = transport_->Send(link, SendSource{fd, held.file.size}, nullptr);
     ::close(fd);

@@ -298,6 +298,7 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
     s = VerifyRecords(static_cast<unsigned char*>(map), f.size, f.records);
     if (!s.ok()) s = Status::DataLoss("the copy from " + peer + " is corrupt: " + s.message());
   }
+  if (header.check_ranges()) f.records.clear();  // the transfer's, not the file's
   munmap(map, mem->capacity());
   if (!s.ok()) {
     cache_->AbandonRecovery(std::move(mem));
@@ -335,6 +336,7 @@ Status Replicator::PullHeld(const std::string& job, const std::string& path) {
     return s;
   }
   FileInfo f = held.file;
+  if (held.check_ranges) f.records.clear();  // the transfer's, not the file's
   f.backup_holder = options_.self;  // the copy stays held here too
   return cache_->AdoptRecovered(std::move(f), std::move(mem));
 }
@@ -420,12 +422,21 @@ Status Replicator::Backup(const BackupJob& job, std::map<std::string, std::uniqu
   // CRCs travel with the header when persistence computed them already;
   // otherwise each chunk is checksummed just before it is sent (the pass
   // overlaps the transfer) and the CRCs follow the bytes.
-  const std::vector<Record>& records = job.records;
+  // A file with no records (not a torch zip) goes with byte ranges to check.
+  const bool ranges = job.records.empty() && job.size > 0;
+  BackupJob with_ranges;
+  if (ranges) {
+    with_ranges = job;
+    with_ranges.records = CheckRanges(job.size);
+  }
+  const BackupJob& sent = ranges ? with_ranges : job;
+  const std::vector<Record>& records = sent.records;
   bool missing = false;
   for (const Record& r : records) missing |= r.crc32 == 0 && r.size > 0;
   v1::PeerRequest req;
   v1::PeerBackup* b = req.mutable_backup();
   b->set_crc_trailer(missing);
+  b->set_check_ranges(ranges);
   b->set_job(job.job);
   b->set_tag(job.tag);
   b->set_rank(job.rank);
@@ -436,7 +447,7 @@ Status Replicator::Backup(const BackupJob& job, std::map<std::string, std::uniqu
   RecordsToProto(records, b->mutable_records());
   s = link->Send(req);
   if (s.ok() && !missing) s = transport_->Send(link, SendSource{job.fd, job.size}, nullptr);
-  if (s.ok() && missing) s = SendWithChecksums(link, job);
+  if (s.ok() && missing) s = SendWithChecksums(link, sent);
   if (!s.ok()) return s;
   return Verdict(link, job.peer);
 }
