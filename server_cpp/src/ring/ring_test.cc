@@ -106,6 +106,22 @@ TEST(BackupStore, BudgetRecyclingAndDrop) {
   store.Abandon(std::move(big));
 }
 
+TEST(CheckRanges, TileTheFileInBoundedRanges) {
+  EXPECT_TRUE(CheckRanges(0).empty());
+  for (uint64_t size : {uint64_t{1}, kCheckRange - 1, kCheckRange, kCheckRange + 1, 3 * kCheckRange + 7}) {
+    std::vector<Record> r = CheckRanges(size);
+    ASSERT_EQ(r.size(), (size + kCheckRange - 1) / kCheckRange) << size;
+    uint64_t at = 0;
+    for (const Record& x : r) {
+      EXPECT_EQ(x.data_offset, at);
+      EXPECT_GT(x.size, 0u);
+      EXPECT_LE(x.size, kCheckRange);
+      at += x.size;
+    }
+    EXPECT_EQ(at, size);
+  }
+}
+
 TEST(VerifyRecords, NamesTheRecordThatDiffers) {
   std::vector<unsigned char> data(300, 'x');
   std::vector<Record> records = {{"a/data/0", 0, 10, 100, 0, 0}, {"a/data/1", 120, 130, 50, 0, 0}};
