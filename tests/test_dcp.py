@@ -220,6 +220,37 @@ def test_single_process_roundtrip_and_ranged_reads(server, tmp_path):
     assert all(end <= start for (_, end), (start, _) in zip(ranges, ranges[1:]))  # item by item
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_staging_gpu_tensors_copies_them_straight_into_the_cache(server, tmp_path):
+    """The writer's stager with GPU tensors (what dcp.async_save calls): it
+    returns before any device-to-host copy, which runs on the staging thread
+    straight into the cache buffer; after the fence the tensors change, and
+    the checkpoint holds the values as of the call, saved as CPU storages."""
+    sd = {"w": torch.randn(1024, 1024, device="cuda"),
+          "v": torch.arange(10, device="cuda")[2:],  # a view: saved as its own elements
+          "b": torch.randn(3, device="cuda", dtype=torch.bfloat16), "n": 5}
+    want = {k: (v.cpu().clone() if isinstance(v, torch.Tensor) else v) for k, v in sd.items()}
+    path = tmp_path / "gpu"
+    writer = tce.dcp.StorageWriter(path)
+    staged = writer.stage(sd)
+    assert all(v.device.type == "cpu" for v in staged.values() if isinstance(v, torch.Tensor))
+    tce.wait_staged()  # the fence
+    for k in ("w", "v", "b"):
+        sd[k].add_(100)
+    dcp.save(staged, storage_writer=writer, no_dist=True)
+    out = {"w": torch.zeros(1024, 1024), "v": torch.zeros(8, dtype=torch.long),
+           "b": torch.zeros(3, dtype=torch.bfloat16), "n": 0}
+    dcp.load(out, storage_reader=tce.dcp.StorageReader(path), no_dist=True)
+    for k in ("w", "v", "b"):
+        assert torch.equal(out[k], want[k]), k
+    assert out["n"] == 5
+    job = _knobs.get("job")
+    _, mm = _service.with_client(lambda c: c.open(job, str(path / "__0_0.distcp")))
+    assert b"X\x06\x00\x00\x00cuda:" not in bytes(mm[:])  # every archive names a CPU storage, as DCP's do
+    mm.close()
+
+
 def _archive(t: torch.Tensor) -> bytes:
     import io
     b = io.BytesIO()

@@ -23,6 +23,7 @@ from torch.futures import Future
 
 from tce import _service, api
 from tce.core import _dist
+from tce.core._layout import storage_bytes
 from tce.errors import NotCachedError, ServerUnavailableError, TCEError
 from tce.integrations._dcp_format import (
     DCP_VERSION,
@@ -40,20 +41,44 @@ log = logging.getLogger("tce.dcp")
 
 
 def _compact(t: torch.Tensor) -> torch.Tensor:
-    """``t`` on the CPU, its storage exactly its elements (what torch.save
+    """``t``, on its device, its storage exactly its elements (what torch.save
     should write for it: a view would save its whole storage)."""
     t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
     if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset() != 0:
         t = t.clone(memory_format=torch.contiguous_format)
     return t
 
 
+class _TensorArchive:
+    """The torch.save archive of one compact tensor, as DCP's files hold it
+    (its storage saved as a CPU one), written into a cache buffer. A GPU
+    tensor's bytes are copied device-to-host straight into the buffer: no
+    host copy of the tensor is made on the way."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t
+        if t.device.type == "cpu":
+            self.layout = _service.object_layout(t)
+        else:  # laid out from a CPU stand-in (never touched: no memory used)
+            self.layout = _service.object_layout(
+                torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu"))
+        self.size = self.layout.size
+
+    def write(self, view: memoryview, tensor: torch.Tensor) -> None:
+        if self.tensor.device.type == "cpu":
+            self.layout.write(view, tensor)
+            return
+        self.layout.write_fixed(view)
+        rec = self.layout.records[4]  # the one storage
+        if rec.size:
+            tensor[rec.data_offset:rec.data_offset + rec.size].copy_(
+                storage_bytes(self.tensor.untyped_storage()))
+
+
 def _storage_view(buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A tensor over ``buffer`` (uint8, the storage's bytes) shaped like ``like``."""
     if like.numel() == 0:
-        return torch.empty_like(like)
+        return torch.empty_like(like, device="cpu")
     typed = buffer.view(like.dtype)  # as_strided's offset counts from the storage's start
     return typed.as_strided(like.size(), like.stride(),
                             typed.storage_offset() + like.storage_offset())
@@ -80,7 +105,7 @@ class _Part:
             self.size = len(self.raw)
         else:
             self.raw = None
-            self.layout = _service.object_layout(_compact(data))
+            self.layout = _TensorArchive(_compact(data))
             self.size = self.layout.size
 
     def write(self, dest: Any, offset: int) -> None:
@@ -296,7 +321,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
                 local = _local(obj)
                 if local is not None:
                     t = _compact(local)
-                    leaves.append((t, _service.object_layout(t)))
+                    leaves.append((t, _TensorArchive(t)))
 
         collect(state_dict)
         if not leaves:
@@ -313,7 +338,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
         staged: dict[int, _Staged] = {}
         views: dict[int, torch.Tensor] = {}
         for (t, layout), offset in zip(leaves, offsets):
-            rec = layout.records[4]  # the first (only) storage's record
+            rec = layout.layout.records[4]  # the first (only) storage's record
             view = _storage_view(dest.tensor[offset + rec.data_offset:
                                              offset + rec.data_offset + rec.size], t)
             if view.numel():
