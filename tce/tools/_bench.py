@@ -273,9 +273,9 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
             server.stop()
             server.cleanup()
 
-    if "cold" not in skip and "tce" not in skip and device == "cpu":
+    if "cold" not in skip and "tce" not in skip:
         res.update(_coldbench.run(sd, size, directory=directory, dtype=dtype, layers=layers,
-                                  repeats=repeats))
+                                  repeats=repeats, device=device))
     if "persist" not in skip:
         res.update(_persistence(sd, nbytes, repeats=persist_repeats, directory=directory))
     if "torch" not in skip:

@@ -31,43 +31,51 @@ from tce.tools._server import LocalServer
 _NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
 _HUGE = 2 << 20
 
-# Runs in the new process: argv = mode, size, path, dtype, layers, repeats.
+# Runs in the new process: argv = mode, size, path, dtype, layers, repeats, device.
+# On a GPU the state dict and the model live on the device: the first save
+# includes registering the new buffer with CUDA, a restore loads to the host
+# (map_location="cpu", as a resuming job does) and copies into the model.
 _CHILD = r"""
 import json, statistics, sys, time
 import torch
 import tce
 from tce.tools._workload import gpt_state_dict
-mode, size, path, dtype, layers, repeats = sys.argv[1:7]
-sd = gpt_state_dict(int(size), dtype=getattr(torch, dtype), layers=int(layers) if layers != "-" else None)
+mode, size, path, dtype, layers, repeats, device = sys.argv[1:8]
+sd = gpt_state_dict(int(size), dtype=getattr(torch, dtype), device=device,
+                    layers=int(layers) if layers != "-" else None)
+sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+sync()
 out = {}
 if mode == "save":
-    t0 = time.perf_counter(); tce.save(sd, path); out["first"] = time.perf_counter() - t0
+    t0 = time.perf_counter(); tce.save(sd, path); sync(); out["first"] = time.perf_counter() - t0
     times = []
     for _ in range(int(repeats) + 2):  # two more buffers to map first: one is the parent's
-        t0 = time.perf_counter(); tce.save(sd, path); times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); tce.save(sd, path); sync(); times.append(time.perf_counter() - t0)
     out["steady"] = statistics.median(times[2:])
 else:
     model = {k: torch.empty_like(v).fill_(0) for k, v in sd.items()}  # a built model, faulted in
     del sd
-    load = (lambda: tce.load(path, weights_only=True)) if mode == "tce" else \
-           (lambda: torch.load(path, weights_only=True))
+    sync()
+    load = (lambda: tce.load(path, weights_only=True, map_location="cpu")) if mode == "tce" else \
+           (lambda: torch.load(path, weights_only=True, map_location="cpu"))
     t0 = time.perf_counter()
     got = load()
     for k, v in model.items():
         v.copy_(got[k])
+    sync()
     out["restore"] = time.perf_counter() - t0
 print(json.dumps(out))
 """
 
 
 def _child(mode: str, size: int, path: str, *, socket_path: str | None, dtype: torch.dtype,
-           layers: int | None, repeats: int) -> dict[str, float]:
+           layers: int | None, repeats: int, device: str = "cpu") -> dict[str, float]:
     env = dict(os.environ, TCE_ON_UNAVAILABLE="raise")
     if socket_path:
         env["TCE_SOCKET"] = socket_path
     p = subprocess.run(
         [sys.executable, "-c", _CHILD, mode, str(size), path, str(dtype).replace("torch.", ""),
-         str(layers) if layers else "-", str(repeats)],
+         str(layers) if layers else "-", str(repeats), device],
         capture_output=True, text=True, env=env, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"bench child ({mode}) failed:\n{p.stderr[-4000:]}")
@@ -127,9 +135,10 @@ def wait_pool(server: LocalServer, timeout: float = 120.0) -> dict[str, Any]:
 
 
 def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.dtype,
-        layers: int | None, repeats: int) -> dict[str, Any]:
+        layers: int | None, repeats: int, device: str = "cpu") -> dict[str, Any]:
     """The cold rows: ``cold_<backing>_{first_save,steady_save,restore}_s`` for
-    4k and hugetlb, ``cold_torch_restore_s`` (and ``_dropped_s`` as root)."""
+    4k and hugetlb, ``cold_torch_restore_s`` (and ``_dropped_s`` as root);
+    ``sd`` and the children's state dicts and models on ``device``."""
     res: dict[str, Any] = {}
     nbytes = sum(v.untyped_storage().nbytes() for v in sd.values())
     # The file cached, and the new version the child saves over it: two buffers.
@@ -157,7 +166,8 @@ def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.
                 with _knobs.override(socket=server.socket, on_unavailable="raise"):
                     tce.save(sd, path)  # the cached file the restores read
                     api.close()
-                kw = dict(socket_path=server.socket, dtype=dtype, layers=layers, repeats=repeats)
+                kw = dict(socket_path=server.socket, dtype=dtype, layers=layers, repeats=repeats,
+                          device=device)
                 wait_pool(server)  # refilled, as a job starting later finds it
                 saved = _child("save", size, path, **kw)  # a new version: a new buffer
                 res[f"cold_{backing}_first_save_s"] = saved["first"]
@@ -178,7 +188,7 @@ def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.
                     f.write(str(old))
     fpath = os.path.join(directory, "tce_bench_cold_torch.pt")
     torch.save(sd, fpath)
-    kw = dict(socket_path=None, dtype=dtype, layers=layers, repeats=repeats)
+    kw = dict(socket_path=None, dtype=dtype, layers=layers, repeats=repeats, device=device)
     _child("torch", size, fpath, **kw)  # the page cache holds the file now
     res["cold_torch_restore_s"] = statistics.median(
         [_child("torch", size, fpath, **kw)["restore"] for _ in range(max(1, repeats // 2))])
