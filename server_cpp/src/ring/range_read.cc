@@ -1,8 +1,11 @@
 #include "ring/range_read.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include "persist/crc.h"
 
 namespace tce {
 
@@ -27,6 +30,17 @@ Status ReadRangeOf(int fd, uint64_t offset, uint64_t length, std::string* out) {
     if (n == 0) return Status::DataLoss("the buffer ended at " + std::to_string(offset + done));
     done += static_cast<uint64_t>(n);
   }
+  return Status::OK();
+}
+
+Status CrcOfRange(int fd, uint64_t offset, uint64_t length, uint32_t* crc) {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset - offset % page;
+  const size_t span = static_cast<size_t>(offset + length - start);
+  void* map = mmap(nullptr, span, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(start));
+  if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap");
+  *crc = Crc32(0, static_cast<const unsigned char*>(map) + (offset - start), static_cast<size_t>(length));
+  munmap(map, span);
   return Status::OK();
 }
 

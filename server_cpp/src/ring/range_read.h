@@ -24,4 +24,9 @@ Status CheckRange(uint64_t offset, uint64_t length, uint64_t size);
 // The range must have passed CheckRange against the file's size.
 Status ReadRangeOf(int fd, uint64_t offset, uint64_t length, std::string* out);
 
+// The CRC-32 of bytes [offset, offset + length) of `fd` (a memfd), read
+// through a read-only mapping of just those pages (no copy). The range must
+// have passed CheckRange against the file's size.
+Status CrcOfRange(int fd, uint64_t offset, uint64_t length, uint32_t* crc);
+
 }  // namespace tce

@@ -99,11 +99,13 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
   r->set_path(path);
   r->set_offset(offset);
   r->set_length(length);
+  r->set_raw(true);  // the bytes after the reply, on the data path
   v1::PeerRangeReply reply;
+  std::unique_ptr<PeerLink> link;
   Status s;
   // A kept link may have died while idle (the peer restarted): one more try on a new one.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    std::unique_ptr<PeerLink> link = attempt == 0 ? TakeLink(peer) : nullptr;
+    link = attempt == 0 ? TakeLink(peer) : nullptr;
     const bool kept = link != nullptr;
     s = Status::OK();
     if (!link) s = PeerLink::Connect(peer, options_.self, options_.token, options_.io_timeout, &link);
@@ -111,20 +113,30 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
     reply.Clear();
     s = link->Send(req);
     if (s.ok()) s = link->Recv(&reply);
-    if (s.ok()) {
-      ReturnLink(peer, std::move(link));  // in step: one reply per request
-      break;
-    }
+    if (s.ok()) break;
     if (!kept) return Status::Unavailable(s.message());  // the link is dropped
   }
   if (!s.ok()) return Status::Unavailable(s.message());
   if (reply.code() != 0) {
+    ReturnLink(peer, std::move(link));  // in step: one reply per request
     const auto code = static_cast<Status::Code>(reply.code());
     const bool known = code == Status::Code::kNotFound || code == Status::Code::kOutOfRange ||
                        code == Status::Code::kInvalidArgument || code == Status::Code::kPermissionDenied;
     return Status::FromCode(known ? code : Status::Code::kUnavailable,
                             peer + ": " + reply.message().substr(0, 1024));
   }
+  if (reply.raw_length() != 0) {  // the bytes follow the reply
+    if (reply.raw_length() != length || !reply.data().empty())  // out of step: the link goes
+      return Status::DataLoss(peer + " announced " + std::to_string(reply.raw_length()) +
+                              " raw bytes (and " + std::to_string(reply.data().size()) +
+                              " in the reply) for a range of " + std::to_string(length));
+    reply.mutable_data()->resize(length);
+    s = link->RecvAll(&(*reply.mutable_data())[0], length);
+    if (!s.ok())  // the link goes
+      return Status::DataLoss(peer + " sent less than the " + std::to_string(length) +
+                              " bytes it announced: " + s.message());
+  }
+  ReturnLink(peer, std::move(link));  // in step: every byte of the reply was read
   if (reply.data().size() != length)
     return Status::DataLoss(peer + " sent " + std::to_string(reply.data().size()) + " bytes for a range of " +
                             std::to_string(length));
