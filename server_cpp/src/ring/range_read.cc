@@ -22,9 +22,13 @@ Status CheckRange(uint64_t offset, uint64_t length, uint64_t size) {
 
 Status ReadRangeOf(int fd, uint64_t offset, uint64_t length, std::string* out) {
   out->resize(length);
+  return ReadRangeOf(fd, offset, length, reinterpret_cast<unsigned char*>(&(*out)[0]));
+}
+
+Status ReadRangeOf(int fd, uint64_t offset, uint64_t length, unsigned char* to) {
   uint64_t done = 0;
   while (done < length) {
-    const ssize_t n = pread(fd, &(*out)[done], length - done, static_cast<off_t>(offset + done));
+    const ssize_t n = pread(fd, to + done, length - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno(errno, "pread");
     if (n == 0) return Status::DataLoss("the buffer ended at " + std::to_string(offset + done));

@@ -220,14 +220,20 @@ TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
     EXPECT_EQ(got.source, v1::RANGE_SOURCE_PEER);
     EXPECT_EQ(got.file_size, kSize);
   }
-  EXPECT_EQ(reader.peer_reads(), 3u);
-  EXPECT_EQ(reader.peer_bytes(), 3u * 4096);  // the ranges, not the file
+  std::string into(70000, '\0');  // where the caller says (a session's range buffer)
+  Status st = reader.Read("j", "/c/own", 1000001, 70000, &got,
+                          reinterpret_cast<unsigned char*>(&into[0]));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(into, own_.substr(1000001, 70000));
+  EXPECT_TRUE(got.data.empty());
+  EXPECT_EQ(reader.peer_reads(), 4u);
+  EXPECT_EQ(reader.peer_bytes(), 3u * 4096 + 70000);  // the ranges, not the file
   EXPECT_EQ(reader.Read("j", "/c/own", kSize, 1, &got).code(), Status::Code::kOutOfRange);
   EXPECT_EQ(reader.Read("j", "/c/none", 0, 1, &got).code(), Status::Code::kNotFound);
   // A job whose ring this node was never told asks nobody.
   EXPECT_EQ(reader.Read("k", "/c/own", 0, 1, &got).code(), Status::Code::kNotFound);
   // The copy the peer holds is read the same way.
-  Status st = reader.Read("j", "/c/held", 0, 5000, &got);
+  st = reader.Read("j", "/c/held", 0, 5000, &got);
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(got.data, held_);
   // A peer that went away: NOT_FOUND (the caller reads storage), saying why.
