@@ -50,20 +50,6 @@ class FdSource(Source):
             done += n
 
 
-class BufferSource(Source):
-    """Bytes in memory (a range read through the ring) that start at file
-    offset ``base``."""
-
-    def __init__(self, buf: Any, base: int) -> None:
-        self.buf, self.base = memoryview(buf).cast("B"), base
-
-    def readinto(self, view: memoryview, offset: int) -> None:
-        at = offset - self.base
-        if at < 0 or at + len(view) > len(self.buf):
-            raise ValueError(f"range [{offset}, {offset + len(view)}) is not in the bytes read")
-        view[:] = self.buf[at:at + len(view)]
-
-
 # The archive's head (local headers and data.pkl) and tail (the central
 # directory) are read once each; the reader's many small reads come from them.
 _HEAD = 4096
