@@ -71,8 +71,8 @@ KNOBS = {
         Knob("dcp_read_threads", "TCE_DCP_READ_THREADS", min(4, os.cpu_count() or 1),
              _positive_int,
              "tce.dcp.StorageReader: threads that copy planned regions straight "
-             "into their tensors, and ranged reads through the ring in flight at "
-             "once (1: one at a time)."),
+             "into their tensors (and ranged reads through the ring in flight, at "
+             "least one per slot of the session's range buffer)."),
         Knob("async", "TCE_ASYNC", False, _bool,
              "DeepSpeed engine: save asynchronously (copies overlap the next "
              "iteration; the tag is committed, and `latest` written, at the next "

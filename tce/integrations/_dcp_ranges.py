@@ -8,7 +8,9 @@ Where the server gives the session a range buffer, each call puts its piece
 in a slot of that buffer (the server receives a peer's bytes straight into
 it) and the reader copies it from there into the destination with
 ``preadv``, once, without the GIL; else the piece travels inside the reply.
-At most ``dcp_read_threads`` calls are in flight, and a piece keeps its slot
+As many calls are in flight as the buffer has slots (else
+``dcp_read_threads``): they mostly wait, for the server, the peer and the
+link, so their number need not follow the cores. A piece keeps its slot
 until its item was copied, so the bytes held are bounded by the buffer. An
 item too big for the slots is not read ahead: its source reads each piece
 when the reader asks for it (:class:`LazySource`).
@@ -113,11 +115,14 @@ class RingRanges:
     def __init__(self, path: str | os.PathLike, ranges: list[tuple[int, int]], *,
                  job: str) -> None:
         self.path, self.job, self.ranges = path, job, ranges
-        self._threads = _knobs.get("dcp_read_threads")
         buf = _service.range_buffer()
         self._slots = _Slots(buf[1] // _client.MAX_RANGE) if buf else None
         if self._slots is not None and self._slots.count < 2:
             self._slots = None
+        # The calls mostly wait (for the server, the peer, the link): with a
+        # range buffer, one in flight per slot, whatever the cores.
+        self._threads = max(_knobs.get("dcp_read_threads"),
+                            self._slots.count if self._slots else 0)
         # A range of more pieces than half the slots is read when asked for.
         self._lazy_over = (self._slots.count // 2 if self._slots else 1 << 30) * _client.MAX_RANGE
         # (range index, file offset, length) of every call reading ahead, in order.
