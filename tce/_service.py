@@ -57,7 +57,8 @@ except ImportError:  # a torch without the config: mmap is off by default
     _serialization_config = None
 
 __all__ = ["allocate_file", "client", "close", "is_path", "job_or_default", "load_file",
-           "load_range", "norm", "object_layout", "open_cached", "read_range", "remove_file", "save_file",
+           "load_range", "norm", "object_layout", "open_cached", "range_buffer", "read_range",
+           "read_range_piece", "remove_file", "save_file",
            "stage_later", "torch_load", "torch_save", "uncacheable", "wait_files", "wait_staged",
            "with_client"]
 
@@ -491,21 +492,56 @@ def read_range(path: str | os.PathLike, offset: int, length: int, *,
     Raises:
         ValueError: the range is not inside the file.
     """
+    out = bytearray(length)
+    source = "local"
+    for at in range(0, length, _client.MAX_RANGE):
+        n = min(length - at, _client.MAX_RANGE)
+        got = read_range_piece(path, offset + at, n, job=job)
+        if got is None:
+            return None
+        out[at:at + n] = got[0]
+        if got[1] == "peer":
+            source = "peer"
+    return out, source
+
+
+def range_buffer() -> tuple[int, int] | None:
+    """The server's range buffer for this process's session: (a read-only fd,
+    its size), or None when there is none (see ``Client.range_buffer``)."""
+    try:
+        return with_client(lambda c: c.range_buffer())
+    except ServerUnavailableError:
+        return None
+
+
+def read_range_piece(path: str | os.PathLike, offset: int, length: int, *,
+                     job: str | None = None,
+                     buffer_offset: int | None = None) -> tuple[Any, str] | None:
+    """One ReadRange call (``length`` at most :data:`_client.MAX_RANGE`), as
+    :func:`read_range`: (the bytes, where they came from). The bytes are the
+    reply's (no copy), or with ``buffer_offset`` (fd, offset): where they lie
+    in the session's range buffer (:func:`range_buffer`), when this
+    session has one. Any thread may call it.
+    """
     path = norm(path)
     if uncacheable(path) is not None:
         return None
     job = job_or_default(job)
-    out = bytearray(length)
-    source = "local"
-    done = 0
+
+    def call(c: Any) -> tuple[Any, int]:
+        buf = c.range_buffer() if buffer_offset is not None else None
+        if buf is None:
+            resp = c.read_range(job, path, offset, length)
+            data = resp.data  # once: each access may copy
+            if len(data) != length:
+                raise ValueError(f"{path}: the server sent {len(data)} bytes for a range of "
+                                 f"{length}")
+            return data, resp.source
+        resp = c.read_range(job, path, offset, length, buffer_offset=buffer_offset)
+        return (buf[0], buffer_offset), resp.source
+
     try:
-        while done < length:
-            n = min(length - done, _client.MAX_RANGE)
-            resp = with_client(lambda c: c.read_range(job, path, offset + done, n))
-            out[done:done + n] = resp.data
-            if _RANGE_SOURCES.get(resp.source) == "peer":
-                source = "peer"
-            done += n
+        piece, source = with_client(call)
     except (ServerUnavailableError, NotCachedError, PermissionDeniedError):
         return None
     except TCEError as e:
@@ -514,7 +550,7 @@ def read_range(path: str | os.PathLike, offset: int, length: int, *,
         if e.code in ("UNIMPLEMENTED", "DATA_LOSS"):  # an older server; a corrupt copy
             return None
         raise
-    return out, source
+    return piece, _RANGE_SOURCES.get(source, "local")
 
 
 def load_range(mm: Any, offset: int, length: int, *, map_location: Any = None) -> Any:

@@ -213,6 +213,8 @@ class Client:
         self.pwrite_saves = 0  # saves written with pwrite into a buffer not mapped yet
         self._retired: set[int] = set()  # of those, the ones the server retired meanwhile
         self._unmapped: list[int] = []
+        # The session's range buffer: None until asked for, () when there is none.
+        self._range_buffer: tuple[int, int] | tuple[()] | None = None
         self._released: collections.deque[int] = collections.deque()  # appended by finalizers
         self._leases: dict[int, weakref.ref] = {}  # live lease id -> its private mapping
         self.fd_requests = 0  # fds received so far (a steady-state save needs none)
@@ -256,11 +258,12 @@ class Client:
                 m.close()
                 log.debug("unmapped retired buffer %d", buffer_id)
 
-    def _request_fd(self, buffer_id: int) -> int:
+    def _request_fd(self, buffer_id: int, *, range_buffer: bool = False) -> int:
         with self._fd_lock:
             self.fd_requests += 1
             try:
-                self._fd_sock.send(pb.FdRequest(buffer_id=buffer_id).SerializeToString())
+                self._fd_sock.send(pb.FdRequest(buffer_id=buffer_id, range_buffer=range_buffer)
+                                   .SerializeToString())
                 packet, fds, _, _ = socket.recv_fds(self._fd_sock, _FD_PACKET, 1)
             except OSError as e:
                 raise ServerUnavailableError(f"fd socket failed: {e}") from None
@@ -543,12 +546,38 @@ class Client:
         self._flush()
         return released
 
-    def read_range(self, job: str, path: str, offset: int, length: int) -> pb.ReadRangeResponse:
+    def read_range(self, job: str, path: str, offset: int, length: int, *,
+                   buffer_offset: int | None = None) -> pb.ReadRangeResponse:
         """Bytes ``[offset, offset + length)`` (at most :data:`MAX_RANGE`) of a
-        file from this server's cache, a copy it holds, or a ring peer.
-        Raises NotCachedError when none has it."""
+        file from this server's cache, a copy it holds, or a ring peer: in the
+        reply's ``data``, or with ``buffer_offset`` at that offset of this
+        session's range buffer (:meth:`range_buffer`). Raises NotCachedError
+        when none has it."""
         return self._call("ReadRange", pb.ReadRangeRequest(
-            session=self.session, job=job, path=path, offset=offset, length=length))
+            session=self.session, job=job, path=path, offset=offset, length=length,
+            into_buffer=buffer_offset is not None, buffer_offset=buffer_offset or 0))
+
+    def range_buffer(self) -> tuple[int, int] | None:
+        """This session's range buffer, where :meth:`read_range` can put the
+        bytes so they never travel inside a reply: (a read-only fd, its size
+        in bytes), got once per session and closed with the client. None when
+        the server has none to give (an older server, or too many sessions
+        hold one); read through the reply then."""
+        with self._lock:
+            if self._range_buffer is not None:
+                return self._range_buffer or None
+        try:
+            fd = self._request_fd(0, range_buffer=True)
+            got: tuple[int, int] | tuple[()] = (fd, os.fstat(fd).st_size)
+        except TCEError as e:
+            log.debug("no range buffer: %s", e)
+            got = ()
+        with self._lock:
+            if self._range_buffer is None:
+                self._range_buffer = got
+            elif got:  # another thread got it first
+                os.close(got[0])
+            return self._range_buffer or None
 
     def lookup(self, job: str, path: str) -> pb.FileInfo:
         return self._call(
@@ -628,6 +657,10 @@ class Client:
             mappings, self._mappings = self._mappings, {}
         for m in mappings.values():
             m.close()
+        with self._lock:
+            if self._range_buffer:
+                os.close(self._range_buffer[0])
+            self._range_buffer = ()
         self._fd_sock.close()
         self._channel.close()
 

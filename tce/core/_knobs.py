@@ -39,6 +39,13 @@ def _positive_float(value: str) -> float:
     return f
 
 
+def _positive_int(value: str) -> int:
+    i = int(value)
+    if i <= 0:
+        raise ValueError(f"must be an integer > 0, got {value!r}")
+    return i
+
+
 def _bool(value: str) -> bool:
     v = value.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -61,6 +68,11 @@ KNOBS = {
              "torch.save (one warning) and loads from disk; `raise` raises."),
         Knob("rpc_timeout", "TCE_RPC_TIMEOUT", 60.0, _positive_float,
              "Seconds before a control call to the server gives up."),
+        Knob("dcp_read_threads", "TCE_DCP_READ_THREADS", min(4, os.cpu_count() or 1),
+             _positive_int,
+             "tce.dcp.StorageReader: threads that copy planned regions straight "
+             "into their tensors (and ranged reads through the ring in flight, at "
+             "least one per slot of the session's range buffer)."),
         Knob("async", "TCE_ASYNC", False, _bool,
              "DeepSpeed engine: save asynchronously (copies overlap the next "
              "iteration; the tag is committed, and `latest` written, at the next "
@@ -93,6 +105,8 @@ def _check(settings: dict[str, Any]) -> dict[str, Any]:
             raise TypeError(f"unknown TCE setting {name!r}; known: {', '.join(KNOBS)}")
         if isinstance(value, str):
             settings[name] = KNOBS[name].parse(value)
+        elif KNOBS[name].parse is _positive_int:
+            settings[name] = _positive_int(str(value))
         elif KNOBS[name].default is not None and isinstance(KNOBS[name].default, bool) \
                 and not isinstance(value, bool):
             raise ValueError(f"TCE setting {name!r} must be true or false, got {value!r}")

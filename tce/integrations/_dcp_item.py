@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from tce.core import _knobs
+
 
 class Source:
     """Bytes of one data file: ``readinto(view, offset)`` fills ``view``."""
@@ -46,20 +48,6 @@ class FdSource(Source):
             if n <= 0:
                 raise ValueError(f"short read: {done} of {want} bytes at offset {offset}")
             done += n
-
-
-class BufferSource(Source):
-    """Bytes in memory (a range read through the ring) that start at file
-    offset ``base``."""
-
-    def __init__(self, buf: Any, base: int) -> None:
-        self.buf, self.base = memoryview(buf).cast("B"), base
-
-    def readinto(self, view: memoryview, offset: int) -> None:
-        at = offset - self.base
-        if at < 0 or at + len(view) > len(self.buf):
-            raise ValueError(f"range [{offset}, {offset + len(view)}) is not in the bytes read")
-        view[:] = self.buf[at:at + len(view)]
 
 
 # The archive's head (local headers and data.pkl) and tail (the central
@@ -235,17 +223,17 @@ def read_tensor(source: Source, layout: Layout, offsets: Any, lengths: Any,
     return "scratch"
 
 
-# Reads straight into destinations run on this many threads (preadv drops
-# the GIL), in pieces of at most READ_PIECE bytes so the threads share the
-# work evenly.
-READ_THREADS = min(4, os.cpu_count() or 1)
+# Reads straight into destinations run on `dcp_read_threads` threads (a
+# setting: preadv drops the GIL, so more threads help where the storage or
+# the cores allow), in pieces of at most READ_PIECE bytes so the threads
+# share the work evenly.
 READ_PIECE = 8 << 20
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 class Reads:
     """Queued reads of file bytes into destination memory; :meth:`run`
-    does them all, on :data:`READ_THREADS` threads."""
+    does them all, on ``dcp_read_threads`` threads."""
 
     def __init__(self) -> None:
         self.pieces: list[tuple[Source, memoryview, int]] = []
@@ -257,11 +245,14 @@ class Reads:
     def run(self) -> None:
         global _pool
         pieces, self.pieces = self.pieces, []
-        if READ_THREADS <= 1 or len(pieces) <= 1:
+        threads = _knobs.get("dcp_read_threads")
+        if threads <= 1 or len(pieces) <= 1:
             for source, view, offset in pieces:
                 source.readinto(view, offset)
             return
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(READ_THREADS, "tce-dcp-read")
+        if _pool is None or _pool._max_workers != threads:  # the setting changed
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = concurrent.futures.ThreadPoolExecutor(threads, "tce-dcp-read")
         for f in [_pool.submit(source.readinto, view, offset) for source, view, offset in pieces]:
             f.result()

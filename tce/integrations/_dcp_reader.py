@@ -21,8 +21,9 @@ from torch.futures import Future
 
 from tce import _service
 from tce.integrations._dcp_format import METADATA, CheckpointDir
-from tce.integrations._dcp_item import (BufferSource, FdSource, Reads, Scratch, Source,
-                                        read_tensor, tensor_layout)
+from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, read_tensor,
+                                        tensor_layout)
+from tce.integrations._dcp_ranges import RingRanges
 
 __all__ = ["ReadRecord", "StorageReader"]
 
@@ -194,20 +195,23 @@ class StorageReader(CheckpointDir, _DCPReader):
     def _read_from_ring(self, path: str, name: str, reqs: list[Any],
                         planner: LoadPlanner) -> bool:
         """Each item's range through the server (another node's file as the
-        ring keeps it); False, having read nothing, when the ring does not
-        have the file."""
-        for i, req in enumerate(reqs):
-            info = self._item(name, req)
-            got = _service.read_range(path, info.offset, info.length, job=self.job)
-            if got is None:
-                if i == 0:
-                    return False
-                raise FileNotFoundError(
-                    errno.ENOENT, f"DCP checkpoint {self.path}: data file {name} left the ring "
-                    "during the load", path)
-            data, source = got
-            self._read(BufferSource(data, info.offset), name, source, req, planner)
-            self._finish(planner)
+        ring keeps it), the next items' ranges in flight while one is copied
+        (see :mod:`._dcp_ranges`); False, having read nothing, when the ring
+        does not have the file."""
+        infos = [self._item(name, req) for req in reqs]
+        with RingRanges(path, [(info.offset, info.length) for info in infos],
+                        job=self.job) as ranges:
+            for i, req in enumerate(reqs):
+                got = ranges.next()
+                if got is None:
+                    if i == 0:
+                        return False
+                    raise FileNotFoundError(
+                        errno.ENOENT, f"DCP checkpoint {self.path}: data file {name} left the "
+                        "ring during the load", path)
+                source, kind = got
+                self._read(source, name, kind, req, planner)
+                self._finish(planner)
         return True
 
     def _item(self, name: str, req: Any) -> Any:

@@ -378,6 +378,8 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   }
   RangeReader ranges(&cache, rro);
   service.SetRangeReader(&ranges);
+  RangeBuffers range_buffers;  // ReadRange into the session's buffer (the fd socket hands it out)
+  service.SetRangeBuffers(&range_buffers);
   service.SetMaxWaits(static_cast<size_t>(opt.max_waits));
   // Operations: Prometheus metrics over HTTP, and the standard gRPC health
   // service over TCP (for probes; the cache service stays on the Unix socket).
@@ -443,6 +445,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   fo.idle_timeout = std::chrono::seconds(opt.session_idle_timeout_s);
   fo.socket_gid = socket_gid;
   FdServer fds(&cache, fo);
+  fds.SetRangeBuffers(&range_buffers);
   if (!(s = fds.Start()).ok()) {
     control.Stop();
     server->Shutdown();

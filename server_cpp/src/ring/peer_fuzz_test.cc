@@ -186,9 +186,18 @@ TEST(PeerFuzz, RangedReadsFromPeersAreCheckedNotTrusted) {
     const bool near = rng() % 2;
     r->set_offset(near ? rng() % (size + 64) : rng());
     r->set_length(near ? rng() % (size + 64) : rng() % 3 == 0 ? rng() : rng() % (kMaxRangeLength + 64));
+    r->set_raw(rng() % 2);
     ASSERT_TRUE(link->Send(req).ok());
     v1::PeerRangeReply reply;
     ASSERT_TRUE(link->Recv(&reply).ok()) << "iteration " << it;  // always an answer, in step
+    if (reply.code() != 0 || !r->raw()) {
+      EXPECT_EQ(reply.raw_length(), 0u);
+    } else {  // exactly the announced bytes follow, and only those
+      ASSERT_EQ(reply.raw_length(), r->length());
+      ASSERT_TRUE(reply.data().empty());
+      reply.mutable_data()->resize(reply.raw_length());
+      ASSERT_TRUE(link->RecvAll(&(*reply.mutable_data())[0], reply.raw_length()).ok()) << "iteration " << it;
+    }
     const Status want = CheckRange(r->offset(), r->length(), size);
     if (r->job() != "j" || r->path() != "/f") {
       EXPECT_NE(reply.code(), 0);

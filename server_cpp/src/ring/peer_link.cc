@@ -9,6 +9,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 #include <poll.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -252,6 +253,18 @@ Status PeerLink::SendAll(const void* data, size_t n) {
     if (w <= 0) return Status::Unavailable("send to peer " + address_ + ": " + std::strerror(errno));
     p += w;
     n -= static_cast<size_t>(w);
+  }
+  return Status::OK();
+}
+
+Status PeerLink::SendFile(int fd, uint64_t offset, uint64_t n) {
+  off_t at = static_cast<off_t>(offset);
+  while (static_cast<uint64_t>(at) < offset + n) {
+    ssize_t sent = sendfile(fd_, fd, &at, static_cast<size_t>(offset + n - static_cast<uint64_t>(at)));
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent <= 0)
+      return Status::Unavailable("sendfile to peer " + address_ + ": " +
+                                 (sent == 0 ? std::string("end of buffer") : std::strerror(errno)));
   }
   return Status::OK();
 }

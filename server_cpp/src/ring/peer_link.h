@@ -57,6 +57,9 @@ class PeerLink {
   Status Recv(google::protobuf::MessageLite* m);
   // Raw bytes (the data path of the tcp transport).
   Status SendAll(const void* data, size_t n);
+  // Bytes [offset, offset + n) of `fd` (a memfd), with sendfile: no copy in
+  // user space. UNAVAILABLE when the socket fails or the fd ends early.
+  Status SendFile(int fd, uint64_t offset, uint64_t n);
   Status RecvAll(void* data, size_t n);
   // Blocks, without the I/O timeout, until a message (or the end) arrives.
   Status WaitReadable();

@@ -250,7 +250,7 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
     } else if (req.has_tag()) {
       result = HoldTag(link, req.tag());
     } else if (req.has_read_range()) {
-      s = link->Send(ServeReadRange(link->peer(), req.read_range()));
+      s = ServeReadRange(link, req.read_range());
       continue;
     } else if (req.has_resync()) {
       if (cache_) cache_->ResendBackups(req.resync().job(), link->peer());
@@ -474,7 +474,8 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
   return s;
 }
 
-v1::PeerRangeReply PeerServer::ServeReadRange(const std::string& peer, const v1::PeerReadRange& req) {
+Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) {
+  const std::string& peer = link->peer();
   v1::PeerRangeReply reply;
   HeldBackup held;
   int fd = -1;
@@ -491,22 +492,36 @@ v1::PeerRangeReply PeerServer::ServeReadRange(const std::string& peer, const v1:
     s = Status::NotFound(req.path() + " is not held here");
   }
   if (s.ok()) s = CheckRange(req.offset(), req.length(), held.file.size);
-  if (s.ok()) s = ReadRangeOf(fd, req.offset(), req.length(), reply.mutable_data());
-  if (fd >= 0) ::close(fd);
-  if (pinned) cache_->EndPeerRead(pinned);
+  uint32_t crc = 0;
+  if (s.ok() && req.raw()) {
+    s = CrcOfRange(fd, req.offset(), req.length(), &crc);
+  } else if (s.ok()) {
+    s = ReadRangeOf(fd, req.offset(), req.length(), reply.mutable_data());
+    if (s.ok())
+      crc = Crc32(0, reinterpret_cast<const unsigned char*>(reply.data().data()), reply.data().size());
+  }
   if (s.code() == Status::Code::kPermissionDenied)
     TCE_LOG(kWarning, "ring") << "refused a ranged read of job=" << req.job() << " path=" << req.path()
                               << " to " << peer << ": " << s.message();
+  Status sent;
   if (!s.ok()) {
     reply.Clear();
     reply.set_code(static_cast<int>(s.code()));
     reply.set_message(s.message());
-    return reply;
+    sent = link->Send(reply);
+  } else {
+    reply.set_file_size(held.file.size);
+    reply.set_version(held.file.version);
+    reply.set_crc32(crc);
+    if (req.raw()) reply.set_raw_length(req.length());
+    sent = link->Send(reply);
+    // The bytes go from the buffer the CRC was computed on (a held copy
+    // replaced meanwhile fails the asker's check of that CRC).
+    if (sent.ok() && req.raw()) sent = link->SendFile(fd, req.offset(), req.length());
   }
-  reply.set_file_size(held.file.size);
-  reply.set_version(held.file.version);
-  reply.set_crc32(Crc32(0, reinterpret_cast<const unsigned char*>(reply.data().data()), reply.data().size()));
-  return reply;
+  if (fd >= 0) ::close(fd);
+  if (pinned) cache_->EndPeerRead(pinned);
+  return sent;
 }
 
 }  // namespace tce

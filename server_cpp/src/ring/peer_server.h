@@ -86,7 +86,9 @@ class PeerServer {
   Status ServeFetch(PeerLink* link, const v1::PeerFetch& req);
   // Bytes of a held copy, else (for a member of the job's ring) of this
   // server's own file in memory, with their CRC-32; the reply says why not.
-  v1::PeerRangeReply ServeReadRange(const std::string& peer, const v1::PeerReadRange& req);
+  // A raw read gets the reply, then the bytes with sendfile. Returns the
+  // link's status (not the read's: a refusal keeps the link).
+  Status ServeReadRange(PeerLink* link, const v1::PeerReadRange& req);
 
   const PeerServerOptions options_;
   Transport* const transport_;

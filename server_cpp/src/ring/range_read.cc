@@ -1,8 +1,11 @@
 #include "ring/range_read.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
+
+#include "persist/crc.h"
 
 namespace tce {
 
@@ -19,14 +22,29 @@ Status CheckRange(uint64_t offset, uint64_t length, uint64_t size) {
 
 Status ReadRangeOf(int fd, uint64_t offset, uint64_t length, std::string* out) {
   out->resize(length);
+  return ReadRangeOf(fd, offset, length, reinterpret_cast<unsigned char*>(&(*out)[0]));
+}
+
+Status ReadRangeOf(int fd, uint64_t offset, uint64_t length, unsigned char* to) {
   uint64_t done = 0;
   while (done < length) {
-    const ssize_t n = pread(fd, &(*out)[done], length - done, static_cast<off_t>(offset + done));
+    const ssize_t n = pread(fd, to + done, length - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Status::FromErrno(errno, "pread");
     if (n == 0) return Status::DataLoss("the buffer ended at " + std::to_string(offset + done));
     done += static_cast<uint64_t>(n);
   }
+  return Status::OK();
+}
+
+Status CrcOfRange(int fd, uint64_t offset, uint64_t length, uint32_t* crc) {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset - offset % page;
+  const size_t span = static_cast<size_t>(offset + length - start);
+  void* map = mmap(nullptr, span, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(start));
+  if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap");
+  *crc = Crc32(0, static_cast<const unsigned char*>(map) + (offset - start), static_cast<size_t>(length));
+  munmap(map, span);
   return Status::OK();
 }
 

@@ -20,8 +20,15 @@ constexpr uint64_t kMaxRangeLength = 16u << 20;
 // OUT_OF_RANGE (naming the numbers) for a range past the end.
 Status CheckRange(uint64_t offset, uint64_t length, uint64_t size);
 
-// Bytes [offset, offset + length) of `fd` (a memfd) into *out (resized).
-// The range must have passed CheckRange against the file's size.
+// Bytes [offset, offset + length) of `fd` (a memfd) into *out (resized),
+// or into `to` (room for `length` bytes). The range must have passed
+// CheckRange against the file's size.
 Status ReadRangeOf(int fd, uint64_t offset, uint64_t length, std::string* out);
+Status ReadRangeOf(int fd, uint64_t offset, uint64_t length, unsigned char* to);
+
+// The CRC-32 of bytes [offset, offset + length) of `fd` (a memfd), read
+// through a read-only mapping of just those pages (no copy). The range must
+// have passed CheckRange against the file's size.
+Status CrcOfRange(int fd, uint64_t offset, uint64_t length, uint32_t* crc);
 
 }  // namespace tce

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/logging.h"
 #include "persist/crc.h"
@@ -17,10 +18,25 @@ RangeReader::RangeReader(Cache* cache, RangeReaderOptions options)
     : cache_(cache), options_(std::move(options)) {}
 
 Status RangeReader::Read(const std::string& job, const std::string& path, uint64_t offset,
-                         uint64_t length, RangeRead* out) {
-  Status s = ReadOwn(job, path, offset, length, out);
+                         uint64_t length, RangeRead* out, unsigned char* into) {
+  // Where the bytes go: `into`, else out->data (once the length is known good).
+  unsigned char* to = into;
+  out->data.clear();
+  if (!to) {
+    if (length == 0 || length > kMaxRangeLength) return CheckRange(0, length, length);
+    out->data.resize(length);
+    to = reinterpret_cast<unsigned char*>(&out->data[0]);
+  }
+  Status s = ReadInto(job, path, offset, length, out, to);
+  if (!s.ok() && !into) out->data.clear();
+  return s;
+}
+
+Status RangeReader::ReadInto(const std::string& job, const std::string& path, uint64_t offset,
+                             uint64_t length, RangeRead* out, unsigned char* to) {
+  Status s = ReadOwn(job, path, offset, length, out, to);
   if (s.code() != Status::Code::kNotFound) return s;
-  s = ReadHeld(job, path, offset, length, out);
+  s = ReadHeld(job, path, offset, length, out, to);
   if (s.code() != Status::Code::kNotFound) return s;
   if (options_.self.empty()) return s;
   std::vector<std::string> peers = cache_->RingPeers(job);
@@ -34,7 +50,7 @@ Status RangeReader::Read(const std::string& job, const std::string& path, uint64
   }
   Status last = Status::NotFound(path + " is in no ring member's memory for job " + job);
   for (const std::string& peer : peers) {
-    s = ReadPeer(peer, job, path, offset, length, out);
+    s = ReadPeer(peer, job, path, offset, length, out, to);
     if (s.ok()) {
       ++peer_reads_;
       peer_bytes_ += length;
@@ -58,13 +74,13 @@ Status RangeReader::Read(const std::string& job, const std::string& path, uint64
 }
 
 Status RangeReader::ReadOwn(const std::string& job, const std::string& path, uint64_t offset,
-                            uint64_t length, RangeRead* out) {
+                            uint64_t length, RangeRead* out, unsigned char* to) {
   FileInfo f;
   int fd = -1;
   Status s = cache_->StartPeerRead(job, path, &f, &fd);
   if (!s.ok()) return s;
   s = CheckRange(offset, length, f.size);
-  if (s.ok()) s = ReadRangeOf(fd, offset, length, &out->data);
+  if (s.ok()) s = ReadRangeOf(fd, offset, length, to);
   ::close(fd);
   cache_->EndPeerRead(f.buffer_id);
   if (!s.ok()) return s;
@@ -75,14 +91,14 @@ Status RangeReader::ReadOwn(const std::string& job, const std::string& path, uin
 }
 
 Status RangeReader::ReadHeld(const std::string& job, const std::string& path, uint64_t offset,
-                             uint64_t length, RangeRead* out) {
+                             uint64_t length, RangeRead* out, unsigned char* to) {
   if (!options_.held) return Status::NotFound("no copies are held here");
   HeldBackup held;
   int fd = -1;
   Status s = options_.held->OpenForRing(job, path, cache_->RingPeers(job), &held, &fd);
   if (!s.ok()) return Status::NotFound(s.message());  // then the ring's peers, or storage
   s = CheckRange(offset, length, held.file.size);
-  if (s.ok()) s = ReadRangeOf(fd, offset, length, &out->data);
+  if (s.ok()) s = ReadRangeOf(fd, offset, length, to);
   ::close(fd);
   if (!s.ok()) return s;
   out->source = v1::RANGE_SOURCE_HELD;
@@ -92,18 +108,20 @@ Status RangeReader::ReadHeld(const std::string& job, const std::string& path, ui
 }
 
 Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
-                             uint64_t offset, uint64_t length, RangeRead* out) {
+                             uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to) {
   v1::PeerRequest req;
   v1::PeerReadRange* r = req.mutable_read_range();
   r->set_job(job);
   r->set_path(path);
   r->set_offset(offset);
   r->set_length(length);
+  r->set_raw(true);  // the bytes after the reply, on the data path
   v1::PeerRangeReply reply;
+  std::unique_ptr<PeerLink> link;
   Status s;
   // A kept link may have died while idle (the peer restarted): one more try on a new one.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    std::unique_ptr<PeerLink> link = attempt == 0 ? TakeLink(peer) : nullptr;
+    link = attempt == 0 ? TakeLink(peer) : nullptr;
     const bool kept = link != nullptr;
     s = Status::OK();
     if (!link) s = PeerLink::Connect(peer, options_.self, options_.token, options_.io_timeout, &link);
@@ -111,31 +129,40 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
     reply.Clear();
     s = link->Send(req);
     if (s.ok()) s = link->Recv(&reply);
-    if (s.ok()) {
-      ReturnLink(peer, std::move(link));  // in step: one reply per request
-      break;
-    }
+    if (s.ok()) break;
     if (!kept) return Status::Unavailable(s.message());  // the link is dropped
   }
   if (!s.ok()) return Status::Unavailable(s.message());
   if (reply.code() != 0) {
+    ReturnLink(peer, std::move(link));  // in step: one reply per request
     const auto code = static_cast<Status::Code>(reply.code());
     const bool known = code == Status::Code::kNotFound || code == Status::Code::kOutOfRange ||
                        code == Status::Code::kInvalidArgument || code == Status::Code::kPermissionDenied;
     return Status::FromCode(known ? code : Status::Code::kUnavailable,
                             peer + ": " + reply.message().substr(0, 1024));
   }
-  if (reply.data().size() != length)
+  if (reply.raw_length() != 0) {  // the bytes follow the reply
+    if (reply.raw_length() != length || !reply.data().empty())  // out of step: the link goes
+      return Status::DataLoss(peer + " announced " + std::to_string(reply.raw_length()) +
+                              " raw bytes (and " + std::to_string(reply.data().size()) +
+                              " in the reply) for a range of " + std::to_string(length));
+    s = link->RecvAll(to, length);  // straight where they go, checked below before use
+    if (!s.ok())  // the link goes
+      return Status::DataLoss(peer + " sent less than the " + std::to_string(length) +
+                              " bytes it announced: " + s.message());
+  } else if (reply.data().size() != length) {  // a holder that sends the bytes inside the reply
+    ReturnLink(peer, std::move(link));
     return Status::DataLoss(peer + " sent " + std::to_string(reply.data().size()) + " bytes for a range of " +
                             std::to_string(length));
+  } else {
+    memcpy(to, reply.data().data(), length);
+  }
+  ReturnLink(peer, std::move(link));  // in step: every byte of the reply was read
   if (Status fits = CheckRange(offset, length, reply.file_size()); !fits.ok())
     return Status::DataLoss(peer + " says the file has " + std::to_string(reply.file_size()) +
                             " bytes, too few for the range it sent");
-  const uint32_t crc =
-      Crc32(0, reinterpret_cast<const unsigned char*>(reply.data().data()), reply.data().size());
-  if (crc != reply.crc32())
+  if (Crc32(0, to, length) != reply.crc32())
     return Status::DataLoss("the bytes from " + peer + " do not match their CRC-32");
-  out->data = std::move(*reply.mutable_data());
   out->source = v1::RANGE_SOURCE_PEER;
   out->file_size = reply.file_size();
   return Status::OK();

@@ -38,7 +38,7 @@ struct RangeReaderOptions {
 };
 
 struct RangeRead {
-  std::string data;  // the asked bytes
+  std::string data;  // the asked bytes (unless they went where the caller said)
   v1::RangeSource source = v1::RANGE_SOURCE_UNSPECIFIED;
   uint64_t file_size = 0;
 };
@@ -53,8 +53,10 @@ class RangeReader {
   // which member failed, if one did); OUT_OF_RANGE or
   // INVALID_ARGUMENT for a range the file does not have; DATA_LOSS when a
   // peer's bytes do not match their CRC (the next member is asked first).
+  // With `into` (room for `length` bytes), the bytes go there and out->data
+  // stays empty; on failure `into` may hold some of them.
   Status Read(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
-              RangeRead* out) EXCLUDES(mu_);
+              RangeRead* out, unsigned char* into = nullptr) EXCLUDES(mu_);
 
   uint64_t local_reads() const { return local_reads_.load(); }
   uint64_t held_reads() const { return held_reads_.load(); }
@@ -62,13 +64,16 @@ class RangeReader {
   uint64_t peer_bytes() const { return peer_bytes_.load(); }
 
  private:
+  // Each reads into `to` (room for `length` bytes).
+  Status ReadInto(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
+                  RangeRead* out, unsigned char* to) EXCLUDES(mu_);
   Status ReadOwn(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
-                 RangeRead* out);
+                 RangeRead* out, unsigned char* to);
   Status ReadHeld(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
-                  RangeRead* out);
+                  RangeRead* out, unsigned char* to);
   // One PeerReadRange to `peer`, its reply checked.
   Status ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
-                  uint64_t offset, uint64_t length, RangeRead* out) EXCLUDES(mu_);
+                  uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to) EXCLUDES(mu_);
   std::unique_ptr<PeerLink> TakeLink(const std::string& peer) EXCLUDES(mu_);
   void ReturnLink(const std::string& peer, std::unique_ptr<PeerLink> link) EXCLUDES(mu_);
 

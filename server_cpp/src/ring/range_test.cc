@@ -8,6 +8,7 @@
 #include <csignal>
 #include <limits>
 #include <thread>
+#include <vector>
 
 #include "cache/cache.h"
 #include "persist/crc.h"
@@ -91,17 +92,29 @@ class PeerRangeTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.ToString();
     return link;
   }
+  // With `raw`, the bytes that follow an OK reply are read into its `data`
+  // (after checking that it announced them and carried none itself).
   v1::PeerRangeReply Ask(PeerLink* link, const std::string& job, const std::string& path,
-                         uint64_t offset, uint64_t length) {
+                         uint64_t offset, uint64_t length, bool raw = false) {
     v1::PeerRequest req;
     req.mutable_read_range()->set_job(job);
     req.mutable_read_range()->set_path(path);
     req.mutable_read_range()->set_offset(offset);
     req.mutable_read_range()->set_length(length);
+    req.mutable_read_range()->set_raw(raw);
     v1::PeerRangeReply reply;
     EXPECT_TRUE(link->Send(req).ok());
     Status s = link->Recv(&reply);
     EXPECT_TRUE(s.ok()) << s.ToString();
+    if (raw && reply.code() == 0) {
+      EXPECT_EQ(reply.raw_length(), length);
+      EXPECT_TRUE(reply.data().empty());
+      reply.mutable_data()->resize(reply.raw_length());
+      s = link->RecvAll(&(*reply.mutable_data())[0], reply.raw_length());
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    } else {
+      EXPECT_EQ(reply.raw_length(), 0u);
+    }
     return reply;
   }
 
@@ -128,6 +141,29 @@ TEST_F(PeerRangeTest, ServesExactlyTheRangeWithItsCrc) {
   EXPECT_TRUE(r.held());
   EXPECT_EQ(r.data(), held_.substr(4000));
   EXPECT_EQ(r.version(), 9u);
+}
+
+TEST_F(PeerRangeTest, RawReadsSendTheBytesAfterTheReplyAndTheLinkGoesOn) {
+  std::unique_ptr<PeerLink> link = Connect("me:1");
+  for (int round = 0; round < 2; ++round) {  // in step: the bytes were read exactly
+    v1::PeerRangeReply r = Ask(link.get(), "j", "/c/own", 1000001 + round, 2100000, /*raw=*/true);
+    ASSERT_EQ(r.code(), 0) << r.message();
+    EXPECT_EQ(r.data(), own_.substr(1000001 + round, 2100000));
+    EXPECT_EQ(r.file_size(), kSize);
+    EXPECT_EQ(r.crc32(), Crc32(0, reinterpret_cast<const unsigned char*>(r.data().data()), r.data().size()));
+  }
+  v1::PeerRangeReply r = Ask(link.get(), "j", "/c/held", 4000, 1000, /*raw=*/true);
+  ASSERT_EQ(r.code(), 0) << r.message();
+  EXPECT_TRUE(r.held());
+  EXPECT_EQ(r.data(), held_.substr(4000));
+  // A refusal carries no bytes: the next request is answered in step.
+  r = Ask(link.get(), "j", "/c/own", kSize - 10, 11, /*raw=*/true);
+  EXPECT_EQ(r.code(), static_cast<int>(Status::Code::kOutOfRange)) << r.message();
+  r = Ask(link.get(), "j", "/c/none", 0, 1, /*raw=*/true);
+  EXPECT_EQ(r.code(), static_cast<int>(Status::Code::kNotFound)) << r.message();
+  r = Ask(link.get(), "j", "/c/own", 5, 5);  // and a reader that does not ask raw gets `data`
+  ASSERT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ(r.data(), own_.substr(5, 5));
 }
 
 TEST_F(PeerRangeTest, BadRangesUnknownFilesAndStrangersAreRefusedAndTheLinkGoesOn) {
@@ -184,14 +220,20 @@ TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
     EXPECT_EQ(got.source, v1::RANGE_SOURCE_PEER);
     EXPECT_EQ(got.file_size, kSize);
   }
-  EXPECT_EQ(reader.peer_reads(), 3u);
-  EXPECT_EQ(reader.peer_bytes(), 3u * 4096);  // the ranges, not the file
+  std::string into(70000, '\0');  // where the caller says (a session's range buffer)
+  Status st = reader.Read("j", "/c/own", 1000001, 70000, &got,
+                          reinterpret_cast<unsigned char*>(&into[0]));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(into, own_.substr(1000001, 70000));
+  EXPECT_TRUE(got.data.empty());
+  EXPECT_EQ(reader.peer_reads(), 4u);
+  EXPECT_EQ(reader.peer_bytes(), 3u * 4096 + 70000);  // the ranges, not the file
   EXPECT_EQ(reader.Read("j", "/c/own", kSize, 1, &got).code(), Status::Code::kOutOfRange);
   EXPECT_EQ(reader.Read("j", "/c/none", 0, 1, &got).code(), Status::Code::kNotFound);
   // A job whose ring this node was never told asks nobody.
   EXPECT_EQ(reader.Read("k", "/c/own", 0, 1, &got).code(), Status::Code::kNotFound);
   // The copy the peer holds is read the same way.
-  Status st = reader.Read("j", "/c/held", 0, 5000, &got);
+  st = reader.Read("j", "/c/held", 0, 5000, &got);
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(got.data, held_);
   // A peer that went away: NOT_FOUND (the caller reads storage), saying why.
@@ -201,14 +243,40 @@ TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
   EXPECT_NE(st.message().find("could not be read from the ring"), std::string::npos) << st.message();
 }
 
-// A peer that authenticates, then answers a ranged read with `reply`.
-void HostilePeer(int lfd, const std::string& bound, v1::PeerRangeReply reply) {
+// What a hostile peer answers one ranged read with: a reply, then raw bytes.
+struct Answer {
+  v1::PeerRangeReply reply;
+  std::string raw;
+};
+
+// A peer that authenticates once, then answers ranged reads on that one
+// connection with `answers`, in order, and closes it.
+void HostilePeer(int lfd, const std::string& bound, std::vector<Answer> answers) {
   int fd = accept(lfd, nullptr, nullptr);
   std::unique_ptr<PeerLink> link;
   if (!PeerLink::Accept(fd, bound, "t", 2000ms, &link).ok()) return;
-  v1::PeerRequest req;
-  if (link->Recv(&req).ok()) (void)link->Send(reply);
+  for (const Answer& a : answers) {
+    v1::PeerRequest req;
+    if (!link->Recv(&req).ok() || !link->Send(a.reply).ok()) return;
+    if (!a.raw.empty() && !link->SendAll(a.raw.data(), a.raw.size()).ok()) return;
+  }
 }
+
+// A RangeReader of a file-less node in ring {"me:1", peer}.
+struct Asker {
+  explicit Asker(const std::string& peer) : cache(16 << 20) {
+    const std::string s = cache.OpenSession(getuid(), getpid());
+    std::string successor;
+    EXPECT_TRUE(cache.SetRing(s, "j", 0, {"me:1", peer}, &successor).ok());
+    RangeReaderOptions o;
+    o.self = "me:1";
+    o.token = "t";
+    o.io_timeout = 2000ms;
+    reader = std::make_unique<RangeReader>(&cache, o);
+  }
+  Cache cache;
+  std::unique_ptr<RangeReader> reader;
+};
 
 TEST(RangeReader, APeersBytesAreCheckedBeforeUse) {
   signal(SIGPIPE, SIG_IGN);
@@ -237,25 +305,76 @@ TEST(RangeReader, APeersBytesAreCheckedBeforeUse) {
     int lfd = -1;
     std::string bound;
     ASSERT_TRUE(ListenTcp("127.0.0.1:0", &lfd, &bound).ok());
-    std::thread peer(HostilePeer, lfd, bound, c.reply);
-    Cache mine(16 << 20);
-    const std::string s = mine.OpenSession(getuid(), getpid());
-    std::string successor;
-    ASSERT_TRUE(mine.SetRing(s, "j", 0, {"me:1", bound}, &successor).ok());
-    RangeReaderOptions o;
-    o.self = "me:1";
-    o.token = "t";
-    o.io_timeout = 2000ms;
-    RangeReader reader(&mine, o);
+    std::thread peer(HostilePeer, lfd, bound, std::vector<Answer>{{c.reply, ""}});
+    Asker mine(bound);
     RangeRead got;
-    Status st = reader.Read("j", "/c/f", 0, 100, &got);
+    Status st = mine.reader->Read("j", "/c/f", 0, 100, &got);
     peer.join();
     close(lfd);
     EXPECT_EQ(st.code(), c.code) << st.ToString();
     EXPECT_NE(st.message().find(c.says), std::string::npos) << st.message();
     EXPECT_LE(st.message().size(), 1200u);  // a peer's message is cut short
     EXPECT_TRUE(got.data.empty());
-    EXPECT_EQ(reader.peer_reads(), 0u);
+    EXPECT_EQ(mine.reader->peer_reads(), 0u);
+  }
+}
+
+// The raw data path: bytes that follow the reply are checked as those inside
+// it are. A peer whose bytes fail their CRC-32 stays in step (every announced
+// byte was read) and its link is used again; one that announces another
+// length, or sends fewer bytes than it announced, loses its link.
+TEST(RangeReader, RawBytesAreCheckedBeforeUseAndABadPeerLosesOnlyItsLink) {
+  signal(SIGPIPE, SIG_IGN);
+  const std::string data(100, 'x');
+  const uint32_t crc = Crc32(0, reinterpret_cast<const unsigned char*>(data.data()), data.size());
+  v1::PeerRangeReply good;
+  good.set_file_size(1000);
+  good.set_crc32(crc);
+  good.set_raw_length(100);
+  v1::PeerRangeReply bad_crc = good, small_file = good, too_long = good, both = good;
+  bad_crc.set_crc32(crc ^ 1);
+  small_file.set_file_size(50);
+  too_long.set_raw_length(200);
+  both.set_data(data);
+  struct Case {
+    std::vector<Answer> answers;  // on one connection
+    Status::Code code;
+    std::string says;
+    bool reused;  // the second read is answered on the same connection
+  } cases[] = {
+      {{{bad_crc, data}, {good, data}}, Status::Code::kDataLoss, "do not match their CRC-32", true},
+      {{{small_file, data}, {good, data}}, Status::Code::kDataLoss, "too few for the range", true},
+      {{{too_long, data + data}}, Status::Code::kDataLoss, "announced 200 raw bytes", false},
+      {{{both, data}}, Status::Code::kDataLoss, "and 100 in the reply", false},
+      {{{good, data.substr(0, 60)}}, Status::Code::kDataLoss, "sent less than the 100 bytes", false},
+  };
+  for (const Case& c : cases) {
+    int lfd = -1;
+    std::string bound;
+    ASSERT_TRUE(ListenTcp("127.0.0.1:0", &lfd, &bound).ok());
+    std::thread peer(HostilePeer, lfd, bound, c.answers);
+    Asker mine(bound);
+    RangeRead got;
+    Status st = mine.reader->Read("j", "/c/f", 0, 100, &got);
+    EXPECT_EQ(st.code(), c.code) << st.ToString();
+    EXPECT_NE(st.message().find(c.says), std::string::npos) << st.message();
+    EXPECT_TRUE(got.data.empty());
+    if (c.reused) {  // the same connection answers the next read, good bytes this time
+      st = mine.reader->Read("j", "/c/f", 0, 100, &got);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      EXPECT_EQ(got.data, data);
+      EXPECT_EQ(mine.reader->peer_reads(), 1u);
+    } else {  // the link was dropped: the next read must dial again, and finds no one
+      peer.join();
+      close(lfd);
+      lfd = -1;
+      st = mine.reader->Read("j", "/c/f", 0, 100, &got);
+      EXPECT_EQ(st.code(), Status::Code::kNotFound) << st.ToString();
+      EXPECT_NE(st.message().find("connect"), std::string::npos) << st.message();
+      EXPECT_EQ(mine.reader->peer_reads(), 0u);
+    }
+    if (peer.joinable()) peer.join();
+    if (lfd >= 0) close(lfd);
   }
 }
 

@@ -1,11 +1,6 @@
 #include "ring/tcp_transport.h"
 
-#include <sys/sendfile.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -15,18 +10,6 @@
 
 namespace tce {
 namespace {
-
-Status SendRange(PeerLink* link, int fd, uint64_t from, uint64_t n) {
-  off_t offset = static_cast<off_t>(from);
-  while (static_cast<uint64_t>(offset) < from + n) {
-    ssize_t sent = sendfile(link->fd(), fd, &offset, static_cast<size_t>(from + n - offset));
-    if (sent < 0 && errno == EINTR) continue;
-    if (sent <= 0)
-      return Status::Unavailable("sendfile to peer " + link->peer() + ": " +
-                                 (sent == 0 ? std::string("end of buffer") : std::strerror(errno)));
-  }
-  return Status::OK();
-}
 
 // A transfer spread over the lanes of a link: chunk c travels on lane
 // c % lanes, each lane on a thread of its own, so that several streams fill
@@ -125,7 +108,7 @@ class TcpTransport final : public Transport {
   int lanes() const override { return streams_; }
 
   Status Send(PeerLink* link, const SendSource& src, const ChunkFn& before) override {
-    auto move = [&](PeerLink* lane, uint64_t off, uint64_t n) { return SendRange(lane, src.fd, off, n); };
+    auto move = [&](PeerLink* lane, uint64_t off, uint64_t n) { return lane->SendFile(src.fd, off, n); };
     if (Striping(link, src.size)) return Striped(link, src.size).Send(before, move);
     for (uint64_t off = 0; off < src.size; off += kTransferChunk) {
       const uint64_t n = std::min(kTransferChunk, src.size - off);

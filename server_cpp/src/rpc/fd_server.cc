@@ -50,6 +50,7 @@ void FdServer::Stop() {
     thread_.join();
   }
   for (auto& [fd, session] : sessions_) {
+    if (range_buffers_) range_buffers_->Drop(session);
     cache_->CloseSession(session);
     ::close(fd);
   }
@@ -174,7 +175,12 @@ bool FdServer::Serve(int fd) {
   int memfd = -1;
   bool writable = false;
   uint64_t capacity = 0;
-  s = cache_->FdFor(sessions_[fd], req.buffer_id(), &memfd, &writable, &capacity);
+  if (!req.range_buffer())
+    s = cache_->FdFor(sessions_[fd], req.buffer_id(), &memfd, &writable, &capacity);
+  else if (!range_buffers_)
+    s = Status::NotSupported("this server has no range buffers");
+  else if (bool admin = false; (s = cache_->CheckCaller(sessions_[fd], &admin)).ok())  // a live session
+    s = range_buffers_->Fd(sessions_[fd], &memfd, &capacity);
   v1::FdReply reply;
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(s.message());
@@ -196,6 +202,7 @@ bool FdServer::Serve(int fd) {
 void FdServer::Close(int fd) {
   auto it = sessions_.find(fd);
   if (it != sessions_.end()) {
+    if (range_buffers_) range_buffers_->Drop(it->second);
     cache_->CloseSession(it->second);
     sessions_.erase(it);
   }

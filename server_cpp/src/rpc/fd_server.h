@@ -23,6 +23,7 @@
 #include "cache/cache.h"
 #include "common/log_limiter.h"
 #include "rpc/acceptor.h"
+#include "rpc/range_buffers.h"
 
 namespace tce {
 
@@ -39,6 +40,9 @@ class FdServer {
   FdServer(Cache* cache, FdServerOptions options);
   ~FdServer();
 
+  // The sessions' range buffers (set before Start; without it an FdRequest
+  // for one is refused): handed out on request, dropped with the session.
+  void SetRangeBuffers(RangeBuffers* buffers) { range_buffers_ = buffers; }
   // Binds and listens (the caller removed any stale socket), starts the thread.
   Status Start();
   void Stop();
@@ -57,6 +61,7 @@ class FdServer {
 
   Cache* const cache_;
   const FdServerOptions opt_;
+  RangeBuffers* range_buffers_ = nullptr;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   std::thread thread_;

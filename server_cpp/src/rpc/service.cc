@@ -110,7 +110,12 @@ grpc::Status CacheService::ReadRange(grpc::ServerContext*, const v1::ReadRangeRe
   if (!ranges_) return ToGrpc(tce::Status::NotSupported("this server reads no ranges"));
   tce::Status s = cache_->CheckRangeRead(req->session(), req->job());
   RangeRead r;
-  if (s.ok()) s = ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r);
+  std::shared_ptr<RangeBuffers::Held> hold;  // the session's buffer, while we write into it
+  unsigned char* into = nullptr;
+  if (s.ok() && req->into_buffer())
+    s = range_buffers_ ? range_buffers_->Place(req->session(), req->buffer_offset(), req->length(), &hold, &into)
+                       : tce::Status::NotSupported("this server has no range buffers");
+  if (s.ok()) s = ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into);
   if (!s.ok()) return ToGrpc(s);
   *resp->mutable_data() = std::move(r.data);
   resp->set_source(r.source);

@@ -18,6 +18,7 @@
 
 #include "cache/cache.h"
 #include "meta/meta_writer.h"
+#include "rpc/range_buffers.h"
 #include "ring/backup_store.h"
 #include "ring/range_reader.h"
 #include "ring/ring_fetch.h"
@@ -56,6 +57,9 @@ class CacheService final : public v1::Cache::Service {
   // Where ranged reads come from (set before serving; without it ReadRange
   // is UNIMPLEMENTED).
   void SetRangeReader(RangeReader* ranges) { ranges_ = ranges; }
+  // The sessions' range buffers (set before serving; without it ReadRange
+  // with into_buffer is UNIMPLEMENTED).
+  void SetRangeBuffers(RangeBuffers* buffers) { range_buffers_ = buffers; }
   // The whole server's status, unfiltered: for the daemon's own metrics.
   void FillStatus(v1::StatusResponse* resp);
   // At most `n` Wait calls at once (set before serving).
@@ -75,6 +79,7 @@ class CacheService final : public v1::Cache::Service {
   const std::string peer_endpoint_;
   RingFetch* ring_fetch_ = nullptr;
   RangeReader* ranges_ = nullptr;
+  RangeBuffers* range_buffers_ = nullptr;
   std::string ring_transport_;
   std::string metrics_endpoint_, health_endpoint_;
   size_t max_waits_ = 256;
