@@ -168,7 +168,7 @@ class OfiTransport final : public Transport {
     if (target.size() != src.size)
       return Status::InvalidArgument("peer " + link->peer() + " registered " + std::to_string(target.size()) +
                                      " bytes for a " + std::to_string(src.size) + "-byte transfer");
-    fi_addr_t dest;
+    fi_addr_t dest = FI_ADDR_UNSPEC;  // set by Resolve
     if (!(s = Resolve(target.address(), &dest)).ok()) return Fail(link, s);
     auto t = std::make_shared<Transfer>();
     t->size = src.size;
