@@ -162,7 +162,9 @@ def test_steady_state_save_needs_no_mmap_no_fd_and_no_faults(server, tmp_path):
     sd = {f"layer{i}": torch.randn(1 << 20) for i in range(32)}  # 128 MiB
     path = _ckpt(tmp_path)
     client = _service.client()
-    for _ in range(3):  # two buffers alternate; the third save reuses the first
+    # Two buffers alternate: the first two saves write new ones (pwrite, then
+    # mapped in the background), the next two wait for those mappings.
+    for _ in range(4):
         tce.save(sd, path)
     st = client.status()
     mapped = client.mapped_buffers
