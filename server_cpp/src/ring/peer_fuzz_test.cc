@@ -20,6 +20,7 @@
 #include "persist/crc.h"
 #include "ring/backup_store.h"
 #include "ring/peer_link.h"
+#include "ring/peer_testing.h"
 #include "ring/peer_server.h"
 #include "ring/range_read.h"
 #include "ring/tcp_transport.h"
@@ -169,11 +170,7 @@ TEST(PeerFuzz, RangedReadsFromPeersAreCheckedNotTrusted) {
   h.buffer = std::move(buf);
   store.Commit(std::move(h));
   std::unique_ptr<Transport> transport = NewTcpTransport(1);
-  PeerServerOptions po;
-  po.listen = "127.0.0.1:0";
-  po.token = "t";
-  po.io_timeout = 2000ms;
-  PeerServer server(po, transport.get(), &store);
+  PeerServer server(LoopbackPeerOptions(), transport.get(), &store);
   ASSERT_TRUE(server.Start().ok());
   std::unique_ptr<PeerLink> link;
   ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
@@ -222,11 +219,7 @@ TEST(PeerFuzz, TagsFromPeersAreCheckedNotTrusted) {
   std::mt19937_64 rng(4);
   std::unique_ptr<Transport> transport = NewTcpTransport(1);
   BackupStore store(1 << 20);
-  PeerServerOptions po;
-  po.listen = "127.0.0.1:0";
-  po.token = "t";
-  po.io_timeout = 2000ms;
-  PeerServer server(po, transport.get(), &store);
+  PeerServer server(LoopbackPeerOptions(), transport.get(), &store);
   ASSERT_TRUE(server.Start().ok());
   std::unique_ptr<PeerLink> link;
   ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());

@@ -13,6 +13,7 @@
 #include "cache/cache.h"
 #include "persist/crc.h"
 #include "ring/peer_server.h"
+#include "ring/peer_testing.h"
 #include "ring/range_read.h"
 #include "ring/range_reader.h"
 #include "ring/tcp_transport.h"
@@ -51,11 +52,7 @@ class PeerRangeTest : public ::testing::Test {
  protected:
   void SetUp() override {
     signal(SIGPIPE, SIG_IGN);
-    PeerServerOptions po;
-    po.listen = "127.0.0.1:0";
-    po.token = "t";
-    po.io_timeout = 2000ms;
-    server_ = std::make_unique<PeerServer>(po, transport_.get(), &store_, &cache_);
+    server_ = std::make_unique<PeerServer>(LoopbackPeerOptions(), transport_.get(), &store_, &cache_);
     ASSERT_TRUE(server_->Start().ok());
     session_ = cache_.OpenSession(getuid(), getpid());
     std::string successor;

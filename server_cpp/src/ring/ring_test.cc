@@ -9,6 +9,7 @@
 #include "persist/crc.h"
 #include "ring/backup_store.h"
 #include "ring/peer_link.h"
+#include "ring/peer_testing.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
@@ -393,11 +394,7 @@ TEST(PeerServer, HoldsAPeersCheckedTagsAndListsThemBack) {
   signal(SIGPIPE, SIG_IGN);
   std::unique_ptr<Transport> transport = NewTcpTransport(1);
   BackupStore store(64 << 20);
-  PeerServerOptions po;
-  po.listen = "127.0.0.1:0";
-  po.token = "t";
-  po.io_timeout = 2000ms;
-  PeerServer server(po, transport.get(), &store);
+  PeerServer server(LoopbackPeerOptions(), transport.get(), &store);
   ASSERT_TRUE(server.Start().ok());
   std::unique_ptr<PeerLink> link;
   ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
@@ -455,11 +452,7 @@ TEST(PeerServer, BindsLanesAndTakesAStripedBackup) {
   signal(SIGPIPE, SIG_IGN);
   std::unique_ptr<Transport> rx_transport = NewTcpTransport(4), tx_transport = NewTcpTransport(4);
   BackupStore store(64 << 20);
-  PeerServerOptions po;
-  po.listen = "127.0.0.1:0";
-  po.token = "t";
-  po.io_timeout = 2000ms;
-  PeerServer server(po, rx_transport.get(), &store);
+  PeerServer server(LoopbackPeerOptions(), rx_transport.get(), &store);
   ASSERT_TRUE(server.Start().ok());
   std::unique_ptr<PeerLink> link;
   ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
