@@ -48,6 +48,12 @@ def _ring_server(tmp_path, transport, name, *, token=TOKEN, listen="127.0.0.1:0"
                        netns=netns, binary=binary).start()
 
 
+def _node_server(tmp_path, transport, nodes, i, name, **kw):
+    """Node i's ring server: in its namespace, on its address, port 7070."""
+    return _ring_server(tmp_path, transport, name, netns=nodes.names[i],
+                        listen=f"{nodes.addresses[i]}:7070", **kw)
+
+
 def _status(server) -> dict:
     with _knobs.override(socket=server.socket):
         st = api.status()
@@ -259,9 +265,7 @@ def test_a_replaced_node_gets_its_complete_tags_back_from_the_ring(tmp_path, nod
     own server) and is lost, memory and all. Its successor held the tags,
     and the fresh server, told the ring, lists them again with their
     completion times: a list that waits for the restore sees them."""
-    def start(i, name):
-        return _ring_server(tmp_path, transport, name, netns=nodes3.names[i],
-                            listen=f"{nodes3.addresses[i]}:7070")
+    start = functools.partial(_node_server, tmp_path, transport, nodes3)
 
     servers = [start(i, f"n{i}") for i in range(3)]
     try:
@@ -405,9 +409,7 @@ def test_a_replaced_node_whose_copies_are_gone_says_so(tmp_path, nodes3, transpo
     """Nodes 1 and 2 are lost together: node 1's copies died with node 2.
     Node 2's replacement gets its file back from node 0; node 1's finds
     nothing at node 2, which holds files of the job, and warns."""
-    def start(i, name):
-        return _ring_server(tmp_path, transport, name, netns=nodes3.names[i],
-                            listen=f"{nodes3.addresses[i]}:7070")
+    start = functools.partial(_node_server, tmp_path, transport, nodes3)
 
     servers = [start(i, f"n{i}") for i in range(3)]
     try:
@@ -444,9 +446,7 @@ def test_a_restarted_node_names_the_tags_it_lost(tmp_path, nodes3, transport):
     """Node 1 restarts with its metadata after its successor lost the
     copies too: the files metadata records did not come back, and the
     warning names their tags."""
-    def start(i, name):
-        return _ring_server(tmp_path, transport, name, netns=nodes3.names[i],
-                            listen=f"{nodes3.addresses[i]}:7070", metadata=True)
+    start = functools.partial(_node_server, tmp_path, transport, nodes3, metadata=True)
 
     servers = [start(i, f"n{i}") for i in range(3)]
     try:
