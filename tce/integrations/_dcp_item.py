@@ -227,7 +227,7 @@ def read_tensor(source: Source, layout: Layout, offsets: Any, lengths: Any,
 # setting: preadv drops the GIL, so more threads help where the storage or
 # the cores allow), in pieces of at most READ_PIECE bytes so the threads
 # share the work evenly.
-READ_PIECE = 8 << 20
+READ_PIECE = 32 << 20
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
