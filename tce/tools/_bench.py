@@ -452,6 +452,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dcp", action="store_true",
                    help="instead: PyTorch DCP with 2 ranks (CPU, gloo): FileSystemWriter and "
                         "DCP's async_save against TCE's writer and reader")
+    p.add_argument("--memory-backing", default="auto", choices=["auto", "hugetlb", "thp", "4k"],
+                   help="with --dcp: the server's memory_backing (hugetlb: the run reserves the "
+                        "huge pages, as root, and puts the old count back)")
     p.add_argument("--ring", action="store_true",
                    help="instead: ring backup throughput between two network namespaces "
                         "against a plain TCP stream (root)")
@@ -461,7 +464,8 @@ def main(args: argparse.Namespace) -> int:
     if args.ring:
         return _ringbench.main(parse_size(args.size), args.repeats, args.json)
     if args.dcp:
-        return _dcpbench.main(parse_size(args.size), args.repeats, args.json, args.dir)
+        return _dcpbench.main(parse_size(args.size), args.repeats, args.json, args.dir,
+                              memory_backing=args.memory_backing)
 
     socket_path = (args.socket or _knobs.get("socket")) if args.use_running_server else None
     dtype_name = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")

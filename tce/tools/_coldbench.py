@@ -108,6 +108,13 @@ def _reserve_huge_pages(n: int) -> tuple[int | None, str]:
     return old, ""
 
 
+def _restore_huge_pages(old: int | None) -> None:
+    """Puts back the huge-page count _reserve_huge_pages found (None: nothing to do)."""
+    if old is not None:
+        with open(_NR_HUGEPAGES, "w") as f:
+            f.write(str(old))
+
+
 def _drop_caches() -> bool:
     if os.geteuid() != 0:
         return False

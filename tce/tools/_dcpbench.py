@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 import torch
 
+from tce.tools import _coldbench
 from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict
 
@@ -52,15 +53,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(size: int, *, repeats: int, directory: str) -> dict[str, Any]:
-    """Run the ranks against a private server; returns the slowest rank's figures."""
+def run(size: int, *, repeats: int, directory: str,
+        memory_backing: str = "auto") -> dict[str, Any]:
+    """Run the ranks against a private server (its buffers on
+    ``memory_backing``); returns the slowest rank's figures."""
     storage = os.path.join(directory, "storage")
     os.makedirs(storage)
+    budget = 4 * size + (512 << 20)
+    old_pages = None
+    if memory_backing == "hugetlb":  # the server's budget in huge pages, given back after
+        old_pages, why = _coldbench._reserve_huge_pages(budget // (2 << 20) + 64)
+        if why:
+            _coldbench._restore_huge_pages(old_pages)
+            raise SystemExit(f"tce bench --dcp --memory-backing hugetlb: {why}")
     # keep_last 2: the buffers of older checkpoints are recycled once they
     # are persisted, as in a training run, so a save is not a first save.
-    server = LocalServer(memory_budget=str(4 * size + (512 << 20)), storage_roots=[storage],
-                         state_dir=os.path.join(directory, "state"),
-                         extra_args=["--keep-last", "2"]).start()
+    try:
+        server = LocalServer(memory_budget=str(budget), storage_roots=[storage],
+                             state_dir=os.path.join(directory, "state"),
+                             extra_args=["--keep-last", "2", "--memory-backing", memory_backing]).start()
+    except BaseException:
+        _coldbench._restore_huge_pages(old_pages)
+        raise
     try:
         port = str(_free_port())
         procs = []
@@ -77,8 +91,10 @@ def run(size: int, *, repeats: int, directory: str) -> dict[str, Any]:
     finally:
         server.stop()
         server.cleanup()
+        _coldbench._restore_huge_pages(old_pages)
     line = next(l for l in outs[0].splitlines() if l.startswith("RESULT "))
     res = json.loads(line[len("RESULT "):])
+    res["memory_backing"] = memory_backing
     if os.geteuid() != 0:
         res["peer_skipped"] = "not root (the peer load needs two network namespaces)"
     else:
@@ -139,7 +155,8 @@ def _peer_load(size: int, repeats: int, directory: str) -> dict[str, Any]:
 def render(res: dict[str, Any]) -> str:
     gb = res["bytes"] / 1e9
     out = [f"DCP, {WORLD} ranks (CPU, gloo), {res['bytes'] / 2**30:.2f} GiB DTensor-sharded "
-           f"state dict; median of {res['repeats']} runs, slowest rank; torch {res['torch']}",
+           f"state dict; median of {res['repeats']} runs, slowest rank; torch {res['torch']}; "
+           f"TCE's buffers: memory_backing={res.get('memory_backing', 'auto')}",
            f"{'':11s}{'':46s} {'seconds':>9s} {'GB/s':>8s}"]
     names = [
         ("stall", "DCP save, FileSystemWriter (fsync)", "fs_save_s"),
@@ -278,6 +295,10 @@ def _rank_main(size: int, repeats: int, storage: str) -> None:
 
     # Resharded: the whole state dict, loaded by rank 0 alone (rank 1 waits).
     full = _full_target(local)
+    # The saves above left gigabytes of dirty pages: written back now, so no
+    # load below shares the machine with the kernel's writeback.
+    os.sync()
+    dist.barrier()
 
     def reshard(key: str, reader: Any, source: str) -> None:
         if rank == 0:
@@ -362,10 +383,11 @@ def _peer_load_main(size: int, repeats: int, path: str) -> None:
     tce.close()
 
 
-def main(size: int, repeats: int, as_json: bool, directory: str | None = None) -> int:
+def main(size: int, repeats: int, as_json: bool, directory: str | None = None,
+         memory_backing: str = "auto") -> int:
     """``tce bench --dcp``."""
     with tempfile.TemporaryDirectory(dir=directory) as d:
-        res = run(size, repeats=repeats, directory=d)
+        res = run(size, repeats=repeats, directory=d, memory_backing=memory_backing)
     print(json.dumps(res, indent=2) if as_json else render(res))
     sys.stdout.flush()
     return 0
