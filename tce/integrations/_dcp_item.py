@@ -13,6 +13,8 @@ mapped, so no page tables are set up, and no storage is allocated per item.
 
 from __future__ import annotations
 
+import abc
+
 import collections
 import concurrent.futures
 import ctypes
@@ -27,11 +29,12 @@ import torch
 from tce.core import _knobs
 
 
-class Source:
+class Source(abc.ABC):
     """Bytes of one data file: ``readinto(view, offset)`` fills ``view``."""
 
+    @abc.abstractmethod
     def readinto(self, view: memoryview, offset: int) -> None:
-        raise NotImplementedError
+        """Fill ``view`` with the bytes at ``offset``."""
 
 
 class FdSource(Source):
