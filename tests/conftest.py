@@ -82,21 +82,20 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     return p.stdout
 
 
-@pytest.fixture
-def nodes2():
-    """Two "nodes": network namespaces on a bridge (tce.tools._netns)."""
+def _nodes(n: int):
+    """n "nodes": network namespaces on a bridge (tce.tools._netns)."""
     if os.geteuid() != 0:
         pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
-    n = Nodes(2)
-    yield n
-    n.close()
+    nodes = Nodes(n)
+    yield nodes
+    nodes.close()
+
+
+@pytest.fixture
+def nodes2():
+    yield from _nodes(2)
 
 
 @pytest.fixture
 def nodes3():
-    """Three "nodes": network namespaces on a bridge (tce.tools._netns)."""
-    if os.geteuid() != 0:
-        pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
-    n = Nodes(3)
-    yield n
-    n.close()
+    yield from _nodes(3)
