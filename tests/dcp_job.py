@@ -201,6 +201,11 @@ def main() -> None:
     print(f"OK rank {rank}", flush=True)
     tce.close()
     dist.destroy_process_group()
+    # The device mesh and the DTensors keep gloo's process group (and its
+    # worker threads) alive into interpreter finalization, where a worker that
+    # drops a tensor takes the GIL and aborts the process: end here instead.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

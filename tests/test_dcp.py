@@ -41,7 +41,8 @@ def run_ranks(world: int, action: str, path: str, server: LocalServer, *, job: s
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TCE_SOCKET=server.socket,
-                   TCE_JOB=job, OMP_NUM_THREADS="1", **(extra_env or {}))
+                   TCE_JOB=job, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
+                   **(extra_env or {}))
         procs.append(subprocess.Popen([sys.executable, JOB, action, path], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []

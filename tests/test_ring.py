@@ -791,16 +791,22 @@ def test_files_that_are_not_torch_zips_are_checked_on_the_ring_too(tmp_path, tra
 def test_ring_bench_runs(tmp_path):
     import json
 
-    def namespaces():
-        return set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
-
-    before = namespaces()
-    p = subprocess.run(["python3", "-m", "tce.cli", "bench", "--ring", "--size", "16MiB", "--repeats", "2",
-                        "--json"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    res = json.loads(p.stdout)
+    p = subprocess.Popen(["python3", "-m", "tce.cli", "bench", "--ring", "--size", "16MiB", "--repeats", "2",
+                          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=300)
+    finally:
+        p.kill()
+    assert p.returncode == 0, out + err
+    res = json.loads(out)
     assert res["bytes"] == 16 << 20
     for run in ("floor", "tcp1", "tcp4", "ofi"):
         for key in (f"{run}_s", f"{run}_gbps") + ((f"{run}_vs_floor",) if run != "floor" else ()):
             assert res[key] > 0, key
-    assert namespaces() == before  # the bench removed its namespaces
+    # The bench removed its namespaces and its bridge (named after its pid;
+    # others' namespaces may come and go meanwhile).
+    mine = f"tce{p.pid % 10000}x"
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert [n for n in ns if n.startswith(mine)] == []
+    assert f"tcebr{mine[3:]}" not in links
