@@ -102,6 +102,21 @@ def test_bench_layers_sets_the_tensor_count(tmp_path):
     assert res["tce_async_blocking_s"] > 0 and "torch_save_s" not in res
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="reserving huge pages needs root")
+def test_bench_cache_rows_on_huge_pages(tmp_path):
+    """`--memory-backing hugetlb`: the cache rows' server has its buffers on
+    huge pages, which the run reserves and then gives back."""
+    pages = "/proc/sys/vm/nr_hugepages"
+    before = open(pages).read()
+    p = _tce("bench", "--size", "32MiB", "--repeats", "1", "--skip", "persist,torch,dcp,cold",
+             "--memory-backing", "hugetlb", "--dir", str(tmp_path), "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["memory_backing"] == "hugetlb"
+    assert res["tce_save_first_s"] > 0 and res["tce_save_s"] > 0
+    assert open(pages).read() == before
+
+
 @pytest.mark.slow
 def test_bench_dcp(tmp_path):
     """`tce bench --dcp`: every figure, from 2 ranks (the ranks check that the

@@ -127,16 +127,18 @@ def _drop_caches() -> bool:
         return False
 
 
-def wait_pool(server: LocalServer, timeout: float = 120.0) -> dict[str, Any]:
+def wait_pool(server: LocalServer, timeout: float = 120.0, *, close: bool = True) -> dict[str, Any]:
     """Wait until the server's pool has filled as far as the budget lets it
-    (its filler is idle), as a job that starts a while after the server finds it."""
+    (its filler is idle), as a job that starts a while after the server finds it.
+    ``close=False`` keeps this process's connection (and its mapped buffers)."""
     with _knobs.override(socket=server.socket):
         deadline = time.monotonic() + timeout
         time.sleep(0.2)  # a take wakes the filler
         while True:
             st = api.status()
             if not st.get("pool_filling") or time.monotonic() > deadline:
-                api.close()
+                if close:
+                    api.close()
                 return st
             time.sleep(0.1)
 
