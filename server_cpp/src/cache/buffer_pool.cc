@@ -71,7 +71,7 @@ void BufferPool::Fill() {
       // growth zero-filled on the save's path): trade them for one that fits.
       if (!room && reshape && ShedBelow(size, size) >= size) room = budget_->ReservePool(size);
       if (room) {
-        s = Buffer::Prefault(size, backing_, &fd);
+        s = MakePiece(size, &fd);
         if (!s.ok()) budget_->ReturnPool(size);
       } else {
         s = Status::ResourceExhausted("the memory budget is in use");
@@ -105,6 +105,38 @@ void BufferPool::Fill() {
   filling_ = false;
   resting_ = true;
   idle_.SignalAll();
+}
+
+Status BufferPool::MakePiece(uint64_t size, int* fd) {
+  // In slices, so that Stop() never waits long for a yielding filler.
+  constexpr std::chrono::milliseconds kSlice{100};
+  std::chrono::milliseconds yielded{0};
+  auto yield = [&] {
+    while (yielded < kMaxYield) {
+      {
+        MutexLock lock(&mu_);
+        if (stop_) return;
+      }
+      const auto slice = std::min(kSlice, kMaxYield - yielded);
+      const auto waited = budget_->WaitForNoSaves(slice);
+      yielded += waited;
+      if (waited < slice) return;  // no save in flight now
+    }
+  };
+  yield();
+  uint64_t done = std::min(size, kStep);
+  Status s = Buffer::Prefault(done, backing_, fd);
+  while (s.ok() && done < size) {
+    yield();
+    const uint64_t to = std::min(size, done + kStep);
+    s = Buffer::Resize(*fd, done, to, backing_);
+    done = to;
+  }
+  if (!s.ok() && *fd >= 0) {
+    ::close(*fd);
+    *fd = -1;
+  }
+  return s;
 }
 
 Status BufferPool::Take(uint64_t capacity, int* fd) {

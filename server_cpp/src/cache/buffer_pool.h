@@ -10,12 +10,14 @@
 // capacity asked (shrinking frees the tail; growing pre-faults only the
 // missing pages), and the filler refills with pieces the size of recent
 // takes. Take() never waits for the filler, so serving never waits for the
-// pool. Every piece is fresh memory, so a buffer made from one holds no
+// pool; the filler waits for saves in flight (PoolBudget::WaitForNoSaves)
+// before each 64 MiB it pre-faults, at most kMaxYield per piece. Every piece is fresh memory, so a buffer made from one holds no
 // other user's bytes (cache.h's rule).
 //
 // Thread-safe. The pool's lock is never held while it calls the PoolBudget.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <thread>
@@ -34,6 +36,9 @@ class PoolBudget {
   virtual bool ReservePool(uint64_t bytes) = 0;
   // `bytes` left the pool (taken by a buffer, dropped, or never made).
   virtual void ReturnPool(uint64_t bytes) = 0;
+  // Blocks while a save is in flight (its copy wants the memory bandwidth
+  // that zero-filling takes), at most `max`; returns how long it waited.
+  virtual std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) = 0;
 };
 
 struct PoolStats {
@@ -50,6 +55,11 @@ class BufferPool {
  public:
   // The largest piece the filler makes.
   static constexpr uint64_t kMaxPiece = uint64_t{1} << 30;
+  // The filler pre-faults a piece this much at a time, yielding to saves
+  // before each step, and yields at most kMaxYield per piece in all (so a
+  // client that never commits delays the refill, never stops it).
+  static constexpr uint64_t kStep = uint64_t{64} << 20;
+  static constexpr std::chrono::milliseconds kMaxYield{5000};
 
   // Until the first Take shows what sizes are wanted, the filler makes
   // pieces of halving sizes: half the target (at most `max_piece`), then
@@ -87,6 +97,9 @@ class BufferPool {
 
  private:
   void Fill();
+  // A fresh memfd of `size` bytes, pre-faulted kStep at a time after
+  // yielding to saves in flight.
+  Status MakePiece(uint64_t size, int* fd);
   // Drops pieces smaller than `size`, smallest first, until `need` bytes
   // are freed; with `all_or_none`, drops none (returns 0) when they hold
   // less than `need`.

@@ -39,6 +39,23 @@ class FakeBudget : public PoolBudget {
     std::lock_guard<std::mutex> lock(mu_);
     pooled_ -= bytes;
   }
+  // While Saving(true), as the Cache with an allocation pending.
+  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto t0 = std::chrono::steady_clock::now();
+    ++yields_;
+    cv_.wait_until(lock, t0 + max, [this] { return !saving_; });
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  }
+  void Saving(bool saving) {
+    std::lock_guard<std::mutex> lock(mu_);
+    saving_ = saving;
+    cv_.notify_all();
+  }
+  int yields() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return yields_;
+  }
   void Hold(bool hold) {
     std::lock_guard<std::mutex> lock(mu_);
     hold_ = hold;
@@ -60,6 +77,8 @@ class FakeBudget : public PoolBudget {
   uint64_t pooled_ = 0;
   int asked_ = 0;
   bool hold_ = false;
+  bool saving_ = false;
+  int yields_ = 0;
 };
 
 bool AllZero(int fd, uint64_t size) {
@@ -185,6 +204,31 @@ TEST(BufferPool, TakeNeverWaitsForTheFiller) {
   pool.Stop();
 }
 
+TEST(BufferPool, TheFillerYieldsToSavesInFlight) {
+  FakeBudget budget(256 * kMiB);
+  BufferPool pool(2 * BufferPool::kStep, Backing::k4k, &budget);
+  pool.Start();
+  ASSERT_TRUE(pool.WaitIdle(10000));
+  ASSERT_EQ(pool.Stats().held, 2 * BufferPool::kStep);
+  // A save is in flight when its buffer is taken: the refill waits for it,
+  // and makes the piece once it is done.
+  budget.Saving(true);
+  const int before = budget.yields();
+  int fd = -1;
+  ASSERT_TRUE(pool.Take(BufferPool::kStep, &fd).ok());
+  close(fd);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (budget.yields() == before && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_GT(budget.yields(), before);  // the filler is waiting
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(pool.Stats().held, BufferPool::kStep);  // nothing made meanwhile
+  EXPECT_FALSE(pool.WaitIdle(0));
+  budget.Saving(false);
+  ASSERT_TRUE(pool.WaitIdle(10000));
+  EXPECT_EQ(pool.Stats().held, 2 * BufferPool::kStep);
+}
+
 TEST(BufferPool, ShedFreesSmallestFirst) {
   FakeBudget budget(64 * kMiB);
   BufferPool pool(16 * kMiB, Backing::k4k, &budget);
@@ -233,7 +277,12 @@ TEST_F(PoolCacheTest, PooledBytesAndBuffersStayWithinTheBudget) {
   EXPECT_EQ(st.pool.taken, 1u);
   EXPECT_GE(a.capacity, 40 * kMiB);
   EXPECT_LE(st.used + st.pool.held, st.budget);
-  // The filler refills only what the budget leaves.
+  // While the save is in flight the filler waits; after it, the filler
+  // refills only what the budget leaves.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(cache.Stats().pool.filled, 64 * kMiB);
+  FileInfo info;
+  ASSERT_TRUE(cache.Commit(s, a.allocation_id, {}, &info).ok());
   ASSERT_TRUE(pool.WaitIdle(10000));
   st = cache.Stats();
   EXPECT_LE(st.used + st.pool.held, st.budget);

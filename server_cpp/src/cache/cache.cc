@@ -206,11 +206,16 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   }
   const uint64_t id = next_buffer_id_++;
   reserved_ += capacity;
+  ++starting_;  // a save from here on (WaitForNoSaves): the pool's refill waits
   lock.Unlock();
   std::unique_ptr<Buffer> mem;
   s = NewBuffer(id, capacity, &mem);
   lock.Lock();
   reserved_ -= capacity;
+  --starting_;
+  if (!s.ok() || !sessions_.Find(req.session)) {
+    if (starting_ == 0 && pending_.empty()) quiet_cv_.SignalAll();
+  }
   if (!s.ok()) {
     TCE_LOG(kError, "cache") << "cannot create buffer of " << capacity << " bytes: " << s.ToString();
     return s;

@@ -196,10 +196,11 @@ class Cache : public PoolBudget {
   bool StartPersist(const FileKey& key, bool retry, PersistJob* out) EXCLUDES(mu_);
   // Whether the job's version is still the file's current version.
   bool IsCurrent(const PersistJob& job) EXCLUDES(mu_);
-  // Waits (at most `max`) until no save is being written into the cache, so
-  // background persistence never competes with a training rank's copy.
-  // Returns how long it waited.
-  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) EXCLUDES(mu_);
+  // Waits (at most `max`) until no save is being written into the cache (an
+  // allocation pending, or its buffer being made), so background persistence
+  // and the pool's filler never compete with a training rank's copy. Returns
+  // how long it waited. PoolBudget's too.
+  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override EXCLUDES(mu_);
   // Records the outcome (records carry the CRCs) and unpins the buffer. A
   // file whose persistence failed for a reason that can clear by itself
   // (RESOURCE_EXHAUSTED: disk full, quota, out of descriptors or memory;
@@ -401,7 +402,7 @@ class Cache : public PoolBudget {
   std::vector<std::string> roots_;  // resolved; immutable after construction
   Mutex mu_;
   CondVar done_cv_;     // a file was persisted or failed
-  CondVar quiet_cv_;    // the last pending allocation ended
+  CondVar quiet_cv_;    // no allocation pending or starting any more
   PersistFeed* persist_ GUARDED_BY(mu_) = nullptr;
   std::map<std::pair<std::string, std::string>, uint64_t> in_flight_ GUARDED_BY(mu_);  // key -> version
   bool stopping_ GUARDED_BY(mu_) = false;
@@ -417,6 +418,7 @@ class Cache : public PoolBudget {
   LogLimiter storage_log_{5, std::chrono::seconds(10)};
   uint64_t used_ GUARDED_BY(mu_) = 0;  // capacity of every buffer in buffers_
   uint64_t reserved_ GUARDED_BY(mu_) = 0;  // bytes of buffers being created
+  int starting_ GUARDED_BY(mu_) = 0;       // allocations making their new buffer
   uint64_t pooled_ GUARDED_BY(mu_) = 0;    // bytes the pool holds or is making
   Backing backing_ = Backing::k4k;  // immutable once serving
   BufferPool* pool_ = nullptr;      // immutable once serving

@@ -152,10 +152,11 @@ bool Cache::StartPersist(const FileKey& key, bool retry, PersistJob* out) {
 
 std::chrono::milliseconds Cache::WaitForNoSaves(std::chrono::milliseconds max) {
   MutexLock lock(&mu_);
-  if (pending_.empty() || stopping_) return std::chrono::milliseconds(0);
+  auto saving = [this]() REQUIRES(mu_) { return (!pending_.empty() || starting_ > 0) && !stopping_; };
+  if (!saving()) return std::chrono::milliseconds(0);
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline = t0 + max;
-  while (!pending_.empty() && !stopping_ && quiet_cv_.WaitUntil(&mu_, deadline)) {
+  while (saving() && quiet_cv_.WaitUntil(&mu_, deadline)) {
   }
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
 }
