@@ -326,6 +326,8 @@ def test_reader_copies_each_tensor_once_from_cache_and_storage(storage_server):
             for k in ("a", "h"):
                 assert torch.equal(out[k].view(torch.uint8), sd[k].view(torch.uint8)), (where, k)
             assert torch.equal(out["b"]["c"], sd["b"]["c"]) and out["n"] == "text"
+        # Neither load read through the ring: the session took no range buffer.
+        assert _service.with_client(lambda c: c._range_buffer) is None
         # A transposed destination (not contiguous) and one of another dtype.
         out = {"a": torch.zeros(300, 512).t(), "h": torch.zeros(64, 33),
                "b": {"c": torch.zeros(1000, dtype=torch.long)}, "n": ""}

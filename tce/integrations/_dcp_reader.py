@@ -198,6 +198,11 @@ class StorageReader(CheckpointDir, _DCPReader):
         ring keeps it), the next items' ranges in flight while one is copied
         (see :mod:`._dcp_ranges`); False, having read nothing, when the ring
         does not have the file."""
+        # Whether anyone in the ring has the file, before the reads take the
+        # session's range buffer (64 MiB of the server's) for a file that
+        # then comes from storage.
+        if _service.read_range_piece(path, 0, 1, job=self.job) is None:
+            return False
         infos = [self._item(name, req) for req in reqs]
         with RingRanges(path, [(info.offset, info.length) for info in infos],
                         job=self.job) as ranges:
