@@ -25,10 +25,10 @@ TEST(PersistQueue, HandsOutFilesInCommitOrder) {
 
 TEST(PersistQueue, ARetryComesDueBehindWhatWasQueued) {
   PersistQueue q(30ms);
+  const auto t0 = std::chrono::steady_clock::now();  // before the retry's due time is set
   EXPECT_EQ(q.RetryLater({"j", "/failed"}), 30ms);
   q.Queue({"j", "/new"});
   PersistQueue::Item item;
-  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(q.Next(&item));
   EXPECT_EQ(item.key.second, "/new");
   ASSERT_TRUE(q.Next(&item));  // blocks until the retry is due
