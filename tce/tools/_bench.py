@@ -8,6 +8,7 @@ Times are medians over ``--repeats`` runs (after warm-up where noted).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -231,27 +232,21 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
         return go
 
     server = None
-    old_pages = None
-    if socket_path is None and "tce" not in skip:
-        budget = 3 * nbytes + (256 << 20)
-        if memory_backing == "hugetlb":
-            # The budget in huge pages, and a load's copy-on-write reservation
-            # of the file (see _coldbench.run), given back after.
-            old_pages, why = _coldbench._reserve_huge_pages((budget + nbytes) // (2 << 20) + 64)
-            if why:
-                _coldbench._restore_huge_pages(old_pages)
-                raise SystemExit(f"tce bench --memory-backing hugetlb: {why}")
-        # Pre-faulted at start (prealloc), as a node's server is long before a
-        # job's first save: the bench starts timing once the pool is full.
-        try:
+    pages = contextlib.ExitStack()  # huge pages the run reserves, given back at its end
+    try:
+        if socket_path is None and "tce" not in skip:
+            budget = 3 * nbytes + (256 << 20)
+            if memory_backing == "hugetlb":
+                # The budget, and a load's copy-on-write reservation of the
+                # file (see _coldbench.run).
+                pages.enter_context(_coldbench.huge_pages(
+                    (budget + nbytes) // (2 << 20) + 64, "tce bench --memory-backing hugetlb"))
+            # Pre-faulted at start (prealloc), as a node's server is long before a
+            # job's first save: the bench starts timing once the pool is full.
             server = LocalServer(memory_budget=str(budget), extra_args=[
                 "--prealloc", str(2 * nbytes + (256 << 20)), "--memory-backing", memory_backing]).start()
-        except BaseException:
-            _coldbench._restore_huge_pages(old_pages)
-            raise
-        socket_path = server.socket
-        _coldbench.wait_pool(server)
-    try:
+            socket_path = server.socket
+            _coldbench.wait_pool(server)
         with _knobs.override(socket=socket_path, on_unavailable="raise"):
             if "tce" in skip:
                 raise _Skipped
@@ -293,7 +288,7 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
         if server is not None:
             server.stop()
             server.cleanup()
-        _coldbench._restore_huge_pages(old_pages)
+        pages.close()
 
     if "cold" not in skip and "tce" not in skip:
         res.update(_coldbench.run(sd, size, directory=directory, dtype=dtype, layers=layers,

@@ -13,13 +13,14 @@ with the page cache warm and, as root, dropped (``drop_caches``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -115,6 +116,22 @@ def _restore_huge_pages(old: int | None) -> None:
             f.write(str(old))
 
 
+@contextlib.contextmanager
+def huge_pages(n: int, what: str) -> Iterator[None]:
+    """``n`` huge pages reserved for the block (0: none), the old count put
+    back after; SystemExit naming ``what`` when the kernel does not give them."""
+    if n <= 0:
+        yield
+        return
+    old, why = _reserve_huge_pages(n)
+    try:
+        if why:
+            raise SystemExit(f"{what}: {why}")
+        yield
+    finally:
+        _restore_huge_pages(old)
+
+
 def _drop_caches() -> bool:
     if os.geteuid() != 0:
         return False
@@ -162,9 +179,7 @@ def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.
             old, why = _reserve_huge_pages((budget + nbytes) // _HUGE + 64)
             if why:
                 res["cold_hugetlb_skipped"] = why
-                if old is not None:
-                    with open(_NR_HUGEPAGES, "w") as f:
-                        f.write(str(old))
+                _restore_huge_pages(old)
                 continue
         try:
             server = LocalServer(memory_budget=str(budget), extra_args=[
@@ -192,9 +207,7 @@ def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.
                 server.stop()
                 server.cleanup()
         finally:
-            if old is not None:
-                with open(_NR_HUGEPAGES, "w") as f:
-                    f.write(str(old))
+            _restore_huge_pages(old)
     fpath = os.path.join(directory, "tce_bench_cold_torch.pt")
     torch.save(sd, fpath)
     kw = dict(socket_path=None, dtype=dtype, layers=layers, repeats=repeats, device=device)

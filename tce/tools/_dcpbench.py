@@ -60,38 +60,29 @@ def run(size: int, *, repeats: int, directory: str,
     storage = os.path.join(directory, "storage")
     os.makedirs(storage)
     budget = 4 * size + (512 << 20)
-    old_pages = None
-    if memory_backing == "hugetlb":  # the server's budget in huge pages, given back after
-        old_pages, why = _coldbench._reserve_huge_pages(budget // (2 << 20) + 64)
-        if why:
-            _coldbench._restore_huge_pages(old_pages)
-            raise SystemExit(f"tce bench --dcp --memory-backing hugetlb: {why}")
-    # keep_last 2: the buffers of older checkpoints are recycled once they
-    # are persisted, as in a training run, so a save is not a first save.
-    try:
+    pages = budget // (2 << 20) + 64 if memory_backing == "hugetlb" else 0
+    with _coldbench.huge_pages(pages, "tce bench --dcp --memory-backing hugetlb"):
+        # keep_last 2: the buffers of older checkpoints are recycled once they
+        # are persisted, as in a training run, so a save is not a first save.
         server = LocalServer(memory_budget=str(budget), storage_roots=[storage],
                              state_dir=os.path.join(directory, "state"),
                              extra_args=["--keep-last", "2", "--memory-backing", memory_backing]).start()
-    except BaseException:
-        _coldbench._restore_huge_pages(old_pages)
-        raise
-    try:
-        port = str(_free_port())
-        procs = []
-        for rank in range(WORLD):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=port, TCE_SOCKET=server.socket, TCE_JOB="dcp-bench")
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "tce.tools._dcpbench", str(size), str(repeats), storage],
-                env=env, stdout=subprocess.PIPE, text=True))
-        outs = [p.communicate()[0] for p in procs]
-        for rank, p in enumerate(procs):
-            if p.returncode != 0:
-                raise SystemExit(f"tce bench --dcp: rank {rank} exited {p.returncode}")
-    finally:
-        server.stop()
-        server.cleanup()
-        _coldbench._restore_huge_pages(old_pages)
+        try:
+            port = str(_free_port())
+            procs = []
+            for rank in range(WORLD):
+                env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=port, TCE_SOCKET=server.socket, TCE_JOB="dcp-bench")
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "tce.tools._dcpbench", str(size), str(repeats), storage],
+                    env=env, stdout=subprocess.PIPE, text=True))
+            outs = [p.communicate()[0] for p in procs]
+            for rank, p in enumerate(procs):
+                if p.returncode != 0:
+                    raise SystemExit(f"tce bench --dcp: rank {rank} exited {p.returncode}")
+        finally:
+            server.stop()
+            server.cleanup()
     line = next(l for l in outs[0].splitlines() if l.startswith("RESULT "))
     res = json.loads(line[len("RESULT "):])
     res["memory_backing"] = memory_backing
