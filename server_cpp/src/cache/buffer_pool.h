@@ -11,8 +11,9 @@
 // missing pages), and the filler refills with pieces the size of recent
 // takes. Take() never waits for the filler, so serving never waits for the
 // pool; the filler waits for saves in flight (PoolBudget::WaitForNoSaves)
-// before each 64 MiB it pre-faults, at most kMaxYield per piece. Every piece is fresh memory, so a buffer made from one holds no
-// other user's bytes (cache.h's rule).
+// before each 64 MiB it pre-faults, at most kMaxYield per piece. Every
+// piece is fresh memory, so a buffer made from one holds no other user's
+// bytes (cache.h's rule).
 //
 // Thread-safe. The pool's lock is never held while it calls the PoolBudget.
 #pragma once

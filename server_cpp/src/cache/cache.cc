@@ -213,9 +213,8 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   lock.Lock();
   reserved_ -= capacity;
   --starting_;
-  if (!s.ok() || !sessions_.Find(req.session)) {
-    if (starting_ == 0 && pending_.empty()) quiet_cv_.SignalAll();
-  }
+  // (On success the allocation is pending before the lock is released.)
+  if (starting_ == 0 && pending_.empty()) quiet_cv_.SignalAll();
   if (!s.ok()) {
     TCE_LOG(kError, "cache") << "cannot create buffer of " << capacity << " bytes: " << s.ToString();
     return s;
