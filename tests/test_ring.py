@@ -19,6 +19,7 @@ import torch
 import tce
 from tce import _service, api
 from tce.core import _knobs
+from tce.tools._netns import Nodes
 from tce.tools._server import LocalServer
 from tce.errors import FailedPreconditionError, InvalidArgumentError
 from tce.v1 import tce_pb2 as pb
@@ -805,8 +806,8 @@ def test_ring_bench_runs(tmp_path):
             assert res[key] > 0, key
     # The bench removed its namespaces and its bridge (named after its pid;
     # others' namespaces may come and go meanwhile).
-    mine = f"tce{p.pid % 10000}x"
+    mine = Nodes.prefix(p.pid)
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert [n for n in ns if n.startswith(mine)] == []
-    assert f"tcebr{mine[3:]}" not in links
+    assert [n for n in ns if n.startswith(f"tce{mine}")] == []
+    assert f"tcebr{mine}" not in links

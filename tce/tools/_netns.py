@@ -14,9 +14,15 @@ import subprocess
 class Nodes:
     _made = 0
 
+    @staticmethod
+    def prefix(pid: int) -> str:
+        """What the namespaces, veths and bridge of process ``pid`` are named
+        after (``tce<prefix>…``, ``tcebr<prefix>…``)."""
+        return f"{pid % 10000}x"
+
     def __init__(self, n: int) -> None:
         Nodes._made += 1
-        tag = f"{os.getpid() % 10000}x{Nodes._made}"
+        tag = f"{Nodes.prefix(os.getpid())}{Nodes._made}"
         self.bridge = f"tcebr{tag}"
         self.names = [f"tce{tag}n{i}" for i in range(n)]
         self.host_veths = [f"tce{tag}v{i}" for i in range(n)]
