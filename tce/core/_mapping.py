@@ -93,6 +93,7 @@ def map_private(fd: int, size: int) -> tuple[mmap.mmap, bool]:
 
 _copy_logged = False
 
+
 class Mapping:
     """A writable shared mapping of one buffer, kept for the buffer's life."""
 

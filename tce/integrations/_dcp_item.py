@@ -14,7 +14,6 @@ mapped, so no page tables are set up, and no storage is allocated per item.
 from __future__ import annotations
 
 import abc
-
 import collections
 import concurrent.futures
 import ctypes
