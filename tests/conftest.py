@@ -29,6 +29,61 @@ def pytest_runtest_setup(item):
         pytest.skip(_server_lacks_libfabric())
 
 
+NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
+SHMEM_THP = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+@pytest.fixture
+def huge_pages():
+    """reserve(n): make n 2 MiB huge pages free for the test (root; CI runs
+    as root), and put the old count back after."""
+    try:
+        with open(NR_HUGEPAGES) as f:
+            old = int(f.read())
+    except OSError as e:
+        pytest.skip(f"no {NR_HUGEPAGES}: {e}")
+    if os.geteuid() != 0:
+        pytest.skip(f"reserving huge pages needs root ({NR_HUGEPAGES})")
+
+    def free_pages() -> int:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("HugePages_Free:"))
+
+    def reserve(n: int) -> None:
+        # n pages free for the test, on top of those other processes use
+        # (0 stays 0: "no huge page free").
+        with open(NR_HUGEPAGES) as f:
+            total = int(f.read())
+        with open(NR_HUGEPAGES, "w") as f:
+            f.write(str(total - free_pages() + n))
+        got = free_pages()
+        assert got >= n, f"the kernel made only {got} of {n} huge pages free"
+
+    yield reserve
+    with open(NR_HUGEPAGES, "w") as f:
+        f.write(str(old))
+
+
+@pytest.fixture
+def shmem_thp():
+    """Shmem THP on 'advise' for the test (root), put back after; yields the
+    setting it found."""
+    try:
+        with open(SHMEM_THP) as f:
+            old = f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        pytest.skip(f"no shmem THP on this kernel ({SHMEM_THP})")
+    if os.geteuid() != 0:
+        pytest.skip(f"setting {SHMEM_THP} needs root")
+    with open(SHMEM_THP, "w") as f:
+        f.write("advise")
+    try:
+        yield old
+    finally:
+        with open(SHMEM_THP, "w") as f:
+            f.write(old)
+
+
 def _start(budget: str) -> LocalServer:
     # 4 KiB pages whatever the machine has reserved: budgets here count
     # buffers in 4 KiB (hugetlb rounds each to 2 MiB; tests/test_memory.py

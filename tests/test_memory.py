@@ -19,42 +19,10 @@ from tce import api
 from tce.core import _knobs, _session
 from tce.tools._server import LocalServer, server_binary
 
-from conftest import run_python
+from conftest import SHMEM_THP, run_python
 from helpers import until
 
-NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
 MiB = 1 << 20
-
-
-@pytest.fixture
-def huge_pages():
-    """reserve(n): make n 2 MiB huge pages free for the test (root; CI runs
-    as root), and put the old count back after."""
-    try:
-        with open(NR_HUGEPAGES) as f:
-            old = int(f.read())
-    except OSError as e:
-        pytest.skip(f"no {NR_HUGEPAGES}: {e}")
-    if os.geteuid() != 0:
-        pytest.skip(f"reserving huge pages needs root ({NR_HUGEPAGES})")
-
-    def free_pages() -> int:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("HugePages_Free:"))
-
-    def reserve(n: int) -> None:
-        # n pages free for the test, on top of those other processes use
-        # (0 stays 0: "no huge page free").
-        with open(NR_HUGEPAGES) as f:
-            total = int(f.read())
-        with open(NR_HUGEPAGES, "w") as f:
-            f.write(str(total - free_pages() + n))
-        got = free_pages()
-        assert got >= n, f"the kernel made only {got} of {n} huge pages free"
-
-    yield reserve
-    with open(NR_HUGEPAGES, "w") as f:
-        f.write(str(old))
 
 
 def _status(server: LocalServer) -> dict:
@@ -228,49 +196,35 @@ def test_gpu_saves_register_and_load_huge_page_buffers(huge_pages, tmp_path):
         s.cleanup()
 
 
-SHMEM_THP = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
-
-
 def _shmem_huge_kib() -> int:
     with open("/proc/meminfo") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("ShmemHugePages:"))
 
 
-def test_a_thp_server_puts_buffers_on_shmem_huge_pages(tmp_path):
+def test_a_thp_server_puts_buffers_on_shmem_huge_pages(shmem_thp, tmp_path):
     """memory_backing = thp with shmem THP on 'advise' (set by the test as
     root, put back after): the buffers are huge folios, saves and loads
     bitwise."""
+    before = _shmem_huge_kib()
+    s = LocalServer(memory_budget="256MiB", extra_args=["--memory-backing", "thp"]).start()
     try:
-        with open(SHMEM_THP) as f:
-            old = f.read().split("[")[1].split("]")[0]
-    except (OSError, IndexError):
-        pytest.skip(f"no shmem THP on this kernel ({SHMEM_THP})")
-    if os.geteuid() != 0:
-        pytest.skip(f"setting {SHMEM_THP} needs root")
-    with open(SHMEM_THP, "w") as f:
-        f.write("advise")
-    try:
-        before = _shmem_huge_kib()
-        s = LocalServer(memory_budget="256MiB", extra_args=["--memory-backing", "thp"]).start()
-        try:
-            assert "memory_backing=thp" in s.log()
-            with _knobs.override(socket=s.socket, job="thp"):
-                path = str(tmp_path / "t.pt")
-                want = _state(5, 24 * MiB)
-                tce.save(want, path)
-                st = api.status()
-                assert st["memory_backing"] == "thp" and int(st["huge_page_buffers"]) == 1
-                assert _shmem_huge_kib() - before >= 20 * 1024  # the buffer is huge folios
-                assert _same(tce.load(path, weights_only=True), want)
-                api.close()
-        finally:
-            assert s.stop() == 0, s.log()
-            s.cleanup()
+        assert "memory_backing=thp" in s.log()
+        with _knobs.override(socket=s.socket, job="thp"):
+            path = str(tmp_path / "t.pt")
+            want = _state(5, 24 * MiB)
+            tce.save(want, path)
+            st = api.status()
+            assert st["memory_backing"] == "thp" and int(st["huge_page_buffers"]) == 1
+            assert _shmem_huge_kib() - before >= 20 * 1024  # the buffer is huge folios
+            assert _same(tce.load(path, weights_only=True), want)
+            api.close()
     finally:
-        with open(SHMEM_THP, "w") as f:
-            f.write(old)
+        assert s.stop() == 0, s.log()
+        s.cleanup()
     # With shmem THP off, asking for it is refused at start with the reason.
-    if old in ("never", "deny"):
+    if shmem_thp in ("never", "deny"):
+        with open(SHMEM_THP, "w") as f:  # as the machine had it (the fixture writes it again after)
+            f.write(shmem_thp)
         p = subprocess.run([server_binary(), "--socket", str(tmp_path / "x.sock"), "--state-dir",
                             str(tmp_path), "--memory-backing", "thp"],
                            capture_output=True, text=True, timeout=30)

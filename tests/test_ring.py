@@ -617,6 +617,58 @@ def test_a_peer_serves_its_own_cached_files_to_ring_members_only(tmp_path, trans
         _stop(servers[0], servers[2], outsider)
 
 
+@pytest.fixture(params=["4k", "thp", "hugetlb"])
+def backing(request):
+    """Each memory backing, for real: huge pages reserved, shmem THP on
+    'advise' (both root; put back after)."""
+    if request.param == "hugetlb":
+        request.getfixturevalue("huge_pages")(480)  # three servers' budgets, loads' copy-on-write, range buffers
+    elif request.param == "thp":
+        request.getfixturevalue("shmem_thp")
+    return request.param
+
+
+def test_every_transport_moves_every_memory_backing(tmp_path, transport, backing):
+    """Servers whose buffers are on `backing`: a backup (node 0 to node 1),
+    ranged reads node 2 asks of its peers (the bytes sent from their
+    memory), and a whole file fetched for a load, each bit for bit."""
+    servers = [_ring_server(tmp_path, transport, f"n{i}", budget="128MiB",
+                            extra=["--memory-backing", backing]) for i in range(3)]
+    try:
+        _set_ring(servers)
+        path = "/ckpt/m/model.pt"
+        x = {"w": torch.randn(3 << 20), "b": torch.arange(1001)}  # 12 MiB: several transfer chunks
+        with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
+            tce.save(x, path, tag="m", rank=0)
+            info, mm = _service.client().open("ring-job", path)
+            want = bytes(mm[:info.size])
+            mm.close()
+            assert api.status()["memory_backing"] == backing
+            api.close()
+        _until(lambda: _files(servers[0])[path].backup_holder, what="the backup")
+        assert int(_status(servers[1])["held_backup_bytes"]) == len(want)
+
+        def read_ranges(c) -> None:
+            for off, n in ((0, 4096), (len(want) - 5000, 5000), (1 << 20, 3 << 20)):
+                assert c.read_range("ring-job", path, off, n).data == want[off:off + n]
+            fd, _ = _service.range_buffer()
+            c.read_range("ring-job", path, 7, 2 << 20, buffer_offset=0)
+            assert os.pread(fd, 2 << 20, 0) == want[7:7 + (2 << 20)]
+
+        with _knobs.override(socket=servers[2].socket, job="ring-job", on_unavailable="raise"):
+            read_ranges(_service.client())  # node 1's copy may serve these
+            servers[1].kill()  # now only node 0's own buffer (on `backing`) has the file
+            read_ranges(_service.client())
+            assert int(tce.status()["range_reads_peer"]) == 8
+            out = tce.load(path, weights_only=True)  # the whole file, fetched from node 0
+            assert torch.equal(out["w"], x["w"]) and torch.equal(out["b"], x["b"])
+            assert int(tce.status()["remote_reads"]) == 1
+            api.close()
+    finally:
+        servers[1].cleanup()
+        _stop(servers[0], servers[2])
+
+
 def test_a_missing_storage_root_stops_the_server(tmp_path):
     from tce.tools._server import server_binary
 

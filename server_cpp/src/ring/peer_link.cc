@@ -17,8 +17,9 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "tce/v1/tce.pb.h"
@@ -262,9 +263,30 @@ Status PeerLink::SendFile(int fd, uint64_t offset, uint64_t n) {
   while (static_cast<uint64_t>(at) < offset + n) {
     ssize_t sent = sendfile(fd_, fd, &at, static_cast<size_t>(offset + n - static_cast<uint64_t>(at)));
     if (sent < 0 && errno == EINTR) continue;
+    // hugetlbfs has no splice: its files (huge-page buffers) are read instead.
+    if (sent < 0 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP))
+      return SendByReading(fd, static_cast<uint64_t>(at), offset + n - static_cast<uint64_t>(at));
     if (sent <= 0)
       return Status::Unavailable("sendfile to peer " + address_ + ": " +
                                  (sent == 0 ? std::string("end of buffer") : std::strerror(errno)));
+  }
+  return Status::OK();
+}
+
+Status PeerLink::SendByReading(int fd, uint64_t offset, uint64_t n) {
+  constexpr size_t kBounce = 1 << 20;
+  thread_local std::unique_ptr<char[]> bounce(new char[kBounce]);
+  while (n > 0) {
+    const ssize_t r = pread(fd, bounce.get(), static_cast<size_t>(std::min<uint64_t>(n, kBounce)),
+                            static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      return Status::Unavailable("read the buffer for peer " + address_ + ": " +
+                                 (r == 0 ? std::string("end of buffer") : std::strerror(errno)));
+    Status s = SendAll(bounce.get(), static_cast<size_t>(r));
+    if (!s.ok()) return s;
+    offset += static_cast<uint64_t>(r);
+    n -= static_cast<uint64_t>(r);
   }
   return Status::OK();
 }

@@ -58,7 +58,8 @@ class PeerLink {
   // Raw bytes (the data path of the tcp transport).
   Status SendAll(const void* data, size_t n);
   // Bytes [offset, offset + n) of `fd` (a memfd), with sendfile: no copy in
-  // user space. UNAVAILABLE when the socket fails or the fd ends early.
+  // user space; read and sent from a bounce buffer where the fd cannot be
+  // spliced (hugetlbfs). UNAVAILABLE when the socket fails or the fd ends early.
   Status SendFile(int fd, uint64_t offset, uint64_t n);
   Status RecvAll(void* data, size_t n);
   // Blocks, without the I/O timeout, until a message (or the end) arrives.
@@ -85,6 +86,7 @@ class PeerLink {
   void Abort();
 
  private:
+  Status SendByReading(int fd, uint64_t offset, uint64_t n);
   PeerLink(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
   // `dialled`: the endpoint the connector dialled (connector side) or our own
   // advertised endpoint (acceptor side).

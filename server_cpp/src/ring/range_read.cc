@@ -1,8 +1,10 @@
 #include "ring/range_read.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "persist/crc.h"
@@ -38,9 +40,15 @@ Status ReadRangeOf(int fd, uint64_t offset, uint64_t length, unsigned char* to) 
 }
 
 Status CrcOfRange(int fd, uint64_t offset, uint64_t length, uint32_t* crc) {
-  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  // A mapping starts and ends on pages of the file's own size (2 MiB on
+  // hugetlbfs, which reports it as the block size and refuses anything else).
+  uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  struct stat st;
+  if (fstat(fd, &st) == 0 && st.st_blksize > 0 && (st.st_blksize & (st.st_blksize - 1)) == 0)
+    page = std::max(page, static_cast<uint64_t>(st.st_blksize));
   const uint64_t start = offset - offset % page;
-  const size_t span = static_cast<size_t>(offset + length - start);
+  const uint64_t end = offset + length;
+  const size_t span = static_cast<size_t>((end + page - 1) / page * page - start);
   void* map = mmap(nullptr, span, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(start));
   if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap");
   *crc = Crc32(0, static_cast<const unsigned char*>(map) + (offset - start), static_cast<size_t>(length));
