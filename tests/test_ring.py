@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -123,9 +126,19 @@ def test_backup_reaches_the_successor_and_is_dropped_on_eviction(tmp_path, trans
         _stop(a, b)
 
 
+def _backups_failing_metric(server) -> int:
+    endpoint = _status(server)["metrics_endpoint"]
+    with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return int(re.search(r"^tce_backup_consecutive_failures (\d+)$", text, re.M).group(1))
+
+
 def test_a_peer_without_the_token_is_refused(tmp_path, transport):
-    a = _ring_server(tmp_path, transport, "a")
+    """Refused on both sides; backups that keep failing say so (an error in
+    the log, a metric, tce status) until one goes through."""
+    a = _ring_server(tmp_path, transport, "a", extra=["--metrics-listen", "127.0.0.1:0"])
     b = _ring_server(tmp_path, transport, "b", token="another-token")
+    good = None
     try:
         _set_ring([a, b])
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
@@ -136,8 +149,21 @@ def test_a_peer_without_the_token_is_refused(tmp_path, transport):
         assert int(_status(b)["held_backups"]) == 0
         assert "does not know the cluster token" in b.log()  # refused and logged on both sides
         assert int(st["backup_queue"]) >= 0 and _files(a)["/ckpt/r/x.pt"].backup_holder == ""
+        _until(lambda: int(_status(a)["backup_failing"]) >= 3, what="three failures in a row")
+        assert _backups_failing_metric(a) >= 3
+        _until(lambda: "ERROR ring: ring backups have failed" in a.log(), what="the error line")
+        assert "files cached here have no copy on the next node" in a.log()
+        out = subprocess.run([sys.executable, "-m", "tce.cli", "--socket", a.socket, "status"],
+                             capture_output=True, text=True, timeout=60)
+        assert "BACKUPS FAILING: " in out.stdout, out.stdout + out.stderr
+        # A successor that knows the token: the next attempt goes through.
+        good = _ring_server(tmp_path, transport, "good")
+        _set_ring([a, good])
+        _until(lambda: _files(a)["/ckpt/r/x.pt"].backup_holder, what="the backup")
+        assert int(_status(a)["backup_failing"]) == 0 and _backups_failing_metric(a) == 0
+        assert a.log().count("ERROR ring: ring backups have failed") == 1  # at most once a minute
     finally:
-        _stop(a, b)
+        _stop(a, b, *([good] if good else []))
 
 
 def test_ring_settings_are_checked(tmp_path, make_server, transport):

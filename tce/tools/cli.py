@@ -69,6 +69,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"({_human(int(st['backup_lag_bytes']))} behind), {st['backed_up_files']} backed up, "
               f"{st['backup_failures']} failed attempts"
               + (f" (last: {st['backup_error']})" if st.get("backup_error") else ""))
+        if int(st.get("backup_failing", 0)):
+            print(f"          BACKUPS FAILING: {st['backup_failing']} attempts in a row; files cached "
+                  "here have no copy on the next node")
         print(f"          holding {st['held_backups']} predecessor file(s), "
               f"{_human(int(st['held_backup_bytes']))} of {_human(int(st['backup_budget_bytes']))}, "
               f"and {st.get('held_tags', 0)} of its complete tag(s)")

@@ -99,6 +99,7 @@ CacheStats Cache::TallyLocked() const {
   }
   s.backed_up_files = backed_up_files_;
   s.backup_failures = backup_failures_;
+  s.backup_failing = backup_failing_;
   s.recovered_files = recovered_files_;
   s.ring_checksum_mismatches = recovery_mismatches_;
   s.backup_error = backup_error_;

@@ -85,6 +85,7 @@ struct CacheStats {
   uint64_t evicted_files = 0;
   uint64_t discarded_files = 0, stale_drops = 0, storage_fallbacks = 0;
   uint64_t backup_queue = 0, backup_lag_bytes = 0, backed_up_files = 0, backup_failures = 0;
+  uint64_t backup_failing = 0;  // backup workers' attempts failed in a row (NoteRingAttempt)
   uint64_t recovered_files = 0, ring_checksum_mismatches = 0;
   uint64_t files_by_state[kFileStateSlots] = {};  // indexed by FileState's number
   bool accepting = true;            // false once a shutdown drain began
@@ -290,6 +291,11 @@ class Cache : public PoolBudget {
   void ResendBackups(const std::string& job, const std::string& peer) EXCLUDES(mu_);
   // Counts a ring failure that belongs to no queued job (shown in Stats).
   void NoteBackupError(const std::string& message) EXCLUDES(mu_);
+  // The outcome of one attempt of the backup workers (a backup, a tag, a
+  // drop or a restore) with the next node: a run of kBackupsFailingLoudly
+  // failures or more is logged as an error (at most once a minute); any
+  // success ends the run (Stats' backup_failing).
+  void NoteRingAttempt(const Status& result, const std::string& what) EXCLUDES(mu_);
   // ---- restores and peer reads ----
   // How long a load waits for an in-flight ring restore of its job. Set
   // before serving.
@@ -305,7 +311,8 @@ class Cache : public PoolBudget {
                             std::chrono::steady_clock::time_point::max()) EXCLUDES(mu_);
   // The Replicator pulled back what the ring held of `job` (whatever it
   // got): loads waiting for it go on.
-  void RestoreEnded(const std::string& job) EXCLUDES(mu_);
+  // `from` non-empty: only a restore from that peer ends.
+  void RestoreEnded(const std::string& job, const std::string& from = "") EXCLUDES(mu_);
   // Files of `job` that metadata recorded here and that are not in memory
   // (after a restore: what the ring could not give back).
   std::vector<FileInfo> NotInMemory(const std::string& job) EXCLUDES(mu_);
@@ -444,11 +451,13 @@ class Cache : public PoolBudget {
   BackupFeed* backups_ GUARDED_BY(mu_) = nullptr;
   uint64_t backed_up_files_ GUARDED_BY(mu_) = 0;
   uint64_t backup_failures_ GUARDED_BY(mu_) = 0;
+  uint64_t backup_failing_ GUARDED_BY(mu_) = 0;  // in a row; 0 after any success
   uint64_t recovered_files_ GUARDED_BY(mu_) = 0;
   uint64_t recovery_mismatches_ GUARDED_BY(mu_) = 0;
   uint64_t backups_in_flight_ GUARDED_BY(mu_) = 0;
   std::string backup_error_ GUARDED_BY(mu_);
   std::string self_endpoint_ GUARDED_BY(mu_);
+  static constexpr uint64_t kBackupsFailingLoudly = 3;
   // Marks the file FAILED with `why`, and schedules another attempt if `why` may clear.
   void FailPersist(FileInfo& f, const Status& why) REQUIRES(mu_);
   // Makes a FAILED file (with memory) CACHED/BACKED_UP again.

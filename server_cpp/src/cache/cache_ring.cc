@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "common/clock.h"
+#include "common/log_limiter.h"
 #include "common/logging.h"
 #include "common/validate.h"
 
@@ -304,7 +305,7 @@ Status Cache::WaitForRestore(const std::string& job, bool* waited,
   return restores_.Wait(job, restore_wait_, waited);
 }
 
-void Cache::RestoreEnded(const std::string& job) { restores_.End(job); }
+void Cache::RestoreEnded(const std::string& job, const std::string& from) { restores_.End(job, from); }
 
 std::vector<FileInfo> Cache::NotInMemory(const std::string& job) {
   MutexLock lock(&mu_);
@@ -350,6 +351,24 @@ void Cache::NoteBackupError(const std::string& message) {
   MutexLock lock(&mu_);
   ++backup_failures_;
   backup_error_ = message;
+}
+
+void Cache::NoteRingAttempt(const Status& result, const std::string& what) {
+  MutexLock lock(&mu_);
+  if (result.ok()) {
+    backup_failing_ = 0;
+    return;
+  }
+  ++backup_failing_;
+  // Each attempt is a warning of its own; a run of them means the node's
+  // files have no copy on the next node, which an operator must hear of.
+  static LogLimiter loud(1, std::chrono::minutes(1));
+  uint64_t suppressed = 0;
+  if (backup_failing_ >= kBackupsFailingLoudly && loud.Allow(&suppressed))
+    TCE_LOG(kError, "ring") << "ring backups have failed " << backup_failing_
+                            << " times in a row: files cached here have no copy on the next node "
+                               "(a lost node loses them); last: "
+                            << what << ": " << result.ToString() << Suppressed(suppressed);
 }
 
 Status Cache::CheckRangeRead(const std::string& session, const std::string& job) {

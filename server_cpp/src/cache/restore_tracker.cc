@@ -7,10 +7,12 @@ void RestoreTracker::Begin(const std::string& job, const std::string& peer, int3
   restores_[job] = Restore{peer, node_rank, std::chrono::steady_clock::now()};
 }
 
-void RestoreTracker::End(const std::string& job) {
+void RestoreTracker::End(const std::string& job, const std::string& from) {
   {
     MutexLock l(&mu_);
-    restores_.erase(job);
+    auto it = restores_.find(job);
+    if (it == restores_.end() || (!from.empty() && it->second.peer != from)) return;
+    restores_.erase(it);
   }
   ended_.SignalAll();
 }

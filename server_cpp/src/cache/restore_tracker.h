@@ -26,7 +26,9 @@ class RestoreTracker {
   // The job's files are being pulled from `peer` (node `node_rank`'s copies).
   void Begin(const std::string& job, const std::string& peer, int32_t node_rank);
   // The restore of `job` ended; wakes its waiters.
-  void End(const std::string& job);
+  // `from` non-empty: only a restore from that peer ends (a newer one from
+  // another peer goes on).
+  void End(const std::string& job, const std::string& from = "");
   // OK at once when `job` is not being restored; else waits up to `timeout`
   // for the restore to end: DEADLINE_EXCEEDED (naming the job, the peer, how
   // long it waited and `bound`, what set the timeout) if it does not.

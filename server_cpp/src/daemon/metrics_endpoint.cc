@@ -126,6 +126,9 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
   m.Gauge("tce_persist_queue", "files waiting for or in persistence", static_cast<double>(st.persist_queue()));
   m.Gauge("tce_backup_queue", "files waiting for or in a backup", static_cast<double>(st.backup_queue()));
   m.Gauge("tce_backup_lag_bytes", "bytes cached but not yet backed up", static_cast<double>(st.backup_lag_bytes()));
+  m.Gauge("tce_backup_consecutive_failures",
+          "backup attempts failed in a row since the last that went through (0: backups work)",
+          static_cast<double>(st.backup_failing()));
   m.Gauge("tce_metadata_queue", "metadata changes not yet written", static_cast<double>(st.metadata_queue()));
   m.Gauge("tce_metadata_healthy", "1 while the metadata store accepts writes", st.metadata_healthy() ? 1 : 0);
   m.Gauge("tce_held_backups", "predecessor files this server holds", static_cast<double>(st.held_backups()));

@@ -100,6 +100,15 @@ void Replicator::Loop() {
       peer = drop->peer;
     } else {
       const RecoverJob& recover = std::get<RecoverJob>(next);
+      const std::vector<std::string> peers = cache_->RingPeers(recover.job);
+      if (peers.empty() || peers.front() != recover.peer) {
+        // The job's ring changed: what it holds now is the new successor's
+        // to give back; retrying here would hold every backup behind it.
+        TCE_LOG(kInfo, "ring") << "the restore of job=" << recover.job << " from " << recover.peer
+                               << " ends: that peer is no longer the job's successor here";
+        cache_->RestoreEnded(recover.job, recover.peer);
+        continue;
+      }
       s = Recover(recover, &links);
       if (!s.ok()) {  // again, after the backoff
         cache_->NoteBackupError("recovery from " + recover.peer + ": " + s.ToString());
@@ -110,7 +119,7 @@ void Replicator::Loop() {
           TCE_LOG(kWarning, "ring") << "the restore of job=" << recover.job << " from " << recover.peer
                                     << " failed " << again.failures << " times (" << s.ToString()
                                     << "): loads no longer wait for it; it is retried in the background";
-          cache_->RestoreEnded(recover.job);
+          cache_->RestoreEnded(recover.job, recover.peer);
         }
         queue_.Recover(again);
       }
@@ -118,6 +127,7 @@ void Replicator::Loop() {
       peer = recover.peer;
       predecessor = recover.predecessor;
     }
+    cache_->NoteRingAttempt(s, what + " with " + peer);
     if (s.ok()) {
       backoff = options_.backoff;
       continue;
@@ -214,7 +224,7 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
     }
   }
   ReportRecovery(job, pulled, list.files_size(), list.own_files());
-  cache_->RestoreEnded(job.job);  // loads waiting for the restore go on
+  cache_->RestoreEnded(job.job, job.peer);  // loads waiting for the restore go on
   if (job.predecessor.empty() || job.predecessor == options_.self) return Status::OK();
   PeerLink* pred = nullptr;
   if (!(s = Link(job.predecessor, links, &pred)).ok()) return s;

@@ -211,6 +211,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_backup_lag_bytes(s.backup_lag_bytes);
   resp->set_backed_up_files(s.backed_up_files);
   resp->set_backup_failures(s.backup_failures);
+  resp->set_backup_failing(s.backup_failing);
   resp->set_backup_error(s.backup_error);
   resp->set_recovered_files(s.recovered_files);
   resp->set_ring_checksum_mismatches(s.ring_checksum_mismatches);
