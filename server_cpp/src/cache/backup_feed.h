@@ -1,10 +1,11 @@
 // BackupFeed: how the Cache hands work to the ring (ring/backup_queue.h).
 //
-// Four kinds of job, each its own type: a file's current version to send
+// Five kinds of job, each its own type: a file's current version to send
 // to the job's ring successor (named by its key; the worker asks the Cache
 // for the version when it gets to it, Cache::StartBackup, and gets a
 // BackupJob), a complete tag to send there too (TagCopy, likewise named:
-// Cache::StartTagBackup), a copy a peer must let go of (DropCopy), and a job
+// Cache::StartTagBackup), a copy a peer must let go of (DropCopy), the
+// storage identity of a copy's file once persisted (PersistedCopy), and a job
 // whose files and tags this node pulls back from the ring (RecoverJob). The Cache calls these with
 // its lock held: an implementation takes only its own lock and never calls
 // back into the Cache. Any thread.
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/cache_types.h"   // DiskIdentity
 #include "cache/persist_feed.h"  // FileKey
 
 namespace tce {
@@ -24,6 +26,15 @@ namespace tce {
 struct DropCopy {
   std::string job, path, peer;
   uint64_t version = 0;
+};
+
+// `peer` holds a copy of (job, path) at `version`, which this server has
+// since written to storage as `disk`: the holder keeps it with the copy, so
+// that whoever pulls the copy back can tell whether storage changed since.
+struct PersistedCopy {
+  std::string job, path, peer;
+  uint64_t version = 0;
+  DiskIdentity disk;
 };
 
 // The complete tag (job, tag) this server recorded, for the job's successor
@@ -48,6 +59,7 @@ class BackupFeed {
   virtual void Send(const FileKey& key) = 0;
   virtual void SendTag(TagCopy tag) = 0;
   virtual void Drop(DropCopy drop) = 0;
+  virtual void Persisted(PersistedCopy copy) = 0;
   virtual void Recover(RecoverJob recover) = 0;
   // The files waiting to be sent, in order (not those being sent).
   virtual std::vector<FileKey> Waiting() const = 0;

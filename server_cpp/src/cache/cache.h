@@ -390,6 +390,12 @@ class Cache : public PoolBudget {
   // FAILED_PRECONDITION when torch.save would fail there; unknown (the save
   // goes on unchecked) when storage does not answer.
   Status SnapshotFor(const std::string& path, DiskIdentity* out);
+  // A ring copy's storage identity against storage now (filesystem calls,
+  // through the prober; no lock). kElsewhere when there is nothing to compare.
+  StorageCheck CheckRecovered(const FileInfo& f, DiskIdentity* here);
+  // Refuses a ring copy that storage has moved past, and records the file
+  // as storage's (EVICTED with the reason). FAILED_PRECONDITION.
+  Status RefuseStaleCopy(const FileKey& key, const FileInfo& copy, const std::string& why) REQUIRES(mu_);
   // Compares a file with memory with storage and applies the verdict: a
   // persisted file that changed there loses its copy (EVICTED), an
   // unpersisted one is DISCARDED; storage unavailable: counted and logged.
@@ -458,6 +464,9 @@ class Cache : public PoolBudget {
   std::string backup_error_ GUARDED_BY(mu_);
   std::string self_endpoint_ GUARDED_BY(mu_);
   static constexpr uint64_t kBackupsFailingLoudly = 3;
+  // Tells the holder of `f`'s copy what storage holds now that `f` is
+  // persisted (nothing unless both are so).
+  void TellHolderPersisted(const FileInfo& f) REQUIRES(mu_);
   // Marks the file FAILED with `why`, and schedules another attempt if `why` may clear.
   void FailPersist(FileInfo& f, const Status& why) REQUIRES(mu_);
   // Makes a FAILED file (with memory) CACHED/BACKED_UP again.

@@ -193,6 +193,7 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
     it->second.state = FileState::kPersisted;
     it->second.persisted_unix_ns = UnixNowNs();
     it->second.records = std::move(records);
+    TellHolderPersisted(it->second);
     ++persisted_files_;
     persisted_bytes_ += job.size;
     Note(it->second, false);

@@ -138,6 +138,7 @@ bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
   out->buffer_id = buf.id;
   out->size = f.size;
   out->records = f.records;
+  out->disk = f.disk;
   out->fd = fd;
   out->data = nullptr;
   Buffer* mem = buf.mem.get();
@@ -167,7 +168,13 @@ void Cache::FinishBackup(const BackupJob& job, const Status& result) {
   if (!current) return;  // superseded or evicted meanwhile; the next version goes too
   it->second.backup_holder = job.peer;
   if (it->second.state == FileState::kCached) it->second.state = FileState::kBackedUp;
+  if (!job.disk.written) TellHolderPersisted(it->second);  // persisted while the copy was on its way
   Note(it->second, false);
+}
+
+void Cache::TellHolderPersisted(const FileInfo& f) {
+  if (!backups_ || f.backup_holder.empty() || !f.disk.written || f.disk.from_peer) return;
+  backups_->Persisted(PersistedCopy{f.job, f.path, f.backup_holder, f.version, f.disk});
 }
 
 Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
@@ -204,6 +211,12 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   if (s.ok()) s = ValidateName("tag", f.tag, /*allow_empty=*/true, /*allow_slash=*/false);
   if (s.ok()) s = ValidatePath(f.path);
   if (s.ok()) s = CheckUnderRoots(f.path);
+  // And against storage (filesystem calls: before the lock): a copy is
+  // never written over a file that changed since it was made, nor brings
+  // back one that was deleted.
+  DiskIdentity here;
+  StorageCheck storage;
+  if (s.ok()) storage = CheckRecovered(f, &here);
   MutexLock lock(&mu_);
   reserved_ -= mem->capacity();
   if (!s.ok()) return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: " + s.message());
@@ -239,6 +252,22 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
     f.owner_uid = ring->owner_uid;
     f.owner_gid = ring->owner_gid;
   }
+  // Written to storage: by the owner as the copy says, or by this server as
+  // its metadata says.
+  const bool written = f.disk.written || (it != files_.end() && (it->second.state == FileState::kPersisted ||
+                                                                it->second.state == FileState::kEvicted));
+  if (!roots_.empty()) {
+    std::string stale;
+    if (it != files_.end() && it->second.state == FileState::kDiscarded)
+      stale = "its save was discarded here (" + it->second.reason + ")";
+    else if (storage.verdict == Verdict::kChanged)
+      stale = storage.why;
+    else if (written && storage.verdict == Verdict::kSame && !f.disk.written)
+      stale = "this server wrote the file after the copy was made: storage holds what is newest";
+    else if (written && !f.disk.known)
+      stale = "the copy does not say what storage held (an older peer): storage serves the file";
+    if (!stale.empty()) return RefuseStaleCopy(key, f, stale);
+  }
   const uint64_t id = mem->id();
   Buf& buf = buffers_[id];
   buf.id = id;
@@ -254,13 +283,55 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   f.version = next_allocation_id_++;
   f.committed_unix_ns = UnixNowNs();
   f.reason.clear();
+  // Storage as this node sees it now: a later load or persist compares
+  // with it. Other storage (a replaced node's new disk) or none that
+  // answered: unchecked until the next save, as before.
+  f.disk = storage.verdict == Verdict::kSame && f.disk.known ? here : DiskIdentity();
+  if (written && storage.verdict == Verdict::kSame) {
+    f.state = FileState::kPersisted;  // storage holds these very bytes
+    if (f.persisted_unix_ns == 0) f.persisted_unix_ns = f.committed_unix_ns;
+  }
   files_[key] = f;
   ++recovered_files_;
   Note(f, false);
-  QueuePersist(key);  // it may never have reached storage
+  if (f.state != FileState::kPersisted) QueuePersist(key);  // it may never have reached storage
   TCE_LOG(kInfo, "ring") << "recovered job=" << f.job << " path=" << f.path << " size=" << f.size
                          << " from " << f.backup_holder;
   return Status::OK();
+}
+
+StorageCheck Cache::CheckRecovered(const FileInfo& f, DiskIdentity* here) {
+  if (roots_.empty() || !f.disk.known) return {Verdict::kElsewhere, "nothing to compare"};
+  auto result = std::make_shared<std::pair<StorageCheck, DiskIdentity>>();
+  Env* env = env_;
+  std::vector<std::string> roots = roots_;
+  DiskIdentity theirs = f.disk;
+  std::string path = f.path;
+  if (!prober_->Run([=] { result->first = CheckPeerIdentity(env, roots, path, theirs, &result->second); }))
+    return {Verdict::kUnavailable, "storage did not answer in time"};
+  *here = result->second;
+  return result->first;
+}
+
+Status Cache::RefuseStaleCopy(const FileKey& key, const FileInfo& copy, const std::string& why) {
+  ++stale_drops_;
+  // Known here from now on as what storage holds, so loads read storage and
+  // ask the ring no more.
+  FileInfo& f = files_[key];
+  if (f.path.empty()) {
+    f = copy;
+    f.records.clear();
+    f.disk = DiskIdentity();
+    f.backup_holder.clear();
+  }
+  if (f.state != FileState::kDiscarded) f.state = FileState::kEvicted;
+  f.buffer_id = 0;
+  f.reason = "the ring's copy is older than storage: " + why;
+  Note(f, false);
+  TCE_LOG(kWarning, "ring") << "not restoring job=" << copy.job << " path=" << copy.path << " from "
+                            << copy.backup_holder << ": " << why << "; storage serves it";
+  return Status::FailedPrecondition("the ring's copy of " + copy.path + " is older than storage (" + why +
+                                    "): storage serves it");
 }
 
 std::vector<std::string> Cache::RingPeers(const std::string& job) {

@@ -63,6 +63,7 @@ DiskIdentity Cache::Written(const DiskIdentity& before, const FileStat& st) {
   DiskIdentity d = before;  // the same directory
   if (!before.known) return d;  // a recovered file: its directory was never seen
   d.exists = true;
+  d.written = true;
   d.dev = st.dev;
   d.ino = st.ino;
   d.size = st.size;

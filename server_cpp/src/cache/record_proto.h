@@ -32,4 +32,30 @@ std::vector<Record> RecordsFromProto(const Repeated& in, bool keep_crc = true) {
   return out;
 }
 
+// A storage identity for another node: no device numbers (they are this
+// node's own); nothing when it is not known.
+inline void DiskToProto(const DiskIdentity& d, v1::StorageIdentity* out) {
+  out->set_exists(d.exists);
+  out->set_written(d.written);
+  out->set_ino(d.ino);
+  out->set_size(d.size);
+  out->set_mtime_ns(d.mtime_ns);
+  out->set_dir_ino(d.dir_ino);
+  out->set_parent_ino(d.parent_ino);
+}
+
+inline DiskIdentity DiskFromProto(const v1::StorageIdentity& p) {
+  DiskIdentity d;
+  d.known = true;
+  d.from_peer = true;
+  d.exists = p.exists();
+  d.written = p.written();
+  d.ino = p.ino();
+  d.size = p.size();
+  d.mtime_ns = p.mtime_ns();
+  d.dir_ino = p.dir_ino();
+  d.parent_ino = p.parent_ino();
+  return d;
+}
+
 }  // namespace tce

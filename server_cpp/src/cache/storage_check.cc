@@ -61,6 +61,7 @@ Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::
   out->known = true;
   out->dir_dev = st.dev;
   out->dir_ino = st.ino;
+  if (env->Stat(Dirname(resolved), &st).ok()) out->parent_ino = st.ino;
   s = d->StatAt(Basename(path), &st);
   if (s.code() == Status::Code::kNotFound) return Status::OK();
   if (!s.ok()) return s;
@@ -139,6 +140,33 @@ StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const st
   FileStat now;
   bool exists = false;
   return CheckEntry(d.get(), path, Basename(path), expected, &now, &exists);
+}
+
+StorageCheck CheckPeerIdentity(Env* env, const std::vector<std::string>& roots, const std::string& path,
+                               const DiskIdentity& theirs, DiskIdentity* now) {
+  Status s = SnapshotPath(env, roots, path, now);
+  if (s.code() == Status::Code::kNotFound) {  // no directory: removed here, or other storage?
+    const std::string dir = Dirname(path);
+    FileStat parent;
+    Status p = env->Stat(Dirname(dir), &parent);
+    if (p.ok() && theirs.parent_ino != 0 && parent.ino == theirs.parent_ino)
+      return Changed("directory " + dir + " was removed");
+    if (!p.ok() && p.code() != Status::Code::kNotFound) return Unavailable(p.ToString());
+    return {Verdict::kElsewhere, dir + " does not exist on this node's storage"};
+  }
+  if (s.code() == Status::Code::kPermissionDenied || s.code() == Status::Code::kFailedPrecondition)
+    return Changed(s.message());
+  if (!s.ok()) return Unavailable(s.ToString());
+  if (now->dir_ino != theirs.dir_ino) {
+    if (theirs.parent_ino != 0 && now->parent_ino == theirs.parent_ino)
+      return Changed("the directory of " + path + " was removed and made again");
+    return {Verdict::kElsewhere, "the directory of " + path + " is not the one the copy's node saw"};
+  }
+  if (now->exists != theirs.exists)
+    return Changed(theirs.exists ? path + " was deleted on storage" : "another file was written at " + path);
+  if (now->exists && (now->ino != theirs.ino || now->size != theirs.size || now->mtime_ns != theirs.mtime_ns))
+    return Changed(path + " was replaced or modified on storage");
+  return {};
 }
 
 // ---- Prober ----

@@ -32,7 +32,10 @@
 
 namespace tce {
 
-enum class Verdict { kSame, kChanged, kUnavailable };
+// kElsewhere (CheckPeerIdentity only): the path's directory and its parent
+// are not the ones the other node saw: this is not the storage it wrote to
+// (a node-local disk of a replaced node), or the whole tree is gone.
+enum class Verdict { kSame, kChanged, kUnavailable, kElsewhere };
 
 struct StorageCheck {
   Verdict verdict = Verdict::kSame;
@@ -49,6 +52,12 @@ Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::
 // Compares what `path` holds now with `expected` (known).
 StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
                        const DiskIdentity& expected);
+
+// Compares what `path` holds now with `theirs`, an identity another node
+// recorded (a ring copy's: inodes, sizes and times; no device numbers).
+// kSame: `now` gets this node's own identity of the path (known).
+StorageCheck CheckPeerIdentity(Env* env, const std::vector<std::string>& roots, const std::string& path,
+                               const DiskIdentity& theirs, DiskIdentity* now);
 
 // Compares `dir`, opened for `path`'s directory, with `expected`.
 StorageCheck CheckDirectory(Directory* dir, const std::string& path, const DiskIdentity& expected);

@@ -22,6 +22,12 @@ void BackupQueue::Drop(DropCopy drop) {
   cv_.Signal();
 }
 
+void BackupQueue::Persisted(PersistedCopy copy) {
+  MutexLock lock(&mu_);
+  urgent_.push_back(std::move(copy));
+  cv_.Signal();
+}
+
 void BackupQueue::Recover(RecoverJob recover) {
   MutexLock lock(&mu_);
   urgent_.push_back(std::move(recover));

@@ -15,11 +15,12 @@ namespace tce {
 class BackupQueue : public BackupFeed {
  public:
   // A FileKey is a file to send (Cache::StartBackup says what, if anything).
-  using Job = std::variant<FileKey, DropCopy, RecoverJob, TagCopy>;
+  using Job = std::variant<FileKey, DropCopy, RecoverJob, TagCopy, PersistedCopy>;
 
   void Send(const FileKey& key) override;
   void SendTag(TagCopy tag) override;
   void Drop(DropCopy drop) override;
+  void Persisted(PersistedCopy copy) override;
   void Recover(RecoverJob recover) override;
   std::vector<FileKey> Waiting() const override;
 
@@ -31,7 +32,7 @@ class BackupQueue : public BackupFeed {
  private:
   mutable Mutex mu_;
   CondVar cv_;  // a job was queued, or stopping
-  std::deque<Job> urgent_ GUARDED_BY(mu_);  // drops, tags and recoveries
+  std::deque<Job> urgent_ GUARDED_BY(mu_);  // drops, tags, identities and recoveries
   std::deque<FileKey> sends_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
 };

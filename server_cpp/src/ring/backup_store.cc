@@ -94,6 +94,16 @@ void BackupStore::Commit(HeldBackup held) {
   held_.emplace(key, std::move(held));
 }
 
+bool BackupStore::NotePersisted(const std::string& job, const std::string& path, uint64_t version,
+                                const std::string& from, const DiskIdentity& disk) {
+  MutexLock l(&mu_);
+  auto it = held_.find({job, path});
+  if (it == held_.end() || it->second.file.version != version || it->second.owner != from) return false;
+  it->second.file.disk = disk;
+  TCE_LOG(kInfo, "ring") << "backup job=" << job << " path=" << path << " is on " << from << "'s storage";
+  return true;
+}
+
 bool BackupStore::Drop(const std::string& job, const std::string& path, uint64_t version) {
   MutexLock l(&mu_);
   auto it = held_.find({job, path});

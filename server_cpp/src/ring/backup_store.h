@@ -68,6 +68,11 @@ class BackupStore {
   void Commit(HeldBackup held);
   // The owner let go of (job, path) (version 0: any). False if not held.
   bool Drop(const std::string& job, const std::string& path, uint64_t version);
+  // The owner (`from`, the copy's sender) wrote the copy's version of
+  // (job, path) to storage as `disk`: kept with the copy. False if no such
+  // copy is held from `from`.
+  bool NotePersisted(const std::string& job, const std::string& path, uint64_t version,
+                     const std::string& from, const DiskIdentity& disk);
   // The copies held for (job, owner_node).
   std::vector<HeldBackup> List(const std::string& job, int32_t owner_node);  // buffer left null
   // A read-only fd of a held copy, and its description.

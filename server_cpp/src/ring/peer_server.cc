@@ -210,6 +210,9 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
       if (result.code() == Status::Code::kUnavailable) break;  // the stream is broken
     } else if (req.has_drop()) {
       store_->Drop(req.drop().job(), req.drop().path(), req.drop().version());
+    } else if (req.has_persisted()) {
+      const v1::PeerPersisted& p = req.persisted();
+      store_->NotePersisted(p.job(), p.path(), p.version(), link->peer(), DiskFromProto(p.storage()));
     } else if (req.has_list()) {
       v1::PeerListReply list;
       Status refused;
@@ -402,6 +405,7 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
       held.file.size = req.size();
       held.file.version = req.version();
       held.file.records = std::move(records);
+      if (req.has_storage()) held.file.disk = DiskFromProto(req.storage());
       held.check_ranges = req.check_ranges();
       held.owner = link->peer();
       held.owner_node = req.owner_node();
@@ -460,6 +464,7 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     header.set_version(held.file.version);
     header.set_owner_node(held.owner_node);
     RecordsToProto(held.file.records, header.mutable_records());
+    if (held.file.disk.known) DiskToProto(held.file.disk, header.mutable_storage());
     header.set_check_ranges(held.check_ranges);
     if (s.ok()) s = link->Send(header);
     if (s.ok()) s = transport_->Send(link, SendSource{fd, held.file.size}, nullptr);

@@ -92,6 +92,12 @@ void Replicator::Loop() {
         queue_.SendTag(*copy);
       }
       what = "backup of tag " + copy->tag;
+    } else if (const PersistedCopy* persisted = std::get_if<PersistedCopy>(&next)) {
+      // Not retried: a holder that misses it keeps what storage held before
+      // the save, and a copy pulled back then defers to storage.
+      s = NotePersisted(*persisted, &links);
+      what = "persisted identity of " + persisted->path;
+      peer = persisted->peer;
     } else if (const DropCopy* drop = std::get_if<DropCopy>(&next)) {
       s = Drop(*drop, &links);
       // A drop that failed leaves a stale copy; the holder replaces it with the next version.
@@ -304,6 +310,7 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
   f.size = header.size();
   f.backup_holder = peer;
   f.records = RecordsFromProto(header.records());
+  if (header.has_storage()) f.disk = DiskFromProto(header.storage());
   if (s.ok()) {
     s = VerifyRecords(static_cast<unsigned char*>(map), f.size, f.records);
     if (!s.ok()) s = Status::DataLoss("the copy from " + peer + " is corrupt: " + s.message());
@@ -425,6 +432,21 @@ Status Replicator::Drop(const DropCopy& drop, std::map<std::string, std::unique_
   return Verdict(link, drop.peer);
 }
 
+Status Replicator::NotePersisted(const PersistedCopy& copy,
+                                 std::map<std::string, std::unique_ptr<PeerLink>>* links) {
+  PeerLink* link = nullptr;
+  Status s = Link(copy.peer, links, &link);
+  if (!s.ok()) return s;
+  v1::PeerRequest req;
+  v1::PeerPersisted* p = req.mutable_persisted();
+  p->set_job(copy.job);
+  p->set_path(copy.path);
+  p->set_version(copy.version);
+  DiskToProto(copy.disk, p->mutable_storage());
+  if (!(s = link->Send(req)).ok()) return s;
+  return Verdict(link, copy.peer);
+}
+
 Status Replicator::Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
   PeerLink* link = nullptr;
   Status s = Link(job.peer, links, &link);
@@ -455,6 +477,7 @@ Status Replicator::Backup(const BackupJob& job, std::map<std::string, std::uniqu
   b->set_version(job.version);
   b->set_owner_node(job.node);
   RecordsToProto(records, b->mutable_records());
+  if (job.disk.known) DiskToProto(job.disk, b->mutable_storage());
   s = link->Send(req);
   if (s.ok() && !missing) s = transport_->Send(link, SendSource{job.fd, job.size}, nullptr);
   if (s.ok() && missing) s = SendWithChecksums(link, sent);

@@ -58,6 +58,7 @@ class Replicator {
   // One job of each kind: a file to the successor, a copy a peer lets go of.
   Status Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   Status Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  Status NotePersisted(const PersistedCopy& copy, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   // A complete tag this node recorded, for `peer` (the successor) to hold.
   Status SendTag(const TagInfo& tag, int32_t node, const std::string& peer,
                  std::map<std::string, std::unique_ptr<PeerLink>>* links);

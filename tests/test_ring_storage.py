@@ -1,0 +1,143 @@
+"""A node pulls its files back from the ring without undoing what happened
+on storage while it was down: a file rewritten there (the client's fallback
+writes straight to storage while the server is away) or deleted stays so,
+whether the node restarts with its metadata or is replaced with nothing.
+Real servers in network namespaces, real SIGKILLs, one real storage
+directory both nodes share."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+import tce
+from tce import api
+from tce.core import _knobs
+from tce.v1 import tce_pb2 as pb
+
+from test_ring import _files, _node_server, _set_ring, _status, _stop, _until
+
+pytestmark = pytest.mark.multinode
+
+
+def _state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(1 << 18, generator=g), "step": seed}  # the same size each step
+
+
+def _same(a: dict, b: dict) -> bool:
+    return torch.equal(a["w"], b["w"]) and a["step"] == b["step"]
+
+
+def _saved_persisted_and_held(tmp_path, nodes2, path):
+    """Node 0 saves v1 at `path`; it is persisted, backed up to node 1, and
+    node 1 knows the file is on storage. Returns the servers and v1."""
+    storage = os.path.dirname(os.path.dirname(path))
+    a = _node_server(tmp_path, "tcp", nodes2, 0, "a", storage=storage, metadata=True)
+    b = _node_server(tmp_path, "tcp", nodes2, 1, "b")
+    _set_ring([a, b])
+    v1 = _state(1)
+    with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
+        tce.save(v1, path, tag="step1")
+        tce.wait()
+        api.close()
+    _until(lambda: _files(a)[path].backup_holder, what="the backup")
+    _until(lambda: f"path={path} is on " in b.log(), what="node 1 to learn the file is persisted")
+    with _knobs.override(socket=a.socket):
+        from helpers import wait_metadata_written
+
+        wait_metadata_written()
+        api.close()
+    return a, b, v1
+
+
+def _bring_back(tmp_path, nodes2, how, a, b, storage):
+    """Node 0's server again: restarted with its metadata (it rejoins the
+    ring recorded there), or replaced with empty state (the job tells it)."""
+    if how == "restarted":
+        return _node_server(tmp_path, "tcp", nodes2, 0, "a", storage=storage, metadata=True)
+    fresh = _node_server(tmp_path, "tcp", nodes2, 0, "a-new", storage=storage)
+    _set_ring([fresh, b])
+    return fresh
+
+
+def _restore_done(server) -> bool:
+    return "recovered 0 of 1 file(s) of job=ring-job" in server.log() or \
+        "recovered 1 of 1 file(s) of job=ring-job" in server.log()
+
+
+@pytest.mark.parametrize("how", ["restarted", "replaced"])
+@pytest.mark.parametrize("change", ["rewritten", "deleted"])
+def test_a_node_back_from_the_dead_never_undoes_storage(tmp_path, nodes2, how, change):
+    storage = tmp_path / "storage"
+    (storage / "step").mkdir(parents=True)
+    path = str(storage / "step" / "model.pt")
+    a, b, v1 = _saved_persisted_and_held(tmp_path, nodes2, path)
+    servers = [b]
+    try:
+        a.kill()
+        a.cleanup()
+        v2 = _state(2)
+        if change == "rewritten":  # what the client does while its server is down
+            with _knobs.override(socket=a.socket, job="ring-job"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "writing with plain torch.save" (once a process)
+                tce.save(v2, path, tag="step2")
+                api.close()
+            assert _same(torch.load(path, weights_only=True), v2)
+        else:
+            os.unlink(path)
+        a = _bring_back(tmp_path, nodes2, how, a, b, str(storage))
+        servers.append(a)
+        _until(lambda: _restore_done(a), what="the restore from node 1")
+        assert "not restoring job=ring-job path=" + path in a.log()
+        with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
+            tce.wait()  # nothing may be queued to persist
+            f = _files(a)[path]
+            assert pb.FileState.Name(f.state) == "FILE_STATE_EVICTED", f
+            assert "older than storage" in f.reason
+            if change == "rewritten":
+                assert _same(torch.load(path, weights_only=True), v2)  # storage as the job left it
+                assert _same(tce.load(path, weights_only=True), v2)   # and what loads get
+            else:
+                assert not os.path.exists(path)
+                with pytest.raises(FileNotFoundError):
+                    tce.load(path, weights_only=True)
+                assert not os.path.exists(path)
+            assert int(tce.status()["recovered_files"]) == 0
+            assert int(tce.status()["stale_drops"]) >= 1
+            api.close()
+    finally:
+        _stop(*servers)
+
+
+@pytest.mark.parametrize("how", ["restarted", "replaced"])
+def test_a_node_back_from_the_dead_gets_unchanged_files_back_from_memory(tmp_path, nodes2, how):
+    """Storage untouched: the copy comes back into memory as PERSISTED, the
+    file on storage is not written again, and loads are served from memory."""
+    storage = tmp_path / "storage"
+    (storage / "step").mkdir(parents=True)
+    path = str(storage / "step" / "model.pt")
+    a, b, v1 = _saved_persisted_and_held(tmp_path, nodes2, path)
+    before = os.stat(path)
+    servers = [b]
+    try:
+        a.kill()
+        a.cleanup()
+        a = _bring_back(tmp_path, nodes2, how, a, b, str(storage))
+        servers.append(a)
+        _until(lambda: _restore_done(a), what="the restore from node 1")
+        with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
+            f = _files(a)[path]
+            assert pb.FileState.Name(f.state) == "FILE_STATE_PERSISTED", f
+            assert int(tce.status()["recovered_files"]) == 1
+            tce.wait()
+            after = os.stat(path)
+            assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+            assert _same(tce.load(path, weights_only=True), v1)
+            assert int(tce.status()["persisted_files"]) == 0
+            api.close()
+    finally:
+        _stop(*servers)
