@@ -16,11 +16,13 @@ STAMPS      := build/.stamps
 # the thread-safety check;
 # podman/runc/debootstrap to build and smoke-test the image offline, and
 # kubectl (Debian's kubernetes-client, unless a kubectl is installed already)
-# to render the kustomize manifests.
+# to render the kustomize manifests; prometheus for promtool, which checks
+# and unit-tests the alert rules (where systemd runs, the package also starts
+# a Prometheus on port 9090: nothing uses it).
 APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
 	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev libfuse2 clang \
-	podman runc catatonit debootstrap iptables
+	podman runc catatonit debootstrap iptables prometheus
 
 .PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py demo bench image clean
 

@@ -4,7 +4,9 @@ kustomize, every rendered document validates against the Kubernetes schemas
 drain fits the grace period, the probes speak gRPC health on the health
 port, the socket directory is shared, the memory limit holds the budget, the
 ConfigMap and the DaemonSet's environment make a configuration the real
-server accepts, and each overlay sets what it is for."""
+server accepts, and each overlay sets what it is for. The Prometheus alert
+rules pass promtool's check and their unit tests, and name only metrics the
+real server exports."""
 
 from __future__ import annotations
 
@@ -13,12 +15,16 @@ import os
 import re
 import shutil
 import subprocess
+import urllib.request
 
 import kubernetes_validate
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from tce.tools._server import server_binary
+from tce import api
+from tce.core import _knobs
+from tce.tools._server import LocalServer, server_binary
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY = os.path.join(REPO, "deploy")
@@ -36,6 +42,10 @@ SECRETS = {("tce-mysql", "url"): "mysql://tce:s3cret@mysql.example.com:3306/tce"
 # v2.0.3) must render the same files as a current kubectl.
 KUSTOMIZE_V2_FIELDS = {"apiVersion", "kind", "namespace", "resources", "bases", "configMapGenerator",
                        "patchesStrategicMerge", "images"}
+
+ALERTS = os.path.join(DEPLOY, "prometheus", "tce-alerts.yaml")
+ALERT_TESTS = os.path.join(DEPLOY, "prometheus", "tce-alerts.test.yaml")
+OPERATIONS_DOC = os.path.join(REPO, "docs", "operations.md")
 
 pytestmark = pytest.mark.deploy
 
@@ -362,3 +372,109 @@ def test_the_hugepages_overlay_puts_the_cache_on_the_huge_pages_it_asks_for(tmp_
     for target in ("overlays/cluster-mysql", "overlays/single-node", "overlays/rdma"):
         _, other = _server(_render(target))
         assert "hugepages-2Mi" not in other["resources"]["limits"]
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: `make setup` installs it (Debian's prometheus)"
+    return subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120)
+
+
+def _alert_rules() -> dict[str, dict]:
+    return {r["alert"]: r for g in yaml.safe_load(open(ALERTS))["groups"] for r in g["rules"]}
+
+
+def test_the_alert_rules_pass_promtool_check():
+    p = _promtool("check", "rules", ALERTS)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"SUCCESS: {len(_alert_rules())} rules found" in p.stdout, p.stdout
+
+
+def test_every_alert_says_how_long_how_bad_and_what_to_do():
+    rules = _alert_rules()
+    assert {"TCEBackupsFailing", "TCEPersistenceFailing", "TCECacheFull"} <= set(rules)
+    doc = open(OPERATIONS_DOC).read()
+    for name, rule in rules.items():
+        assert re.fullmatch(r"\d+m", rule.get("for", "")), f"{name}: no `for`, it would page on one scrape"
+        assert rule["labels"]["severity"] in ("warning", "critical"), name
+        assert rule["annotations"]["summary"] and len(rule["annotations"]["description"]) > 100, name
+        assert f"`{name}`" in doc, f"{name} is not in docs/operations.md's Alerts"
+
+
+def test_the_alert_rules_pass_their_unit_tests():
+    """promtool replays the series of tce-alerts.test.yaml through the rules;
+    every alert has a case where it fires and a case where it must not."""
+    p = _promtool("test", "rules", ALERT_TESTS)
+    assert p.returncode == 0, p.stdout + p.stderr
+    fires, quiet = set(), set()
+    for group in yaml.safe_load(open(ALERT_TESTS))["tests"]:
+        for case in group["alert_rule_test"]:
+            (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
+    assert fires == quiet == set(_alert_rules()), (fires, quiet)
+
+
+@pytest.mark.parametrize("broken, error", [
+    ("expr: tce_backup_consecutive_failures >=", "could not parse expression"),
+    ("exprr: tce_backup_consecutive_failures >= 3", "field exprr not found"),
+])
+def test_promtool_check_rejects_a_broken_rule(tmp_path, broken, error):
+    """Proves the check above can fail."""
+    text = open(ALERTS).read()
+    good = "expr: tce_backup_consecutive_failures >= 3"
+    assert text.count(good) == 1
+    (tmp_path / "tce-alerts.yaml").write_text(text.replace(good, broken))
+    p = _promtool("check", "rules", str(tmp_path / "tce-alerts.yaml"))
+    assert p.returncode != 0 and error in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_the_unit_tests_catch_an_alert_that_pages_a_healthy_node(tmp_path):
+    """Proves the unit tests can fail: a TCECacheFull that ignores whether
+    the cache could evict fires for a cache full of persisted files."""
+    text = open(ALERTS).read()
+    evictable = ('\n          and\n          (tce_persist_queue > 0 or sum without (state) '
+                 '(tce_files{state="persisted"}) == 0)\n')
+    assert text.count(evictable) == 1
+    (tmp_path / "tce-alerts.yaml").write_text(text.replace(evictable, "\n"))
+    shutil.copy(ALERT_TESTS, tmp_path)
+    p = _promtool("test", "rules", str(tmp_path / os.path.basename(ALERT_TESTS)))
+    assert p.returncode != 0, p.stdout
+    assert 'alertname="TCECacheFull", instance="steady:9464"' in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def _exported_samples() -> dict[str, list[dict[str, str]]]:
+    """Every sample a real server's GET /metrics returns: name -> label sets."""
+    with LocalServer(memory_budget="256MiB",
+                     extra_args=["--memory-backing", "4k", "--metrics-listen", "127.0.0.1:0"]) as s:
+        with _knobs.override(socket=s.socket):
+            endpoint = api.status()["metrics_endpoint"]
+            api.close()
+        with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    samples: dict[str, list[dict[str, str]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(dict(sample.labels))
+    return samples
+
+
+def test_the_alerts_name_only_metrics_the_server_exports():
+    """Every tce_* name in the rules (expressions, annotations, comments) is a
+    sample the real server exports; every `label="value"` a rule selects
+    exists; the unit tests' series carry the labels the server gives them."""
+    exported = _exported_samples()
+    named = set(re.findall(r"\btce_[a-z0-9_]+", open(ALERTS).read()))
+    assert named, "no tce_* metric in the rules"
+    assert not named - set(exported), f"the server exports no {sorted(named - set(exported))}"
+    for name, rule in _alert_rules().items():
+        for metric, matchers in re.findall(r"\b(tce_[a-z0-9_]+)\{([^}]*)\}", rule["expr"]):
+            for label, value in re.findall(r'(\w+)\s*=\s*"([^"]*)"', matchers):
+                assert any(l.get(label) == value for l in exported[metric]), \
+                    f'{name}: {metric} has no {label}="{value}": {exported[metric]}'
+    for group in yaml.safe_load(open(ALERT_TESTS))["tests"]:
+        for series in group["input_series"]:
+            m = re.fullmatch(r"(\w+)\{(.*)\}", series["series"])
+            if not m.group(1).startswith("tce_"):
+                continue
+            labels = set(re.findall(r"(\w+)\s*=", m.group(2))) - {"job", "instance"}
+            assert m.group(1) in exported, f"{series['series']}: the server exports no {m.group(1)}"
+            assert labels in [set(l) for l in exported[m.group(1)]], (series["series"], exported[m.group(1)])
