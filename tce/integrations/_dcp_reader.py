@@ -8,7 +8,6 @@ import errno
 import io
 import mmap
 import os
-import pickle
 import uuid
 from typing import Any, NamedTuple
 
@@ -23,6 +22,7 @@ from tce import _service
 from tce.integrations._dcp_format import METADATA, CheckpointDir
 from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, read_tensor,
                                         tensor_layout)
+from tce.integrations._dcp_metadata import load_metadata
 from tce.integrations._dcp_ranges import RingRanges
 
 __all__ = ["ReadRecord", "StorageReader"]
@@ -83,11 +83,14 @@ class StorageReader(CheckpointDir, _DCPReader):
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The checkpoint's ``.metadata`` (from the cache, else storage).
+        """The checkpoint's ``.metadata`` (from the cache, else storage),
+        unpickled with an allow list of what DCP metadata holds (see
+        :mod:`._dcp_metadata`): nothing else it names is called.
 
         Raises:
             FileNotFoundError: the directory holds no complete checkpoint.
-            ValueError: its ``.metadata`` is not DCP metadata.
+            CorruptCheckpointError: its ``.metadata`` is not DCP metadata
+                (a ``ValueError``).
         """
         path = os.path.join(self.path, METADATA)
         mm, _ = self._map(path)
@@ -99,14 +102,9 @@ class StorageReader(CheckpointDir, _DCPReader):
                 "writes none)",
                 path)
         try:
-            metadata = pickle.loads(mm)
-        except Exception as e:  # noqa: BLE001 (any unpickling failure means the same)
-            raise ValueError(f"{path} is not a DCP checkpoint's metadata: {e}") from None
+            metadata = load_metadata(mm, path)
         finally:
             del mm
-        if not isinstance(metadata, Metadata):
-            raise ValueError(f"{path} is not a DCP checkpoint's metadata: it holds a "
-                             f"{type(metadata).__name__}")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
