@@ -153,3 +153,86 @@ def test_every_kind_of_state_loads_through_the_allow_list(server, tmp_path):
     assert torch.equal(out["nested"]["x"]["y"], torch.ones(2))
     assert out["nested"]["l"][1:] == [3, "s"]
     assert out["obj"] == sd["obj"]
+
+
+def _rewrite_storage_data(ckpt: pathlib.Path, change, *, cached: bool = False) -> None:
+    """``change(storage_data)`` applied to the checkpoint's .metadata on
+    storage, or (``cached``) to its copy in the cache."""
+    path = ckpt / ".metadata"
+    if cached:
+        mm = _service.open_cached(path, local_only=True)
+        meta = pickle.loads(mm)
+        del mm
+    else:
+        meta = pickle.loads(path.read_bytes())
+    change(meta.storage_data)
+    data = pickle.dumps(meta)
+    if not cached:
+        path.write_bytes(data)
+        return
+    alloc = _service.allocate_file(str(path), len(data))
+    alloc.view[:] = data
+    alloc.commit()
+
+
+def _set_all(field: str, value):
+    def change(storage_data: dict) -> None:
+        for info in storage_data.values():
+            setattr(info, field, value)
+    return change
+
+
+@pytest.mark.parametrize("name", ["../outside.distcp", "sub/__0_0.distcp", "..", "ABSOLUTE"])
+def test_storage_data_naming_a_file_outside_the_directory_is_refused(server, tmp_path, name):
+    """An item placed in a file outside the checkpoint's directory (where a
+    copy of the real data file lies) is refused; nothing is read."""
+    ckpt = tmp_path / "ckpt"
+    _save(ckpt, {"a": torch.arange(4.0)})
+    (ckpt / "sub").mkdir()
+    for copy in (tmp_path / "outside.distcp", ckpt / "sub" / "__0_0.distcp"):
+        copy.write_bytes((ckpt / "__0_0.distcp").read_bytes())
+    if name == "ABSOLUTE":
+        name = str(tmp_path / "outside.distcp")
+    _rewrite_storage_data(ckpt, _set_all("relative_path", name))
+    reader = tce.dcp.StorageReader(ckpt)
+    exc = _load_error({"a": torch.zeros(4)}, reader)
+    assert isinstance(exc, tce.CorruptCheckpointError), exc
+    assert f"lies in {name!r}, which is no file name in the checkpoint's directory" in str(exc)
+    assert reader.reads == []
+
+
+def _no_local_fd(monkeypatch) -> None:
+    """The reader finds no data file in this node's cache, so it reads them
+    through ReadRange, as another node's files in the ring (the server
+    answers from its cache)."""
+    monkeypatch.setattr(_service, "open_cached_fd", lambda *args, **kwargs: None)
+
+
+@pytest.mark.parametrize("where", ["storage", "cache", "ring"])
+@pytest.mark.parametrize("case", ["past_the_end", "negative", "missing"])
+def test_storage_data_outside_the_data_file_is_refused(server, tmp_path, monkeypatch, where, case):
+    """An item placed past its file's end, at a negative offset, or nowhere
+    is refused with the reason, wherever the file comes from; nothing is read."""
+    ckpt = tmp_path / "ckpt"
+    if where == "storage":
+        _save(ckpt, {"a": torch.arange(4.0)})
+    else:
+        dcp.save({"a": torch.arange(4.0)}, storage_writer=tce.dcp.StorageWriter(ckpt),
+                 no_dist=True)
+    if where == "ring":
+        _no_local_fd(monkeypatch)
+    change, fragment = {
+        "past_the_end": (_set_all("offset", 1 << 40), {
+            "storage": r"item a ends at byte \d+, past the file's \d+ bytes",
+            "cache": r"item a ends at byte \d+, past the file's \d+ bytes",
+            "ring": r"its items end at byte \d+, past the end of the file the ring holds"}[where]),
+        "negative": (_set_all("offset", -64), "has offset -64 and length \\d+, which are no "
+                     "byte range of a file"),
+        "missing": (dict.clear, r"\.metadata has no storage data for item a"),
+    }[case]
+    _rewrite_storage_data(ckpt, change, cached=where != "storage")
+    reader = tce.dcp.StorageReader(ckpt)
+    exc = _load_error({"a": torch.zeros(4)}, reader)
+    assert isinstance(exc, tce.CorruptCheckpointError), exc
+    assert re.search(fragment, str(exc)), exc
+    assert reader.reads == []

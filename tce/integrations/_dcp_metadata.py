@@ -31,12 +31,14 @@ from torch.distributed.checkpoint import metadata as _metadata
 
 from tce.errors import CorruptCheckpointError
 
-__all__ = ["load_metadata"]
+__all__ = ["check_storage_data", "load_metadata"]
 
 # The classes whose instances the pickle may build and set the state of.
 _BUILT = (_metadata.Metadata, _metadata.TensorStorageMetadata, _metadata.ChunkStorageMetadata,
           _metadata.TensorProperties, _metadata.BytesStorageMetadata, _metadata.StorageMeta,
           _metadata.MetadataIndex, _filesystem._StorageInfo)
+# The largest byte count an item may name (a file offset is a signed 64-bit number).
+_MAX_BYTES = (1 << 63) - 1
 
 
 @functools.cache
@@ -133,3 +135,37 @@ def load_metadata(data: Any, path: str) -> _metadata.Metadata:
     if not isinstance(metadata, _metadata.Metadata):
         raise _corrupt(path, f"it holds a {type(metadata).__name__}")
     return metadata
+
+
+def _file_name(name: Any) -> bool:
+    """Whether ``name`` names a file in the checkpoint's directory itself."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+            and "\0" not in name)
+
+
+def _byte_count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= _MAX_BYTES
+
+
+def check_storage_data(storage_data: Any, path: str) -> dict[Any, Any]:
+    """``storage_data`` of the metadata at ``path``, checked: a dict whose
+    every entry names a file of the checkpoint's directory and a byte range
+    in it.
+
+    Raises:
+        CorruptCheckpointError: an entry names a path outside the directory,
+            or an offset or a length that is not a byte count.
+    """
+    if not isinstance(storage_data, dict):
+        raise _corrupt(path, f"its storage data is a {type(storage_data).__name__}, not a dict")
+    for index, info in storage_data.items():
+        item = getattr(index, "fqn", index)
+        name = getattr(info, "relative_path", None)
+        if not _file_name(name):
+            raise _corrupt(path, f"item {item!r} lies in {name!r}, which is no file name in "
+                           "the checkpoint's directory")
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not (_byte_count(offset) and _byte_count(length) and offset + length <= _MAX_BYTES):
+            raise _corrupt(path, f"item {item!r} has offset {offset!r} and length {length!r}, "
+                           "which are no byte range of a file")
+    return storage_data

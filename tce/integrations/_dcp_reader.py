@@ -19,10 +19,11 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from tce import _service
+from tce.errors import CorruptCheckpointError
 from tce.integrations._dcp_format import METADATA, CheckpointDir
 from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, read_tensor,
                                         tensor_layout)
-from tce.integrations._dcp_metadata import load_metadata
+from tce.integrations._dcp_metadata import check_storage_data, load_metadata
 from tce.integrations._dcp_ranges import RingRanges
 
 __all__ = ["ReadRecord", "StorageReader"]
@@ -112,14 +113,17 @@ class StorageReader(CheckpointDir, _DCPReader):
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
-        """Keep the metadata's map of items to files, offsets and lengths.
+        """Keep the metadata's map of items to files, offsets and lengths,
+        once checked: every item in a file of this directory, at a byte range.
 
         Raises:
-            ValueError: the metadata has no such map.
+            CorruptCheckpointError: the metadata has no such map, or an item
+                lies elsewhere (a ``ValueError``).
         """
+        path = os.path.join(self.path, METADATA)
         if metadata.storage_data is None:
-            raise ValueError(f"{os.path.join(self.path, METADATA)} has no storage data")
-        self.storage_data = metadata.storage_data
+            raise CorruptCheckpointError(f"{path} has no storage data")
+        self.storage_data = check_storage_data(metadata.storage_data, path)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """The plan as DCP made it (each rank reads what it needs)."""
@@ -140,16 +144,18 @@ class StorageReader(CheckpointDir, _DCPReader):
         Raises:
             FileNotFoundError: a data file is neither cached, nor in the ring,
                 nor on storage.
-            ValueError: an item lies past its file's end, does not have the
-                planned size, or uses a stream transform.
+            CorruptCheckpointError: the metadata places an item past its
+                file's end, or not at all (a ``ValueError``).
+            ValueError: an item does not have the planned size, or uses a
+                stream transform.
         """
         self._queued, self._commits = Reads(), []  # nothing left from a failed read
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
-            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+            per_file.setdefault(self._info(req).relative_path, []).append(req)
         for name, reqs in per_file.items():
             path = os.path.join(self.path, name)
-            reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
+            reqs = sorted(reqs, key=lambda r: self._info(r).offset)
             cached = _service.open_cached_fd(path, job=self.job, local_only=True)
             if cached is not None:
                 with cached:
@@ -174,12 +180,13 @@ class StorageReader(CheckpointDir, _DCPReader):
 
     def _read_file(self, source: FdSource, name: str, kind: str, reqs: list[Any],
                    planner: LoadPlanner) -> None:
-        for req in reqs:
+        for req in reqs:  # all of them, before any is read
             info = self._item(name, req)
             if info.offset + info.length > source.size:
-                raise ValueError(f"{name}: item {req.storage_index.fqn} ends at "
-                                 f"{info.offset + info.length}, past the file's "
-                                 f"{source.size} bytes")
+                raise CorruptCheckpointError(
+                    f"{name}: item {req.storage_index.fqn} ends at byte "
+                    f"{info.offset + info.length}, past the file's {source.size} bytes")
+        for req in reqs:
             self._read(source, name, kind, req, planner)
         self._finish(planner)
 
@@ -196,12 +203,19 @@ class StorageReader(CheckpointDir, _DCPReader):
         ring keeps it), the next items' ranges in flight while one is copied
         (see :mod:`._dcp_ranges`); False, having read nothing, when the ring
         does not have the file."""
-        # Whether anyone in the ring has the file, before the reads take the
+        infos = [self._item(name, req) for req in reqs]
+        # Whether anyone in the ring has the file, and every byte the items
+        # need (its last one is asked for), before the reads take the
         # session's range buffer (64 MiB of the server's) for a file that
         # then comes from storage.
-        if _service.read_range_piece(path, 0, 1, job=self.job) is None:
+        end = max(info.offset + info.length for info in infos)
+        try:
+            found = _service.read_range_piece(path, max(end, 1) - 1, 1, job=self.job)
+        except ValueError as e:
+            raise CorruptCheckpointError(f"{name}: its items end at byte {end}, past the end "
+                                         f"of the file the ring holds ({e})") from None
+        if found is None:
             return False
-        infos = [self._item(name, req) for req in reqs]
         with RingRanges(path, [(info.offset, info.length) for info in infos],
                         job=self.job) as ranges:
             for i, req in enumerate(reqs):
@@ -217,8 +231,16 @@ class StorageReader(CheckpointDir, _DCPReader):
                 self._finish(planner)
         return True
 
+    def _info(self, req: Any) -> Any:
+        """Where the metadata says the item ``req`` reads lies."""
+        info = self.storage_data.get(req.storage_index)
+        if info is None:
+            raise CorruptCheckpointError(f"{os.path.join(self.path, METADATA)} has no storage "
+                                         f"data for item {req.storage_index.fqn}")
+        return info
+
     def _item(self, name: str, req: Any) -> Any:
-        info = self.storage_data[req.storage_index]
+        info = self._info(req)
         if getattr(info, "transform_descriptors", None):
             raise ValueError(f"{name}: stream transforms {info.transform_descriptors} are not "
                              "supported by tce.dcp.StorageReader; use FileSystemReader")
@@ -227,7 +249,7 @@ class StorageReader(CheckpointDir, _DCPReader):
     def _read(self, source: Source, name: str, kind: str, req: Any,
               planner: LoadPlanner) -> None:
         """Load one item of the file ``source`` reads."""
-        info = self.storage_data[req.storage_index]
+        info = self._info(req)
         self.reads.append(ReadRecord(name, info.offset, info.length, kind))
         if req.type == LoadItemType.BYTE_IO:
             data = bytearray(info.length)
