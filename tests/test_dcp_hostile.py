@@ -5,6 +5,8 @@ or tensor headers that point outside their files are refused with
 
 from __future__ import annotations
 
+import collections
+import io
 import os
 import pathlib
 import pickle
@@ -19,6 +21,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 import tce
 import tce.dcp
 from tce import _service
+from tce.integrations._dcp_item import FdSource, Layout, tensor_layout
 
 
 def _load_error(state_dict: dict, reader: tce.dcp.StorageReader) -> BaseException:
@@ -236,3 +239,147 @@ def test_storage_data_outside_the_data_file_is_refused(server, tmp_path, monkeyp
     assert isinstance(exc, tce.CorruptCheckpointError), exc
     assert re.search(fragment, str(exc)), exc
     assert reader.reads == []
+
+
+_STORAGE = object()  # stands for the tensor's storage in a forged data.pkl
+
+
+class _PickledTensor:
+    """Pickles as torch.save pickles a tensor, with the given fields."""
+
+    def __init__(self, storage_offset, size, stride) -> None:
+        self.fields = (storage_offset, size, stride)
+
+    def __reduce__(self):
+        return (torch._utils._rebuild_tensor_v2,
+                (_STORAGE, *self.fields, False, collections.OrderedDict()))
+
+
+def _data_pkl(*, storage_type: str = "FloatStorage", key: str = "0", storage_offset=0,
+              size=(4,), stride=(1,)) -> bytes:
+    """A one-tensor data.pkl as torch.save writes it (protocol 2)."""
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", torch.FloatStorage, key, "cpu", 4) if obj is _STORAGE else None
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=2).dump(_PickledTensor(storage_offset, size, stride))
+    return buf.getvalue().replace(b"ctorch\nFloatStorage\n", f"ctorch\n{storage_type}\n".encode())
+
+
+def _torch_archive(data_pkl: bytes, records: dict[str, bytes]) -> bytes:
+    """A torch.save archive (uncompressed zip) of data.pkl and ``records``."""
+    buf = io.BytesIO()
+    writer = torch._C.PyTorchFileWriter(buf)
+    for name, data in {"data.pkl": data_pkl, **records}.items():
+        writer.write_record(name, data, len(data))
+    writer.write_end_of_file()
+    return buf.getvalue()
+
+
+FOUR_FLOATS = {"data/0": torch.arange(4.0).numpy().tobytes()}  # a 16-byte record
+
+FORGED_HEADERS = {  # name: (data.pkl fields, fragment of the refusal)
+    "size_2e31_stride_2": (dict(size=(1 << 31,), stride=(2,)),
+                           r"size \(2147483648,\), stride \(2,\), storage offset 0\) spans "
+                           r"17179869180 bytes of its storage, which holds 16"),
+    "storage_offset_past_the_record": (dict(storage_offset=1000),
+                                       r"spans 4016 bytes of its storage, which holds 16"),
+    "negative_storage_offset": (dict(storage_offset=-8), r"storage offset -8, which describe no"),
+    "negative_stride": (dict(stride=(-1,)), r"stride \(-1,\) .* which describe no tensor"),
+    "stride_per_dimension": (dict(size=(2, 2), stride=(1,)), r"which describe no tensor"),
+    "size_not_counts": (dict(size=("4",)), r"size \('4',\), .* which describe no tensor"),
+    "unknown_storage_type": (dict(storage_type="EvilStorage"),
+                             r"storage is of type 'EvilStorage', which is no torch storage"),
+    "untyped_class": (dict(storage_type="TypedStorage"), r"of type 'TypedStorage', which is no"),
+    "storage_name_with_a_path": (dict(key="../0"), r"storage is named '\.\./0', which is no "
+                                 r"storage name"),
+    "storage_not_in_the_archive": (dict(key="7"), r"storage data/7 is not in the archive"),
+}
+
+
+def _layout_of(tmp_path: pathlib.Path, archive: bytes, *, at: int = 64) -> Layout | None:
+    """tensor_layout of ``archive`` written at ``at`` in a file, after other bytes."""
+    path = tmp_path / "items"
+    path.write_bytes(b"\xff" * at + archive + b"\xee" * 4096)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return tensor_layout(FdSource(fd, path.stat().st_size), at, len(archive))
+    finally:
+        os.close(fd)
+
+
+def test_a_plain_forged_header_gives_its_layout(tmp_path):
+    """The archives these tests forge are read as torch.save's are."""
+    archive = _torch_archive(_data_pkl(storage_offset=1, size=(3,)), FOUR_FLOATS)
+    assert torch.equal(torch.load(io.BytesIO(archive), weights_only=True), torch.arange(1.0, 4.0))
+    layout = _layout_of(tmp_path, archive)
+    assert layout is not None and layout[1:] == (torch.float32, 1, (3,), (1,))
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGED_HEADERS))
+def test_a_header_outside_its_record_is_refused(tmp_path, forgery):
+    """A tensor header naming a storage of no type, a storage name that is
+    a path or no record, or elements outside the record is refused before
+    the record is read."""
+    fields, fragment = FORGED_HEADERS[forgery]
+    with pytest.raises(tce.CorruptCheckpointError, match=fragment):
+        _layout_of(tmp_path, _torch_archive(_data_pkl(**fields), FOUR_FLOATS))
+
+
+def _replace_item(ckpt: pathlib.Path, fqn: str, item: bytes, *, size=None) -> None:
+    """The checkpoint's (only) data file holds ``item`` in place of ``fqn``'s
+    tensor (the .metadata says so; with ``size``, it says that size too)."""
+    meta = pickle.loads((ckpt / ".metadata").read_bytes())
+    info, = [v for k, v in meta.storage_data.items() if k.fqn == fqn]
+    (ckpt / info.relative_path).write_bytes(item)
+    info.offset, info.length = 0, len(item)
+    if size is not None:
+        md = meta.state_dict_metadata[fqn]
+        md.size = md.chunks[0].sizes = torch.Size(size)
+    (ckpt / ".metadata").write_bytes(pickle.dumps(meta))
+
+
+def _torch_save(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def test_loading_a_header_outside_its_record_reads_nothing(server, tmp_path):
+    """dcp.load of a data file whose tensor header spans 2^31 elements at
+    stride 2 over a 16-byte record: refused, naming the item; the
+    destination is untouched."""
+    ckpt = tmp_path / "ckpt"
+    _save(ckpt, {"a": torch.arange(4.0)})
+    _replace_item(ckpt, "a", _torch_archive(_data_pkl(size=(1 << 31,), stride=(2,)), FOUR_FLOATS))
+    out = {"a": torch.full((4,), 7.0)}
+    reader = tce.dcp.StorageReader(ckpt)
+    exc = _load_error(out, reader)
+    assert isinstance(exc, tce.CorruptCheckpointError), exc
+    assert re.search(r"__0_0\.distcp: item a: its tensor \(torch\.float32, size \(2147483648,\)"
+                     r".* which holds 16", str(exc)), exc
+    assert torch.equal(out["a"], torch.full((4,), 7.0)) and not reader.copies
+
+
+@pytest.mark.parametrize("item", ["system", "dict", "region"])
+def test_loading_an_item_that_is_not_the_planned_tensor_is_refused(server, tmp_path, item):
+    """An item whose data.pkl calls os.system (nothing runs), one holding a
+    dict, and one smaller than the region the metadata plans: refused."""
+    marker = tmp_path / "ran"
+    ckpt = tmp_path / "ckpt"
+    _save(ckpt, {"a": torch.arange(4.0)})
+    size, fragment = {
+        "system": (None, r"item a is no tensor torch\.load reads: .*posix\.system"),
+        "dict": (None, r"item a holds a dict, not a tensor"),
+        "region": ((8,), r"item a has size \(4,\), the plan wants \(8,\) at \(0,\)"),
+    }[item]
+    forged = {"system": lambda: _torch_archive(pickle.dumps(_System(f"touch {marker}"), protocol=2),
+                                               FOUR_FLOATS),
+              "dict": lambda: _torch_save({"x": 1}),
+              "region": lambda: _torch_save(torch.arange(4.0))}[item]()
+    _replace_item(ckpt, "a", forged, size=size)
+    exc = _load_error({"a": torch.zeros(size or (4,))}, tce.dcp.StorageReader(ckpt))
+    assert isinstance(exc, tce.CorruptCheckpointError), exc
+    assert re.search(fragment, str(exc), re.S), exc
+    assert not marker.exists()

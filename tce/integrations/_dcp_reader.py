@@ -145,9 +145,12 @@ class StorageReader(CheckpointDir, _DCPReader):
             FileNotFoundError: a data file is neither cached, nor in the ring,
                 nor on storage.
             CorruptCheckpointError: the metadata places an item past its
-                file's end, or not at all (a ``ValueError``).
-            ValueError: an item does not have the planned size, or uses a
-                stream transform.
+                file's end, or not at all, or a tensor item is not the tensor
+                the plan reads (not one torch reads, a region outside it, a
+                header whose elements lie outside its record); a
+                ``ValueError``.
+            ValueError: a destination does not have the planned size, or an
+                item uses a stream transform.
         """
         self._queued, self._commits = Reads(), []  # nothing left from a failed read
         per_file: dict[str, list[Any]] = {}
@@ -261,34 +264,45 @@ class StorageReader(CheckpointDir, _DCPReader):
             raise ValueError(f"{name}: item {req.storage_index.fqn}: the plan wants size "
                              f"{tuple(req.lengths)}, its destination has "
                              f"{tuple(target.size())}")
-        layout = tensor_layout(source, info.offset, info.length)
+        item = f"{name}: item {req.storage_index.fqn}"
+        try:
+            layout = tensor_layout(source, info.offset, info.length)
+        except CorruptCheckpointError as e:
+            raise CorruptCheckpointError(f"{item}: {e.message}") from None
         if layout is None:  # not one plain tensor: torch.load it
-            data = bytearray(info.length)
-            source.readinto(memoryview(data), info.offset)
-            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-            layout_size = tuple(tensor.size())
-        else:
-            layout_size = layout.size
-        for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
-            if dim >= len(layout_size) or start + length > layout_size[dim]:
-                raise ValueError(f"{name}: item {req.storage_index.fqn} has size "
-                                 f"{layout_size}, the plan wants {tuple(req.lengths)} at "
-                                 f"{tuple(req.storage_offsets)}")
-        if len(req.lengths) != len(layout_size):
-            raise ValueError(f"{name}: item {req.storage_index.fqn} has size {layout_size}, "
-                             f"the plan wants {tuple(req.lengths)}")
-        if layout is None:
+            tensor = self._load_tensor(source, item, info)
+            _check_region(item, tuple(tensor.size()), req)
             for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
                 tensor = tensor.narrow(dim, start, length)
             target.copy_(tensor)
+            planner.commit_tensor(req, target)
+            return
+        _check_region(item, layout.size, req)
+        how = read_tensor(source, layout, req.storage_offsets, req.lengths, target,
+                          self._scratch, self._queued)
+        self.copies[how] += 1
+        if how == "direct":  # committed once the queued reads ran (_finish)
+            self._commits.append((req, target))
         else:
-            how = read_tensor(source, layout, req.storage_offsets, req.lengths, target,
-                              self._scratch, self._queued)
-            self.copies[how] += 1
-            if how == "direct":  # committed once the queued reads ran (_finish)
-                self._commits.append((req, target))
-                return
-        planner.commit_tensor(req, target)
+            planner.commit_tensor(req, target)
+
+    @staticmethod
+    def _load_tensor(source: Source, item: str, info: Any) -> torch.Tensor:
+        """The tensor ``torch.load`` (``weights_only``) reads of an item that
+        is not one plain tensor.
+
+        Raises:
+            CorruptCheckpointError: it is no tensor torch.load reads.
+        """
+        data = bytearray(info.length)
+        source.readinto(memoryview(data), info.offset)
+        try:
+            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 (whatever torch.load refuses)
+            raise CorruptCheckpointError(f"{item} is no tensor torch.load reads: {e}") from None
+        if not isinstance(tensor, torch.Tensor):
+            raise CorruptCheckpointError(f"{item} holds a {type(tensor).__name__}, not a tensor")
+        return tensor
 
     def _map(self, path: str, *, local_only: bool = False) -> tuple[Any, str]:
         """(mapping of the file, "local" or "storage"), or (None, "") when
@@ -311,3 +325,18 @@ class StorageReader(CheckpointDir, _DCPReader):
                                  prot=mmap.PROT_READ | mmap.PROT_WRITE), "storage"
         except FileNotFoundError:
             return None, ""
+
+
+def _check_region(item: str, size: tuple[int, ...], req: Any) -> None:
+    """The region the plan reads (``req``'s storage offsets and lengths)
+    lies inside the item's tensor, of ``size``.
+
+    Raises:
+        CorruptCheckpointError: it does not (the metadata and the data file
+            disagree).
+    """
+    if len(req.lengths) != len(size) or any(
+            start < 0 or length < 0 or start + length > n
+            for start, length, n in zip(req.storage_offsets, req.lengths, size)):
+        raise CorruptCheckpointError(f"{item} has size {size}, the plan wants "
+                                     f"{tuple(req.lengths)} at {tuple(req.storage_offsets)}")
