@@ -13,6 +13,7 @@ from tce.core._ring import join_ring
 from tce.core._knobs import configure
 from tce.errors import (
     CacheFullError,
+    CorruptCheckpointError,
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -39,6 +40,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "CacheFullError",
+    "CorruptCheckpointError",
     "DeadlineExceededError",
     "FailedPreconditionError",
     "InvalidArgumentError",

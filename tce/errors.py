@@ -89,6 +89,14 @@ class DeadlineExceededError(TCEError):
     code = "DEADLINE_EXCEEDED"
 
 
+class CorruptCheckpointError(TCEError, ValueError):
+    """A checkpoint file is not what its format promises (damaged, or forged
+    by whoever could write it): refused before anything in it is used, with
+    the file and the reason. A ``ValueError`` too."""
+
+    code = "DATA_LOSS"
+
+
 class PersistFailedError(TCEError):
     """The server gave up writing a file to storage (it stays in memory).
 

@@ -9,6 +9,11 @@ the file; :func:`read_tensor` then reads the planned region with
 ``os.preadv`` into the destination's memory when both are contiguous, else
 the region's span into a scratch buffer and copies from there. Nothing is
 mapped, so no page tables are set up, and no storage is allocated per item.
+
+The archive is not trusted: ``data.pkl`` may name only what a plain
+tensor's pickle names, and the storage record it names must exist, lie in
+the archive and hold every element of the tensor (by its size, stride,
+storage offset and dtype) before any element is read.
 """
 
 from __future__ import annotations
@@ -17,15 +22,18 @@ import abc
 import collections
 import concurrent.futures
 import ctypes
+import functools
 import io
 import os
 import pickle
+import re
 import warnings
 from typing import Any, NamedTuple
 
 import torch
 
 from tce.core import _knobs
+from tce.errors import CorruptCheckpointError
 
 
 class Source(abc.ABC):
@@ -109,65 +117,159 @@ class Layout(NamedTuple):
     stride: tuple[int, ...]
 
 
-class _Tensor(NamedTuple):
-    key: str
+class _Storage(NamedTuple):
+    key: str  # the archive's record data/<key> holds its bytes
     dtype: torch.dtype
-    storage_offset: int
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
 
 
-def _rebuild(storage: Any, storage_offset: int, size: Any, stride: Any, *_: Any) -> _Tensor:
-    key, dtype = storage
-    return _Tensor(key, dtype, int(storage_offset), tuple(size), tuple(stride))
+class _Tensor(NamedTuple):
+    """A tensor as ``data.pkl`` describes it; the numbers are not checked."""
+
+    storage: _Storage
+    storage_offset: Any
+    size: Any
+    stride: Any
 
 
-_DTYPES: dict[str, torch.dtype] = {}
+@functools.cache
+def _storage_dtypes() -> dict[str, torch.dtype]:
+    """The storage types ``data.pkl`` may name (torch's typed storages, by
+    class name) and their dtypes; an untyped storage holds bytes."""
+    with warnings.catch_warnings():  # the legacy typed storages are deprecated
+        warnings.simplefilter("ignore")
+        dtypes = {name: getattr(value, "dtype", None) for name, value in vars(torch).items()
+                  if name.endswith("Storage") and isinstance(value, type)}
+    table = {name: dtype for name, dtype in dtypes.items() if isinstance(dtype, torch.dtype)}
+    table["UntypedStorage"] = torch.uint8
+    return table
 
 
-def _storage_dtype(name: str) -> torch.dtype:
-    if name not in _DTYPES:
-        with warnings.catch_warnings():  # the legacy typed storages are deprecated
-            warnings.simplefilter("ignore")
-            _DTYPES[name] = getattr(torch, name).dtype
-    return _DTYPES[name]
+# A storage's name, as torch.save gives it (its record is data/<name>).
+_STORAGE_NAME = re.compile(r"\w{1,64}", re.ASCII)
 
 
 class _Header(pickle.Unpickler):
-    """Unpickles ``data.pkl`` of a one-tensor archive into a :class:`_Tensor`;
-    any other object (any other global) is refused."""
+    """Unpickles ``data.pkl`` of a one-tensor archive into a :class:`_Tensor`.
+    Any other global is refused (``pickle.UnpicklingError``: not a plain
+    tensor); a storage of no torch type, or with a name no record of an
+    archive has, is :class:`CorruptCheckpointError`."""
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-            return _rebuild
+            return self._rebuild  # a bound method: no pickle can set its attributes
         if (module, name) == ("collections", "OrderedDict"):
             return collections.OrderedDict
-        if module == "torch" and name.endswith("Storage") and name != "UntypedStorage":
-            return name
-        if (module, name) == ("torch", "UntypedStorage"):
-            return "UntypedStorage"
+        if module == "torch" and name.endswith("Storage"):
+            return name  # checked by persistent_load
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a plain tensor")
+
+    def _rebuild(self, storage: Any, storage_offset: Any, size: Any, stride: Any,
+                 *_: Any) -> _Tensor:
+        if not isinstance(storage, _Storage):
+            raise pickle.UnpicklingError(f"{storage!r} is not a storage")
+        return _Tensor(storage, storage_offset, size, stride)
 
     def persistent_load(self, pid: Any) -> Any:
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise pickle.UnpicklingError(f"persistent id {pid!r}")
         _, storage_type, key, _location, _numel = pid
-        dtype = torch.uint8 if storage_type == "UntypedStorage" else _storage_dtype(storage_type)
-        return str(key), dtype
+        dtype = _storage_dtypes().get(storage_type) if isinstance(storage_type, str) else None
+        if dtype is None:
+            raise CorruptCheckpointError(f"its tensor's storage is of type {storage_type!r}, "
+                                         "which is no torch storage")
+        if not (isinstance(key, str) and _STORAGE_NAME.fullmatch(key)):
+            raise CorruptCheckpointError(f"its tensor's storage is named {key!r}, which is no "
+                                         "storage name")
+        return _Storage(key, dtype)
+
+
+def _count(n: Any) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 63
+
+
+def _shape(t: _Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """The tensor's storage offset, size and stride, checked: counts, one
+    stride per dimension.
+
+    Raises:
+        CorruptCheckpointError: they describe no tensor.
+    """
+    size = tuple(t.size) if isinstance(t.size, (tuple, list)) else None
+    stride = tuple(t.stride) if isinstance(t.stride, (tuple, list)) else None
+    if (size is None or stride is None or len(size) != len(stride) or not _count(t.storage_offset)
+            or not all(_count(n) for n in size + stride)):
+        raise CorruptCheckpointError(f"its tensor has size {t.size!r}, stride {t.stride!r} and "
+                                     f"storage offset {t.storage_offset!r}, which describe no "
+                                     "tensor")
+    return t.storage_offset, size, stride
+
+
+def _extent(storage_offset: int, size: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """How many elements of its storage a tensor spans, from the storage's start."""
+    if 0 in size:
+        return 0
+    return storage_offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1
+
+
+def _header(source: Source, offset: int, length: int) -> tuple[Any, _Tensor] | None:
+    """The archive at ``[offset, offset + length)`` and the tensor its
+    ``data.pkl`` describes; None when it is no archive of one plain tensor.
+
+    Raises:
+        CorruptCheckpointError: its ``data.pkl`` claims more bytes than the
+            archive has, or names a storage :class:`_Header` refuses.
+    """
+    try:
+        archive = torch._C.PyTorchFileReader(_Archive(source, offset, length))
+        pickled = archive.get_record_size("data.pkl")
+    except RuntimeError:  # no torch archive: torch.load says why
+        return None
+    if pickled > length:  # checked before the reader allocates that much
+        raise CorruptCheckpointError(f"its data.pkl claims {pickled} bytes, more than the "
+                                     f"archive's {length}")
+    try:
+        t = _Header(io.BytesIO(archive.get_record("data.pkl"))).load()
+    except CorruptCheckpointError:
+        raise
+    except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, EOFError):
+        return None  # not one plain tensor: torch.load reads it, or says why not
+    return (archive, t) if isinstance(t, _Tensor) else None
 
 
 def tensor_layout(source: Source, offset: int, length: int) -> Layout | None:
     """The layout of the tensor archive at ``[offset, offset + length)``;
-    None when it is not an uncompressed archive of one plain tensor."""
-    try:
-        archive = torch._C.PyTorchFileReader(_Archive(source, offset, length))
-        t = _Header(io.BytesIO(archive.get_record("data.pkl"))).load()
-        if not isinstance(t, _Tensor):
-            return None
-        at = archive.get_record_offset(f"data/{t.key}")
-    except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, EOFError):
+    None when it is not an uncompressed archive of one plain tensor.
+
+    Before anything but the archive's directory and ``data.pkl`` is read,
+    the tensor's storage must be a record of the archive, and its size,
+    stride and storage offset must keep every element inside that record.
+
+    Raises:
+        CorruptCheckpointError: the archive describes one plain tensor, but
+            a storage of no torch type or name, missing from the archive or
+            past its end, or elements outside it.
+    """
+    found = _header(source, offset, length)
+    if found is None:
         return None
-    return Layout(offset + at, t.dtype, t.storage_offset, t.size, t.stride)
+    archive, t = found
+    storage_offset, size, stride = _shape(t)
+    record = f"data/{t.storage.key}"
+    try:
+        at, nbytes = archive.get_record_offset(record), archive.get_record_size(record)
+    except RuntimeError:
+        raise CorruptCheckpointError(f"its tensor's storage {record} is not in the archive") \
+            from None
+    if at + nbytes > length:
+        raise CorruptCheckpointError(f"its tensor's storage {record} ({nbytes} bytes at {at}) "
+                                     f"ends past the archive's {length} bytes")
+    dtype = t.storage.dtype
+    spans = _extent(storage_offset, size, stride) * dtype.itemsize
+    if spans > nbytes:
+        raise CorruptCheckpointError(
+            f"its tensor ({dtype}, size {size}, stride {stride}, storage offset "
+            f"{storage_offset}) spans {spans} bytes of its storage, which holds {nbytes}")
+    return Layout(offset + at, dtype, storage_offset, size, stride)
 
 
 def _writable_bytes(t: torch.Tensor) -> memoryview:
@@ -194,7 +296,9 @@ def read_tensor(source: Source, layout: Layout, offsets: Any, lengths: Any,
     """Copy the region ``offsets``/``lengths`` of the tensor at ``layout``
     into ``target`` (whose size is ``lengths``); returns "direct" when the
     bytes go straight into ``target`` (queued on ``reads``: done once it ran),
-    else "scratch" (done)."""
+    else "scratch" (done). ``layout`` is :func:`tensor_layout`'s (every
+    element inside its record) and the caller checked that the region lies
+    inside ``layout.size``."""
     item = layout.dtype.itemsize
     offsets = list(offsets) or [0] * len(layout.size)
     lengths = list(lengths) or list(layout.size)

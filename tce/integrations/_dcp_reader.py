@@ -8,7 +8,6 @@ import errno
 import io
 import mmap
 import os
-import pickle
 import uuid
 from typing import Any, NamedTuple
 
@@ -20,9 +19,11 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from tce import _service
+from tce.errors import CorruptCheckpointError
 from tce.integrations._dcp_format import METADATA, CheckpointDir
 from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, read_tensor,
                                         tensor_layout)
+from tce.integrations._dcp_metadata import check_storage_data, load_metadata
 from tce.integrations._dcp_ranges import RingRanges
 
 __all__ = ["ReadRecord", "StorageReader"]
@@ -83,11 +84,14 @@ class StorageReader(CheckpointDir, _DCPReader):
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The checkpoint's ``.metadata`` (from the cache, else storage).
+        """The checkpoint's ``.metadata`` (from the cache, else storage),
+        unpickled with an allow list of what DCP metadata holds (see
+        :mod:`._dcp_metadata`): nothing else it names is called.
 
         Raises:
             FileNotFoundError: the directory holds no complete checkpoint.
-            ValueError: its ``.metadata`` is not DCP metadata.
+            CorruptCheckpointError: its ``.metadata`` is not DCP metadata
+                (a ``ValueError``).
         """
         path = os.path.join(self.path, METADATA)
         mm, _ = self._map(path)
@@ -99,14 +103,9 @@ class StorageReader(CheckpointDir, _DCPReader):
                 "writes none)",
                 path)
         try:
-            metadata = pickle.loads(mm)
-        except Exception as e:  # noqa: BLE001 (any unpickling failure means the same)
-            raise ValueError(f"{path} is not a DCP checkpoint's metadata: {e}") from None
+            metadata = load_metadata(mm, path)
         finally:
             del mm
-        if not isinstance(metadata, Metadata):
-            raise ValueError(f"{path} is not a DCP checkpoint's metadata: it holds a "
-                             f"{type(metadata).__name__}")
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
@@ -114,14 +113,17 @@ class StorageReader(CheckpointDir, _DCPReader):
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
                               **kwargs: Any) -> None:
-        """Keep the metadata's map of items to files, offsets and lengths.
+        """Keep the metadata's map of items to files, offsets and lengths,
+        once checked: every item in a file of this directory, at a byte range.
 
         Raises:
-            ValueError: the metadata has no such map.
+            CorruptCheckpointError: the metadata has no such map, or an item
+                lies elsewhere (a ``ValueError``).
         """
+        path = os.path.join(self.path, METADATA)
         if metadata.storage_data is None:
-            raise ValueError(f"{os.path.join(self.path, METADATA)} has no storage data")
-        self.storage_data = metadata.storage_data
+            raise CorruptCheckpointError(f"{path} has no storage data")
+        self.storage_data = check_storage_data(metadata.storage_data, path)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """The plan as DCP made it (each rank reads what it needs)."""
@@ -142,16 +144,21 @@ class StorageReader(CheckpointDir, _DCPReader):
         Raises:
             FileNotFoundError: a data file is neither cached, nor in the ring,
                 nor on storage.
-            ValueError: an item lies past its file's end, does not have the
-                planned size, or uses a stream transform.
+            CorruptCheckpointError: the metadata places an item past its
+                file's end, or not at all, or a tensor item is not the tensor
+                the plan reads (not one torch reads, a region outside it, a
+                header whose elements lie outside its record); a
+                ``ValueError``.
+            ValueError: a destination does not have the planned size, or an
+                item uses a stream transform.
         """
         self._queued, self._commits = Reads(), []  # nothing left from a failed read
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
-            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+            per_file.setdefault(self._info(req).relative_path, []).append(req)
         for name, reqs in per_file.items():
             path = os.path.join(self.path, name)
-            reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
+            reqs = sorted(reqs, key=lambda r: self._info(r).offset)
             cached = _service.open_cached_fd(path, job=self.job, local_only=True)
             if cached is not None:
                 with cached:
@@ -176,12 +183,13 @@ class StorageReader(CheckpointDir, _DCPReader):
 
     def _read_file(self, source: FdSource, name: str, kind: str, reqs: list[Any],
                    planner: LoadPlanner) -> None:
-        for req in reqs:
+        for req in reqs:  # all of them, before any is read
             info = self._item(name, req)
             if info.offset + info.length > source.size:
-                raise ValueError(f"{name}: item {req.storage_index.fqn} ends at "
-                                 f"{info.offset + info.length}, past the file's "
-                                 f"{source.size} bytes")
+                raise CorruptCheckpointError(
+                    f"{name}: item {req.storage_index.fqn} ends at byte "
+                    f"{info.offset + info.length}, past the file's {source.size} bytes")
+        for req in reqs:
             self._read(source, name, kind, req, planner)
         self._finish(planner)
 
@@ -198,12 +206,19 @@ class StorageReader(CheckpointDir, _DCPReader):
         ring keeps it), the next items' ranges in flight while one is copied
         (see :mod:`._dcp_ranges`); False, having read nothing, when the ring
         does not have the file."""
-        # Whether anyone in the ring has the file, before the reads take the
+        infos = [self._item(name, req) for req in reqs]
+        # Whether anyone in the ring has the file, and every byte the items
+        # need (its last one is asked for), before the reads take the
         # session's range buffer (64 MiB of the server's) for a file that
         # then comes from storage.
-        if _service.read_range_piece(path, 0, 1, job=self.job) is None:
+        end = max(info.offset + info.length for info in infos)
+        try:
+            found = _service.read_range_piece(path, max(end, 1) - 1, 1, job=self.job)
+        except ValueError as e:
+            raise CorruptCheckpointError(f"{name}: its items end at byte {end}, past the end "
+                                         f"of the file the ring holds ({e})") from None
+        if found is None:
             return False
-        infos = [self._item(name, req) for req in reqs]
         with RingRanges(path, [(info.offset, info.length) for info in infos],
                         job=self.job) as ranges:
             for i, req in enumerate(reqs):
@@ -219,8 +234,16 @@ class StorageReader(CheckpointDir, _DCPReader):
                 self._finish(planner)
         return True
 
+    def _info(self, req: Any) -> Any:
+        """Where the metadata says the item ``req`` reads lies."""
+        info = self.storage_data.get(req.storage_index)
+        if info is None:
+            raise CorruptCheckpointError(f"{os.path.join(self.path, METADATA)} has no storage "
+                                         f"data for item {req.storage_index.fqn}")
+        return info
+
     def _item(self, name: str, req: Any) -> Any:
-        info = self.storage_data[req.storage_index]
+        info = self._info(req)
         if getattr(info, "transform_descriptors", None):
             raise ValueError(f"{name}: stream transforms {info.transform_descriptors} are not "
                              "supported by tce.dcp.StorageReader; use FileSystemReader")
@@ -229,7 +252,7 @@ class StorageReader(CheckpointDir, _DCPReader):
     def _read(self, source: Source, name: str, kind: str, req: Any,
               planner: LoadPlanner) -> None:
         """Load one item of the file ``source`` reads."""
-        info = self.storage_data[req.storage_index]
+        info = self._info(req)
         self.reads.append(ReadRecord(name, info.offset, info.length, kind))
         if req.type == LoadItemType.BYTE_IO:
             data = bytearray(info.length)
@@ -241,34 +264,45 @@ class StorageReader(CheckpointDir, _DCPReader):
             raise ValueError(f"{name}: item {req.storage_index.fqn}: the plan wants size "
                              f"{tuple(req.lengths)}, its destination has "
                              f"{tuple(target.size())}")
-        layout = tensor_layout(source, info.offset, info.length)
+        item = f"{name}: item {req.storage_index.fqn}"
+        try:
+            layout = tensor_layout(source, info.offset, info.length)
+        except CorruptCheckpointError as e:
+            raise CorruptCheckpointError(f"{item}: {e.message}") from None
         if layout is None:  # not one plain tensor: torch.load it
-            data = bytearray(info.length)
-            source.readinto(memoryview(data), info.offset)
-            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-            layout_size = tuple(tensor.size())
-        else:
-            layout_size = layout.size
-        for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
-            if dim >= len(layout_size) or start + length > layout_size[dim]:
-                raise ValueError(f"{name}: item {req.storage_index.fqn} has size "
-                                 f"{layout_size}, the plan wants {tuple(req.lengths)} at "
-                                 f"{tuple(req.storage_offsets)}")
-        if len(req.lengths) != len(layout_size):
-            raise ValueError(f"{name}: item {req.storage_index.fqn} has size {layout_size}, "
-                             f"the plan wants {tuple(req.lengths)}")
-        if layout is None:
+            tensor = self._load_tensor(source, item, info)
+            _check_region(item, tuple(tensor.size()), req)
             for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
                 tensor = tensor.narrow(dim, start, length)
             target.copy_(tensor)
+            planner.commit_tensor(req, target)
+            return
+        _check_region(item, layout.size, req)
+        how = read_tensor(source, layout, req.storage_offsets, req.lengths, target,
+                          self._scratch, self._queued)
+        self.copies[how] += 1
+        if how == "direct":  # committed once the queued reads ran (_finish)
+            self._commits.append((req, target))
         else:
-            how = read_tensor(source, layout, req.storage_offsets, req.lengths, target,
-                              self._scratch, self._queued)
-            self.copies[how] += 1
-            if how == "direct":  # committed once the queued reads ran (_finish)
-                self._commits.append((req, target))
-                return
-        planner.commit_tensor(req, target)
+            planner.commit_tensor(req, target)
+
+    @staticmethod
+    def _load_tensor(source: Source, item: str, info: Any) -> torch.Tensor:
+        """The tensor ``torch.load`` (``weights_only``) reads of an item that
+        is not one plain tensor.
+
+        Raises:
+            CorruptCheckpointError: it is no tensor torch.load reads.
+        """
+        data = bytearray(info.length)
+        source.readinto(memoryview(data), info.offset)
+        try:
+            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 (whatever torch.load refuses)
+            raise CorruptCheckpointError(f"{item} is no tensor torch.load reads: {e}") from None
+        if not isinstance(tensor, torch.Tensor):
+            raise CorruptCheckpointError(f"{item} holds a {type(tensor).__name__}, not a tensor")
+        return tensor
 
     def _map(self, path: str, *, local_only: bool = False) -> tuple[Any, str]:
         """(mapping of the file, "local" or "storage"), or (None, "") when
@@ -291,3 +325,18 @@ class StorageReader(CheckpointDir, _DCPReader):
                                  prot=mmap.PROT_READ | mmap.PROT_WRITE), "storage"
         except FileNotFoundError:
             return None, ""
+
+
+def _check_region(item: str, size: tuple[int, ...], req: Any) -> None:
+    """The region the plan reads (``req``'s storage offsets and lengths)
+    lies inside the item's tensor, of ``size``.
+
+    Raises:
+        CorruptCheckpointError: it does not (the metadata and the data file
+            disagree).
+    """
+    if len(req.lengths) != len(size) or any(
+            start < 0 or length < 0 or start + length > n
+            for start, length, n in zip(req.storage_offsets, req.lengths, size)):
+        raise CorruptCheckpointError(f"{item} has size {size}, the plan wants "
+                                     f"{tuple(req.lengths)} at {tuple(req.storage_offsets)}")
