@@ -9,6 +9,7 @@ tce-server started here as root. `tce-test-a` and `tce-test-b` are allowed
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
@@ -231,6 +232,39 @@ result["list"] = sorted({{f.job for f in listing.files}})
     with open(path, "rb") as f:
         assert f.read() == mine
     assert os.stat(path).st_uid == a
+
+
+def test_a_read_only_fd_cannot_be_opened_again_writable(node, users):
+    """A passed read-only fd stays read-only: /proc/self/fd/N names the
+    memfd itself, whose inode admits the server's uid alone, so opening it
+    again writable (or changing its mode) is refused, and the committed
+    bytes stay what the server checksummed."""
+    path = node.path("a", "ro.pt")
+    mine = bytes(range(256)) * 20
+    r = node.run("a", f"""
+s = Session(SOCK)
+result["save"] = s.save("ja", {path!r}, {mine!r})["code"]
+code, msg, look = s.call("Lookup", pb.LookupRequest(session=s.id, job="ja", path={path!r}, lease=True))
+fd, cap, writable = s.fd(look.file.buffer_id)
+result["writable"] = writable
+try:
+    w = os.open(f"/proc/self/fd/{{fd}}", os.O_RDWR)
+    os.pwrite(w, b"EVIL", 0)
+    result["reopen"] = "opened"
+except OSError as e:
+    result["reopen"] = e.errno
+try:
+    os.fchmod(fd, 0o666)
+    result["chmod"] = "changed"
+except OSError as e:
+    result["chmod"] = e.errno
+code, msg, data = s.read("ja", {path!r})
+result["same"] = data == {mine!r}
+""")
+    assert r["save"] == "OK" and r["writable"] is False
+    assert r["reopen"] == errno.EACCES, r
+    assert r["chmod"] == errno.EPERM, r
+    assert r["same"]
 
 
 def test_root_sees_every_job_and_a_user_sees_no_other_users_errors(node, users):

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -94,6 +95,14 @@ Status Buffer::Adopt(uint64_t id, int fd, uint64_t capacity, Backing backing,
                      std::unique_ptr<Buffer>* out) {
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     Status s = Status::FromErrno(errno, "sealing a cache buffer");
+    ::close(fd);
+    return s;
+  }
+  // A memfd's inode is 0777: anyone holding a read-only fd could open it
+  // again writable through /proc/self/fd. Readable by the server's uid
+  // alone, a passed fd keeps the access it was given.
+  if (fchmod(fd, S_IRUSR) != 0) {
+    Status s = Status::FromErrno(errno, "restricting a cache buffer's mode");
     ::close(fd);
     return s;
   }
