@@ -10,7 +10,9 @@ import errno
 
 
 class TCEError(Exception):
-    """Base class of every error TCE raises."""
+    """Base class of every error TCE raises. ``code`` is the server's status
+    code name (``UNKNOWN`` for an error the client raised itself); the
+    message is prefixed with it where a status gave it."""
 
     code: str = "UNKNOWN"
 
@@ -21,7 +23,7 @@ class TCEError(Exception):
             self.code = code
 
     def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
+        return self.message if self.code == TCEError.code else f"{self.code}: {self.message}"
 
 
 class ServerUnavailableError(TCEError):

@@ -432,3 +432,13 @@ def test_load_of_a_path_the_server_refuses_reads_the_disk(srv, tmp_path):
     torch.save({"w": torch.arange(3)}, path)
     with _knobs.override(socket=srv.socket, on_unavailable="raise"):
         assert torch.equal(tce.load(path)["w"], torch.arange(3))
+
+
+def test_an_error_shows_the_servers_code_and_none_of_its_own():
+    """A status from the server reads 'CODE: message'; an error the client
+    raises itself has no code to show (no 'UNKNOWN:' in front)."""
+    from tce.errors import error_for
+
+    assert str(error_for("NOT_FOUND", "no such file")) == "NOT_FOUND: no such file"
+    assert str(TCEError("no recoverable checkpoint in /ckpt")) == "no recoverable checkpoint in /ckpt"
+    assert str(TCEError("x", code="DATA_LOSS")) == "DATA_LOSS: x"
