@@ -17,6 +17,7 @@ import torch
 import tce
 from tce import api
 from tce.core import _knobs, _session
+from tce.core._client import Client
 from tce.tools._server import LocalServer, server_binary
 
 from conftest import SHMEM_THP, run_python
@@ -229,3 +230,31 @@ def test_a_thp_server_puts_buffers_on_shmem_huge_pages(shmem_thp, tmp_path):
                             str(tmp_path), "--memory-backing", "thp"],
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 2 and "shmem_enabled" in p.stderr + p.stdout
+
+
+def test_memory_the_server_lets_go_of_is_freed_though_a_client_keeps_its_fd(tmp_path):
+    """A client that keeps the fd of an allocation it aborted, or of its
+    range buffer, after its session ends holds no page: the server frees
+    its memory (punches it out) when it lets go, whoever holds the memfd."""
+    s = LocalServer(memory_budget="64MiB", extra_args=["--memory-backing", "4k"]).start()
+    try:
+        c = Client(s.socket, rpc_timeout=30)
+        resp = c._allocate(job="kept", tag="t", rank=0, path=str(tmp_path / "a.pt"), size=32 * MiB)
+        kept = c._request_fd(resp.buffer_id)
+        os.pwrite(kept, b"x" * (32 * MiB), 0)
+        rb, size = c.range_buffer()
+        ranged = os.dup(rb)
+        assert os.fstat(kept).st_blocks * 512 >= 32 * MiB and os.fstat(ranged).st_blocks * 512 >= size
+        c._abort(resp.allocation_id)
+        c.close()  # the session ends: its range buffer goes
+        until(lambda: os.fstat(ranged).st_blocks == 0, what="the range buffer's pages freed")
+        with _knobs.override(socket=s.socket, job="other"):
+            # The aborted buffer waits for reuse until a save needs its room.
+            tce.save({"w": torch.zeros(10 * MiB)}, str(tmp_path / "b.pt"))  # 40 MiB: 32 + 40 > 64
+            api.close()
+        until(lambda: os.fstat(kept).st_blocks == 0, what="the aborted allocation's pages freed")
+        os.close(kept)
+        os.close(ranged)
+    finally:
+        assert s.stop() == 0, s.log()
+        s.cleanup()

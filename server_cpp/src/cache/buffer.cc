@@ -47,6 +47,11 @@ Status PopulateHuge(int fd, uint64_t from, uint64_t to) {
 
 Buffer::~Buffer() {
   if (map_) munmap(map_, capacity_);
+  // The pages go now, even where a client still holds an fd of this memfd
+  // (an aborted allocation, a range buffer, kept past its session): they
+  // would stay charged to the server, outside every budget. A mapping the
+  // client kept reads zeros from here on.
+  (void)!fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(capacity_));
   ::close(fd_);
 }
 
