@@ -194,16 +194,20 @@ class LyingPeer:
         self._thread.join(timeout=5)
 
 
-def connect_with_token(endpoint: str, token: str, me: str) -> socket.socket:
+def connect_with_token(endpoint: str, token: str, me: str, *, source: str = "127.0.0.1") -> socket.socket:
     """A connection to `endpoint` authenticated with `token` (protocol 2),
-    announcing `me`: a real token holder, for what the token alone may not
-    reach."""
-    s = dial(endpoint)
+    announcing `me`, from `source`: a real token holder, for what the token
+    alone may not reach. Raises PermissionError when the server refuses it
+    (an empty proof) after it proved the token."""
+    s = dial(endpoint, source=source)
     nonce = os.urandom(32)
     s.sendall(frame(pb.PeerHello(nonce=nonce, endpoint=me, version=2)))
     theirs = recv_msg(s, pb.PeerHello)
     s.sendall(frame(pb.PeerAuth(mac=proof(token, b"C", nonce, theirs.nonce, me, endpoint))))
     answer = recv_msg(s, pb.PeerAuth)
+    if not answer.mac:
+        s.close()
+        raise PermissionError(f"{endpoint} refused {me} from {source}")
     assert answer.mac == proof(token, b"A", nonce, theirs.nonce, me, endpoint), "the server did not prove itself"
     return s
 

@@ -198,6 +198,74 @@ def test_a_token_holder_outside_the_jobs_ring_reads_none_of_its_copies(tmp_path)
         _stop(a, b)
 
 
+def test_a_token_holder_cannot_pass_for_a_member_from_another_address(tmp_path):
+    """A (127.0.0.2) and B (127.0.0.3) are a job's ring; B holds A's copy.
+    A token holder on 127.0.0.1 announcing A's endpoint is refused after its
+    proof, and reads nothing; A's own connections (bound to the address it
+    advertises) still back up, and a connection from A's address is let in."""
+    a = _ring_server(tmp_path, "tcp", "a", listen="127.0.0.2:0")
+    b = _ring_server(tmp_path, "tcp", "b", listen="127.0.0.3:0")
+    try:
+        ea, eb = _status(a)["peer_endpoint"], _status(b)["peer_endpoint"]
+        _set_ring(a, 0, [ea, eb])
+        _set_ring(b, 1, [ea, eb])
+        path = "/ckpt/members/y.pt"
+        _save(a, path, {"w": torch.ones(1000)})
+        until(lambda: int(_status(b)["held_backups"]) == 1, what="B to hold A's copy")
+        with pytest.raises(PermissionError):
+            connect_with_token(eb, TOKEN, ea, source="127.0.0.1")
+        until(lambda: f"knows the token but is not {ea}: it connected from 127.0.0.1" in b.log(),
+              what="B to log the refusal")
+        member = connect_with_token(eb, TOKEN, ea, source="127.0.0.2")
+        try:
+            member.sendall(frame(pb.PeerRequest(list=pb.PeerList(job=JOB, owner_node=0))))
+            listed = recv_msg(member, pb.PeerListReply)
+            assert [f.path for f in listed.files] == [path] and listed.code == 0
+        finally:
+            member.close()
+    finally:
+        _stop(a, b)
+
+
+def test_a_token_holder_outside_the_ring_plants_no_copy_tag_or_drop(tmp_path):
+    """B holds A's copy; a token holder that is not node 0 of the job's ring
+    (as B was told it) sends B a copy and a complete tag as node 0, and a
+    drop of A's copy: each is refused or ignored, and B still holds A's
+    copy alone."""
+    a = _ring_server(tmp_path, "tcp", "a")
+    b = _ring_server(tmp_path, "tcp", "b")
+    try:
+        ea, eb = _status(a)["peer_endpoint"], _status(b)["peer_endpoint"]
+        _set_ring(a, 0, [ea, eb])
+        _set_ring(b, 1, [ea, eb])
+        path = "/ckpt/members/z.pt"
+        _save(a, path, {"w": torch.ones(1000)})
+        until(lambda: int(_status(b)["held_backups"]) == 1, what="B to hold A's copy")
+        held = int(_status(b)["held_backup_bytes"])
+        forger = connect_with_token(eb, TOKEN, "127.0.0.1:1")
+        try:
+            forged = b"F" * 4096
+            forger.sendall(frame(pb.PeerRequest(backup=pb.PeerBackup(
+                job=JOB, tag="t", path="/ckpt/members/forged.pt", size=len(forged), version=1,
+                owner_node=0))) + forged)
+            reply = recv_msg(forger, pb.PeerReply)
+            assert reply.code == 7 and "127.0.0.1:1 is not node 0 of job ring-job's ring here" in reply.message, reply
+            tag = pb.TagInfo(job=JOB, tag="t9", world_size=1, complete_unix_ns=time.time_ns(),
+                             files=[pb.TagFile(rank=0, path=path, size=1)])
+            forger.sendall(frame(pb.PeerRequest(tag=pb.PeerTag(tag=tag, owner_node=0))))
+            reply = recv_msg(forger, pb.PeerReply)
+            assert reply.code == 7 and "is not node 0" in reply.message, reply
+            forger.sendall(frame(pb.PeerRequest(drop=pb.PeerDrop(job=JOB, path=path))))
+            recv_msg(forger, pb.PeerReply)
+        finally:
+            forger.close()
+        st = _status(b)
+        assert int(st["held_backups"]) == 1 and int(st["held_backup_bytes"]) == held
+        assert int(st["held_tags"]) == 0
+    finally:
+        _stop(a, b)
+
+
 @pytest.mark.parametrize("lie", ["another path", "a path outside the roots"])
 def test_a_peer_cannot_make_recovery_write_outside_the_roots(tmp_path, lie):
     """A peer that holds the token answers a recovering server with a file

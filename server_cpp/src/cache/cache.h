@@ -246,6 +246,10 @@ class Cache : public PoolBudget {
   void RestoreRings(std::vector<RingInfo> rings) EXCLUDES(mu_);
   // The other members of the job's ring, the successor first (empty: no ring).
   std::vector<std::string> RingPeers(const std::string& job) EXCLUDES(mu_);
+  // OK when `peer` is node `node` of the job's ring as this server was told
+  // it: only that node may hand it copies and tags as that node's.
+  // PERMISSION_DENIED naming who is, or that no ring is known.
+  Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) EXCLUDES(mu_);
   // Whether a load that missed (job, path) may find it in the ring: it is
   // unknown here, or lost from memory, but not evicted by us (the ring's
   // copy goes when the original is evicted).

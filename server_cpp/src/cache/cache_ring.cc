@@ -334,6 +334,21 @@ Status Cache::RefuseStaleCopy(const FileKey& key, const FileInfo& copy, const st
                                     "): storage serves it");
 }
 
+Status Cache::CheckRingSender(const std::string& job, int32_t node, const std::string& peer) {
+  MutexLock lock(&mu_);
+  const Ring* ring = rings_.Find(job);
+  if (!ring)
+    return Status::PermissionDenied("this server was not told job " + job + "'s ring: it takes copies "
+                                    "only from the node the ring names (tell it the ring)");
+  if (node < 0 || static_cast<size_t>(node) >= ring->endpoints.size() || node == ring->node_rank)
+    return Status::PermissionDenied("node " + std::to_string(node) + " is not another node of job " + job +
+                                    "'s ring here");
+  if (ring->endpoints[static_cast<size_t>(node)] != peer)
+    return Status::PermissionDenied(peer + " is not node " + std::to_string(node) + " of job " + job +
+                                    "'s ring here (" + ring->endpoints[static_cast<size_t>(node)] + " is)");
+  return Status::OK();
+}
+
 std::vector<std::string> Cache::RingPeers(const std::string& job) {
   MutexLock lock(&mu_);
   const Ring* ring = rings_.Find(job);

@@ -1,5 +1,6 @@
 #include "common/net.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -7,8 +8,35 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 namespace tce {
+namespace {
+
+// An address as 16 bytes (IPv4 as IPv4-mapped IPv6), for comparing.
+bool AddressBytes(const sockaddr* sa, unsigned char out[16]) {
+  if (sa->sa_family == AF_INET6) {
+    std::memcpy(out, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, 16);
+    return true;
+  }
+  if (sa->sa_family != AF_INET) return false;
+  std::memset(out, 0, 10);
+  out[10] = out[11] = 0xff;
+  std::memcpy(out + 12, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, 4);
+  return true;
+}
+
+std::string AddressText(const unsigned char a[16]) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  static const unsigned char kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(a, kMapped, 12) == 0)
+    inet_ntop(AF_INET, a + 12, text, sizeof(text));
+  else
+    inet_ntop(AF_INET6, a, text, sizeof(text));
+  return text;
+}
+
+}  // namespace
 
 Status ParseEndpoint(const std::string& endpoint, std::string* host, int* port) {
   size_t colon = endpoint.rfind(':');
@@ -72,6 +100,52 @@ void SetIoTimeouts(int fd, std::chrono::milliseconds timeout) {
   tv.tv_usec = (timeout.count() % 1000) * 1000;
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+Status CheckPeerSource(int fd, const std::string& endpoint) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  unsigned char from[16];
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
+      !AddressBytes(reinterpret_cast<sockaddr*>(&ss), from))
+    return Status::PermissionDenied("the connection's source address is unknown");
+  std::string host;
+  int port = 0;
+  Status s = ParseEndpoint(endpoint, &host, &port);
+  if (!s.ok()) return s;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* ai = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &ai) != 0)
+    return Status::PermissionDenied("it announced " + endpoint + ", whose host does not resolve here");
+  bool same = false;
+  for (addrinfo* a = ai; a && !same; a = a->ai_next) {
+    unsigned char named[16];
+    same = AddressBytes(a->ai_addr, named) && std::memcmp(named, from, 16) == 0;
+  }
+  freeaddrinfo(ai);
+  if (same) return Status::OK();
+  return Status::PermissionDenied("it connected from " + AddressText(from) + " but announced " + endpoint +
+                                  ": a peer's connections come from the host it advertises");
+}
+
+void BindSource(int fd, int family, const std::string& self) {
+  std::string host;
+  int port = 0;
+  if (!ParseEndpoint(self, &host, &port).ok()) return;
+  addrinfo hints{};
+  hints.ai_family = family;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* ai = nullptr;
+  if (getaddrinfo(host.c_str(), "0", &hints, &ai) != 0) return;  // a name, or another family
+  unsigned char any[16];
+  static const unsigned char kAny4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0};
+  static const unsigned char kAny6[16] = {};
+  if (AddressBytes(ai->ai_addr, any) && std::memcmp(any, kAny4, 16) != 0 && std::memcmp(any, kAny6, 16) != 0)
+    (void)!bind(fd, ai->ai_addr, ai->ai_addrlen);  // not an address of this node: left to the kernel
+  freeaddrinfo(ai);
 }
 
 }  // namespace tce

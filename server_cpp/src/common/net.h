@@ -22,6 +22,16 @@ Status ResolveEndpoint(const std::string& endpoint, bool passive, addrinfo** out
 // A listening TCP socket on "host:port" (port 0: any; *bound gets the real one).
 Status ListenTcp(const std::string& endpoint, int* fd, std::string* bound);
 
+// OK when the connection `fd` comes from an address `endpoint`'s host
+// names (an IP literal, or a name that resolves to it); PERMISSION_DENIED
+// naming both otherwise.
+Status CheckPeerSource(int fd, const std::string& endpoint);
+
+// Binds the unconnected socket `fd` (of `family`) to `self`'s host when it
+// is an IP literal of this node (port 0), so that a connection comes from
+// the address this node advertises. Nothing otherwise.
+void BindSource(int fd, int family, const std::string& self);
+
 // `endpoint` with its port replaced by `port`.
 std::string WithPort(const std::string& endpoint, int port);
 

@@ -104,10 +104,13 @@ bool BackupStore::NotePersisted(const std::string& job, const std::string& path,
   return true;
 }
 
-bool BackupStore::Drop(const std::string& job, const std::string& path, uint64_t version) {
+bool BackupStore::Drop(const std::string& job, const std::string& path, uint64_t version,
+                       const std::string& from) {
   MutexLock l(&mu_);
   auto it = held_.find({job, path});
-  if (it == held_.end() || (version != 0 && it->second.file.version != version)) return false;
+  if (it == held_.end() || (version != 0 && it->second.file.version != version) ||
+      (!from.empty() && it->second.owner != from))
+    return false;
   free_.push_back(std::move(it->second.buffer));
   held_.erase(it);
   TCE_LOG(kInfo, "ring") << "dropped backup job=" << job << " path=" << path;

@@ -66,8 +66,9 @@ class BackupStore {
   void Abandon(std::unique_ptr<MappedBuffer> buffer);
   // Keeps the received copy (its CRCs were checked), replacing an older one.
   void Commit(HeldBackup held);
-  // The owner let go of (job, path) (version 0: any). False if not held.
-  bool Drop(const std::string& job, const std::string& path, uint64_t version);
+  // The owner let go of (job, path) (version 0: any). False if not held,
+  // or (`from` non-empty) not held from `from`: only the sender drops it.
+  bool Drop(const std::string& job, const std::string& path, uint64_t version, const std::string& from = "");
   // The owner (`from`, the copy's sender) wrote the copy's version of
   // (job, path) to storage as `disk`: kept with the copy. False if no such
   // copy is held from `from`.

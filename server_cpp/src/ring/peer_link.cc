@@ -89,6 +89,7 @@ Status PeerLink::Connect(const std::string& endpoint, const std::string& self,
     freeaddrinfo(ai);
     return Status::FromErrno(errno, "socket");
   }
+  BindSource(fd, ai->ai_family, self);  // peers check we come from what we advertise
   int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
   freeaddrinfo(ai);
   if (rc != 0 && errno == EINPROGRESS) {  // bounded connect: a dead peer must not hang us
@@ -197,6 +198,16 @@ Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const 
     return Status::Unauthenticated("peer " + address_ + " (says " + theirs.endpoint() +
                                    ") does not know the cluster token, or was not dialled as " +
                                    acceptor);
+  }
+  if (!connecting) {  // a token holder is not whoever it names: it must come from there
+    s = CheckPeerSource(fd_, theirs.endpoint());
+    if (!s.ok()) {
+      v1::PeerAuth refusal;
+      Status ignored = Send(refusal);
+      (void)ignored;
+      return Status::Unauthenticated("peer " + address_ + " knows the token but is not " + theirs.endpoint() +
+                                     ": " + s.message());
+    }
   }
   if (!connecting) {  // only now, with the connector proven, do we prove ourselves
     proof.set_mac(PeerProof(token, 'A', cn, an, connector, acceptor));

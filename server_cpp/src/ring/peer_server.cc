@@ -209,7 +209,7 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
       result = ServeBackup(link, req.backup());
       if (result.code() == Status::Code::kUnavailable) break;  // the stream is broken
     } else if (req.has_drop()) {
-      store_->Drop(req.drop().job(), req.drop().path(), req.drop().version());
+      store_->Drop(req.drop().job(), req.drop().path(), req.drop().version(), link->peer());
     } else if (req.has_persisted()) {
       const v1::PeerPersisted& p = req.persisted();
       store_->NotePersisted(p.job(), p.path(), p.version(), link->peer(), DiskFromProto(p.storage()));
@@ -278,6 +278,7 @@ Status PeerServer::HoldTag(PeerLink* link, const v1::PeerTag& req) {
     s = Status::InvalidArgument("tag " + tag.tag + " has no completion time");
   if (s.ok() && (req.owner_node() < 0 || static_cast<size_t>(req.owner_node()) >= kMaxRingNodes))
     s = Status::InvalidArgument("owner_node " + std::to_string(req.owner_node()) + " is outside a ring");
+  if (s.ok() && cache_) s = cache_->CheckRingSender(tag.job, req.owner_node(), link->peer());
   if (s.ok()) s = store_->HoldTag(HeldTag{tag, link->peer(), req.owner_node()});
   if (!s.ok()) {
     TCE_LOG(kWarning, "ring") << "refused a tag from " << link->peer() << ": " << s.ToString();
@@ -366,7 +367,12 @@ Status PeerServer::BindLanes(PeerLink* link, const v1::PeerLanes& req) {
 
 Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
   std::unique_ptr<MappedBuffer> buffer;
-  Status reserved = store_->Reserve(req.job(), req.path(), req.size(), &buffer);
+  // Only the node the job's ring names sends copies as that node.
+  Status reserved = cache_ ? cache_->CheckRingSender(req.job(), req.owner_node(), link->peer()) : Status::OK();
+  if (!reserved.ok())
+    TCE_LOG(kWarning, "ring") << "refused a backup of job=" << req.job().substr(0, 256) << " from "
+                              << link->peer() << ": " << reserved.message();
+  if (reserved.ok()) reserved = store_->Reserve(req.job(), req.path(), req.size(), &buffer);
   std::vector<Record> records = RecordsFromProto(req.records());
   // The bytes (and the CRC trailer) follow the header whatever we answer:
   // take them, into the buffer or away, so the stream stays in step.
