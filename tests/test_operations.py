@@ -5,6 +5,7 @@ scrapes parsed by the Prometheus client library, real gRPC health checks."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -204,6 +205,84 @@ def test_health_serves_until_the_drain_and_liveness_until_exit(tmp_path):
         s.stop()
         s.cleanup()
         blocker.release()
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+@pytest.fixture
+def pids_cgroup():
+    """put(pid, extra): the process in a pids cgroup of its own (v1 or v2)
+    whose pids.max leaves it `extra` threads more than it has; removed after."""
+    if os.path.exists("/sys/fs/cgroup/pids/tasks"):  # cgroup v1
+        root = "/sys/fs/cgroup/pids"
+    else:  # cgroup v2: the controller enabled for the root's children
+        root = "/sys/fs/cgroup"
+        with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+            f.write("+pids")
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (a pids cgroup); CI runs as root")
+    path = os.path.join(root, f"tce-test-{os.getpid()}")
+    os.makedirs(path, exist_ok=True)
+
+    def put(pid: int, extra: int) -> None:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        with open(os.path.join(path, "pids.max"), "w") as f:
+            f.write(str(_threads(pid) + extra))
+
+    yield put
+    with open(os.path.join(path, "cgroup.procs")) as f:
+        left = [p for p in f.read().split() if p]
+    for p in left:  # back to the root, so the directory can go
+        with open(os.path.join(root, "cgroup.procs"), "w") as f:
+            f.write(p)
+    os.rmdir(path)
+
+
+def test_unauthenticated_callers_cannot_take_every_thread(tmp_path, pids_cgroup):
+    """Under a pids limit, as a pod has: Watch streams on the health port are
+    capped (the rest RESOURCE_EXHAUSTED at once), liveness still answers, a
+    flood of peer connections is refused rather than aborting the server,
+    and saves go on."""
+    s = LocalServer(memory_budget="64MiB", extra_args=[
+        "--health-listen", "127.0.0.1:0", "--peer-listen", "127.0.0.1:0", "--peer-token", "t"]).start()
+    streams, conns = [], []
+    try:
+        st = _status(s)
+        pids_cgroup(s.proc.pid, 48)
+        with grpc.insecure_channel(st["health_endpoint"]) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            codes = []
+            for _ in range(40):
+                call = stub.Watch(health_pb2.HealthCheckRequest(service="liveness"), timeout=60)
+                try:
+                    next(call)
+                    streams.append(call)
+                    codes.append("OK")
+                except grpc.RpcError as e:
+                    codes.append(e.code().name)
+            assert codes.count("OK") == 8 and set(codes) == {"OK", "RESOURCE_EXHAUSTED"}, codes
+            assert _check(ch, "liveness") == health_pb2.HealthCheckResponse.SERVING
+            host, port = st["peer_endpoint"].rsplit(":", 1)
+            for _ in range(80):
+                c = socket.create_connection((host, int(port)), timeout=10)
+                conns.append(c)
+            assert _check(ch, "liveness") == health_pb2.HealthCheckResponse.SERVING
+            assert s.proc.poll() is None, s.log()
+            with _knobs.override(socket=s.socket, job="threads", on_unavailable="raise"):
+                tce.save({"w": torch.ones(1000)}, tmp_path / "x.pt")
+                assert torch.equal(tce.load(tmp_path / "x.pt")["w"], torch.ones(1000))
+                api.close()
+    finally:
+        for c in streams:
+            c.cancel()
+        for c in conns:
+            c.close()
+        assert s.stop() == 0, s.log()
+        s.cleanup()
 
 
 def test_json_logs_are_one_object_per_line_with_the_event_fields(tmp_path):

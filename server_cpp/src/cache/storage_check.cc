@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <deque>
+#include <system_error>
 #include <thread>
 
 #include "common/mutex.h"
@@ -230,8 +231,12 @@ bool Prober::Run(std::function<void()> fn) {
     if (core_->idle <= static_cast<int>(core_->queue.size())) {
       // Every thread is busy: the busy ones beyond a normal load are stuck.
       if (core_->threads >= max_stuck_) return false;
+      try {
+        std::thread(Core::Loop, core_).detach();
+      } catch (const std::system_error&) {  // out of threads: as if storage did not answer
+        return false;
+      }
       ++core_->threads;
-      std::thread(Core::Loop, core_).detach();
     }
     core_->queue.push_back(task);
   }

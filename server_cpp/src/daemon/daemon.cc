@@ -411,6 +411,11 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
     hb.AddListeningPort(opt.health_listen, grpc::InsecureServerCredentials(), &port);
     hb.RegisterService(&health_on_tcp);
     hb.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
+    // Unauthenticated callers: a bounded pool (a call beyond it is
+    // RESOURCE_EXHAUSTED), room for Checks beside the capped Watch streams.
+    grpc::ResourceQuota health_quota("tce-health");
+    health_quota.SetMaxThreads(4 * HealthService::kMaxWatches);
+    hb.SetResourceQuota(health_quota);
     health = hb.BuildAndStart();
     if (!health || port == 0) return Fail("health_listen: cannot listen on " + opt.health_listen, 1);
     health_endpoint = WithPort(opt.health_listen, port);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "cache/record_proto.h"
 #include "cache/tag_proto.h"
@@ -143,7 +144,16 @@ void PeerServer::Admit(int fd, const std::string& source) {
   push_out_oldest(false, options_.max_handshakes);
   handshakes_[fd] = Handshake{source, next_seq_++, false};
   const uint64_t id = next_seq_;
-  workers_.emplace(id, std::thread([this, fd, id] { Serve(fd, id); }));
+  try {
+    workers_.emplace(id, std::thread([this, fd, id] { Serve(fd, id); }));
+  } catch (const std::system_error& e) {  // out of threads (a pids limit): refuse this one, go on
+    handshakes_.erase(fd);
+    uint64_t held = 0;
+    if (refusals_.Allow(&held))
+      TCE_LOG(kError, "ring") << "refused a peer connection from " << source << ": no thread for it ("
+                              << e.what() << ")" << Suppressed(held);
+    ::close(fd);
+  }
 }
 
 void PeerServer::ReapWorkers() {

@@ -66,6 +66,15 @@ grpc::Status HealthService::Check(grpc::ServerContext*, const HealthCheckRequest
 
 grpc::Status HealthService::Watch(grpc::ServerContext* ctx, const HealthCheckRequest* req,
                                   grpc::ServerWriter<HealthCheckResponse>* writer) {
+  if (watches_.fetch_add(1) >= kMaxWatches) {
+    --watches_;
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        "too many Watch streams at once (" + std::to_string(kMaxWatches) + "): use Check");
+  }
+  struct Done {
+    std::atomic<int>* n;
+    ~Done() { --*n; }
+  } done{&watches_};
   bool serving = false;
   int state = states_->Get(req->service(), &serving) ? static_cast<int>(serving) : -1;
   for (;;) {

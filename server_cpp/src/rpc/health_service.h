@@ -5,11 +5,14 @@
 // Names served: "" and "tce.v1.Cache" (readiness: serving until a shutdown
 // drain begins) and "liveness" (serving while the process runs). Check of an
 // unknown name is NOT_FOUND; Watch streams each change until the client
-// leaves or the server stops.
+// leaves or the server stops. A Watch holds a server thread, and the health
+// port takes unauthenticated calls: at most kMaxWatches stream at once per
+// service, more are RESOURCE_EXHAUSTED at once (Check always answers).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <map>
 #include <string>
 
@@ -39,6 +42,7 @@ class HealthStates {
 class HealthService final : public grpc::health::v1::Health::Service {
  public:
   explicit HealthService(HealthStates* states) : states_(states) {}
+  static constexpr int kMaxWatches = 8;
 
   grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest*,
                      grpc::health::v1::HealthCheckResponse*) override;
@@ -47,6 +51,7 @@ class HealthService final : public grpc::health::v1::Health::Service {
 
  private:
   HealthStates* const states_;
+  std::atomic<int> watches_{0};
 };
 
 }  // namespace tce
