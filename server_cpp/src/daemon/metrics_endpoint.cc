@@ -190,9 +190,15 @@ void MetricsServer::AcceptLoop() {
       Admit(fd);
       continue;
     }
-    if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-    TCE_LOG(kError, "metrics") << "accept: " << std::strerror(errno);
-    return;
+    const int err = errno;
+    if (err == EINTR || err == ECONNABORTED || err == EAGAIN || err == EWOULDBLOCK) continue;
+    // Out of fds or memory, for now: the connection stays in the backlog, and
+    // accepting resumes shortly (poll would report it again at once).
+    uint64_t dropped = 0;
+    if (accept_log_.Allow(&dropped))
+      TCE_LOG(kWarning, "metrics") << "accept: " << std::strerror(err) << Suppressed(dropped);
+    pollfd wake = {wake_fd_, POLLIN, 0};
+    if (poll(&wake, 1, 100) > 0) return;
   }
 }
 

@@ -62,6 +62,7 @@ class MetricsServer {
   std::thread acceptor_;
   std::vector<std::thread> workers_;
   LogLimiter refused_log_{1, std::chrono::seconds(10)};
+  LogLimiter accept_log_{1, std::chrono::seconds(10)};
 
   Mutex mu_;
   CondVar work_;  // a connection is waiting, or Stop began
