@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -144,6 +145,121 @@ def test_the_metrics_endpoint_answers_bad_requests_and_survives_them(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"http://{endpoint}/", timeout=10)
         assert e.value.code == 404
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def _read_to_eof(c: socket.socket) -> bytes:
+    """What the server sends until it closes `c` (a reset ends it too)."""
+    chunks = []
+    try:
+        while chunk := c.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+class _Slowloris:
+    """Connections that send a request one byte a second and never finish
+    it; `closed` counts those the server has hung up on."""
+
+    def __init__(self, endpoint: str, n: int):
+        host, port = endpoint.rsplit(":", 1)
+        self.conns = [socket.create_connection((host, int(port)), timeout=10) for _ in range(n)]
+        self.closed = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._trickle, args=(c,), daemon=True) for c in self.conns]
+        for t in self._threads:
+            t.start()
+
+    def _trickle(self, c: socket.socket) -> None:
+        request = b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"y" * 4096
+        try:
+            for byte in request:
+                c.sendall(bytes([byte]))
+                c.settimeout(1.0)  # the pace: a byte a second, unless the server hangs up
+                try:
+                    if c.recv(1) == b"":
+                        break
+                except socket.timeout:
+                    pass
+                if self._stop.is_set():
+                    return
+        except OSError:  # reset by the server
+            pass
+        with self._lock:
+            self.closed += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        for c in self.conns:
+            c.close()
+
+
+def test_slow_clients_neither_stall_scrapes_nor_shutdown(tmp_path):
+    s = LocalServer(memory_budget="64MiB", extra_args=["--metrics-listen", "127.0.0.1:0"])
+    s.start()
+    slow = None
+    try:
+        endpoint = _status(s)["metrics_endpoint"]
+        # More trickling clients than the endpoint has workers: a scrape is
+        # answered meanwhile, and each of them is hung up on at its deadline
+        # however steadily it sends.
+        slow = _Slowloris(endpoint, 6)
+        assert _scrape(endpoint)[("tce_up", (("version", "0.1.0"),))] == 1
+        until(lambda: slow.closed == 6, timeout=60, what="the server to hang up on every trickling client")
+        slow.close()
+        # A client that sends nothing at all is hung up on too.
+        host, port = endpoint.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as quiet:
+            assert _read_to_eof(quiet) == b""
+        # And trickling clients keep no shutdown waiting.
+        slow = _Slowloris(endpoint, 6)
+        assert _scrape(endpoint)[("tce_up", (("version", "0.1.0"),))] == 1
+        assert s.stop() == 0, s.log()
+    finally:
+        if slow:
+            slow.close()
+        s.stop()
+        s.cleanup()
+
+
+def _try_scrape(endpoint: str) -> dict | None:
+    try:
+        return _scrape(endpoint)
+    except urllib.error.HTTPError as e:
+        assert e.code == 503, e
+        return None
+
+
+def test_connections_past_the_metrics_pool_are_refused_at_once(tmp_path):
+    s = LocalServer(memory_budget="64MiB", extra_args=["--metrics-listen", "127.0.0.1:0"])
+    s.start()
+    try:
+        endpoint = _status(s)["metrics_endpoint"]
+        host, port = endpoint.rsplit(":", 1)
+
+        def extras_refused() -> bool:
+            # 4 served and 8 waiting fill the endpoint; 3 more are refused,
+            # unless the first have already met their deadline (then: again).
+            held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(12)]
+            extras = [socket.create_connection((host, int(port)), timeout=10) for _ in range(3)]
+            try:
+                return all(_read_to_eof(c).startswith(b"HTTP/1.1 503 Service Unavailable\r\n") for c in extras)
+            finally:
+                for c in held + extras:
+                    c.close()
+
+        until(extras_refused, timeout=60, what="connections past the pool refused")
+        until(lambda: "refused a connection" in s.log(), what="the warning")
+        # The endpoint lets the closed ones go, and scrapes are answered.
+        m = until(lambda: _try_scrape(endpoint), what="a scrape answered")
+        assert m[("tce_up", (("version", "0.1.0"),))] == 1
     finally:
         s.stop()
         s.cleanup()

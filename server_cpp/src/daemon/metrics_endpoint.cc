@@ -1,10 +1,16 @@
 #include "daemon/metrics_endpoint.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <system_error>
 
 #include "cache/file_state.h"
 #include "common/logging.h"
@@ -12,89 +18,241 @@
 
 namespace tce {
 
-MetricsServer::MetricsServer(std::string listen, std::function<std::string()> render,
-                             std::chrono::milliseconds io_timeout)
-    : listen_(std::move(listen)), render_(std::move(render)), io_timeout_(io_timeout) {}
-
-MetricsServer::~MetricsServer() { Stop(); }
-
-Status MetricsServer::Start() {
-  Status s = ListenTcp(listen_, &listen_fd_, &endpoint_);
-  if (!s.ok()) return s;
-  TCE_LOG(kInfo, "metrics") << "serving Prometheus metrics at http://" << endpoint_ << "/metrics";
-  thread_ = std::thread([this] { Loop(); });
-  return Status::OK();
-}
-
-void MetricsServer::Stop() {
-  if (stop_.exchange(true)) return;
-  if (listen_fd_ >= 0) shutdown(listen_fd_, SHUT_RDWR);  // wakes accept()
-  if (thread_.joinable()) thread_.join();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
-  listen_fd_ = -1;
-}
-
-void MetricsServer::Loop() {
-  while (!stop_) {
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (!stop_) TCE_LOG(kError, "metrics") << "accept: " << std::strerror(errno);
-      return;
-    }
-    Serve(fd);
-    // Closing with unread request bytes would reset the connection and could
-    // destroy the reply in flight: end our side, then drop what is left.
-    shutdown(fd, SHUT_WR);
-    SetIoTimeouts(fd, std::chrono::milliseconds(200));
-    char sink[4096];
-    for (int i = 0; i < 16 && recv(fd, sink, sizeof(sink), 0) > 0; ++i) {
-    }
-    ::close(fd);
-  }
-}
-
 namespace {
 
-void Reply(int fd, const char* status, const std::string& body, bool head = false) {
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxRequest = 8192;
+// After the reply, how long unread request bytes are drained before the close
+// (closing with them unread would reset the connection and could destroy the
+// reply in flight).
+constexpr std::chrono::milliseconds kLinger(200);
+
+// One connection's socket (non-blocking) with the deadline its every wait
+// ends at; a readable `wake_fd` (Stop) ends the waits too.
+struct Conn {
+  int fd;
+  int wake_fd;
+  Clock::time_point deadline;
+
+  // Whether `fd` became ready for `events` (or failed: the next call says how)
+  // before the deadline and before Stop.
+  bool Wait(short events) const {
+    while (true) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return false;
+      pollfd fds[2] = {{fd, events, 0}, {wake_fd, POLLIN, 0}};
+      const int n = poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 60000)));
+      if (n < 0 && errno != EINTR) return false;
+      if (n <= 0) continue;
+      if (fds[1].revents) return false;
+      if (fds[0].revents) return true;
+    }
+  }
+
+  // Bytes read (0: the peer closed), or -1: failed, past the deadline, or stopping.
+  ssize_t Recv(char* buf, size_t len) const {
+    while (true) {
+      const ssize_t n = recv(fd, buf, len, 0);
+      if (n >= 0) return n;
+      if (errno == EINTR) continue;
+      if ((errno != EAGAIN && errno != EWOULDBLOCK) || !Wait(POLLIN)) return -1;
+    }
+  }
+
+  void SendAll(const std::string& out) const {
+    size_t off = 0;
+    while (off < out.size()) {
+      const ssize_t n = send(fd, out.data() + off, out.size() - off, MSG_NOSIGNAL);
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) || !Wait(POLLOUT)) {
+        return;  // the scraper went away, stopped reading past the deadline, or we stop
+      }
+    }
+  }
+};
+
+std::string Response(const char* status, const std::string& body, bool head = false) {
   std::string out = std::string("HTTP/1.1 ") + status +
                     "\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " +
                     std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
   if (!head) out += body;
-  size_t off = 0;
-  while (off < out.size()) {
-    ssize_t n = send(fd, out.data() + off, out.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // the scraper went away (or stalled past the timeout)
-    off += static_cast<size_t>(n);
-  }
+  return out;
 }
 
-}  // namespace
+void Reply(const Conn& c, const char* status, const std::string& body, bool head = false) {
+  c.SendAll(Response(status, body, head));
+}
 
-void MetricsServer::Serve(int fd) {
-  SetIoTimeouts(fd, io_timeout_);
-  constexpr size_t kMaxRequest = 8192;
+// Reads one request and answers it, all before the connection's deadline.
+void Handle(const Conn& c, const std::function<std::string()>& render) {
   std::string req;
   char buf[1024];
   while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos) {
-    if (req.size() >= kMaxRequest) return Reply(fd, "431 Request Header Fields Too Large", "request too large\n");
-    ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // closed, or silent past the timeout: nothing to answer
+    if (req.size() >= kMaxRequest) return Reply(c, "431 Request Header Fields Too Large", "request too large\n");
+    const ssize_t n = c.Recv(buf, sizeof(buf));
+    if (n <= 0) return;  // closed, or no whole request by the deadline: nothing to answer
     req.append(buf, static_cast<size_t>(n));
   }
   const std::string line = req.substr(0, req.find_first_of("\r\n"));
   const size_t sp1 = line.find(' ');
   const size_t sp2 = sp1 == std::string::npos ? sp1 : line.find(' ', sp1 + 1);
   if (sp2 == std::string::npos || line.compare(sp2 + 1, 5, "HTTP/") != 0)
-    return Reply(fd, "400 Bad Request", "expected: GET /metrics HTTP/1.1\n");
+    return Reply(c, "400 Bad Request", "expected: GET /metrics HTTP/1.1\n");
   const std::string method = line.substr(0, sp1);
   std::string target = line.substr(sp1 + 1, sp2 - sp1 - 1);
   target = target.substr(0, target.find('?'));
-  if (target != "/metrics") return Reply(fd, "404 Not Found", "not found: only /metrics is served\n");
-  if (method != "GET" && method != "HEAD") return Reply(fd, "405 Method Not Allowed", "GET or HEAD only\n");
-  Reply(fd, "200 OK", render_(), method == "HEAD");
+  if (target != "/metrics") return Reply(c, "404 Not Found", "not found: only /metrics is served\n");
+  if (method != "GET" && method != "HEAD") return Reply(c, "405 Method Not Allowed", "GET or HEAD only\n");
+  Reply(c, "200 OK", render(), method == "HEAD");
+}
+
+}  // namespace
+
+MetricsServer::MetricsServer(std::string listen, std::function<std::string()> render,
+                             MetricsServerLimits limits)
+    : listen_(std::move(listen)), render_(std::move(render)), limits_(limits) {}
+
+MetricsServer::~MetricsServer() { Stop(); }
+
+Status MetricsServer::Start() {
+  Status s = ListenTcp(listen_, &listen_fd_, &endpoint_);
+  if (!s.ok()) return s;
+  const int flags = fcntl(listen_fd_, F_GETFL);
+  if (flags < 0 || fcntl(listen_fd_, F_SETFL, flags | O_NONBLOCK) != 0)
+    return Status::FromErrno(errno, "metrics listener");
+  if ((wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0) return Status::FromErrno(errno, "eventfd");
+  // Fewer workers than asked for still serve (more slowly under slow
+  // clients); with none, the accepting thread serves each connection itself.
+  workers_.reserve(static_cast<size_t>(std::max(limits_.workers, 0)));
+  for (int i = 0; i < limits_.workers; ++i) {
+    try {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    } catch (const std::system_error& e) {
+      TCE_LOG(kWarning, "metrics") << "started " << i << " of " << limits_.workers
+                                   << " workers (" << e.what() << "): serving on fewer";
+      break;
+    }
+  }
+  {
+    MutexLock lock(&mu_);
+    capacity_ = static_cast<int>(workers_.size()) + std::max(limits_.waiting, 0);
+  }
+  try {
+    acceptor_ = std::thread([this] { AcceptLoop(); });
+  } catch (const std::system_error& e) {
+    return Status::ResourceExhausted(std::string("metrics: no thread to accept connections: ") + e.what());
+  }
+  TCE_LOG(kInfo, "metrics") << "serving Prometheus metrics at http://" << endpoint_ << "/metrics";
+  return Status::OK();
+}
+
+void MetricsServer::Stop() {
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  work_.SignalAll();
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    ssize_t ignored = write(wake_fd_, &one, sizeof(one));  // every poll in here returns
+    (void)ignored;
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+  {
+    MutexLock lock(&mu_);
+    for (int fd : waiting_) ::close(fd);
+    waiting_.clear();
+  }
+  for (int* fd : {&listen_fd_, &wake_fd_}) {
+    if (*fd >= 0) ::close(*fd);
+    *fd = -1;
+  }
+}
+
+void MetricsServer::AcceptLoop() {
+  while (true) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      TCE_LOG(kError, "metrics") << "poll: " << std::strerror(errno);
+      return;
+    }
+    if (fds[1].revents) return;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      Admit(fd);
+      continue;
+    }
+    const int err = errno;
+    if (err == EINTR || err == ECONNABORTED || err == EAGAIN || err == EWOULDBLOCK) continue;
+    // Out of fds or memory, for now: the connection stays in the backlog, and
+    // accepting resumes shortly (poll would report it again at once).
+    uint64_t dropped = 0;
+    if (accept_log_.Allow(&dropped))
+      TCE_LOG(kWarning, "metrics") << "accept: " << std::strerror(err) << Suppressed(dropped);
+    pollfd wake = {wake_fd_, POLLIN, 0};
+    if (poll(&wake, 1, 100) > 0) return;
+  }
+}
+
+void MetricsServer::Admit(int fd) {
+  if (workers_.empty()) return Serve(fd);
+  int in_hand = 0;
+  {
+    MutexLock lock(&mu_);
+    if (in_hand_ < capacity_) {
+      ++in_hand_;
+      waiting_.push_back(fd);
+      work_.Signal();
+      return;
+    }
+    in_hand = in_hand_;
+  }
+  // Every worker busy and the wait full: say so and hang up at once. The
+  // socket is fresh, so the whole short reply fits its buffer.
+  const std::string busy = Response("503 Service Unavailable", "too many connections to the metrics endpoint\n");
+  ssize_t ignored = send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)ignored;
+  ::close(fd);
+  uint64_t dropped = 0;
+  if (refused_log_.Allow(&dropped))
+    TCE_LOG(kWarning, "metrics") << "refused a connection: " << in_hand
+                                 << " are already being served or waiting (slow scrapers?)" << Suppressed(dropped);
+}
+
+void MetricsServer::WorkerLoop() {
+  while (true) {
+    int fd = -1;
+    {
+      MutexLock lock(&mu_);
+      while (waiting_.empty() && !stopping_) work_.Wait(&mu_);
+      if (stopping_) return;  // Stop closes the connections still waiting
+      fd = waiting_.front();
+      waiting_.pop_front();
+    }
+    Serve(fd);
+    MutexLock lock(&mu_);
+    --in_hand_;
+  }
+}
+
+void MetricsServer::Serve(int fd) {
+  Conn c{fd, wake_fd_, Clock::now() + limits_.deadline};
+  Handle(c, render_);
+  // End our side, then drop what the client still sends, briefly.
+  shutdown(fd, SHUT_WR);
+  c.deadline = Clock::now() + kLinger;
+  char sink[4096];
+  for (int i = 0; i < 16 && c.Recv(sink, sizeof(sink)) > 0; ++i) {
+  }
+  ::close(fd);
 }
 
 std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
