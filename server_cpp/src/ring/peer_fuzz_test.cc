@@ -111,7 +111,7 @@ TEST(PeerFuzz, GarbageNeverAuthenticates) {
       shutdown(sv[1], SHUT_WR);
     });
     std::unique_ptr<PeerLink> link = PeerLink::Adopt(sv[0], 200ms);
-    Status s = link->AcceptHandshake("me:1", "token", 500ms);
+    Status s = link->AcceptHandshake("127.0.0.1:1", "token", 500ms);
     writer.join();
     EXPECT_FALSE(s.ok());
     EXPECT_FALSE(link->authenticated());
@@ -166,14 +166,14 @@ TEST(PeerFuzz, RangedReadsFromPeersAreCheckedNotTrusted) {
   h.file.job = "j";
   h.file.path = "/f";
   h.file.size = size;
-  h.owner = "me:1";
+  h.owner = "127.0.0.1:1";
   h.buffer = std::move(buf);
   store.Commit(std::move(h));
   std::unique_ptr<Transport> transport = NewTcpTransport(1);
   PeerServer server(LoopbackPeerOptions(), transport.get(), &store);
   ASSERT_TRUE(server.Start().ok());
   std::unique_ptr<PeerLink> link;
-  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:1", "t", 2000ms, &link).ok());
   for (int it = 0; it < Iterations(2000); ++it) {
     v1::PeerRequest req;
     v1::PeerReadRange* r = req.mutable_read_range();
@@ -222,7 +222,7 @@ TEST(PeerFuzz, TagsFromPeersAreCheckedNotTrusted) {
   PeerServer server(LoopbackPeerOptions(), transport.get(), &store);
   ASSERT_TRUE(server.Start().ok());
   std::unique_ptr<PeerLink> link;
-  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:1", "t", 2000ms, &link).ok());
   int accepted = 0;
   for (int it = 0; it < Iterations(2000); ++it) {
     v1::PeerRequest req;

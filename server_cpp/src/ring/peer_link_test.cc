@@ -156,7 +156,7 @@ TEST(PeerHandshake, AProofRelayedThroughAnotherEndpointIsRefused) {
     close(out);
   });
   std::unique_ptr<PeerLink> c;
-  Status cs = PeerLink::Connect(proxy, "honest:1", "token", 2000ms, &c);
+  Status cs = PeerLink::Connect(proxy, "127.0.0.1:4", "token", 2000ms, &c);
   relay.join();
   close(lfd);
   EXPECT_EQ(cs.code(), Status::Code::kUnauthenticated) << cs.ToString();
@@ -214,7 +214,7 @@ TEST(PeerHandshake, ASlowSenderRunsOutOfOneDeadline) {
 TEST(PeerHandshake, AnAuthenticatedLinkTakesLargeMessages) {
   Acceptor a("token");
   std::unique_ptr<PeerLink> c;
-  ASSERT_TRUE(PeerLink::Connect(a.endpoint(), "c:1", "token", 2000ms, &c).ok());
+  ASSERT_TRUE(PeerLink::Connect(a.endpoint(), "127.0.0.1:5", "token", 2000ms, &c).ok());
   ASSERT_TRUE(a.status().ok());
   EXPECT_TRUE(c->authenticated());
   v1::PeerDrop big, in;

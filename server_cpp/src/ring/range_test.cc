@@ -46,8 +46,8 @@ TEST(CheckRange, RefusesEmptyHugePastTheEndAndWrappingRanges) {
   EXPECT_EQ(CheckRange(max, 1, 10).code(), Status::Code::kOutOfRange);
 }
 
-// A PeerServer whose cache holds /c/own (job "j", ring {server, "me:1"}) and
-// whose store holds /c/held, a copy "me:1" sent.
+// A PeerServer whose cache holds /c/own (job "j", ring {server, "127.0.0.1:1"}) and
+// whose store holds /c/held, a copy "127.0.0.1:1" sent.
 class PeerRangeTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -56,7 +56,7 @@ class PeerRangeTest : public ::testing::Test {
     ASSERT_TRUE(server_->Start().ok());
     session_ = cache_.OpenSession(getuid(), getpid());
     std::string successor;
-    ASSERT_TRUE(cache_.SetRing(session_, "j", 0, {server_->endpoint(), "me:1"}, &successor).ok());
+    ASSERT_TRUE(cache_.SetRing(session_, "j", 0, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
     own_ = Pattern(kSize, 1);
     AllocateResult a;
     ASSERT_TRUE(cache_.Allocate({session_, "j", "t", "/c/own", 0, kSize}, &a).ok());
@@ -77,7 +77,7 @@ class PeerRangeTest : public ::testing::Test {
     h.file.path = "/c/held";
     h.file.size = held_.size();
     h.file.version = 9;
-    h.owner = "me:1";
+    h.owner = "127.0.0.1:1";
     h.buffer = std::move(buf);
     store_.Commit(std::move(h));
   }
@@ -123,7 +123,7 @@ class PeerRangeTest : public ::testing::Test {
 };
 
 TEST_F(PeerRangeTest, ServesExactlyTheRangeWithItsCrc) {
-  std::unique_ptr<PeerLink> link = Connect("me:1");
+  std::unique_ptr<PeerLink> link = Connect("127.0.0.1:1");
   v1::PeerRangeReply r = Ask(link.get(), "j", "/c/own", 1000001, 70000);
   ASSERT_EQ(r.code(), 0) << r.message();
   EXPECT_EQ(r.data(), own_.substr(1000001, 70000));
@@ -141,7 +141,7 @@ TEST_F(PeerRangeTest, ServesExactlyTheRangeWithItsCrc) {
 }
 
 TEST_F(PeerRangeTest, RawReadsSendTheBytesAfterTheReplyAndTheLinkGoesOn) {
-  std::unique_ptr<PeerLink> link = Connect("me:1");
+  std::unique_ptr<PeerLink> link = Connect("127.0.0.1:1");
   for (int round = 0; round < 2; ++round) {  // in step: the bytes were read exactly
     v1::PeerRangeReply r = Ask(link.get(), "j", "/c/own", 1000001 + round, 2100000, /*raw=*/true);
     ASSERT_EQ(r.code(), 0) << r.message();
@@ -164,7 +164,7 @@ TEST_F(PeerRangeTest, RawReadsSendTheBytesAfterTheReplyAndTheLinkGoesOn) {
 }
 
 TEST_F(PeerRangeTest, BadRangesUnknownFilesAndStrangersAreRefusedAndTheLinkGoesOn) {
-  std::unique_ptr<PeerLink> link = Connect("me:1");
+  std::unique_ptr<PeerLink> link = Connect("127.0.0.1:1");
   const uint64_t max = std::numeric_limits<uint64_t>::max();
   struct Case {
     std::string job, path;
@@ -188,11 +188,11 @@ TEST_F(PeerRangeTest, BadRangesUnknownFilesAndStrangersAreRefusedAndTheLinkGoesO
     EXPECT_TRUE(r.data().empty());
   }
   // A peer that is not a member of the job's ring reads nothing, own file or held copy.
-  std::unique_ptr<PeerLink> stranger = Connect("stranger:1");
+  std::unique_ptr<PeerLink> stranger = Connect("127.0.0.1:3");
   for (const char* path : {"/c/own", "/c/held"}) {
     v1::PeerRangeReply r = Ask(stranger.get(), "j", path, 0, 10);
     EXPECT_EQ(r.code(), static_cast<int>(Status::Code::kPermissionDenied)) << path;
-    EXPECT_NE(r.message().find("stranger:1 is not a member of job j's ring"), std::string::npos) << r.message();
+    EXPECT_NE(r.message().find("127.0.0.1:3 is not a member of job j's ring"), std::string::npos) << r.message();
   }
   v1::PeerRangeReply r = Ask(link.get(), "j", "/c/own", 5, 5);  // still in step
   ASSERT_EQ(r.code(), 0) << r.message();
@@ -200,12 +200,12 @@ TEST_F(PeerRangeTest, BadRangesUnknownFilesAndStrangersAreRefusedAndTheLinkGoesO
 }
 
 TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
-  Cache mine(16 << 20);  // the asking node: file-less, in the same ring as "me:1"
+  Cache mine(16 << 20);  // the asking node: file-less, in the same ring as "127.0.0.1:1"
   const std::string s = mine.OpenSession(getuid(), getpid());
   std::string successor;
-  ASSERT_TRUE(mine.SetRing(s, "j", 1, {server_->endpoint(), "me:1"}, &successor).ok());
+  ASSERT_TRUE(mine.SetRing(s, "j", 1, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
   RangeReaderOptions o;
-  o.self = "me:1";
+  o.self = "127.0.0.1:1";
   o.token = "t";
   o.io_timeout = 2000ms;
   RangeReader reader(&mine, o);
@@ -259,14 +259,14 @@ void HostilePeer(int lfd, const std::string& bound, std::vector<Answer> answers)
   }
 }
 
-// A RangeReader of a file-less node in ring {"me:1", peer}.
+// A RangeReader of a file-less node in ring {"127.0.0.1:1", peer}.
 struct Asker {
   explicit Asker(const std::string& peer) : cache(16 << 20) {
     const std::string s = cache.OpenSession(getuid(), getpid());
     std::string successor;
-    EXPECT_TRUE(cache.SetRing(s, "j", 0, {"me:1", peer}, &successor).ok());
+    EXPECT_TRUE(cache.SetRing(s, "j", 0, {"127.0.0.1:1", peer}, &successor).ok());
     RangeReaderOptions o;
-    o.self = "me:1";
+    o.self = "127.0.0.1:1";
     o.token = "t";
     o.io_timeout = 2000ms;
     reader = std::make_unique<RangeReader>(&cache, o);

@@ -26,7 +26,7 @@ void Pair(const std::string& client_token, const std::string& server_token, Stat
     int fd = accept(lfd, nullptr, nullptr);
     *server = PeerLink::Accept(fd, bound, server_token, 2000ms, s);
   });
-  *client = PeerLink::Connect(bound, "client:1", client_token, 2000ms, c);
+  *client = PeerLink::Connect(bound, "127.0.0.1:2", client_token, 2000ms, c);
   acceptor.join();
   close(lfd);
 }
@@ -38,7 +38,7 @@ TEST(PeerLink, AuthenticatesBothWaysAndCarriesMessages) {
   ASSERT_TRUE(cs.ok()) << cs.ToString();
   ASSERT_TRUE(ss.ok()) << ss.ToString();
   EXPECT_EQ(c->peer().rfind("127.0.0.1:", 0), 0u) << c->peer();  // the acceptor advertises where it was dialled
-  EXPECT_EQ(s->peer(), "client:1");
+  EXPECT_EQ(s->peer(), "127.0.0.1:2");
   v1::PeerDrop out, in;
   out.set_job("j");
   out.set_path("/p\nq");
@@ -66,9 +66,9 @@ TEST(PeerLink, ConnectingToNobodyFailsQuickly) {
   ASSERT_TRUE(ListenTcp("127.0.0.1:0", &lfd, &bound).ok());
   close(lfd);  // the port is free again: nobody listens
   std::unique_ptr<PeerLink> c;
-  Status st = PeerLink::Connect(bound, "me:1", "t", 1000ms, &c);
+  Status st = PeerLink::Connect(bound, "127.0.0.1:1", "t", 1000ms, &c);
   EXPECT_EQ(st.code(), Status::Code::kUnavailable) << st.ToString();
-  EXPECT_EQ(PeerLink::Connect("nocolon", "me:1", "t", 1000ms, &c).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(PeerLink::Connect("nocolon", "127.0.0.1:1", "t", 1000ms, &c).code(), Status::Code::kInvalidArgument);
 }
 
 TEST(BackupStore, BudgetRecyclingAndDrop) {
@@ -397,7 +397,7 @@ TEST(PeerServer, HoldsAPeersCheckedTagsAndListsThemBack) {
   PeerServer server(LoopbackPeerOptions(), transport.get(), &store);
   ASSERT_TRUE(server.Start().ok());
   std::unique_ptr<PeerLink> link;
-  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:1", "t", 2000ms, &link).ok());
   auto send = [&](const TagInfo& t, int32_t node) {
     v1::PeerRequest req;
     TagToProto(t, req.mutable_tag()->mutable_tag());
@@ -438,7 +438,7 @@ TEST(PeerServer, HoldsAPeersCheckedTagsAndListsThemBack) {
   EXPECT_EQ(got.tags(0).files(1).rank(), 1);
 
   std::unique_ptr<PeerLink> other;  // authenticated, but not who sent the tag
-  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "other:2", "t", 2000ms, &other).ok());
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:6", "t", 2000ms, &other).ok());
   ASSERT_TRUE(other->Send(list).ok());
   ASSERT_TRUE(other->Recv(&got).ok());
   EXPECT_EQ(got.code(), static_cast<int>(Status::Code::kPermissionDenied));
@@ -455,8 +455,8 @@ TEST(PeerServer, BindsLanesAndTakesAStripedBackup) {
   PeerServer server(LoopbackPeerOptions(), rx_transport.get(), &store);
   ASSERT_TRUE(server.Start().ok());
   std::unique_ptr<PeerLink> link;
-  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &link).ok());
-  Status s = OpenLanes(link.get(), server.endpoint(), "me:1", "t", 2000ms, 4);
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:1", "t", 2000ms, &link).ok());
+  Status s = OpenLanes(link.get(), server.endpoint(), "127.0.0.1:1", "t", 2000ms, 4);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(link->lanes(), 4u);
 
@@ -490,7 +490,7 @@ TEST(PeerServer, BindsLanesAndTakesAStripedBackup) {
 
   // A bind whose lanes never come: a clear refusal once the wait is over.
   std::unique_ptr<PeerLink> other;
-  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &other).ok());
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:1", "t", 2000ms, &other).ok());
   v1::PeerRequest bind;
   bind.mutable_lanes()->set_key(std::string(16, 'k'));
   bind.mutable_lanes()->set_count(3);
@@ -500,7 +500,7 @@ TEST(PeerServer, BindsLanesAndTakesAStripedBackup) {
   EXPECT_NE(reply.message().find("the lanes did not arrive"), std::string::npos) << reply.message();
   // A lane with a bad index is refused; the server goes on serving.
   std::unique_ptr<PeerLink> bad;
-  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "me:1", "t", 2000ms, &bad).ok());
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:1", "t", 2000ms, &bad).ok());
   v1::PeerRequest lane;
   lane.mutable_lane()->set_key(std::string(16, 'k'));
   lane.mutable_lane()->set_index(99);
