@@ -174,6 +174,7 @@ def test_ring_settings_are_checked(tmp_path, make_server, transport):
         api.close()
     a = _ring_server(tmp_path, transport, "a")
     try:
+        me = _status(a)["peer_endpoint"]
         with _knobs.override(socket=a.socket):
             c = _service.client()
             with pytest.raises(InvalidArgumentError, match="node_rank 2 is outside the 2-node ring"):
@@ -181,6 +182,9 @@ def test_ring_settings_are_checked(tmp_path, make_server, transport):
             with pytest.raises(InvalidArgumentError, match="must be host:port, got 'nohost'"):
                 c.set_ring("j", 0, ["nohost"])
             assert c.set_ring("j", 0, ["h:1"]) == ""  # one node: no ring, nothing to wait for
+            with pytest.raises(InvalidArgumentError, match=f"endpoints\\[0\\] is h:1, but this server is {me}"):
+                c.set_ring("j", 0, ["h:1", me])  # it would make this server someone else's node 0
+            assert c.set_ring("j", 1, ["h:1", me]) == "h:1"
             api.close()
         p = subprocess.run([*a.args[:1], "--peer-listen", "127.0.0.1:0", "--socket",
                             str(tmp_path / "x.sock")], capture_output=True, text=True)

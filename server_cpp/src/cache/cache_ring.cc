@@ -64,6 +64,13 @@ Status Cache::SetRing(const std::string& session, const std::string& job, int32_
   if (!s.ok()) return s;
   s = RingTable::Check(job, node_rank, endpoints);
   if (!s.ok()) return s;
+  // A ring names this server as one of its nodes, or it is not this
+  // server's ring: nobody makes a server another node of a job.
+  if (!self_endpoint_.empty() && endpoints.size() > 1 &&
+      endpoints[static_cast<size_t>(node_rank)] != self_endpoint_)
+    return Status::InvalidArgument("endpoints[" + std::to_string(node_rank) + "] is " +
+                                   endpoints[static_cast<size_t>(node_rank)] + ", but this server is " +
+                                   self_endpoint_ + ": a ring names each server as its own node");
   if (meta_ && !self_endpoint_.empty()) meta_->RecordRing(RingInfo{job, self_endpoint_, node_rank, endpoints});
   *successor = InstallRing(job, node_rank, std::move(endpoints));
   const SessionTable::Session* who = sessions_.Find(session);
