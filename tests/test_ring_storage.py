@@ -18,7 +18,8 @@ from tce import api
 from tce.core import _knobs
 from tce.v1 import tce_pb2 as pb
 
-from test_ring import _files, _node_server, _set_ring, _status, _stop, _until
+from helpers import wait_metadata_written
+from test_ring import _files, _node_server, _set_ring, _stop, _until
 
 pytestmark = pytest.mark.multinode
 
@@ -32,26 +33,30 @@ def _same(a: dict, b: dict) -> bool:
     return torch.equal(a["w"], b["w"]) and a["step"] == b["step"]
 
 
-def _saved_persisted_and_held(tmp_path, nodes2, path):
-    """Node 0 saves v1 at `path`; it is persisted, backed up to node 1, and
-    node 1 knows the file is on storage. Returns the servers and v1."""
-    storage = os.path.dirname(os.path.dirname(path))
+def _servers(tmp_path, nodes2, storage):
+    """Node 0's server (storage, metadata) and node 1's, in a ring."""
     a = _node_server(tmp_path, "tcp", nodes2, 0, "a", storage=storage, metadata=True)
     b = _node_server(tmp_path, "tcp", nodes2, 1, "b")
     _set_ring([a, b])
+    return a, b
+
+
+def _save_persisted_and_held(a, b, path) -> dict:
+    """Node 0 saves v1 at `path`; it is persisted, backed up to node 1, and
+    node 1 knows the file is on storage. Returns v1."""
     v1 = _state(1)
     with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
         tce.save(v1, path, tag="step1")
         tce.wait()
         api.close()
     _until(lambda: _files(a)[path].backup_holder, what="the backup")
-    _until(lambda: f"path={path} is on " in b.log(), what="node 1 to learn the file is persisted")
+    # Told after the persist, or the copy was (re)sent after it.
+    _until(lambda: any(f"path={path} " in ln and "'s storage" in ln for ln in b.log().splitlines()),
+           what="node 1 to learn the file is persisted")
     with _knobs.override(socket=a.socket):
-        from helpers import wait_metadata_written
-
         wait_metadata_written()
         api.close()
-    return a, b, v1
+    return v1
 
 
 def _bring_back(tmp_path, nodes2, how, a, b, storage):
@@ -75,9 +80,11 @@ def test_a_node_back_from_the_dead_never_undoes_storage(tmp_path, nodes2, how, c
     storage = tmp_path / "storage"
     (storage / "step").mkdir(parents=True)
     path = str(storage / "step" / "model.pt")
-    a, b, v1 = _saved_persisted_and_held(tmp_path, nodes2, path)
-    servers = [b]
+    a, b = _servers(tmp_path, nodes2, str(storage))
+    servers = [a, b]
     try:
+        v1 = _save_persisted_and_held(a, b, path)
+        servers.remove(a)
         a.kill()
         a.cleanup()
         v2 = _state(2)
@@ -120,10 +127,12 @@ def test_a_node_back_from_the_dead_gets_unchanged_files_back_from_memory(tmp_pat
     storage = tmp_path / "storage"
     (storage / "step").mkdir(parents=True)
     path = str(storage / "step" / "model.pt")
-    a, b, v1 = _saved_persisted_and_held(tmp_path, nodes2, path)
-    before = os.stat(path)
-    servers = [b]
+    a, b = _servers(tmp_path, nodes2, str(storage))
+    servers = [a, b]
     try:
+        v1 = _save_persisted_and_held(a, b, path)
+        before = os.stat(path)
+        servers.remove(a)
         a.kill()
         a.cleanup()
         a = _bring_back(tmp_path, nodes2, how, a, b, str(storage))

@@ -35,6 +35,7 @@ struct PersistedCopy {
   std::string job, path, peer;
   uint64_t version = 0;
   DiskIdentity disk;
+  int failures = 0;  // attempts that failed so far
 };
 
 // The complete tag (job, tag) this server recorded, for the job's successor

@@ -90,7 +90,8 @@ void BackupStore::Commit(HeldBackup held) {
     held_.erase(old);
   }
   TCE_LOG(kInfo, "ring") << "holding backup job=" << held.file.job << " path=" << held.file.path
-                         << " size=" << held.file.size << " from " << held.owner;
+                         << " size=" << held.file.size << " from " << held.owner
+                         << (held.file.disk.written ? ", on " + held.owner + "'s storage" : "");
   held_.emplace(key, std::move(held));
 }
 

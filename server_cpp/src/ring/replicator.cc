@@ -22,6 +22,8 @@ namespace tce {
 namespace {
 // After this many failed attempts a restore no longer holds loads up.
 constexpr int kRecoverFailuresBeforeLoadsGoOn = 3;
+// Attempts at telling a holder what the owner persisted (PeerPersisted).
+constexpr int kPersistedNoticeAttempts = 5;
 }  // namespace
 
 Replicator::Replicator(Cache* cache, Transport* transport, ReplicatorOptions options)
@@ -93,9 +95,14 @@ void Replicator::Loop() {
       }
       what = "backup of tag " + copy->tag;
     } else if (const PersistedCopy* persisted = std::get_if<PersistedCopy>(&next)) {
-      // Not retried: a holder that misses it keeps what storage held before
-      // the save, and a copy pulled back then defers to storage.
+      // Retried a few times; a holder that never hears it keeps what storage
+      // held before the save, and a copy pulled back then defers to storage.
       s = NotePersisted(*persisted, &links);
+      if (!s.ok() && persisted->failures + 1 < kPersistedNoticeAttempts) {
+        PersistedCopy again = *persisted;
+        ++again.failures;
+        queue_.Persisted(std::move(again));
+      }
       what = "persisted identity of " + persisted->path;
       peer = persisted->peer;
     } else if (const DropCopy* drop = std::get_if<DropCopy>(&next)) {
