@@ -78,24 +78,47 @@ void Cache::ReleaseBuffer(uint64_t buffer_id) {
   Buf& buf = it->second;
   buf.allocation_id = 0;
   buf.state = buf.leases > 0 || buf.pins > 0 ? BufState::kDraining : BufState::kFree;
+  if (buf.state == BufState::kFree) done_cv_.SignalAll();  // a save waiting for room looks again
 }
 
 void Cache::MaybeFree(Buf& buf) {
-  if (buf.state == BufState::kDraining && buf.leases == 0 && buf.pins == 0)
+  if (buf.state == BufState::kDraining && buf.leases == 0 && buf.pins == 0) {
     buf.state = BufState::kFree;
+    done_cv_.SignalAll();  // a save waiting for room looks again
+  }
 }
 
 std::string Cache::FullMessage(uint64_t need) const {
   CacheStats s = TallyLocked();
+  // What holds the memory that could not be given back, and why.
+  uint64_t unpersisted = 0, leased = 0, pinned = 0, stuck_free = 0;
+  for (const auto& [id, b] : buffers_) {
+    if (b.state == BufState::kRetiring) continue;
+    if (b.leases > 0) leased += b.capacity;
+    else if (b.pins > 0) pinned += b.capacity;
+    else if (b.state == BufState::kFree) stuck_free += b.capacity;
+  }
+  for (const auto& [key, f] : files_) {
+    auto b = buffers_.find(f.buffer_id);
+    if (f.buffer_id != 0 && f.state != FileState::kPersisted && b != buffers_.end() && !b->second.leases &&
+        !b->second.pins)
+      unpersisted += b->second.capacity;
+  }
+  std::string why = "; kept: " + HumanBytes(unpersisted) +
+                    (persistence_enabled() ? " of files not yet on storage" : " of files (memory only: never evicted)") +
+                    ", " + HumanBytes(leased) + " read by loads (leased), " + HumanBytes(pinned) +
+                    " being persisted or backed up";
+  if (stuck_free > 0) why += ", " + HumanBytes(stuck_free) + " free but not reclaimable now";
   return "cache full: need " + std::to_string(need) + " bytes (" + HumanBytes(need) +
          "), budget " + HumanBytes(s.budget) + ", used " + HumanBytes(s.used) + " (cached " +
-         HumanBytes(s.cached) + ", pending " + HumanBytes(s.pending) + ", free " +
-         HumanBytes(s.free) + ", retiring " + HumanBytes(s.retiring) + ")";
+         HumanBytes(s.cached) + ", pending " + HumanBytes(s.pending) + ", free " + HumanBytes(s.free) + ")" +
+         why;
 }
 
 void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint64_t>* unmap) {
   // Cheapest first: buffers nobody maps, then ours, then other sessions'
-  // (those only free their bytes once every mapper has unmapped them).
+  // (retired: their pages are punched out at once, so the room is ours now;
+  // the entry stays until every mapper has been told to unmap it).
   for (int pass = 0; pass < 3 && used_ + reserved_ + need > budget_; ++pass) {
     std::vector<uint64_t> victims;
     for (auto& [id, b] : buffers_) {
@@ -109,10 +132,11 @@ void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint6
       Buf& b = buffers_[id];
       if (pass == 2) {
         b.state = BufState::kRetiring;
-        b.mem.reset();
+        b.mem.reset();  // frees its pages, mapped elsewhere or not (Buffer's destructor)
+        used_ -= b.capacity;
         for (const auto& m : b.mappers) sessions_.OweUnmap(m, id);
-        TCE_LOG(kInfo, "cache") << "retiring buffer=" << id << " capacity=" << b.capacity
-                                << " (waiting for " << b.mappers.size() << " session(s) to unmap)";
+        TCE_LOG(kInfo, "cache") << "retired buffer=" << id << " capacity=" << b.capacity << " (freed; "
+                                << b.mappers.size() << " session(s) told to unmap it)";
         continue;
       }
       if (pass == 1) unmap->push_back(id);

@@ -87,9 +87,8 @@ void Cache::DropLease(uint64_t lease_id) {
 
 void Cache::DropMapper(Buf& buf, const std::string& session) {
   if (!buf.mappers.erase(session)) return;
-  if (buf.state == BufState::kRetiring && buf.mappers.empty()) {
-    used_ -= buf.capacity;
-    TCE_LOG(kDebug, "cache") << "retired buffer=" << buf.id << " released by its last mapper";
+  if (buf.state == BufState::kRetiring && buf.mappers.empty()) {  // its bytes went at retirement
+    TCE_LOG(kDebug, "cache") << "retired buffer=" << buf.id << " unmapped by its last mapper";
     buffers_.erase(buf.id);
   }
 }
