@@ -162,19 +162,41 @@ def test_slow_connections_do_not_lock_out_a_real_peer(tmp_path):
         _stop(a, b)
 
 
-def test_a_token_holder_outside_the_jobs_ring_reads_none_of_its_copies(tmp_path):
-    """B holds A's copy of a job whose ring is A and B. A third server with
-    the token, but not in that ring, asks B for the list and the copy:
-    refused, with the reason."""
-    a = _ring_server(tmp_path, "tcp", "a")
-    b = _ring_server(tmp_path, "tcp", "b")
+def _b_holding_as_copy(tmp_path, path, *, hosts=("127.0.0.1", "127.0.0.1")):
+    """A and B (on `hosts`) in a job's ring, and B holding A's copy of
+    `path`: (a, b, A's endpoint, B's endpoint). Both stopped on failure."""
+    a = _ring_server(tmp_path, "tcp", "a", listen=f"{hosts[0]}:0")
+    b = _ring_server(tmp_path, "tcp", "b", listen=f"{hosts[1]}:0")
     try:
         ea, eb = _status(a)["peer_endpoint"], _status(b)["peer_endpoint"]
         _set_ring(a, 0, [ea, eb])
         _set_ring(b, 1, [ea, eb])
-        path = "/ckpt/members/x.pt"
         _save(a, path, {"w": torch.ones(1000)})
         until(lambda: int(_status(b)["held_backups"]) == 1, what="B to hold A's copy")
+    except BaseException:
+        _stop(a, b)
+        raise
+    return a, b, ea, eb
+
+
+def _member_lists(eb: str, ea: str, path: str, *, source: str = "127.0.0.1") -> None:
+    """As A (from `source`), B lists A's copies: just `path`."""
+    member = connect_with_token(eb, TOKEN, ea, source=source)
+    try:
+        member.sendall(frame(pb.PeerRequest(list=pb.PeerList(job=JOB, owner_node=0))))
+        listed = recv_msg(member, pb.PeerListReply)
+        assert [f.path for f in listed.files] == [path] and listed.code == 0
+    finally:
+        member.close()
+
+
+def test_a_token_holder_outside_the_jobs_ring_reads_none_of_its_copies(tmp_path):
+    """B holds A's copy of a job whose ring is A and B. A third server with
+    the token, but not in that ring, asks B for the list and the copy:
+    refused, with the reason."""
+    path = "/ckpt/members/x.pt"
+    a, b, ea, eb = _b_holding_as_copy(tmp_path, path)
+    try:
         outsider = connect_with_token(eb, TOKEN, "127.0.0.1:1")
         try:
             outsider.sendall(frame(pb.PeerRequest(list=pb.PeerList(job=JOB, owner_node=0))))
@@ -186,14 +208,7 @@ def test_a_token_holder_outside_the_jobs_ring_reads_none_of_its_copies(tmp_path)
             assert reply.code == 7 and "not a member" in reply.message, reply
         finally:
             outsider.close()
-        # A member still reads it: A asks as itself.
-        member = connect_with_token(eb, TOKEN, ea)
-        try:
-            member.sendall(frame(pb.PeerRequest(list=pb.PeerList(job=JOB, owner_node=0))))
-            listed = recv_msg(member, pb.PeerListReply)
-            assert [f.path for f in listed.files] == [path] and listed.code == 0
-        finally:
-            member.close()
+        _member_lists(eb, ea, path)  # A member still reads it: A asks as itself.
     finally:
         _stop(a, b)
 
@@ -203,26 +218,14 @@ def test_a_token_holder_cannot_pass_for_a_member_from_another_address(tmp_path):
     A token holder on 127.0.0.1 announcing A's endpoint is refused after its
     proof, and reads nothing; A's own connections (bound to the address it
     advertises) still back up, and a connection from A's address is let in."""
-    a = _ring_server(tmp_path, "tcp", "a", listen="127.0.0.2:0")
-    b = _ring_server(tmp_path, "tcp", "b", listen="127.0.0.3:0")
+    path = "/ckpt/members/y.pt"
+    a, b, ea, eb = _b_holding_as_copy(tmp_path, path, hosts=("127.0.0.2", "127.0.0.3"))
     try:
-        ea, eb = _status(a)["peer_endpoint"], _status(b)["peer_endpoint"]
-        _set_ring(a, 0, [ea, eb])
-        _set_ring(b, 1, [ea, eb])
-        path = "/ckpt/members/y.pt"
-        _save(a, path, {"w": torch.ones(1000)})
-        until(lambda: int(_status(b)["held_backups"]) == 1, what="B to hold A's copy")
         with pytest.raises(PermissionError):
             connect_with_token(eb, TOKEN, ea, source="127.0.0.1")
         until(lambda: f"knows the token but is not {ea}: it connected from 127.0.0.1" in b.log(),
               what="B to log the refusal")
-        member = connect_with_token(eb, TOKEN, ea, source="127.0.0.2")
-        try:
-            member.sendall(frame(pb.PeerRequest(list=pb.PeerList(job=JOB, owner_node=0))))
-            listed = recv_msg(member, pb.PeerListReply)
-            assert [f.path for f in listed.files] == [path] and listed.code == 0
-        finally:
-            member.close()
+        _member_lists(eb, ea, path, source="127.0.0.2")
     finally:
         _stop(a, b)
 
@@ -232,15 +235,9 @@ def test_a_token_holder_outside_the_ring_plants_no_copy_tag_or_drop(tmp_path):
     (as B was told it) sends B a copy and a complete tag as node 0, and a
     drop of A's copy: each is refused or ignored, and B still holds A's
     copy alone."""
-    a = _ring_server(tmp_path, "tcp", "a")
-    b = _ring_server(tmp_path, "tcp", "b")
+    path = "/ckpt/members/z.pt"
+    a, b, ea, eb = _b_holding_as_copy(tmp_path, path)
     try:
-        ea, eb = _status(a)["peer_endpoint"], _status(b)["peer_endpoint"]
-        _set_ring(a, 0, [ea, eb])
-        _set_ring(b, 1, [ea, eb])
-        path = "/ckpt/members/z.pt"
-        _save(a, path, {"w": torch.ones(1000)})
-        until(lambda: int(_status(b)["held_backups"]) == 1, what="B to hold A's copy")
         held = int(_status(b)["held_backup_bytes"])
         forger = connect_with_token(eb, TOKEN, "127.0.0.1:1")
         try:

@@ -33,12 +33,22 @@ def _same(a: dict, b: dict) -> bool:
     return torch.equal(a["w"], b["w"]) and a["step"] == b["step"]
 
 
-def _servers(tmp_path, nodes2, storage):
-    """Node 0's server (storage, metadata) and node 1's, in a ring."""
-    a = _node_server(tmp_path, "tcp", nodes2, 0, "a", storage=storage, metadata=True)
+def _ring_with_storage(tmp_path, nodes2):
+    """Node 0's server (storage, metadata) and node 1's, in a ring; the
+    storage directory and the checkpoint's path there."""
+    storage = tmp_path / "storage"
+    (storage / "step").mkdir(parents=True)
+    a = _node_server(tmp_path, "tcp", nodes2, 0, "a", storage=str(storage), metadata=True)
     b = _node_server(tmp_path, "tcp", nodes2, 1, "b")
     _set_ring([a, b])
-    return a, b
+    return str(storage), str(storage / "step" / "model.pt"), [a, b]
+
+
+def _lose(servers, a) -> None:
+    """Node 0's server dies: SIGKILL, its memory gone."""
+    servers.remove(a)
+    a.kill()
+    a.cleanup()
 
 
 def _save_persisted_and_held(a, b, path) -> dict:
@@ -77,16 +87,11 @@ def _restore_done(server) -> bool:
 @pytest.mark.parametrize("how", ["restarted", "replaced"])
 @pytest.mark.parametrize("change", ["rewritten", "deleted"])
 def test_a_node_back_from_the_dead_never_undoes_storage(tmp_path, nodes2, how, change):
-    storage = tmp_path / "storage"
-    (storage / "step").mkdir(parents=True)
-    path = str(storage / "step" / "model.pt")
-    a, b = _servers(tmp_path, nodes2, str(storage))
-    servers = [a, b]
+    storage, path, servers = _ring_with_storage(tmp_path, nodes2)
+    a, b = servers
     try:
         v1 = _save_persisted_and_held(a, b, path)
-        servers.remove(a)
-        a.kill()
-        a.cleanup()
+        _lose(servers, a)
         v2 = _state(2)
         if change == "rewritten":  # what the client does while its server is down
             with _knobs.override(socket=a.socket, job="ring-job"), warnings.catch_warnings():
@@ -96,7 +101,7 @@ def test_a_node_back_from_the_dead_never_undoes_storage(tmp_path, nodes2, how, c
             assert _same(torch.load(path, weights_only=True), v2)
         else:
             os.unlink(path)
-        a = _bring_back(tmp_path, nodes2, how, a, b, str(storage))
+        a = _bring_back(tmp_path, nodes2, how, a, b, storage)
         servers.append(a)
         _until(lambda: _restore_done(a), what="the restore from node 1")
         assert "not restoring job=ring-job path=" + path in a.log()
@@ -124,18 +129,13 @@ def test_a_node_back_from_the_dead_never_undoes_storage(tmp_path, nodes2, how, c
 def test_a_node_back_from_the_dead_gets_unchanged_files_back_from_memory(tmp_path, nodes2, how):
     """Storage untouched: the copy comes back into memory as PERSISTED, the
     file on storage is not written again, and loads are served from memory."""
-    storage = tmp_path / "storage"
-    (storage / "step").mkdir(parents=True)
-    path = str(storage / "step" / "model.pt")
-    a, b = _servers(tmp_path, nodes2, str(storage))
-    servers = [a, b]
+    storage, path, servers = _ring_with_storage(tmp_path, nodes2)
+    a, b = servers
     try:
         v1 = _save_persisted_and_held(a, b, path)
         before = os.stat(path)
-        servers.remove(a)
-        a.kill()
-        a.cleanup()
-        a = _bring_back(tmp_path, nodes2, how, a, b, str(storage))
+        _lose(servers, a)
+        a = _bring_back(tmp_path, nodes2, how, a, b, storage)
         servers.append(a)
         _until(lambda: _restore_done(a), what="the restore from node 1")
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):

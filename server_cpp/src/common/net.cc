@@ -109,15 +109,8 @@ Status CheckPeerSource(int fd, const std::string& endpoint) {
   if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
       !AddressBytes(reinterpret_cast<sockaddr*>(&ss), from))
     return Status::PermissionDenied("the connection's source address is unknown");
-  std::string host;
-  int port = 0;
-  Status s = ParseEndpoint(endpoint, &host, &port);
-  if (!s.ok()) return s;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
   addrinfo* ai = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &ai) != 0)
+  if (!ResolveEndpoint(endpoint, false, &ai).ok())
     return Status::PermissionDenied("it announced " + endpoint + ", whose host does not resolve here");
   bool same = false;
   for (addrinfo* a = ai; a && !same; a = a->ai_next) {
