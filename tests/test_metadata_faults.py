@@ -4,6 +4,8 @@ request or a damaged row costs that request or row, never the node."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from tce.core._client import Client
 from tce.tools._server import LocalServer
 from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb
-from helpers import wait_metadata_written
+from helpers import assert_same, until, wait_metadata_written
 
 
 @pytest.fixture
@@ -26,7 +28,7 @@ def node(tmp_path):
     storage = tmp_path / "s"
     storage.mkdir()
     s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)],
-                    state_dir=str(tmp_path / "state"))
+                    state_dir=str(tmp_path / "state"), extra_args=["--metrics-listen", "127.0.0.1:0"])
     s.start()
     yield s, storage
     api.close()
@@ -150,6 +152,125 @@ def test_a_lost_database_is_noticed_and_rewritten(node, how):
     _save(s, storage / "after.pt", 7)  # later changes land in the fresh database too
     _restart(s)
     assert _paths(s) == sorted(paths + [str(storage / "after.pt")])
+    c = Client(s.socket, rpc_timeout=10)
+    assert [t.tag for t in c.list_tags("meta")] == ["step9"]
+    c.close()
+
+
+def _overwrite(db: Path, how: str) -> bytes:
+    """Writes over `db` in place, keeping its inode, and returns the bytes
+    it then holds: garbage over its first page (`dd conv=notrunc`), or
+    another SQLite database copied onto it (`cp other.db tce.db`)."""
+    ino = db.stat().st_ino
+    if how == "garbage":
+        with open(db, "r+b") as f:
+            f.write(b"not a database, " * 256)
+    else:
+        other = db.parent / "other.db"
+        sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
+        shutil.copyfile(other, db)  # truncates and writes the same inode, as cp does
+        other.unlink()
+    assert db.stat().st_ino == ino
+    return db.read_bytes()
+
+
+def _metric(s: LocalServer, name: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{_status(s)['metrics_endpoint']}/metrics", timeout=10) as r:
+        return next(line for line in r.read().decode().splitlines() if line.startswith(name + " "))
+
+
+# How each overwrite reads while the server runs, and at the next start.
+_OVERWRITTEN = {
+    "garbage": ("was overwritten in place (its header is no longer SQLite's)",
+                "is not a SQLite database (sqlite read: file is not a database)"),
+    "sqlite": ("was overwritten in place (its header no longer carries TCE's application_id)",
+               "is a SQLite database of something else (it has tables, none of them TCE's)"),
+}
+
+
+def _until_untrusted(s: LocalServer) -> dict:
+    return until(lambda: (lambda st: not st["metadata_healthy"] and st)(_status(s)), 30,
+                 "metadata to be unhealthy")
+
+
+@pytest.mark.parametrize("how", sorted(_OVERWRITTEN))
+def test_a_database_overwritten_in_place_is_left_alone_and_refused_at_start(node, how):
+    """Someone writes over tce.db in place while the server runs: the
+    server notices, writes nothing more into it, keeps saving, and says what
+    to do; a restart refuses the file with the exact commands, and once they
+    are followed it starts."""
+    s, storage = node
+    paths = _save_tagged(s, storage)
+    _restart(s)  # the database as a restarted server leaves it: its pages in the file
+    with _knobs.override(socket=s.socket):
+        wait_metadata_written()
+    db = Path(s.state_dir) / "tce.db"
+    written = _overwrite(db, how)
+    running, at_start = _OVERWRITTEN[how]
+    st = _until_untrusted(s)
+    assert st["metadata_error"] == (
+        f"{db} {running}: nothing more is written to it and changes stay queued; move it aside "
+        f"(mv {db} {db}.broken) and the server writes everything it knows into a fresh database")
+    assert _metric(s, "tce_metadata_healthy") == "tce_metadata_healthy 0"
+    assert re.search(rf"ERROR meta: metadata database untrusted, \d+ change\(s\) queued: {re.escape(f'{db} {running}')}",
+                     s.log()), s.log()
+    after = {"x": torch.arange(1000, dtype=torch.float64)}
+    with _knobs.override(socket=s.socket, on_unavailable="raise", job="meta"):
+        tce.save(after, storage / "after.pt", tag="t2")
+        tce.wait()
+        assert_same(tce.load(storage / "after.pt"), after)
+        until(lambda: int(tce.status()["metadata_queue"]) >= 1, what="the change to stay queued")
+    assert not _status(s)["metadata_healthy"]
+    assert db.read_bytes() == written
+    api.close()
+    assert s.stop() == 0, s.log()
+    assert db.read_bytes() == written  # not even a last checkpoint went into it
+
+    with pytest.raises(RuntimeError):
+        s.start()
+    assert s.proc.returncode == 2
+    assert s.log().rstrip("\n").endswith(
+        f"tce-server: metadata_url: FAILED_PRECONDITION: {db} {at_start}; the server does not start on it. "
+        f"Move it aside and start again: mv {db} {db}.broken (and mv {db}-wal {db}-wal.broken if it "
+        "exists); the server then starts with empty metadata: files on storage still load from there, and "
+        "a ring member gets its copies back from its successor once the job tells it the ring"), s.log()
+    assert db.read_bytes() == written
+
+    os.rename(db, f"{db}.broken")
+    if Path(f"{db}-wal").exists():
+        os.rename(f"{db}-wal", f"{db}-wal.broken")
+    s.start()
+    assert _status(s)["metadata_healthy"]
+    assert _paths(s) == []
+    with _knobs.override(socket=s.socket, job="meta"):
+        for i, p in enumerate(paths):
+            assert torch.equal(tce.load(p)["x"], torch.full((4,), i))  # from storage
+        assert_same(tce.load(storage / "after.pt"), after)
+    assert Path(f"{db}.broken").read_bytes() == written
+
+
+def test_an_overwritten_database_moved_aside_while_running_is_rewritten(node):
+    """Following the advice while the server runs: it writes everything it
+    knows into a fresh database, and leaves the moved file as it was."""
+    s, storage = node
+    paths = _save_tagged(s, storage)
+    _restart(s)
+    with _knobs.override(socket=s.socket):
+        wait_metadata_written()
+    db = Path(s.state_dir) / "tce.db"
+    written = _overwrite(db, "garbage")
+    _until_untrusted(s)
+    with _knobs.override(socket=s.socket, on_unavailable="raise", job="meta"):
+        tce.save({"x": torch.full((4,), 5)}, storage / "during.pt", tag="t2")
+        tce.wait()
+    os.rename(db, f"{db}.broken")  # what the error says to do
+    log = _until_log(s, "metadata store healthy again (the full state is written into the fresh database)")
+    assert f"metadata database lost: {db} was deleted; writing the full state into a fresh one" in log
+    assert Path(f"{db}.broken").read_bytes() == written
+    _restart(s)
+    assert _paths(s) == sorted(paths + [str(storage / "during.pt")])
     c = Client(s.socket, rpc_timeout=10)
     assert [t.tag for t in c.list_tags("meta")] == ["step9"]
     c.close()

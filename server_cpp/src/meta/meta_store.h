@@ -37,7 +37,8 @@ class MetaStore {
   static constexpr int kSchemaVersion = schema::kVersion;
   virtual ~MetaStore() = default;
   // Applies a batch in one transaction (all or nothing). UNAVAILABLE while
-  // the database cannot be reached (the caller keeps the batch and retries).
+  // the database cannot be reached (the caller keeps the batch and retries);
+  // FAILED_PRECONDITION once it cannot be trusted (see CheckIntact).
   virtual Status Apply(const std::vector<MetaChange>& batch) = 0;
   // This server's files.
   virtual Status LoadFiles(std::vector<FileInfo>* out) = 0;
@@ -49,7 +50,10 @@ class MetaStore {
   virtual Status Heartbeat(const std::string& endpoint, int64_t pid) = 0;
   // Whether the database is still the one opened (SQLite: the files at its
   // path are the ones open, same device and inode); DATA_LOSS when they were
-  // deleted or replaced. A database server's store is always intact here.
+  // deleted or replaced. FAILED_PRECONDITION when it was damaged or written
+  // over in place (SQLite): the store writes nothing more into it, and says
+  // so from every call, until the file is moved away (then DATA_LOSS). A
+  // database server's store is always intact here.
   virtual Status CheckIntact() { return Status::OK(); }
   // After CheckIntact failed: closes the database and opens the one at the
   // same place again, a fresh one when it is gone (a foreign file found there

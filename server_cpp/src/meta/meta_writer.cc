@@ -55,9 +55,26 @@ MetaStatus MetaWriter::Status() {
   return status_;
 }
 
+void MetaWriter::ReportUntrusted(const tce::Status& why) {
+  const auto now = std::chrono::steady_clock::now();
+  if (status_.healthy || status_.last_error != why.message() || now >= next_untrusted_log_) {
+    TCE_LOG(kError, "meta") << "metadata database untrusted, " << queue_.size() + in_flight_
+                            << " change(s) queued: " << why.message();
+    next_untrusted_log_ = now + kUntrustedLogEvery;
+  }
+  status_.healthy = false;
+  status_.last_error = why.message();
+}
+
 bool MetaWriter::EnsureIntact() {
   tce::Status intact = store_->CheckIntact();
+  untrusted_ = intact.code() == tce::Status::Code::kFailedPrecondition;
   if (intact.ok()) return true;
+  if (untrusted_) {  // damaged in place: left alone
+    MutexLock l(&mu_);
+    ReportUntrusted(intact);
+    return false;
+  }
   {
     MutexLock l(&mu_);
     if (status_.healthy || !resyncing_)
@@ -101,7 +118,15 @@ void MetaWriter::Loop() {
       const bool intact = EnsureIntact();
       l.Lock();
       if (!intact) {
-        if (stop_ && std::chrono::steady_clock::now() >= stop_by_) return;
+        // Stopping: an untrusted database takes nothing, so no waiting for it.
+        if (stop_ && (untrusted_ || std::chrono::steady_clock::now() >= stop_by_)) {
+          TCE_LOG(kError, "meta") << "stopping with " << queue_.size() << " unwritten change(s)";
+          return;
+        }
+        if (untrusted_) {  // nothing to retry: look again as often as when intact
+          back_off(check_every_);
+          continue;
+        }
         back_off(backoff);
         backoff = std::min(backoff * 2, max_backoff_);
         continue;
@@ -141,7 +166,9 @@ void MetaWriter::Loop() {
     } else {
       for (auto& [key, change] : taken) queue_.emplace(key, std::move(change));  // newer wins
       status_.queued = queue_.size();
-      if (status_.healthy || status_.last_error != s.message()) {
+      if (s.code() == tce::Status::Code::kFailedPrecondition) {
+        ReportUntrusted(s);
+      } else if (status_.healthy || status_.last_error != s.message()) {
         TCE_LOG(kError, "meta") << "metadata store unavailable, " << queue_.size()
                                 << " change(s) queued: " << s.message();
       }

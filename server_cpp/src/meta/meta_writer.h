@@ -4,8 +4,11 @@
 // backoff and reports the degradation in Status(). Every `check_every` (and
 // before each batch) it checks that the database is still the one it opened;
 // when it was deleted or replaced it starts a fresh one and asks for the
-// full state again (SetResync), unhealthy until that is written. Any thread
-// may call.
+// full state again (SetResync), unhealthy until that is written. When the
+// store says the database is damaged in place (FAILED_PRECONDITION), it
+// writes nothing, keeps the queue, and says so in Status() and in an ERROR
+// log line (again every kUntrustedLogEvery) until the file is moved away.
+// Any thread may call.
 #pragma once
 
 #include <chrono>
@@ -55,6 +58,11 @@ class MetaWriter final : public MetaSink {
   // Thread only, mu_ not held: a fresh database if the old one is gone.
   // False while there is none to write to (status_ says why).
   bool EnsureIntact();
+  // Unhealthy because of `why` (a database damaged in place); logs it when
+  // new, and again every kUntrustedLogEvery.
+  void ReportUntrusted(const tce::Status& why) REQUIRES(mu_);
+
+  static constexpr std::chrono::minutes kUntrustedLogEvery{1};
 
   std::unique_ptr<MetaStore> store_;  // used by the thread only
   const std::string endpoint_;
@@ -64,12 +72,14 @@ class MetaWriter final : public MetaSink {
   const std::chrono::milliseconds check_every_;
   std::function<void()> resync_;  // set before Start
   bool resyncing_ = false;        // thread only: the full state is being written again
+  bool untrusted_ = false;        // thread only: the store's database is damaged in place
   Mutex mu_;
   CondVar cv_;
   // (job, path) for files; (job, "\0tag:" + tag) for tags (paths are absolute).
   std::map<std::pair<std::string, std::string>, MetaChange> queue_ GUARDED_BY(mu_);
   MetaStatus status_ GUARDED_BY(mu_);
   size_t in_flight_ GUARDED_BY(mu_) = 0;  // changes being written now
+  std::chrono::steady_clock::time_point next_untrusted_log_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
   std::chrono::steady_clock::time_point stop_by_ GUARDED_BY(mu_);
   std::thread thread_;

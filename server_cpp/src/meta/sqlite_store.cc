@@ -1,10 +1,13 @@
 // MetaStore on an embedded SQLite file: sqlite:///abs/path.db
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "common/logging.h"
 #include "common/validate.h"
@@ -18,12 +21,66 @@ namespace {
 
 const schema::Dialect& kDialect = schema::kSqlite;
 
+// TCE's mark in the database header (PRAGMA application_id): "TCE1".
+constexpr int64_t kApplicationId = 0x54434531;
+// The WAL is copied into the database file (checkpointed) once it holds
+// this many pages; SQLite's own automatic checkpoints are off.
+constexpr int kCheckpointPages = 1000;
+constexpr size_t kHeaderBytes = 100;
+
+// What to do about a database the server cannot trust, while it runs.
+std::string RunningAdvice(const std::string& path) {
+  return "nothing more is written to it and changes stay queued; move it aside (mv " + path + " " + path +
+         ".broken) and the server writes everything it knows into a fresh database";
+}
+
+// What to do about a database the server cannot trust, at start.
+std::string StartAdvice(const std::string& path) {
+  return "Move it aside and start again: mv " + path + " " + path + ".broken (and mv " + path + "-wal " + path +
+         "-wal.broken if it exists); the server then starts with empty metadata: files on storage still load "
+         "from there, and a ring member gets its copies back from its successor once the job tells it the ring";
+}
+
+// The database file as the store last left it: between the store's own
+// checkpoints nothing else writes it, so any change is someone else's.
+struct FileMark {
+  off_t size = 0;
+  timespec mtime{};
+  unsigned char header[kHeaderBytes] = {};
+};
+
+// Reads the size, modification time and header (zeros past a short file)
+// of the file open at `fd`.
+bool ReadMark(int fd, FileMark* out) {
+  struct stat st;
+  std::memset(out->header, 0, sizeof(out->header));
+  if (::fstat(fd, &st) != 0 || ::pread(fd, out->header, sizeof(out->header), 0) < 0) return false;
+  out->size = st.st_size;
+  out->mtime = st.st_mtim;
+  return true;
+}
+
+int64_t BigEndian32(const unsigned char* p) {
+  return (int64_t{p[0]} << 24) | (p[1] << 16) | (p[2] << 8) | p[3];
+}
+
 class SqliteStore final : public MetaStore, private schema::Connection {
  public:
-  ~SqliteStore() override { Close(); }
+  // What is wrong with the database file, with no advice ("" when nothing).
+  const std::string& untrusted_why() const { return untrusted_why_; }
+  // Checkpoints into the database file only if it is still as it was left.
+  ~SqliteStore() override {
+    Status intact = db_ ? CheckIntact() : Status::OK();
+    (void)intact;
+    Close();
+  }
 
+  // FAILED_PRECONDITION when the file at `path` is not a TCE database
+  // (not SQLite, damaged, or another program's): nothing is written to it.
   Status Open(const std::string& path) {
     path_ = path;
+    untrusted_ = Status::OK();
+    wal_pages_ = 0;
     if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
         SQLITE_OK)
       return Fail("open " + path);
@@ -33,13 +90,25 @@ class SqliteStore final : public MetaStore, private schema::Connection {
     // cannot be grown or is truncated under it. It also keeps every other
     // process (a second server on the same state_dir) out while this one runs.
     Status s = Exec("PRAGMA locking_mode=EXCLUSIVE");
+    if (s.ok()) s = CheckOwnFile();
     if (s.ok()) s = Exec("PRAGMA journal_mode=WAL");
     if (s.ok()) s = Exec("PRAGMA synchronous=NORMAL");
     if (s.ok()) s = schema::ApplySchema(kDialect, this, path);
+    if (s.ok()) s = Exec("PRAGMA application_id=" + std::to_string(kApplicationId));
     if (!s.ok()) return s;
+    // Only the store's own checkpoints write the database file from now on
+    // (the hook replaces SQLite's automatic ones), each after checking that
+    // the file is still as it left it: see CheckIntact.
+    sqlite3_wal_hook(db_, &SqliteStore::WalHook, this);
+    if (sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_TRUNCATE, nullptr, nullptr) != SQLITE_OK)
+      return Fail("checkpoint");
     // The files the handle has open, to notice their deletion or replacement.
+    // The database file is read through a descriptor of its own, open as
+    // long as SQLite's: closing any descriptor of the file would drop the
+    // process's POSIX locks on it, SQLite's exclusive lock with them.
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     struct stat db, wal;
-    if (::stat(path.c_str(), &db) != 0 || ::stat((path + "-wal").c_str(), &wal) != 0)
+    if (fd_ < 0 || ::fstat(fd_, &db) != 0 || ::stat((path + "-wal").c_str(), &wal) != 0 || !ReadMark(fd_, &mark_))
       return Status::Unavailable("sqlite " + path + ": the database or its WAL vanished while opening");
     dev_ = db.st_dev;
     ino_ = db.st_ino;
@@ -92,6 +161,7 @@ class SqliteStore final : public MetaStore, private schema::Connection {
   }
 
   Status Apply(const std::vector<MetaChange>& batch) override {
+    if (!untrusted_.ok()) return untrusted_;
     Status s = Exec("BEGIN");
     for (const MetaChange& c : batch) {
       if (!s.ok()) break;
@@ -106,7 +176,10 @@ class SqliteStore final : public MetaStore, private schema::Connection {
         s = ApplyFile(std::get<FileInfo>(c));
       }
     }
-    if (s.ok()) return Exec("COMMIT");
+    if (s.ok() && (s = Exec("COMMIT")).ok()) {
+      MaybeCheckpoint();
+      return s;
+    }
     Status ignored = Exec("ROLLBACK");
     (void)ignored;
     return s;
@@ -227,17 +300,34 @@ class SqliteStore final : public MetaStore, private schema::Connection {
     return rc == SQLITE_DONE ? Status::OK() : Fail("read tags");
   }
 
+  // DATA_LOSS when the files at the path are no longer the ones open;
+  // FAILED_PRECONDITION (from then on, until the file is moved away) when
+  // the database file was written by someone else in place (its size,
+  // modification time or header are not what the last checkpoint left) or
+  // SQLite found it damaged. One stat, one open and a 100-byte read.
   Status CheckIntact() override {
     struct stat db, wal;
     if (::stat(path_.c_str(), &db) != 0) return Status::DataLoss(path_ + " was deleted");
     if (db.st_dev != dev_ || db.st_ino != ino_) return Status::DataLoss(path_ + " was replaced");
+    if (!untrusted_.ok()) return untrusted_;
     if (::stat((path_ + "-wal").c_str(), &wal) != 0) return Status::DataLoss(path_ + "-wal was deleted");
     if (wal.st_dev != wal_dev_ || wal.st_ino != wal_ino_) return Status::DataLoss(path_ + "-wal was replaced");
-    return Status::OK();
+    FileMark now;  // the same file: its device and inode are checked above
+    if (!ReadMark(fd_, &now)) return Status::Unavailable("sqlite: cannot read " + path_ + ": " + std::strerror(errno));
+    const char* why = nullptr;
+    if (std::memcmp(now.header, "SQLite format 3", 16) != 0)
+      why = "its header is no longer SQLite's";
+    else if (BigEndian32(now.header + 68) != kApplicationId)
+      why = "its header no longer carries TCE's application_id";
+    else if (now.size != mark_.size || now.mtime.tv_sec != mark_.mtime.tv_sec ||
+             now.mtime.tv_nsec != mark_.mtime.tv_nsec || std::memcmp(now.header, mark_.header, kHeaderBytes) != 0)
+      why = "another process wrote into it";
+    if (why) return Distrust(path_ + " was overwritten in place (" + std::string(why) + ")");
+    return untrusted_;
   }
 
   Status Reset() override {
-    Close();  // checkpoints into the file it had open, whatever is at the path now
+    Close();  // checkpoints into the file it had open if trusted, whatever is at the path now
     struct stat st;
     if (::stat(path_.c_str(), &st) == 0 && (st.st_dev != dev_ || st.st_ino != ino_)) {
       // Someone else's file: keep it for them, start a fresh one.
@@ -256,6 +346,7 @@ class SqliteStore final : public MetaStore, private schema::Connection {
   }
 
   Status Heartbeat(const std::string& endpoint, int64_t pid) override {
+    if (!untrusted_.ok()) return untrusted_;
     sqlite3_stmt* q = nullptr;
     const std::string sql = schema::InsertSql(
         kDialect, "servers", {{"endpoint"}, {"pid"}, {"heartbeat_ns", kDialect.now_ns}}, {"pid", "heartbeat_ns"});
@@ -265,10 +356,77 @@ class SqliteStore final : public MetaStore, private schema::Connection {
     sqlite3_bind_int64(q, 2, pid);
     Status s = Step(q);
     sqlite3_finalize(q);
+    if (s.ok()) MaybeCheckpoint();
     return s;
   }
 
  private:
+  // Refuses, before anything is written, a file that SQLite cannot read,
+  // one marked as another program's, or a SQLite database of tables that
+  // are not TCE's; an empty file (a new database) and a TCE database from
+  // before the mark pass.
+  Status CheckOwnFile() {
+    int64_t app = 0, tables = 0, ours = 0;
+    Status s = QueryInt("PRAGMA application_id", &app);
+    if (s.ok() && app != 0 && app != kApplicationId) {
+      char hex[16];
+      snprintf(hex, sizeof(hex), "%08llx", static_cast<unsigned long long>(app) & 0xffffffffULL);
+      return Distrust(path_ + " is another program's SQLite database (application_id 0x" + hex + ")");
+    }
+    if (s.ok()) s = QueryInt("SELECT count(*) FROM sqlite_master WHERE type = 'table'", &tables);
+    if (s.ok())
+      s = QueryInt("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'", &ours);
+    if (s.ok() && tables > 0 && ours == 0)
+      return Distrust(path_ + " is a SQLite database of something else (it has tables, none of them TCE's)");
+    // Every page, once, at start (later only what is read and the header).
+    sqlite3_stmt* q = nullptr;
+    if (s.ok() && sqlite3_prepare_v2(db_, "PRAGMA quick_check", -1, &q, nullptr) != SQLITE_OK) s = Fail("quick_check");
+    if (s.ok()) {
+      const int rc = sqlite3_step(q);
+      if (rc == SQLITE_ROW && Text(q, 0) != "ok")
+        s = Distrust(path_ + " is damaged (quick_check: " + Printable(Text(q, 0), 200) + ")");
+      else if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        s = Fail("quick_check");
+    }
+    sqlite3_finalize(q);
+    return s;
+  }
+
+  Status QueryInt(const char* sql, int64_t* out) {
+    sqlite3_stmt* q = nullptr;
+    *out = 0;
+    if (sqlite3_prepare_v2(db_, sql, -1, &q, nullptr) != SQLITE_OK) return Fail("read");
+    const int rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) *out = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? Status::OK() : Fail("read");
+  }
+
+  // From now on nothing is written to the database file (until Reset opens
+  // another one); says so once, with what to do.
+  Status Distrust(const std::string& what) {
+    if (untrusted_.ok()) {
+      untrusted_why_ = what;
+      untrusted_ = Status::FailedPrecondition(what + ": " + RunningAdvice(path_));
+    }
+    return untrusted_;
+  }
+
+  static int WalHook(void* self, sqlite3*, const char*, int pages) {
+    static_cast<SqliteStore*>(self)->wal_pages_ = pages;
+    return SQLITE_OK;
+  }
+
+  // Copies a long WAL into the database file: the only write into that
+  // file, done only while the file is still as the last one left it.
+  void MaybeCheckpoint() {
+    if (wal_pages_ < kCheckpointPages || !CheckIntact().ok()) return;
+    wal_pages_ = 0;
+    if (sqlite3_wal_checkpoint_v2(db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr) != SQLITE_OK)
+      TCE_LOG(kWarning, "meta") << "sqlite checkpoint of " << path_ << ": " << sqlite3_errmsg(db_);
+    if (!ReadMark(fd_, &mark_)) TCE_LOG(kWarning, "meta") << "cannot read " << path_ << " after a checkpoint";
+  }
+
   Status ApplyTag(const TagInfo& t) {
     Bind(job_, {t.job});
     sqlite3_bind_int64(job_, 2, t.complete_unix_ns);
@@ -299,8 +457,14 @@ class SqliteStore final : public MetaStore, private schema::Connection {
     TCE_LOG(kError, "meta") << "skipping a damaged row of table " << table << " (" << key
                             << "): " << why.message();
   }
+  // SQLite finding the file damaged or not a database makes it untrusted;
+  // anything else is UNAVAILABLE (retried).
   Status Fail(const std::string& what) {
-    return Status::Unavailable("sqlite " + what + ": " + (db_ ? sqlite3_errmsg(db_) : "no database"));
+    const int code = db_ ? sqlite3_errcode(db_) & 0xff : SQLITE_CANTOPEN;
+    const std::string msg = db_ ? sqlite3_errmsg(db_) : "no database";
+    if (code == SQLITE_NOTADB) return Distrust(path_ + " is not a SQLite database (sqlite " + what + ": " + msg + ")");
+    if (code == SQLITE_CORRUPT) return Distrust(path_ + " is damaged (sqlite " + what + ": " + msg + ")");
+    return Status::Unavailable("sqlite " + what + ": " + msg);
   }
   // schema::Connection
   Status Execute(const std::string& sql, bool /*migrating*/) override { return Exec(sql); }
@@ -316,9 +480,12 @@ class SqliteStore final : public MetaStore, private schema::Connection {
 
   Status Exec(const std::string& sql) {
     char* err = nullptr;
-    if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) == SQLITE_OK) return Status::OK();
+    const int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err);
+    if (rc == SQLITE_OK) return Status::OK();
     std::string msg = err ? err : "error";
     sqlite3_free(err);
+    if ((rc & 0xff) == SQLITE_NOTADB) return Distrust(path_ + " is not a SQLite database (sqlite: " + msg + ")");
+    if ((rc & 0xff) == SQLITE_CORRUPT) return Distrust(path_ + " is damaged (sqlite: " + msg + ")");
     return Status::Unavailable(std::string("sqlite: ") + msg);
   }
   Status Prepare(sqlite3_stmt** s, const std::string& sql) {
@@ -340,16 +507,36 @@ class SqliteStore final : public MetaStore, private schema::Connection {
     return rc == SQLITE_DONE || rc == SQLITE_ROW ? Status::OK() : Fail("write");
   }
 
+  // A trusted database file gets the WAL copied into it (SQLite's last
+  // checkpoint). An untrusted one is left as it is, and its WAL (what this
+  // server wrote on top of the file as it was, all of which a fresh
+  // database gets again) is removed: replayed onto whatever the file is
+  // now, it would make a mixture.
   void Close() {
     for (sqlite3_stmt** st : {&upsert_, &remove_, &job_, &tag_, &done_}) {
       sqlite3_finalize(*st);
       *st = nullptr;
     }
+    if (!db_) return;
+    const bool trusted = untrusted_.ok();
+    if (!trusted) sqlite3_db_config(db_, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, nullptr);
     sqlite3_close(db_);
     db_ = nullptr;
+    if (fd_ >= 0) ::close(fd_);  // after SQLite's locks are gone
+    fd_ = -1;
+    struct stat wal;
+    const std::string wal_path = path_ + "-wal";
+    if (!trusted && ::stat(wal_path.c_str(), &wal) == 0 && wal.st_dev == wal_dev_ && wal.st_ino == wal_ino_ &&
+        ::unlink(wal_path.c_str()) != 0)
+      TCE_LOG(kWarning, "meta") << "cannot remove " << wal_path << ": " << std::strerror(errno);
   }
 
   std::string path_;
+  Status untrusted_;  // why the database file may not be written (OK: it may)
+  std::string untrusted_why_;
+  FileMark mark_;     // the file as the last checkpoint left it
+  int wal_pages_ = 0;
+  int fd_ = -1;       // the database file, read only; open while db_ is
   dev_t dev_ = 0, wal_dev_ = 0;
   ino_t ino_ = 0, wal_ino_ = 0;
   sqlite3* db_ = nullptr;
@@ -362,6 +549,9 @@ class SqliteStore final : public MetaStore, private schema::Connection {
 Status OpenSqliteStore(const std::string& path, std::unique_ptr<MetaStore>* out) {
   auto store = std::make_unique<SqliteStore>();
   Status s = store->Open(path);
+  if (!s.ok() && !store->untrusted_why().empty())
+    return Status::FailedPrecondition(store->untrusted_why() + "; the server does not start on it. " +
+                                      StartAdvice(path));
   if (!s.ok()) return s;
   *out = std::move(store);
   return Status::OK();
