@@ -383,11 +383,16 @@ def test_unauthenticated_callers_cannot_take_every_thread(tmp_path, pids_cgroup)
             assert codes.count("OK") == 8 and set(codes) == {"OK", "RESOURCE_EXHAUSTED"}, codes
             assert _check(ch, "liveness") == health_pb2.HealthCheckResponse.SERVING
             host, port = st["peer_endpoint"].rsplit(":", 1)
-            for _ in range(80):
+            settled = _threads(s.proc.pid)
+            for _ in range(80):  # each handshake takes a thread while it lasts
                 c = socket.create_connection((host, int(port)), timeout=10)
                 conns.append(c)
-            assert _check(ch, "liveness") == health_pb2.HealthCheckResponse.SERVING
             assert s.proc.poll() is None, s.log()
+            for c in conns:
+                c.close()
+            conns.clear()
+            until(lambda: _threads(s.proc.pid) <= settled + 8, timeout=60, what="the handshake threads to end")
+            assert _check(ch, "liveness") == health_pb2.HealthCheckResponse.SERVING
             with _knobs.override(socket=s.socket, job="threads", on_unavailable="raise"):
                 tce.save({"w": torch.ones(1000)}, tmp_path / "x.pt")
                 assert torch.equal(tce.load(tmp_path / "x.pt")["w"], torch.ones(1000))
