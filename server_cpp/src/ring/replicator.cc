@@ -416,42 +416,39 @@ Status Replicator::SendWithChecksums(PeerLink* link, const BackupJob& job) {
 
 Status Replicator::SendTag(const TagInfo& tag, int32_t node, const std::string& peer,
                            std::map<std::string, std::unique_ptr<PeerLink>>* links) {
-  PeerLink* link = nullptr;
-  Status s = Link(peer, links, &link);
-  if (!s.ok()) return s;
   v1::PeerRequest req;
   TagToProto(tag, req.mutable_tag()->mutable_tag());
   req.mutable_tag()->set_owner_node(node);
-  if (!(s = link->Send(req)).ok()) return s;
-  return Verdict(link, peer);
+  return Ask(peer, req, links);
 }
 
 Status Replicator::Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links) {
-  PeerLink* link = nullptr;
-  Status s = Link(drop.peer, links, &link);
-  if (!s.ok()) return s;
   v1::PeerRequest req;
   v1::PeerDrop* d = req.mutable_drop();
   d->set_job(drop.job);
   d->set_path(drop.path);
   d->set_version(drop.version);
-  if (!(s = link->Send(req)).ok()) return s;
-  return Verdict(link, drop.peer);
+  return Ask(drop.peer, req, links);
 }
 
 Status Replicator::NotePersisted(const PersistedCopy& copy,
                                  std::map<std::string, std::unique_ptr<PeerLink>>* links) {
-  PeerLink* link = nullptr;
-  Status s = Link(copy.peer, links, &link);
-  if (!s.ok()) return s;
   v1::PeerRequest req;
   v1::PeerPersisted* p = req.mutable_persisted();
   p->set_job(copy.job);
   p->set_path(copy.path);
   p->set_version(copy.version);
   DiskToProto(copy.disk, p->mutable_storage());
+  return Ask(copy.peer, req, links);
+}
+
+Status Replicator::Ask(const std::string& peer, const v1::PeerRequest& req,
+                       std::map<std::string, std::unique_ptr<PeerLink>>* links) {
+  PeerLink* link = nullptr;
+  Status s = Link(peer, links, &link);
+  if (!s.ok()) return s;
   if (!(s = link->Send(req)).ok()) return s;
-  return Verdict(link, copy.peer);
+  return Verdict(link, peer);
 }
 
 Status Replicator::Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links) {

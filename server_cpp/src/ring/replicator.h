@@ -26,6 +26,9 @@
 #include "ring/transport.h"
 
 namespace tce {
+namespace v1 {
+class PeerRequest;
+}
 
 struct ReplicatorOptions {
   std::string self;   // our advertised peer endpoint
@@ -59,6 +62,9 @@ class Replicator {
   Status Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   Status Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   Status NotePersisted(const PersistedCopy& copy, std::map<std::string, std::unique_ptr<PeerLink>>* links);
+  // Sends `req` to `peer` on this thread's link and reads the PeerReply.
+  Status Ask(const std::string& peer, const v1::PeerRequest& req,
+             std::map<std::string, std::unique_ptr<PeerLink>>* links);
   // A complete tag this node recorded, for `peer` (the successor) to hold.
   Status SendTag(const TagInfo& tag, int32_t node, const std::string& peer,
                  std::map<std::string, std::unique_ptr<PeerLink>>* links);
