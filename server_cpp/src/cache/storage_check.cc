@@ -62,7 +62,7 @@ Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::
   out->known = true;
   out->dir_dev = st.dev;
   out->dir_ino = st.ino;
-  if (env->Stat(Dirname(resolved), &st).ok()) out->parent_ino = st.ino;
+  if (d->StatParent(&st).ok()) out->parent_ino = st.ino;
   s = d->StatAt(Basename(path), &st);
   if (s.code() == Status::Code::kNotFound) return Status::OK();
   if (!s.ok()) return s;

@@ -74,8 +74,10 @@ class Directory {
   // digits could have made (a crashed server's temp files); counts them.
   virtual Status RemoveTemps(const std::string& temp_prefix, int* removed) = 0;
   virtual Status Sync() = 0;  // fsync, so a rename in it is durable
-  // fstat of the directory itself.
+  // fstat of the directory itself, and of its parent (one lookup of ".."
+  // from the open directory, no path walk).
   virtual Status Stat(FileStat* out) = 0;
+  virtual Status StatParent(FileStat* out) = 0;
   // lstat of the entry `name` (a single component; a symlink is not
   // followed); NOT_FOUND when there is none.
   virtual Status StatAt(const std::string& name, FileStat* out) = 0;

@@ -60,6 +60,10 @@ class FaultDirectory final : public Directory {
     Status s = env_->BeforeStat();
     return s.ok() ? base_->StatAt(name, out) : s;
   }
+  Status StatParent(FileStat* out) override {
+    Status s = env_->BeforeStat();
+    return s.ok() ? base_->StatParent(out) : s;
+  }
 
  private:
   FaultInjectionEnv* const env_;

@@ -235,6 +235,12 @@ class PosixDirectory final : public Directory {
     return Status::OK();
   }
   Status Stat(FileStat* out) override { return FstatInto(fd_, path_, out); }
+  Status StatParent(FileStat* out) override {
+    struct stat st;
+    if (::fstatat(fd_, "..", &st, AT_SYMLINK_NOFOLLOW) != 0) return Status::FromErrno(errno, "stat " + path_ + "/..");
+    Fill(st, out);
+    return Status::OK();
+  }
   Status StatAt(const std::string& name, FileStat* out) override {
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
       return Status::InvalidArgument("not a file name: " + name);
