@@ -91,12 +91,11 @@ void Cache::MaybeFree(Buf& buf) {
 std::string Cache::FullMessage(uint64_t need) const {
   CacheStats s = TallyLocked();
   // What holds the memory that could not be given back, and why.
-  uint64_t unpersisted = 0, leased = 0, pinned = 0, stuck_free = 0;
+  uint64_t unpersisted = 0, leased = 0, pinned = 0;
   for (const auto& [id, b] : buffers_) {
     if (b.state == BufState::kRetiring) continue;
     if (b.leases > 0) leased += b.capacity;
     else if (b.pins > 0) pinned += b.capacity;
-    else if (b.state == BufState::kFree) stuck_free += b.capacity;
   }
   for (const auto& [key, f] : files_) {
     auto b = buffers_.find(f.buffer_id);
@@ -108,7 +107,6 @@ std::string Cache::FullMessage(uint64_t need) const {
                     (persistence_enabled() ? " of files not yet on storage" : " of files (memory only: never evicted)") +
                     ", " + HumanBytes(leased) + " read by loads (leased), " + HumanBytes(pinned) +
                     " being persisted or backed up";
-  if (stuck_free > 0) why += ", " + HumanBytes(stuck_free) + " free but not reclaimable now";
   return "cache full: need " + std::to_string(need) + " bytes (" + HumanBytes(need) +
          "), budget " + HumanBytes(s.budget) + ", used " + HumanBytes(s.used) + " (cached " +
          HumanBytes(s.cached) + ", pending " + HumanBytes(s.pending) + ", free " + HumanBytes(s.free) + ")" +
