@@ -28,6 +28,7 @@ import os
 import pickle
 import re
 import warnings
+import zipfile
 from typing import Any, NamedTuple
 
 import torch
@@ -211,9 +212,29 @@ def _extent(storage_offset: int, size: tuple[int, ...], stride: tuple[int, ...])
     return storage_offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1
 
 
-def _header(source: Source, offset: int, length: int) -> tuple[Any, _Tensor] | None:
-    """The archive at ``[offset, offset + length)`` and the tensor its
-    ``data.pkl`` describes; None when it is no archive of one plain tensor.
+def _record_sizes(archive: _Archive) -> dict[str, int] | None:
+    """The size the archive's zip directory gives each record, by its name
+    inside the archive (``data.pkl``, ``data/0``); None when it is no zip
+    of one top folder.
+
+    Read from the directory rather than asked of torch's reader, whose
+    ``get_record_size`` only recent torch versions have."""
+    try:
+        with zipfile.ZipFile(archive) as z:
+            entries = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return None
+    tops = {i.filename.split("/", 1)[0] for i in entries}
+    if len(tops) != 1 or any("/" not in i.filename for i in entries):
+        return None
+    return {i.filename.split("/", 1)[1]: i.file_size for i in entries}
+
+
+def _header(source: Source, offset: int,
+            length: int) -> tuple[Any, dict[str, int], _Tensor] | None:
+    """The archive at ``[offset, offset + length)``, its records' sizes and
+    the tensor its ``data.pkl`` describes; None when it is no archive of one
+    plain tensor.
 
     Raises:
         CorruptCheckpointError: its ``data.pkl`` claims more bytes than the
@@ -221,19 +242,21 @@ def _header(source: Source, offset: int, length: int) -> tuple[Any, _Tensor] | N
     """
     try:
         archive = torch._C.PyTorchFileReader(_Archive(source, offset, length))
-        pickled = archive.get_record_size("data.pkl")
     except RuntimeError:  # no torch archive: torch.load says why
         return None
-    if pickled > length:  # checked before the reader allocates that much
-        raise CorruptCheckpointError(f"its data.pkl claims {pickled} bytes, more than the "
-                                     f"archive's {length}")
+    sizes = _record_sizes(_Archive(source, offset, length))
+    if sizes is None or "data.pkl" not in sizes:
+        return None
+    if sizes["data.pkl"] > length:  # checked before the reader allocates that much
+        raise CorruptCheckpointError(f"its data.pkl claims {sizes['data.pkl']} bytes, more "
+                                     f"than the archive's {length}")
     try:
         t = _Header(io.BytesIO(archive.get_record("data.pkl"))).load()
     except CorruptCheckpointError:
         raise
     except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, EOFError):
         return None  # not one plain tensor: torch.load reads it, or says why not
-    return (archive, t) if isinstance(t, _Tensor) else None
+    return (archive, sizes, t) if isinstance(t, _Tensor) else None
 
 
 def tensor_layout(source: Source, offset: int, length: int) -> Layout | None:
@@ -252,12 +275,12 @@ def tensor_layout(source: Source, offset: int, length: int) -> Layout | None:
     found = _header(source, offset, length)
     if found is None:
         return None
-    archive, t = found
+    archive, sizes, t = found
     storage_offset, size, stride = _shape(t)
     record = f"data/{t.storage.key}"
     try:
-        at, nbytes = archive.get_record_offset(record), archive.get_record_size(record)
-    except RuntimeError:
+        at, nbytes = archive.get_record_offset(record), sizes[record]
+    except (RuntimeError, KeyError):
         raise CorruptCheckpointError(f"its tensor's storage {record} is not in the archive") \
             from None
     if at + nbytes > length:
