@@ -46,6 +46,18 @@ def _median(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
     return statistics.median(_time(fn) for _ in range(repeats))
 
 
+@contextlib.contextmanager
+def _part(name: str):
+    """Says on stderr how long a part of the run took, as each ends: a run
+    cut short by a time limit still tells which part held it."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        print(f"tce bench: {name} took {time.perf_counter() - t0:.1f} s", file=sys.stderr,
+              flush=True)
+
+
 def _restore_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) -> None:
     for k, v in dst.items():
         v.copy_(src[k])
@@ -233,6 +245,7 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
 
     server = None
     pages = contextlib.ExitStack()  # huge pages the run reserves, given back at its end
+    pages.enter_context(_part("tce"))
     try:
         if socket_path is None and "tce" not in skip:
             budget = 3 * nbytes + (256 << 20)
@@ -291,14 +304,18 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
         pages.close()
 
     if "cold" not in skip and "tce" not in skip:
-        res.update(_coldbench.run(sd, size, directory=directory, dtype=dtype, layers=layers,
-                                  repeats=repeats, device=device))
+        with _part("cold"):
+            res.update(_coldbench.run(sd, size, directory=directory, dtype=dtype, layers=layers,
+                                      repeats=repeats, device=device))
     if "persist" not in skip:
-        res.update(_persistence(sd, nbytes, repeats=persist_repeats, directory=directory))
+        with _part("persist"):
+            res.update(_persistence(sd, nbytes, repeats=persist_repeats, directory=directory))
     if "torch" not in skip:
-        res.update(_torch(sd, model, restore, repeats=repeats, directory=directory, device=device))
+        with _part("torch"):
+            res.update(_torch(sd, model, restore, repeats=repeats, directory=directory,
+                              device=device))
     if "dcp" not in skip:
-        with warnings.catch_warnings():
+        with _part("dcp"), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP's single-process notices
             res.update(_dcp(sd, directory, repeats))
 
