@@ -183,7 +183,7 @@ def _member_lists(eb: str, ea: str, path: str, *, source: str = "127.0.0.1") -> 
     """As A (from `source`), B lists A's copies: just `path`."""
     member = connect_with_token(eb, TOKEN, ea, source=source)
     try:
-        member.sendall(frame(pb.PeerRequest(list=pb.PeerList(job=JOB, owner_node=0))))
+        member.sendall(frame(pb.PeerRequest(list=pb.PeerList(job=JOB, owner_node=0, job_uid=0))))
         listed = recv_msg(member, pb.PeerListReply)
         assert [f.path for f in listed.files] == [path] and listed.code == 0
     finally:

@@ -71,16 +71,18 @@ class Node:
     """A server as deployed: its socket directory made by the server itself
     (0750, group tce-test), one 0700 checkpoint directory per user."""
 
-    def __init__(self, users: dict, *, extra_args=(), prefix=(), budget="256MiB") -> None:
+    def __init__(self, users: dict, *, extra_args=(), prefix=(), budget="256MiB",
+                 ckpt: str | None = None) -> None:
         self.base = tempfile.mkdtemp(prefix="tce-sec-")
         os.chmod(self.base, 0o755)  # users traverse it; the socket dir inside is the gate
-        self.ckpt = os.path.join(self.base, "ckpt")
-        os.mkdir(self.ckpt)
-        os.chmod(self.ckpt, 0o755)
-        for key in ("a", "b"):
-            d = os.path.join(self.ckpt, key)
-            os.mkdir(d, 0o700)
-            os.chown(d, users[key], -1)
+        self.ckpt = ckpt or os.path.join(self.base, "ckpt")  # given: another node's (shared storage)
+        if not ckpt:
+            os.mkdir(self.ckpt)
+            os.chmod(self.ckpt, 0o755)
+            for key in ("a", "b"):
+                d = os.path.join(self.ckpt, key)
+                os.mkdir(d, 0o700)
+                os.chown(d, users[key], -1)
         self.socket = os.path.join(self.base, "run", "tce.sock")
         allowed = ",".join(str(users[k]) for k in ("a", "b")) + ",0"
         self.server = LocalServer(
@@ -519,3 +521,68 @@ def test_control_connections_beyond_the_cap_are_closed_at_once(tmp_path):
             c.close()
         assert s.stop() == 0, s.log()
         s.cleanup()
+
+
+def _peer_endpoint(node: Node) -> str:
+    return node.run("root", """
+s = Session(SOCK)
+result["endpoint"] = s.call("Status", pb.StatusRequest(session=s.id))[2].peer_endpoint
+""")["endpoint"]
+
+
+def test_a_ring_squatter_of_another_uid_gets_no_copy_and_no_range(users):
+    """Nodes A and B, a job's ring. On B, user b sets the ring of job `ja`
+    first (a squatter: the job is user a's on A). B then holds no copy of
+    a's checkpoint (the job belongs to another uid there), a's own SetRing
+    on B is refused, and b's ranged reads of a's file, which B would serve
+    from A's memory, get no byte of it."""
+    peer = ["--peer-listen", "127.0.0.1:0", "--peer-token", "t", "--peer-timeout-ms", "2000"]
+    a = Node(users, extra_args=peer)
+    b = None
+    try:
+        b = Node(users, extra_args=peer, ckpt=a.ckpt)  # shared storage, as a cluster's
+        ring = [_peer_endpoint(a), _peer_endpoint(b)]
+        set_ring = f"""
+s = Session(SOCK)
+code, msg, _ = s.call("SetRing", pb.SetRingRequest(session=s.id, job="ja", node_rank=NODE,
+                                                   endpoints={ring!r}))
+result["ring"] = code
+result["message"] = msg
+"""
+        squat = b.run("b", set_ring.replace("NODE", "1"))
+        assert squat["ring"] == "OK", squat
+        assert a.run("a", set_ring.replace("NODE", "0"))["ring"] == "OK"
+        mine = b.run("a", set_ring.replace("NODE", "1"))
+        assert mine["ring"] == "PERMISSION_DENIED", mine
+        assert f"job 'ja' belongs to uid {users['b']}" in mine["message"], mine
+
+        path = a.path("a", "x.pt")
+        secret = b"S3CRET!" * 1000
+        saved = a.run("a", f"""
+s = Session(SOCK)
+result["save"] = s.save("ja", {path!r}, {secret!r})["code"]
+""")
+        assert saved["save"] == "OK", saved
+        refusal = f"job ja belongs to uid {users['b']} here, and {ring[0]} acts for it as uid {users['a']}"
+        until(lambda: refusal in b.server.log(), what="B to refuse A's copy")
+        st = b.run("root", """
+s = Session(SOCK)
+st = s.call("Status", pb.StatusRequest(session=s.id))[2]
+result["held"] = st.held_backups
+""")
+        assert st["held"] == 0, st
+
+        read = b.run("b", f"""
+s = Session(SOCK)
+code, msg, r = s.call("ReadRange", pb.ReadRangeRequest(session=s.id, job="ja", path={path!r},
+                                                       offset=0, length=4096))
+result["code"], result["message"] = code, msg
+result["data"] = (r.data if r else b"").hex()
+""")
+        assert read["code"] != "OK" and read["data"] == "", read
+        until(lambda: f"as uid {users['b']}: it may not read its files" in a.server.log(),
+              what="A to refuse B's ranged read for uid b")
+    finally:
+        if b is not None:
+            b.close()
+        a.close()

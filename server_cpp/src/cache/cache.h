@@ -31,7 +31,6 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -250,6 +249,17 @@ class Cache : public PoolBudget {
   // it: only that node may hand it copies and tags as that node's.
   // PERMISSION_DENIED naming who is, or that no ring is known.
   Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) EXCLUDES(mu_);
+  // The uid `job` belongs to here: the owner of its files, else the uid
+  // that set its ring; false when nobody owns it here yet. A job belongs to
+  // one uid on every node of its ring: peers name it with every copy, tag
+  // and request (ring/peer_server.h), so a ring is the job's name and its
+  // uid, not the name alone.
+  bool JobUid(const std::string& job, uid_t* uid) EXCLUDES(mu_);
+  // OK when `peer` (acting for `job` as uid `uid`; `named` false: it named
+  // none) may do `what`: the job belongs to that uid here, or to nobody
+  // yet and `claim` (then it does from now on). Else PERMISSION_DENIED.
+  Status CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
+                      const std::string& what, bool claim) EXCLUDES(mu_);
   // Whether a load that missed (job, path) may find it in the ring: it is
   // unknown here, or lost from memory, but not evicted by us (the ring's
   // copy goes when the original is evicted).

@@ -356,6 +356,40 @@ Status Cache::CheckRingSender(const std::string& job, int32_t node, const std::s
   return Status::OK();
 }
 
+bool Cache::JobUid(const std::string& job, uid_t* uid) {
+  MutexLock lock(&mu_);
+  if (owners_.Owner(job, uid)) return true;
+  const Ring* ring = rings_.Find(job);
+  if (!ring || !ring->has_owner) return false;
+  *uid = ring->owner_uid;
+  return true;
+}
+
+Status Cache::CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
+                           const std::string& what, bool claim) {
+  if (!named)
+    return Status::PermissionDenied(peer + " names no uid for job " + job + ": it may not " + what);
+  uid_t here = 0;
+  MutexLock lock(&mu_);
+  bool owned = owners_.Owner(job, &here);
+  if (!owned) {
+    const Ring* ring = rings_.Find(job);
+    owned = ring && ring->has_owner;
+    if (owned) here = ring->owner_uid;
+  }
+  if (!owned) {
+    if (!claim)
+      return Status::PermissionDenied("job " + job + " belongs to no uid here yet: " + peer + " may not " + what);
+    owners_.Restore(job, uid);  // the ring's node vouches for its job's uid
+    return Status::OK();
+  }
+  if (here != uid)
+    return Status::PermissionDenied("job " + job + " belongs to uid " + std::to_string(here) + " here, and " + peer +
+                                    " acts for it as uid " + std::to_string(uid) + ": it may not " + what +
+                                    " (a job belongs to one uid on every node of its ring)");
+  return Status::OK();
+}
+
 std::vector<std::string> Cache::RingPeers(const std::string& job) {
   MutexLock lock(&mu_);
   const Ring* ring = rings_.Find(job);

@@ -21,6 +21,13 @@ bool JobOwners::Visible(uid_t uid, const std::string& job) const {
   return it != owners_.end() && it->second == uid;
 }
 
+bool JobOwners::Owner(const std::string& job, uid_t* uid) const {
+  auto it = owners_.find(job);
+  if (it == owners_.end()) return false;
+  *uid = it->second;
+  return true;
+}
+
 void JobOwners::Restore(const std::string& job, uid_t uid) {
   auto [it, inserted] = owners_.emplace(job, uid);
   if (!inserted && it->second == 0) it->second = uid;

@@ -35,6 +35,8 @@ class JobOwners {
   Status Claim(uid_t uid, const std::string& job, const std::string& what);
   // Whether `uid` sees the job in listings (it owns it, or is an administrator).
   bool Visible(uid_t uid, const std::string& job) const;
+  // The job's owner; false when it has none.
+  bool Owner(const std::string& job, uid_t* uid) const;
   // A file recorded before a restart: its owner owns the job. A non-root
   // owner wins over root (root's files in a user's job are admin writes).
   void Restore(const std::string& job, uid_t uid);

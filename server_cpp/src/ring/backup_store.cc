@@ -128,6 +128,7 @@ std::vector<HeldBackup> BackupStore::List(const std::string& job, int32_t owner_
     copy.check_ranges = h.check_ranges;
     copy.owner = h.owner;
     copy.owner_node = h.owner_node;
+    copy.job_uid = h.job_uid;
     out.push_back(std::move(copy));
   }
   return out;
@@ -141,6 +142,7 @@ Status BackupStore::Open(const std::string& job, const std::string& path, HeldBa
   info->check_ranges = it->second.check_ranges;
   info->owner = it->second.owner;
   info->owner_node = it->second.owner_node;
+  info->job_uid = it->second.job_uid;
   return it->second.buffer->buffer().NewFd(/*writable=*/false, fd);
 }
 

@@ -5,6 +5,8 @@
 // Thread-safe.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -40,6 +42,7 @@ struct HeldBackup {
   bool check_ranges = false;  // file.records are CheckRanges (the file has none)
   std::string owner;  // the peer that sent it
   int32_t owner_node = 0;  // its node rank in the job's ring
+  uid_t job_uid = 0;       // the uid the job belongs to there (and here)
   std::unique_ptr<MappedBuffer> buffer;
 };
 
@@ -48,6 +51,7 @@ struct HeldTag {
   TagInfo tag;
   std::string owner;       // the peer that sent it
   int32_t owner_node = 0;  // its node rank in the job's ring
+  uid_t job_uid = 0;       // the uid the job belongs to there (and here)
 };
 
 struct BackupStoreStats {

@@ -184,6 +184,7 @@ TEST(PeerFuzz, RangedReadsFromPeersAreCheckedNotTrusted) {
     r->set_offset(near ? rng() % (size + 64) : rng());
     r->set_length(near ? rng() % (size + 64) : rng() % 3 == 0 ? rng() : rng() % (kMaxRangeLength + 64));
     r->set_raw(rng() % 2);
+    r->set_job_uid(0);  // the held copy's (the job's uid on its node)
     ASSERT_TRUE(link->Send(req).ok());
     v1::PeerRangeReply reply;
     ASSERT_TRUE(link->Recv(&reply).ok()) << "iteration " << it;  // always an answer, in step

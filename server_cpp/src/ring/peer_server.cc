@@ -226,8 +226,9 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
     } else if (req.has_list()) {
       v1::PeerListReply list;
       Status refused;
-      for (const HeldBackup& h : store_->List(req.list().job(), req.list().owner_node())) {
-        Status may = MayRead(h.file.job, link->peer(), h.owner);
+      const v1::PeerList& ask = req.list();
+      for (const HeldBackup& h : store_->List(ask.job(), ask.owner_node())) {
+        Status may = MayRead(h.file.job, link->peer(), h.owner, ask.has_job_uid(), ask.job_uid(), &h.job_uid);
         if (!may.ok()) {
           refused = may;
           continue;
@@ -238,15 +239,16 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
         b->set_size(h.file.size);
         b->set_version(h.file.version);  // save order: the asker pulls the newest first
       }
-      for (const HeldTag& t : store_->Tags(req.list().job(), req.list().owner_node())) {
-        Status may = MayRead(t.tag.job, link->peer(), t.owner);
+      for (const HeldTag& t : store_->Tags(ask.job(), ask.owner_node())) {
+        Status may = MayRead(t.tag.job, link->peer(), t.owner, ask.has_job_uid(), ask.job_uid(), &t.job_uid);
         if (!may.ok()) {
           refused = may;
           continue;
         }
         TagToProto(t.tag, list.add_tags());
       }
-      if (refused.ok() && cache_ && MayRead(req.list().job(), link->peer(), "").ok())
+      if (refused.ok() && cache_ &&
+          MayRead(ask.job(), link->peer(), "", ask.has_job_uid(), ask.job_uid(), nullptr).ok())
         list.set_own_files(cache_->InMemoryCount(req.list().job()));
       if (!refused.ok()) {
         TCE_LOG(kWarning, "ring") << "refused the list of job=" << req.list().job() << " to "
@@ -289,7 +291,9 @@ Status PeerServer::HoldTag(PeerLink* link, const v1::PeerTag& req) {
   if (s.ok() && (req.owner_node() < 0 || static_cast<size_t>(req.owner_node()) >= kMaxRingNodes))
     s = Status::InvalidArgument("owner_node " + std::to_string(req.owner_node()) + " is outside a ring");
   if (s.ok() && cache_) s = cache_->CheckRingSender(tag.job, req.owner_node(), link->peer());
-  if (s.ok()) s = store_->HoldTag(HeldTag{tag, link->peer(), req.owner_node()});
+  if (s.ok() && cache_)
+    s = cache_->CheckPeerUid(tag.job, req.has_job_uid(), req.job_uid(), link->peer(), "hold its tags", /*claim=*/true);
+  if (s.ok()) s = store_->HoldTag(HeldTag{tag, link->peer(), req.owner_node(), req.job_uid()});
   if (!s.ok()) {
     TCE_LOG(kWarning, "ring") << "refused a tag from " << link->peer() << ": " << s.ToString();
     return s;
@@ -299,17 +303,25 @@ Status PeerServer::HoldTag(PeerLink* link, const v1::PeerTag& req) {
   return s;
 }
 
-Status PeerServer::MayRead(const std::string& job, const std::string& peer, const std::string& owner) {
-  if (cache_) {
-    const std::vector<std::string> ring = cache_->RingPeers(job);
-    if (!ring.empty()) {
-      if (std::find(ring.begin(), ring.end(), peer) != ring.end()) return Status::OK();
-      return Status::PermissionDenied(peer + " is not a member of job " + job + "'s ring here");
-    }
+Status PeerServer::MayRead(const std::string& job, const std::string& peer, const std::string& owner, bool named,
+                           uint32_t uid, const uid_t* held_uid) {
+  Status member;
+  const std::vector<std::string> ring = cache_ ? cache_->RingPeers(job) : std::vector<std::string>();
+  if (!ring.empty()) {
+    if (std::find(ring.begin(), ring.end(), peer) == ring.end())
+      member = Status::PermissionDenied(peer + " is not a member of job " + job + "'s ring here");
+  } else if (peer != owner) {  // a ring we were never told: only the sender reads back
+    member = Status::PermissionDenied("this server was not told job " + job + "'s ring, and " + peer +
+                                      " did not send the copy");
   }
-  if (peer == owner) return Status::OK();  // a ring we were never told: only the sender reads back
-  return Status::PermissionDenied("this server was not told job " + job + "'s ring, and " + peer +
-                                  " did not send the copy");
+  if (!member.ok()) return member;
+  // The ring's members are nodes; the job is also a uid's on each of them.
+  if (!held_uid) return cache_->CheckPeerUid(job, named, uid, peer, "read its files", /*claim=*/false);
+  if (!named) return Status::PermissionDenied(peer + " names no uid for job " + job + ": it may not read its copies");
+  if (*held_uid != uid)
+    return Status::PermissionDenied("the copies of job " + job + " held here are uid " + std::to_string(*held_uid) +
+                                    "'s, and " + peer + " asks for them as uid " + std::to_string(uid));
+  return Status::OK();
 }
 
 Status PeerServer::ParkLane(std::unique_ptr<PeerLink>* lane, const v1::PeerLane& req) {
@@ -379,6 +391,9 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
   std::unique_ptr<MappedBuffer> buffer;
   // Only the node the job's ring names sends copies as that node.
   Status reserved = cache_ ? cache_->CheckRingSender(req.job(), req.owner_node(), link->peer()) : Status::OK();
+  if (reserved.ok() && cache_)  // and only as the uid the job belongs to here
+    reserved = cache_->CheckPeerUid(req.job(), req.has_job_uid(), req.job_uid(), link->peer(), "hold its copies",
+                                    /*claim=*/true);
   if (!reserved.ok())
     TCE_LOG(kWarning, "ring") << "refused a backup of job=" << req.job().substr(0, 256) << " from "
                               << link->peer() << ": " << reserved.message();
@@ -425,6 +440,7 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
       held.check_ranges = req.check_ranges();
       held.owner = link->peer();
       held.owner_node = req.owner_node();
+      held.job_uid = req.job_uid();
       held.buffer = std::move(buffer);
       store_->Commit(std::move(held));
     }
@@ -439,9 +455,9 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
   uint64_t pinned = 0;  // a buffer of the cache, when the file is this server's own
   Status found = store_->Open(req.job(), req.path(), &held, &fd);
   if (found.ok()) {
-    found = MayRead(held.file.job, link->peer(), held.owner);
+    found = MayRead(held.file.job, link->peer(), held.owner, req.has_job_uid(), req.job_uid(), &held.job_uid);
   } else if (cache_) {  // this server's own file, for a member of the job's ring only
-    Status member = MayRead(req.job(), link->peer(), "");
+    Status member = MayRead(req.job(), link->peer(), "", req.has_job_uid(), req.job_uid(), nullptr);
     found = member.ok() ? cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd) : member;
     if (found.ok()) {
       pinned = held.file.buffer_id;
@@ -503,10 +519,10 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
   uint64_t pinned = 0;  // a buffer of the cache, when the file is this server's own
   Status s = store_->Open(req.job(), req.path(), &held, &fd);
   if (s.ok()) {
-    s = MayRead(held.file.job, peer, held.owner);
+    s = MayRead(held.file.job, peer, held.owner, req.has_job_uid(), req.job_uid(), &held.job_uid);
     reply.set_held(true);
   } else if (cache_) {  // this server's own file, for a member of the job's ring only
-    s = MayRead(req.job(), peer, "");
+    s = MayRead(req.job(), peer, "", req.has_job_uid(), req.job_uid(), nullptr);
     if (s.ok()) s = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
     if (s.ok()) pinned = held.file.buffer_id;
   } else {

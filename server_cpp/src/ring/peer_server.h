@@ -71,9 +71,12 @@ class PeerServer {
   void ServeLink(std::unique_ptr<PeerLink>* link);
   // Joins the threads of connections that ended.
   void ReapWorkers();
-  // Whether `peer` may read the copy of a file of `job` that `owner` sent
-  // (PERMISSION_DENIED, saying why, if not).
-  Status MayRead(const std::string& job, const std::string& peer, const std::string& owner);
+  // Whether `peer`, acting for `job` as uid `uid` (`named` false: it named
+  // none), may read the copy of a file of `job` that `owner` sent as the
+  // job of `held_uid` (null: this server's own files of the job; then
+  // `owner` is empty). PERMISSION_DENIED, saying why, if not.
+  Status MayRead(const std::string& job, const std::string& peer, const std::string& owner, bool named,
+                 uint32_t uid, const uid_t* held_uid);
   // A lane waits here, by key, for the link it serves to claim it.
   Status ParkLane(std::unique_ptr<PeerLink>* lane, const v1::PeerLane& req);
   // Binds the parked lanes with the key to `link` (waiting for late ones).

@@ -97,6 +97,12 @@ Status RangeReader::ReadHeld(const std::string& job, const std::string& path, ui
   int fd = -1;
   Status s = options_.held->OpenForRing(job, path, cache_->RingPeers(job), &held, &fd);
   if (!s.ok()) return Status::NotFound(s.message());  // then the ring's peers, or storage
+  uid_t uid = 0;
+  if (!cache_->JobUid(job, &uid) || uid != held.job_uid) {  // another uid's job of the same name
+    ::close(fd);
+    return Status::NotFound("the copy of " + path + " held here is of uid " + std::to_string(held.job_uid) +
+                            "'s job " + job);
+  }
   s = CheckRange(offset, length, held.file.size);
   if (s.ok()) s = ReadRangeOf(fd, offset, length, to);
   ::close(fd);
@@ -116,6 +122,8 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
   r->set_offset(offset);
   r->set_length(length);
   r->set_raw(true);  // the bytes after the reply, on the data path
+  uid_t uid = 0;
+  if (cache_->JobUid(job, &uid)) r->set_job_uid(uid);
   v1::PeerRangeReply reply;
   std::unique_ptr<PeerLink> link;
   Status s;

@@ -78,6 +78,7 @@ class PeerRangeTest : public ::testing::Test {
     h.file.size = held_.size();
     h.file.version = 9;
     h.owner = "127.0.0.1:1";
+    h.job_uid = getuid();
     h.buffer = std::move(buf);
     store_.Commit(std::move(h));
   }
@@ -91,9 +92,11 @@ class PeerRangeTest : public ::testing::Test {
   }
   // With `raw`, the bytes that follow an OK reply are read into its `data`
   // (after checking that it announced them and carried none itself).
+  // `uid`: the uid the asker says the job belongs to on its node (-1: none).
   v1::PeerRangeReply Ask(PeerLink* link, const std::string& job, const std::string& path,
-                         uint64_t offset, uint64_t length, bool raw = false) {
+                         uint64_t offset, uint64_t length, bool raw = false, int64_t uid = getuid()) {
     v1::PeerRequest req;
+    if (uid >= 0) req.mutable_read_range()->set_job_uid(static_cast<uint32_t>(uid));
     req.mutable_read_range()->set_job(job);
     req.mutable_read_range()->set_path(path);
     req.mutable_read_range()->set_offset(offset);
@@ -197,6 +200,26 @@ TEST_F(PeerRangeTest, BadRangesUnknownFilesAndStrangersAreRefusedAndTheLinkGoesO
   v1::PeerRangeReply r = Ask(link.get(), "j", "/c/own", 5, 5);  // still in step
   ASSERT_EQ(r.code(), 0) << r.message();
   EXPECT_EQ(r.data(), own_.substr(5, 5));
+}
+
+// A job is its name and its uid: a member of the ring whose job of that
+// name belongs to another uid (a squatter who set it there first), or that
+// names no uid, reads nothing of it.
+TEST_F(PeerRangeTest, AMemberActingForAnotherUidsJobReadsNothing) {
+  std::unique_ptr<PeerLink> link = Connect("127.0.0.1:1");
+  const int64_t other = static_cast<int64_t>(getuid()) + 4242;
+  for (const char* path : {"/c/own", "/c/held"}) {
+    v1::PeerRangeReply r = Ask(link.get(), "j", path, 0, 10, /*raw=*/true, other);
+    EXPECT_EQ(r.code(), static_cast<int>(Status::Code::kPermissionDenied)) << path << " " << r.message();
+    EXPECT_NE(r.message().find("as uid " + std::to_string(other)), std::string::npos) << r.message();
+    EXPECT_TRUE(r.data().empty());
+    r = Ask(link.get(), "j", path, 0, 10, /*raw=*/false, /*uid=*/-1);
+    EXPECT_EQ(r.code(), static_cast<int>(Status::Code::kPermissionDenied)) << path << " " << r.message();
+    EXPECT_NE(r.message().find("names no uid for job j"), std::string::npos) << r.message();
+  }
+  v1::PeerRangeReply r = Ask(link.get(), "j", "/c/held", 0, 10, /*raw=*/true);  // the job's own uid: served
+  ASSERT_EQ(r.code(), 0) << r.message();
+  EXPECT_EQ(r.data(), held_.substr(0, 10));
 }
 
 TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {

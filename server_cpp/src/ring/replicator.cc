@@ -188,6 +188,8 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
   v1::PeerRequest req;
   req.mutable_list()->set_job(job.job);
   req.mutable_list()->set_owner_node(job.node);
+  uid_t uid = 0;
+  if (cache_->JobUid(job.job, &uid)) req.mutable_list()->set_job_uid(uid);
   v1::PeerListReply list;
   if (!(s = link->Send(req)).ok() || !(s = link->Recv(&list)).ok()) return s;
   if (list.code() != 0)  // e.g. the holder has not been told the ring we are in yet: retried
@@ -280,6 +282,8 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
   v1::PeerRequest req;
   req.mutable_fetch()->set_job(job);
   req.mutable_fetch()->set_path(path);
+  uid_t uid = 0;
+  if (cache_->JobUid(job, &uid)) req.mutable_fetch()->set_job_uid(uid);
   v1::PeerReply reply;
   Status s = link->Send(req);
   if (s.ok()) s = link->Recv(&reply);
@@ -419,6 +423,8 @@ Status Replicator::SendTag(const TagInfo& tag, int32_t node, const std::string& 
   v1::PeerRequest req;
   TagToProto(tag, req.mutable_tag()->mutable_tag());
   req.mutable_tag()->set_owner_node(node);
+  uid_t uid = 0;
+  if (cache_->JobUid(tag.job, &uid)) req.mutable_tag()->set_job_uid(uid);
   return Ask(peer, req, links);
 }
 
@@ -480,6 +486,8 @@ Status Replicator::Backup(const BackupJob& job, std::map<std::string, std::uniqu
   b->set_size(job.size);
   b->set_version(job.version);
   b->set_owner_node(job.node);
+  uid_t uid = 0;
+  if (cache_->JobUid(job.job, &uid)) b->set_job_uid(uid);
   RecordsToProto(records, b->mutable_records());
   if (job.disk.known) DiskToProto(job.disk, b->mutable_storage());
   s = link->Send(req);

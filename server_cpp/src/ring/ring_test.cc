@@ -427,6 +427,7 @@ TEST(PeerServer, HoldsAPeersCheckedTagsAndListsThemBack) {
   v1::PeerRequest list;
   list.mutable_list()->set_job("j");
   list.mutable_list()->set_owner_node(0);
+  list.mutable_list()->set_job_uid(0);  // the uid the tags were sent as (none named: 0)
   v1::PeerListReply got;
   ASSERT_TRUE(link->Send(list).ok());
   ASSERT_TRUE(link->Recv(&got).ok());
@@ -508,6 +509,7 @@ TEST(PeerServer, BindsLanesAndTakesAStripedBackup) {
   EXPECT_EQ(bad->Recv(&reply).code(), Status::Code::kUnavailable);  // closed on us
   v1::PeerRequest list;
   list.mutable_list()->set_job("j");
+  list.mutable_list()->set_job_uid(0);
   ASSERT_TRUE(link->Send(list).ok());
   v1::PeerListReply files;
   ASSERT_TRUE(link->Recv(&files).ok());
