@@ -132,11 +132,14 @@ class Relay:
 class LyingPeer:
     """Knows the token and answers a recovering server's list and fetch, but
     with a file of its own choosing: `listed` is the path it says it holds,
-    `sent` the path its header names, `data` the bytes. Serves connections
-    until closed (one link; the server under test uses --ring-streams 1)."""
+    `sent` the path its header names, `data` the bytes, `tags` complete tags
+    it lists too. Serves connections until closed (one link; the server
+    under test uses --ring-streams 1)."""
 
-    def __init__(self, token: str, job: str, listed: str, sent: str, data: bytes):
+    def __init__(self, token: str, job: str, listed: str, sent: str, data: bytes,
+                 tags: list | None = None):
         self.token, self.job, self.listed, self.sent, self.data = token, job, listed, sent, data
+        self.tags = tags or []
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(4)
@@ -178,7 +181,8 @@ class LyingPeer:
             kind = req.WhichOneof("body")
             if kind == "list":
                 conn.sendall(frame(pb.PeerListReply(files=[
-                    pb.PeerBackup(job=self.job, path=self.listed, size=len(self.data))])))
+                    pb.PeerBackup(job=self.job, path=self.listed, size=len(self.data))],
+                    tags=self.tags)))
             elif kind == "fetch":
                 self.fetches += 1
                 conn.sendall(frame(pb.PeerReply(code=0)))

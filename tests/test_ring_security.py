@@ -287,3 +287,40 @@ def test_a_peer_cannot_make_recovery_write_outside_the_roots(tmp_path, lie):
     finally:
         liar.close()
         _stop(a)
+
+
+def test_recovered_tags_must_agree_with_the_files_they_name(tmp_path):
+    """A peer gives a recovering server back four complete tags, and of the
+    one file it lists as the node's, nothing (it is outside the roots). A
+    tag naming a file storage holds at the tag's size, and one naming
+    another node's file (nowhere here), are listed again; one naming the
+    listed file that did not come back, and one naming a file storage holds
+    at another size, are refused, each with its reason."""
+    roots = tmp_path / "roots"
+    roots.mkdir()
+    (roots / "real.pt").write_bytes(b"r" * 100)
+    (roots / "short.pt").write_bytes(b"s" * 10)
+    outside = str(tmp_path / "outside.pt")
+
+    def tag(name: str, path, size: int):
+        return pb.TagInfo(job=JOB, tag=name, world_size=1, complete_unix_ns=time.time_ns(),
+                          files=[pb.TagFile(rank=0, path=str(path), size=size)])
+
+    liar = LyingPeer(TOKEN, JOB, outside, outside, b"x" * 4096,
+                     tags=[tag("real", roots / "real.pt", 100), tag("elsewhere", roots / "n1.pt", 100),
+                           tag("unreturned", outside, 4096), tag("resized", roots / "short.pt", 100)])
+    a = _ring_server(tmp_path, "tcp", "a", storage=roots, extra=["--ring-streams", "1"])
+    try:
+        _set_ring(a, 0, [_status(a)["peer_endpoint"], liar.endpoint])  # a fresh node: it recovers
+        until(lambda: "complete tag(s) of job=" in a.log(), what="the tags to be recovered")
+        with _knobs.override(socket=a.socket):
+            tags = sorted(t.tag for t in _service.client().list_tags(JOB))
+            api.close()
+        assert tags == ["elsewhere", "real"], tags
+        log = a.log()
+        assert (f"tag unreturned names {outside} (4096 bytes), which the ring listed as this node's "
+                "but did not give back") in log, log[-3000:]
+        assert f"tag resized names {roots / 'short.pt'} (100 bytes), but storage holds 10 bytes there" in log
+    finally:
+        liar.close()
+        _stop(a)

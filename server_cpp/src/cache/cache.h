@@ -31,6 +31,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -283,6 +284,14 @@ class Cache : public PoolBudget {
   // `job`). Each is kept unless one as new is recorded here, and told to
   // metadata. Returns how many were kept.
   size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) EXCLUDES(mu_);
+  // Whether a complete tag the ring gave back agrees with the files it
+  // names: each is in memory here at the tag's size; or, not being one of
+  // `listed` (the holder's copies of this node's files: those must be back),
+  // it is another node's, and storage holds nothing else at its path
+  // (nothing, or a file of the tag's size; storage that does not answer
+  // cannot refuse). FAILED_PRECONDITION naming the first file that
+  // disagrees: such a tag is not listed again.
+  Status CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) EXCLUDES(mu_);
   // Shutdown: new allocations are refused (UNAVAILABLE) from now on; saves
   // already allocated may still commit, loads are served as before.
   void StopAccepting() EXCLUDES(mu_);

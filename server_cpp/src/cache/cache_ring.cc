@@ -49,6 +49,38 @@ size_t Cache::AdoptTags(const std::string& job, std::vector<TagInfo> tags) {
   return kept;
 }
 
+Status Cache::CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) {
+  std::vector<const TagFile*> elsewhere;  // not in memory at the tag's size
+  {
+    MutexLock lock(&mu_);
+    for (const TagFile& f : tag.files) {
+      auto it = files_.find({tag.job, f.path});
+      const bool held = it != files_.end() && it->second.buffer_id != 0 && it->second.size == f.size &&
+                        it->second.state != FileState::kPending && it->second.state != FileState::kEvicted &&
+                        it->second.state != FileState::kDiscarded;
+      if (!held) elsewhere.push_back(&f);
+    }
+  }
+  for (const TagFile* f : elsewhere) {
+    const std::string names = "tag " + tag.tag + " names " + f->path + " (" + std::to_string(f->size) + " bytes), ";
+    if (listed.count(f->path))
+      return Status::FailedPrecondition(names + "which the ring listed as this node's but did not give back");
+    if (roots_.empty()) continue;  // memory only: another node's file, in its memory
+    auto result = std::make_shared<std::pair<Status, DiskIdentity>>();
+    Env* env = env_;
+    std::vector<std::string> roots = roots_;
+    std::string p = f->path;
+    if (!prober_->Run([=] { result->first = SnapshotPath(env, roots, p, &result->second); }))
+      continue;  // storage cannot say
+    const DiskIdentity& now = result->second;
+    if (result->first.code() == Status::Code::kPermissionDenied)  // outside the roots, or a symlink on the way
+      return Status::FailedPrecondition(names + "which is not a file under a storage root: " + result->first.message());
+    if (result->first.ok() && now.exists && now.size != f->size)
+      return Status::FailedPrecondition(names + "but storage holds " + std::to_string(now.size) + " bytes there");
+  }
+  return Status::OK();
+}
+
 void Cache::QueueDrop(const FileInfo& f) {
   if (f.backup_holder.empty() || !backups_) return;
   backups_->Drop(DropCopy{f.job, f.path, f.backup_holder, f.version});

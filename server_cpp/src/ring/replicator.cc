@@ -197,7 +197,8 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
                                list.message().substr(0, 1024));
   TCE_LOG(kInfo, "ring") << "recovering job=" << job.job << ": " << list.files_size()
                          << " file(s) and " << list.tags_size() << " tag(s) held by " << job.peer;
-  // The tags first (small): a job's discovery lists them as soon as they are back.
+  // The tags are checked now and kept once the files are back: a tag is
+  // listed again only if every file it names is (see CheckRecoveredTag).
   std::vector<TagInfo> tags;
   for (int i = 0; i < list.tags_size(); ++i) {
     TagInfo tag = TagFromProto(list.tags(i));
@@ -213,11 +214,6 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
       continue;
     }
     tags.push_back(std::move(tag));
-  }
-  if (!tags.empty()) {
-    const size_t kept = cache_->AdoptTags(job.job, std::move(tags));
-    TCE_LOG(kInfo, "ring") << "recovered " << kept << " complete tag(s) of job=" << job.job << " from "
-                           << job.peer;
   }
   // The newest first (versions grow with every save on the owner): the
   // checkpoint a restarted job loads is back soonest.
@@ -237,6 +233,19 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
                                 << p.ToString();
       cache_->NoteBackupError("recovery of " + f.path() + ": " + p.ToString());
     }
+  }
+  std::set<std::string> listed;  // this node's files, as the holder listed them
+  for (const v1::PeerBackup& f : list.files()) listed.insert(f.path());
+  std::vector<TagInfo> sound;
+  for (TagInfo& tag : tags) {
+    Status bad = cache_->CheckRecoveredTag(tag, listed);
+    if (bad.ok()) sound.push_back(std::move(tag));
+    else TCE_LOG(kWarning, "ring") << "not recovered: a tag from " << job.peer << ": " << bad.message();
+  }
+  if (!sound.empty()) {
+    const size_t kept = cache_->AdoptTags(job.job, std::move(sound));
+    TCE_LOG(kInfo, "ring") << "recovered " << kept << " complete tag(s) of job=" << job.job << " from "
+                           << job.peer;
   }
   ReportRecovery(job, pulled, list.files_size(), list.own_files());
   cache_->RestoreEnded(job.job, job.peer);  // loads waiting for the restore go on
