@@ -306,7 +306,11 @@ def test_a_replaced_node_gets_its_complete_tags_back_from_the_ring(tmp_path, nod
             for step in (1, 2):
                 tce.save({"w": torch.full((10,), float(step))}, f"/ckpt/s{step}/rank0.pt",
                          tag=f"s{step}", rank=0)
-                files = [pb.TagFile(rank=r, path=f"/ckpt/s{step}/rank{r}.pt", size=100 + r) for r in (0, 1)]
+                # rank 0's file as saved here; rank 1's is another node's (a recovered
+                # tag must agree with this node's files, and cannot check the others')
+                size0 = _service.client().lookup("ring-job", f"/ckpt/s{step}/rank0.pt").size
+                files = [pb.TagFile(rank=0, path=f"/ckpt/s{step}/rank0.pt", size=size0),
+                         pb.TagFile(rank=1, path=f"/ckpt/s{step}/rank1.pt", size=101)]
                 recorded.append(_service.client().commit_tag(
                     pb.TagInfo(job="ring-job", tag=f"s{step}", world_size=2, files=files)))
             api.close()
