@@ -22,7 +22,7 @@ STAMPS      := build/.stamps
 APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
 	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev libfuse2 clang \
-	podman runc catatonit debootstrap iptables prometheus
+	podman runc catatonit debootstrap iptables prometheus openssl
 
 .PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py demo bench image clean
 

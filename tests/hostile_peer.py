@@ -216,6 +216,43 @@ def connect_with_token(endpoint: str, token: str, me: str, *, source: str = "127
     return s
 
 
+def cert_transcript(direction: bytes, cn: bytes, an: bytes, connector: str, acceptor: str) -> bytes:
+    """What a node certificate signs in a handshake (see PeerCertProof)."""
+    data = b"tce-ring-cert-v1" + direction
+    for field in (cn, an, connector.encode(), acceptor.encode()):
+        data += struct.pack("<I", len(field)) + field
+    return data
+
+
+def connect_with_cert(endpoint: str, token: str, me: str, *, source: str, cert_der: bytes | None,
+                      sign) -> socket.socket:
+    """As connect_with_token, then the node-certificate step: sends
+    `cert_der` (None: says it has no certificate at all) with `sign(data)`
+    as its signature. Raises PermissionError when the server refuses."""
+    s = dial(endpoint, source=source)
+    try:
+        nonce = os.urandom(32)
+        s.sendall(frame(pb.PeerHello(nonce=nonce, endpoint=me, version=2,
+                                     certificate=cert_der is not None)))
+        theirs = recv_msg(s, pb.PeerHello)
+        s.sendall(frame(pb.PeerAuth(mac=proof(token, b"C", nonce, theirs.nonce, me, endpoint))))
+        answer = recv_msg(s, pb.PeerAuth)
+        if not answer.mac:
+            raise PermissionError(f"{endpoint} refused {me} from {source}")
+        if cert_der is not None:
+            data = cert_transcript(b"C", nonce, theirs.nonce, me, endpoint)
+            s.sendall(frame(pb.PeerCertProof(certificate=cert_der, signature=sign(data))))
+            their_cert = recv_msg(s, pb.PeerCertProof)
+            if not their_cert.certificate:
+                raise PermissionError(f"{endpoint} refused the certificate of {me}")
+    except (ConnectionError, OSError) as e:
+        s.close()
+        if isinstance(e, PermissionError):
+            raise
+        raise PermissionError(f"{endpoint} closed the connection of {me}: {e}") from e
+    return s
+
+
 def proc_status(pid: int) -> dict[str, int]:
     """VmRSS, VmSize (KiB) and Threads of a process."""
     out = {}

@@ -253,6 +253,14 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   }
   if (ring && token.empty())
     return Fail("peer_listen needs a cluster token: set peer_token or peer_token_file", 2);
+  PeerKey peer_key = token;
+  const int certs = !opt.peer_cert_file.empty() + !opt.peer_key_file.empty() + !opt.peer_ca_file.empty();
+  if (certs != 0 && certs != 3)
+    return Fail("node certificates need peer_cert_file, peer_key_file and peer_ca_file, all three", 2);
+  if (ring && certs == 3) {
+    s = NodeCert::Load(opt.peer_cert_file, opt.peer_key_file, opt.peer_ca_file, &peer_key.cert);
+    if (!s.ok()) return Fail(s.message(), 2);
+  }
   const uint64_t backup_budget = ring ? budget / 100 * static_cast<uint64_t>(opt.backup_share) : 0;
   budget -= backup_budget;
   std::unique_ptr<Transport> transport;
@@ -343,7 +351,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
     PeerServerOptions po;
     po.listen = opt.peer_listen;
     po.advertise = opt.peer_advertise;
-    po.token = token;
+    po.key = peer_key;
     po.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
     po.handshake_timeout = std::chrono::milliseconds(opt.peer_handshake_timeout_ms);
     po.max_connections = opt.peer_max_connections;
@@ -353,7 +361,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
     if (!(s = peers->Start()).ok()) return Fail("peer_listen: " + s.ToString(), 1);
     ReplicatorOptions ro;
     ro.self = peers->endpoint();
-    ro.token = token;
+    ro.key = peer_key;
     ro.threads = opt.backup_threads;
     ro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
     ro.metrics = &backup_metrics;
@@ -372,7 +380,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   RangeReaderOptions rro;  // ranged reads: this cache, then (with a ring) the ring's
   if (ring) {
     rro.self = peers->endpoint();
-    rro.token = token;
+    rro.key = peer_key;
     rro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
     rro.held = &backups;
   }

@@ -62,6 +62,9 @@ struct Options {
   std::string peer_advertise;
   std::string peer_token;
   std::string peer_token_file;
+  std::string peer_cert_file;  // this node's certificate (PEM); with peer_key_file and peer_ca_file
+  std::string peer_key_file;
+  std::string peer_ca_file;
   std::string ring_transport = "tcp";
   int ring_streams = 4;
   std::string ofi_provider;

@@ -216,6 +216,14 @@ const std::vector<Setting> kSettings = {
         .Shown(Secret),
     Text("peer_token_file", &Options::peer_token_file, "F", EmptyOrAbsolutePath,
          "read the token from F"),
+    Text("peer_cert_file", &Options::peer_cert_file, "F", EmptyOrAbsolutePath,
+         "this node's certificate (PEM), signed by the cluster CA: peers then prove which node "
+         "they are with theirs (with peer_key_file, peer_ca_file)")
+        .DefaultText("empty: the token alone"),
+    Text("peer_key_file", &Options::peer_key_file, "F", EmptyOrAbsolutePath,
+         "the private key (PEM) of peer_cert_file"),
+    Text("peer_ca_file", &Options::peer_ca_file, "F", EmptyOrAbsolutePath,
+         "the cluster CA certificate(s) (PEM) every node certificate must chain to"),
     Text("ring_transport", &Options::ring_transport, "T", RingTransport,
          "tcp, or ofi (libfabric RMA)"),
     Int("ring_streams", &Options::ring_streams, {1, 16}, "tcp: connections per ring link"),

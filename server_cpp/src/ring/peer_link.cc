@@ -79,7 +79,7 @@ std::string PeerProof(const std::string& token, char direction, const std::strin
 PeerLink::~PeerLink() { ::close(fd_); }
 
 Status PeerLink::Connect(const std::string& endpoint, const std::string& self,
-                         const std::string& token, std::chrono::milliseconds timeout,
+                         const PeerKey& key, std::chrono::milliseconds timeout,
                          std::unique_ptr<PeerLink>* out) {
   addrinfo* ai = nullptr;
   Status s = ResolveEndpoint(endpoint, false, &ai);
@@ -111,7 +111,7 @@ Status PeerLink::Connect(const std::string& endpoint, const std::string& self,
   SetTimeouts(fd, timeout);
   std::unique_ptr<PeerLink> link(new PeerLink(fd, endpoint));
   link->io_timeout_ = timeout;
-  s = link->Handshake(true, self, endpoint, token, timeout);
+  s = link->Handshake(true, self, endpoint, key, timeout);
   if (!s.ok()) return s;
   *out = std::move(link);
   return Status::OK();
@@ -124,23 +124,23 @@ std::unique_ptr<PeerLink> PeerLink::Adopt(int fd, std::chrono::milliseconds io_t
   return link;
 }
 
-Status PeerLink::Accept(int fd, const std::string& self, const std::string& token,
+Status PeerLink::Accept(int fd, const std::string& self, const PeerKey& key,
                         std::chrono::milliseconds timeout, std::unique_ptr<PeerLink>* out) {
   std::unique_ptr<PeerLink> link = Adopt(fd, timeout);
-  Status s = link->AcceptHandshake(self, token, timeout);
+  Status s = link->AcceptHandshake(self, key, timeout);
   if (s.ok()) *out = std::move(link);
   return s;
 }
 
-Status PeerLink::AcceptHandshake(const std::string& self, const std::string& token,
+Status PeerLink::AcceptHandshake(const std::string& self, const PeerKey& key,
                                  std::chrono::milliseconds deadline) {
-  return Handshake(false, self, self, token, deadline);
+  return Handshake(false, self, self, key, deadline);
 }
 
 Status PeerLink::Handshake(bool connecting, const std::string& self, const std::string& dialled,
-                           const std::string& token, std::chrono::milliseconds deadline) {
+                           const PeerKey& key, std::chrono::milliseconds deadline) {
   deadline_ = std::chrono::steady_clock::now() + deadline;
-  Status s = HandshakeSteps(connecting, self, dialled, token);
+  Status s = HandshakeSteps(connecting, self, dialled, key);
   deadline_ = {};
   SetIoTimeouts(fd_, io_timeout_);  // the handshake shortened them
   if (s.ok()) authenticated_ = true;
@@ -148,7 +148,7 @@ Status PeerLink::Handshake(bool connecting, const std::string& self, const std::
 }
 
 Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const std::string& dialled,
-                                const std::string& token) {
+                                const PeerKey& key) {
   std::string nonce(32, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(&nonce[0]), 32) != 1)
     return Status::Internal("no randomness for the peer handshake");
@@ -156,6 +156,7 @@ Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const 
   mine.set_nonce(nonce);
   mine.set_endpoint(self);
   mine.set_version(kPeerProtocolVersion);
+  mine.set_certificate(key.cert != nullptr);
   // The connector speaks first; the acceptor answers only a well-formed hello.
   Status s;
   if (connecting && !(s = Send(mine)).ok()) return s;
@@ -171,6 +172,11 @@ Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const 
       !std::all_of(e.begin(), e.end(), [](char c) { return c > ' ' && c < 0x7f; }))
     return Status::Unauthenticated("peer " + address_ + " announced no valid endpoint");
   if (!connecting && !(s = Send(mine)).ok()) return s;
+  if (theirs.certificate() != mine.certificate())  // a cluster uses node certificates everywhere, or nowhere
+    return Status::Unauthenticated("peer " + address_ + " (says " + e + ") " +
+                                   (theirs.certificate() ? "proves its node with a certificate and this server has none"
+                                                         : "has no node certificate and this server requires one") +
+                                   " (peer_cert_file)");
   const std::string& cn = connecting ? nonce : theirs.nonce();
   const std::string& an = connecting ? theirs.nonce() : nonce;
   // The connector binds the endpoint it dialled; the acceptor its own. A
@@ -179,7 +185,7 @@ Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const 
   const std::string& acceptor = dialled;
   v1::PeerAuth proof, their_proof;
   if (connecting) {
-    proof.set_mac(PeerProof(token, 'C', cn, an, connector, acceptor));
+    proof.set_mac(PeerProof(key.token, 'C', cn, an, connector, acceptor));
     if (!(s = Send(proof)).ok()) return s;
   }
   if (!(s = Recv(&their_proof)).ok())
@@ -187,7 +193,7 @@ Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const 
   if (connecting && their_proof.mac().empty())
     return Status::Unauthenticated("peer " + address_ + " refused our proof: it does not know our "
                                    "cluster token, or it advertises another endpoint than " + acceptor);
-  const std::string want = PeerProof(token, connecting ? 'A' : 'C', cn, an, connector, acceptor);
+  const std::string want = PeerProof(key.token, connecting ? 'A' : 'C', cn, an, connector, acceptor);
   if (their_proof.mac().size() != want.size() ||
       CRYPTO_memcmp(their_proof.mac().data(), want.data(), want.size()) != 0) {
     if (!connecting) {  // say so, proving nothing: an empty proof
@@ -210,10 +216,59 @@ Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const 
     }
   }
   if (!connecting) {  // only now, with the connector proven, do we prove ourselves
-    proof.set_mac(PeerProof(token, 'A', cn, an, connector, acceptor));
+    proof.set_mac(PeerProof(key.token, 'A', cn, an, connector, acceptor));
     if (!(s = Send(proof)).ok()) return s;
   }
+  if (key.cert) {  // the token says "of the cluster"; the certificate says which node
+    s = ProveNode(connecting, *key.cert, cn, an, connector, acceptor);
+    if (!s.ok()) return s;
+  }
   peer_ = theirs.endpoint();
+  return Status::OK();
+}
+
+std::string CertTranscript(char direction, const std::string& connector_nonce, const std::string& acceptor_nonce,
+                           const std::string& connector_endpoint, const std::string& acceptor_endpoint) {
+  std::string data = "tce-ring-cert-v1";
+  data.push_back(direction);
+  Put(&data, connector_nonce);
+  Put(&data, acceptor_nonce);
+  Put(&data, connector_endpoint);
+  Put(&data, acceptor_endpoint);
+  return data;
+}
+
+Status PeerLink::ProveNode(bool connecting, const NodeCert& cert, const std::string& cn, const std::string& an,
+                           const std::string& connector, const std::string& acceptor) {
+  auto prove = [&](char direction) {
+    v1::PeerCertProof mine;
+    mine.set_certificate(cert.der());
+    Status s = cert.Sign(CertTranscript(direction, cn, an, connector, acceptor), mine.mutable_signature());
+    return s.ok() ? Send(mine) : s;
+  };
+  Status s;
+  if (connecting && !(s = prove('C')).ok()) return s;
+  v1::PeerCertProof theirs;
+  if (!(s = Recv(&theirs)).ok())
+    return Status::Unauthenticated("peer " + address_ + " sent no node certificate: " + s.message());
+  // The certificate must name the host of the endpoint the peer is to us:
+  // the one it announced (acceptor side), the one we dialled (connector side).
+  const std::string& endpoint = connecting ? acceptor : connector;
+  std::string host;
+  int port = 0;
+  s = ParseEndpoint(endpoint, &host, &port);
+  if (s.ok())
+    s = cert.Verify(theirs.certificate(), host, CertTranscript(connecting ? 'A' : 'C', cn, an, connector, acceptor),
+                    theirs.signature());
+  if (!s.ok()) {
+    if (!connecting) {  // say so, proving nothing: an empty certificate
+      Status ignored = Send(v1::PeerCertProof());
+      (void)ignored;
+    }
+    return Status::Unauthenticated("peer " + address_ + " is not node " + endpoint + " by certificate: " +
+                                   s.message());
+  }
+  if (!connecting && !(s = prove('A')).ok()) return s;
   return Status::OK();
 }
 
@@ -228,7 +283,7 @@ void PeerLink::Abort() {
 }
 
 Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string& self,
-                 const std::string& token, std::chrono::milliseconds timeout, int count) {
+                 const PeerKey& peer_key, std::chrono::milliseconds timeout, int count) {
   if (count < 2 || count > kMaxLanes)
     return Status::InvalidArgument("a link has 2 to " + std::to_string(kMaxLanes) + " lanes, not " +
                                    std::to_string(count));
@@ -237,7 +292,7 @@ Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string&
     return Status::Internal("no randomness for a lane key");
   for (int i = 1; i < count; ++i) {
     std::unique_ptr<PeerLink> lane;
-    Status s = PeerLink::Connect(endpoint, self, token, timeout, &lane);
+    Status s = PeerLink::Connect(endpoint, self, peer_key, timeout, &lane);
     v1::PeerRequest hello;
     hello.mutable_lane()->set_key(key);
     hello.mutable_lane()->set_index(i);

@@ -7,8 +7,11 @@
 // HMAC-SHA256(token, direction, both nonces, the connector's endpoint, the
 // acceptor's endpoint as the connector dialled it), so a proof made for one
 // connection is worthless on any other: reflected to its maker, relayed to a
-// third server, or replayed later. A peer that fails is refused (the caller
-// logs it).
+// third server, or replayed later. With node certificates (PeerKey.cert),
+// each side then also signs the same transcript with its node's key and
+// sends its certificate, which must chain to the cluster CA and name the
+// host of the endpoint it announced. A peer that fails is refused (the
+// caller logs it).
 //
 // Before authentication nothing from the peer is trusted: the handshake has
 // one deadline for all of it (a slow sender cannot stretch it) and accepts
@@ -28,6 +31,7 @@
 
 #include "common/net.h"
 #include "common/status.h"
+#include "ring/peer_key.h"
 
 namespace tce {
 
@@ -41,16 +45,16 @@ class PeerLink {
   // `timeout`). `self` is our own advertised endpoint; the peer must advertise
   // exactly `endpoint`.
   static Status Connect(const std::string& endpoint, const std::string& self,
-                        const std::string& token, std::chrono::milliseconds timeout,
+                        const PeerKey& key, std::chrono::milliseconds timeout,
                         std::unique_ptr<PeerLink>* out);
   // Adopt + AcceptHandshake in one (takes ownership of `fd`, closed on failure).
-  static Status Accept(int fd, const std::string& self, const std::string& token,
+  static Status Accept(int fd, const std::string& self, const PeerKey& key,
                        std::chrono::milliseconds timeout, std::unique_ptr<PeerLink>* out);
   // An accepted socket, not yet authenticated (takes ownership of `fd`).
   static std::unique_ptr<PeerLink> Adopt(int fd, std::chrono::milliseconds io_timeout);
   // The acceptor's half of the handshake, within `deadline`. `self` is our
   // own advertised endpoint.
-  Status AcceptHandshake(const std::string& self, const std::string& token,
+  Status AcceptHandshake(const std::string& self, const PeerKey& key,
                          std::chrono::milliseconds deadline);
 
   Status Send(const google::protobuf::MessageLite& m);
@@ -91,9 +95,13 @@ class PeerLink {
   // `dialled`: the endpoint the connector dialled (connector side) or our own
   // advertised endpoint (acceptor side).
   Status Handshake(bool connecting, const std::string& self, const std::string& dialled,
-                   const std::string& token, std::chrono::milliseconds deadline);
+                   const PeerKey& key, std::chrono::milliseconds deadline);
   Status HandshakeSteps(bool connecting, const std::string& self, const std::string& dialled,
-                        const std::string& token);
+                        const PeerKey& key);
+  // The certificate step, once both proved the token: each side sends its
+  // node certificate and signature, the connector first.
+  Status ProveNode(bool connecting, const NodeCert& cert, const std::string& cn, const std::string& an,
+                   const std::string& connector, const std::string& acceptor);
 
   const int fd_;
   const std::string address_;  // the socket's remote address, for messages
@@ -117,9 +125,14 @@ std::string PeerProof(const std::string& token, char direction, const std::strin
                       const std::string& acceptor_nonce, const std::string& connector_endpoint,
                       const std::string& acceptor_endpoint);
 
+// What a node certificate signs in a handshake (see PeerCertProof): like
+// PeerProof's input, under its own label. Exposed for tests.
+std::string CertTranscript(char direction, const std::string& connector_nonce, const std::string& acceptor_nonce,
+                           const std::string& connector_endpoint, const std::string& acceptor_endpoint);
+
 // Gives `link` (connected to `endpoint`) `count - 1` lanes: connects and
 // authenticates them, and has the peer bind them to its end of the link.
 Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string& self,
-                 const std::string& token, std::chrono::milliseconds timeout, int count);
+                 const PeerKey& peer_key, std::chrono::milliseconds timeout, int count);
 
 }  // namespace tce

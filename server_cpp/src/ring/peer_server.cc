@@ -44,7 +44,7 @@ PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupSt
 PeerServer::~PeerServer() { Stop(); }
 
 Status PeerServer::Start() {
-  if (options_.token.empty())
+  if (options_.key.token.empty())
     return Status::InvalidArgument("the ring needs a cluster token (peer_token or peer_token_file)");
   std::string bound;
   Status s = ListenTcp(options_.listen, &listen_fd_, &bound);
@@ -173,7 +173,7 @@ void PeerServer::ReapWorkers() {
 
 void PeerServer::Serve(int fd, uint64_t worker) {
   std::unique_ptr<PeerLink> link = PeerLink::Adopt(fd, options_.io_timeout);
-  Status s = link->AcceptHandshake(endpoint_, options_.token, options_.handshake_timeout);
+  Status s = link->AcceptHandshake(endpoint_, options_.key, options_.handshake_timeout);
   {
     MutexLock l(&mu_);
     handshakes_.erase(fd);  // before the fd can close: Admit shuts down only registered ones

@@ -35,6 +35,7 @@
 #include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "ring/backup_store.h"
+#include "ring/peer_key.h"
 #include "ring/transport.h"
 #include "tce/v1/tce.pb.h"
 
@@ -43,7 +44,7 @@ namespace tce {
 struct PeerServerOptions {
   std::string listen;     // host:port to bind (port 0: any)
   std::string advertise;  // the endpoint peers use; empty: the bound address
-  std::string token;      // the cluster token (required)
+  PeerKey key;           // the cluster token (required; and this node's certificate)
   int max_connections = 256;            // authenticated links, lanes included
   int max_handshakes = 64;              // connections not yet authenticated
   int max_handshakes_per_source = 8;    // of those, from one remote address

@@ -13,7 +13,7 @@ namespace tce {
 inline PeerServerOptions LoopbackPeerOptions(const std::string& token = "t") {
   PeerServerOptions po;
   po.listen = "127.0.0.1:0";
-  po.token = token;
+  po.key = token;
   po.io_timeout = std::chrono::milliseconds(2000);
   return po;
 }

@@ -132,7 +132,7 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
     link = attempt == 0 ? TakeLink(peer) : nullptr;
     const bool kept = link != nullptr;
     s = Status::OK();
-    if (!link) s = PeerLink::Connect(peer, options_.self, options_.token, options_.io_timeout, &link);
+    if (!link) s = PeerLink::Connect(peer, options_.self, options_.key, options_.io_timeout, &link);
     if (!s.ok()) return Status::Unavailable(s.message());
     reply.Clear();
     s = link->Send(req);

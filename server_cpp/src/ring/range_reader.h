@@ -32,7 +32,7 @@ namespace tce {
 
 struct RangeReaderOptions {
   std::string self;   // our advertised peer endpoint (empty: no ring, no peers asked)
-  std::string token;  // the cluster token
+  PeerKey key;  // the cluster token (and this node's certificate)
   std::chrono::milliseconds io_timeout{30000};
   BackupStore* held = nullptr;  // the copies this server keeps (optional)
 };

@@ -229,7 +229,7 @@ TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
   ASSERT_TRUE(mine.SetRing(s, "j", 1, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
   RangeReaderOptions o;
   o.self = "127.0.0.1:1";
-  o.token = "t";
+  o.key = "t";
   o.io_timeout = 2000ms;
   RangeReader reader(&mine, o);
   RangeRead got;
@@ -290,7 +290,7 @@ struct Asker {
     EXPECT_TRUE(cache.SetRing(s, "j", 0, {"127.0.0.1:1", peer}, &successor).ok());
     RangeReaderOptions o;
     o.self = "127.0.0.1:1";
-    o.token = "t";
+    o.key = "t";
     o.io_timeout = 2000ms;
     reader = std::make_unique<RangeReader>(&cache, o);
   }

@@ -32,7 +32,7 @@ class PeerRequest;
 
 struct ReplicatorOptions {
   std::string self;   // our advertised peer endpoint
-  std::string token;  // the cluster token
+  PeerKey key;  // the cluster token (and this node's certificate)
   int threads = 1;
   std::chrono::milliseconds backoff{200};
   std::chrono::milliseconds max_backoff{10000};
