@@ -24,7 +24,7 @@ APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev libfuse2 clang \
 	podman runc catatonit debootstrap iptables prometheus openssl
 
-.PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py demo bench image clean
+.PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py demo bench gpu-check image clean
 
 setup: $(STAMPS)/apt $(STAMPS)/python build
 
@@ -100,6 +100,22 @@ demo: setup
 
 bench: setup
 	$(PYTHON) -m tce.cli bench
+
+# On a machine with a CUDA GPU: the GPU tests, then the device benchmark in
+# three parts that each end within a few minutes (the whole 8 GiB table in
+# one run takes longer than a lent GPU machine gives one command): the
+# steady-state rows at GPU_BENCH_SIZE, then the cold, torch, persistence and
+# DCP rows at 2 GiB. Installs nothing (a GPU machine may have no network):
+# run it where `make build` ran, or with the package importable and
+# TCE_SERVER_BIN set.
+GPU_BENCH_SIZE ?= 8GiB
+gpu-check:
+	@$(PYTHON) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+	  'make gpu-check: torch sees no CUDA device (torch ' + torch.__version__ + ')')"
+	$(PYTHON) -m pytest -m gpu -q -p no:cacheprovider tests
+	$(PYTHON) -m tce.cli bench --device cuda --size $(GPU_BENCH_SIZE) --repeats 3 --skip cold,persist,torch,dcp
+	$(PYTHON) -m tce.cli bench --device cuda --size 2GiB --repeats 3 --skip persist,dcp
+	$(PYTHON) -m tce.cli bench --device cuda --size 2GiB --repeats 3 --persist-repeats 2 --skip tce,cold,torch
 
 # The images, with podman (no Docker engine needed): a local
 # debian:bookworm-slim base from debootstrap (built once, then cached in
