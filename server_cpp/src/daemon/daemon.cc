@@ -455,6 +455,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   fo.path = fd_path;
   fo.allowed_uids = uids;
   fo.max_sessions = static_cast<size_t>(opt.max_sessions);
+  fo.max_sessions_per_uid = static_cast<size_t>(opt.max_sessions_per_uid);
   fo.idle_timeout = std::chrono::seconds(opt.session_idle_timeout_s);
   fo.socket_gid = socket_gid;
   FdServer fds(&cache, fo);

@@ -34,6 +34,7 @@ struct Options {
   std::string allowed_uids;
   int rpc_threads = 4;
   int max_sessions = 1024;
+  int max_sessions_per_uid = 256;
   int max_control_connections = 1024;
   std::string socket_group;
   bool root_is_admin = true;

@@ -161,6 +161,8 @@ const std::vector<Setting> kSettings = {
     Int("rpc_threads", &Options::rpc_threads, {1, 256}, "gRPC worker threads"),
     Int("max_sessions", &Options::max_sessions, {1, 65536},
         "concurrent client sessions; more connections are refused and closed at once"),
+    Int("max_sessions_per_uid", &Options::max_sessions_per_uid, {1, 65536},
+        "concurrent client sessions of one uid (root included); more are refused and closed at once"),
     Int("max_control_connections", &Options::max_control_connections, {1, 65536},
         "control-socket connections open at once; more are closed at once"),
     Text("socket_group", &Options::socket_group, "G", GroupName,
