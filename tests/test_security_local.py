@@ -651,3 +651,27 @@ result["read"] = s.read("jb", {path!r})[2] == b"B" * 4096
     finally:
         node.close()
 
+
+def test_a_uid_at_its_control_connection_cap_is_closed_while_another_uid_is_served(users):
+    node = Node(users, extra_args=["--max-control-connections-per-uid", "4"])
+    try:
+        with holding(node, "a", """
+held = []
+for _ in range(4):
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(SOCK)
+    held.append(c)
+extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+extra.settimeout(10)
+extra.connect(SOCK)
+result["extra"] = extra.recv(1).decode()  # "": closed by the server, not left waiting
+""") as a:
+            assert a["extra"] == ""
+            b = node.run("b", "s = Session(SOCK)\nresult['list'] = s.call('List', pb.ListRequest(session=s.id))[0]\n")
+            assert b["list"] == "OK"
+        log = node.server.log()
+        assert (f"uid={users['a']}: uid {users['a']} holds 4 control connections "
+                "(max_control_connections_per_uid)") in log
+    finally:
+        node.close()
+

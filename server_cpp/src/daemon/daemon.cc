@@ -446,7 +446,8 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return Fail("cannot start the gRPC server", 1);
   ControlListener control(server.get(), opt.socket, uids, socket_gid,
-                          static_cast<size_t>(opt.max_control_connections));
+                          static_cast<size_t>(opt.max_control_connections),
+                          static_cast<size_t>(opt.max_control_connections_per_uid));
   if (!(s = control.Start()).ok()) {
     server->Shutdown();
     return Fail(s.message(), 1);

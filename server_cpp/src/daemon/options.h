@@ -36,6 +36,7 @@ struct Options {
   int max_sessions = 1024;
   int max_sessions_per_uid = 256;
   int max_control_connections = 1024;
+  int max_control_connections_per_uid = 256;
   std::string socket_group;
   bool root_is_admin = true;
   int session_idle_timeout_s = 3600;

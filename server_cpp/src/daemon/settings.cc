@@ -165,6 +165,8 @@ const std::vector<Setting> kSettings = {
         "concurrent client sessions of one uid (root included); more are refused and closed at once"),
     Int("max_control_connections", &Options::max_control_connections, {1, 65536},
         "control-socket connections open at once; more are closed at once"),
+    Int("max_control_connections_per_uid", &Options::max_control_connections_per_uid, {1, 65536},
+        "control-socket connections of one uid (root included) open at once; more are closed at once"),
     Text("socket_group", &Options::socket_group, "G", GroupName,
          "group (name or gid) that may connect to the sockets (0660)")
         .DefaultText("empty: the server's own group"),

@@ -170,6 +170,25 @@ int HelloCode(const std::string& path, std::string* message = nullptr, int* conn
   return code;
 }
 
+// Whether gRPC serves a new control-socket connection: it answers the
+// HTTP/2 preface with its SETTINGS (a connection the listener refused is
+// closed: EOF). The connection stays open in *conn when given.
+bool ControlServed(const std::string& path, int* conn = nullptr) {
+  static const char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";  // + empty SETTINGS
+  int c = Connect(path, SOCK_STREAM);
+  if (c < 0) return false;
+  char got[64];
+  const bool served = send(c, kPreface, sizeof(kPreface) - 1, MSG_NOSIGNAL) ==
+                          static_cast<ssize_t>(sizeof(kPreface) - 1) &&
+                      recv(c, got, sizeof(got), 0) > 0;
+  if (conn) *conn = c;
+  else close(c);
+  return served;
+}
+
+// A connection that is open and handed over but says nothing yet.
+int ControlHold(const std::string& path) { return Connect(path, SOCK_STREAM); }
+
 class PerUidCapsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -214,6 +233,27 @@ TEST_F(PerUidCapsTest, AUidBeyondItsSessionsIsRefusedAndAnotherUidIsNot) {
   close(held[1]);
   fds.Stop();
   if (geteuid() != 0) GTEST_SKIP() << "another uid's session needs root (fork, setuid)";
+}
+
+TEST_F(PerUidCapsTest, AUidBeyondItsControlConnectionsIsClosedAndAnotherUidIsServed) {
+  ControlListener control(server_.get(), sock_, {getuid(), kNobody}, static_cast<gid_t>(-1), 16, 2);
+  ASSERT_TRUE(control.Start().ok());
+  chmod(sock_.c_str(), 0666);
+  int held[2] = {ControlHold(sock_), ControlHold(sock_)};  // accepted in order, before the next
+  ASSERT_GE(held[0], 0);
+  ASSERT_GE(held[1], 0);
+  EXPECT_FALSE(ControlServed(sock_));  // the uid's third: closed at once
+  if (geteuid() == 0) {
+    EXPECT_EQ(AsNobody([&] { return ControlServed(sock_) ? 1 : 0; }), 1);
+  }
+  // One of ours closes: once gRPC let go of it, the uid is served again.
+  close(held[0]);
+  bool served = false;
+  for (int i = 0; i < 500 && !(served = ControlServed(sock_)); ++i) usleep(10000);
+  EXPECT_TRUE(served);
+  close(held[1]);
+  control.Stop();
+  if (geteuid() != 0) GTEST_SKIP() << "another uid's connection needs root (fork, setuid)";
 }
 
 }  // namespace
