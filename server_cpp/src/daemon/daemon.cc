@@ -386,7 +386,9 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   }
   RangeReader ranges(&cache, rro);
   service.SetRangeReader(&ranges);
-  RangeBuffers range_buffers;  // ReadRange into the session's buffer (the fd socket hands it out)
+  // ReadRange into the session's buffer (the fd socket hands it out), its
+  // bytes within the cache's budget.
+  RangeBuffers range_buffers(&cache);
   service.SetRangeBuffers(&range_buffers);
   service.SetMaxWaits(static_cast<size_t>(opt.max_waits));
   // Operations: Prometheus metrics over HTTP, and the standard gRPC health

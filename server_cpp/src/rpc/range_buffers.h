@@ -5,12 +5,15 @@
 // `range_buffer`), instead of receiving it inside the gRPC reply.
 //
 // Each buffer is kSize bytes (kSlots ranges of kMaxRangeLength), made on
-// the session's first FdRequest for it and dropped when the session ends;
-// at most kMax exist at once (RESOURCE_EXHAUSTED beyond: that client reads
-// through the reply). Their memory is outside the cache's budget, bounded
-// by kMax * kSize. A session reaches only its own buffer, and what it finds
-// there is only what it asked for: a client that writes into it through
-// its fd can spoil only its own reads. Thread-safe.
+// the session's first FdRequest for it and dropped when the session ends.
+// Limits: at most kMax exist at once, and each one's kSize bytes are
+// borrowed from the cache's memory budget (MemoryBudget) until its pages
+// are freed. Beyond either the request gets RESOURCE_EXHAUSTED and that
+// client reads through the reply. A session reaches only its own buffer,
+// and what it finds there is only what it asked for: a client that writes
+// into it through its fd can spoil only its own reads. Freeing a buffer
+// punches its pages out (Buffer's destructor), so a client that keeps the
+// fd keeps no memory. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,7 @@
 #include <string>
 
 #include "cache/buffer.h"
+#include "cache/memory_budget.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "ring/range_read.h"
@@ -27,9 +31,11 @@ namespace tce {
 
 class RangeBuffers {
  public:
-  // One session's buffer and the server's writable mapping of it.
+  // One session's buffer and the server's writable mapping of it; its bytes
+  // go back to the budget when it is freed.
   struct Held {
     ~Held();
+    MemoryBudget* budget = nullptr;  // set once the bytes were borrowed
     std::unique_ptr<Buffer> buffer;
     unsigned char* map = nullptr;
   };
@@ -37,6 +43,10 @@ class RangeBuffers {
   static constexpr uint64_t kSlots = 4;
   static constexpr uint64_t kSize = kSlots * kMaxRangeLength;
   static constexpr size_t kMax = 8;
+
+  // `budget` (the Cache) must outlive every buffer, including one a
+  // ReadRange still holds after Drop.
+  explicit RangeBuffers(MemoryBudget* budget);
 
   // A read-only fd of the session's buffer (made now if it has none) and
   // its size. The caller owns the fd.
@@ -52,8 +62,12 @@ class RangeBuffers {
   size_t size() const EXCLUDES(mu_);
 
  private:
+  // Makes a buffer: its bytes borrowed, its memfd made and mapped.
+  Status Make(std::shared_ptr<Held>* out) REQUIRES(mu_);
+
+  MemoryBudget* const budget_;
   mutable Mutex mu_;
-  std::map<std::string, std::shared_ptr<Held>> buffers_ GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Held>> buffers_ GUARDED_BY(mu_);  // by session
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
 };
 
