@@ -675,3 +675,36 @@ result["extra"] = extra.recv(1).decode()  # "": closed by the server, not left w
     finally:
         node.close()
 
+
+def test_a_uid_at_its_range_buffer_cap_is_refused_while_another_uid_gets_one(users):
+    """Range buffers (where a ranged read puts its bytes) are few: one uid
+    holds at most max_range_buffers_per_uid of them; its other sessions read
+    through the reply, and another uid still gets its own."""
+    node = Node(users, extra_args=["--max-range-buffers-per-uid", "2"])
+    try:
+        with holding(node, "a", """
+sessions = [Session(SOCK) for _ in range(3)]
+result["sizes"] = [sessions[i].range_buffer()[1] for i in range(2)]
+try:
+    sessions[2].range_buffer()
+except Refused as e:
+    result["code"], result["message"] = e.code, e.message
+""") as a:
+            assert a["sizes"] == [64 << 20] * 2
+            assert a["code"] == "RESOURCE_EXHAUSTED"
+            assert a["message"] == f"uid {users['a']} holds 2 range buffers (max_range_buffers_per_uid)"
+            path = node.path("b", "r.bin")
+            b = node.run("b", f"""
+data = bytes(range(256)) * 4096
+s = Session(SOCK)
+result["save"] = s.save("jb", {path!r}, data)["code"]
+fd, result["size"] = s.range_buffer()
+code, msg, _ = s.call("ReadRange", pb.ReadRangeRequest(
+    session=s.id, job="jb", path={path!r}, offset=1000, length=100000, into_buffer=True, buffer_offset=0))
+result["read"] = [code, msg]
+result["bytes"] = os.pread(fd, 100000, 0) == data[1000:101000]
+""")
+            assert b["save"] == "OK" and b["size"] == 64 << 20
+            assert b["read"] == ["OK", ""] and b["bytes"]
+    finally:
+        node.close()

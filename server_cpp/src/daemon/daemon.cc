@@ -388,7 +388,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   service.SetRangeReader(&ranges);
   // ReadRange into the session's buffer (the fd socket hands it out), its
   // bytes within the cache's budget.
-  RangeBuffers range_buffers(&cache);
+  RangeBuffers range_buffers(&cache, static_cast<size_t>(opt.max_range_buffers_per_uid));
   service.SetRangeBuffers(&range_buffers);
   service.SetMaxWaits(static_cast<size_t>(opt.max_waits));
   // Operations: Prometheus metrics over HTTP, and the standard gRPC health

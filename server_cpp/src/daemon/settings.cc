@@ -9,6 +9,7 @@
 #include "cache/memory_backing.h"
 #include "common/strings.h"
 #include "meta/meta_store.h"
+#include "rpc/range_buffers.h"
 
 namespace tce {
 namespace {
@@ -179,6 +180,10 @@ const std::vector<Setting> kSettings = {
         "concurrent blocked Wait calls; more are refused (RESOURCE_EXHAUSTED)"),
     Int("max_leases_per_session", &Options::max_leases_per_session, {1, 1000000},
         "loads one session may hold at once"),
+    Int("max_range_buffers_per_uid", &Options::max_range_buffers_per_uid,
+        {1, static_cast<long>(RangeBuffers::kMax)},
+        "range buffers (64 MiB each, within the memory budget) the sessions of one uid (root "
+        "included) hold at once; its other sessions read ranges through the reply"),
     Text("storage_roots", &Options::storage_roots, "LIST", Roots,
          "comma-separated dirs files are persisted under; only paths under them are accepted")
         .DefaultText("empty: memory only"),

@@ -186,7 +186,7 @@ bool FdServer::Serve(int fd) {
   else if (!range_buffers_)
     s = Status::NotSupported("this server has no range buffers");
   else if (bool admin = false; (s = cache_->CheckCaller(conn.session, &admin)).ok())  // a live session
-    s = range_buffers_->Fd(conn.session, &memfd, &capacity);
+    s = range_buffers_->Fd(conn.session, conn.uid, &memfd, &capacity);
   v1::FdReply reply;
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(s.message());

@@ -15,7 +15,8 @@ RangeBuffers::Held::~Held() {
   if (budget) budget->GiveBack(kSize);
 }
 
-RangeBuffers::RangeBuffers(MemoryBudget* budget) : budget_(budget) {}
+RangeBuffers::RangeBuffers(MemoryBudget* budget, size_t max_per_uid)
+    : budget_(budget), per_uid_(max_per_uid, "range buffers", "max_range_buffers_per_uid") {}
 
 Status RangeBuffers::Make(std::shared_ptr<Held>* out) {
   if (!budget_->Borrow(kSize))
@@ -32,19 +33,23 @@ Status RangeBuffers::Make(std::shared_ptr<Held>* out) {
   return Status::OK();
 }
 
-Status RangeBuffers::Fd(const std::string& session, int* fd, uint64_t* capacity) {
+Status RangeBuffers::Fd(const std::string& session, uid_t uid, int* fd, uint64_t* capacity) {
   MutexLock l(&mu_);
   auto it = buffers_.find(session);
   if (it == buffers_.end()) {
     if (buffers_.size() >= kMax)
       return Status::ResourceExhausted(std::to_string(kMax) + " clients hold a range buffer already");
+    Status s = per_uid_.Take(uid);
     std::shared_ptr<Held> made;
-    Status s = Make(&made);
+    if (s.ok()) {
+      s = Make(&made);
+      if (!s.ok()) per_uid_.Give(uid);
+    }
     if (!s.ok()) return s;
-    it = buffers_.emplace(session, std::move(made)).first;
+    it = buffers_.emplace(session, Entry{std::move(made), uid}).first;
   }
   *capacity = kSize;
-  return it->second->buffer->NewFd(/*writable=*/false, fd);
+  return it->second.held->buffer->NewFd(/*writable=*/false, fd);
 }
 
 Status RangeBuffers::Place(const std::string& session, uint64_t offset, uint64_t length,
@@ -55,7 +60,7 @@ Status RangeBuffers::Place(const std::string& session, uint64_t offset, uint64_t
     if (it == buffers_.end())
       return Status::FromCode(Status::Code::kFailedPrecondition,
                               "this session has no range buffer (the fd socket gives one)");
-    *hold = it->second;
+    *hold = it->second.held;
   }
   if (offset > kSize || length > kSize - offset)  // never offset + length: it may wrap
     return Status::FromCode(Status::Code::kOutOfRange,
@@ -70,7 +75,8 @@ void RangeBuffers::Drop(const std::string& session) {
   MutexLock l(&mu_);
   auto it = buffers_.find(session);
   if (it == buffers_.end()) return;
-  last = std::move(it->second);
+  last = std::move(it->second.held);
+  per_uid_.Give(it->second.uid);
   buffers_.erase(it);
 }
 

@@ -6,15 +6,18 @@
 //
 // Each buffer is kSize bytes (kSlots ranges of kMaxRangeLength), made on
 // the session's first FdRequest for it and dropped when the session ends.
-// Limits: at most kMax exist at once, and each one's kSize bytes are
-// borrowed from the cache's memory budget (MemoryBudget) until its pages
-// are freed. Beyond either the request gets RESOURCE_EXHAUSTED and that
-// client reads through the reply. A session reaches only its own buffer,
-// and what it finds there is only what it asked for: a client that writes
-// into it through its fd can spoil only its own reads. Freeing a buffer
-// punches its pages out (Buffer's destructor), so a client that keeps the
-// fd keeps no memory. Thread-safe.
+// Limits: at most kMax exist at once, at most `max_per_uid` for one uid
+// (root included), so that one user cannot hold every one, and each one's
+// kSize bytes are borrowed from the cache's memory budget (MemoryBudget)
+// until its pages are freed. Beyond any of them the request gets
+// RESOURCE_EXHAUSTED and that client reads through the reply. A session
+// reaches only its own buffer, and what it finds there is only what it
+// asked for: a client that writes into it through its fd can spoil only its
+// own reads. Freeing a buffer punches its pages out (Buffer's destructor),
+// so a client that keeps the fd keeps no memory. Thread-safe.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <map>
@@ -26,6 +29,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "ring/range_read.h"
+#include "rpc/uid_counts.h"
 
 namespace tce {
 
@@ -46,11 +50,11 @@ class RangeBuffers {
 
   // `budget` (the Cache) must outlive every buffer, including one a
   // ReadRange still holds after Drop.
-  explicit RangeBuffers(MemoryBudget* budget);
+  RangeBuffers(MemoryBudget* budget, size_t max_per_uid);
 
   // A read-only fd of the session's buffer (made now if it has none) and
-  // its size. The caller owns the fd.
-  Status Fd(const std::string& session, int* fd, uint64_t* capacity) EXCLUDES(mu_);
+  // its size. The caller owns the fd. `uid`: the session's, for the cap.
+  Status Fd(const std::string& session, uid_t uid, int* fd, uint64_t* capacity) EXCLUDES(mu_);
   // Where to write bytes [offset, offset + length) of the session's buffer:
   // *at, valid while *hold lives. FAILED_PRECONDITION when the session has
   // no buffer; OUT_OF_RANGE when the bytes do not fit in it.
@@ -62,12 +66,17 @@ class RangeBuffers {
   size_t size() const EXCLUDES(mu_);
 
  private:
+  struct Entry {
+    std::shared_ptr<Held> held;
+    uid_t uid;
+  };
   // Makes a buffer: its bytes borrowed, its memfd made and mapped.
   Status Make(std::shared_ptr<Held>* out) REQUIRES(mu_);
 
   MemoryBudget* const budget_;
   mutable Mutex mu_;
-  std::map<std::string, std::shared_ptr<Held>> buffers_ GUARDED_BY(mu_);  // by session
+  std::map<std::string, Entry> buffers_ GUARDED_BY(mu_);  // by session
+  UidCounts per_uid_ GUARDED_BY(mu_);                     // buffers_ by uid
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
 };
 
