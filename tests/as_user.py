@@ -78,6 +78,16 @@ class Session:
             raise Refused(reply.code, reply.message)
         return fds[0], reply.capacity, reply.writable
 
+    def range_buffer(self) -> tuple[int, int]:
+        """(read-only fd, size) of this session's range buffer (ReadRange
+        with into_buffer puts the bytes there)."""
+        self.fd_sock.send(pb.FdRequest(range_buffer=True).SerializeToString())
+        packet, fds, _, _ = socket.recv_fds(self.fd_sock, 4096, 1)
+        reply = pb.FdReply.FromString(packet)
+        if reply.code:
+            raise Refused(reply.code, reply.message)
+        return fds[0], reply.capacity
+
     def save(self, job: str, path: str, data: bytes, *, tag: str = "t") -> dict:
         """Allocate, write `data`, commit. Returns the buffer id and capacity."""
         code, msg, a = self.call("Allocate", pb.AllocateRequest(

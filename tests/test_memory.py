@@ -16,6 +16,7 @@ import torch
 
 import tce
 from tce import api
+from tce import _service
 from tce.core import _knobs, _session
 from tce.core._client import Client
 from tce.tools._server import LocalServer, server_binary
@@ -232,11 +233,39 @@ def test_a_thp_server_puts_buffers_on_shmem_huge_pages(shmem_thp, tmp_path):
         assert p.returncode == 2 and "shmem_enabled" in p.stderr + p.stdout
 
 
+def test_a_range_buffer_counts_against_the_budget_and_without_one_ranges_come_in_the_reply(tmp_path):
+    """A range buffer's 64 MiB come out of memory_budget: a server whose
+    budget has no room for one refuses it, and the ranged read still
+    returns the right bytes, inside the ReadRange reply."""
+    s = LocalServer(memory_budget="48MiB").start()
+    try:
+        with _knobs.override(socket=s.socket, job="ranged"):
+            c = _session.client()
+            data = os.urandom(5 * MiB)
+            path = str(tmp_path / "r.bin")
+            alloc = c.allocate(job="ranged", tag="t", rank=0, path=path, size=len(data))
+            alloc.view[:] = data
+            alloc.commit()
+            with pytest.raises(tce.TCEError) as refused:
+                c._request_fd(0, range_buffer=True)
+            assert refused.value.code == "RESOURCE_EXHAUSTED"
+            assert refused.value.message == ("no room in the memory budget (memory_budget) for a "
+                                             "range buffer of 64.0 MiB")
+            assert c.range_buffer() is None
+            got = _service.read_range_piece(path, 1000, 2 * MiB, buffer_offset=0)
+            assert got is not None and bytes(got[0]) == data[1000:1000 + 2 * MiB] and got[1] == "local"
+            api.close()
+    finally:
+        assert s.stop() == 0, s.log()
+        s.cleanup()
+
+
 def test_memory_the_server_lets_go_of_is_freed_though_a_client_keeps_its_fd(tmp_path):
     """A client that keeps the fd of an allocation it aborted, or of its
     range buffer, after its session ends holds no page: the server frees
     its memory (punches it out) when it lets go, whoever holds the memfd."""
-    s = LocalServer(memory_budget="64MiB", extra_args=["--memory-backing", "4k"]).start()
+    # 100 MiB: the allocation (32.5) and the range buffer (64) fit together
+    s = LocalServer(memory_budget="100MiB", extra_args=["--memory-backing", "4k"]).start()
     try:
         c = Client(s.socket, rpc_timeout=30)
         resp = c._allocate(job="kept", tag="t", rank=0, path=str(tmp_path / "a.pt"), size=32 * MiB)
@@ -250,7 +279,7 @@ def test_memory_the_server_lets_go_of_is_freed_though_a_client_keeps_its_fd(tmp_
         until(lambda: os.fstat(ranged).st_blocks == 0, what="the range buffer's pages freed")
         with _knobs.override(socket=s.socket, job="other"):
             # The aborted buffer waits for reuse until a save needs its room.
-            tce.save({"w": torch.zeros(10 * MiB)}, str(tmp_path / "b.pt"))  # 40 MiB: 32 + 40 > 64
+            tce.save({"w": torch.zeros(18 * MiB)}, str(tmp_path / "b.pt"))  # 72 MiB: 32 + 72 > 100
             api.close()
         until(lambda: os.fstat(kept).st_blocks == 0, what="the aborted allocation's pages freed")
         os.close(kept)

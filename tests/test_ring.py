@@ -666,7 +666,9 @@ def test_every_transport_moves_every_memory_backing(tmp_path, transport, backing
     """Servers whose buffers are on `backing`: a backup (node 0 to node 1),
     ranged reads node 2 asks of its peers (the bytes sent from their
     memory), and a whole file fetched for a load, each bit for bit."""
-    servers = [_ring_server(tmp_path, transport, f"n{i}", budget="128MiB",
+    # 256 MiB, half of it the cache's: node 2's range buffer (64 MiB, in the
+    # budget) and the 12 MiB file its load fetches fit side by side
+    servers = [_ring_server(tmp_path, transport, f"n{i}", budget="256MiB",
                             extra=["--memory-backing", backing]) for i in range(3)]
     try:
         _set_ring(servers)

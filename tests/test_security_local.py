@@ -9,6 +9,7 @@ tce-server started here as root. `tce-test-a` and `tce-test-b` are allowed
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -586,3 +587,124 @@ result["data"] = (r.data if r else b"").hex()
         if b is not None:
             b.close()
         a.close()
+
+
+@contextlib.contextmanager
+def holding(node: Node, user: str, code: str):
+    """Runs `code` as `user` and keeps its process, and so its sessions and
+    connections, alive inside the block; yields the `result` the snippet had
+    made by then. The process ends when the block does."""
+    release_r, release_w = os.pipe()
+    snippet = (f"SOCK = {node.socket!r}\n{code}\n"
+               f"import json\nprint(json.dumps(result), flush=True)\nos.read({release_r}, 1)\n")
+    p = subprocess.Popen([sys.executable, AS_USER, USERS[user]], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         pass_fds=(release_r,))
+    os.close(release_r)
+    try:
+        p.stdin.write(snippet)
+        p.stdin.close()
+        line = p.stdout.readline()
+        assert line, f"as {user}: no result\n{p.stderr.read()}"
+        yield json.loads(line)
+    finally:
+        os.close(release_w)
+        p.wait(timeout=60)
+        p.stdout.close()
+        p.stderr.close()
+
+
+def _opens_session(node: Node, user: str) -> bool:
+    r = node.run(user, """
+try:
+    Session(SOCK).close()
+    result["ok"] = True
+except Refused:
+    result["ok"] = False
+""")
+    return r["ok"]
+
+
+def test_a_uid_at_its_session_cap_is_refused_while_another_uid_still_saves(users):
+    """A held lease keeps a session from ever being idle, so without a cap
+    per uid one user could hold every session and leave the others none."""
+    node = Node(users, extra_args=["--max-sessions-per-uid", "3"])
+    try:
+        with holding(node, "a", """
+held = [Session(SOCK) for _ in range(3)]
+try:
+    Session(SOCK)
+except Refused as e:
+    result["code"], result["message"] = e.code, e.message
+""") as a:
+            assert a["code"] == "RESOURCE_EXHAUSTED"
+            assert a["message"] == f"uid {users['a']} holds 3 sessions (max_sessions_per_uid)"
+            path = node.path("b", "x.pt")
+            b = node.run("b", f"""
+s = Session(SOCK)
+result["save"] = s.save("jb", {path!r}, b"B" * 4096)["code"]
+result["read"] = s.read("jb", {path!r})[2] == b"B" * 4096
+""")
+            assert b == {"uid": users["b"], "save": "OK", "read": True}
+        # A's sessions ended with its process: it gets one again.
+        until(lambda: _opens_session(node, "a"), what="uid a's sessions to be counted as gone")
+    finally:
+        node.close()
+
+
+def test_a_uid_at_its_control_connection_cap_is_closed_while_another_uid_is_served(users):
+    node = Node(users, extra_args=["--max-control-connections-per-uid", "4"])
+    try:
+        with holding(node, "a", """
+held = []
+for _ in range(4):
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(SOCK)
+    held.append(c)
+extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+extra.settimeout(10)
+extra.connect(SOCK)
+result["extra"] = extra.recv(1).decode()  # "": closed by the server, not left waiting
+""") as a:
+            assert a["extra"] == ""
+            b = node.run("b", "s = Session(SOCK)\nresult['list'] = s.call('List', pb.ListRequest(session=s.id))[0]\n")
+            assert b["list"] == "OK"
+        log = node.server.log()
+        assert (f"uid={users['a']}: uid {users['a']} holds 4 control connections "
+                "(max_control_connections_per_uid)") in log
+    finally:
+        node.close()
+
+
+def test_a_uid_at_its_range_buffer_cap_is_refused_while_another_uid_gets_one(users):
+    """Range buffers (where a ranged read puts its bytes) are few: one uid
+    holds at most max_range_buffers_per_uid of them; its other sessions read
+    through the reply, and another uid still gets its own."""
+    node = Node(users, extra_args=["--max-range-buffers-per-uid", "2"])
+    try:
+        with holding(node, "a", """
+sessions = [Session(SOCK) for _ in range(3)]
+result["sizes"] = [sessions[i].range_buffer()[1] for i in range(2)]
+try:
+    sessions[2].range_buffer()
+except Refused as e:
+    result["code"], result["message"] = e.code, e.message
+""") as a:
+            assert a["sizes"] == [64 << 20] * 2
+            assert a["code"] == "RESOURCE_EXHAUSTED"
+            assert a["message"] == f"uid {users['a']} holds 2 range buffers (max_range_buffers_per_uid)"
+            path = node.path("b", "r.bin")
+            b = node.run("b", f"""
+data = bytes(range(256)) * 4096
+s = Session(SOCK)
+result["save"] = s.save("jb", {path!r}, data)["code"]
+fd, result["size"] = s.range_buffer()
+code, msg, _ = s.call("ReadRange", pb.ReadRangeRequest(
+    session=s.id, job="jb", path={path!r}, offset=1000, length=100000, into_buffer=True, buffer_offset=0))
+result["read"] = [code, msg]
+result["bytes"] = os.pread(fd, 100000, 0) == data[1000:101000]
+""")
+            assert b["save"] == "OK" and b["size"] == 64 << 20
+            assert b["read"] == ["OK", ""] and b["bytes"]
+    finally:
+        node.close()

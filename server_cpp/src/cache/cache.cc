@@ -74,7 +74,7 @@ void Cache::RecordFate(uint64_t id, Fate fate) {
 CacheStats Cache::TallyLocked() const {
   CacheStats s;
   s.budget = budget_;
-  s.used = used_ + reserved_;
+  s.used = Held();
   for (const auto& [id, b] : buffers_) {
     switch (b.state) {
       case BufState::kFree: s.free += b.capacity; break;
@@ -189,8 +189,8 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
       return Status::OK();
     }
     // 2. Room for a new buffer, after reclaiming free ones if need be.
-    if (used_ + reserved_ + capacity > budget_) Reclaim(req.session, capacity, &out->unmap_buffer_ids);
-    if (used_ + reserved_ + capacity <= budget_) break;
+    if (Held() + capacity > budget_) Reclaim(req.session, capacity, &out->unmap_buffer_ids);
+    if (Held() + capacity <= budget_) break;
     // 3. Evict the least recently committed persisted file, and look again.
     if (EvictOne()) continue;
     // 4. Only unpersisted files hold the memory: wait for persistence to

@@ -41,6 +41,7 @@
 #include "cache/buffer.h"
 #include "cache/buffer_pool.h"
 #include "cache/memory_backing.h"
+#include "cache/memory_budget.h"
 #include "cache/cache_types.h"
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
@@ -97,7 +98,7 @@ struct CacheStats {
   PoolStats pool;                     // all zero without a pool
 };
 
-class Cache : public PoolBudget {
+class Cache : public PoolBudget, public MemoryBudget {
  public:
   // `storage_roots`: absolute directories files may be persisted under;
   // empty means memory only. `full_timeout`: how long an allocation that finds
@@ -225,6 +226,10 @@ class Cache : public PoolBudget {
   // PoolBudget: pooled bytes fit in the budget beside every buffer.
   bool ReservePool(uint64_t bytes) override EXCLUDES(mu_);
   void ReturnPool(uint64_t bytes) override EXCLUDES(mu_);
+  // MemoryBudget: borrowed bytes count as held, like a buffer's; a save
+  // cannot reclaim them (they come back when the borrower frees them).
+  bool Borrow(uint64_t bytes) override EXCLUDES(mu_);
+  void GiveBack(uint64_t bytes) override EXCLUDES(mu_);
   // Persists FAILED files of `job` again now, whatever they failed of: the
   // named `paths` (each must be FAILED with its memory, else NOT_FOUND or
   // FAILED_PRECONDITION and nothing is queued), or with none every such file
@@ -398,8 +403,14 @@ class Cache : public PoolBudget {
   void Note(const FileInfo& f, bool removed) REQUIRES(mu_);
   Status CheckUnderRoots(const std::string& path);  // filesystem calls; no lock
   // Makes room for `need` more bytes; appends ids this session must unmap.
-  void Reclaim(const std::string& session, uint64_t need,
-               std::vector<uint64_t>* unmap) REQUIRES(mu_);
+  // `passes`: 1 destroys only free buffers nobody maps; 2 also the ones only
+  // this session maps; 3 also retires the ones other sessions map.
+  void Reclaim(const std::string& session, uint64_t need, std::vector<uint64_t>* unmap,
+               int passes = 3) REQUIRES(mu_);
+  // Every byte counted against the budget, the pool's aside.
+  uint64_t Held() const REQUIRES(mu_) { return used_ + reserved_ + lent_; }
+  // Sheds what the pool holds beyond the budget (the budget holds buffers first).
+  void ShedPool() EXCLUDES(mu_);
   void DropMapper(Buf& buf, const std::string& session) REQUIRES(mu_);  // may erase buf
   std::string FullMessage(uint64_t need) const REQUIRES(mu_);
   CacheStats TallyLocked() const REQUIRES(mu_);
@@ -454,6 +465,7 @@ class Cache : public PoolBudget {
   LogLimiter storage_log_{5, std::chrono::seconds(10)};
   uint64_t used_ GUARDED_BY(mu_) = 0;  // capacity of every buffer in buffers_
   uint64_t reserved_ GUARDED_BY(mu_) = 0;  // bytes of buffers being created
+  uint64_t lent_ GUARDED_BY(mu_) = 0;      // bytes borrowed (MemoryBudget)
   int starting_ GUARDED_BY(mu_) = 0;       // allocations making their new buffer
   uint64_t pooled_ GUARDED_BY(mu_) = 0;    // bytes the pool holds or is making
   Backing backing_ = Backing::k4k;  // immutable once serving

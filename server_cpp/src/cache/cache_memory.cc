@@ -38,7 +38,7 @@ void Cache::SetMemory(Backing backing, BufferPool* pool) {
 
 bool Cache::ReservePool(uint64_t bytes) {
   MutexLock lock(&mu_);
-  if (!accepting_ || used_ + reserved_ + pooled_ + bytes > budget_) return false;
+  if (!accepting_ || Held() + pooled_ + bytes > budget_) return false;
   pooled_ += bytes;
   return true;
 }
@@ -48,18 +48,41 @@ void Cache::ReturnPool(uint64_t bytes) {
   pooled_ -= std::min(pooled_, bytes);
 }
 
+bool Cache::Borrow(uint64_t bytes) {
+  {
+    MutexLock lock(&mu_);
+    // Only free buffers nobody maps give way, as they would to a new
+    // buffer: evicting a file or retiring a mapped buffer would cost a load
+    // or a save more than the borrower gains (it works without).
+    if (Held() + bytes > budget_) Reclaim("", bytes, nullptr, /*passes=*/1);
+    if (Held() + bytes > budget_) return false;
+    lent_ += bytes;
+  }
+  ShedPool();  // like a new buffer, borrowed bytes take the pool's memory first
+  return true;
+}
+
+void Cache::GiveBack(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  lent_ -= std::min(lent_, bytes);
+  done_cv_.SignalAll();  // a save waiting for room looks again
+}
+
+void Cache::ShedPool() {
+  if (!pool_) return;
+  uint64_t excess = 0;
+  {
+    MutexLock lock(&mu_);
+    const uint64_t total = Held() + pooled_;
+    excess = total > budget_ ? total - budget_ : 0;
+  }
+  if (excess) pool_->Shed(excess);  // the budget holds buffers first
+}
+
 Status Cache::NewBuffer(uint64_t id, uint64_t capacity, std::unique_ptr<Buffer>* out) {
   int fd = -1;
   const bool pooled = pool_ && pool_->Take(capacity, &fd).ok();
-  if (pool_) {
-    uint64_t excess = 0;
-    {
-      MutexLock lock(&mu_);
-      const uint64_t total = used_ + reserved_ + pooled_;
-      excess = total > budget_ ? total - budget_ : 0;
-    }
-    if (excess) pool_->Shed(excess);  // the budget holds buffers first
-  }
+  ShedPool();
   if (pooled) return Buffer::Adopt(id, fd, capacity, pool_->backing(), out);
   Status s = Buffer::Create(id, capacity, backing_, out);
   if (s.code() != Status::Code::kResourceExhausted || backing_ != Backing::kHugetlb) return s;
@@ -106,18 +129,20 @@ std::string Cache::FullMessage(uint64_t need) const {
   std::string why = "; kept: " + HumanBytes(unpersisted) +
                     (persistence_enabled() ? " of files not yet on storage" : " of files (memory only: never evicted)") +
                     ", " + HumanBytes(leased) + " read by loads (leased), " + HumanBytes(pinned) +
-                    " being persisted or backed up";
+                    " being persisted or backed up" +
+                    (lent_ ? ", " + HumanBytes(lent_) + " in range buffers" : std::string());
   return "cache full: need " + std::to_string(need) + " bytes (" + HumanBytes(need) +
          "), budget " + HumanBytes(s.budget) + ", used " + HumanBytes(s.used) + " (cached " +
          HumanBytes(s.cached) + ", pending " + HumanBytes(s.pending) + ", free " + HumanBytes(s.free) + ")" +
          why;
 }
 
-void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint64_t>* unmap) {
+void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint64_t>* unmap,
+                    int passes) {
   // Cheapest first: buffers nobody maps, then ours, then other sessions'
   // (retired: their pages are punched out at once, so the room is ours now;
   // the entry stays until every mapper has been told to unmap it).
-  for (int pass = 0; pass < 3 && used_ + reserved_ + need > budget_; ++pass) {
+  for (int pass = 0; pass < passes && Held() + need > budget_; ++pass) {
     std::vector<uint64_t> victims;
     for (auto& [id, b] : buffers_) {
       if (b.state != BufState::kFree || b.leases) continue;
@@ -126,7 +151,7 @@ void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint6
       if (pick) victims.push_back(id);
     }
     for (uint64_t id : victims) {
-      if (used_ + reserved_ + need <= budget_) break;
+      if (Held() + need <= budget_) break;
       Buf& b = buffers_[id];
       if (pass == 2) {
         b.state = BufState::kRetiring;

@@ -220,9 +220,9 @@ Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
   MutexLock lock(&mu_);
   const uint64_t capacity = RoundForBacking(CapacityFor(size), backing_);
   std::vector<uint64_t> ignored;
-  while (used_ + reserved_ + capacity > budget_) {
+  while (Held() + capacity > budget_) {
     Reclaim("", capacity, &ignored);
-    if (used_ + reserved_ + capacity <= budget_) break;
+    if (Held() + capacity <= budget_) break;
     if (!EvictOne()) return Status::ResourceExhausted(FullMessage(capacity));
   }
   const uint64_t id = next_buffer_id_++;

@@ -386,7 +386,9 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   }
   RangeReader ranges(&cache, rro);
   service.SetRangeReader(&ranges);
-  RangeBuffers range_buffers;  // ReadRange into the session's buffer (the fd socket hands it out)
+  // ReadRange into the session's buffer (the fd socket hands it out), its
+  // bytes within the cache's budget.
+  RangeBuffers range_buffers(&cache, static_cast<size_t>(opt.max_range_buffers_per_uid));
   service.SetRangeBuffers(&range_buffers);
   service.SetMaxWaits(static_cast<size_t>(opt.max_waits));
   // Operations: Prometheus metrics over HTTP, and the standard gRPC health
@@ -446,7 +448,8 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return Fail("cannot start the gRPC server", 1);
   ControlListener control(server.get(), opt.socket, uids, socket_gid,
-                          static_cast<size_t>(opt.max_control_connections));
+                          static_cast<size_t>(opt.max_control_connections),
+                          static_cast<size_t>(opt.max_control_connections_per_uid));
   if (!(s = control.Start()).ok()) {
     server->Shutdown();
     return Fail(s.message(), 1);
@@ -455,6 +458,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   fo.path = fd_path;
   fo.allowed_uids = uids;
   fo.max_sessions = static_cast<size_t>(opt.max_sessions);
+  fo.max_sessions_per_uid = static_cast<size_t>(opt.max_sessions_per_uid);
   fo.idle_timeout = std::chrono::seconds(opt.session_idle_timeout_s);
   fo.socket_gid = socket_gid;
   FdServer fds(&cache, fo);

@@ -34,12 +34,15 @@ struct Options {
   std::string allowed_uids;
   int rpc_threads = 4;
   int max_sessions = 1024;
+  int max_sessions_per_uid = 256;
   int max_control_connections = 1024;
+  int max_control_connections_per_uid = 256;
   std::string socket_group;
   bool root_is_admin = true;
   int session_idle_timeout_s = 3600;
   int max_waits = 256;
   int max_leases_per_session = 4096;
+  int max_range_buffers_per_uid = 4;
   // Persistence.
   std::string storage_roots;
   int persist_threads = 2;

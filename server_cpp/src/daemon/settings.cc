@@ -9,6 +9,7 @@
 #include "cache/memory_backing.h"
 #include "common/strings.h"
 #include "meta/meta_store.h"
+#include "rpc/range_buffers.h"
 
 namespace tce {
 namespace {
@@ -161,8 +162,12 @@ const std::vector<Setting> kSettings = {
     Int("rpc_threads", &Options::rpc_threads, {1, 256}, "gRPC worker threads"),
     Int("max_sessions", &Options::max_sessions, {1, 65536},
         "concurrent client sessions; more connections are refused and closed at once"),
+    Int("max_sessions_per_uid", &Options::max_sessions_per_uid, {1, 65536},
+        "concurrent client sessions of one uid (root included); more are refused and closed at once"),
     Int("max_control_connections", &Options::max_control_connections, {1, 65536},
         "control-socket connections open at once; more are closed at once"),
+    Int("max_control_connections_per_uid", &Options::max_control_connections_per_uid, {1, 65536},
+        "control-socket connections of one uid (root included) open at once; more are closed at once"),
     Text("socket_group", &Options::socket_group, "G", GroupName,
          "group (name or gid) that may connect to the sockets (0660)")
         .DefaultText("empty: the server's own group"),
@@ -175,6 +180,10 @@ const std::vector<Setting> kSettings = {
         "concurrent blocked Wait calls; more are refused (RESOURCE_EXHAUSTED)"),
     Int("max_leases_per_session", &Options::max_leases_per_session, {1, 1000000},
         "loads one session may hold at once"),
+    Int("max_range_buffers_per_uid", &Options::max_range_buffers_per_uid,
+        {1, static_cast<long>(RangeBuffers::kMax)},
+        "range buffers (64 MiB each, within the memory budget) the sessions of one uid (root "
+        "included) hold at once; its other sessions read ranges through the reply"),
     Text("storage_roots", &Options::storage_roots, "LIST", Roots,
          "comma-separated dirs files are persisted under; only paths under them are accepted")
         .DefaultText("empty: memory only"),

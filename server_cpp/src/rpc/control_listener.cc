@@ -15,15 +15,22 @@
 namespace tce {
 
 ControlListener::ControlListener(grpc::Server* server, std::string path,
-                                 std::set<uid_t> allowed_uids, gid_t gid, size_t max_connections)
+                                 std::set<uid_t> allowed_uids, gid_t gid, size_t max_connections,
+                                 size_t max_connections_per_uid)
     : server_(server), path_(std::move(path)), allowed_uids_(std::move(allowed_uids)), gid_(gid),
-      max_connections_(max_connections) {}
+      max_connections_(max_connections),
+      per_uid_(max_connections_per_uid, "control connections", "max_control_connections_per_uid") {}
 
 size_t ControlListener::Prune() {
   for (auto it = live_.begin(); it != live_.end();) {
     struct stat st;
-    const bool same = fstat(it->first, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == it->second;
-    it = same ? std::next(it) : live_.erase(it);
+    const bool same = fstat(it->first, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == it->second.ino;
+    if (same) {
+      ++it;
+    } else {
+      per_uid_.Give(it->second.uid);
+      it = live_.erase(it);
+    }
   }
   return live_.size();
 }
@@ -66,29 +73,35 @@ void ControlListener::Loop() {
     for (int i = 0; i < 64; ++i) {
       int fd = acceptor_.Accept(listen_fd_, SOCK_CLOEXEC | SOCK_NONBLOCK, &cred);
       if (fd < 0) break;
-      if (!allowed_uids_.count(cred.uid)) {
-        uint64_t dropped = 0;
-        if (refused_log_.Allow(&dropped))
-          TCE_LOG(kWarning, "control") << "refused pid=" << cred.pid << ": peer uid " << cred.uid
-                                       << " is not allowed to use this server (allowed_uids)"
-                                       << Suppressed(dropped);
+      if (Admit(fd, cred)) {
+        grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns it now
+      } else {
         close(fd);
-        continue;
       }
-      struct stat st;
-      if (Prune() >= max_connections_ || fstat(fd, &st) != 0) {
-        uint64_t dropped = 0;
-        if (refused_log_.Allow(&dropped))
-          TCE_LOG(kWarning, "control") << "refused pid=" << cred.pid << " uid=" << cred.uid << ": "
-                                       << live_.size() << " control connections open (max_control_connections)"
-                                       << Suppressed(dropped);
-        close(fd);
-        continue;
-      }
-      live_[fd] = st.st_ino;
-      grpc::AddInsecureChannelFromFd(server_, fd);  // gRPC owns it now
     }
   }
+}
+
+bool ControlListener::Admit(int fd, const struct ucred& cred) {
+  std::string refused;
+  struct stat st;
+  if (!allowed_uids_.count(cred.uid)) {
+    refused = "peer uid " + std::to_string(cred.uid) + " is not allowed to use this server (allowed_uids)";
+  } else if (Prune() >= max_connections_) {
+    refused = std::to_string(live_.size()) + " control connections open (max_control_connections)";
+  } else if (fstat(fd, &st) != 0) {
+    refused = "fstat: " + std::string(std::strerror(errno));
+  } else if (Status s = per_uid_.Take(cred.uid); !s.ok()) {
+    refused = s.message();
+  } else {
+    live_[fd] = Conn{st.st_ino, cred.uid};
+    return true;
+  }
+  uint64_t dropped = 0;
+  if (refused_log_.Allow(&dropped))
+    TCE_LOG(kWarning, "control") << "refused pid=" << cred.pid << " uid=" << cred.uid << ": " << refused
+                                 << Suppressed(dropped);
+  return false;
 }
 
 }  // namespace tce

@@ -3,9 +3,12 @@
 // (AddInsecureChannelFromFd) because gRPC's own listener stops accepting for
 // good after one EMFILE. Connections from uids outside `allowed_uids` are
 // closed at once (they could open no session anyway), so they hold no fds;
-// at most `max_connections` are open at once (gRPC owns them, so a handed-over
-// connection counts until its fd no longer refers to its socket: each accept
-// checks with fstat); out of fds, accept sheds and backs off
+// at most `max_connections` are open at once, and at most
+// `max_connections_per_uid` of one uid (root included), so that one user
+// cannot hold every connection (gRPC owns them, so a handed-over connection
+// counts until its fd no longer refers to its socket: each accept checks
+// with fstat); beyond either the new connection is closed at once; out of
+// fds, accept sheds and backs off
 // (rpc/acceptor.h). The socket is 0660, group `gid`. One thread runs the
 // loop; Start/Stop from one other.
 #pragma once
@@ -20,6 +23,7 @@
 #include "common/log_limiter.h"
 #include "common/status.h"
 #include "rpc/acceptor.h"
+#include "rpc/uid_counts.h"
 
 namespace grpc {
 class Server;
@@ -30,7 +34,8 @@ namespace tce {
 class ControlListener {
  public:
   ControlListener(grpc::Server* server, std::string path, std::set<uid_t> allowed_uids,
-                  gid_t gid, size_t max_connections = 1024);
+                  gid_t gid, size_t max_connections = 1024,
+                  size_t max_connections_per_uid = 256);
   ~ControlListener();
 
   Status Start();
@@ -41,13 +46,20 @@ class ControlListener {
   void Loop();
   // Forgets the connections gRPC has closed; returns how many are open.
   size_t Prune();
+  // Whether the connection `fd` of `cred` may be handed to gRPC (counted if so).
+  bool Admit(int fd, const struct ucred& cred);
 
   grpc::Server* const server_;
   const std::string path_;
   const std::set<uid_t> allowed_uids_;
   const gid_t gid_;
   const size_t max_connections_;
-  std::map<int, ino_t> live_;  // loop thread only: fd -> its socket's inode
+  struct Conn {
+    ino_t ino;  // its socket's
+    uid_t uid;
+  };
+  std::map<int, Conn> live_;  // loop thread only: by fd
+  UidCounts per_uid_;         // loop thread only: live_ by uid
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   std::thread thread_;

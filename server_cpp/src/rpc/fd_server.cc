@@ -30,7 +30,8 @@ std::string Hello(const Status& s, const std::string& session) {
 }  // namespace
 
 FdServer::FdServer(Cache* cache, FdServerOptions options)
-    : cache_(cache), opt_(std::move(options)) {}
+    : cache_(cache), opt_(std::move(options)),
+      per_uid_(opt_.max_sessions_per_uid, "sessions", "max_sessions_per_uid") {}
 
 FdServer::~FdServer() { Stop(); }
 
@@ -49,9 +50,10 @@ void FdServer::Stop() {
     (void)ignored;
     thread_.join();
   }
-  for (auto& [fd, session] : sessions_) {
-    if (range_buffers_) range_buffers_->Drop(session);
-    cache_->CloseSession(session);
+  for (auto& [fd, conn] : sessions_) {
+    if (range_buffers_) range_buffers_->Drop(conn.session);
+    cache_->CloseSession(conn.session);
+    per_uid_.Give(conn.uid);
     ::close(fd);
   }
   sessions_.clear();
@@ -81,7 +83,7 @@ void FdServer::Loop() {
     std::vector<struct pollfd> fds;
     fds.push_back({wake_[0], POLLIN, 0});
     fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});  // -1: not polled while backing off
-    for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
+    for (const auto& [fd, conn] : sessions_) fds.push_back({fd, POLLIN, 0});
     int n = poll(fds.data(), fds.size(), PollTimeoutMs());
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -117,6 +119,8 @@ void FdServer::Admit(int fd, const struct ucred& cred) {
   } else if (sessions_.size() >= opt_.max_sessions) {
     refused = Status::ResourceExhausted("too many sessions (max_sessions=" +
                                         std::to_string(opt_.max_sessions) + ")");
+  } else {
+    refused = per_uid_.Take(cred.uid);  // counted when OK
   }
   if (!refused.ok()) {
     uint64_t dropped = 0;
@@ -132,10 +136,11 @@ void FdServer::Admit(int fd, const struct ucred& cred) {
   Status s = SendPacket(fd, Hello(Status::OK(), session), -1);
   if (!s.ok()) {
     cache_->CloseSession(session);
+    per_uid_.Give(cred.uid);
     ::close(fd);
     return;
   }
-  sessions_[fd] = session;
+  sessions_[fd] = Conn{session, cred.uid};
 }
 
 void FdServer::CloseIdle() {
@@ -146,10 +151,10 @@ void FdServer::CloseIdle() {
   if (idle.empty()) return;
   std::set<std::string> wanted(idle.begin(), idle.end());
   std::vector<int> victims;
-  for (const auto& [fd, session] : sessions_)
-    if (wanted.count(session)) victims.push_back(fd);
+  for (const auto& [fd, conn] : sessions_)
+    if (wanted.count(conn.session)) victims.push_back(fd);
   for (int fd : victims) {
-    TCE_LOG(kInfo, "fdsock") << "closing session " << sessions_[fd].substr(0, 8) << ": idle for "
+    TCE_LOG(kInfo, "fdsock") << "closing session " << sessions_[fd].session.substr(0, 8) << ": idle for "
                              << opt_.idle_timeout.count() / 1000 << " s (session_idle_timeout_s)";
     Close(fd);
   }
@@ -168,19 +173,20 @@ bool FdServer::Serve(int fd) {
   }
   v1::FdRequest req;
   if (!req.ParseFromString(data)) {
-    TCE_LOG(kWarning, "fdsock") << "dropping session " << sessions_[fd].substr(0, 8)
+    TCE_LOG(kWarning, "fdsock") << "dropping session " << sessions_[fd].session.substr(0, 8)
                                 << ": malformed FdRequest";
     return false;
   }
+  const Conn& conn = sessions_[fd];
   int memfd = -1;
   bool writable = false;
   uint64_t capacity = 0;
   if (!req.range_buffer())
-    s = cache_->FdFor(sessions_[fd], req.buffer_id(), &memfd, &writable, &capacity);
+    s = cache_->FdFor(conn.session, req.buffer_id(), &memfd, &writable, &capacity);
   else if (!range_buffers_)
     s = Status::NotSupported("this server has no range buffers");
-  else if (bool admin = false; (s = cache_->CheckCaller(sessions_[fd], &admin)).ok())  // a live session
-    s = range_buffers_->Fd(sessions_[fd], &memfd, &capacity);
+  else if (bool admin = false; (s = cache_->CheckCaller(conn.session, &admin)).ok())  // a live session
+    s = range_buffers_->Fd(conn.session, conn.uid, &memfd, &capacity);
   v1::FdReply reply;
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(s.message());
@@ -202,8 +208,9 @@ bool FdServer::Serve(int fd) {
 void FdServer::Close(int fd) {
   auto it = sessions_.find(fd);
   if (it != sessions_.end()) {
-    if (range_buffers_) range_buffers_->Drop(it->second);
-    cache_->CloseSession(it->second);
+    if (range_buffers_) range_buffers_->Drop(it->second.session);
+    cache_->CloseSession(it->second.session);
+    per_uid_.Give(it->second.uid);
     sessions_.erase(it);
   }
   ::close(fd);

@@ -6,9 +6,11 @@
 // Start/Stop may be called from any one other thread.
 //
 // Security and limits: the socket file is 0660 (group `socket_gid`); a peer
-// uid outside `allowed_uids`, or a connection beyond `max_sessions`, gets a
-// refusing SessionHello and is closed at once (such log lines are
-// rate-limited). Out of fds, accept sheds and backs off (rpc/acceptor.h).
+// uid outside `allowed_uids`, a connection beyond `max_sessions`, or one of a
+// uid that holds `max_sessions_per_uid` already (root included: the cap is
+// what keeps one user from taking every session) gets a refusing
+// SessionHello and is closed at once (such log lines are rate-limited). Out
+// of fds, accept sheds and backs off (rpc/acceptor.h).
 // Sessions idle for `idle_timeout` (Cache::IdleSessions) are closed.
 #pragma once
 
@@ -24,6 +26,7 @@
 #include "common/log_limiter.h"
 #include "rpc/acceptor.h"
 #include "rpc/range_buffers.h"
+#include "rpc/uid_counts.h"
 
 namespace tce {
 
@@ -31,6 +34,7 @@ struct FdServerOptions {
   std::string path;
   std::set<uid_t> allowed_uids;
   size_t max_sessions = 1024;
+  size_t max_sessions_per_uid = 256;
   std::chrono::milliseconds idle_timeout{0};  // 0: sessions never time out
   gid_t socket_gid = static_cast<gid_t>(-1);  // -1: the server's own group
 };
@@ -65,8 +69,13 @@ class FdServer {
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   std::thread thread_;
+  struct Conn {
+    std::string session;
+    uid_t uid = static_cast<uid_t>(-1);
+  };
   // Loop thread only:
-  std::map<int, std::string> sessions_;  // connection fd -> session id
+  std::map<int, Conn> sessions_;  // by connection fd
+  UidCounts per_uid_;             // sessions_ by uid
   Acceptor acceptor_{"fdsock"};
   std::chrono::steady_clock::time_point next_idle_check_{};
   LogLimiter refused_log_{5, std::chrono::seconds(10)};
