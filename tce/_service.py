@@ -514,6 +514,24 @@ def range_buffer() -> tuple[int, int] | None:
         return None
 
 
+def _retry_busy(call: Any) -> Any:
+    """``call()``, again while the server refuses it as busy
+    (RESOURCE_EXHAUSTED: it runs as many calls that wait on a ring peer as
+    its ``max_peer_calls`` allows, and each ends within its peer timeout),
+    backing off from 10 ms to 0.5 s for at most ``rpc_timeout`` seconds;
+    then the refusal, which names the setting, is raised."""
+    give_up = time.monotonic() + _knobs.get("rpc_timeout")
+    pause = 0.01
+    while True:
+        try:
+            return call()
+        except CacheFullError:
+            if time.monotonic() + pause > give_up:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
+
+
 def read_range_piece(path: str | os.PathLike, offset: int, length: int, *,
                      job: str | None = None,
                      buffer_offset: int | None = None) -> tuple[Any, str] | None:
@@ -541,7 +559,7 @@ def read_range_piece(path: str | os.PathLike, offset: int, length: int, *,
         return (buf[0], buffer_offset), resp.source
 
     try:
-        piece, source = with_client(call)
+        piece, source = _retry_busy(lambda: with_client(call))
     except (ServerUnavailableError, NotCachedError, PermissionDeniedError):
         return None
     except TCEError as e:

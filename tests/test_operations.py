@@ -4,6 +4,7 @@ scrapes parsed by the Prometheus client library, real gRPC health checks."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -23,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import tce
 from tce import _service, api
-from tce.core import _knobs
+from tce.core import _client, _knobs
+from tce.errors import TCEError
 from tce.tools._server import LocalServer
 
 from helpers import Blocker, until
@@ -402,6 +404,94 @@ def test_unauthenticated_callers_cannot_take_every_thread(tmp_path, pids_cgroup)
             c.cancel()
         for c in conns:
             c.close()
+        assert s.stop() == 0, s.log()
+        s.cleanup()
+
+
+class _SilentPeer:
+    """A ring member that accepts connections and never says a word: each
+    server thread that asks it something waits for its peer timeout."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.endpoint = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            self.conns.append(c)
+
+    def close(self) -> None:
+        """Ends every connection: what waits on them fails at once."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def test_calls_waiting_on_a_silent_peer_are_capped(tmp_path, pids_cgroup):
+    """Under a pids limit, as a pod has: ranged reads that a ring member
+    which never answers would hold take at most the uid's share of
+    max_peer_calls (half of 8); the rest are RESOURCE_EXHAUSTED at once,
+    naming the setting. The server's threads stay bounded, liveness and
+    Status answer, and a save goes on while the held reads wait."""
+    silent = _SilentPeer()
+    s = LocalServer(memory_budget="64MiB", extra_args=[
+        "--health-listen", "127.0.0.1:0", "--peer-listen", "127.0.0.1:0", "--peer-token", "t",
+        "--peer-timeout-ms", "600000", "--max-peer-calls", "8", "--max-waits", "8"]).start()
+    reader = None
+    pool = concurrent.futures.ThreadPoolExecutor(60)
+    try:
+        st = _status(s)
+        with _knobs.override(socket=s.socket):  # this uid owns the job: it told the ring
+            _service.client().set_ring("silent-job", 0, [st["peer_endpoint"], silent.endpoint])
+            api.close()
+        reader = _client.Client(s.socket, rpc_timeout=600)
+        settled = _threads(s.proc.pid)
+        pids_cgroup(s.proc.pid, 48)
+
+        def read(i: int) -> str:
+            try:
+                reader.read_range("silent-job", f"/ckpt/other-node/{i}.pt", 0, 4096)
+                return "OK"
+            except TCEError as e:
+                return f"{e.code}: {e.message}"
+
+        calls = [pool.submit(read, i) for i in range(60)]
+        until(lambda: sum(c.done() for c in calls) == 56, timeout=60,
+              what="every read beyond the uid's share to be refused")
+        refused = [c.result() for c in calls if c.done()]
+        assert all(r.startswith("RESOURCE_EXHAUSTED") and "max_peer_calls=8" in r
+                   for r in refused), refused
+        until(lambda: len(silent.conns) >= 4, what="the held reads to reach the silent peer")
+        assert sum(not c.done() for c in calls) == 4  # still waiting on the peer
+        assert _threads(s.proc.pid) <= settled + 16, _threads(s.proc.pid)
+        with grpc.insecure_channel(st["health_endpoint"]) as ch:
+            assert _check(ch, "liveness") == health_pb2.HealthCheckResponse.SERVING
+        assert int(_status(s)["pid"]) == s.proc.pid
+        with _knobs.override(socket=s.socket, job="other", on_unavailable="raise"):
+            tce.save({"w": torch.ones(1000)}, tmp_path / "x.pt")
+            assert torch.equal(tce.load(tmp_path / "x.pt")["w"], torch.ones(1000))
+            api.close()
+        silent.close()  # the held reads end: the file is in no member's memory
+        results = [c.result(timeout=60) for c in calls]
+        assert sum(r.startswith("NOT_FOUND") for r in results) == 4, results
+    finally:
+        silent.close()
+        pool.shutdown(wait=False)
+        if reader is not None:
+            reader.close()
         assert s.stop() == 0, s.log()
         s.cleanup()
 

@@ -127,8 +127,8 @@ class Cache : public PoolBudget, public MemoryBudget {
   // (the fd socket closes them).
   std::vector<std::string> IdleSessions(std::chrono::milliseconds idle) EXCLUDES(mu_);
   // UNAUTHENTICATED for an unknown session; else whether its uid is an
-  // administrator (sees everything).
-  Status CheckCaller(const std::string& session, bool* admin) EXCLUDES(mu_);
+  // administrator (sees everything), and its uid (optional).
+  Status CheckCaller(const std::string& session, bool* admin, uid_t* uid = nullptr) EXCLUDES(mu_);
   void SetSessionLimits(const SessionLimits& limits) EXCLUDES(mu_);
 
   Status Allocate(const AllocateRequest& req, AllocateResult* out) EXCLUDES(mu_);
@@ -341,6 +341,9 @@ class Cache : public PoolBudget, public MemoryBudget {
   // got): loads waiting for it go on.
   // `from` non-empty: only a restore from that peer ends.
   void RestoreEnded(const std::string& job, const std::string& from = "") EXCLUDES(mu_);
+  // Whether `job`'s files are being pulled back from the ring now (a load
+  // that misses would wait for them).
+  bool Restoring(const std::string& job) const;
   // Files of `job` that metadata recorded here and that are not in memory
   // (after a restore: what the ring could not give back).
   std::vector<FileInfo> NotInMemory(const std::string& job) EXCLUDES(mu_);

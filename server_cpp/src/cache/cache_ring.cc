@@ -466,6 +466,8 @@ Status Cache::WaitForRestore(const std::string& job, bool* waited,
 
 void Cache::RestoreEnded(const std::string& job, const std::string& from) { restores_.End(job, from); }
 
+bool Cache::Restoring(const std::string& job) const { return restores_.InProgress(job); }
+
 std::vector<FileInfo> Cache::NotInMemory(const std::string& job) {
   MutexLock lock(&mu_);
   std::vector<FileInfo> out;

@@ -57,10 +57,13 @@ Status Cache::CheckAccess(const std::string& session, const std::string& job,
   return s;
 }
 
-Status Cache::CheckCaller(const std::string& session, bool* admin) {
+Status Cache::CheckCaller(const std::string& session, bool* admin, uid_t* uid) {
   MutexLock lock(&mu_);
   Status s = sessions_.Check(session);
-  if (s.ok()) *admin = owners_.IsAdmin(sessions_.Find(session)->uid);
+  if (!s.ok()) return s;
+  const uid_t caller = sessions_.Find(session)->uid;
+  *admin = owners_.IsAdmin(caller);
+  if (uid) *uid = caller;
   return s;
 }
 

@@ -41,6 +41,7 @@ struct Options {
   bool root_is_admin = true;
   int session_idle_timeout_s = 3600;
   int max_waits = 256;
+  int max_peer_calls = 64;
   int max_leases_per_session = 4096;
   int max_range_buffers_per_uid = 4;
   // Persistence.

@@ -178,6 +178,9 @@ const std::vector<Setting> kSettings = {
         "close a session with no request, lease or pending save for N seconds (0: never)"),
     Int("max_waits", &Options::max_waits, {1, 65536},
         "concurrent blocked Wait calls; more are refused (RESOURCE_EXHAUSTED)"),
+    Int("max_peer_calls", &Options::max_peer_calls, {1, 65536},
+        "calls waiting on a ring peer at once (ranged reads, fetches, restores), half of them "
+        "for one uid; more are refused at once (RESOURCE_EXHAUSTED)"),
     Int("max_leases_per_session", &Options::max_leases_per_session, {1, 1000000},
         "loads one session may hold at once"),
     Int("max_range_buffers_per_uid", &Options::max_range_buffers_per_uid,

@@ -14,11 +14,17 @@ namespace {
 constexpr size_t kMaxHolders = 4096;
 }  // namespace
 
+std::chrono::milliseconds RangeReader::ConnectTimeout(std::chrono::steady_clock::time_point deadline) const {
+  if (deadline == std::chrono::steady_clock::time_point::max()) return options_.io_timeout;
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  return std::max(std::chrono::milliseconds(1), std::min(left, options_.io_timeout));
+}
+
 RangeReader::RangeReader(Cache* cache, RangeReaderOptions options)
     : cache_(cache), options_(std::move(options)) {}
 
 Status RangeReader::Read(const std::string& job, const std::string& path, uint64_t offset,
-                         uint64_t length, RangeRead* out, unsigned char* into) {
+                         uint64_t length, RangeRead* out, unsigned char* into, const PeerWait& wait) {
   // Where the bytes go: `into`, else out->data (once the length is known good).
   unsigned char* to = into;
   out->data.clear();
@@ -27,13 +33,13 @@ Status RangeReader::Read(const std::string& job, const std::string& path, uint64
     out->data.resize(length);
     to = reinterpret_cast<unsigned char*>(&out->data[0]);
   }
-  Status s = ReadInto(job, path, offset, length, out, to);
+  Status s = ReadInto(job, path, offset, length, out, to, wait);
   if (!s.ok() && !into) out->data.clear();
   return s;
 }
 
 Status RangeReader::ReadInto(const std::string& job, const std::string& path, uint64_t offset,
-                             uint64_t length, RangeRead* out, unsigned char* to) {
+                             uint64_t length, RangeRead* out, unsigned char* to, const PeerWait& wait) {
   Status s = ReadOwn(job, path, offset, length, out, to);
   if (s.code() != Status::Code::kNotFound) return s;
   s = ReadHeld(job, path, offset, length, out, to);
@@ -49,8 +55,18 @@ Status RangeReader::ReadInto(const std::string& job, const std::string& path, ui
     }
   }
   Status last = Status::NotFound(path + " is in no ring member's memory for job " + job);
+  if (peers.empty()) return last;
+  // A peer that never answers holds this thread until its timeout: the
+  // caller decides whether it may wait on peers now.
+  if (wait.admit && !(s = wait.admit()).ok()) return s;
+  size_t asked = 0;
   for (const std::string& peer : peers) {
-    s = ReadPeer(peer, job, path, offset, length, out, to);
+    if (asked > 0 && std::chrono::steady_clock::now() >= wait.deadline)
+      return Status::DeadlineExceeded("the call's deadline passed after asking " + std::to_string(asked) +
+                                      " of " + std::to_string(peers.size()) + " ring members for " + path +
+                                      " (last: " + last.message() + ")");
+    ++asked;
+    s = ReadPeer(peer, job, path, offset, length, out, to, wait.deadline);
     if (s.ok()) {
       ++peer_reads_;
       peer_bytes_ += length;
@@ -114,7 +130,8 @@ Status RangeReader::ReadHeld(const std::string& job, const std::string& path, ui
 }
 
 Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
-                             uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to) {
+                             uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to,
+                             std::chrono::steady_clock::time_point deadline) {
   v1::PeerRequest req;
   v1::PeerReadRange* r = req.mutable_read_range();
   r->set_job(job);
@@ -132,7 +149,7 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
     link = attempt == 0 ? TakeLink(peer) : nullptr;
     const bool kept = link != nullptr;
     s = Status::OK();
-    if (!link) s = PeerLink::Connect(peer, options_.self, options_.key, options_.io_timeout, &link);
+    if (!link) s = PeerLink::Connect(peer, options_.self, options_.key, ConnectTimeout(deadline), &link);
     if (!s.ok()) return Status::Unavailable(s.message());
     reply.Clear();
     s = link->Send(req);

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,6 +38,16 @@ struct RangeReaderOptions {
   BackupStore* held = nullptr;  // the copies this server keeps (optional)
 };
 
+// How one read may wait on the ring's peers: the caller's limits.
+struct PeerWait {
+  // Asked once, before the first peer is: a failure (the caller may not
+  // wait on a peer now) is the read's answer. None: always admitted.
+  std::function<Status()> admit;
+  // No peer is asked after this, and a new link must be up by then (each
+  // send and receive on a link is bounded by io_timeout besides).
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+};
+
 struct RangeRead {
   std::string data;  // the asked bytes (unless they went where the caller said)
   v1::RangeSource source = v1::RANGE_SOURCE_UNSPECIFIED;
@@ -54,9 +65,12 @@ class RangeReader {
   // INVALID_ARGUMENT for a range the file does not have; DATA_LOSS when a
   // peer's bytes do not match their CRC (the next member is asked first).
   // With `into` (room for `length` bytes), the bytes go there and out->data
-  // stays empty; on failure `into` may hold some of them.
+  // stays empty; on failure `into` may hold some of them. `wait` bounds
+  // the asking of peers (admit's refusal, or DEADLINE_EXCEEDED once its
+  // deadline passed between peers).
   Status Read(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
-              RangeRead* out, unsigned char* into = nullptr) EXCLUDES(mu_);
+              RangeRead* out, unsigned char* into = nullptr, const PeerWait& wait = {})
+      EXCLUDES(mu_);
 
   uint64_t local_reads() const { return local_reads_.load(); }
   uint64_t held_reads() const { return held_reads_.load(); }
@@ -66,14 +80,17 @@ class RangeReader {
  private:
   // Each reads into `to` (room for `length` bytes).
   Status ReadInto(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
-                  RangeRead* out, unsigned char* to) EXCLUDES(mu_);
+                  RangeRead* out, unsigned char* to, const PeerWait& wait) EXCLUDES(mu_);
   Status ReadOwn(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
                  RangeRead* out, unsigned char* to);
   Status ReadHeld(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
                   RangeRead* out, unsigned char* to);
   // One PeerReadRange to `peer`, its reply checked.
   Status ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
-                  uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to) EXCLUDES(mu_);
+                  uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to,
+                  std::chrono::steady_clock::time_point deadline) EXCLUDES(mu_);
+  // The handshake's bound: io_timeout, or less to end by `deadline`.
+  std::chrono::milliseconds ConnectTimeout(std::chrono::steady_clock::time_point deadline) const;
   std::unique_ptr<PeerLink> TakeLink(const std::string& peer) EXCLUDES(mu_);
   void ReturnLink(const std::string& peer, std::unique_ptr<PeerLink> link) EXCLUDES(mu_);
 

@@ -263,6 +263,43 @@ TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
   EXPECT_NE(st.message().find("could not be read from the ring"), std::string::npos) << st.message();
 }
 
+TEST_F(PeerRangeTest, OnlyAReadThatAsksAPeerIsAdmittedAndARefusalIsItsAnswer) {
+  Cache mine(16 << 20);
+  const std::string s = mine.OpenSession(getuid(), getpid());
+  std::string successor;
+  ASSERT_TRUE(mine.SetRing(s, "j", 1, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
+  RangeReaderOptions o;
+  o.self = "127.0.0.1:1";
+  o.key = "t";
+  o.io_timeout = 2000ms;
+  RangeReader reader(&mine, o);
+  int asked = 0;
+  PeerWait refuse;
+  refuse.admit = [&] {
+    ++asked;
+    return Status::ResourceExhausted("max_peer_calls reached");
+  };
+  RangeRead got;
+  Status st = reader.Read("j", "/c/own", 0, 10, &got, nullptr, refuse);
+  EXPECT_EQ(st.code(), Status::Code::kResourceExhausted) << st.ToString();
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(reader.peer_reads(), 0u);  // no peer was asked
+  // A job with no ring here asks no peer, so nothing is asked of the caller either.
+  EXPECT_EQ(reader.Read("k", "/c/own", 0, 10, &got, nullptr, refuse).code(), Status::Code::kNotFound);
+  EXPECT_EQ(asked, 1);
+  // Admitted, the read goes on, within its deadline.
+  PeerWait admitted;
+  admitted.admit = [&] {
+    ++asked;
+    return Status::OK();
+  };
+  admitted.deadline = std::chrono::steady_clock::now() + 60s;
+  st = reader.Read("j", "/c/own", 0, 10, &got, nullptr, admitted);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(got.data, own_.substr(0, 10));
+  EXPECT_EQ(asked, 2);
+}
+
 // What a hostile peer answers one ranged read with: a reply, then raw bytes.
 struct Answer {
   v1::PeerRangeReply reply;

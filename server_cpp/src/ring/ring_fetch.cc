@@ -11,9 +11,20 @@ RingFetch::RingFetch(Cache* cache, Fetch fetch, std::chrono::milliseconds miss_t
 Status RingFetch::Lookup(const std::string& session, const std::string& job,
                          const std::string& path, bool lease, FileInfo* out, uint64_t* lease_id,
                          std::vector<uint64_t>* unmap_buffer_ids,
-                         std::chrono::steady_clock::time_point call_deadline, bool ask_ring) {
+                         std::chrono::steady_clock::time_point call_deadline, bool ask_ring,
+                         const std::function<Status()>& admit) {
   Status s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
   if (s.code() != Status::Code::kNotFound || !lease) return s;
+  bool admitted = !admit;
+  auto may_wait = [&]() {
+    if (admitted) return Status::OK();
+    Status a = admit();
+    admitted = a.ok();
+    return a;
+  };
+  if (cache_->Restoring(job)) {
+    if (Status a = may_wait(); !a.ok()) return a;
+  }
   bool waited = false;  // the file may be on its way back from the ring
   Status restored = cache_->WaitForRestore(job, &waited, call_deadline);
   if (!restored.ok()) return restored;
@@ -23,6 +34,7 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
     if (s.code() != Status::Code::kNotFound) return s;
   }
   if (!ask_ring || !cache_->MayBeInRing(job, path) || RecentlyMissed(job, path)) return s;
+  if (Status a = may_wait(); !a.ok()) return a;
   Status fetched = fetch_(job, path);
   if (fetched.code() == Status::Code::kNotFound) NoteMiss(job, path);
   if (!fetched.ok() && fetched.code() != Status::Code::kFailedPrecondition) return s;

@@ -41,12 +41,15 @@ class RingFetch {
   // `call_deadline`: the caller's, which bounds the restore wait too.
   // Without `ask_ring`, a miss after the restore wait is the answer (the
   // caller reads ranges instead of pulling the whole file).
+  // `admit` (optional): asked once before the lookup waits on the ring (a
+  // restore in flight, or a fetch); its failure is the answer, as a peer
+  // that never answers would hold the caller's thread.
   Status Lookup(const std::string& session, const std::string& job, const std::string& path,
                 bool lease, FileInfo* out, uint64_t* lease_id,
                 std::vector<uint64_t>* unmap_buffer_ids,
                 std::chrono::steady_clock::time_point call_deadline =
                     std::chrono::steady_clock::time_point::max(),
-                bool ask_ring = true);
+                bool ask_ring = true, const std::function<Status()>& admit = nullptr);
 
   uint64_t remote_reads() const { return remote_reads_.load(); }    // files the ring gave
   uint64_t remote_misses() const { return remote_misses_.load(); }  // fetches no peer answered

@@ -86,15 +86,25 @@ grpc::Status CacheService::Abort(grpc::ServerContext*, const v1::AbortRequest* r
   return ToGrpc(cache_->Abort(req->session(), req->allocation_id()));
 }
 
+tce::Status CacheService::AdmitPeerCall(const std::string& session, CallLimiter::Slot* slot) {
+  bool admin = false;
+  uid_t uid = 0;
+  tce::Status s = cache_->CheckCaller(session, &admin, &uid);
+  if (!s.ok() || !peer_calls_) return s;
+  return peer_calls_->Enter(uid, slot);
+}
+
 grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequest* req,
                                   v1::LookupResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   FileInfo f;
   uint64_t lease = 0;
   std::vector<uint64_t> unmap;
+  CallLimiter::Slot slot;  // held while the lookup waits on the ring
   tce::Status s =
       ring_fetch_ ? ring_fetch_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
-                                        &lease, &unmap, AnswerBy(ctx), !req->local_only())
+                                        &lease, &unmap, AnswerBy(ctx), !req->local_only(),
+                                        [&] { return AdmitPeerCall(req->session(), &slot); })
                   : cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                    &lease, &unmap);
   for (uint64_t id : unmap) resp->add_unmap_buffer_ids(id);
@@ -104,7 +114,7 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
   return grpc::Status::OK;
 }
 
-grpc::Status CacheService::ReadRange(grpc::ServerContext*, const v1::ReadRangeRequest* req,
+grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRangeRequest* req,
                                      v1::ReadRangeResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   if (!ranges_) return ToGrpc(tce::Status::NotSupported("this server reads no ranges"));
@@ -115,7 +125,11 @@ grpc::Status CacheService::ReadRange(grpc::ServerContext*, const v1::ReadRangeRe
   if (s.ok() && req->into_buffer())
     s = range_buffers_ ? range_buffers_->Place(req->session(), req->buffer_offset(), req->length(), &hold, &into)
                        : tce::Status::NotSupported("this server has no range buffers");
-  if (s.ok()) s = ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into);
+  CallLimiter::Slot slot;  // held while peers are asked
+  PeerWait wait;
+  wait.admit = [&] { return AdmitPeerCall(req->session(), &slot); };
+  wait.deadline = AnswerBy(ctx);
+  if (s.ok()) s = ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into, wait);
   if (!s.ok()) return ToGrpc(s);
   *resp->mutable_data() = std::move(r.data);
   resp->set_source(r.source);
@@ -147,6 +161,8 @@ grpc::Status CacheService::List(grpc::ServerContext* ctx, const v1::ListRequest*
   if (req->wait_for_restore() && !req->job().empty()) {
     bool admin = false;  // only a caller with a session waits
     tce::Status s = cache_->CheckCaller(req->session(), &admin);
+    CallLimiter::Slot slot;  // held while it waits for the ring
+    if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
     if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx));
     if (!s.ok()) return ToGrpc(s);
   }
@@ -280,6 +296,8 @@ grpc::Status CacheService::ListTags(grpc::ServerContext* ctx, const v1::ListTags
   if (req->wait_for_restore()) {  // the tags come back with the files
     bool admin = false;  // only a caller with a session waits
     tce::Status s = cache_->CheckCaller(req->session(), &admin);
+    CallLimiter::Slot slot;  // held while it waits for the ring
+    if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
     if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx));
     if (!s.ok()) return ToGrpc(s);
   }

@@ -5,18 +5,25 @@
 //
 // Security: every RPC names a session; the Cache decides with that session's
 // uid (an unknown session is UNAUTHENTICATED). A blocked Wait holds a gRPC
-// thread: at most max_waits run at once, more are RESOURCE_EXHAUSTED.
+// thread: at most max_waits run at once, more are RESOURCE_EXHAUSTED. So does
+// a call that waits on a ring peer (a ranged read or a fetch from a peer, a
+// wait for a restore): at most max_peer_calls at once, half of them for one
+// uid, more are RESOURCE_EXHAUSTED at once; each ends by the caller's
+// deadline or the peer timeouts.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 
 #include "cache/cache.h"
+#include "common/call_limiter.h"
 #include "meta/meta_writer.h"
 #include "rpc/range_buffers.h"
 #include "ring/backup_store.h"
@@ -28,6 +35,7 @@ namespace tce {
 
 class CacheService final : public v1::Cache::Service {
  public:
+
   // `meta` (may be null): the metadata writer whose health Status reports.
   CacheService(Cache* cache, std::string socket_path, MetaWriter* meta = nullptr,
                std::string metadata_url = "", BackupStore* backups = nullptr,
@@ -64,6 +72,11 @@ class CacheService final : public v1::Cache::Service {
   void FillStatus(v1::StatusResponse* resp);
   // At most `n` Wait calls at once (set before serving).
   void SetMaxWaits(size_t n) { max_waits_ = n; }
+  // At most `n` calls that wait on a peer at once, n / 2 (at least 1) for
+  // one uid (set before serving).
+  void SetMaxPeerCalls(size_t n) {
+    peer_calls_ = std::make_unique<CallLimiter>(n, std::max<size_t>(1, n / 2), "max_peer_calls");
+  }
   // Where the operational endpoints listen (set before serving), for Status.
   void SetEndpoints(std::string metrics, std::string health) {
     metrics_endpoint_ = std::move(metrics);
@@ -82,7 +95,12 @@ class CacheService final : public v1::Cache::Service {
   RangeBuffers* range_buffers_ = nullptr;
   std::string ring_transport_;
   std::string metrics_endpoint_, health_endpoint_;
+  // A refusal of `session` (or its uid's place in *slot): may its call wait
+  // on a peer now?
+  tce::Status AdmitPeerCall(const std::string& session, CallLimiter::Slot* slot);
+
   size_t max_waits_ = 256;
+  std::unique_ptr<CallLimiter> peer_calls_;  // none: every such call runs
   std::atomic<size_t> waits_{0};  // Wait calls running now
   const std::chrono::steady_clock::time_point started_;
 };
