@@ -26,6 +26,7 @@ import tce
 from tce import _service, api
 from tce.core import _client, _knobs
 from tce.errors import TCEError
+from tce.v1 import tce_pb2 as pb, tce_pb2_grpc as pb_grpc
 from tce.tools._server import LocalServer
 
 from helpers import Blocker, until
@@ -494,6 +495,59 @@ def test_calls_waiting_on_a_silent_peer_are_capped(tmp_path, pids_cgroup):
             reader.close()
         assert s.stop() == 0, s.log()
         s.cleanup()
+
+
+def test_a_flood_of_blocked_calls_is_refused_beyond_the_control_servers_threads(tmp_path, pids_cgroup):
+    """Saves into a full cache wait for room, each on a thread of the
+    control server: beyond its pool (rpc_threads 4 + max_waits 8 +
+    max_peer_calls 8 + 64 = 84 threads) calls are RESOURCE_EXHAUSTED at
+    once, under a pids limit that more threads would pass, and the server
+    lives on: liveness answers, and its waiting saves end with the drain."""
+    storage = tmp_path / "s"
+    storage.mkdir()
+    blocker = Blocker(storage / "blocked" / "x.pt")
+    s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)], drain_timeout_ms=1000,
+                    extra_args=["--health-listen", "127.0.0.1:0", "--persist-retries", "100",
+                                "--persist-backoff-ms", "50", "--cache-full-timeout-ms", "600000",
+                                "--max-waits", "8", "--max-peer-calls", "8"]).start()
+    saver = None
+    pool = concurrent.futures.ThreadPoolExecutor(150)
+    try:
+        with _knobs.override(socket=s.socket, job="flood", on_unavailable="raise"):
+            tce.save({"w": torch.ones(12 << 20)}, storage / "blocked" / "x.pt")  # 48 MiB, held
+            api.close()
+        health = _status(s)["health_endpoint"]
+        saver = _client.Client(s.socket, rpc_timeout=600)
+        stub = pb_grpc.CacheStub(saver._channel)
+        settled = _threads(s.proc.pid)
+        pids_cgroup(s.proc.pid, 120)
+
+        def allocate(i: int) -> str:
+            try:
+                stub.Allocate(pb.AllocateRequest(session=saver.session, job="flood",
+                                                 path=str(storage / f"{i}.pt"), size=32 << 20),
+                              timeout=600)
+                return "OK"
+            except grpc.RpcError as e:
+                return e.code().name
+
+        calls = [pool.submit(allocate, i) for i in range(150)]
+        until(lambda: sum(c.done() for c in calls) >= 150 - 84, timeout=60,
+              what="the calls beyond the pool to be refused")
+        assert {c.result() for c in calls if c.done()} == {"RESOURCE_EXHAUSTED"}
+        assert _threads(s.proc.pid) <= settled + 84 + 8, _threads(s.proc.pid)
+        assert s.proc.poll() is None, s.log()
+        with grpc.insecure_channel(health) as ch:
+            assert _check(ch, "liveness") == health_pb2.HealthCheckResponse.SERVING
+        assert s.stop(timeout=60) == 0, s.log()  # the waiting saves end with the drain
+        assert all(c.result(timeout=60) in ("RESOURCE_EXHAUSTED", "UNAVAILABLE") for c in calls)
+    finally:
+        pool.shutdown(wait=False)
+        if saver is not None:
+            saver.close()
+        s.stop()
+        s.cleanup()
+        blocker.release()
 
 
 def test_json_logs_are_one_object_per_line_with_the_event_fields(tmp_path):

@@ -446,6 +446,14 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt.rpc_threads);
+  // One thread per running call. The calls that block are capped
+  // (max_waits, max_peer_calls); the rest end at once and share
+  // kQuickCallThreads. A call beyond the pool is RESOURCE_EXHAUSTED: a
+  // flood of calls cannot take every thread of the process.
+  constexpr int kQuickCallThreads = 64;
+  grpc::ResourceQuota control_quota("tce-control");
+  control_quota.SetMaxThreads(opt.rpc_threads + opt.max_waits + opt.max_peer_calls + kQuickCallThreads);
+  builder.SetResourceQuota(control_quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return Fail("cannot start the gRPC server", 1);
   ControlListener control(server.get(), opt.socket, uids, socket_gid,

@@ -159,7 +159,9 @@ const std::vector<Setting> kSettings = {
     Text("allowed_uids", &Options::allowed_uids, "LIST", Uids,
          "comma-separated uids that may open sessions")
         .DefaultText("empty: own uid and root"),
-    Int("rpc_threads", &Options::rpc_threads, {1, 256}, "gRPC worker threads"),
+    Int("rpc_threads", &Options::rpc_threads, {1, 256},
+        "gRPC threads waiting for calls; calls run on at most rpc_threads + max_waits + "
+        "max_peer_calls + 64, more are refused (RESOURCE_EXHAUSTED)"),
     Int("max_sessions", &Options::max_sessions, {1, 65536},
         "concurrent client sessions; more connections are refused and closed at once"),
     Int("max_sessions_per_uid", &Options::max_sessions_per_uid, {1, 65536},
