@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -32,7 +33,16 @@ uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 class InFlight {
  public:
   InFlight(WritableFile* file, int depth) : file_(file), depth_(std::max(1, depth)) {
-    for (int i = 0; depth_ > 1 && i < depth_; ++i) threads_.emplace_back([this] { Run(); });
+    for (int i = 0; depth_ > 1 && i < depth_; ++i) {
+      try {
+        threads_.emplace_back([this] { Run(); });
+      } catch (const std::system_error& e) {  // out of threads (a pids limit): fewer writes in flight
+        TCE_LOG(kWarning, "persist") << "cannot start an I/O thread (" << e.what() << "): "
+                                     << threads_.size() << " of " << depth_ << " writes in flight";
+        break;
+      }
+    }
+    if (threads_.size() < 2) depth_ = 1;  // the caller writes itself; a lone thread just waits to end
   }
   ~InFlight() { (void)Finish(); }  // an early return already has its error
   int depth() const { return depth_; }
@@ -84,7 +94,7 @@ class InFlight {
   }
 
   WritableFile* const file_;
-  const int depth_;
+  int depth_;
   std::vector<std::thread> threads_;
   Mutex mu_;
   CondVar cv_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -28,7 +29,7 @@ class Striped {
     uint64_t released = before ? 0 : chunks_;
     std::vector<std::thread> lanes;
     for (size_t j = 0; j < link_->lanes(); ++j)
-      lanes.emplace_back([&, j] {
+      StartLane(&lanes, [&, j] {
         for (uint64_t c = j; c < chunks_; c += link_->lanes()) {
           {
             MutexLock l(&mu_);
@@ -54,7 +55,7 @@ class Striped {
   Status Recv(const ChunkFn& landed, const std::function<Status(PeerLink*, uint64_t, uint64_t)>& move) {
     std::vector<std::thread> lanes;
     for (size_t j = 0; j < link_->lanes(); ++j)
-      lanes.emplace_back([&, j] {
+      StartLane(&lanes, [&, j] {
         for (uint64_t c = j; c < chunks_; c += link_->lanes()) {
           Status s = move(link_->lane(j), Offset(c), Size(c));
           if (!s.ok()) return Fail(s);
@@ -77,6 +78,18 @@ class Striped {
  private:
   uint64_t Offset(uint64_t c) const { return c * kTransferChunk; }
   uint64_t Size(uint64_t c) const { return std::min(kTransferChunk, size_ - Offset(c)); }
+
+  // Starts `lane` on a thread of its own; when no thread can start (a pids
+  // limit), the transfer fails instead of the process (the link breaks, so
+  // the lanes that did start end too).
+  template <typename F>
+  void StartLane(std::vector<std::thread>* lanes, F&& lane) {
+    try {
+      lanes->emplace_back(std::forward<F>(lane));
+    } catch (const std::system_error& e) {
+      Fail(Status::ResourceExhausted(std::string("cannot start a lane thread: ") + e.what()));
+    }
+  }
 
   void Fail(const Status& s) {
     MutexLock l(&mu_);
