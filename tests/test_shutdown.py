@@ -3,7 +3,10 @@ meanwhile, and a deadline or a second signal ends the drain."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -11,10 +14,10 @@ import pytest
 import torch
 
 import tce
-from tce import api
-from tce.core import _knobs
+from tce import _service, api
+from tce.core import _client, _knobs
 from tce.tools._server import LocalServer
-from tce.errors import ServerUnavailableError
+from tce.errors import ServerUnavailableError, TCEError
 from helpers import Blocker, until
 
 
@@ -89,4 +92,76 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path):
         assert time.monotonic() - t0 < 5
         assert "second signal: 1 file(s) unfinished" in s.log()
     finally:
+        s.cleanup()
+
+
+class _SilentPeer:
+    """A ring member that accepts connections and never says a word."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.endpoint = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.conns.append(self.sock.accept()[0])
+            except socket.timeout:
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def test_sigterm_ends_the_waits_on_a_peer_that_never_answers(tmp_path):
+    """A ring member that accepts and never answers, with peer timeouts of
+    10 minutes: the server's restore from it, a ranged read asked of it and a
+    load waiting for the restore would each hold the shutdown that long.
+    SIGTERM breaks those links: the waits end at once, the callers hear why,
+    and the server exits 0 (the 60 s bound only catches a hang)."""
+    silent = _SilentPeer()
+    s = LocalServer(memory_budget="64MiB", extra_args=[
+        "--peer-listen", "127.0.0.1:0", "--peer-token", "t", "--peer-timeout-ms", "600000",
+        "--ring-restore-wait-ms", "600000"]).start()
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    c = None
+    try:
+        with _knobs.override(socket=s.socket):
+            endpoint = api.status()["peer_endpoint"]
+            _service.client().set_ring("j", 0, [endpoint, silent.endpoint])
+            api.close()
+        c = _client.Client(s.socket, rpc_timeout=600)
+
+        def outcome(call) -> str:
+            try:
+                call()
+                return "OK"
+            except TCEError as e:
+                return f"{e.code}: {e.message}"
+
+        read = pool.submit(outcome, lambda: c.read_range("j", "/ckpt/other.pt", 0, 10))
+        load = pool.submit(outcome, lambda: c.open("j", "/ckpt/restored.pt"))
+        # The restore's link, the read's and (while it waits) nothing for the load.
+        until(lambda: len(silent.conns) >= 2, what="the restore and the read to reach the peer")
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=60) == 0, s.log()
+        log = s.log()
+        assert "stopping: broke " in log and "link(s) to peers" in log, log
+        assert read.result(timeout=60).startswith("NOT_FOUND"), read.result()
+        assert load.result(timeout=60) == ("UNAVAILABLE: the server is stopping: no longer waiting "
+                                           "for the ring restore of job j"), load.result()
+    finally:
+        pool.shutdown(wait=False)
+        if c is not None:
+            c.close()
+        silent.close()
         s.cleanup()

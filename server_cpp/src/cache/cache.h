@@ -344,6 +344,9 @@ class Cache : public PoolBudget, public MemoryBudget {
   // Whether `job`'s files are being pulled back from the ring now (a load
   // that misses would wait for them).
   bool Restoring(const std::string& job) const;
+  // The server stops: loads and listings waiting for a restore get
+  // UNAVAILABLE now (so the RPC server's shutdown does not wait for them).
+  void StopRestoreWaits();
   // Files of `job` that metadata recorded here and that are not in memory
   // (after a restore: what the ring could not give back).
   std::vector<FileInfo> NotInMemory(const std::string& job) EXCLUDES(mu_);

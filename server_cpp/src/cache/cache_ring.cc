@@ -468,6 +468,8 @@ void Cache::RestoreEnded(const std::string& job, const std::string& from) { rest
 
 bool Cache::Restoring(const std::string& job) const { return restores_.InProgress(job); }
 
+void Cache::StopRestoreWaits() { restores_.StopWaits(); }
+
 std::vector<FileInfo> Cache::NotInMemory(const std::string& job) {
   MutexLock lock(&mu_);
   std::vector<FileInfo> out;

@@ -17,6 +17,14 @@ void RestoreTracker::End(const std::string& job, const std::string& from) {
   ended_.SignalAll();
 }
 
+void RestoreTracker::StopWaits() {
+  {
+    MutexLock l(&mu_);
+    stopping_ = true;
+  }
+  ended_.SignalAll();
+}
+
 bool RestoreTracker::InProgress(const std::string& job) const {
   MutexLock l(&mu_);
   return restores_.count(job) != 0;
@@ -29,9 +37,11 @@ Status RestoreTracker::Wait(const std::string& job, std::chrono::milliseconds ti
   if (!restores_.count(job)) return Status::OK();
   const auto t0 = std::chrono::steady_clock::now();
   const auto deadline = t0 + timeout;
-  while (restores_.count(job) && ended_.WaitUntil(&mu_, deadline)) {
+  while (restores_.count(job) && !stopping_ && ended_.WaitUntil(&mu_, deadline)) {
   }
   if (!restores_.count(job)) return Status::OK();
+  if (stopping_)
+    return Status::Unavailable("the server is stopping: no longer waiting for the ring restore of job " + job);
   const Restore& r = restores_.at(job);
   const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - t0);

@@ -36,6 +36,9 @@ class RestoreTracker {
   Status Wait(const std::string& job, std::chrono::milliseconds timeout, bool* waited = nullptr,
               const std::string& bound = "ring_restore_wait_ms");
   bool InProgress(const std::string& job) const;
+  // The server stops: every wait ends now, and later ones at once
+  // (UNAVAILABLE), though the restores may go on.
+  void StopWaits();
 
  private:
   struct Restore {
@@ -46,6 +49,7 @@ class RestoreTracker {
   mutable Mutex mu_;
   CondVar ended_;
   std::map<std::string, Restore> restores_ GUARDED_BY(mu_);  // by job
+  bool stopping_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tce

@@ -33,6 +33,20 @@ TEST(RestoreTracker, AWaitEndsWhenTheRestoreEnds) {
   EXPECT_TRUE(t.InProgress("other"));  // only that job's restore ended
 }
 
+TEST(RestoreTracker, StoppingEndsEveryWaitAndRefusesTheNextOnes) {
+  RestoreTracker t;
+  t.Begin("j", "10.0.0.3:7070", 1);
+  Status waited;
+  std::thread waiter([&] { waited = t.Wait("j", std::chrono::minutes(10)); });
+  t.StopWaits();  // whether the waiter is waiting yet or not
+  waiter.join();
+  EXPECT_EQ(waited.code(), Status::Code::kUnavailable) << waited.ToString();
+  EXPECT_NE(waited.message().find("the server is stopping"), std::string::npos) << waited.message();
+  EXPECT_EQ(t.Wait("j", std::chrono::minutes(10)).code(), Status::Code::kUnavailable);
+  EXPECT_TRUE(t.InProgress("j"));  // the restore itself goes on
+  EXPECT_TRUE(t.Wait("other", std::chrono::minutes(10)).ok());  // nothing to wait for
+}
+
 TEST(RestoreTracker, AWaitTimesOutNamingWhatItWaitedFor) {
   RestoreTracker t;
   t.Begin("j", "10.0.0.3:7070", 1);

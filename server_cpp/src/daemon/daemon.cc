@@ -30,6 +30,7 @@
 #include "daemon/settings.h"
 #include "meta/meta_store.h"
 #include "ring/backup_store.h"
+#include "ring/link_breaker.h"
 #include "ring/peer_server.h"
 #include "ring/range_reader.h"
 #include "ring/replicator.h"
@@ -344,6 +345,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   }
   Persister persister(&cache, Env::Default(), popt);
   if (cache.persistence_enabled()) persister.Start();
+  LinkBreaker peer_links;  // our links to peers: broken at shutdown, so no peer holds it
   std::unique_ptr<PeerServer> peers;
   std::unique_ptr<Replicator> replicator;
   std::unique_ptr<RingFetch> ring_fetch;
@@ -366,6 +368,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
     ro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
     ro.metrics = &backup_metrics;
     ro.held = &backups;
+    ro.breaker = &peer_links;
     replicator = std::make_unique<Replicator>(&cache, transport.get(), ro);
     replicator->Start();
     cache.SetSelfEndpoint(peers->endpoint());
@@ -383,6 +386,7 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
     rro.key = peer_key;
     rro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
     rro.held = &backups;
+    rro.breaker = &peer_links;
   }
   RangeReader ranges(&cache, rro);
   service.SetRangeReader(&ranges);
@@ -493,6 +497,14 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   if (pool) pool->Stop();  // its memory goes back now, not after the drain
   Drain(&cache, &stop, std::chrono::milliseconds(opt.drain_timeout_ms));
   persister.Stop();  // wakes Wait() callers before the RPC server drains
+  // What still waits on a peer (a backup, a restore, a ranged read or a
+  // fetch for a load: each up to peer_timeout_ms, a restore wait up to
+  // ring_restore_wait_ms) would hold the threads joined below: end it now.
+  cache.StopRestoreWaits();
+  if (ring) {
+    const size_t broken = peer_links.BreakAll();
+    TCE_LOG(kInfo, "daemon") << "stopping: broke " << broken << " link(s) to peers";
+  }
   if (replicator) replicator->Stop();
   if (peers) peers->Stop();
   health_states.Shutdown();  // ends Watch streams, which would hold the shutdowns

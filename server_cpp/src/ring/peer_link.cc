@@ -76,11 +76,14 @@ std::string PeerProof(const std::string& token, char direction, const std::strin
   return std::string(reinterpret_cast<char*>(out), len);
 }
 
-PeerLink::~PeerLink() { ::close(fd_); }
+PeerLink::~PeerLink() {
+  if (breaker_) breaker_->Remove(fd_);
+  ::close(fd_);
+}
 
 Status PeerLink::Connect(const std::string& endpoint, const std::string& self,
                          const PeerKey& key, std::chrono::milliseconds timeout,
-                         std::unique_ptr<PeerLink>* out) {
+                         std::unique_ptr<PeerLink>* out, LinkBreaker* breaker) {
   addrinfo* ai = nullptr;
   Status s = ResolveEndpoint(endpoint, false, &ai);
   if (!s.ok()) return s;
@@ -88,6 +91,11 @@ Status PeerLink::Connect(const std::string& endpoint, const std::string& self,
   if (fd < 0) {
     freeaddrinfo(ai);
     return Status::FromErrno(errno, "socket");
+  }
+  if (breaker && !breaker->Add(fd)) {
+    freeaddrinfo(ai);
+    ::close(fd);
+    return Status::Unavailable("not connecting to peer " + endpoint + ": the server is stopping");
   }
   BindSource(fd, ai->ai_family, self);  // peers check we come from what we advertise
   int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
@@ -104,12 +112,14 @@ Status PeerLink::Connect(const std::string& endpoint, const std::string& self,
   }
   if (rc != 0) {
     int err = errno;
+    if (breaker) breaker->Remove(fd);
     ::close(fd);
     return Status::Unavailable("connect to peer " + endpoint + ": " + std::strerror(err));
   }
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // blocking again, with timeouts
   SetTimeouts(fd, timeout);
   std::unique_ptr<PeerLink> link(new PeerLink(fd, endpoint));
+  link->breaker_ = breaker;
   link->io_timeout_ = timeout;
   s = link->Handshake(true, self, endpoint, key, timeout);
   if (!s.ok()) return s;
@@ -283,7 +293,8 @@ void PeerLink::Abort() {
 }
 
 Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string& self,
-                 const PeerKey& peer_key, std::chrono::milliseconds timeout, int count) {
+                 const PeerKey& peer_key, std::chrono::milliseconds timeout, int count,
+                 LinkBreaker* breaker) {
   if (count < 2 || count > kMaxLanes)
     return Status::InvalidArgument("a link has 2 to " + std::to_string(kMaxLanes) + " lanes, not " +
                                    std::to_string(count));
@@ -292,7 +303,7 @@ Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string&
     return Status::Internal("no randomness for a lane key");
   for (int i = 1; i < count; ++i) {
     std::unique_ptr<PeerLink> lane;
-    Status s = PeerLink::Connect(endpoint, self, peer_key, timeout, &lane);
+    Status s = PeerLink::Connect(endpoint, self, peer_key, timeout, &lane, breaker);
     v1::PeerRequest hello;
     hello.mutable_lane()->set_key(key);
     hello.mutable_lane()->set_index(i);

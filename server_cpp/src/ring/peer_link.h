@@ -31,6 +31,7 @@
 
 #include "common/net.h"
 #include "common/status.h"
+#include "ring/link_breaker.h"
 #include "ring/peer_key.h"
 
 namespace tce {
@@ -43,10 +44,12 @@ class PeerLink {
 
   // Connects to "host:port" and authenticates (the whole handshake within
   // `timeout`). `self` is our own advertised endpoint; the peer must advertise
-  // exactly `endpoint`.
+  // exactly `endpoint`. With `breaker`, the socket is registered there from
+  // before it connects until the link is destroyed (UNAVAILABLE at once when
+  // the breaker was broken).
   static Status Connect(const std::string& endpoint, const std::string& self,
                         const PeerKey& key, std::chrono::milliseconds timeout,
-                        std::unique_ptr<PeerLink>* out);
+                        std::unique_ptr<PeerLink>* out, LinkBreaker* breaker = nullptr);
   // Adopt + AcceptHandshake in one (takes ownership of `fd`, closed on failure).
   static Status Accept(int fd, const std::string& self, const PeerKey& key,
                        std::chrono::milliseconds timeout, std::unique_ptr<PeerLink>* out);
@@ -104,6 +107,7 @@ class PeerLink {
                    const std::string& connector, const std::string& acceptor);
 
   const int fd_;
+  LinkBreaker* breaker_ = nullptr;  // where fd_ is registered (optional)
   const std::string address_;  // the socket's remote address, for messages
   std::string peer_;
   bool authenticated_ = false;
@@ -133,6 +137,7 @@ std::string CertTranscript(char direction, const std::string& connector_nonce, c
 // Gives `link` (connected to `endpoint`) `count - 1` lanes: connects and
 // authenticates them, and has the peer bind them to its end of the link.
 Status OpenLanes(PeerLink* link, const std::string& endpoint, const std::string& self,
-                 const PeerKey& peer_key, std::chrono::milliseconds timeout, int count);
+                 const PeerKey& peer_key, std::chrono::milliseconds timeout, int count,
+                 LinkBreaker* breaker = nullptr);
 
 }  // namespace tce

@@ -211,6 +211,30 @@ TEST(PeerHandshake, ASlowSenderRunsOutOfOneDeadline) {
   close(fd);
 }
 
+TEST(LinkBreaker, BreakingEndsAConnectWaitingOnASilentPeerAndRefusesTheNext) {
+  int lfd = -1;
+  std::string endpoint;
+  ASSERT_TRUE(ListenTcp("127.0.0.1:0", &lfd, &endpoint).ok());  // accepts, never answers
+  LinkBreaker breaker;
+  Status connected;
+  std::thread connector([&] {
+    std::unique_ptr<PeerLink> link;
+    connected = PeerLink::Connect(endpoint, "127.0.0.1:1", "token", 600s, &link, &breaker);
+  });
+  const int peer = accept(lfd, nullptr, nullptr);  // the connector is in its handshake now
+  ASSERT_GE(peer, 0);
+  EXPECT_EQ(breaker.BreakAll(), 1u);
+  connector.join();  // at once, not after the 600 s timeout
+  EXPECT_FALSE(connected.ok());  // its hello or the peer's, whichever it was at
+  std::unique_ptr<PeerLink> link;
+  Status again = PeerLink::Connect(endpoint, "127.0.0.1:1", "token", 600s, &link, &breaker);
+  EXPECT_EQ(again.code(), Status::Code::kUnavailable);
+  EXPECT_NE(again.message().find("the server is stopping"), std::string::npos) << again.message();
+  EXPECT_EQ(breaker.BreakAll(), 0u);  // the broken link unregistered itself as it went
+  close(peer);
+  close(lfd);
+}
+
 TEST(PeerHandshake, AnAuthenticatedLinkTakesLargeMessages) {
   Acceptor a("token");
   std::unique_ptr<PeerLink> c;

@@ -149,7 +149,8 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
     link = attempt == 0 ? TakeLink(peer) : nullptr;
     const bool kept = link != nullptr;
     s = Status::OK();
-    if (!link) s = PeerLink::Connect(peer, options_.self, options_.key, ConnectTimeout(deadline), &link);
+    if (!link) s = PeerLink::Connect(peer, options_.self, options_.key, ConnectTimeout(deadline), &link,
+                                     options_.breaker);
     if (!s.ok()) return Status::Unavailable(s.message());
     reply.Clear();
     s = link->Send(req);

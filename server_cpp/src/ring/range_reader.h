@@ -36,6 +36,7 @@ struct RangeReaderOptions {
   PeerKey key;  // the cluster token (and this node's certificate)
   std::chrono::milliseconds io_timeout{30000};
   BackupStore* held = nullptr;  // the copies this server keeps (optional)
+  LinkBreaker* breaker = nullptr;  // ends the peer waits when the server stops (optional)
 };
 
 // How one read may wait on the ring's peers: the caller's limits.

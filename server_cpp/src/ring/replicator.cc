@@ -174,9 +174,11 @@ Status Replicator::Link(const std::string& peer,
 
 Status Replicator::Connect(const std::string& peer, std::unique_ptr<PeerLink>* out) {
   std::unique_ptr<PeerLink> link;
-  Status s = PeerLink::Connect(peer, options_.self, options_.key, options_.io_timeout, &link);
+  Status s = PeerLink::Connect(peer, options_.self, options_.key, options_.io_timeout, &link,
+                               options_.breaker);
   if (s.ok() && transport_->lanes() > 1)
-    s = OpenLanes(link.get(), peer, options_.self, options_.key, options_.io_timeout, transport_->lanes());
+    s = OpenLanes(link.get(), peer, options_.self, options_.key, options_.io_timeout, transport_->lanes(),
+                  options_.breaker);
   if (s.ok()) *out = std::move(link);
   return s;
 }

@@ -22,6 +22,7 @@
 #include "common/mutex.h"
 #include "ring/backup_queue.h"
 #include "ring/backup_store.h"
+#include "ring/link_breaker.h"
 #include "ring/peer_link.h"
 #include "ring/transport.h"
 
@@ -41,6 +42,8 @@ struct ReplicatorOptions {
   // The copies this server keeps for its predecessor (optional): a load that
   // misses reads them first, before asking any peer.
   BackupStore* held = nullptr;
+  // Ends every wait on a peer when the server stops (optional).
+  LinkBreaker* breaker = nullptr;
 };
 
 class Replicator {
