@@ -571,4 +571,5 @@ def test_json_logs_are_one_object_per_line_with_the_event_fields(tmp_path):
     assert committed[0]["tag"] == "t1"
     assert committed[0]["path"] == str(path)
     assert int(committed[0]["size"]) > 0
-    assert events[-1]["msg"] == "stopped"
+    assert events[-2]["msg"] == "stopped"
+    assert events[-1]["msg"].startswith("exited ") and int(events[-1]["memory_bytes"]) > 0
