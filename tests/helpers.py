@@ -6,8 +6,10 @@ import atexit
 import contextlib
 import glob
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -228,3 +230,35 @@ class Hold:
 
         self.c._call("Abort", pb.AbortRequest(session=self.c.session, allocation_id=self.allocation))
         self.c.close()
+
+
+class SilentPeer:
+    """A ring member that accepts connections and never says a word: a
+    server thread that asks it anything waits for its peer timeout.
+    ``conns``: the connections accepted so far."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.endpoint = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.conns.append(self.sock.accept()[0])
+            except socket.timeout:
+                continue
+
+    def close(self) -> None:
+        """Ends every connection: what waits on them fails at once."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        for c in self.conns:
+            c.close()
+        self.sock.close()

@@ -29,7 +29,7 @@ from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb, tce_pb2_grpc as pb_grpc
 from tce.tools._server import LocalServer
 
-from helpers import Blocker, until
+from helpers import Blocker, SilentPeer, until
 
 
 def _status(server) -> dict:
@@ -409,45 +409,13 @@ def test_unauthenticated_callers_cannot_take_every_thread(tmp_path, pids_cgroup)
         s.cleanup()
 
 
-class _SilentPeer:
-    """A ring member that accepts connections and never says a word: each
-    server thread that asks it something waits for its peer timeout."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.endpoint = "127.0.0.1:%d" % self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                c, _ = self.sock.accept()
-            except socket.timeout:
-                continue
-            self.conns.append(c)
-
-    def close(self) -> None:
-        """Ends every connection: what waits on them fails at once."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        self._thread.join()
-        for c in self.conns:
-            c.close()
-        self.sock.close()
-
-
 def test_calls_waiting_on_a_silent_peer_are_capped(tmp_path, pids_cgroup):
     """Under a pids limit, as a pod has: ranged reads that a ring member
     which never answers would hold take at most the uid's share of
     max_peer_calls (half of 8); the rest are RESOURCE_EXHAUSTED at once,
     naming the setting. The server's threads stay bounded, liveness and
     Status answer, and a save goes on while the held reads wait."""
-    silent = _SilentPeer()
+    silent = SilentPeer()
     s = LocalServer(memory_budget="64MiB", extra_args=[
         "--health-listen", "127.0.0.1:0", "--peer-listen", "127.0.0.1:0", "--peer-token", "t",
         "--peer-timeout-ms", "600000", "--max-peer-calls", "8", "--max-waits", "8"]).start()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
-import socket
-import threading
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from tce import _service, api
 from tce.core import _client, _knobs
 from tce.tools._server import LocalServer
 from tce.errors import ServerUnavailableError, TCEError
-from helpers import Blocker, until
+from helpers import Blocker, SilentPeer, until
 
 
 def _server_with_a_stuck_path(tmp_path: Path, drain_timeout_ms: int) -> tuple[LocalServer, Path]:
@@ -95,40 +93,13 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path):
         s.cleanup()
 
 
-class _SilentPeer:
-    """A ring member that accepts connections and never says a word."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.endpoint = "127.0.0.1:%d" % self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.conns.append(self.sock.accept()[0])
-            except socket.timeout:
-                continue
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        for c in self.conns:
-            c.close()
-        self.sock.close()
-
-
 def test_sigterm_ends_the_waits_on_a_peer_that_never_answers(tmp_path):
     """A ring member that accepts and never answers, with peer timeouts of
     10 minutes: the server's restore from it, a ranged read asked of it and a
     load waiting for the restore would each hold the shutdown that long.
     SIGTERM breaks those links: the waits end at once, the callers hear why,
     and the server exits 0 (the 60 s bound only catches a hang)."""
-    silent = _SilentPeer()
+    silent = SilentPeer()
     s = LocalServer(memory_budget="64MiB", extra_args=[
         "--peer-listen", "127.0.0.1:0", "--peer-token", "t", "--peer-timeout-ms", "600000",
         "--ring-restore-wait-ms", "600000"]).start()
