@@ -411,14 +411,15 @@ def test_unauthenticated_callers_cannot_take_every_thread(tmp_path, pids_cgroup)
 
 def test_calls_waiting_on_a_silent_peer_are_capped(tmp_path, pids_cgroup):
     """Under a pids limit, as a pod has: ranged reads that a ring member
-    which never answers would hold take at most the uid's share of
-    max_peer_calls (half of 8); the rest are RESOURCE_EXHAUSTED at once,
-    naming the setting. The server's threads stay bounded, liveness and
+    which never answers would hold take at most max_peer_calls_per_uid (4)
+    of max_peer_calls (8); the rest are RESOURCE_EXHAUSTED at once, naming
+    the setting. The server's threads stay bounded, liveness and
     Status answer, and a save goes on while the held reads wait."""
     silent = SilentPeer()
     s = LocalServer(memory_budget="64MiB", extra_args=[
         "--health-listen", "127.0.0.1:0", "--peer-listen", "127.0.0.1:0", "--peer-token", "t",
-        "--peer-timeout-ms", "600000", "--max-peer-calls", "8", "--max-waits", "8"]).start()
+        "--peer-timeout-ms", "600000", "--max-peer-calls", "8", "--max-peer-calls-per-uid", "4",
+        "--max-waits", "8"]).start()
     reader = None
     pool = concurrent.futures.ThreadPoolExecutor(60)
     try:
@@ -441,7 +442,7 @@ def test_calls_waiting_on_a_silent_peer_are_capped(tmp_path, pids_cgroup):
         until(lambda: sum(c.done() for c in calls) == 56, timeout=60,
               what="every read beyond the uid's share to be refused")
         refused = [c.result() for c in calls if c.done()]
-        assert all(r.startswith("RESOURCE_EXHAUSTED") and "max_peer_calls=8" in r
+        assert all(r.startswith("RESOURCE_EXHAUSTED") and "(max_peer_calls_per_uid=4)" in r
                    for r in refused), refused
         until(lambda: len(silent.conns) >= 4, what="the held reads to reach the silent peer")
         assert sum(not c.done() for c in calls) == 4  # still waiting on the peer

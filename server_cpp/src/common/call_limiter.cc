@@ -20,10 +20,11 @@ void CallLimiter::Slot::Leave() {
   limiter_ = nullptr;
 }
 
-CallLimiter::CallLimiter(size_t total, size_t per_key, std::string setting)
+CallLimiter::CallLimiter(size_t total, size_t per_key, std::string setting, std::string per_key_setting)
     : total_(total),
       per_key_(per_key == 0 || per_key > total ? total : per_key),
-      setting_(std::move(setting)) {}
+      setting_(std::move(setting)),
+      per_key_setting_(std::move(per_key_setting)) {}
 
 Status CallLimiter::Enter(uint64_t key, Slot* slot) {
   MutexLock l(&mu_);
@@ -35,8 +36,8 @@ Status CallLimiter::Enter(uint64_t key, Slot* slot) {
   const size_t mine = it == by_key_.end() ? 0 : it->second;
   if (mine >= per_key_)
     return Status::ResourceExhausted("this user already runs " + std::to_string(mine) +
-                                     " calls that wait on a peer, its share of " + setting_ + "=" +
-                                     std::to_string(total_) + ": try again later");
+                                     " calls that wait on a peer (" + per_key_setting_ + "=" +
+                                     std::to_string(per_key_) + "): try again later");
   ++by_key_[key];
   ++running_;
   slot->limiter_ = this;

@@ -38,9 +38,10 @@ class CallLimiter {
     uint64_t key_ = 0;
   };
 
-  // `setting` names what sets `total` (the refusal says it). A `per_key` of
-  // 0 or above `total` is `total`.
-  CallLimiter(size_t total, size_t per_key, std::string setting);
+  // `setting` and `per_key_setting` name what sets `total` and `per_key`
+  // (a refusal names the bound it met). A `per_key` of 0 or above `total`
+  // is `total`.
+  CallLimiter(size_t total, size_t per_key, std::string setting, std::string per_key_setting);
 
   // Takes a place for `key` in *slot (which must be empty), or returns
   // RESOURCE_EXHAUSTED, saying which bound was reached and naming the
@@ -57,6 +58,7 @@ class CallLimiter {
   const size_t total_;
   const size_t per_key_;
   const std::string setting_;
+  const std::string per_key_setting_;
   mutable Mutex mu_;
   size_t running_ GUARDED_BY(mu_) = 0;
   std::map<uint64_t, size_t> by_key_ GUARDED_BY(mu_);  // keys with a place only

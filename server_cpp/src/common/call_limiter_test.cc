@@ -8,13 +8,13 @@ namespace tce {
 namespace {
 
 TEST(CallLimiter, OneKeyGetsItsShareThenIsRefusedNamingTheSetting) {
-  CallLimiter limiter(4, 2, "max_peer_calls");
+  CallLimiter limiter(4, 2, "max_peer_calls", "max_peer_calls_per_uid");
   CallLimiter::Slot a, b, c;
   ASSERT_TRUE(limiter.Enter(7, &a).ok());
   ASSERT_TRUE(limiter.Enter(7, &b).ok());
   Status s = limiter.Enter(7, &c);
   EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
-  EXPECT_NE(s.message().find("its share of max_peer_calls=4"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("(max_peer_calls_per_uid=2)"), std::string::npos) << s.message();
   EXPECT_FALSE(c.held());
   EXPECT_EQ(limiter.running(), 2u);
   // Another key still gets in: one user's calls leave room for the others.
@@ -23,7 +23,7 @@ TEST(CallLimiter, OneKeyGetsItsShareThenIsRefusedNamingTheSetting) {
 }
 
 TEST(CallLimiter, TheWholeServerIsBoundedAcrossKeys) {
-  CallLimiter limiter(3, 2, "max_peer_calls");
+  CallLimiter limiter(3, 2, "max_peer_calls", "max_peer_calls_per_uid");
   std::vector<CallLimiter::Slot> slots(4);
   ASSERT_TRUE(limiter.Enter(1, &slots[0]).ok());
   ASSERT_TRUE(limiter.Enter(2, &slots[1]).ok());
@@ -37,7 +37,7 @@ TEST(CallLimiter, TheWholeServerIsBoundedAcrossKeys) {
 }
 
 TEST(CallLimiter, ASlotGivesItsPlaceBackOnceWhenDestroyedOrMoved) {
-  CallLimiter limiter(1, 1, "max_peer_calls");
+  CallLimiter limiter(1, 1, "max_peer_calls", "max_peer_calls_per_uid");
   {
     CallLimiter::Slot a;
     ASSERT_TRUE(limiter.Enter(5, &a).ok());
@@ -55,9 +55,9 @@ TEST(CallLimiter, ASlotGivesItsPlaceBackOnceWhenDestroyedOrMoved) {
 }
 
 TEST(CallLimiter, AShareOfZeroOrAboveTheTotalIsTheTotal) {
-  EXPECT_EQ(CallLimiter(8, 0, "x").per_key(), 8u);
-  EXPECT_EQ(CallLimiter(8, 20, "x").per_key(), 8u);
-  EXPECT_EQ(CallLimiter(8, 4, "x").per_key(), 4u);
+  EXPECT_EQ(CallLimiter(8, 0, "x", "y").per_key(), 8u);
+  EXPECT_EQ(CallLimiter(8, 20, "x", "y").per_key(), 8u);
+  EXPECT_EQ(CallLimiter(8, 4, "x", "y").per_key(), 4u);
 }
 
 }  // namespace

@@ -421,7 +421,8 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   RangeBuffers range_buffers(&cache, static_cast<size_t>(opt.max_range_buffers_per_uid));
   service.SetRangeBuffers(&range_buffers);
   service.SetMaxWaits(static_cast<size_t>(opt.max_waits));
-  service.SetMaxPeerCalls(static_cast<size_t>(opt.max_peer_calls));
+  service.SetMaxPeerCalls(static_cast<size_t>(opt.max_peer_calls),
+                          static_cast<size_t>(opt.max_peer_calls_per_uid));
   // Operations: Prometheus metrics over HTTP, and the standard gRPC health
   // service over TCP (for probes; the cache service stays on the Unix socket).
   std::unique_ptr<MetricsServer> metrics;

@@ -42,6 +42,7 @@ struct Options {
   int session_idle_timeout_s = 3600;
   int max_waits = 256;
   int max_peer_calls = 64;
+  int max_peer_calls_per_uid = 32;
   int max_leases_per_session = 4096;
   int max_range_buffers_per_uid = 4;
   // Persistence.

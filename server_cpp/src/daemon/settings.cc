@@ -181,8 +181,10 @@ const std::vector<Setting> kSettings = {
     Int("max_waits", &Options::max_waits, {1, 65536},
         "concurrent blocked Wait calls; more are refused (RESOURCE_EXHAUSTED)"),
     Int("max_peer_calls", &Options::max_peer_calls, {1, 65536},
-        "calls waiting on a ring peer at once (ranged reads, fetches, restores), half of them "
-        "for one uid; more are refused at once (RESOURCE_EXHAUSTED)"),
+        "calls waiting on a ring peer at once (ranged reads, fetches, restores); more are "
+        "refused at once (RESOURCE_EXHAUSTED)"),
+    Int("max_peer_calls_per_uid", &Options::max_peer_calls_per_uid, {1, 65536},
+        "of those, the calls of one uid (root included); more are refused at once"),
     Int("max_leases_per_session", &Options::max_leases_per_session, {1, 1000000},
         "loads one session may hold at once"),
     Int("max_range_buffers_per_uid", &Options::max_range_buffers_per_uid,

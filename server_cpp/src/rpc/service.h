@@ -7,12 +7,11 @@
 // uid (an unknown session is UNAUTHENTICATED). A blocked Wait holds a gRPC
 // thread: at most max_waits run at once, more are RESOURCE_EXHAUSTED. So does
 // a call that waits on a ring peer (a ranged read or a fetch from a peer, a
-// wait for a restore): at most max_peer_calls at once, half of them for one
-// uid, more are RESOURCE_EXHAUSTED at once; each ends by the caller's
-// deadline or the peer timeouts.
+// wait for a restore): at most max_peer_calls at once, max_peer_calls_per_uid
+// of them for one uid, more are RESOURCE_EXHAUSTED at once; each ends by the
+// caller's deadline or the peer timeouts.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -72,10 +71,10 @@ class CacheService final : public v1::Cache::Service {
   void FillStatus(v1::StatusResponse* resp);
   // At most `n` Wait calls at once (set before serving).
   void SetMaxWaits(size_t n) { max_waits_ = n; }
-  // At most `n` calls that wait on a peer at once, n / 2 (at least 1) for
+  // At most `n` calls that wait on a peer at once, `per_uid` of them for
   // one uid (set before serving).
-  void SetMaxPeerCalls(size_t n) {
-    peer_calls_ = std::make_unique<CallLimiter>(n, std::max<size_t>(1, n / 2), "max_peer_calls");
+  void SetMaxPeerCalls(size_t n, size_t per_uid) {
+    peer_calls_ = std::make_unique<CallLimiter>(n, per_uid, "max_peer_calls", "max_peer_calls_per_uid");
   }
   // Where the operational endpoints listen (set before serving), for Status.
   void SetEndpoints(std::string metrics, std::string health) {
