@@ -196,7 +196,9 @@ def load_file(f: str | os.PathLike, map_location: Any = None, pickle_module: Any
     try:
         if uncacheable(path) is not None:  # never cached: saved directly
             raise NotCachedError(uncacheable(path))
-        info, mm = with_client(lambda c: c.open(job, path))
+        # Busy (as many loads as the server allows wait on ring peers): the
+        # file may be newer in the ring than on storage, so wait for a place.
+        info, mm = _retry_busy(lambda: with_client(lambda c: c.open(job, path)))
     except (ServerUnavailableError, NotCachedError, InvalidArgumentError) as e:
         # (INVALID_ARGUMENT: a name the server refuses, e.g. with a control
         # character, can never be cached either.)
