@@ -195,8 +195,8 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     if (EvictOne()) continue;
     // 4. Only unpersisted files hold the memory: wait for persistence to
     //    finish some (never evict what is not on storage), within bounds.
-    if (persistence_enabled() && (PersistQueued() || !in_flight_.empty()) && !stopping_ &&
-        done_cv_.WaitUntil(&mu_, deadline)) {
+    if (persistence_enabled() && (PersistQueued() || !in_flight_.empty() || AwaitingPersistence()) &&
+        !stopping_ && done_cv_.WaitUntil(&mu_, deadline)) {
       if (!sessions_.Find(req.session)) return sessions_.Check(req.session);
       continue;
     }

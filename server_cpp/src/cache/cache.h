@@ -516,6 +516,8 @@ class Cache : public PoolBudget, public MemoryBudget {
   void Requeue(FileInfo& f) REQUIRES(mu_);
   void QueuePersist(const FileKey& key) REQUIRES(mu_);
   bool PersistQueued() const REQUIRES(mu_);
+  // Whether a committed file in memory is still to be persisted (not FAILED).
+  bool AwaitingPersistence() const REQUIRES(mu_);
   void QueueBackup(const FileKey& key) REQUIRES(mu_);
   // Every complete tag of `job` recorded here, to the job's successor.
   void QueueTags(const std::string& job) REQUIRES(mu_);

@@ -51,6 +51,16 @@ void Cache::QueuePersist(const FileKey& key) {
 
 bool Cache::PersistQueued() const { return persist_ && persist_->Queued() > 0; }
 
+bool Cache::AwaitingPersistence() const {
+  // A committed file not yet on storage (and not FAILED) is queued, taken by
+  // a worker that has not started it yet, or being written: either way its
+  // persistence will end and wake the waiters. The queue and in_flight_
+  // alone miss the moment between a worker's taking a file and starting it.
+  for (const auto& [key, f] : files_)
+    if (f.buffer_id != 0 && (f.state == FileState::kCached || f.state == FileState::kBackedUp)) return true;
+  return false;
+}
+
 void Cache::FailPersist(FileInfo& f, const Status& why) {
   f.state = FileState::kFailed;
   f.reason = why.ToString();
