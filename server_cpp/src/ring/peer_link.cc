@@ -33,6 +33,20 @@ void Put(std::string* out, const std::string& field) {
   out->append(field);
 }
 
+// What both proofs of a handshake cover: a label, the direction, both
+// nonces and both endpoints, each length-prefixed.
+std::string Transcript(const char* label, char direction, const std::string& connector_nonce,
+                       const std::string& acceptor_nonce, const std::string& connector_endpoint,
+                       const std::string& acceptor_endpoint) {
+  std::string data = label;
+  data.push_back(direction);
+  Put(&data, connector_nonce);
+  Put(&data, acceptor_nonce);
+  Put(&data, connector_endpoint);
+  Put(&data, acceptor_endpoint);
+  return data;
+}
+
 void SetTimeouts(int fd, std::chrono::milliseconds timeout) {
   SetIoTimeouts(fd, timeout);
   int one = 1;
@@ -63,12 +77,8 @@ std::string RemoteAddress(int fd) {
 std::string PeerProof(const std::string& token, char direction, const std::string& connector_nonce,
                       const std::string& acceptor_nonce, const std::string& connector_endpoint,
                       const std::string& acceptor_endpoint) {
-  std::string data = "tce-ring-proof-v2";
-  data.push_back(direction);
-  Put(&data, connector_nonce);
-  Put(&data, acceptor_nonce);
-  Put(&data, connector_endpoint);
-  Put(&data, acceptor_endpoint);
+  const std::string data =
+      Transcript("tce-ring-proof-v2", direction, connector_nonce, acceptor_nonce, connector_endpoint, acceptor_endpoint);
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
@@ -239,13 +249,8 @@ Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const 
 
 std::string CertTranscript(char direction, const std::string& connector_nonce, const std::string& acceptor_nonce,
                            const std::string& connector_endpoint, const std::string& acceptor_endpoint) {
-  std::string data = "tce-ring-cert-v1";
-  data.push_back(direction);
-  Put(&data, connector_nonce);
-  Put(&data, acceptor_nonce);
-  Put(&data, connector_endpoint);
-  Put(&data, acceptor_endpoint);
-  return data;
+  return Transcript("tce-ring-cert-v1", direction, connector_nonce, acceptor_nonce, connector_endpoint,
+                    acceptor_endpoint);
 }
 
 Status PeerLink::ProveNode(bool connecting, const NodeCert& cert, const std::string& cn, const std::string& an,
