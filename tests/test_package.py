@@ -17,7 +17,7 @@ LAYERS = [
     ("errors and protocol", ("tce.errors", "tce.v1")),
     ("client core", ("tce.core",)),
     ("internal service API", ("tce._service",)),
-    ("public API", ("tce.api",)),
+    ("public API", ("tce.api", "tce.client")),
     ("integrations", ("tce.integrations",)),
     ("package", ("tce",)),
     ("tools", ("tce.tools", "tce.cli")),

@@ -1,0 +1,337 @@
+"""``tce.client``: the node's cache server, for integrations, tools and users.
+
+``tce.save`` / ``tce.load`` are all a training script needs. A framework
+adapter, a command-line tool or a script that looks into the cache needs a
+little more: a session with a chosen server, the files and tags it holds, a
+cached file's bytes, the settings, the rank, and the parts of a save that
+is not one ``torch.save`` (DCP's data files). This module is that surface,
+so that nothing outside the client core imports its private modules
+(``tce.core._*``, ``tce._service``), which may then change freely.
+
+Every call goes through this process's session, the one ``tce.save`` and
+``tce.load`` use (made on first use, made again after a fork or a server
+restart); :func:`session` points it at a server for a block and closes it
+after. Files and tags come back as the protocol's messages
+(``tce.v1.tce_pb2.FileInfo``, ``TagInfo``). Any thread may call these
+functions.
+
+Example::
+
+    import tce.client
+
+    with tce.client.session("/run/tce/tce.sock"):
+        for f in tce.client.files(job=""):            # every job's files
+            print(f.job, f.path, f.size)
+        with tce.client.open_fd("/ckpt/step100/model.pt") as cached:
+            head = os.pread(cached.fd, 64, 0)         # cached.size bytes in all
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import pickle
+from typing import Any, Callable, Iterator
+
+from tce import _service
+from tce.api import remove, status
+from tce.core import _client, _dist, _knobs, _meta
+from tce.core._originals import torch_load, torch_save
+from tce.core._ring import join_ring
+from tce.core._staging import StagedSave
+from tce.v1 import tce_pb2 as pb
+
+__all__ = [
+    "MAX_RANGE", "StagedSave", "all_gather", "allocate", "broadcast", "commit_tag", "configure",
+    "files", "job_or_default", "join_ring", "load_file", "lookup", "mapped_buffers",
+    "metadata_files", "norm", "object_layout", "open_fd", "open_mapping", "override",
+    "range_buffer", "rank", "read_range", "remove", "retry", "save_file", "session", "set_ring",
+    "setting", "settings", "stage_later", "status", "tags", "torch_load", "torch_save",
+    "world_size",
+]
+
+# ---------------------------------------------------------------------------
+# Settings (every one has a TCE_* environment override: docs/settings.md)
+# ---------------------------------------------------------------------------
+
+
+def setting(name: str) -> Any:
+    """The effective value of the setting ``name`` (``socket``, ``job``,
+    ``on_unavailable``, ...): :func:`configure` or :func:`override`, else
+    its ``TCE_*`` environment variable, else the default.
+
+    Raises:
+        KeyError: no such setting.
+        ValueError: its environment variable does not parse.
+    """
+    return _knobs.get(name)
+
+
+def settings() -> dict[str, Any]:
+    """Every setting's effective value, by name."""
+    return {name: _knobs.get(name) for name in _knobs.KNOBS}
+
+
+def configure(**values: Any) -> None:
+    """Set settings for this process (over the environment); ``tce.configure``."""
+    _knobs.configure(**values)
+
+
+@contextlib.contextmanager
+def override(**values: Any) -> Iterator[None]:
+    """Settings for the block, for the whole process (tests and tools that
+    talk to more than one server); the previous ones come back after it."""
+    with _knobs.override(**values):
+        yield
+
+
+# ---------------------------------------------------------------------------
+# The session
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def session(socket: str | None = None, **values: Any) -> Iterator[None]:
+    """A session with the server at ``socket`` (default: the ``socket``
+    setting) for the block, closed at its end (as ``tce.close``: the server
+    frees the process's pending buffers and leases).
+
+    Everything in the block, ``tce.save`` and ``tce.load`` included, talks
+    to that server; ``values`` are more settings for the block (e.g.
+    ``job=``, ``on_unavailable="raise"``). Settings belong to the process,
+    so another thread's calls meanwhile go there too.
+
+    Raises:
+        ServerUnavailableError: no server answers at the socket (on entry,
+            not at the first call inside).
+    """
+    if socket is not None:
+        values["socket"] = socket
+    with _knobs.override(**values):
+        try:
+            _service.client()
+            yield
+        finally:
+            _service.close()
+
+
+def mapped_buffers() -> int:
+    """How many cache buffers this process keeps mapped for its saves (a
+    steady-state save maps none anew)."""
+    return _service.client().mapped_buffers
+
+
+# ---------------------------------------------------------------------------
+# Files and tags
+# ---------------------------------------------------------------------------
+
+
+def files(job: str | None = None, tag: str = "", *, check_storage: bool = False,
+          wait_for_restore: bool = False) -> list[pb.FileInfo]:
+    """The files the server knows, by job and path.
+
+    Args:
+        job: the job (default: the ``job`` setting); ``""`` for every job.
+        tag: only this tag's files (``""``: every tag).
+        check_storage: compare each cached file with storage first, as a
+            load would, so a file replaced on storage no longer counts.
+        wait_for_restore: answer once the server has pulled the job's files
+            back from the ring, if it is doing so (bounded by the server's
+            ``ring_restore_wait_ms``; DeadlineExceededError after it).
+    """
+    job = _service.job_or_default(job)
+    return _service.with_client(lambda c: c.list(job, tag, check_storage=check_storage,
+                                                 wait_for_restore=wait_for_restore))
+
+
+def lookup(path: str | os.PathLike, *, job: str | None = None) -> pb.FileInfo:
+    """The server's record of the committed file at ``path``.
+
+    Raises:
+        NotCachedError: the server holds no committed version of it.
+    """
+    path, job = _service.norm(path), _service.job_or_default(job)
+    return _service.with_client(lambda c: c.lookup(job, path))
+
+
+def retry(paths: list[str | os.PathLike] | None = None, *,
+          job: str | None = None) -> list[pb.FileInfo]:
+    """Persist FAILED files again now: ``paths``, or every failed file of
+    the job when None. Returns the files as the server now has them."""
+    job = _service.job_or_default(job)
+    wanted = [_service.norm(p) for p in paths or []]
+    return _service.with_client(lambda c: c.retry(job, wanted))
+
+
+def tags(job: str | None = None, *, wait_for_restore: bool = False) -> list[pb.TagInfo]:
+    """The job's complete tags (checkpoints every rank finished), oldest
+    first; ``wait_for_restore`` as for :func:`files`."""
+    job = _service.job_or_default(job)
+    return _service.with_client(lambda c: c.list_tags(job, wait_for_restore=wait_for_restore))
+
+
+def commit_tag(tag: pb.TagInfo) -> pb.TagInfo:
+    """Record that every rank finished ``tag`` (one rank calls it, once the
+    others are done): a restore from the ring then brings the tag back."""
+    return _service.with_client(lambda c: c.commit_tag(tag))
+
+
+def set_ring(job: str, node_rank: int, endpoints: list[str]) -> str:
+    """Tell the server the job's ring (every node's peer endpoint, by node
+    rank) and its place in it; returns its successor ("" with one node).
+    :func:`join_ring` does this for a torch.distributed job."""
+    return _service.with_client(lambda c: c.set_ring(job, node_rank, endpoints))
+
+
+def metadata_files(url: str, *, job: str = "", tag: str = "") -> list[Any]:
+    """The files recorded in a server's metadata store, read directly (no
+    server needed; a running server holds its SQLite file, so ask it with
+    :func:`files` then): rows with ``job``, ``tag``, ``rank``, ``state``,
+    ``size``, ``path`` and ``reason``.
+
+    Args:
+        url: ``sqlite:///abs/path.db`` or ``mysql://user:pass@host:port/db``.
+        job, tag: only these (``""``: all).
+    """
+    return _meta.read_files(url, job=job, tag=tag)
+
+
+# ---------------------------------------------------------------------------
+# A cached file's bytes
+# ---------------------------------------------------------------------------
+
+MAX_RANGE = _client.MAX_RANGE  # the most bytes one read_range call returns
+
+
+def open_fd(path: str | os.PathLike, *, job: str | None = None,
+            local_only: bool = False) -> Any:
+    """The cached file at ``path`` as a read-only file descriptor: an object
+    with ``fd`` and ``size`` whose ``close()`` (or the end of a ``with``
+    block) closes the fd and releases the lease that keeps the bytes in
+    place meanwhile. Read it with ``os.pread``/``os.preadv`` (nothing is
+    mapped). None when this node's cache cannot serve it (not held, stale,
+    or no server). With ``local_only`` a file that is only in another
+    node's memory is not brought here through the ring.
+    """
+    return _service.open_cached_fd(path, job=job, local_only=local_only)
+
+
+def open_mapping(path: str | os.PathLike, *, job: str | None = None,
+                 local_only: bool = False) -> mmap.mmap | None:
+    """The cached file at ``path`` as a private, copy-on-write mapping
+    (writes to it never reach the cache), under a lease held while the
+    mapping or any view of it (a tensor, a memoryview) lives. None when
+    this node's cache cannot serve it; ``local_only`` as for :func:`open_fd`.
+    """
+    return _service.open_cached(path, job=job, local_only=local_only)
+
+
+def read_range(path: str | os.PathLike, offset: int, length: int, *, job: str | None = None,
+               buffer_offset: int | None = None) -> tuple[Any, str] | None:
+    """Bytes ``[offset, offset + length)`` of the file at ``path`` (at most
+    :data:`MAX_RANGE`), from this node's cache (``"local"``) or, through
+    the ring, a copy held here or another node's memory (``"peer"``); only
+    the range moves. Returns (the bytes, the source); with
+    ``buffer_offset`` and a :func:`range_buffer`, ((its fd, the offset),
+    the source): the bytes are there. None when no cache has the file.
+
+    Raises:
+        ValueError: the range is not inside the file.
+    """
+    return _service.read_range_piece(path, offset, length, job=job, buffer_offset=buffer_offset)
+
+
+def range_buffer() -> tuple[int, int] | None:
+    """The server's range buffer for this process's session, where
+    :func:`read_range` can put bytes so they never travel inside a reply:
+    (a read-only fd, its size), closed with the session; None when the
+    server has none to give."""
+    return _service.range_buffer()
+
+
+# ---------------------------------------------------------------------------
+# Saves and loads, for integrations
+# ---------------------------------------------------------------------------
+
+# torch_save and torch_load (imported above) are torch.save and torch.load as
+# torch defines them, never the patch (tce.patch_torch): what a fallback
+# writes and reads with.
+
+
+def norm(path: str | os.PathLike) -> str:
+    """The absolute path the server knows a file by."""
+    return _service.norm(path)
+
+
+def job_or_default(job: str | None) -> str:
+    """``job``, else the ``job`` setting."""
+    return _service.job_or_default(job)
+
+
+def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
+              pickle_protocol: int = 2, *, job: str | None = None, tag: str = "",
+              rank: int | None = None, blocking: bool = True) -> Any:
+    """``tce.save`` to a path, telling how it went: the committed
+    ``FileInfo`` (with ``blocking=False``, a :class:`StagedSave`), or None
+    when it fell back to a plain ``torch.save`` (the file is durable then)."""
+    return _service.save_file(obj, f, pickle_module, pickle_protocol, job=job, tag=tag,
+                              rank=rank, blocking=blocking)
+
+
+def load_file(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = None, *,
+              weights_only: bool | None = None, mmap: bool | None = None,
+              job: str | None = None, **pickle_load_args: Any) -> tuple[Any, bool]:
+    """``tce.load`` from a path: (the object, whether it came from the cache)."""
+    return _service.load_file(f, map_location, pickle_module, weights_only=weights_only,
+                              mmap=mmap, job=job, **pickle_load_args)
+
+
+def allocate(path: str | os.PathLike, size: int, *, job: str | None = None, tag: str = "",
+             rank: int | None = None) -> Any:
+    """A buffer for a file of ``size`` bytes that is not one torch zip (a
+    DCP data file): write its bytes through ``.tensor`` (uint8) or
+    ``.view``, then ``.commit()`` (the server persists it; returns the
+    ``FileInfo``) or ``.abort()``. When the server is unreachable or full
+    (and ``on_unavailable`` is ``fallback``) the buffer is private memory
+    and ``.commit()`` writes the file itself, atomically (returns None)."""
+    return _service.allocate_file(path, size, job=job, tag=tag, rank=rank)
+
+
+def object_layout(obj: Any) -> Any:
+    """The bytes ``torch.save(obj, stream)`` writes, laid out: ``.size``,
+    ``.records``, and ``.write(view, tensor)`` into a buffer (e.g. one of
+    :func:`allocate`)."""
+    return _service.object_layout(obj)
+
+
+def stage_later(path: str, size: int, work: Callable[[], Any]) -> StagedSave:
+    """Run ``work`` on the staging thread, as an asynchronous save's copies;
+    the fence (``tce.wait_staged``, also run before every optimizer step)
+    waits for it."""
+    return _service.stage_later(path, size, work)
+
+
+# ---------------------------------------------------------------------------
+# Ranks (the process group's, else the launcher's RANK / WORLD_SIZE)
+# ---------------------------------------------------------------------------
+
+
+def rank() -> int:
+    """This process's global rank, as a save records it."""
+    return _dist.rank()
+
+
+def world_size() -> int:
+    """The number of ranks."""
+    return _dist.world_size()
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, by rank (a collective; ``[obj]`` in one process)."""
+    return _dist.all_gather(obj)
+
+
+def broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` (a collective; ``obj`` itself in one process)."""
+    return _dist.broadcast(obj)
