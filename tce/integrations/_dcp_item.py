@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from tce.core import _knobs
+from tce import client
 from tce.errors import CorruptCheckpointError
 
 
@@ -374,7 +374,7 @@ class Reads:
     def run(self) -> None:
         global _pool
         pieces, self.pieces = self.pieces, []
-        threads = _knobs.get("dcp_read_threads")
+        threads = client.setting("dcp_read_threads")
         if threads <= 1 or len(pieces) <= 1:
             for source, view, offset in pieces:
                 source.readinto(view, offset)

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from tce import _service
+from tce import client
 from tce.errors import CorruptCheckpointError
 from tce.integrations._dcp_format import METADATA, CheckpointDir
 from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, read_tensor,
@@ -58,8 +58,8 @@ class StorageReader(CheckpointDir, _DCPReader):
 
     def __init__(self, path: str | os.PathLike, *, job: str | None = None) -> None:
         super().__init__()
-        self.path = _service.norm(path)
-        self.job = _service.job_or_default(job)
+        self.path = client.norm(path)
+        self.job = client.job_or_default(job)
         self.storage_data: dict[Any, Any] = {}
         self.load_id = uuid.uuid4().hex
         self.reads: list[ReadRecord] = []
@@ -80,7 +80,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         self.reads = []
         self.copies = collections.Counter()
         if checkpoint_id:
-            self.path = _service.norm(checkpoint_id)
+            self.path = client.norm(checkpoint_id)
         self.load_id = uuid.uuid4().hex
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -159,7 +159,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         for name, reqs in per_file.items():
             path = os.path.join(self.path, name)
             reqs = sorted(reqs, key=lambda r: self._info(r).offset)
-            cached = _service.open_cached_fd(path, job=self.job, local_only=True)
+            cached = client.open_fd(path, job=self.job, local_only=True)
             if cached is not None:
                 with cached:
                     self._read_file(FdSource(cached.fd, cached.size), name, "local", reqs, planner)
@@ -213,7 +213,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         # then comes from storage.
         end = max(info.offset + info.length for info in infos)
         try:
-            found = _service.read_range_piece(path, max(end, 1) - 1, 1, job=self.job)
+            found = client.read_range(path, max(end, 1) - 1, 1, job=self.job)
         except ValueError as e:
             raise CorruptCheckpointError(f"{name}: its items end at byte {end}, past the end "
                                          f"of the file the ring holds ({e})") from None
@@ -307,7 +307,7 @@ class StorageReader(CheckpointDir, _DCPReader):
     def _map(self, path: str, *, local_only: bool = False) -> tuple[Any, str]:
         """(mapping of the file, "local" or "storage"), or (None, "") when
         neither the cache nor (unless ``local_only``) storage has it."""
-        mm = _service.open_cached(path, job=self.job, local_only=local_only)
+        mm = client.open_mapping(path, job=self.job, local_only=local_only)
         if mm is not None:
             return mm, "local"
         if local_only:

@@ -21,9 +21,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from tce import _service, api
-from tce.core import _dist
-from tce.core._layout import storage_bytes
+from tce import api, client
 from tce.errors import NotCachedError, ServerUnavailableError, TCEError
 from tce.integrations._dcp_format import (
     DCP_VERSION,
@@ -58,9 +56,9 @@ class _TensorArchive:
     def __init__(self, t: torch.Tensor) -> None:
         self.tensor = t
         if t.device.type == "cpu":
-            self.layout = _service.object_layout(t)
+            self.layout = client.object_layout(t)
         else:  # laid out from a CPU stand-in (never touched: no memory used)
-            self.layout = _service.object_layout(
+            self.layout = client.object_layout(
                 torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu"))
         self.size = self.layout.size
 
@@ -72,7 +70,12 @@ class _TensorArchive:
         rec = self.layout.records[4]  # the one storage
         if rec.size:
             tensor[rec.data_offset:rec.data_offset + rec.size].copy_(
-                storage_bytes(self.tensor.untyped_storage()))
+                _bytes_of(self.tensor.untyped_storage()))
+
+
+def _bytes_of(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A flat uint8 tensor over all of ``storage``, on its device."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 def _storage_view(buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -142,8 +145,8 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
     def __init__(self, path: str | os.PathLike, *, job: str | None = None,
                  tag: str | None = None) -> None:
         super().__init__()
-        self.path = _service.norm(path)
-        self.job = _service.job_or_default(job)
+        self.path = client.norm(path)
+        self.job = client.job_or_default(job)
         self._tag = tag
         self.rank = 0
         self.is_coordinator = False
@@ -167,7 +170,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
             ValueError: ``stage`` laid this save out for another directory.
         """
         if checkpoint_id:
-            path = _service.norm(checkpoint_id)
+            path = client.norm(checkpoint_id)
             if self._staged_file is not None and path != self.path:
                 raise ValueError(f"this writer staged into {self.path}; async_save was given "
                                  f"checkpoint_id={path!r}")
@@ -178,7 +181,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
         """Note whether this rank coordinates, and its rank (DCP's ``rank=``)."""
         self.is_coordinator = is_coordinator
         rank = kwargs.get("rank")
-        self.rank = _dist.rank() if rank is None else int(rank)
+        self.rank = client.rank() if rank is None else int(rank)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Create the directory (every rank: each may be on its own node)."""
@@ -191,7 +194,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
         finish leaves none (never old metadata over new data files)."""
         meta = os.path.join(self.path, METADATA)
         try:
-            _service.remove_file(meta, job=self.job)
+            client.remove(meta, job=self.job)
         except (NotCachedError, ServerUnavailableError):
             pass
         if os.path.lexists(meta):
@@ -235,7 +238,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
             for p in parts:
                 offsets.append(offset)
                 offset = aligned(offset + p.size)
-            dest = _service.allocate_file(os.path.join(self.path, name),
+            dest = client.allocate(os.path.join(self.path, name),
                                           offsets[-1] + parts[-1].size, job=self.job,
                                           tag=self.tag, rank=rank)
             try:
@@ -257,7 +260,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
         metadata.storage_meta = self.storage_meta()
         data = pickle.dumps(metadata)
-        dest = _service.allocate_file(os.path.join(self.path, METADATA), len(data), job=self.job,
+        dest = client.allocate(os.path.join(self.path, METADATA), len(data), job=self.job,
                                       tag=self.tag, rank=self.rank)
         dest.view[:] = data
         self._commit(dest)
@@ -274,7 +277,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
                                 size=len(data)))
         record = pb.TagInfo(job=self.job, tag=self.tag, world_size=len(results), files=files)
         try:
-            _service.with_client(lambda c: c.commit_tag(record))
+            client.commit_tag(record)
         except TCEError as e:
             log.warning("TCE: could not record %s as a complete tag: %s", self.path, e)
 
@@ -282,7 +285,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
         """A data file's size: this node's cache knows it (a staged file may
         hold unreferenced items after the last one); else its last item's end."""
         try:
-            return _service.with_client(lambda c: c.lookup(self.job, path)).size
+            return client.lookup(path, job=self.job).size
         except TCEError:
             return at_least
 
@@ -332,9 +335,9 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
             offsets.append(offset)
             offset = aligned(offset + layout.size)
         size = offsets[-1] + leaves[-1][1].size
-        name = data_name(_dist.rank(), 0)
-        dest = _service.allocate_file(os.path.join(self.path, name), size, job=self.job,
-                                      tag=self.tag, rank=_dist.rank())
+        name = data_name(client.rank(), 0)
+        dest = client.allocate(os.path.join(self.path, name), size, job=self.job,
+                                      tag=self.tag, rank=client.rank())
         staged: dict[int, _Staged] = {}
         views: dict[int, torch.Tensor] = {}
         for (t, layout), offset in zip(leaves, offsets):
@@ -350,7 +353,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
                 layout.write(dest.view[at:at + layout.size], dest.tensor[at:at + layout.size])
 
         self._staged_file, self._staged = dest, staged
-        self._staged_done = _service.stage_later(dest.path, size, copy)
+        self._staged_done = client.stage_later(dest.path, size, copy)
         it = iter(views[id(t)] for t, _ in leaves)
 
         def replace(obj: Any) -> Any:

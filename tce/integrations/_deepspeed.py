@@ -31,9 +31,7 @@ import sys
 import threading
 from typing import Any
 
-from tce import _service, api
-from tce.core import _dist, _knobs
-from tce.core._ring import join_ring
+from tce import api, client
 from tce.errors import DeadlineExceededError, TCEError
 from tce.v1 import tce_pb2 as pb
 
@@ -117,12 +115,12 @@ def _engine_class():
             self.name = ENGINE_NAME
             settings = _options(config_params) if options is None else dict(options)
             if settings:
-                _knobs.configure(**settings)  # unknown names raise here, clearly
-            self.job = _knobs.get("job")
+                client.configure(**settings)  # unknown names raise here, clearly
+            self.job = client.setting("job")
             # Asynchronous: saves return once their copies are enqueued; the
             # engine is "decoupled", so DeepSpeed commits (and writes
             # `latest`) at the next step, which is when commit() waits for them.
-            self.async_save = bool(_knobs.get("async"))
+            self.async_save = bool(client.setting("async"))
             self._pending_commit: Any = None
             self._tag = ""
             self._files: list[tuple[int, str, int]] = []  # this rank's (rank, path, size)
@@ -130,10 +128,10 @@ def _engine_class():
             self._tag_files: set[str] = set()  # files of the complete tags (learn_tags)
             self.loads_from_cache = 0
             self.loads_from_storage = 0
-            self.ring = join_ring(self.job)  # every rank builds the engine: a collective
-            rank = _dist.rank()
+            self.ring = client.join_ring(self.job)  # every rank builds the engine: a collective
+            rank = client.rank()
             message = (f"[TCE] checkpoint engine active: {ENGINE_NAME} "
-                       f"(socket={_knobs.get('socket')}, job={self.job})")
+                       f"(socket={client.setting('socket')}, job={self.job})")
             log.info(message)
             if rank == 0:
                 # Printed whatever the log level: the failure this guards
@@ -154,8 +152,8 @@ def _engine_class():
             os.makedirs(path, exist_ok=exist_ok)
 
         def save(self, state_dict: Any, path: str) -> None:
-            rank = _dist.rank()
-            cached = _service.save_file(state_dict, path, job=self.job, tag=self._tag, rank=rank,
+            rank = client.rank()
+            cached = client.save_file(state_dict, path, job=self.job, tag=self._tag, rank=rank,
                                         blocking=not self.async_save)
             path = os.path.abspath(path)
             size = cached.size if cached is not None else os.path.getsize(path)
@@ -170,8 +168,8 @@ def _engine_class():
                 api.wait_staged()  # this rank's files are committed (or this raises)
             tag = _tag_of(info) or self._tag
             mine = [f for f in self._files if _in_tag_dir(f[1], tag)]
-            everyone = _dist.all_gather(mine)  # also the barrier: every rank finished
-            rank, world = _dist.rank(), _dist.world_size()
+            everyone = client.all_gather(mine)  # also the barrier: every rank finished
+            rank, world = client.rank(), client.world_size()
             files = sorted(f for part in everyone for f in part)
             if rank == 0 and files:
                 self._record_tag(tag, world, files)
@@ -182,9 +180,9 @@ def _engine_class():
             record = pb.TagInfo(job=self.job, tag=tag, world_size=world,
                                 files=[pb.TagFile(rank=r, path=p, size=s) for r, p, s in files])
             try:
-                _service.with_client(lambda c: c.commit_tag(record))
+                client.commit_tag(record)
             except TCEError as e:
-                if _knobs.get("on_unavailable") == "raise":
+                if client.setting("on_unavailable") == "raise":
                     raise
                 log.warning("TCE: could not record tag %s as complete: %s", tag, e)
 
@@ -193,7 +191,7 @@ def _engine_class():
             api.wait_staged()  # a file this process is still staging loads complete
             # weights_only=False like DeepSpeed's own engine: client state
             # carries arbitrary objects (e.g. argparse.Namespace).
-            obj, from_cache = _service.load_file(path, map_location=map_location, weights_only=False,
+            obj, from_cache = client.load_file(path, map_location=map_location, weights_only=False,
                                                  job=self.job)
             if from_cache:
                 self.loads_from_cache += 1
@@ -223,7 +221,7 @@ def _engine_class():
             if info is None:
                 return
             self.commit(info)
-            if getattr(info, "save_latest", False) and _dist.rank() == 0:
+            if getattr(info, "save_latest", False) and client.rank() == 0:
                 with open(os.path.join(info.save_dir, "latest"), "w") as f:
                     f.write(_tag_of(info))
 
@@ -241,8 +239,8 @@ def _engine_class():
             they live: a load reads them from this node's cache, the ring or
             storage."""
             load_dir = os.path.abspath(load_dir)
-            known = self._known_tags(load_dir) if _dist.rank() == 0 else None
-            known = _dist.broadcast(known) or []
+            known = self._known_tags(load_dir) if client.rank() == 0 else None
+            known = client.broadcast(known) or []
             self._tag_files = {p for _, files in known for _, p, _ in files}
             return known
 
@@ -262,14 +260,14 @@ def _engine_class():
             if os.path.isfile(latest_path):
                 with open(latest_path) as fd:
                     latest = fd.read().strip() or None
-            rank, world = _dist.rank(), _dist.world_size()
+            rank, world = client.rank(), client.world_size()
             known = self.learn_tags(load_dir)
             if not known:
                 return None
             in_memory = self._in_memory()  # one call, not one per file
             mine = [[(p, p in in_memory) for r, p, s in files
                      if r % world == rank and (p in in_memory or _on_storage(p, s))] for _, files in known]
-            everyone = _dist.all_gather(mine)
+            everyone = client.all_gather(mine)
             names = [tag for tag, _ in known]
             found = [{p: cached for part in everyone for p, cached in part[i]} for i in range(len(known))]
             missing = [[p for _, p, _ in files if p not in found[i]] for i, (_, files) in enumerate(known)]
@@ -313,7 +311,7 @@ def _engine_class():
             """Complete tags in ``load_dir``, oldest first."""
             try:
                 # A replaced node 0 gets the tags it recorded back from the ring.
-                tags = _service.with_client(lambda c: c.list_tags(self.job, wait_for_restore=True))
+                tags = client.tags(self.job, wait_for_restore=True)
             except TCEError as e:
                 log.warning("TCE: cannot list tags (%s); DeepSpeed reads 'latest' itself", e)
                 return []
@@ -329,8 +327,7 @@ def _engine_class():
             """The job's paths this node's cache can serve (what tce.load reads
             from memory), once a ring restore of the job in flight has ended."""
             try:  # a file deleted or replaced on storage no longer counts
-                files = _service.with_client(
-                    lambda c: c.list(self.job, check_storage=True, wait_for_restore=True))
+                files = client.files(self.job, check_storage=True, wait_for_restore=True)
             except DeadlineExceededError:
                 raise  # the restore did not end in time: say so, never guess
             except TCEError:

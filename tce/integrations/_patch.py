@@ -5,7 +5,7 @@ The patch replaces ``torch.save``/``torch.load`` (and the same names in
 prefixes go through :func:`tce.save`/:func:`tce.load`; every other call (other
 paths, file-like objects, the legacy format) reaches the original function
 with its arguments untouched. TCE's own fallbacks call the originals captured
-at import (``tce._service.torch_save``), so they never recurse into the patch.
+at import (``tce.client.torch_save``), so they never recurse into the patch.
 
 Code that bound the functions before patching (``from torch import save``)
 keeps the originals.
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from tce import _service, api
+from tce import api, client
 
 _lock = threading.Lock()
 _prefixes: tuple[str, ...] = ()
@@ -41,7 +41,7 @@ def _save(obj: Any, f: Any, pickle_module: Any = pickle,
           _disable_byteorder_record: bool = False) -> None:
     if (_under_prefix(f) and _use_new_zipfile_serialization
             and not _disable_byteorder_record):
-        cached = _service.save_file(obj, f, pickle_module, pickle_protocol)
+        cached = client.save_file(obj, f, pickle_module, pickle_protocol)
         if _durable and cached is not None:
             # Return only once the file is on storage, as torch.save + fsync.
             # (A fallback wrote the file directly and fsynced it already.)
@@ -49,7 +49,7 @@ def _save(obj: Any, f: Any, pickle_module: Any = pickle,
         return None
     # The legacy format and byteorder-less archives are not what the cache
     # writes: the caller asked for them, so the original writes them.
-    return _service.torch_save(obj, f, pickle_module, pickle_protocol,
+    return client.torch_save(obj, f, pickle_module, pickle_protocol,
                                _use_new_zipfile_serialization, _disable_byteorder_record)
 
 
@@ -59,12 +59,12 @@ def _load(f: Any, map_location: Any = None, pickle_module: Any = None, *,
     if _under_prefix(f):
         return api.load(f, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
                          **pickle_load_args)
-    return _service.torch_load(f, map_location, pickle_module, weights_only=weights_only,
+    return client.torch_load(f, map_location, pickle_module, weights_only=weights_only,
                                mmap=mmap, **pickle_load_args)
 
 
-_save.__doc__ = f"torch.save, patched by TCE.\n\n{_service.torch_save.__doc__ or ''}"
-_load.__doc__ = f"torch.load, patched by TCE.\n\n{_service.torch_load.__doc__ or ''}"
+_save.__doc__ = f"torch.save, patched by TCE.\n\n{client.torch_save.__doc__ or ''}"
+_load.__doc__ = f"torch.load, patched by TCE.\n\n{client.torch_load.__doc__ or ''}"
 
 
 def patch_torch(prefixes: list[str | os.PathLike] | tuple[str | os.PathLike, ...],
@@ -104,8 +104,8 @@ def unpatch_torch() -> None:
     global _prefixes, _patched, _durable
     with _lock:
         if _patched:
-            torch.save = torch.serialization.save = _service.torch_save
-            torch.load = torch.serialization.load = _service.torch_load
+            torch.save = torch.serialization.save = client.torch_save
+            torch.load = torch.serialization.load = client.torch_load
             _patched = False
         _prefixes = ()
         _durable = False

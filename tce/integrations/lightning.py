@@ -18,7 +18,7 @@ from typing import Any
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 
-from tce import _service, api
+from tce import api, client
 from tce.errors import NotCachedError
 
 __all__ = ["TCECheckpointIO"]
@@ -51,9 +51,9 @@ class TCECheckpointIO(CheckpointIO):
         if storage_options is not None:
             raise TypeError("TCECheckpointIO.save_checkpoint takes no storage_options, got "
                             f"{storage_options!r}")
-        path = _service.norm(path)
+        path = client.norm(path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        cached = _service.save_file(checkpoint, path, job=self.job)
+        cached = client.save_file(checkpoint, path, job=self.job)
         if self.durable and cached is not None:
             api.wait([path], job=self.job)
 
@@ -64,12 +64,12 @@ class TCECheckpointIO(CheckpointIO):
         Raises:
             FileNotFoundError: neither the cache nor storage has it.
         """
-        path = _service.norm(path)
+        path = client.norm(path)
         if map_location is None:
             map_location = _keep  # Lightning's default: storages stay where they were saved
         if not os.path.exists(path) and not api.cached(path, job=self.job):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
-        obj, from_cache = _service.load_file(path, map_location, weights_only=weights_only,
+        obj, from_cache = client.load_file(path, map_location, weights_only=weights_only,
                                              job=self.job)
         if from_cache:
             self.loads_from_cache += 1
@@ -80,7 +80,7 @@ class TCECheckpointIO(CheckpointIO):
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Drop the checkpoint from the cache (so it is never persisted) and
         from storage."""
-        path = _service.norm(path)
+        path = client.norm(path)
         try:
             api.remove(path, job=self.job)
         except NotCachedError:
