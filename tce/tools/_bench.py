@@ -23,8 +23,7 @@ from typing import Any, Callable
 import torch
 
 import tce
-from tce import api
-from tce.core import _knobs
+from tce import api, client
 from tce.tools import _coldbench, _dcpbench, _ringbench
 from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict, parse_size
@@ -83,7 +82,7 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
     os.makedirs(root)
     server = LocalServer(memory_budget=str(4 * nbytes + (256 << 20)), storage_roots=[root]).start()
     try:
-        with _knobs.override(socket=server.socket, on_unavailable="raise"):
+        with client.override(socket=server.socket, on_unavailable="raise"):
             a, b = os.path.join(root, "a.pt"), os.path.join(root, "b.pt")
             for p in (a, b):  # warm both buffers
                 tce.save(sd, p)
@@ -260,7 +259,7 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
                 "--prealloc", str(2 * nbytes + (256 << 20)), "--memory-backing", memory_backing]).start()
             socket_path = server.socket
             _coldbench.wait_pool(server)
-        with _knobs.override(socket=socket_path, on_unavailable="raise"):
+        with client.override(socket=socket_path, on_unavailable="raise"):
             if "tce" in skip:
                 raise _Skipped
             path = os.path.join(directory, "tce_bench_cache.pt")
@@ -502,7 +501,7 @@ def main(args: argparse.Namespace) -> int:
         return _dcpbench.main(parse_size(args.size), args.repeats, args.json, args.dir,
                               memory_backing=args.memory_backing)
 
-    socket_path = (args.socket or _knobs.get("socket")) if args.use_running_server else None
+    socket_path = (args.socket or client.setting("socket")) if args.use_running_server else None
     dtype_name = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name, None)
     if not isinstance(dtype, torch.dtype):

@@ -25,8 +25,7 @@ from typing import Any, Iterator
 import torch
 
 import tce
-from tce import api
-from tce.core import _knobs
+from tce import api, client
 from tce.tools._server import LocalServer
 
 _NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
@@ -148,7 +147,7 @@ def wait_pool(server: LocalServer, timeout: float = 120.0, *, close: bool = True
     """Wait until the server's pool has filled as far as the budget lets it
     (its filler is idle), as a job that starts a while after the server finds it.
     ``close=False`` keeps this process's connection (and its mapped buffers)."""
-    with _knobs.override(socket=server.socket):
+    with client.override(socket=server.socket):
         deadline = time.monotonic() + timeout
         time.sleep(0.2)  # a take wakes the filler
         while True:
@@ -187,7 +186,7 @@ def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.
             try:
                 st = wait_pool(server)
                 res[f"cold_{backing}_pool_bytes"] = int(st["pool_bytes"])
-                with _knobs.override(socket=server.socket, on_unavailable="raise"):
+                with client.override(socket=server.socket, on_unavailable="raise"):
                     tce.save(sd, path)  # the cached file the restores read
                     api.close()
                 kw = dict(socket_path=server.socket, dtype=dtype, layers=layers, repeats=repeats,
@@ -198,7 +197,7 @@ def run(sd: dict[str, torch.Tensor], size: int, *, directory: str, dtype: torch.
                 res[f"cold_{backing}_steady_save_s"] = saved["steady"]
                 res[f"cold_{backing}_restore_s"] = statistics.median(
                     [_child("tce", size, path, **kw)["restore"] for _ in range(max(1, repeats // 2))])
-                with _knobs.override(socket=server.socket):
+                with client.override(socket=server.socket):
                     st = api.status()
                     api.close()
                 res[f"cold_{backing}_huge_page_buffers"] = int(st["huge_page_buffers"])

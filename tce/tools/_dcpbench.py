@@ -97,11 +97,8 @@ def _peer_load(size: int, repeats: int, directory: str) -> dict[str, Any]:
     """Two nodes (network namespaces), a memory-only server each, a ring: 2
     ranks save through node 0's server, then 1 process loads the whole state
     dict through node 1's server, which holds no copy of node 0's files."""
-    from tce import api
-    from tce.core import _knobs
+    from tce import client
     from tce.tools._netns import Nodes
-
-    from tce import _service
 
     nodes = Nodes(2)
     servers: list[LocalServer] = []
@@ -118,9 +115,8 @@ def _peer_load(size: int, repeats: int, directory: str) -> dict[str, Any]:
                             "--metadata-url", "none", "--log-level", "warning", *share]).start())
         endpoints = [f"{a}:7070" for a in nodes.addresses]
         for i, s in enumerate(servers):
-            with _knobs.override(socket=s.socket):
-                _service.client().set_ring("dcp-bench", i, endpoints)
-                api.close()
+            with client.session(s.socket):
+                client.set_ring("dcp-bench", i, endpoints)
         path = os.path.join(directory, "peer", "step")
         port = str(_free_port())
         procs = [subprocess.Popen(

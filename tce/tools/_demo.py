@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 import tce  # also what makes "checkpoint_engine": "tce" work (tce.install_deepspeed)
-from tce import _service
+from tce import client
 from tce.tools._server import LocalServer
 
 
@@ -143,7 +143,7 @@ def train(args: argparse.Namespace) -> int:
 
 def _buffers() -> tuple[int, int]:
     """(buffers the server created, buffers this process has mapped)."""
-    return int(tce.status()["buffers_created"]), _service.client().mapped_buffers
+    return int(tce.status()["buffers_created"]), client.mapped_buffers()
 
 
 def _free_port() -> int:

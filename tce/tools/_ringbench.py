@@ -25,8 +25,7 @@ import tempfile
 import time
 from typing import Any
 
-from tce import _service, api
-from tce.core import _knobs
+from tce import api, client
 from tce.tools._netns import Nodes
 from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict
@@ -118,18 +117,16 @@ def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) ->
                             "--log-level", "warning"]).start())
         endpoints = [f"{a}:7070" for a in nodes.addresses]
         for i, s in enumerate(servers):
-            with _knobs.override(socket=s.socket):
-                _service.client().set_ring("ring-bench", i, endpoints)
-                api.close()
+            with client.session(s.socket):
+                client.set_ring("ring-bench", i, endpoints)
         sd = gpt_state_dict(size)
         times = []
-        with _knobs.override(socket=servers[0].socket, job="ring-bench", on_unavailable="raise"):
-            client = _service.client()
+        with client.override(socket=servers[0].socket, job="ring-bench", on_unavailable="raise"):
             for _ in range(repeats + 2):  # the first two create the buffers (held + incoming)
                 api.save(sd, "/ckpt/ring-bench/model.pt", tag="bench")
                 t0 = time.perf_counter()
                 while True:
-                    (f,) = client.list("ring-bench")
+                    (f,) = client.files("ring-bench")
                     if f.backup_holder:
                         break
                     if time.perf_counter() - t0 > 600:

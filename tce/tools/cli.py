@@ -9,9 +9,7 @@ import sys
 import time
 from typing import Sequence
 
-from tce import _service, api
-from tce.core import _knobs
-from tce.core._meta import read_files
+from tce import api, client
 from tce.errors import PersistFailedError, TCEError
 from tce.tools import _bench, _demo, _doctor
 from tce.tools._server import server_binary
@@ -91,10 +89,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     rows = [("JOB", "TAG", "RANK", "STATE", "SIZE", "PATH")]
     if args.metadata:  # straight from the metadata store: works with no server
 
-        for f in read_files(args.metadata, job=args.job or "", tag=args.tag or ""):
+        for f in client.metadata_files(args.metadata, job=args.job or "", tag=args.tag or ""):
             rows.append((f.job, f.tag or "-", str(f.rank), f.state, _human(f.size), f.path))
     else:
-        for f in _service.with_client(lambda c: c.list(args.job or "", args.tag or "")):
+        for f in client.files(args.job or "", args.tag or ""):
             state = pb.FileState.Name(f.state).removeprefix("FILE_STATE_")
             rows.append((f.job, f.tag or "-", str(f.rank), state, _human(f.size), f.path))
     if args.json:
@@ -110,7 +108,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     path = os.path.abspath(args.path)
     if args.metadata:
-        rows = [f for f in read_files(args.metadata, job=args.job or "") if f.path == path]
+        rows = [f for f in client.metadata_files(args.metadata, job=args.job or "") if f.path == path]
         if not rows:
             print(f"tce show: {path} is not recorded in {args.metadata}", file=sys.stderr)
             return 1
@@ -120,7 +118,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
             if f.reason:
                 print(f"reason    {f.reason}")
         return 0
-    files = [f for f in _service.with_client(lambda c: c.list(args.job or "", ""))
+    files = [f for f in client.files(args.job or "")
              if f.path == path]
     if not files:
         print(f"tce show: the server knows no file {path}", file=sys.stderr)
@@ -150,27 +148,26 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return _demo.main(args)
 
 
-def _matching(client, paths: list[str], job: str | None):
+def _matching(paths: list[str], job: str | None) -> list[pb.FileInfo]:
     """The server's files at `paths` (absolute), in `job` or any job."""
     wanted = {os.path.abspath(p) for p in paths}
-    return [f for f in client.list(job or "", "") if f.path in wanted]
+    return [f for f in client.files(job or "") if f.path in wanted]
 
 
 def _cmd_retry(args: argparse.Namespace) -> int:
-    def run(client):
-        if args.all:
-            jobs = [args.job] if args.job else sorted({f.job for f in client.list("", "")
-                                                       if f.state == pb.FILE_STATE_FAILED})
-            return [f for job in jobs for f in client.retry(job, [])]
-        files = _matching(client, args.paths, args.job)
+    if args.all:
+        jobs = [args.job] if args.job else sorted({f.job for f in client.files("")
+                                                   if f.state == pb.FILE_STATE_FAILED})
+        retried = [f for job in jobs for f in client.retry(job=job)]
+    else:
+        files = _matching(args.paths, args.job)
         if not files:
             raise SystemExit(f"tce retry: the server knows none of {' '.join(args.paths)}")
         by_job: dict[str, list[str]] = {}
         for f in files:
             by_job.setdefault(f.job, []).append(f.path)
-        return [f for job, paths in sorted(by_job.items()) for f in client.retry(job, paths)]
-
-    for f in _service.with_client(run):
+        retried = [f for job, paths in sorted(by_job.items()) for f in client.retry(paths, job=job)]
+    for f in retried:
         print(f"retrying  {f.path} (job {f.job})")
     return 0
 
@@ -178,7 +175,7 @@ def _cmd_retry(args: argparse.Namespace) -> int:
 def _cmd_wait(args: argparse.Namespace) -> int:
     paths = [os.path.abspath(p) for p in args.paths]
     by_job: dict[str, list[str]] = {}
-    for f in _service.with_client(lambda c: _matching(c, paths, args.job)):
+    for f in _matching(paths, args.job):
         by_job.setdefault(f.job, []).append(f.path)
     held = {p for ps in by_job.values() for p in ps}
     code = 0
@@ -196,7 +193,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
         except PersistFailedError as e:
             failed = e.failures
 
-        now = {f.path: f for f in _service.with_client(lambda c: _matching(c, ps, job))}
+        now = {f.path: f for f in _matching(ps, job)}
         for p in ps:
             if p in failed:
                 print(f"failed    {p}: {failed[p]}", file=sys.stderr)
@@ -209,13 +206,11 @@ def _cmd_wait(args: argparse.Namespace) -> int:
 
 
 def _cmd_drop(args: argparse.Namespace) -> int:
-    def run(client):
-        files = _matching(client, args.paths, args.job)
-        if not files:
-            raise SystemExit(f"tce drop: the server knows none of {' '.join(args.paths)}")
-        return [client.remove(f.job, f.path) for f in files]
-
-    for f in _service.with_client(run):
+    files = _matching(args.paths, args.job)
+    if not files:
+        raise SystemExit(f"tce drop: the server knows none of {' '.join(args.paths)}")
+    for f in files:
+        api.remove(f.path, job=f.job)
         print(f"dropped   {f.path} (job {f.job}); storage keeps what it had")
     return 0
 
@@ -282,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.socket:
-        _knobs.configure(socket=args.socket)
+        client.configure(socket=args.socket)
     if args.command == "retry" and bool(args.paths) == bool(args.all):
         parser.error("retry takes PATH... or --all")
     handler = {"status": _cmd_status, "ls": _cmd_ls, "show": _cmd_show, "bench": _cmd_bench,
