@@ -156,3 +156,64 @@ def test_the_import_walk_reads_module_level_imports_only(tmp_path):
                  "def f():\n    import tce.tools.cli\n")
     assert _imports("tce.core._x", a) == {"tce.core._knobs"}
     assert _imports("tce.core._y", b) == {"tce.api", "tce._service"}
+
+
+def _private_imports(name: str, path: pathlib.Path) -> list[str]:
+    """Every import in ``name`` (at any depth, functions included) of a
+    private module of another package, or of a private name from one: a
+    name component that starts with ``_``. Its own package's private
+    modules are its own business (``tce.integrations._dcp_reader`` may
+    import ``tce.integrations._dcp_item``)."""
+    own = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    shown = path.relative_to(PACKAGE.parent) if path.is_relative_to(PACKAGE.parent) else path
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = own.split(".")[: len(own.split(".")) - node.level + 1]
+                base = ".".join(up + ([node.module] if node.module else []))
+            # `from m import x`: the module m.x when there is one, else the name x of m
+            targets = [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            if not (target == "tce" or target.startswith("tce.")):
+                continue
+            module = target if target in MODULES else target.rpartition(".")[0]
+            is_package = module in MODULES and MODULES[module].name == "__init__.py"
+            package = module if is_package else module.rpartition(".")[0]
+            if package == own:
+                continue
+            if any(part.startswith("_") for part in target.split(".")):
+                found.append(f"{shown}:{node.lineno}: {name} imports "
+                             f"{target}, private to {package}")
+    return found
+
+
+def test_integrations_and_tools_use_only_public_modules_of_other_packages():
+    """What integrations and tools need from the rest of the package is
+    public (``tce.client``, ``tce.api``, ``tce.errors``, ``tce.v1``), so
+    the private modules behind it can change without breaking them."""
+    edges = [name for name in MODULES
+             if name.startswith(("tce.integrations.", "tce.tools."))]
+    assert len(edges) > 10, edges  # the walk found the modules
+    found = [line for name in edges for line in _private_imports(name, MODULES[name])]
+    assert not found, "\n".join(found)
+
+
+def test_the_private_import_walk_sees_every_form(tmp_path):
+    """The walk the test above relies on: imports in functions, relative
+    imports, private names, and a package's own private modules."""
+    f = tmp_path / "x.py"
+    f.write_text("from tce import _service, api\nimport tce.core._knobs\n"
+                 "from tce.integrations import _dcp_item\nfrom .._layout import storage_bytes\n"
+                 "from tce.api import _secret\n"
+                 "def g():\n    from tce.core import _dist\n")
+    found = _private_imports("tce.integrations.x", f)
+    assert [line.split(" imports ")[1].split(",")[0] for line in found] == \
+        ["tce._service", "tce.core._knobs", "tce._layout.storage_bytes", "tce.api._secret",
+         "tce.core._dist"], found
+    assert found[0].endswith("x.py:1: tce.integrations.x imports tce._service, private to tce")
