@@ -1,11 +1,21 @@
 // TagInfo <-> its protobuf form, for every place a tag crosses a wire (gRPC
-// replies, the ring's peer messages).
+// requests and replies, the ring's peer messages), and the check every tag
+// that arrives from one passes first. Pure functions; any thread.
 #pragma once
 
+#include <string>
+
 #include "cache/cache_types.h"
+#include "common/status.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
+
+// A tag as a client or a peer sent it, checked at the boundary: its job and
+// tag names, world size, file count, and each file's path and rank (limits
+// from common/validate.h). INVALID_ARGUMENT naming the field, with `field`
+// the tag's own name in the message ("tag.files[3].path: ...").
+Status CheckTag(const v1::TagInfo& t, const std::string& field);
 
 inline void TagToProto(const TagInfo& t, v1::TagInfo* out) {
   out->set_job(t.job);

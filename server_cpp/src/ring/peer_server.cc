@@ -17,7 +17,6 @@
 #include "common/logging.h"
 #include "common/validate.h"
 #include "persist/crc.h"
-#include "rpc/request_checks.h"
 #include "ring/range_read.h"
 #include "tce/v1/tce.pb.h"
 

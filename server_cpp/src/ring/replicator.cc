@@ -15,7 +15,6 @@
 #include "common/logging.h"
 #include "persist/crc.h"
 #include "ring/backup_store.h"
-#include "rpc/request_checks.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "cache/tag_proto.h"
 #include "common/validate.h"
 
 namespace tce {
@@ -90,21 +91,6 @@ Status CheckRequest(const v1::WaitRequest& r, int64_t* timeout_ms) {
                    [&] { return Count("paths", r.paths_size(), kMaxPathsPerWait); });
   for (int i = 0; s.ok() && i < r.paths_size(); ++i) s = ValidatePath(r.paths(i), Nth("paths", i));
   if (s.ok()) s = WaitTimeoutMs(r.timeout_s(), timeout_ms);
-  return s;
-}
-
-Status CheckTag(const v1::TagInfo& t, const std::string& field) {
-  Status s = First([&] { return ValidateName(field + ".job", t.job(), false, true); },
-                   [&] { return Tag(t.tag(), field + ".tag"); },
-                   [&] { return Count((field + ".files").c_str(), t.files_size(), kMaxFilesPerTag); });
-  if (s.ok() && (t.world_size() < 1 || t.world_size() > kMaxWorldSize))
-    s = Status::InvalidArgument(field + ".world_size: must be in [1, " + std::to_string(kMaxWorldSize) +
-                                "], got " + std::to_string(t.world_size()));
-  for (int i = 0; s.ok() && i < t.files_size(); ++i) {
-    const std::string f = Nth((field + ".files").c_str(), i);
-    s = ValidatePath(t.files(i).path(), f + ".path");
-    if (s.ok()) s = ValidateRank(f + ".rank", t.files(i).rank());
-  }
   return s;
 }
 

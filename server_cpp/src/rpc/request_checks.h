@@ -28,7 +28,5 @@ Status CheckRequest(const v1::ListTagsRequest& r);
 Status CheckRequest(const v1::SetRingRequest& r);
 Status CheckRequest(const v1::StatusRequest& r);
 Status CheckRequest(const v1::RetryRequest& r);
-// A tag as a client or a peer sent it; `field` names it in the message.
-Status CheckTag(const v1::TagInfo& t, const std::string& field);
 
 }  // namespace tce
