@@ -102,7 +102,7 @@ def test_sigterm_ends_the_waits_on_a_peer_that_never_answers(tmp_path):
     silent = SilentPeer()
     s = LocalServer(memory_budget="64MiB", extra_args=[
         "--peer-listen", "127.0.0.1:0", "--peer-token", "t", "--peer-timeout-ms", "600000",
-        "--ring-restore-wait-ms", "600000"]).start()
+        "--ring-restore-wait-ms", "600000", "--log-level", "debug"]).start()
     pool = concurrent.futures.ThreadPoolExecutor(2)
     c = None
     try:
@@ -123,6 +123,8 @@ def test_sigterm_ends_the_waits_on_a_peer_that_never_answers(tmp_path):
         load = pool.submit(outcome, lambda: c.open("j", "/ckpt/restored.pt"))
         # The restore's link, the read's and (while it waits) nothing for the load.
         until(lambda: len(silent.conns) >= 2, what="the restore and the read to reach the peer")
+        until(lambda: "path=/ckpt/restored.pt waits for the ring restore" in s.log(),
+              what="the load to wait for the restore")
         s.proc.send_signal(signal.SIGTERM)
         assert s.proc.wait(timeout=60) == 0, s.log()
         log = s.log()

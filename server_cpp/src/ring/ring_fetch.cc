@@ -1,5 +1,7 @@
 #include "ring/ring_fetch.h"
 
+#include "common/logging.h"
+
 namespace tce {
 namespace {
 constexpr size_t kMaxRemembered = 4096;
@@ -24,6 +26,7 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
   };
   if (cache_->Restoring(job)) {
     if (Status a = may_wait(); !a.ok()) return a;
+    TCE_LOG(kDebug, "ring") << "a load of job=" << job << " path=" << path << " waits for the ring restore";
   }
   bool waited = false;  // the file may be on its way back from the ring
   Status restored = cache_->WaitForRestore(job, &waited, call_deadline);
