@@ -192,18 +192,18 @@ class ExitLog {
   std::chrono::steady_clock::time_point since_;
 };
 
-}  // namespace
-
-int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
+// Every environment variable, for the TCE_* overrides of the settings.
+std::map<std::string, std::string> Environment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {
     const char* eq = std::strchr(*e, '=');
     if (eq) env[std::string(*e, eq - *e)] = eq + 1;
   }
-  Options opt;
-  Action action;
-  Status s = ParseOptions(std::vector<std::string>(argv + 1, argv + argc), env, &opt, &action);
-  if (!s.ok()) return Fail(s.message(), 2);
+  return env;
+}
+
+// Does `action` (anything but running the daemon); returns the exit code.
+int RunAction(Action action, const Options& opt) {
   switch (action) {
     case Action::kHelp: std::cout << HelpText(); return 0;
     case Action::kVersion: std::cout << "tce-server " << TCE_VERSION << "\n"; return 0;
@@ -211,122 +211,18 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
     case Action::kFabricInfo: {
       const char* lws = std::getenv("LOCAL_WORLD_SIZE");
       std::string json;
-      s = FabricInfo(opt.ofi_provider, lws ? std::max(1, std::atoi(lws)) : 1, &json);
+      Status s = FabricInfo(opt.ofi_provider, lws ? std::max(1, std::atoi(lws)) : 1, &json);
       if (!s.ok()) return Fail("--fabric-info: " + s.message(), 2);
       std::cout << json;
       return 0;
     }
     case Action::kRun: break;
   }
-  ExitLog exit_log;  // destroyed last, after everything below
-  LogLevel level;
-  ParseLogLevel(opt.log_level, &level);
-  SetLogLevel(level);
-  LogFormat format;
-  ParseLogFormat(opt.log_format, &format);
-  SetLogFormat(format);
-  uint64_t budget;
-  const MemoryLimits limits = DetectMemoryLimits("");
-  s = ResolveBudget(opt.memory_budget, limits, &budget);
-  if (!s.ok()) return Fail("memory_budget: " + s.message(), 2);
-  Backing backing;
-  std::string backing_why;
-  if (!(s = ResolveBacking(opt.memory_backing, limits, &backing, &backing_why)).ok())
-    return Fail(s.message(), 2);
-  std::set<uid_t> uids;
-  s = ParseUids(opt.allowed_uids, getuid(), &uids);
-  if (!s.ok()) return Fail("allowed_uids: " + s.message(), 2);
-  gid_t socket_gid;
-  if (!(s = ResolveGroup(opt.socket_group, &socket_gid)).ok()) return Fail("socket_group: " + s.message(), 2);
-  RaiseFdLimit();
+  return 0;
+}
 
-  // Signals are taken by sigwait below; every thread inherits this mask.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-
-  const std::string fd_path = opt.socket + ".fd";
-  size_t slash = opt.socket.rfind('/');
-  // A socket directory the server creates is 0750, group socket_group: only
-  // the group's members reach the sockets (which are 0660 themselves).
-  const std::string socket_dir = opt.socket.substr(0, slash);
-  bool created = false;
-  if (!(s = MkdirP(socket_dir, 0750, &created)).ok()) return Fail(s.message(), 1);
-  if (created && socket_gid != static_cast<gid_t>(-1) && chown(socket_dir.c_str(), -1, socket_gid) != 0)
-    return Fail("chown " + socket_dir + ": " + std::strerror(errno), 1);
-  if (!(s = ClaimSocket(opt.socket, SOCK_STREAM)).ok()) return Fail(s.message(), 1);
-  if (!(s = ClaimSocket(fd_path, SOCK_SEQPACKET)).ok()) return Fail(s.message(), 1);
-
-  std::vector<std::string> roots;
-  if (!(s = ParseRoots(opt.storage_roots, &roots)).ok()) return Fail("storage_roots: " + s.message(), 2);
-  for (const std::string& root : roots) {  // never created: a missing root is a missing mount
-    struct stat st;
-    const bool exists = stat(root.c_str(), &st) == 0;
-    if (!exists || !S_ISDIR(st.st_mode))
-      return Fail("storage_roots: " + root + (exists ? " is not a directory" : " does not exist") +
-                      ": the server never creates a storage root (mount or create it first, or leave it out)",
-                  2);
-  }
-  // The ring: a share of the budget holds the predecessor's backups.
-  const bool ring = !opt.peer_listen.empty();
-  std::string token = opt.peer_token;
-  if (ring && !opt.peer_token_file.empty()) {
-    std::ifstream in(opt.peer_token_file);
-    if (!in) return Fail("peer_token_file: cannot read " + opt.peer_token_file, 2);
-    std::getline(in, token);
-  }
-  if (ring && token.empty())
-    return Fail("peer_listen needs a cluster token: set peer_token or peer_token_file", 2);
-  PeerKey peer_key = token;
-  const int certs = !opt.peer_cert_file.empty() + !opt.peer_key_file.empty() + !opt.peer_ca_file.empty();
-  if (certs != 0 && certs != 3)
-    return Fail("node certificates need peer_cert_file, peer_key_file and peer_ca_file, all three", 2);
-  if (ring && certs == 3) {
-    s = NodeCert::Load(opt.peer_cert_file, opt.peer_key_file, opt.peer_ca_file, &peer_key.cert);
-    if (!s.ok()) return Fail(s.message(), 2);
-  }
-  const uint64_t backup_budget = ring ? budget / 100 * static_cast<uint64_t>(opt.backup_share) : 0;
-  budget -= backup_budget;
-  std::unique_ptr<Transport> transport;
-  if (ring) {
-    TransportOptions to;
-    to.name = opt.ring_transport;
-    to.ofi_provider = opt.ofi_provider;
-    to.streams = opt.ring_streams;
-    std::string variable;
-    to.ofi_devices = DeviceSpecFromEnv(&variable);
-    int ignored_port;
-    if (!ParseEndpoint(opt.peer_advertise.empty() ? opt.peer_listen : opt.peer_advertise,
-                       &to.source_host, &ignored_port).ok())
-      to.source_host.clear();
-    if (to.source_host == "0.0.0.0" || to.source_host == "::") to.source_host.clear();
-    to.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
-    if (!(s = NewTransport(to, &transport)).ok())
-      return Fail("ring_transport " + opt.ring_transport + ": " + s.message(), 2);
-  }
-  if (ring && hooks.wrap_transport) transport = hooks.wrap_transport(std::move(transport));
-  uint64_t prealloc = 0;
-  std::string prealloc_why;
-  if (!(s = ResolvePrealloc(opt.prealloc, budget, limits, backing == Backing::kHugetlb, &prealloc,
-                            &prealloc_why)).ok())
-    return Fail("prealloc: " + s.message(), 2);
-  BackupStore backups(backup_budget);
-  Cache cache(budget, roots, Env::Default(), std::chrono::milliseconds(opt.cache_full_timeout_ms),
-              static_cast<size_t>(opt.keep_last));
-  // Destroyed before the cache it counts its bytes in.
-  std::unique_ptr<BufferPool> pool;
-  if (prealloc > 0) pool = std::make_unique<BufferPool>(prealloc, backing, &cache);
-  cache.SetMemory(backing, pool.get());
-  TCE_LOG(kInfo, "daemon") << backing_why;
-  if (pool)
-    TCE_LOG(kInfo, "daemon") << "prealloc=" << opt.prealloc << ": " << HumanBytes(prealloc) << " ("
-                             << prealloc_why << ")";
-  cache.SetStorageCheckTimeout(std::chrono::milliseconds(opt.storage_check_timeout_ms));
-  cache.SetRestoreWait(std::chrono::milliseconds(opt.ring_restore_wait_ms));
-  cache.SetSessionLimits(SessionLimits{opt.root_is_admin, static_cast<size_t>(opt.max_leases_per_session)});
+// The persister's settings (its metrics are the daemon's to point at).
+PersistOptions PersistSettings(const Options& opt) {
   PersistOptions popt;
   popt.threads = opt.persist_threads;
   popt.retries = opt.persist_retries;
@@ -335,140 +231,387 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   popt.io_depth = opt.persist_io_depth;
   popt.failed_retry = std::chrono::milliseconds(opt.persist_failed_retry_ms);
   popt.temp_prefix = TempPrefix(EffectiveServerId(opt));
-  TransferMetrics persist_metrics, backup_metrics;
-  popt.metrics = &persist_metrics;
-  // Metadata: re-index what was recorded before a restart, remove the temp
-  // files of persists that a crash interrupted, then record every change.
-  const std::string meta_url = EffectiveMetadataUrl(opt);
-  std::unique_ptr<MetaWriter> meta;
-  std::vector<RingInfo> recorded_rings;
-  if (!meta_url.empty()) {
-    if (!(s = MkdirP(opt.state_dir)).ok()) return Fail("state_dir: " + s.message(), 2);
-    std::unique_ptr<MetaStore> store;
-    const std::string server_id = EffectiveServerId(opt);
-    if (!(s = OpenMetaStore(meta_url, &store, server_id)).ok()) return Fail("metadata_url: " + s.ToString(), 2);
-    std::vector<FileInfo> recorded;
-    if (!(s = store->LoadFiles(&recorded)).ok()) return Fail("metadata: " + s.ToString(), 1);
-    std::vector<TagInfo> tags;
-    if (!(s = store->LoadTags(&tags)).ok()) return Fail("metadata: " + s.ToString(), 1);
-    cache.RestoreTags(std::move(tags));
-    // The rings this server was told before a restart (found by its peer
-    // endpoint, so only a fixed one finds them).
-    if (ring && !(s = store->LoadRings(opt.peer_advertise.empty() ? opt.peer_listen : opt.peer_advertise,
-                                       &recorded_rings)).ok())
-      return Fail("metadata: " + s.ToString(), 1);
-    // Temp files a crash left beside any recorded file (any version of it),
-    // found only by this server's temp prefix and removed without following
-    // a symlink.
-    std::vector<std::string> recorded_paths;
-    for (const FileInfo& f : recorded) recorded_paths.push_back(f.path);
-    Persister::RemoveStaleTemps(Env::Default(), cache.storage_roots(), recorded_paths, popt.temp_prefix);
-    meta = std::make_unique<MetaWriter>(std::move(store), server_id, getpid());
-    meta->SetResync([&cache] { cache.RecordAll(); });
-    cache.SetMetaSink(meta.get());
-    cache.Restore(std::move(recorded));
-    meta->Start();
+  return popt;
+}
+
+// The running daemon: its subsystems, each started by one method, in the
+// order RunDaemon calls them. A method that fails has printed why and returns
+// the exit code (0: started). The members are declared in start order, so
+// whenever RunDaemon returns (a refusal halfway included) each subsystem is
+// destroyed before what it uses. Shutdown() stops them first, in the order
+// its comments give. Its methods are called from RunDaemon's thread only.
+class Daemon {
+ public:
+  Daemon(const Options& opt, const DaemonHooks& hooks)
+      : opt_(opt), hooks_(hooks), fd_path_(opt.socket + ".fd"), popt_(PersistSettings(opt)) {
+    popt_.metrics = &persist_metrics_;
   }
-  Persister persister(&cache, Env::Default(), popt);
-  if (cache.persistence_enabled()) persister.Start();
-  LinkBreaker peer_links;  // our links to peers: broken at shutdown, so no peer holds it
-  std::unique_ptr<PeerServer> peers;
-  std::unique_ptr<Replicator> replicator;
-  std::unique_ptr<RingFetch> ring_fetch;
-  if (ring) {
-    PeerServerOptions po;
-    po.listen = opt.peer_listen;
-    po.advertise = opt.peer_advertise;
-    po.key = peer_key;
-    po.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
-    po.handshake_timeout = std::chrono::milliseconds(opt.peer_handshake_timeout_ms);
-    po.max_connections = opt.peer_max_connections;
-    po.max_handshakes = opt.peer_max_handshakes;
-    po.max_handshakes_per_source = opt.peer_max_handshakes_per_source;
-    peers = std::make_unique<PeerServer>(po, transport.get(), &backups, &cache);
-    if (!(s = peers->Start()).ok()) return Fail("peer_listen: " + s.ToString(), 1);
-    ReplicatorOptions ro;
-    ro.self = peers->endpoint();
-    ro.key = peer_key;
-    ro.threads = opt.backup_threads;
-    ro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
-    ro.metrics = &backup_metrics;
-    ro.held = &backups;
-    ro.breaker = &peer_links;
-    replicator = std::make_unique<Replicator>(&cache, transport.get(), ro);
-    replicator->Start();
-    cache.SetSelfEndpoint(peers->endpoint());
-    Replicator* r = replicator.get();
-    ring_fetch = std::make_unique<RingFetch>(
-        &cache, [r](const std::string& job, const std::string& path) { return r->FetchForLoad(job, path); });
-    cache.RestoreRings(std::move(recorded_rings));
+
+  int ReadSettings();
+  void BlockStopSignals();
+  int ClaimSockets();
+  int CheckStorageRoots();
+  int ReadRingKey();
+  int MakeTransport();
+  int MakeCache();
+  int OpenMetadata();
+  void StartPersister();
+  int StartRing();
+  void MakeService();
+  int StartMetrics();
+  int StartHealth();
+  int StartControl();
+  int StartFdSocket();
+  void ServeUntilSignal();
+  void Shutdown();
+
+  // The memory the daemon's teardown gives back to the kernel.
+  uint64_t MemoryBytes() const { return cache_->Stats().used + backups_->Stats().bytes; }
+
+ private:
+  void SetReady(bool ready);
+  void StopRing();
+
+  const Options& opt_;
+  const DaemonHooks& hooks_;
+  const std::string fd_path_;  // the socket that hands out memfds
+
+  // Settings, resolved by ReadSettings.
+  uint64_t budget_ = 0;  // the cache's, once MakeCache took the backups' share
+  MemoryLimits limits_;
+  Backing backing_ = Backing::k4k;
+  std::string backing_why_;
+  std::set<uid_t> uids_;
+  gid_t socket_gid_ = static_cast<gid_t>(-1);
+  sigset_t stop_{};  // SIGTERM and SIGINT, taken by sigwait
+  std::vector<std::string> roots_;
+
+  // The ring: a share of the budget holds the predecessor's backups.
+  bool ring_ = false;
+  PeerKey peer_key_;
+  std::unique_ptr<Transport> transport_;
+
+  // Memory.
+  std::unique_ptr<BackupStore> backups_;
+  std::unique_ptr<Cache> cache_;
+  std::unique_ptr<BufferPool> pool_;  // destroyed before the cache it counts its bytes in
+
+  // Persistence and metadata.
+  PersistOptions popt_;
+  TransferMetrics persist_metrics_, backup_metrics_;
+  std::string meta_url_;
+  std::unique_ptr<MetaWriter> meta_;
+  std::vector<RingInfo> recorded_rings_;  // from the metadata, for StartRing
+  std::unique_ptr<Persister> persister_;
+
+  // The ring's servers.
+  LinkBreaker peer_links_;  // our links to peers: broken at shutdown, so no peer holds it
+  std::unique_ptr<PeerServer> peers_;
+  std::unique_ptr<Replicator> replicator_;
+  std::unique_ptr<RingFetch> ring_fetch_;
+
+  // The RPC service and what serves it.
+  std::unique_ptr<CacheService> service_;
+  std::unique_ptr<RangeReader> ranges_;
+  std::unique_ptr<RangeBuffers> range_buffers_;
+  std::unique_ptr<MetricsServer> metrics_;
+  HealthStates health_states_;
+  std::unique_ptr<HealthService> health_on_tcp_, health_on_socket_;
+  std::unique_ptr<grpc::Server> health_;
+  std::string health_endpoint_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ControlListener> control_;
+  std::unique_ptr<FdServer> fds_;
+};
+
+// Logging, the memory budget and backing, who may connect, the fd limit.
+int Daemon::ReadSettings() {
+  LogLevel level;
+  ParseLogLevel(opt_.log_level, &level);
+  SetLogLevel(level);
+  LogFormat format;
+  ParseLogFormat(opt_.log_format, &format);
+  SetLogFormat(format);
+  limits_ = DetectMemoryLimits("");
+  Status s = ResolveBudget(opt_.memory_budget, limits_, &budget_);
+  if (!s.ok()) return Fail("memory_budget: " + s.message(), 2);
+  if (!(s = ResolveBacking(opt_.memory_backing, limits_, &backing_, &backing_why_)).ok())
+    return Fail(s.message(), 2);
+  s = ParseUids(opt_.allowed_uids, getuid(), &uids_);
+  if (!s.ok()) return Fail("allowed_uids: " + s.message(), 2);
+  if (!(s = ResolveGroup(opt_.socket_group, &socket_gid_)).ok()) return Fail("socket_group: " + s.message(), 2);
+  RaiseFdLimit();
+  return 0;
+}
+
+// Signals are taken by sigwait in ServeUntilSignal; every thread inherits
+// this mask, so it is set before the first thread starts.
+void Daemon::BlockStopSignals() {
+  sigemptyset(&stop_);
+  sigaddset(&stop_, SIGTERM);
+  sigaddset(&stop_, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+// The socket directory, and both sockets' paths (refused while a live server
+// answers on one).
+int Daemon::ClaimSockets() {
+  size_t slash = opt_.socket.rfind('/');
+  // A socket directory the server creates is 0750, group socket_group: only
+  // the group's members reach the sockets (which are 0660 themselves).
+  const std::string socket_dir = opt_.socket.substr(0, slash);
+  bool created = false;
+  Status s;
+  if (!(s = MkdirP(socket_dir, 0750, &created)).ok()) return Fail(s.message(), 1);
+  if (created && socket_gid_ != static_cast<gid_t>(-1) && chown(socket_dir.c_str(), -1, socket_gid_) != 0)
+    return Fail("chown " + socket_dir + ": " + std::strerror(errno), 1);
+  if (!(s = ClaimSocket(opt_.socket, SOCK_STREAM)).ok()) return Fail(s.message(), 1);
+  if (!(s = ClaimSocket(fd_path_, SOCK_SEQPACKET)).ok()) return Fail(s.message(), 1);
+  return 0;
+}
+
+int Daemon::CheckStorageRoots() {
+  Status s;
+  if (!(s = ParseRoots(opt_.storage_roots, &roots_)).ok()) return Fail("storage_roots: " + s.message(), 2);
+  for (const std::string& root : roots_) {  // never created: a missing root is a missing mount
+    struct stat st;
+    const bool exists = stat(root.c_str(), &st) == 0;
+    if (!exists || !S_ISDIR(st.st_mode))
+      return Fail("storage_roots: " + root + (exists ? " is not a directory" : " does not exist") +
+                      ": the server never creates a storage root (mount or create it first, or leave it out)",
+                  2);
   }
-  CacheService service(&cache, opt.socket, meta.get(), RedactUrl(meta_url), &backups,
-                       peers ? peers->endpoint() : "");
-  if (ring) service.SetRing(ring_fetch.get(), opt.ring_transport);
+  return 0;
+}
+
+// The cluster token (and node certificates) peers prove themselves with.
+int Daemon::ReadRingKey() {
+  ring_ = !opt_.peer_listen.empty();
+  std::string token = opt_.peer_token;
+  if (ring_ && !opt_.peer_token_file.empty()) {
+    std::ifstream in(opt_.peer_token_file);
+    if (!in) return Fail("peer_token_file: cannot read " + opt_.peer_token_file, 2);
+    std::getline(in, token);
+  }
+  if (ring_ && token.empty())
+    return Fail("peer_listen needs a cluster token: set peer_token or peer_token_file", 2);
+  peer_key_ = token;
+  const int certs = !opt_.peer_cert_file.empty() + !opt_.peer_key_file.empty() + !opt_.peer_ca_file.empty();
+  if (certs != 0 && certs != 3)
+    return Fail("node certificates need peer_cert_file, peer_key_file and peer_ca_file, all three", 2);
+  if (ring_ && certs == 3) {
+    Status s = NodeCert::Load(opt_.peer_cert_file, opt_.peer_key_file, opt_.peer_ca_file, &peer_key_.cert);
+    if (!s.ok()) return Fail(s.message(), 2);
+  }
+  return 0;
+}
+
+// The ring's transport (none without a ring), wrapped by the hooks.
+int Daemon::MakeTransport() {
+  if (ring_) {
+    TransportOptions to;
+    to.name = opt_.ring_transport;
+    to.ofi_provider = opt_.ofi_provider;
+    to.streams = opt_.ring_streams;
+    std::string variable;
+    to.ofi_devices = DeviceSpecFromEnv(&variable);
+    int ignored_port;
+    if (!ParseEndpoint(opt_.peer_advertise.empty() ? opt_.peer_listen : opt_.peer_advertise,
+                       &to.source_host, &ignored_port).ok())
+      to.source_host.clear();
+    if (to.source_host == "0.0.0.0" || to.source_host == "::") to.source_host.clear();
+    to.io_timeout = std::chrono::milliseconds(opt_.peer_timeout_ms);
+    Status s;
+    if (!(s = NewTransport(to, &transport_)).ok())
+      return Fail("ring_transport " + opt_.ring_transport + ": " + s.message(), 2);
+  }
+  if (ring_ && hooks_.wrap_transport) transport_ = hooks_.wrap_transport(std::move(transport_));
+  return 0;
+}
+
+// The budget split between the cache and the ring's backups, the cache and
+// its memory (a preallocated pool, filled once serving).
+int Daemon::MakeCache() {
+  const uint64_t backup_budget = ring_ ? budget_ / 100 * static_cast<uint64_t>(opt_.backup_share) : 0;
+  budget_ -= backup_budget;
+  uint64_t prealloc = 0;
+  std::string prealloc_why;
+  Status s;
+  if (!(s = ResolvePrealloc(opt_.prealloc, budget_, limits_, backing_ == Backing::kHugetlb, &prealloc,
+                            &prealloc_why)).ok())
+    return Fail("prealloc: " + s.message(), 2);
+  backups_ = std::make_unique<BackupStore>(backup_budget);
+  cache_ = std::make_unique<Cache>(budget_, roots_, Env::Default(),
+                                   std::chrono::milliseconds(opt_.cache_full_timeout_ms),
+                                   static_cast<size_t>(opt_.keep_last));
+  if (prealloc > 0) pool_ = std::make_unique<BufferPool>(prealloc, backing_, cache_.get());
+  cache_->SetMemory(backing_, pool_.get());
+  TCE_LOG(kInfo, "daemon") << backing_why_;
+  if (pool_)
+    TCE_LOG(kInfo, "daemon") << "prealloc=" << opt_.prealloc << ": " << HumanBytes(prealloc) << " ("
+                             << prealloc_why << ")";
+  cache_->SetStorageCheckTimeout(std::chrono::milliseconds(opt_.storage_check_timeout_ms));
+  cache_->SetRestoreWait(std::chrono::milliseconds(opt_.ring_restore_wait_ms));
+  cache_->SetSessionLimits(SessionLimits{opt_.root_is_admin, static_cast<size_t>(opt_.max_leases_per_session)});
+  return 0;
+}
+
+// Metadata: re-index what was recorded before a restart, remove the temp
+// files of persists that a crash interrupted, then record every change.
+int Daemon::OpenMetadata() {
+  meta_url_ = EffectiveMetadataUrl(opt_);
+  if (meta_url_.empty()) return 0;
+  Status s;
+  if (!(s = MkdirP(opt_.state_dir)).ok()) return Fail("state_dir: " + s.message(), 2);
+  std::unique_ptr<MetaStore> store;
+  const std::string server_id = EffectiveServerId(opt_);
+  if (!(s = OpenMetaStore(meta_url_, &store, server_id)).ok()) return Fail("metadata_url: " + s.ToString(), 2);
+  std::vector<FileInfo> recorded;
+  if (!(s = store->LoadFiles(&recorded)).ok()) return Fail("metadata: " + s.ToString(), 1);
+  std::vector<TagInfo> tags;
+  if (!(s = store->LoadTags(&tags)).ok()) return Fail("metadata: " + s.ToString(), 1);
+  cache_->RestoreTags(std::move(tags));
+  // The rings this server was told before a restart (found by its peer
+  // endpoint, so only a fixed one finds them).
+  if (ring_ && !(s = store->LoadRings(opt_.peer_advertise.empty() ? opt_.peer_listen : opt_.peer_advertise,
+                                      &recorded_rings_)).ok())
+    return Fail("metadata: " + s.ToString(), 1);
+  // Temp files a crash left beside any recorded file (any version of it),
+  // found only by this server's temp prefix and removed without following
+  // a symlink.
+  std::vector<std::string> recorded_paths;
+  for (const FileInfo& f : recorded) recorded_paths.push_back(f.path);
+  Persister::RemoveStaleTemps(Env::Default(), cache_->storage_roots(), recorded_paths, popt_.temp_prefix);
+  meta_ = std::make_unique<MetaWriter>(std::move(store), server_id, getpid());
+  Cache* cache = cache_.get();
+  meta_->SetResync([cache] { cache->RecordAll(); });
+  cache_->SetMetaSink(meta_.get());
+  cache_->Restore(std::move(recorded));
+  meta_->Start();
+  return 0;
+}
+
+// Made even without storage roots: Shutdown stops it either way.
+void Daemon::StartPersister() {
+  persister_ = std::make_unique<Persister>(cache_.get(), Env::Default(), popt_);
+  if (cache_->persistence_enabled()) persister_->Start();
+}
+
+// The peer server (backups in), the replicator (backups out) and the fetch of
+// a load from the ring; nothing without a ring.
+int Daemon::StartRing() {
+  if (!ring_) return 0;
+  PeerServerOptions po;
+  po.listen = opt_.peer_listen;
+  po.advertise = opt_.peer_advertise;
+  po.key = peer_key_;
+  po.io_timeout = std::chrono::milliseconds(opt_.peer_timeout_ms);
+  po.handshake_timeout = std::chrono::milliseconds(opt_.peer_handshake_timeout_ms);
+  po.max_connections = opt_.peer_max_connections;
+  po.max_handshakes = opt_.peer_max_handshakes;
+  po.max_handshakes_per_source = opt_.peer_max_handshakes_per_source;
+  peers_ = std::make_unique<PeerServer>(po, transport_.get(), backups_.get(), cache_.get());
+  Status s;
+  if (!(s = peers_->Start()).ok()) return Fail("peer_listen: " + s.ToString(), 1);
+  ReplicatorOptions ro;
+  ro.self = peers_->endpoint();
+  ro.key = peer_key_;
+  ro.threads = opt_.backup_threads;
+  ro.io_timeout = std::chrono::milliseconds(opt_.peer_timeout_ms);
+  ro.metrics = &backup_metrics_;
+  ro.held = backups_.get();
+  ro.breaker = &peer_links_;
+  replicator_ = std::make_unique<Replicator>(cache_.get(), transport_.get(), ro);
+  replicator_->Start();
+  cache_->SetSelfEndpoint(peers_->endpoint());
+  Replicator* r = replicator_.get();
+  ring_fetch_ = std::make_unique<RingFetch>(
+      cache_.get(), [r](const std::string& job, const std::string& path) { return r->FetchForLoad(job, path); });
+  cache_->RestoreRings(std::move(recorded_rings_));
+  return 0;
+}
+
+// The cache service and what it reads ranges with; served by StartControl.
+void Daemon::MakeService() {
+  service_ = std::make_unique<CacheService>(cache_.get(), opt_.socket, meta_.get(), RedactUrl(meta_url_),
+                                            backups_.get(), peers_ ? peers_->endpoint() : "");
+  if (ring_) service_->SetRing(ring_fetch_.get(), opt_.ring_transport);
   RangeReaderOptions rro;  // ranged reads: this cache, then (with a ring) the ring's
-  if (ring) {
-    rro.self = peers->endpoint();
-    rro.key = peer_key;
-    rro.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
-    rro.held = &backups;
-    rro.breaker = &peer_links;
+  if (ring_) {
+    rro.self = peers_->endpoint();
+    rro.key = peer_key_;
+    rro.io_timeout = std::chrono::milliseconds(opt_.peer_timeout_ms);
+    rro.held = backups_.get();
+    rro.breaker = &peer_links_;
   }
-  RangeReader ranges(&cache, rro);
-  service.SetRangeReader(&ranges);
+  ranges_ = std::make_unique<RangeReader>(cache_.get(), rro);
+  service_->SetRangeReader(ranges_.get());
   // ReadRange into the session's buffer (the fd socket hands it out), its
   // bytes within the cache's budget.
-  RangeBuffers range_buffers(&cache, static_cast<size_t>(opt.max_range_buffers_per_uid));
-  service.SetRangeBuffers(&range_buffers);
-  service.SetMaxWaits(static_cast<size_t>(opt.max_waits));
-  service.SetMaxPeerCalls(static_cast<size_t>(opt.max_peer_calls),
-                          static_cast<size_t>(opt.max_peer_calls_per_uid));
-  // Operations: Prometheus metrics over HTTP, and the standard gRPC health
-  // service over TCP (for probes; the cache service stays on the Unix socket).
-  std::unique_ptr<MetricsServer> metrics;
-  if (!opt.metrics_listen.empty()) {
-    metrics = std::make_unique<MetricsServer>(opt.metrics_listen, [&] {
-      v1::StatusResponse st;
-      service.FillStatus(&st);
-      return RenderMetrics(st, cache.Stats(), persist_metrics, backup_metrics);
-    });
-    if (!(s = metrics->Start()).ok()) return Fail("metrics_listen: " + s.ToString(), 1);
-  }
-  // Readiness ("" and the cache service): serving from when the sockets
-  // accept until a drain begins. Liveness ("liveness"): serving while the
-  // process runs, drain included, so a probe never kills a drain.
-  HealthStates health_states;
-  auto set_ready = [&](bool ready) {
-    health_states.Set("", ready);
-    health_states.Set(v1::Cache::service_full_name(), ready);
-    health_states.Set("liveness", true);
-  };
-  set_ready(false);
-  HealthService health_on_tcp(&health_states), health_on_socket(&health_states);
-  std::unique_ptr<grpc::Server> health;
-  std::string health_endpoint;
-  if (!opt.health_listen.empty()) {
+  range_buffers_ = std::make_unique<RangeBuffers>(cache_.get(), static_cast<size_t>(opt_.max_range_buffers_per_uid));
+  service_->SetRangeBuffers(range_buffers_.get());
+  service_->SetMaxWaits(static_cast<size_t>(opt_.max_waits));
+  service_->SetMaxPeerCalls(static_cast<size_t>(opt_.max_peer_calls),
+                            static_cast<size_t>(opt_.max_peer_calls_per_uid));
+}
+
+// Operations: Prometheus metrics over HTTP (here), and the standard gRPC
+// health service over TCP (StartHealth; for probes, the cache service stays
+// on the Unix socket).
+int Daemon::StartMetrics() {
+  if (opt_.metrics_listen.empty()) return 0;
+  metrics_ = std::make_unique<MetricsServer>(opt_.metrics_listen, [this] {
+    v1::StatusResponse st;
+    service_->FillStatus(&st);
+    return RenderMetrics(st, cache_->Stats(), persist_metrics_, backup_metrics_);
+  });
+  Status s;
+  if (!(s = metrics_->Start()).ok()) return Fail("metrics_listen: " + s.ToString(), 1);
+  return 0;
+}
+
+// Readiness ("" and the cache service): serving from when the sockets
+// accept until a drain begins. Liveness ("liveness"): serving while the
+// process runs, drain included, so a probe never kills a drain.
+void Daemon::SetReady(bool ready) {
+  health_states_.Set("", ready);
+  health_states_.Set(v1::Cache::service_full_name(), ready);
+  health_states_.Set("liveness", true);
+}
+
+int Daemon::StartHealth() {
+  SetReady(false);
+  health_on_tcp_ = std::make_unique<HealthService>(&health_states_);
+  health_on_socket_ = std::make_unique<HealthService>(&health_states_);
+  if (!opt_.health_listen.empty()) {
     grpc::ServerBuilder hb;
     int port = 0;
-    hb.AddListeningPort(opt.health_listen, grpc::InsecureServerCredentials(), &port);
-    hb.RegisterService(&health_on_tcp);
+    hb.AddListeningPort(opt_.health_listen, grpc::InsecureServerCredentials(), &port);
+    hb.RegisterService(health_on_tcp_.get());
     hb.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 2);
     // Unauthenticated callers: a bounded pool (a call beyond it is
     // RESOURCE_EXHAUSTED), room for Checks beside the capped Watch streams.
     grpc::ResourceQuota health_quota("tce-health");
     health_quota.SetMaxThreads(4 * HealthService::kMaxWatches);
     hb.SetResourceQuota(health_quota);
-    health = hb.BuildAndStart();
-    if (!health || port == 0) return Fail("health_listen: cannot listen on " + opt.health_listen, 1);
-    health_endpoint = WithPort(opt.health_listen, port);
-    TCE_LOG(kInfo, "daemon") << "serving gRPC health at " << health_endpoint;
+    health_ = hb.BuildAndStart();
+    if (!health_ || port == 0) return Fail("health_listen: cannot listen on " + opt_.health_listen, 1);
+    health_endpoint_ = WithPort(opt_.health_listen, port);
+    TCE_LOG(kInfo, "daemon") << "serving gRPC health at " << health_endpoint_;
   }
-  service.SetEndpoints(metrics ? metrics->endpoint() : "", health_endpoint);
+  service_->SetEndpoints(metrics_ ? metrics_->endpoint() : "", health_endpoint_);
+  return 0;
+}
+
+// The gRPC server of the cache service (and health) and the listener that
+// accepts its connections on the control socket.
+int Daemon::StartControl() {
   grpc::ServerBuilder builder;
   // No listening port: ControlListener accepts on the socket and hands each
   // allowed connection to gRPC (whose own listener dies on one EMFILE).
-  builder.RegisterService(&service);
-  builder.RegisterService(&health_on_socket);
+  builder.RegisterService(service_.get());
+  builder.RegisterService(health_on_socket_.get());
   // A request gRPC cannot parse (a string that is not UTF-8) is refused as
   // INVALID_ARGUMENT naming the field, not INTERNAL with no message.
   InstallProtobufLogHandler();
@@ -476,75 +619,125 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   interceptors.push_back(NewParseErrorInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 1);
-  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt.rpc_threads);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, opt_.rpc_threads);
   // One thread per running call. The calls that block are capped
   // (max_waits, max_peer_calls); the rest end at once and share
   // kQuickCallThreads. A call beyond the pool is RESOURCE_EXHAUSTED: a
   // flood of calls cannot take every thread of the process.
   constexpr int kQuickCallThreads = 64;
   grpc::ResourceQuota control_quota("tce-control");
-  control_quota.SetMaxThreads(opt.rpc_threads + opt.max_waits + opt.max_peer_calls + kQuickCallThreads);
+  control_quota.SetMaxThreads(opt_.rpc_threads + opt_.max_waits + opt_.max_peer_calls + kQuickCallThreads);
   builder.SetResourceQuota(control_quota);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) return Fail("cannot start the gRPC server", 1);
-  ControlListener control(server.get(), opt.socket, uids, socket_gid,
-                          static_cast<size_t>(opt.max_control_connections),
-                          static_cast<size_t>(opt.max_control_connections_per_uid));
-  if (!(s = control.Start()).ok()) {
-    server->Shutdown();
+  server_ = builder.BuildAndStart();
+  if (!server_) return Fail("cannot start the gRPC server", 1);
+  control_ = std::make_unique<ControlListener>(server_.get(), opt_.socket, uids_, socket_gid_,
+                                               static_cast<size_t>(opt_.max_control_connections),
+                                               static_cast<size_t>(opt_.max_control_connections_per_uid));
+  Status s;
+  if (!(s = control_->Start()).ok()) {
+    server_->Shutdown();
     return Fail(s.message(), 1);
   }
-  FdServerOptions fo;
-  fo.path = fd_path;
-  fo.allowed_uids = uids;
-  fo.max_sessions = static_cast<size_t>(opt.max_sessions);
-  fo.max_sessions_per_uid = static_cast<size_t>(opt.max_sessions_per_uid);
-  fo.idle_timeout = std::chrono::seconds(opt.session_idle_timeout_s);
-  fo.socket_gid = socket_gid;
-  FdServer fds(&cache, fo);
-  fds.SetRangeBuffers(&range_buffers);
-  if (!(s = fds.Start()).ok()) {
-    control.Stop();
-    server->Shutdown();
-    unlink(opt.socket.c_str());
-    return Fail(s.message(), 1);
-  }
-  set_ready(true);
-  if (pool) pool->Start();  // fills in the background while the server serves
-  TCE_LOG(kInfo, "daemon") << "ready socket=" << opt.socket << " budget=" << budget << " ("
-                           << HumanBytes(budget) << ") storage_roots="
-                           << (roots.empty() ? "(none: memory only)" : opt.storage_roots)
-                           << " pid=" << getpid();
+  return 0;
+}
 
+// The socket that hands out memfds (and range buffers) to sessions.
+int Daemon::StartFdSocket() {
+  FdServerOptions fo;
+  fo.path = fd_path_;
+  fo.allowed_uids = uids_;
+  fo.max_sessions = static_cast<size_t>(opt_.max_sessions);
+  fo.max_sessions_per_uid = static_cast<size_t>(opt_.max_sessions_per_uid);
+  fo.idle_timeout = std::chrono::seconds(opt_.session_idle_timeout_s);
+  fo.socket_gid = socket_gid_;
+  fds_ = std::make_unique<FdServer>(cache_.get(), fo);
+  fds_->SetRangeBuffers(range_buffers_.get());
+  Status s;
+  if (!(s = fds_->Start()).ok()) {
+    control_->Stop();
+    server_->Shutdown();
+    unlink(opt_.socket.c_str());
+    return Fail(s.message(), 1);
+  }
+  return 0;
+}
+
+// Ready: serves until SIGTERM or SIGINT.
+void Daemon::ServeUntilSignal() {
+  SetReady(true);
+  if (pool_) pool_->Start();  // fills in the background while the server serves
+  TCE_LOG(kInfo, "daemon") << "ready socket=" << opt_.socket << " budget=" << budget_ << " ("
+                           << HumanBytes(budget_) << ") storage_roots="
+                           << (roots_.empty() ? "(none: memory only)" : opt_.storage_roots)
+                           << " pid=" << getpid();
   int sig = 0;
-  sigwait(&stop, &sig);
+  sigwait(&stop_, &sig);
   TCE_LOG(kInfo, "daemon") << "received " << strsignal(sig) << ", draining (at most "
-                           << opt.drain_timeout_ms << " ms; a second signal stops at once)";
-  set_ready(false);
-  if (pool) pool->Stop();  // its memory goes back now, not after the drain
-  Drain(&cache, &stop, std::chrono::milliseconds(opt.drain_timeout_ms));
-  persister.Stop();  // wakes Wait() callers before the RPC server drains
+                           << opt_.drain_timeout_ms << " ms; a second signal stops at once)";
+}
+
+// Drains, then stops every subsystem: not the reverse of their start, but in
+// the order that lets each one's threads end.
+void Daemon::Shutdown() {
+  SetReady(false);
+  if (pool_) pool_->Stop();  // its memory goes back now, not after the drain
+  Drain(cache_.get(), &stop_, std::chrono::milliseconds(opt_.drain_timeout_ms));
+  persister_->Stop();  // wakes Wait() callers before the RPC server drains
   // What still waits on a peer (a backup, a restore, a ranged read or a
   // fetch for a load: each up to peer_timeout_ms, a restore wait up to
   // ring_restore_wait_ms) would hold the threads joined below: end it now.
-  cache.StopRestoreWaits();
-  if (ring) {
-    const size_t broken = peer_links.BreakAll();
+  cache_->StopRestoreWaits();
+  StopRing();
+  health_states_.Shutdown();  // ends Watch streams, which would hold the shutdowns
+  control_->Stop();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (health_) health_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (metrics_) metrics_->Stop();
+  fds_->Stop();
+  if (meta_) meta_->Stop();
+  unlink(opt_.socket.c_str());
+  unlink(fd_path_.c_str());
+  TCE_LOG(kInfo, "daemon") << "stopped";
+}
+
+void Daemon::StopRing() {
+  if (ring_) {
+    const size_t broken = peer_links_.BreakAll();
     TCE_LOG(kInfo, "daemon") << "stopping: broke " << broken << " link(s) to peers";
   }
-  if (replicator) replicator->Stop();
-  if (peers) peers->Stop();
-  health_states.Shutdown();  // ends Watch streams, which would hold the shutdowns
-  control.Stop();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (health) health->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  if (metrics) metrics->Stop();
-  fds.Stop();
-  if (meta) meta->Stop();
-  unlink(opt.socket.c_str());
-  unlink(fd_path.c_str());
-  TCE_LOG(kInfo, "daemon") << "stopped";
-  exit_log.Arm(cache.Stats().used + backups.Stats().bytes);
+  if (replicator_) replicator_->Stop();
+  if (peers_) peers_->Stop();
+}
+
+}  // namespace
+
+int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
+  Options opt;
+  Action action;
+  Status s = ParseOptions(std::vector<std::string>(argv + 1, argv + argc), Environment(), &opt, &action);
+  if (!s.ok()) return Fail(s.message(), 2);
+  if (action != Action::kRun) return RunAction(action, opt);
+
+  ExitLog exit_log;  // destroyed last, after the daemon's subsystems
+  Daemon daemon(opt, hooks);
+  if (int rc = daemon.ReadSettings()) return rc;
+  daemon.BlockStopSignals();
+  if (int rc = daemon.ClaimSockets()) return rc;
+  if (int rc = daemon.CheckStorageRoots()) return rc;
+  if (int rc = daemon.ReadRingKey()) return rc;
+  if (int rc = daemon.MakeTransport()) return rc;
+  if (int rc = daemon.MakeCache()) return rc;
+  if (int rc = daemon.OpenMetadata()) return rc;
+  daemon.StartPersister();
+  if (int rc = daemon.StartRing()) return rc;
+  daemon.MakeService();
+  if (int rc = daemon.StartMetrics()) return rc;
+  if (int rc = daemon.StartHealth()) return rc;
+  if (int rc = daemon.StartControl()) return rc;
+  if (int rc = daemon.StartFdSocket()) return rc;
+  daemon.ServeUntilSignal();
+  daemon.Shutdown();
+  exit_log.Arm(daemon.MemoryBytes());
   return 0;
 }
 
