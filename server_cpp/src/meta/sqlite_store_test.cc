@@ -402,16 +402,6 @@ void Overwrite(const std::string& path, std::streamoff offset, const std::string
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-// Polls `done` until it holds or 20 s pass.
-bool Until(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
-
 std::string RunningAdvice(const std::string& db) {
   return ": nothing more is written to it and changes stay queued; move it aside (mv " + db + " " + db +
          ".broken) and the server writes everything it knows into a fresh database";
@@ -461,7 +451,7 @@ TEST(SqliteStore, AWriteAnywhereInTheFileIsNoticedAndMovingItAsideResets) {
   // Until the filesystem's clock has moved past the file's time, so that a
   // write now gives it another one.
   const auto left = fs::last_write_time(db);
-  ASSERT_TRUE(Until([&] {
+  ASSERT_TRUE(Eventually([&] {
     std::ofstream(dir + "/probe") << "x";
     return fs::last_write_time(dir + "/probe") > left;
   }));
@@ -564,17 +554,17 @@ TEST(MetaWriter, KeepsChangesQueuedWhileTheDatabaseIsUntrusted) {
   });
   writer.Start();
   writer.Record(File("/c/a.pt", FileState::kCached), false);
-  ASSERT_TRUE(Until([&] { return writer.Status().written == 1; }));
+  ASSERT_TRUE(Eventually([&] { return writer.Status().written == 1; }));
   Overwrite(db, 0, std::string(100, 'x'));
   const std::string written = ReadAll(db);
-  ASSERT_TRUE(Until([&] { return !writer.Status().healthy; }));
+  ASSERT_TRUE(Eventually([&] { return !writer.Status().healthy; }));
   writer.Record(File("/c/b.pt", FileState::kCached), false);
   MetaStatus st = writer.Status();
   EXPECT_EQ(st.last_error, db + " was overwritten in place (its header is no longer SQLite's)" + RunningAdvice(db));
   EXPECT_EQ(st.queued, 1u);
   EXPECT_EQ(ReadAll(db), written);
   fs::rename(db, db + ".broken");  // what the error says to do
-  ASSERT_TRUE(Until([&] { return writer.Status().healthy && writer.Status().queued == 0; }));
+  ASSERT_TRUE(Eventually([&] { return writer.Status().healthy && writer.Status().queued == 0; }));
   EXPECT_EQ(resyncs.load(), 1);
   writer.Stop();
   EXPECT_EQ(ReadAll(db + ".broken"), written);

@@ -227,9 +227,7 @@ TEST_F(PerUidCapsTest, AUidBeyondItsSessionsIsRefusedAndAnotherUidIsNot) {
   }
   // One of ours ends: once the server saw it go, we get a session again.
   close(held[0]);
-  int code = -1;
-  for (int i = 0; i < 500 && (code = HelloCode(sock_ + ".fd")) != 0; ++i) usleep(10000);
-  EXPECT_EQ(code, 0);
+  EXPECT_TRUE(Eventually([&] { return HelloCode(sock_ + ".fd") == 0; }));
   close(held[1]);
   fds.Stop();
   if (geteuid() != 0) GTEST_SKIP() << "another uid's session needs root (fork, setuid)";
@@ -248,9 +246,7 @@ TEST_F(PerUidCapsTest, AUidBeyondItsControlConnectionsIsClosedAndAnotherUidIsSer
   }
   // One of ours closes: once gRPC let go of it, the uid is served again.
   close(held[0]);
-  bool served = false;
-  for (int i = 0; i < 500 && !(served = ControlServed(sock_)); ++i) usleep(10000);
-  EXPECT_TRUE(served);
+  EXPECT_TRUE(Eventually([&] { return ControlServed(sock_); }));
   close(held[1]);
   control.Stop();
   if (geteuid() != 0) GTEST_SKIP() << "another uid's connection needs root (fork, setuid)";
