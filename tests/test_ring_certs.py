@@ -71,18 +71,33 @@ def _cert_args(pki, node: str) -> list[str]:
     return ["--peer-cert-file", str(pem), "--peer-key-file", str(key), "--peer-ca-file", str(pki["ca"])]
 
 
+def _ring_of_two(tmp_path, extra_a: list[str], extra_b: list[str]):
+    """A (127.0.0.2) and B (127.0.0.3) in the job's ring, A node 0: (a, b,
+    A's endpoint, B's endpoint). Both stopped on failure."""
+    a = _ring_server(tmp_path, "tcp", "a", listen="127.0.0.2:0", extra=extra_a)
+    try:
+        b = _ring_server(tmp_path, "tcp", "b", listen="127.0.0.3:0", extra=extra_b)
+    except BaseException:
+        _stop(a)
+        raise
+    try:
+        ea, eb = _status(a)["peer_endpoint"], _status(b)["peer_endpoint"]
+        _set_ring(a, 0, [ea, eb])
+        _set_ring(b, 1, [ea, eb])
+    except BaseException:
+        _stop(a, b)
+        raise
+    return a, b, ea, eb
+
+
 def test_with_node_certificates_only_the_node_itself_is_let_in(tmp_path, pki):
     """A (127.0.0.2) and B (127.0.0.3) with node certificates back up as
     usual. From A's own address, with the token, a connection announcing A
     is refused when it shows no certificate, one from another CA, the
     cluster's certificate of another host, or A's certificate without A's
     key; with A's certificate and key it is let in. B holds A's copy alone."""
-    a = _ring_server(tmp_path, "tcp", "a", listen="127.0.0.2:0", extra=_cert_args(pki, "a"))
-    b = _ring_server(tmp_path, "tcp", "b", listen="127.0.0.3:0", extra=_cert_args(pki, "b"))
+    a, b, ea, eb = _ring_of_two(tmp_path, _cert_args(pki, "a"), _cert_args(pki, "b"))
     try:
-        ea, eb = _status(a)["peer_endpoint"], _status(b)["peer_endpoint"]
-        _set_ring(a, 0, [ea, eb])
-        _set_ring(b, 1, [ea, eb])
         _save(a, "/ckpt/certs/x.pt", {"w": torch.ones(1000)})
         until(lambda: int(_status(b)["held_backups"]) == 1, what="B to hold A's copy")
 
@@ -116,12 +131,8 @@ def test_with_node_certificates_only_the_node_itself_is_let_in(tmp_path, pki):
 def test_a_node_with_a_certificate_and_one_without_do_not_talk(tmp_path, pki):
     """A cluster uses node certificates on every node or none: a backup from
     a node without one to a node with one fails, and both say why."""
-    a = _ring_server(tmp_path, "tcp", "a", listen="127.0.0.2:0")
-    b = _ring_server(tmp_path, "tcp", "b", listen="127.0.0.3:0", extra=_cert_args(pki, "b"))
+    a, b, _, _ = _ring_of_two(tmp_path, [], _cert_args(pki, "b"))
     try:
-        ea, eb = _status(a)["peer_endpoint"], _status(b)["peer_endpoint"]
-        _set_ring(a, 0, [ea, eb])
-        _set_ring(b, 1, [ea, eb])
         _save(a, "/ckpt/certs/y.pt", {"w": torch.ones(10)})
         until(lambda: "proves its node with a certificate and this server has none" in a.log(),
               what="A to say why it cannot back up")
