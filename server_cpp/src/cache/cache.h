@@ -516,6 +516,7 @@ class Cache : public PoolBudget, public MemoryBudget {
   void Requeue(FileInfo& f) REQUIRES(mu_);
   void QueuePersist(const FileKey& key) REQUIRES(mu_);
   bool PersistQueued() const REQUIRES(mu_);
+  bool JobUidLocked(const std::string& job, uid_t* uid) const REQUIRES(mu_);  // JobUid
   // Whether a committed file in memory is still to be persisted (not FAILED).
   bool AwaitingPersistence() const REQUIRES(mu_);
   void QueueBackup(const FileKey& key) REQUIRES(mu_);

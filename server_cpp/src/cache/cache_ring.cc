@@ -390,6 +390,10 @@ Status Cache::CheckRingSender(const std::string& job, int32_t node, const std::s
 
 bool Cache::JobUid(const std::string& job, uid_t* uid) {
   MutexLock lock(&mu_);
+  return JobUidLocked(job, uid);
+}
+
+bool Cache::JobUidLocked(const std::string& job, uid_t* uid) const {
   if (owners_.Owner(job, uid)) return true;
   const Ring* ring = rings_.Find(job);
   if (!ring || !ring->has_owner) return false;
@@ -403,13 +407,7 @@ Status Cache::CheckPeerUid(const std::string& job, bool named, uid_t uid, const 
     return Status::PermissionDenied(peer + " names no uid for job " + job + ": it may not " + what);
   uid_t here = 0;
   MutexLock lock(&mu_);
-  bool owned = owners_.Owner(job, &here);
-  if (!owned) {
-    const Ring* ring = rings_.Find(job);
-    owned = ring && ring->has_owner;
-    if (owned) here = ring->owner_uid;
-  }
-  if (!owned) {
+  if (!JobUidLocked(job, &here)) {
     if (!claim)
       return Status::PermissionDenied("job " + job + " belongs to no uid here yet: " + peer + " may not " + what);
     owners_.Restore(job, uid);  // the ring's node vouches for its job's uid
