@@ -23,9 +23,9 @@ constexpr auto kRetry = std::chrono::seconds(1);  // after the budget or the ker
 
 }  // namespace
 
-BufferPool::BufferPool(uint64_t target, Backing backing, PoolBudget* budget, uint64_t max_piece)
+BufferPool::BufferPool(uint64_t target, Backing backing, PoolBudget* budget, uint64_t max_piece, Clock* clock)
     : target_(backing == Backing::kHugetlb ? target / kHugePage * kHugePage : target),
-      backing_(backing), budget_(budget), max_piece_(max_piece),
+      backing_(backing), budget_(budget), clock_(clock), max_piece_(max_piece),
       // Half the target first: a file takes the piece nearest its size, and a
       // file larger than any piece grows the largest (only the growth is zeroed).
       next_piece_(std::max<uint64_t>(std::min(max_piece, target_ / 2), kHugePage)) {}
@@ -99,7 +99,7 @@ void BufferPool::Fill() {
     filling_ = false;
     resting_ = true;
     idle_.SignalAll();
-    wake_.WaitUntil(&mu_, std::chrono::steady_clock::now() + kRetry);
+    clock_->WaitUntil(&wake_, &mu_, clock_->Now() + kRetry);
     filling_ = true;
   }
   filling_ = false;
@@ -198,9 +198,9 @@ uint64_t BufferPool::ShedBelow(uint64_t size, uint64_t need, bool all_or_none) {
 }
 
 bool BufferPool::WaitIdle(int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto deadline = clock_->Now() + std::chrono::milliseconds(timeout_ms);
   MutexLock lock(&mu_);
-  while (!resting_ && idle_.WaitUntil(&mu_, deadline)) {
+  while (!resting_ && clock_->WaitUntil(&idle_, &mu_, deadline)) {
   }
   return resting_;
 }

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "cache/memory_backing.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
 
@@ -68,7 +69,8 @@ class BufferPool {
   // piece that is not much larger (the tail of a shrunk piece is freed and
   // made again). After a Take, it makes pieces of the size taken, trading
   // smaller pieces for them when the budget has no room left.
-  BufferPool(uint64_t target, Backing backing, PoolBudget* budget, uint64_t max_piece = kMaxPiece);
+  BufferPool(uint64_t target, Backing backing, PoolBudget* budget, uint64_t max_piece = kMaxPiece,
+             Clock* clock = Clock::Real());
   ~BufferPool();  // Stop()
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
@@ -109,6 +111,7 @@ class BufferPool {
   const uint64_t target_;
   const Backing backing_;
   PoolBudget* const budget_;
+  Clock* const clock_;
   Mutex mu_;
   CondVar wake_;  // a piece was taken, or Stop
   CondVar idle_;  // the filler went idle

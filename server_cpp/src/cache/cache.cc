@@ -53,9 +53,9 @@ void Cache::Restore(std::vector<FileInfo> files) {
 }
 
 Cache::Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots, Env* env,
-             std::chrono::milliseconds full_timeout, size_t keep_last)
-    : budget_(budget_bytes), full_timeout_(full_timeout), keep_last_(keep_last), env_(env),
-      prober_(std::make_unique<Prober>(check_timeout_)) {
+             std::chrono::milliseconds full_timeout, size_t keep_last, Clock* clock)
+    : budget_(budget_bytes), full_timeout_(full_timeout), keep_last_(keep_last), env_(env), clock_(clock),
+      prober_(std::make_unique<Prober>(check_timeout_, clock)), sessions_(clock), restores_(clock) {
   for (const std::string& root : storage_roots) {
     std::string resolved;
     roots_.push_back(env_->ResolvePath(root, &resolved).ok() ? resolved : root);
@@ -136,7 +136,7 @@ void Cache::StartAllocation(const AllocateRequest& req, const DiskIdentity& disk
   a.file.state = FileState::kPending;
   a.file.buffer_id = buf.id;
   a.file.capacity = buf.capacity;
-  a.file.created_unix_ns = UnixNowNs();
+  a.file.created_unix_ns = clock_->UnixNowNs();
   const SessionTable::Session* who = sessions_.Find(req.session);
   a.file.owner_uid = who->uid;
   a.file.owner_gid = who->gid;
@@ -176,7 +176,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
 
   const uint64_t capacity =
       RoundForBacking(std::min(CapacityFor(req.size), std::max(req.size, budget_)), backing_);
-  const auto deadline = std::chrono::steady_clock::now() + full_timeout_;
+  const auto deadline = clock_->Now() + full_timeout_;
   while (true) {
     // 1. A free buffer that fits, never one another live session has mapped;
     //    ours first (no mmap, no fd passing), then the smallest.
@@ -196,7 +196,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     // 4. Only unpersisted files hold the memory: wait for persistence to
     //    finish some (never evict what is not on storage), within bounds.
     if (persistence_enabled() && (PersistQueued() || !in_flight_.empty() || AwaitingPersistence()) &&
-        !stopping_ && done_cv_.WaitUntil(&mu_, deadline)) {
+        !stopping_ && clock_->WaitUntil(&done_cv_, &mu_, deadline)) {
       if (!sessions_.Find(req.session)) return sessions_.Check(req.session);
       continue;
     }
@@ -283,7 +283,7 @@ Status Cache::Commit(const std::string& session, uint64_t allocation_id,
   if (pending_.empty()) quiet_cv_.SignalAll();
   RecordFate(allocation_id, Fate::kCommitted);
   a.file.state = FileState::kCached;
-  a.file.committed_unix_ns = UnixNowNs();
+  a.file.committed_unix_ns = clock_->UnixNowNs();
   a.file.version = allocation_id;
   a.file.records = std::move(records);
   a.file.zip_crc32 = zip_crc32;
@@ -393,7 +393,7 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   TCE_LOG(kInfo, "cache") << "tag complete job=" << tag.job << " tag=" << tag.tag
                           << " files=" << tag.files.size() << " world_size=" << tag.world_size;
   // Under mu_, so that RecordAll sees a tag either recorded here or in the registry.
-  *out = tags_.Complete(std::move(tag), UnixNowNs());
+  *out = tags_.Complete(std::move(tag), clock_->UnixNowNs());
   if (meta_) meta_->RecordTag(*out);
   if (!rings_.Successor(out->job).empty() && backups_) backups_->SendTag(TagCopy{out->job, out->tag});
   return Status::OK();

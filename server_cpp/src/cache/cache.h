@@ -104,11 +104,12 @@ class Cache : public PoolBudget, public MemoryBudget {
   // empty means memory only. `full_timeout`: how long an allocation that finds
   // the cache full of not-yet-persisted files waits for persistence.
   // `keep_last`: per job, files of tags older than the newest `keep_last` are
-  // evicted once persisted (0: keep all while there is room).
+  // evicted once persisted (0: keep all while there is room). `clock`: what
+  // every timeout and time stamp of the cache is read from.
   explicit Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots = {},
                  Env* env = Env::Default(),
                  std::chrono::milliseconds full_timeout = std::chrono::seconds(30),
-                 size_t keep_last = 0);
+                 size_t keep_last = 0, Clock* clock = Clock::Real());
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
@@ -335,8 +336,7 @@ class Cache : public PoolBudget, public MemoryBudget {
   // `call_deadline`: the caller's own deadline, when sooner (the answer then
   // comes before the caller gives up, and says so). RPC threads.
   Status WaitForRestore(const std::string& job, bool* waited = nullptr,
-                        std::chrono::steady_clock::time_point call_deadline =
-                            std::chrono::steady_clock::time_point::max()) EXCLUDES(mu_);
+                        Clock::TimePoint call_deadline = Clock::TimePoint::max()) EXCLUDES(mu_);
   // The Replicator pulled back what the ring held of `job` (whatever it
   // got): loads waiting for it go on.
   // `from` non-empty: only a restore from that peer ends.
@@ -452,6 +452,7 @@ class Cache : public PoolBudget, public MemoryBudget {
   const std::chrono::milliseconds full_timeout_;
   const size_t keep_last_;
   Env* const env_;
+  Clock* const clock_;
   std::vector<std::string> roots_;  // resolved; immutable after construction
   Mutex mu_;
   CondVar done_cv_;     // a file was persisted or failed

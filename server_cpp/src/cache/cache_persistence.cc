@@ -18,7 +18,7 @@ Status Cache::Wait(const std::string& session, const std::string& job,
   if (!persistence_enabled())
     return Status::FailedPrecondition(
         "persistence is off (the server has no storage_roots): files live in memory only");
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = clock_->Now() + timeout;
   while (true) {
     out->clear();
     std::vector<std::string> unfinished;
@@ -33,7 +33,7 @@ Status Cache::Wait(const std::string& session, const std::string& job,
     if (stopping_) return Status::Unavailable("the server is shutting down");
     if (timeout.count() <= 0) {
       done_cv_.Wait(&mu_);
-    } else if (!done_cv_.WaitUntil(&mu_, deadline)) {
+    } else if (!clock_->WaitUntil(&done_cv_, &mu_, deadline)) {
       return Status::DeadlineExceeded(std::to_string(unfinished.size()) + " of " + std::to_string(paths.size()) +
                         " file(s) not persisted yet, e.g. " + unfinished[0]);
     }
@@ -164,11 +164,11 @@ std::chrono::milliseconds Cache::WaitForNoSaves(std::chrono::milliseconds max) {
   MutexLock lock(&mu_);
   auto saving = [this]() REQUIRES(mu_) { return (!pending_.empty() || starting_ > 0) && !stopping_; };
   if (!saving()) return std::chrono::milliseconds(0);
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto deadline = t0 + max;
-  while (saving() && quiet_cv_.WaitUntil(&mu_, deadline)) {
+  const Stopwatch waited(clock_);
+  const auto deadline = clock_->Now() + max;
+  while (saving() && clock_->WaitUntil(&quiet_cv_, &mu_, deadline)) {
   }
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  return waited.Millis();
 }
 
 bool Cache::IsCurrent(const PersistJob& job) {
@@ -201,7 +201,7 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
   } else if (result.ok()) {
     it->second.disk = Written(job.expected, written);
     it->second.state = FileState::kPersisted;
-    it->second.persisted_unix_ns = UnixNowNs();
+    it->second.persisted_unix_ns = clock_->UnixNowNs();
     it->second.records = std::move(records);
     TellHolderPersisted(it->second);
     ++persisted_files_;

@@ -320,7 +320,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   f.capacity = buf.capacity;
   f.state = FileState::kBackedUp;
   f.version = next_allocation_id_++;
-  f.committed_unix_ns = UnixNowNs();
+  f.committed_unix_ns = clock_->UnixNowNs();
   f.reason.clear();
   // Storage as this node sees it now: a later load or persist compares
   // with it. Other storage (a replaced node's new disk) or none that
@@ -452,8 +452,8 @@ void Cache::ResendBackups(const std::string& job, const std::string& peer) {
 void Cache::SetRestoreWait(std::chrono::milliseconds wait) { restore_wait_ = wait; }
 
 Status Cache::WaitForRestore(const std::string& job, bool* waited,
-                             std::chrono::steady_clock::time_point call_deadline) {
-  const auto now = std::chrono::steady_clock::now();
+                             Clock::TimePoint call_deadline) {
+  const auto now = clock_->Now();
   if (call_deadline < now + restore_wait_) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline - now);
     return restores_.Wait(job, std::max(left, std::chrono::milliseconds(0)), waited,

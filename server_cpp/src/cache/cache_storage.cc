@@ -142,7 +142,7 @@ void Cache::Revalidate(const FileKey& key) {
 void Cache::SetStorageCheckTimeout(std::chrono::milliseconds timeout) {
   MutexLock lock(&mu_);
   check_timeout_ = timeout;
-  prober_ = std::make_unique<Prober>(timeout);
+  prober_ = std::make_unique<Prober>(timeout, clock_);
 }
 
 }  // namespace tce

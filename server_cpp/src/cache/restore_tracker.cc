@@ -4,7 +4,7 @@ namespace tce {
 
 void RestoreTracker::Begin(const std::string& job, const std::string& peer, int32_t node_rank) {
   MutexLock l(&mu_);
-  restores_[job] = Restore{peer, node_rank, std::chrono::steady_clock::now()};
+  restores_[job] = Restore{peer, node_rank, clock_->Now()};
 }
 
 void RestoreTracker::End(const std::string& job, const std::string& from) {
@@ -35,20 +35,17 @@ Status RestoreTracker::Wait(const std::string& job, std::chrono::milliseconds ti
   MutexLock l(&mu_);
   if (waited) *waited = restores_.count(job) != 0;
   if (!restores_.count(job)) return Status::OK();
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto deadline = t0 + timeout;
-  while (restores_.count(job) && !stopping_ && ended_.WaitUntil(&mu_, deadline)) {
+  const Stopwatch took(clock_);
+  const auto deadline = clock_->Now() + timeout;
+  while (restores_.count(job) && !stopping_ && clock_->WaitUntil(&ended_, &mu_, deadline)) {
   }
   if (!restores_.count(job)) return Status::OK();
   if (stopping_)
     return Status::Unavailable("the server is stopping: no longer waiting for the ring restore of job " + job);
   const Restore& r = restores_.at(job);
-  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - t0);
-  const auto running = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::steady_clock::now() - r.since);
+  const auto running = std::chrono::duration_cast<std::chrono::milliseconds>(clock_->Now() - r.since);
   return Status::DeadlineExceeded(
-      "waited " + std::to_string(took.count()) + " ms (" + bound + ") for the ring restore of job " +
+      "waited " + std::to_string(took.Millis().count()) + " ms (" + bound + ") for the ring restore of job " +
       job + ": node " + std::to_string(r.node_rank) + "'s files are still being pulled back from " + r.peer +
       " (running for " + std::to_string(running.count()) + " ms; tce status shows the ring's last error)");
 }

@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
 
@@ -23,6 +24,9 @@ namespace tce {
 
 class RestoreTracker {
  public:
+  // Waits are measured on `clock`.
+  explicit RestoreTracker(Clock* clock = Clock::Real()) : clock_(clock) {}
+
   // The job's files are being pulled from `peer` (node `node_rank`'s copies).
   void Begin(const std::string& job, const std::string& peer, int32_t node_rank);
   // The restore of `job` ended; wakes its waiters.
@@ -44,8 +48,9 @@ class RestoreTracker {
   struct Restore {
     std::string peer;
     int32_t node_rank = 0;
-    std::chrono::steady_clock::time_point since;
+    Clock::TimePoint since;
   };
+  Clock* const clock_;
   mutable Mutex mu_;
   CondVar ended_;
   std::map<std::string, Restore> restores_ GUARDED_BY(mu_);  // by job

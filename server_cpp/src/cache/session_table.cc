@@ -27,14 +27,14 @@ std::string SessionTable::Open(uid_t uid, pid_t pid, gid_t gid) {
   s.uid = uid;
   s.gid = gid;
   s.pid = pid;
-  s.last_used = std::chrono::steady_clock::now();
+  s.last_used = clock_->Now();
   return id;
 }
 
 SessionTable::Session* SessionTable::Use(const std::string& id) {
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return nullptr;
-  it->second.last_used = std::chrono::steady_clock::now();
+  it->second.last_used = clock_->Now();
   return &it->second;
 }
 
@@ -54,7 +54,7 @@ void SessionTable::Erase(const std::string& id) { sessions_.erase(id); }
 
 std::vector<std::string> SessionTable::Idle(std::chrono::milliseconds idle,
                                             const std::set<std::string>& busy) const {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = clock_->Now();
   std::vector<std::string> out;
   for (const auto& [id, s] : sessions_)
     if (s.leases == 0 && !busy.count(id) && now - s.last_used >= idle) out.push_back(id);

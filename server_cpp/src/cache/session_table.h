@@ -18,17 +18,21 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 
 namespace tce {
 
 class SessionTable {
  public:
+  // Idle times are measured on `clock`.
+  explicit SessionTable(Clock* clock = Clock::Real()) : clock_(clock) {}
+
   struct Session {
     uid_t uid = 0;
     gid_t gid = static_cast<gid_t>(-1);
     pid_t pid = 0;
-    std::chrono::steady_clock::time_point last_used;  // the last request naming it
+    Clock::TimePoint last_used;  // the last request naming it
     size_t leases = 0;
     std::vector<uint64_t> pending_unmap;  // delivered with the next response
   };
@@ -74,6 +78,7 @@ class SessionTable {
     uint64_t buffer_id = 0;
   };
 
+  Clock* const clock_;
   std::map<std::string, Session> sessions_;
   std::map<uint64_t, Lease> leases_;
   uint64_t next_lease_id_ = 1;

@@ -208,8 +208,8 @@ struct Prober::Core {
   }
 };
 
-Prober::Prober(std::chrono::milliseconds timeout, int max_stuck)
-    : timeout_(timeout), max_stuck_(max_stuck), core_(std::make_shared<Core>()) {}
+Prober::Prober(std::chrono::milliseconds timeout, Clock* clock, int max_stuck)
+    : timeout_(timeout), clock_(clock), max_stuck_(max_stuck), core_(std::make_shared<Core>()) {}
 
 Prober::~Prober() {
   {
@@ -241,9 +241,9 @@ bool Prober::Run(std::function<void()> fn) {
     core_->queue.push_back(task);
   }
   core_->cv.Signal();
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const auto deadline = clock_->Now() + timeout_;
   MutexLock tl(&task->mu);
-  while (!task->done && task->cv.WaitUntil(&task->mu, deadline)) {
+  while (!task->done && clock_->WaitUntil(&task->cv, &task->mu, deadline)) {
   }
   return task->done;
 }

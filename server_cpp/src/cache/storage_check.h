@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cache/cache_types.h"
+#include "common/clock.h"
 #include "common/status.h"
 #include "env/env.h"
 
@@ -82,7 +83,8 @@ const std::string* RootOf(const std::string& resolved, const std::vector<std::st
 // thread; when `max_stuck` threads are stuck, Run fails at once.
 class Prober {
  public:
-  Prober(std::chrono::milliseconds timeout, int max_stuck = 8);
+  // Timeouts are measured on `clock`.
+  explicit Prober(std::chrono::milliseconds timeout, Clock* clock = Clock::Real(), int max_stuck = 8);
   ~Prober();
   Prober(const Prober&) = delete;
   Prober& operator=(const Prober&) = delete;
@@ -95,6 +97,7 @@ class Prober {
  private:
   struct Core;
   const std::chrono::milliseconds timeout_;
+  Clock* const clock_;
   const int max_stuck_;
   std::shared_ptr<Core> core_;
 };

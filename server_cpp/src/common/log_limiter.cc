@@ -4,7 +4,7 @@ namespace tce {
 
 bool LogLimiter::Allow(uint64_t* suppressed) {
   MutexLock lock(&mu_);
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = clock_->Now();
   if (in_window_ == 0 || now - window_start_ >= interval_) {
     window_start_ = now;
     in_window_ = 0;

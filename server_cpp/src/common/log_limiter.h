@@ -12,13 +12,15 @@
 #include <cstdint>
 #include <string>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 
 namespace tce {
 
 class LogLimiter {
  public:
-  LogLimiter(int burst, std::chrono::milliseconds interval) : burst_(burst), interval_(interval) {}
+  LogLimiter(int burst, std::chrono::milliseconds interval, Clock* clock = Clock::Real())
+      : burst_(burst), interval_(interval), clock_(clock) {}
 
   // Whether a line may be logged now. When it may, `*suppressed` is the
   // number of lines refused since the last one allowed (and is reset).
@@ -27,8 +29,9 @@ class LogLimiter {
  private:
   const int burst_;
   const std::chrono::milliseconds interval_;
+  Clock* const clock_;
   Mutex mu_;
-  std::chrono::steady_clock::time_point window_start_ GUARDED_BY(mu_);
+  Clock::TimePoint window_start_ GUARDED_BY(mu_);
   int in_window_ GUARDED_BY(mu_) = 0;
   uint64_t suppressed_ GUARDED_BY(mu_) = 0;
 };

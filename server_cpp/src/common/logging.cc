@@ -1,6 +1,5 @@
 #include "common/logging.h"
 
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,6 +8,8 @@
 #include <ctime>
 #include <utility>
 #include <vector>
+
+#include "common/clock.h"
 
 namespace tce {
 namespace {
@@ -121,13 +122,13 @@ std::string FormatLogLine(LogFormat format, const std::string& when, LogLevel le
 namespace internal {
 
 LogLine::~LogLine() {
-  struct timeval tv;
-  gettimeofday(&tv, nullptr);
+  const int64_t now_ms = Clock::Real()->UnixNowNs() / 1000000;
+  const time_t secs = static_cast<time_t>(now_ms / 1000);
   struct tm tm;
-  gmtime_r(&tv.tv_sec, &tm);
+  gmtime_r(&secs, &tm);
   char when[40];
   size_t n = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(when + n, sizeof(when) - n, ".%03dZ", static_cast<int>(tv.tv_usec / 1000));
+  snprintf(when + n, sizeof(when) - n, ".%03dZ", static_cast<int>(now_ms % 1000));
   const std::string line =
       FormatLogLine(static_cast<LogFormat>(g_format.load()), when, level_, component_, stream_.str()) + '\n';
   ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());

@@ -71,19 +71,22 @@ class CondVar {
     cv_.wait(lock);
     lock.release();
   }
-  // False once `deadline` passed (the mutex is held again either way).
-  template <class Clock, class Duration>
-  bool WaitUntil(Mutex* mu, const std::chrono::time_point<Clock, Duration>& deadline)
-      REQUIRES(mu) {
+  void Signal() { cv_.notify_one(); }
+  void SignalAll() { cv_.notify_all(); }
+
+ private:
+  // Waits with a deadline go through a Clock (common/clock.h), so that
+  // tests can move time: Clock::WaitUntil(cv, mu, deadline).
+  friend class Clock;
+  // False once `deadline` passed on the steady clock (the mutex is held
+  // again either way).
+  bool WaitUntil(Mutex* mu, std::chrono::steady_clock::time_point deadline) REQUIRES(mu) {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
     const bool woken = cv_.wait_until(lock, deadline) == std::cv_status::no_timeout;
     lock.release();
     return woken;
   }
-  void Signal() { cv_.notify_one(); }
-  void SignalAll() { cv_.notify_all(); }
 
- private:
   std::condition_variable cv_;
 };
 

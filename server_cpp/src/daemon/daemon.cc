@@ -22,6 +22,7 @@
 #include "cache/cache.h"
 #include "cache/memory_backing.h"
 #include "cache/memory_limits.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/net.h"
 #include "common/strings.h"
@@ -517,8 +518,8 @@ void Daemon::Shutdown() {
   StopRing();
   health_states_.Shutdown();  // ends Watch streams, which would hold the shutdowns
   control_->Stop();
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (health_) health_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_->Shutdown(Clock::Real()->WallNow() + std::chrono::seconds(2));
+  if (health_) health_->Shutdown(Clock::Real()->WallNow() + std::chrono::seconds(1));
   if (metrics_) metrics_->Stop();
   fds_->Stop();
   if (meta_) meta_->Stop();

@@ -13,14 +13,13 @@
 #include <system_error>
 
 #include "cache/file_state.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/net.h"
 
 namespace tce {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxRequest = 8192;
 // After the reply, how long unread request bytes are drained before the close
@@ -33,13 +32,13 @@ constexpr std::chrono::milliseconds kLinger(200);
 struct Conn {
   int fd;
   int wake_fd;
-  Clock::time_point deadline;
+  Clock::TimePoint deadline;  // on the real clock: poll(2) waits in real time
 
   // Whether `fd` became ready for `events` (or failed: the next call says how)
   // before the deadline and before Stop.
   bool Wait(short events) const {
     while (true) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::Real()->Now());
       if (left.count() <= 0) return false;
       pollfd fds[2] = {{fd, events, 0}, {wake_fd, POLLIN, 0}};
       const int n = poll(fds, 2, static_cast<int>(std::min<int64_t>(left.count(), 60000)));
@@ -244,11 +243,11 @@ void MetricsServer::WorkerLoop() {
 }
 
 void MetricsServer::Serve(int fd) {
-  Conn c{fd, wake_fd_, Clock::now() + limits_.deadline};
+  Conn c{fd, wake_fd_, Clock::Real()->Now() + limits_.deadline};
   Handle(c, render_);
   // End our side, then drop what the client still sends, briefly.
   shutdown(fd, SHUT_WR);
-  c.deadline = Clock::now() + kLinger;
+  c.deadline = Clock::Real()->Now() + kLinger;
   char sink[4096];
   for (int i = 0; i < 16 && c.Recv(sink, sizeof(sink)) > 0; ++i) {
   }

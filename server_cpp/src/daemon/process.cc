@@ -115,19 +115,20 @@ Status ClaimSocket(const std::string& path, int type) {
 // another signal arrives. What is left is logged, one line per file.
 void Drain(Cache* cache, const sigset_t* signals, std::chrono::milliseconds limit) {
   cache->StopAccepting();
-  const auto deadline = std::chrono::steady_clock::now() + limit;
+  Clock* const clock = Clock::Real();  // real time: sigtimedwait waits in it
+  const auto deadline = clock->Now() + limit;
   std::vector<std::string> left;
   bool in_flight = false;
   const char* why = "drained";
   for (;;) {
     left = cache->Unfinished(&in_flight);
     if (left.empty() && !in_flight) break;
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = clock->Now();
     if (now >= deadline) {
       why = "drain deadline passed";
       break;
     }
-    const auto wait = std::min<std::chrono::steady_clock::duration>(deadline - now, std::chrono::milliseconds(100));
+    const auto wait = std::min<Clock::Duration>(deadline - now, std::chrono::milliseconds(100));
     timespec ts{};
     ts.tv_nsec = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
     if (sigtimedwait(signals, nullptr, &ts) > 0) {

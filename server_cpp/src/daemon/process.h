@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cache/cache.h"
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "daemon/options.h"
@@ -48,21 +49,20 @@ class ExitLog {
  public:
   ~ExitLog() {
     if (!armed_) return;
-    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::now() - since_);
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::Real()->Now() - since_);
     TCE_LOG(kInfo, "daemon") << "exited teardown_ms=" << took.count() << " memory_bytes=" << bytes_;
   }
   // From now; `bytes`: the cache memory the teardown gives back.
   void Arm(uint64_t bytes) {
     armed_ = true;
     bytes_ = bytes;
-    since_ = std::chrono::steady_clock::now();
+    since_ = Clock::Real()->Now();
   }
 
  private:
   bool armed_ = false;
   uint64_t bytes_ = 0;
-  std::chrono::steady_clock::time_point since_;
+  Clock::TimePoint since_;
 };
 
 }  // namespace tce

@@ -8,9 +8,9 @@ namespace tce {
 
 MetaWriter::MetaWriter(std::unique_ptr<MetaStore> store, std::string endpoint, int64_t pid,
                        std::chrono::milliseconds heartbeat, std::chrono::milliseconds max_backoff,
-                       std::chrono::milliseconds check_every)
+                       std::chrono::milliseconds check_every, Clock* clock)
     : store_(std::move(store)), endpoint_(std::move(endpoint)), pid_(pid), heartbeat_(heartbeat),
-      max_backoff_(max_backoff), check_every_(check_every) {}
+      max_backoff_(max_backoff), check_every_(check_every), clock_(clock) {}
 
 MetaWriter::~MetaWriter() { Stop(); }
 
@@ -21,7 +21,7 @@ void MetaWriter::Stop(std::chrono::milliseconds deadline) {
     MutexLock l(&mu_);
     if (stop_) return;
     stop_ = true;
-    stop_by_ = std::chrono::steady_clock::now() + deadline;
+    stop_by_ = clock_->Now() + deadline;
   }
   cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
@@ -56,7 +56,7 @@ MetaStatus MetaWriter::Status() {
 }
 
 void MetaWriter::ReportUntrusted(const tce::Status& why) {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = clock_->Now();
   if (status_.healthy || status_.last_error != why.message() || now >= next_untrusted_log_) {
     TCE_LOG(kError, "meta") << "metadata database untrusted, " << queue_.size() + in_flight_
                             << " change(s) queued: " << why.message();
@@ -99,27 +99,27 @@ bool MetaWriter::EnsureIntact() {
 void MetaWriter::Loop() {
   auto backoff = std::chrono::milliseconds(100);
   MutexLock l(&mu_);
-  auto next_beat = std::chrono::steady_clock::now();
-  auto next_check = std::chrono::steady_clock::now() + check_every_;
+  auto next_beat = clock_->Now();
+  auto next_check = clock_->Now() + check_every_;
   // Sleeps `d`, or less once stopping and past the stop deadline.
   auto back_off = [&](std::chrono::milliseconds d) REQUIRES(mu_) {
-    const auto until = std::chrono::steady_clock::now() + d;
-    while (!(stop_ && std::chrono::steady_clock::now() >= stop_by_) && cv_.WaitUntil(&mu_, until)) {
+    const auto until = clock_->Now() + d;
+    while (!(stop_ && clock_->Now() >= stop_by_) && clock_->WaitUntil(&cv_, &mu_, until)) {
     }
   };
   while (true) {
     const auto wake = std::min(next_beat, next_check);
-    while (!stop_ && queue_.empty() && cv_.WaitUntil(&mu_, wake)) {
+    while (!stop_ && queue_.empty() && clock_->WaitUntil(&cv_, &mu_, wake)) {
     }
     if (stop_ && queue_.empty()) return;  // nothing left to write
-    if (std::chrono::steady_clock::now() >= next_check || !queue_.empty()) {
-      next_check = std::chrono::steady_clock::now() + check_every_;
+    if (clock_->Now() >= next_check || !queue_.empty()) {
+      next_check = clock_->Now() + check_every_;
       l.Unlock();
       const bool intact = EnsureIntact();
       l.Lock();
       if (!intact) {
         // Stopping: an untrusted database takes nothing, so no waiting for it.
-        if (stop_ && (untrusted_ || std::chrono::steady_clock::now() >= stop_by_)) {
+        if (stop_ && (untrusted_ || clock_->Now() >= stop_by_)) {
           TCE_LOG(kError, "meta") << "stopping with " << queue_.size() << " unwritten change(s)";
           return;
         }
@@ -132,8 +132,8 @@ void MetaWriter::Loop() {
         continue;
       }
     }
-    if (!endpoint_.empty() && std::chrono::steady_clock::now() >= next_beat) {
-      next_beat = std::chrono::steady_clock::now() + heartbeat_;
+    if (!endpoint_.empty() && clock_->Now() >= next_beat) {
+      next_beat = clock_->Now() + heartbeat_;
       l.Unlock();
       tce::Status hb = store_->Heartbeat(endpoint_, pid_);
       l.Lock();
@@ -174,7 +174,7 @@ void MetaWriter::Loop() {
       }
       status_.healthy = false;
       status_.last_error = s.message();
-      if (stop_ && std::chrono::steady_clock::now() >= stop_by_) {
+      if (stop_ && clock_->Now() >= stop_by_) {
         TCE_LOG(kError, "meta") << "stopping with " << queue_.size() << " unwritten change(s)";
         return;
       }

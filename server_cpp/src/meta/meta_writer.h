@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cache/meta_sink.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "meta/meta_store.h"
 
@@ -37,7 +38,8 @@ class MetaWriter final : public MetaSink {
   MetaWriter(std::unique_ptr<MetaStore> store, std::string endpoint = "", int64_t pid = 0,
              std::chrono::milliseconds heartbeat = std::chrono::seconds(10),
              std::chrono::milliseconds max_backoff = std::chrono::seconds(30),
-             std::chrono::milliseconds check_every = std::chrono::seconds(1));
+             std::chrono::milliseconds check_every = std::chrono::seconds(1),
+             Clock* clock = Clock::Real());
   ~MetaWriter() override;
   // Called (on the writer's thread, no lock held) after a fresh database
   // replaced a deleted one: it must Record() every file, tag and ring again.
@@ -70,6 +72,7 @@ class MetaWriter final : public MetaSink {
   const std::chrono::milliseconds heartbeat_;
   const std::chrono::milliseconds max_backoff_;
   const std::chrono::milliseconds check_every_;
+  Clock* const clock_;
   std::function<void()> resync_;  // set before Start
   bool resyncing_ = false;        // thread only: the full state is being written again
   bool untrusted_ = false;        // thread only: the store's database is damaged in place
@@ -79,9 +82,9 @@ class MetaWriter final : public MetaSink {
   std::map<std::pair<std::string, std::string>, MetaChange> queue_ GUARDED_BY(mu_);
   MetaStatus status_ GUARDED_BY(mu_);
   size_t in_flight_ GUARDED_BY(mu_) = 0;  // changes being written now
-  std::chrono::steady_clock::time_point next_untrusted_log_ GUARDED_BY(mu_);
+  Clock::TimePoint next_untrusted_log_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
-  std::chrono::steady_clock::time_point stop_by_ GUARDED_BY(mu_);
+  Clock::TimePoint stop_by_ GUARDED_BY(mu_);
   std::thread thread_;
 };
 

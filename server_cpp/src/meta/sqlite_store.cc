@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/validate.h"
 #include "env/env.h"
@@ -331,8 +332,7 @@ class SqliteStore final : public MetaStore, private schema::Connection {
     struct stat st;
     if (::stat(path_.c_str(), &st) == 0 && (st.st_dev != dev_ || st.st_ino != ino_)) {
       // Someone else's file: keep it for them, start a fresh one.
-      const std::string aside = path_ + ".replaced-" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                                    std::chrono::system_clock::now().time_since_epoch()).count());
+      const std::string aside = path_ + ".replaced-" + std::to_string(Clock::Real()->UnixNowNs() / 1000000000);
       if (std::rename(path_.c_str(), aside.c_str()) != 0)
         return Status::FromErrno(errno, "rename " + path_ + " to " + aside);
       TCE_LOG(kWarning, "meta") << "moved the replacing file " << path_ << " aside to " << aside;

@@ -4,8 +4,8 @@
 
 namespace tce {
 
-PersistQueue::PersistQueue(std::chrono::milliseconds retry_interval)
-    : retry_interval_(retry_interval) {}
+PersistQueue::PersistQueue(std::chrono::milliseconds retry_interval, Clock* clock)
+    : retry_interval_(retry_interval), clock_(clock) {}
 
 void PersistQueue::Queue(const FileKey& key) {
   MutexLock lock(&mu_);
@@ -16,7 +16,7 @@ void PersistQueue::Queue(const FileKey& key) {
 std::chrono::milliseconds PersistQueue::RetryLater(const FileKey& key) {
   if (retry_interval_.count() <= 0) return std::chrono::milliseconds(0);
   MutexLock lock(&mu_);
-  retry_at_[key] = std::chrono::steady_clock::now() + retry_interval_;
+  retry_at_[key] = clock_->Now() + retry_interval_;
   cv_.SignalAll();  // a worker waits for the attempt
   return retry_interval_;
 }
@@ -35,8 +35,8 @@ bool PersistQueue::Next(Item* out) {
   MutexLock lock(&mu_);
   while (!stopping_) {
     // Due retries join the queue behind what is already there.
-    const auto now = std::chrono::steady_clock::now();
-    auto next_retry = std::chrono::steady_clock::time_point::max();
+    const auto now = clock_->Now();
+    auto next_retry = Clock::TimePoint::max();
     for (auto it = retry_at_.begin(); it != retry_at_.end();) {
       if (it->second > now) {
         next_retry = std::min(next_retry, it->second);
@@ -51,10 +51,10 @@ bool PersistQueue::Next(Item* out) {
       items_.pop_front();
       return true;
     }
-    if (next_retry == std::chrono::steady_clock::time_point::max())
+    if (next_retry == Clock::TimePoint::max())
       cv_.Wait(&mu_);
     else
-      cv_.WaitUntil(&mu_, next_retry);
+      clock_->WaitUntil(&cv_, &mu_, next_retry);
   }
   return false;
 }

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "cache/persist_feed.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 
 namespace tce {
@@ -25,8 +26,9 @@ class PersistQueue : public PersistFeed {
   };
 
   // `retry_interval`: how long after a failure that may clear the file is
-  // tried again (<= 0: never by itself).
-  explicit PersistQueue(std::chrono::milliseconds retry_interval = std::chrono::seconds(30));
+  // tried again (<= 0: never by itself), on `clock`.
+  explicit PersistQueue(std::chrono::milliseconds retry_interval = std::chrono::seconds(30),
+                        Clock* clock = Clock::Real());
 
   void Queue(const FileKey& key) override;
   std::chrono::milliseconds RetryLater(const FileKey& key) override;
@@ -42,10 +44,11 @@ class PersistQueue : public PersistFeed {
 
  private:
   const std::chrono::milliseconds retry_interval_;
+  Clock* const clock_;
   mutable Mutex mu_;
   CondVar cv_;  // an item was queued, a retry scheduled, or stopping
   std::deque<Item> items_ GUARDED_BY(mu_);
-  std::map<FileKey, std::chrono::steady_clock::time_point> retry_at_ GUARDED_BY(mu_);
+  std::map<FileKey, Clock::TimePoint> retry_at_ GUARDED_BY(mu_);
   bool stopping_ GUARDED_BY(mu_) = false;
 };
 

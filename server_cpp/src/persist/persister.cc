@@ -111,7 +111,7 @@ std::string Dirname(const std::string& path) {
 }  // namespace
 
 Persister::Persister(Cache* cache, Env* env, PersistOptions options)
-    : cache_(cache), queue_(options.failed_retry), env_(env), options_(options) {
+    : cache_(cache), queue_(options.failed_retry, options.clock), env_(env), options_(options) {
   cache_->SetPersistFeed(&queue_);
 }
 
@@ -169,9 +169,9 @@ void Persister::Stop() {
 }
 
 bool Persister::SleepUnlessStopping(std::chrono::milliseconds d) {
-  const auto deadline = std::chrono::steady_clock::now() + d;
+  const auto deadline = options_.clock->Now() + d;
   MutexLock l(&stop_mu_);
-  while (!stop_ && stop_cv_.WaitUntil(&stop_mu_, deadline)) {
+  while (!stop_ && options_.clock->WaitUntil(&stop_cv_, &stop_mu_, deadline)) {
   }
   return !stop_;
 }
@@ -190,9 +190,9 @@ void Persister::Loop() {
     if (!cache_->StartPersist(item.key, item.retry, &job)) continue;
     std::vector<Record> records = job.records;
     FileStat written;
-    auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch took(options_.clock);
     Status s = Persist(job, &records, &written);
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs = took.Seconds();
     ::close(job.fd);
     if (s.code() == Status::Code::kAborted) {
       TCE_LOG(kDebug, "persist") << "skipped superseded version of path=" << job.path;

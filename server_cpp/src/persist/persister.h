@@ -38,6 +38,7 @@
 
 #include "cache/cache.h"
 #include "cache/storage_check.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "env/env.h"
@@ -67,6 +68,7 @@ struct PersistOptions {
   // A file whose persistence failed for a reason that may clear (disk full,
   // I/O errors) is tried again after this long while in memory (0: never).
   std::chrono::milliseconds failed_retry{30000};
+  Clock* clock = Clock::Real();  // backoff, retries and timings are measured on it
 };
 
 class Persister {

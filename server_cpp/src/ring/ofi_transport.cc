@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "ring/fabric_info.h"
@@ -195,11 +196,11 @@ class OfiTransport final : public Transport {
         w->transfer = t;
         w->chunk = posted;
         int ret;
-        const auto deadline = std::chrono::steady_clock::now() + timeout_;
+        const auto deadline = clock_->Now() + timeout_;
         while ((ret = static_cast<int>(fi_write(ep_, data + off, n, desc, dest, target.base() + off,
                                                 target.key(), &w->ctx))) == -FI_EAGAIN &&
-               std::chrono::steady_clock::now() < deadline)
-          std::this_thread::sleep_for(std::chrono::microseconds(50));  // queue full: the progress thread drains it
+               clock_->Now() < deadline)
+          clock_->SleepFor(std::chrono::microseconds(50));  // queue full: the progress thread drains it
         l.Lock();
         if (ret != 0) {
           delete w;
@@ -210,8 +211,8 @@ class OfiTransport final : public Transport {
         ++posted;
       }
       if (!t->error.empty()) break;
-      const auto wait_until = std::chrono::steady_clock::now() + timeout_;
-      while (t->error.empty() && !t->done[landed_chunks] && t->cv.WaitUntil(&t->mu, wait_until)) {
+      const auto wait_until = clock_->Now() + timeout_;
+      while (t->error.empty() && !t->done[landed_chunks] && clock_->WaitUntil(&t->cv, &t->mu, wait_until)) {
       }
       if (t->error.empty() && !t->done[landed_chunks]) {
         t->error = "no write completed in " + std::to_string(timeout_.count()) + "ms";
@@ -341,11 +342,12 @@ class OfiTransport final : public Transport {
         if (fi_cq_readerr(cq_, &err, 0) > 0 && err.op_context)
           Complete(err.op_context, fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0));
       } else if (!waitable_ || (n != -FI_EAGAIN && n != -FI_ETIMEDOUT)) {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        clock_->SleepFor(std::chrono::microseconds(20));
       }
     }
   }
 
+  Clock* const clock_ = Clock::Real();  // real time: the fabric's queues drain in it
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;

@@ -159,7 +159,7 @@ Status PeerLink::AcceptHandshake(const std::string& self, const PeerKey& key,
 
 Status PeerLink::Handshake(bool connecting, const std::string& self, const std::string& dialled,
                            const PeerKey& key, std::chrono::milliseconds deadline) {
-  deadline_ = std::chrono::steady_clock::now() + deadline;
+  deadline_ = Clock::Real()->Now() + deadline;  // real time: the socket timeouts follow it
   Status s = HandshakeSteps(connecting, self, dialled, key);
   deadline_ = {};
   SetIoTimeouts(fd_, io_timeout_);  // the handshake shortened them
@@ -376,9 +376,8 @@ Status PeerLink::SendByReading(int fd, uint64_t offset, uint64_t n) {
 Status PeerLink::RecvAll(void* data, size_t n) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
-    if (deadline_ != std::chrono::steady_clock::time_point{}) {  // the handshake: one deadline for all
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline_ - std::chrono::steady_clock::now());
+    if (deadline_ != Clock::TimePoint{}) {  // the handshake: one deadline for all
+      const auto left = Clock::Real()->Left(deadline_);
       if (left.count() <= 0)
         return Status::DeadlineExceeded("peer " + address_ + " was too slow to authenticate");
       SetIoTimeouts(fd_, left);
@@ -387,7 +386,7 @@ Status PeerLink::RecvAll(void* data, size_t n) {
     if (r < 0 && errno == EINTR) continue;
     if (r == 0) return Status::Unavailable("peer " + address_ + " closed the connection");
     if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
-        deadline_ != std::chrono::steady_clock::time_point{})
+        deadline_ != Clock::TimePoint{})
       continue;  // the deadline check above ends it
     if (r < 0) return Status::Unavailable("receive from peer " + address_ + ": " + std::strerror(errno));
     p += r;

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/net.h"
 #include "common/status.h"
 #include "ring/link_breaker.h"
@@ -112,7 +113,7 @@ class PeerLink {
   std::string peer_;
   bool authenticated_ = false;
   // While set (the handshake), every receive ends by this time.
-  std::chrono::steady_clock::time_point deadline_{};
+  Clock::TimePoint deadline_{};
   std::chrono::milliseconds io_timeout_{0};
   std::vector<std::unique_ptr<PeerLink>> lanes_;
 };

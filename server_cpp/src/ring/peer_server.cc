@@ -102,9 +102,9 @@ void PeerServer::AcceptLoop() {
       if (err == EBADF || err == EINVAL || err == ENOTSOCK || err == EOPNOTSUPP || err == EFAULT) return;
       // Out of descriptors or memory (or a transient refusal): wait for
       // connections to end, never spin.
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      const auto deadline = options_.clock->Now() + std::chrono::milliseconds(100);
       MutexLock l(&mu_);
-      while (!stop_.load() && lanes_cv_.WaitUntil(&mu_, deadline)) {
+      while (!stop_.load() && options_.clock->WaitUntil(&lanes_cv_, &mu_, deadline)) {
       }
       continue;
     }
@@ -330,7 +330,7 @@ Status PeerServer::ParkLane(std::unique_ptr<PeerLink>* lane, const v1::PeerLane&
   std::vector<std::unique_ptr<PeerLink>> stale;  // closed outside the lock
   {
     MutexLock l(&mu_);
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = options_.clock->Now();
     for (auto it = parked_.begin(); it != parked_.end();) {  // never claimed: their link died
       if (now - it->second.since <= 2 * options_.io_timeout) {
         ++it;
@@ -356,7 +356,7 @@ Status PeerServer::BindLanes(PeerLink* link, const v1::PeerLanes& req) {
     return Status::InvalidArgument("cannot bind " + std::to_string(req.count()) + " lanes to a link with " +
                                    std::to_string(link->lanes()));
   const size_t want = static_cast<size_t>(req.count() - 1);
-  const auto deadline = std::chrono::steady_clock::now() + options_.io_timeout;
+  const auto deadline = options_.clock->Now() + options_.io_timeout;
   MutexLock l(&mu_);
   auto arrived = [&]() REQUIRES(mu_) {
     auto it = parked_.find(req.key());
@@ -364,7 +364,7 @@ Status PeerServer::BindLanes(PeerLink* link, const v1::PeerLanes& req) {
   };
   bool all = arrived();
   while (!stop_ && !all) {
-    const bool woken = lanes_cv_.WaitUntil(&mu_, deadline);
+    const bool woken = options_.clock->WaitUntil(&lanes_cv_, &mu_, deadline);
     all = arrived();
     if (!woken) break;
   }

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "common/clock.h"
 #include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "ring/backup_store.h"
@@ -50,6 +51,7 @@ struct PeerServerOptions {
   int max_handshakes_per_source = 8;    // of those, from one remote address
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds io_timeout{30000};
+  Clock* clock = Clock::Real();  // what the waits for lanes and descriptors are measured on
 };
 
 class PeerServer {
@@ -113,7 +115,7 @@ class PeerServer {
   std::map<uint64_t, std::thread> workers_ GUARDED_BY(mu_);
   std::vector<uint64_t> finished_ GUARDED_BY(mu_);  // workers to join
   struct Parked {
-    std::chrono::steady_clock::time_point since;
+    Clock::TimePoint since;
     std::map<int, std::unique_ptr<PeerLink>> lanes;  // by index
   };
   std::map<std::string, Parked> parked_ GUARDED_BY(mu_);  // lanes by key

@@ -14,10 +14,8 @@ namespace {
 constexpr size_t kMaxHolders = 4096;
 }  // namespace
 
-std::chrono::milliseconds RangeReader::ConnectTimeout(std::chrono::steady_clock::time_point deadline) const {
-  if (deadline == std::chrono::steady_clock::time_point::max()) return options_.io_timeout;
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  return std::max(std::chrono::milliseconds(1), std::min(left, options_.io_timeout));
+std::chrono::milliseconds RangeReader::ConnectTimeout(Clock::TimePoint deadline) const {
+  return std::max(std::chrono::milliseconds(1), std::min(options_.clock->Left(deadline), options_.io_timeout));
 }
 
 RangeReader::RangeReader(Cache* cache, RangeReaderOptions options)
@@ -61,7 +59,7 @@ Status RangeReader::ReadInto(const std::string& job, const std::string& path, ui
   if (wait.admit && !(s = wait.admit()).ok()) return s;
   size_t asked = 0;
   for (const std::string& peer : peers) {
-    if (asked > 0 && std::chrono::steady_clock::now() >= wait.deadline)
+    if (asked > 0 && options_.clock->Now() >= wait.deadline)
       return Status::DeadlineExceeded("the call's deadline passed after asking " + std::to_string(asked) +
                                       " of " + std::to_string(peers.size()) + " ring members for " + path +
                                       " (last: " + last.message() + ")");
@@ -131,7 +129,7 @@ Status RangeReader::ReadHeld(const std::string& job, const std::string& path, ui
 
 Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
                              uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to,
-                             std::chrono::steady_clock::time_point deadline) {
+                             Clock::TimePoint deadline) {
   v1::PeerRequest req;
   v1::PeerReadRange* r = req.mutable_read_range();
   r->set_job(job);

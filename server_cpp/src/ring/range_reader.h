@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "ring/backup_store.h"
 #include "ring/peer_link.h"
@@ -37,6 +38,7 @@ struct RangeReaderOptions {
   std::chrono::milliseconds io_timeout{30000};
   BackupStore* held = nullptr;  // the copies this server keeps (optional)
   LinkBreaker* breaker = nullptr;  // ends the peer waits when the server stops (optional)
+  Clock* clock = Clock::Real();     // what deadlines are measured on
 };
 
 // How one read may wait on the ring's peers: the caller's limits.
@@ -46,7 +48,7 @@ struct PeerWait {
   std::function<Status()> admit;
   // No peer is asked after this, and a new link must be up by then (each
   // send and receive on a link is bounded by io_timeout besides).
-  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  Clock::TimePoint deadline = Clock::TimePoint::max();
 };
 
 struct RangeRead {
@@ -89,9 +91,9 @@ class RangeReader {
   // One PeerReadRange to `peer`, its reply checked.
   Status ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
                   uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to,
-                  std::chrono::steady_clock::time_point deadline) EXCLUDES(mu_);
+                  Clock::TimePoint deadline) EXCLUDES(mu_);
   // The handshake's bound: io_timeout, or less to end by `deadline`.
-  std::chrono::milliseconds ConnectTimeout(std::chrono::steady_clock::time_point deadline) const;
+  std::chrono::milliseconds ConnectTimeout(Clock::TimePoint deadline) const;
   std::unique_ptr<PeerLink> TakeLink(const std::string& peer) EXCLUDES(mu_);
   void ReturnLink(const std::string& peer, std::unique_ptr<PeerLink> link) EXCLUDES(mu_);
 

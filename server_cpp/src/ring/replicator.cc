@@ -51,9 +51,9 @@ void Replicator::Stop() {
 }
 
 bool Replicator::SleepUnlessStopping(std::chrono::milliseconds d) {
-  const auto deadline = std::chrono::steady_clock::now() + d;
+  const auto deadline = options_.clock->Now() + d;
   MutexLock l(&mu_);
-  while (!stop_ && cv_.WaitUntil(&mu_, deadline)) {
+  while (!stop_ && options_.clock->WaitUntil(&cv_, &mu_, deadline)) {
   }
   return !stop_;
 }
@@ -68,12 +68,12 @@ void Replicator::Loop() {
     if (const FileKey* key = std::get_if<FileKey>(&next)) {
       BackupJob job;
       if (!cache_->StartBackup(*key, &job)) continue;
-      auto t0 = std::chrono::steady_clock::now();
+      const Stopwatch took(options_.clock);
       s = Backup(job, &links);
       if (job.fd >= 0) ::close(job.fd);
       cache_->FinishBackup(job, s);  // a failure is queued again
       if (s.ok()) {
-        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double secs = took.Seconds();
         if (options_.metrics) options_.metrics->Succeeded(job.size, secs);
         TCE_LOG(kInfo, "ring") << "backed up job=" << job.job << " path=" << job.path << " to "
                                << job.peer << " size=" << job.size << " MBps="

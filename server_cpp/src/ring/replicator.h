@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "common/clock.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "ring/backup_queue.h"
@@ -44,6 +45,7 @@ struct ReplicatorOptions {
   BackupStore* held = nullptr;
   // Ends every wait on a peer when the server stops (optional).
   LinkBreaker* breaker = nullptr;
+  Clock* clock = Clock::Real();  // what backoff and timings are measured on
 };
 
 class Replicator {

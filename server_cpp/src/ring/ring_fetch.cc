@@ -7,13 +7,13 @@ namespace {
 constexpr size_t kMaxRemembered = 4096;
 }  // namespace
 
-RingFetch::RingFetch(Cache* cache, Fetch fetch, std::chrono::milliseconds miss_ttl)
-    : cache_(cache), fetch_(std::move(fetch)), miss_ttl_(miss_ttl) {}
+RingFetch::RingFetch(Cache* cache, Fetch fetch, std::chrono::milliseconds miss_ttl, Clock* clock)
+    : cache_(cache), fetch_(std::move(fetch)), miss_ttl_(miss_ttl), clock_(clock) {}
 
 Status RingFetch::Lookup(const std::string& session, const std::string& job,
                          const std::string& path, bool lease, FileInfo* out, uint64_t* lease_id,
                          std::vector<uint64_t>* unmap_buffer_ids,
-                         std::chrono::steady_clock::time_point call_deadline, bool ask_ring,
+                         Clock::TimePoint call_deadline, bool ask_ring,
                          const std::function<Status()>& admit) {
   Status s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
   if (s.code() != Status::Code::kNotFound || !lease) return s;
@@ -50,7 +50,7 @@ bool RingFetch::RecentlyMissed(const std::string& job, const std::string& path) 
   MutexLock l(&mu_);
   auto it = misses_.find({job, path});
   if (it == misses_.end()) return false;
-  if (std::chrono::steady_clock::now() - it->second < miss_ttl_) return true;
+  if (clock_->Now() - it->second < miss_ttl_) return true;
   misses_.erase(it);
   return false;
 }
@@ -59,7 +59,7 @@ void RingFetch::NoteMiss(const std::string& job, const std::string& path) {
   ++remote_misses_;
   MutexLock l(&mu_);
   if (misses_.size() >= kMaxRemembered) misses_.clear();  // bounded; forgetting only costs a fetch
-  misses_[{job, path}] = std::chrono::steady_clock::now();
+  misses_[{job, path}] = clock_->Now();
 }
 
 }  // namespace tce

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cache/cache.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
 
@@ -31,7 +32,7 @@ class RingFetch {
   using Fetch = std::function<Status(const std::string& job, const std::string& path)>;
 
   RingFetch(Cache* cache, Fetch fetch,
-            std::chrono::milliseconds miss_ttl = std::chrono::seconds(5));
+            std::chrono::milliseconds miss_ttl = std::chrono::seconds(5), Clock* clock = Clock::Real());
 
   // Cache::Lookup; on a miss while the job's files are being restored from
   // the ring, waits for the restore (Cache::WaitForRestore: bounded, and
@@ -47,8 +48,7 @@ class RingFetch {
   Status Lookup(const std::string& session, const std::string& job, const std::string& path,
                 bool lease, FileInfo* out, uint64_t* lease_id,
                 std::vector<uint64_t>* unmap_buffer_ids,
-                std::chrono::steady_clock::time_point call_deadline =
-                    std::chrono::steady_clock::time_point::max(),
+                Clock::TimePoint call_deadline = Clock::TimePoint::max(),
                 bool ask_ring = true, const std::function<Status()>& admit = nullptr);
 
   uint64_t remote_reads() const { return remote_reads_.load(); }    // files the ring gave
@@ -61,10 +61,11 @@ class RingFetch {
   Cache* const cache_;
   const Fetch fetch_;
   const std::chrono::milliseconds miss_ttl_;
+  Clock* const clock_;
   std::atomic<uint64_t> remote_reads_{0};
   std::atomic<uint64_t> remote_misses_{0};
   Mutex mu_;
-  std::map<std::pair<std::string, std::string>, std::chrono::steady_clock::time_point> misses_ GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, Clock::TimePoint> misses_ GUARDED_BY(mu_);
 };
 
 }  // namespace tce

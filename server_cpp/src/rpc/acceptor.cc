@@ -40,15 +40,15 @@ Status ListenUnix(const std::string& path, int type, gid_t gid, int* out) {
   return Status::OK();
 }
 
-Acceptor::Acceptor(const char* component)
-    : component_(component), reserve_fd_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+Acceptor::Acceptor(const char* component, Clock* clock)
+    : component_(component), clock_(clock), reserve_fd_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
 
 Acceptor::~Acceptor() {
   if (reserve_fd_ >= 0) close(reserve_fd_);
 }
 
 bool Acceptor::Accepting(int* wait_ms) const {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = clock_->Now();
   if (now >= paused_until_) return true;
   *wait_ms = static_cast<int>(
       std::chrono::duration_cast<std::chrono::milliseconds>(paused_until_ - now).count() + 1);
@@ -82,7 +82,7 @@ void Acceptor::Shed(int listen_fd, int err) {
   }
   backoff_ = std::min<std::chrono::milliseconds>(
       std::chrono::seconds(1), std::max<std::chrono::milliseconds>(backoff_ * 2, std::chrono::milliseconds(10)));
-  paused_until_ = std::chrono::steady_clock::now() + backoff_;
+  paused_until_ = clock_->Now() + backoff_;
   uint64_t dropped = 0;
   if (log_.Allow(&dropped))
     TCE_LOG(kWarning, component_) << "accept: " << std::strerror(err)

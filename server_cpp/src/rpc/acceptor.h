@@ -12,6 +12,7 @@
 #include <chrono>
 #include <string>
 
+#include "common/clock.h"
 #include "common/log_limiter.h"
 #include "common/status.h"
 
@@ -24,7 +25,8 @@ Status ListenUnix(const std::string& path, int type, gid_t gid, int* out);
 
 class Acceptor {
  public:
-  explicit Acceptor(const char* component);
+  // Pauses are measured on `clock`.
+  explicit Acceptor(const char* component, Clock* clock = Clock::Real());
   ~Acceptor();
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
@@ -39,10 +41,11 @@ class Acceptor {
   void Shed(int listen_fd, int err);
 
   const char* const component_;
+  Clock* const clock_;
   int reserve_fd_ = -1;  // /dev/null, given up to accept-and-close when out of fds
-  std::chrono::steady_clock::time_point paused_until_{};
+  Clock::TimePoint paused_until_{};
   std::chrono::milliseconds backoff_{0};
-  LogLimiter log_{1, std::chrono::seconds(10)};
+  LogLimiter log_{1, std::chrono::seconds(10), clock_};
 };
 
 }  // namespace tce

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "cache/cache.h"
+#include "common/clock.h"
 #include "common/log_limiter.h"
 #include "rpc/acceptor.h"
 #include "rpc/range_buffers.h"
@@ -37,6 +38,7 @@ struct FdServerOptions {
   size_t max_sessions_per_uid = 256;
   std::chrono::milliseconds idle_timeout{0};  // 0: sessions never time out
   gid_t socket_gid = static_cast<gid_t>(-1);  // -1: the server's own group
+  Clock* clock = Clock::Real();  // idle times and accept pauses are measured on it
 };
 
 class FdServer {
@@ -76,8 +78,8 @@ class FdServer {
   // Loop thread only:
   std::map<int, Conn> sessions_;  // by connection fd
   UidCounts per_uid_;             // sessions_ by uid
-  Acceptor acceptor_{"fdsock"};
-  std::chrono::steady_clock::time_point next_idle_check_{};
+  Acceptor acceptor_{"fdsock", opt_.clock};
+  Clock::TimePoint next_idle_check_{};
   LogLimiter refused_log_{5, std::chrono::seconds(10)};
 };
 

@@ -1,5 +1,7 @@
 #include "rpc/health_service.h"
 
+#include "common/clock.h"
+
 namespace tce {
 
 using grpc::health::v1::HealthCheckRequest;
@@ -22,13 +24,14 @@ bool HealthStates::Get(const std::string& service, bool* serving) const {
 }
 
 int HealthStates::WaitChange(const std::string& service, int seen, std::chrono::milliseconds until) {
-  const auto deadline = std::chrono::steady_clock::now() + until;
+  Clock* const clock = Clock::Real();  // the watch stream's real pacing
+  const auto deadline = clock->Now() + until;
   MutexLock l(&mu_);
   auto now = [&]() REQUIRES(mu_) {
     auto it = serving_.find(service);
     return it == serving_.end() ? -1 : static_cast<int>(it->second);
   };
-  while (!shutdown_ && now() == seen && cv_.WaitUntil(&mu_, deadline)) {
+  while (!shutdown_ && now() == seen && clock->WaitUntil(&cv_, &mu_, deadline)) {
   }
   return now();
 }

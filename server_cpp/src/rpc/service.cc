@@ -13,13 +13,11 @@ namespace {
 // When a call that may wait must answer: half a second before the client's
 // deadline (so the client reads the server's reason, not its own timeout);
 // none when the client set none.
-std::chrono::steady_clock::time_point AnswerBy(const grpc::ServerContext* ctx) {
+Clock::TimePoint AnswerBy(const grpc::ServerContext* ctx, Clock* clock) {
   const auto deadline = ctx->deadline();
-  if (deadline == std::chrono::system_clock::time_point::max())
-    return std::chrono::steady_clock::time_point::max();
-  const auto left = deadline - std::chrono::system_clock::now() - std::chrono::milliseconds(500);
-  return std::chrono::steady_clock::now() +
-         std::chrono::duration_cast<std::chrono::steady_clock::duration>(left);
+  if (deadline == Clock::WallTime::max()) return Clock::TimePoint::max();
+  const auto left = deadline - clock->WallNow() - std::chrono::milliseconds(500);
+  return clock->Now() + std::chrono::duration_cast<Clock::Duration>(left);
 }
 
 }  // namespace
@@ -49,10 +47,11 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
 void ToProto(const TagInfo& t, v1::TagInfo* out) { TagToProto(t, out); }
 
 CacheService::CacheService(Cache* cache, std::string socket_path, MetaWriter* meta,
-                           std::string metadata_url, BackupStore* backups, std::string peer_endpoint)
+                           std::string metadata_url, BackupStore* backups, std::string peer_endpoint,
+                           Clock* clock)
     : cache_(cache), socket_path_(std::move(socket_path)), meta_(meta),
       metadata_url_(std::move(metadata_url)), backups_(backups),
-      peer_endpoint_(std::move(peer_endpoint)), started_(std::chrono::steady_clock::now()) {}
+      peer_endpoint_(std::move(peer_endpoint)), clock_(clock), started_(clock->Now()) {}
 
 grpc::Status CacheService::Allocate(grpc::ServerContext*, const v1::AllocateRequest* req,
                                     v1::AllocateResponse* resp) {
@@ -103,7 +102,7 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
   CallLimiter::Slot slot;  // held while the lookup waits on the ring
   tce::Status s =
       ring_fetch_ ? ring_fetch_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
-                                        &lease, &unmap, AnswerBy(ctx), !req->local_only(),
+                                        &lease, &unmap, AnswerBy(ctx, clock_), !req->local_only(),
                                         [&] { return AdmitPeerCall(req->session(), &slot); })
                   : cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                    &lease, &unmap);
@@ -128,7 +127,7 @@ grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRan
   CallLimiter::Slot slot;  // held while peers are asked
   PeerWait wait;
   wait.admit = [&] { return AdmitPeerCall(req->session(), &slot); };
-  wait.deadline = AnswerBy(ctx);
+  wait.deadline = AnswerBy(ctx, clock_);
   if (s.ok()) s = ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into, wait);
   if (!s.ok()) return ToGrpc(s);
   *resp->mutable_data() = std::move(r.data);
@@ -163,7 +162,7 @@ grpc::Status CacheService::List(grpc::ServerContext* ctx, const v1::ListRequest*
     tce::Status s = cache_->CheckCaller(req->session(), &admin);
     CallLimiter::Slot slot;  // held while it waits for the ring
     if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
-    if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx));
+    if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx, clock_));
     if (!s.ok()) return ToGrpc(s);
   }
   std::vector<FileInfo> files;
@@ -190,8 +189,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   CacheStats s = cache_->Stats();
   resp->set_version(TCE_VERSION);
   resp->set_pid(getpid());
-  resp->set_uptime_s(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+  resp->set_uptime_s(std::chrono::duration<double>(clock_->Now() - started_).count());
   resp->set_budget_bytes(s.budget);
   resp->set_used_bytes(s.used);
   resp->set_cached_bytes(s.cached);
@@ -298,7 +296,7 @@ grpc::Status CacheService::ListTags(grpc::ServerContext* ctx, const v1::ListTags
     tce::Status s = cache_->CheckCaller(req->session(), &admin);
     CallLimiter::Slot slot;  // held while it waits for the ring
     if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
-    if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx));
+    if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx, clock_));
     if (!s.ok()) return ToGrpc(s);
   }
   std::vector<TagInfo> tags;

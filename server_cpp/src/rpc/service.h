@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "cache/cache.h"
+#include "common/clock.h"
 #include "common/call_limiter.h"
 #include "meta/meta_writer.h"
 #include "rpc/range_buffers.h"
@@ -36,9 +37,10 @@ class CacheService final : public v1::Cache::Service {
  public:
 
   // `meta` (may be null): the metadata writer whose health Status reports.
+  // `clock`: what the calls' deadlines and the uptime are measured on.
   CacheService(Cache* cache, std::string socket_path, MetaWriter* meta = nullptr,
                std::string metadata_url = "", BackupStore* backups = nullptr,
-               std::string peer_endpoint = "");
+               std::string peer_endpoint = "", Clock* clock = Clock::Real());
 
   grpc::Status Allocate(grpc::ServerContext*, const v1::AllocateRequest*, v1::AllocateResponse*) override;
   grpc::Status Commit(grpc::ServerContext*, const v1::CommitRequest*, v1::CommitResponse*) override;
@@ -101,7 +103,8 @@ class CacheService final : public v1::Cache::Service {
   size_t max_waits_ = 256;
   std::unique_ptr<CallLimiter> peer_calls_;  // none: every such call runs
   std::atomic<size_t> waits_{0};  // Wait calls running now
-  const std::chrono::steady_clock::time_point started_;
+  Clock* const clock_;
+  const Clock::TimePoint started_;
 };
 
 // Protobuf <-> internal conversions (exposed for tests).
