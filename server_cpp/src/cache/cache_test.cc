@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/manual_clock.h"
+
 namespace tce {
 namespace {
 
@@ -15,7 +17,10 @@ constexpr uint64_t kMiB = 1 << 20;
 
 class CacheTest : public ::testing::Test {
  protected:
-  explicit CacheTest(uint64_t budget = 64 * kMiB) : cache_(budget) {}
+  // With `manual_clock`, the cache's time is clock_'s (moved by the test).
+  explicit CacheTest(uint64_t budget = 64 * kMiB, bool manual_clock = false)
+      : cache_(budget, {}, Env::Default(), std::chrono::seconds(30), 0,
+               manual_clock ? static_cast<Clock*>(&clock_) : Clock::Real()) {}
 
   AllocateResult Alloc(const std::string& session, const std::string& path, uint64_t size,
                        Status* status = nullptr) {
@@ -48,6 +53,7 @@ class CacheTest : public ::testing::Test {
     Commit(session, a.allocation_id);
   }
 
+  ManualClock clock_;  // before cache_, which may use it
   Cache cache_;
 };
 
@@ -398,6 +404,7 @@ namespace {
 // Two users and root on one server: what each may do with the others' jobs.
 class CacheAccessTest : public CacheTest {
  protected:
+  CacheAccessTest() : CacheTest(64 * kMiB, true) {}
   const std::string alice_ = cache_.OpenSession(1001, 11), bob_ = cache_.OpenSession(1002, 12),
                     root_ = cache_.OpenSession(0, 13);
 };
@@ -518,13 +525,16 @@ TEST_F(CacheAccessTest, IdleMeansNoRequestNoLeaseAndNoPendingAllocation) {
   ASSERT_TRUE(cache_.Lookup(alice_, "job", "/c/a.pt", true, &f, &lease, &unmap).ok());
   AllocateResult pending;
   ASSERT_TRUE(cache_.Allocate({bob_, "bobs", "t", "/c/b.pt", 0, 100}, &pending).ok());
-  usleep(20000);
+  clock_.Advance(std::chrono::milliseconds(9));
+  EXPECT_TRUE(cache_.IdleSessions(std::chrono::milliseconds(10)).empty());  // used 9 ms ago
+  clock_.Advance(std::chrono::milliseconds(1));
   std::vector<std::string> idle = cache_.IdleSessions(std::chrono::milliseconds(10));
   EXPECT_EQ(idle, std::vector<std::string>{root_});  // alice leases, bob writes
   EXPECT_TRUE(cache_.IdleSessions(std::chrono::seconds(60)).empty());
   ASSERT_TRUE(cache_.Release(alice_, {lease}, {}).ok());
   ASSERT_TRUE(cache_.Abort(bob_, pending.allocation_id).ok());
-  usleep(20000);
+  EXPECT_EQ(cache_.IdleSessions(std::chrono::milliseconds(10)), std::vector<std::string>{root_});  // just used
+  clock_.Advance(std::chrono::milliseconds(10));
   EXPECT_EQ(cache_.IdleSessions(std::chrono::milliseconds(10)).size(), 3u);
 }
 

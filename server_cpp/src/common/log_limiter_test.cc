@@ -1,22 +1,26 @@
 #include "common/log_limiter.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
+
+#include "common/manual_clock.h"
 
 namespace tce {
 namespace {
 
 TEST(LogLimiter, LetsABurstThroughThenCountsWhatItDrops) {
-  LogLimiter limiter(3, std::chrono::milliseconds(50));
+  ManualClock clock;
+  LogLimiter limiter(3, std::chrono::milliseconds(50), &clock);
   uint64_t dropped = 99;
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(limiter.Allow(&dropped));
     EXPECT_EQ(dropped, 0u);
   }
   for (int i = 0; i < 1000; ++i) EXPECT_FALSE(limiter.Allow(&dropped));
-  usleep(60000);  // a new window
+  clock.Advance(std::chrono::milliseconds(49));
+  EXPECT_FALSE(limiter.Allow(&dropped));  // the same window
+  clock.Advance(std::chrono::milliseconds(1));  // a new window
   ASSERT_TRUE(limiter.Allow(&dropped));
-  EXPECT_EQ(dropped, 1000u);
+  EXPECT_EQ(dropped, 1001u);
   ASSERT_TRUE(limiter.Allow(&dropped));
   EXPECT_EQ(dropped, 0u);  // reported once
 }

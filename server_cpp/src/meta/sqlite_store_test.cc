@@ -8,6 +8,7 @@
 #include <iterator>
 #include <thread>
 
+#include "common/manual_clock.h"
 #include "common/testing.h"
 #include "meta/meta_store.h"
 #include "meta/meta_writer.h"
@@ -148,10 +149,14 @@ TEST(MetaWriter, HeartbeatsWhileIdle) {
   auto counted = std::make_unique<FlakyStore>(std::move(real));
   FlakyStore* store = counted.get();
   {
-    MetaWriter writer(std::move(counted), "/run/tce/tce.sock", 4321, 50ms);
+    ManualClock clock;
+    MetaWriter writer(std::move(counted), "/run/tce/tce.sock", 4321, 50ms, 30s, 1s, &clock);
     writer.Start();
-    std::this_thread::sleep_for(600ms);
-    EXPECT_GE(store->beats.load(), 4);  // it beats while nothing else happens
+    ASSERT_TRUE(Eventually([&] { return store->beats.load() == 1; }));  // at once
+    for (int beat = 2; beat <= 4; ++beat) {  // then one per interval, while nothing else happens
+      clock.Advance(50ms);
+      ASSERT_TRUE(Eventually([&] { return store->beats.load() == beat; }));
+    }
     writer.Stop();
   }
   EXPECT_EQ(Count(db, "SELECT pid FROM servers WHERE endpoint = '/run/tce/tce.sock'"), 4321);

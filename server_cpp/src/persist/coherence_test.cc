@@ -64,8 +64,7 @@ TEST_F(CoherenceTest, ADirectoryRemovedBeforePersistenceIsNotRecreated) {
   EXPECT_FALSE(fs::exists(root_ + "/step1"));
   EXPECT_EQ(cache_->Stats().discarded_files, 1u);
   EXPECT_EQ(Load(path).code(), Status::Code::kNotFound);  // loads read storage (nothing there)
-  std::this_thread::sleep_for(100ms);  // no retry brings it back
-  EXPECT_FALSE(fs::exists(root_ + "/step1"));
+  EXPECT_FALSE(fs::exists(root_ + "/step1"));  // and with its memory gone, nothing ever writes it
 }
 
 TEST_F(CoherenceTest, ARenamedDirectoryLeavesNothingAtEitherName) {
@@ -229,6 +228,11 @@ TEST_F(CoherenceTest, AnOlderVersionPersistedDuringASaveDoesNotDiscardIt) {
 // allocation, never committed, holds a file's write open at its first chunk.
 class HeldCoherenceTest : public CoherenceTest {
  protected:
+  // The yield never times out (clock_ is never advanced): the write stays
+  // held until Release.
+  HeldCoherenceTest() { manual_clock_ = true; }
+  // A worker has the file's directory open and yields to the held save.
+  void AwaitYield() { ASSERT_TRUE(Eventually([&] { return clock_.waits() > 0; })); }
   void Hold() {
     ASSERT_TRUE(cache_->Allocate({session_, "job", "t", root_ + "/held.pt", 0, FakeZip::kSize}, &hold_).ok());
   }
@@ -241,7 +245,7 @@ TEST_F(HeldCoherenceTest, ADirectoryRemovedWhileItsFileIsWrittenGetsNothing) {
   Hold();
   const std::string path = root_ + "/step1/x.pt";
   Save(path, 'a');
-  std::this_thread::sleep_for(100ms);  // the worker has the directory open
+  AwaitYield();
   fs::remove_all(root_ + "/step1");
   Release();
   std::vector<FileInfo> out;
@@ -255,7 +259,7 @@ TEST_F(HeldCoherenceTest, ADirectoryMovedWhileItsFileIsWrittenGetsNothing) {
   Hold();
   const std::string path = root_ + "/step1/x.pt";
   Save(path, 'a');
-  std::this_thread::sleep_for(100ms);
+  AwaitYield();
   fs::rename(root_ + "/step1", root_ + "/moved");
   Release();
   std::vector<FileInfo> out;

@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
+
+#include "common/manual_clock.h"
+#include "common/testing.h"
 
 namespace tce {
 namespace {
@@ -24,30 +28,40 @@ TEST(PersistQueue, HandsOutFilesInCommitOrder) {
 }
 
 TEST(PersistQueue, ARetryComesDueBehindWhatWasQueued) {
-  PersistQueue q(30ms);
-  const auto t0 = std::chrono::steady_clock::now();  // before the retry's due time is set
+  ManualClock clock;
+  PersistQueue q(30ms, &clock);
   EXPECT_EQ(q.RetryLater({"j", "/failed"}), 30ms);
   q.Queue({"j", "/new"});
   PersistQueue::Item item;
   ASSERT_TRUE(q.Next(&item));
   EXPECT_EQ(item.key.second, "/new");
-  ASSERT_TRUE(q.Next(&item));  // blocks until the retry is due
+  std::atomic<bool> got{false};
+  std::thread worker([&] {
+    ASSERT_TRUE(q.Next(&item));  // blocks until the retry is due
+    got = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return clock.waits() >= 1; }));
+  clock.Advance(29ms);
+  const uint64_t looked = clock.waits();
+  ASSERT_TRUE(Eventually([&] { return clock.waits() > looked + 1; }));  // it looked again, after the advance
+  EXPECT_FALSE(got);  // not due yet
+  clock.Advance(1ms);
+  worker.join();
   EXPECT_EQ(item.key.second, "/failed");
   EXPECT_TRUE(item.retry);
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, 30ms);
 }
 
 TEST(PersistQueue, ACancelledRetryNeverComes) {
-  PersistQueue q(10ms);
+  ManualClock clock;
+  PersistQueue q(10ms, &clock);
   q.RetryLater({"j", "/x"});
   q.CancelRetry({"j", "/x"});
-  std::thread stopper([&] {
-    std::this_thread::sleep_for(100ms);
-    q.Stop();
-  });
+  clock.Advance(1h);
+  q.Queue({"j", "/other"});
   PersistQueue::Item item;
-  EXPECT_FALSE(q.Next(&item));  // nothing came before Stop
-  stopper.join();
+  ASSERT_TRUE(q.Next(&item));  // a due retry would have joined the queue now
+  EXPECT_EQ(item.key.second, "/other");
+  EXPECT_EQ(q.Queued(), 0u);
 }
 
 TEST(PersistQueue, NoRetriesWithoutAnInterval) {

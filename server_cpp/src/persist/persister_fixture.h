@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cache/cache.h"
+#include "common/manual_clock.h"
 #include "common/testing.h"
 #include "env/fault_env.h"
 #include "persist/persister.h"
@@ -52,10 +53,14 @@ class PersisterTest : public ::testing::Test {
   }
   // `run` false: the persister starts only when the test calls persister_->Start().
   // `failed_retry`: PersistOptions::failed_retry.
+  // With manual_clock_ set first, the cache and the persister run on clock_
+  // (moved by the test; a timed wait on it never ends by itself).
   void Start(int retries = 3, bool direct_io = true, bool run = true,
              std::chrono::milliseconds failed_retry = std::chrono::seconds(30)) {
-    cache_.reset(new Cache(64 << 20, {root_}, &env_));
+    Clock* clock = manual_clock_ ? static_cast<Clock*>(&clock_) : Clock::Real();
+    cache_.reset(new Cache(64 << 20, {root_}, &env_, std::chrono::seconds(30), 0, clock));
     PersistOptions o;
+    o.clock = clock;
     o.threads = 2;
     o.retries = retries;
     o.backoff = 5ms;
@@ -121,6 +126,8 @@ class PersisterTest : public ::testing::Test {
   }
 
   std::string root_;
+  bool manual_clock_ = false;
+  ManualClock clock_;
   FaultInjectionEnv env_{Env::Default()};
   std::unique_ptr<Cache> cache_;
   std::unique_ptr<Persister> persister_;

@@ -5,6 +5,8 @@
 
 #include <thread>
 
+#include "common/manual_clock.h"
+
 namespace tce {
 namespace {
 
@@ -29,15 +31,17 @@ class RingFetchTest : public ::testing::Test {
 };
 
 TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
+  ManualClock clock;
   RingFetch r(&cache_, [&](const std::string&, const std::string&) {
     ++fetches_;
     return Status::NotFound("no peer holds it");
-  }, 50ms);
+  }, 50ms, &clock);
   EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);
+  clock.Advance(49ms);
   EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);
   EXPECT_EQ(fetches_, 1);  // the second load went to storage without asking
   EXPECT_EQ(r.remote_misses(), 1u);
-  std::this_thread::sleep_for(60ms);
+  clock.Advance(1ms);
   EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);
   EXPECT_EQ(fetches_, 2);
   EXPECT_EQ(r.remote_reads(), 0u);
