@@ -187,7 +187,7 @@ TEST_F(EvictionTest, UnpersistedFilesAreNeverEvicted) {
   auto t0 = std::chrono::steady_clock::now();
   Status s = TryAllocate(root_ + "/u3.pt");
   EXPECT_EQ(s.code(), Status::Code::kResourceExhausted) << s.ToString();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);  // it did not wait out full_timeout
   for (const FileInfo& f : cache_->List("job", "")) EXPECT_EQ(f.state, FileState::kFailed);
 }
 

@@ -169,7 +169,7 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     o.streams = GetParam() == "tcp4" ? 4 : 1;
     o.ofi_provider = "tcp";
     o.source_host = "127.0.0.1";
-    o.io_timeout = 5000ms;
+    o.io_timeout = 120s;  // far beyond any test: a wait that times out is a failure
     Status st = NewTransport(o, &sender_);
     ASSERT_TRUE(st.ok()) << st.ToString();
     ASSERT_TRUE((st = NewTransport(o, &receiver_)).ok()) << st.ToString();
@@ -277,7 +277,7 @@ TEST_P(TransportTest, ALinkThatBreaksMidTransferFailsBothSidesPromptly) {
   close(fd);
   EXPECT_FALSE(ss.ok());
   EXPECT_EQ(rs.code(), Status::Code::kUnavailable) << rs.ToString();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s);  // not the 5 s I/O timeout
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);  // the break was seen, not the I/O timeout
 }
 
 // ofi where this build has libfabric (transport_factory_test.cc checks what
