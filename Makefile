@@ -15,6 +15,7 @@ STAMPS      := build/.stamps
 # libfuse2 for the tests' failing filesystem (fusepy drives it); clang for
 # the thread-safety check;
 # podman/runc/debootstrap to build and smoke-test the image offline, and
+# stress-ng to load the machine for `make test-stress`;
 # kubectl (Debian's kubernetes-client, unless a kubectl is installed already)
 # to render the kustomize manifests; prometheus for promtool, which checks
 # and unit-tests the alert rules (where systemd runs, the package also starts
@@ -22,9 +23,9 @@ STAMPS      := build/.stamps
 APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
 	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev libfuse2 clang \
-	podman runc catatonit debootstrap iptables prometheus openssl
+	podman runc catatonit debootstrap iptables prometheus openssl stress-ng
 
-.PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py demo bench gpu-check image clean
+.PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py test-stress demo bench gpu-check image clean
 
 setup: $(STAMPS)/apt $(STAMPS)/python build
 
@@ -94,6 +95,15 @@ test-py: build
 	$(PYTHON) -m pytest -q
 
 test: test-cpp test-thread-safety test-sanitize test-py
+
+# The gtests 20 times over and the Python suite 5 times, each beside
+# stress-ng loading every core (tests/stress.sh): what `make test` would
+# never show of a test that leans on timing. Not part of `make test`.
+STRESS_GTEST_REPEAT ?= 20
+STRESS_PY_RUNS ?= 5
+test-stress: build
+	BUILD_DIR=$(BUILD_DIR) PYTHON=$(PYTHON) STRESS_GTEST_REPEAT=$(STRESS_GTEST_REPEAT) \
+	  STRESS_PY_RUNS=$(STRESS_PY_RUNS) tests/stress.sh
 
 demo: setup
 	$(PYTHON) -m tce.cli demo
