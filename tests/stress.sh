@@ -18,13 +18,15 @@ trap 'kill "$load" 2>/dev/null; wait "$load" 2>/dev/null' EXIT
 
 summary=()
 failed=0
-start=$SECONDS
-if "$build/server_cpp/tce_server_tests" --gtest_repeat="$repeat" --gtest_brief=1; then
-  summary+=("gtests x$repeat: passed ($((SECONDS - start)) s)")
-else
-  summary+=("gtests x$repeat: FAILED ($((SECONDS - start)) s)")
-  failed=1
-fi
+for gtests in tce_server_tests tce_transport_factory_nofabric_tests; do
+  start=$SECONDS
+  if "$build/server_cpp/$gtests" --gtest_repeat="$repeat" --gtest_brief=1; then
+    summary+=("$gtests x$repeat: passed ($((SECONDS - start)) s)")
+  else
+    summary+=("$gtests x$repeat: FAILED ($((SECONDS - start)) s)")
+    failed=1
+  fi
+done
 for i in $(seq "$runs"); do
   start=$SECONDS
   if "$python" -m pytest -q -p no:cacheprovider tests; then
