@@ -6,6 +6,8 @@
 
 #include "cache/cache.h"
 #include "cache/tag_proto.h"
+#include "common/manual_clock.h"
+#include "common/testing.h"
 #include "persist/crc.h"
 #include "ring/backup_store.h"
 #include "ring/peer_link.h"
@@ -453,7 +455,10 @@ TEST(PeerServer, BindsLanesAndTakesAStripedBackup) {
   signal(SIGPIPE, SIG_IGN);
   std::unique_ptr<Transport> rx_transport = NewTcpTransport(4), tx_transport = NewTcpTransport(4);
   BackupStore store(64 << 20);
-  PeerServer server(LoopbackPeerOptions(), rx_transport.get(), &store);
+  ManualClock clock;  // the server's wait for lanes ends when the test says
+  PeerServerOptions options = LoopbackPeerOptions();
+  options.clock = &clock;
+  PeerServer server(options, rx_transport.get(), &store);
   ASSERT_TRUE(server.Start().ok());
   std::unique_ptr<PeerLink> link;
   ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:1", "t", 2000ms, &link).ok());
@@ -490,12 +495,15 @@ TEST(PeerServer, BindsLanesAndTakesAStripedBackup) {
   close(fd);
 
   // A bind whose lanes never come: a clear refusal once the wait is over.
-  std::unique_ptr<PeerLink> other;
-  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:1", "t", 2000ms, &other).ok());
+  std::unique_ptr<PeerLink> other;  // (its own timeouts only bound a hang)
+  ASSERT_TRUE(PeerLink::Connect(server.endpoint(), "127.0.0.1:1", "t", 60s, &other).ok());
   v1::PeerRequest bind;
   bind.mutable_lanes()->set_key(std::string(16, 'k'));
   bind.mutable_lanes()->set_count(3);
+  const uint64_t waits = clock.waits();
   ASSERT_TRUE(other->Send(bind).ok());
+  ASSERT_TRUE(Eventually([&] { return clock.waits() > waits; }));  // the server waits for the lanes
+  clock.Advance(options.io_timeout);
   ASSERT_TRUE(other->Recv(&reply).ok());
   EXPECT_EQ(reply.code(), static_cast<int>(Status::Code::kUnavailable));
   EXPECT_NE(reply.message().find("the lanes did not arrive"), std::string::npos) << reply.message();
