@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -15,6 +16,11 @@
 
 namespace tce {
 namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kChunk = 64 << 10;
+
+uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 Status Allocate(int fd, uint64_t from, uint64_t to) {
   int rc;
@@ -44,6 +50,16 @@ Status PopulateHuge(int fd, uint64_t from, uint64_t to) {
 }
 
 }  // namespace
+
+uint64_t Buffer::CapacityFor(uint64_t size) {
+  if (size < kChunk) return RoundUp(size, kPage);
+  return RoundUp(size + std::min<uint64_t>(size / 64, 64 << 20), kChunk);
+}
+
+bool Buffer::Fits(uint64_t capacity, uint64_t size) {
+  // (in whole huge pages: a hugetlb buffer's capacity is rounded up to one)
+  return size <= capacity && capacity <= RoundUp(size + size / 8 + (1 << 20), kHugePage);
+}
 
 Buffer::~Buffer() {
   if (map_) munmap(map_, capacity_);

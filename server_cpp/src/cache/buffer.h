@@ -45,6 +45,12 @@ class Buffer {
   static Status Adopt(uint64_t id, int fd, uint64_t capacity, Backing backing,
                       std::unique_ptr<Buffer>* out);
 
+  // Capacity of a new buffer for a file of `size` bytes: a little headroom so
+  // the next checkpoint of the same model (a few bytes longer) fits it.
+  static uint64_t CapacityFor(uint64_t size);
+  // Whether a free buffer of `capacity` may serve a file of `size` bytes.
+  static bool Fits(uint64_t capacity, uint64_t size);
+
   uint64_t id() const { return id_; }
   uint64_t capacity() const { return capacity_; }
   Backing backing() const { return backing_; }

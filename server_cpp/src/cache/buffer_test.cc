@@ -9,6 +9,16 @@
 
 namespace tce {
 
+TEST(Buffer, CapacityHeadroomAndFit) {
+  constexpr uint64_t kMiB = 1 << 20;
+  EXPECT_EQ(Buffer::CapacityFor(100), 4096u);
+  uint64_t c = Buffer::CapacityFor(100 * kMiB);
+  EXPECT_GT(c, 100 * kMiB);
+  EXPECT_TRUE(Buffer::Fits(c, 100 * kMiB + 17));  // a slightly longer pickle still fits
+  EXPECT_FALSE(Buffer::Fits(c, 50 * kMiB));        // far too big a buffer is not used
+  EXPECT_FALSE(Buffer::Fits(4096, 5000));
+}
+
 TEST(Buffer, PrefaultedSealedAndShared) {
   std::unique_ptr<Buffer> b;
   ASSERT_TRUE(Buffer::Create(7, 1 << 20, &b).ok());

@@ -175,7 +175,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   sessions_.TakeUnmaps(req.session, &out->unmap_buffer_ids);
 
   const uint64_t capacity =
-      RoundForBacking(std::min(CapacityFor(req.size), std::max(req.size, budget_)), backing_);
+      RoundForBacking(std::min(Buffer::CapacityFor(req.size), std::max(req.size, budget_)), backing_);
   const auto deadline = clock_->Now() + full_timeout_;
   while (true) {
     // 1. A free buffer that fits, never one another live session has mapped;

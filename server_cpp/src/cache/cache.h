@@ -113,12 +113,6 @@ class Cache : public PoolBudget, public MemoryBudget {
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
-  // Capacity of a new buffer for a file of `size` bytes: a little headroom so
-  // the next checkpoint of the same model (a few bytes longer) fits it.
-  static uint64_t CapacityFor(uint64_t size);
-  // Whether a free buffer of `capacity` may serve a file of `size` bytes.
-  static bool Fits(uint64_t capacity, uint64_t size);
-
   // Sessions: one per client connection on the fd socket.
   // `gid` defaults to "unknown" (persistence then keeps the server's group).
   std::string OpenSession(uid_t uid, pid_t pid, gid_t gid = static_cast<gid_t>(-1)) EXCLUDES(mu_);

@@ -1,4 +1,4 @@
-// Cache: memory. Buffer sizes, the pool of free buffers, making room
+// Cache: memory. The pool of free buffers, making room
 // within the budget, and eviction (least recently committed persisted file
 // first; keep_last).
 #include "cache/cache.h"
@@ -11,24 +11,6 @@
 #include "common/strings.h"
 
 namespace tce {
-namespace {
-
-constexpr uint64_t kPage = 4096;
-constexpr uint64_t kChunk = 64 << 10;
-
-uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
-
-}  // namespace
-
-uint64_t Cache::CapacityFor(uint64_t size) {
-  if (size < kChunk) return RoundUp(size, kPage);
-  return RoundUp(size + std::min<uint64_t>(size / 64, 64 << 20), kChunk);
-}
-
-bool Cache::Fits(uint64_t capacity, uint64_t size) {
-  // (in whole huge pages: a hugetlb buffer's capacity is rounded up to one)
-  return size <= capacity && capacity <= RoundUp(size + size / 8 + (1 << 20), kHugePage);
-}
 
 void Cache::SetMemory(Backing backing, BufferPool* pool) {
   MutexLock lock(&mu_);
@@ -174,7 +156,7 @@ Cache::Buf* Cache::PickFree(const std::string& session, uint64_t size) {
   Buf* best = nullptr;
   const uid_t uid = sessions_.Find(session)->uid;
   for (auto& [id, b] : buffers_) {
-    if (b.state != BufState::kFree || !Fits(b.capacity, size)) continue;
+    if (b.state != BufState::kFree || !Buffer::Fits(b.capacity, size)) continue;
     if (b.uid != uid) continue;  // it holds another user's bytes
     bool ours = b.mappers.count(session) != 0;
     if (b.mappers.size() > (ours ? 1u : 0u)) continue;

@@ -218,7 +218,7 @@ void Cache::TellHolderPersisted(const FileInfo& f) {
 
 Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
   MutexLock lock(&mu_);
-  const uint64_t capacity = RoundForBacking(CapacityFor(size), backing_);
+  const uint64_t capacity = RoundForBacking(Buffer::CapacityFor(size), backing_);
   std::vector<uint64_t> ignored;
   while (Held() + capacity > budget_) {
     Reclaim("", capacity, &ignored);

@@ -94,15 +94,6 @@ TEST_F(CacheTest, RoundTripThroughTheServersMemory) {
   close(ro);
 }
 
-TEST_F(CacheTest, CapacityHeadroomAndFit) {
-  EXPECT_EQ(Cache::CapacityFor(100), 4096u);
-  uint64_t c = Cache::CapacityFor(100 * kMiB);
-  EXPECT_GT(c, 100 * kMiB);
-  EXPECT_TRUE(Cache::Fits(c, 100 * kMiB + 17));  // a slightly longer pickle still fits
-  EXPECT_FALSE(Cache::Fits(c, 50 * kMiB));        // far too big a buffer is not used
-  EXPECT_FALSE(Cache::Fits(4096, 5000));
-}
-
 TEST_F(CacheTest, FreedBufferServesTheSameSessionAgain) {
   std::string s = cache_.OpenSession(getuid(), getpid());
   AllocateResult a1 = Alloc(s, "/c/x.pt", 2 * kMiB);
@@ -195,7 +186,7 @@ TEST_F(SmallCacheTest, SessionEndForgetsRetiredBuffers) {
   ASSERT_TRUE(cache_.Abort(a, x.allocation_id).ok());
   Alloc(b, "/c/b.pt", 8 * kMiB);  // retires a's buffer
   EXPECT_EQ(cache_.Stats().buffers, 2u);  // b's, and the retired one a still maps
-  EXPECT_EQ(cache_.Stats().used, Cache::CapacityFor(8 * kMiB));  // the retired one holds nothing
+  EXPECT_EQ(cache_.Stats().used, Buffer::CapacityFor(8 * kMiB));  // the retired one holds nothing
   cache_.CloseSession(a);
   EXPECT_EQ(cache_.Stats().buffers, 1u);
 }

@@ -133,7 +133,7 @@ namespace {
 class EvictionTest : public PersisterTest {
  protected:
   void StartSmall(std::chrono::milliseconds full_timeout) {
-    cache_.reset(new Cache(3 * Cache::CapacityFor(FakeZip::kSize), {root_}, &env_, full_timeout));
+    cache_.reset(new Cache(3 * Buffer::CapacityFor(FakeZip::kSize), {root_}, &env_, full_timeout));
     PersistOptions o;
     o.backoff = 5ms;
     o.retries = 0;

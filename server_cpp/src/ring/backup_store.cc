@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <tuple>
 
-#include "cache/cache.h"
 #include "common/logging.h"
 #include "persist/crc.h"
 
@@ -33,7 +32,7 @@ MappedBuffer::~MappedBuffer() { munmap(data_, buffer_->capacity()); }
 
 Status BackupStore::Reserve(const std::string& job, const std::string& path, uint64_t size,
                             std::unique_ptr<MappedBuffer>* out) {
-  const uint64_t capacity = Cache::CapacityFor(size);
+  const uint64_t capacity = Buffer::CapacityFor(size);
   uint64_t id = 0;
   std::vector<std::unique_ptr<MappedBuffer>> destroy;  // freed outside the lock
   {
@@ -41,7 +40,7 @@ Status BackupStore::Reserve(const std::string& job, const std::string& path, uin
     // 1. A free buffer that fits (the smallest).
     size_t best = free_.size();
     for (size_t i = 0; i < free_.size(); ++i)
-      if (Cache::Fits(free_[i]->capacity(), size) &&
+      if (Buffer::Fits(free_[i]->capacity(), size) &&
           (best == free_.size() || free_[i]->capacity() < free_[best]->capacity()))
         best = i;
     if (best < free_.size()) {

@@ -74,7 +74,7 @@ TEST(PeerLink, ConnectingToNobodyFailsQuickly) {
 }
 
 TEST(BackupStore, BudgetRecyclingAndDrop) {
-  const uint64_t cap = Cache::CapacityFor(1 << 20);
+  const uint64_t cap = Buffer::CapacityFor(1 << 20);
   BackupStore store(cap * 2);
   std::unique_ptr<MappedBuffer> a, b, c;
   ASSERT_TRUE(store.Reserve("j", "/a", 1 << 20, &a).ok());
@@ -102,10 +102,10 @@ TEST(BackupStore, BudgetRecyclingAndDrop) {
   EXPECT_EQ(st.used, cap * 2);  // both buffers wait in the pool
   // A copy too large for the pooled buffers: they are destroyed to make room.
   const uint64_t big_size = cap + cap / 2;
-  ASSERT_LE(Cache::CapacityFor(big_size), cap * 2);
+  ASSERT_LE(Buffer::CapacityFor(big_size), cap * 2);
   std::unique_ptr<MappedBuffer> big;
   ASSERT_TRUE(store.Reserve("j", "/big", big_size, &big).ok());
-  EXPECT_EQ(store.Stats().used, Cache::CapacityFor(big_size));
+  EXPECT_EQ(store.Stats().used, Buffer::CapacityFor(big_size));
   store.Abandon(std::move(big));
 }
 
