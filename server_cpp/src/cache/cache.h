@@ -46,6 +46,7 @@
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
 #include "cache/persist_feed.h"
+#include "cache/persist_source.h"
 #include "cache/restore_tracker.h"
 #include "cache/ring_table.h"
 #include "cache/session_table.h"
@@ -98,7 +99,7 @@ struct CacheStats {
   PoolStats pool;                     // all zero without a pool
 };
 
-class Cache : public PoolBudget, public MemoryBudget {
+class Cache : public PoolBudget, public MemoryBudget, public PersistSource {
  public:
   // `storage_roots`: absolute directories files may be persisted under;
   // empty means memory only. `full_timeout`: how long an allocation that finds
@@ -173,7 +174,6 @@ class Cache : public PoolBudget, public MemoryBudget {
   // Re-indexes files recorded before a restart: those on storage become
   // EVICTED (loads read storage); the rest are FAILED as lost.
   void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
-  const std::vector<std::string>& storage_roots() const { return roots_; }
   bool persistence_enabled() const { return !roots_.empty(); }
 
   // Blocks until every named file is PERSISTED or FAILED (infos in `out`, in
@@ -182,33 +182,16 @@ class Cache : public PoolBudget, public MemoryBudget {
               const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
               std::vector<FileInfo>* out) EXCLUDES(mu_);
 
-  // ---- for persistence (persist/persister.h) ----
-  // Where committed files are queued for persistence (persist/persist_queue.h;
-  // null: nowhere, they stay in memory). Set before serving.
-  void SetPersistFeed(PersistFeed* feed) EXCLUDES(mu_);
-  // The current version of `key` to write, pinned, in `out`; false when
-  // there is nothing to do (removed, persisted or being written, or, for a
-  // scheduled `retry`, no longer FAILED with its memory), or after
-  // StopPersistence.
-  bool StartPersist(const FileKey& key, bool retry, PersistJob* out) EXCLUDES(mu_);
-  // Whether the job's version is still the file's current version.
-  bool IsCurrent(const PersistJob& job) EXCLUDES(mu_);
-  // Waits (at most `max`) until no save is being written into the cache (an
-  // allocation pending, or its buffer being made), so background persistence
-  // and the pool's filler never compete with a training rank's copy. Returns
-  // how long it waited. PoolBudget's too.
+  // ---- PersistSource (cache/persist_source.h) ----
+  const std::vector<std::string>& storage_roots() const override { return roots_; }
+  void SetPersistFeed(PersistFeed* feed) override EXCLUDES(mu_);
+  bool StartPersist(const FileKey& key, bool retry, PersistJob* out) override EXCLUDES(mu_);
+  bool IsCurrent(const PersistJob& job) override EXCLUDES(mu_);
   std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override EXCLUDES(mu_);
-  // Records the outcome (records carry the CRCs) and unpins the buffer. A
-  // file whose persistence failed for a reason that can clear by itself
-  // (RESOURCE_EXHAUSTED: disk full, quota, out of descriptors or memory;
-  // INTERNAL: I/O errors; UNAVAILABLE, DEADLINE_EXCEEDED) is FAILED with the
-  // reason and persisted again after the feed's retry interval, for as long
-  // as it stays in memory; other failures (permissions, confinement, a bad
-  // record table) stay FAILED until a client retries or removes the file.
-  // CANCELLED (the path was removed or replaced on storage since the save)
-  // DISCARDS the file. `written`: the file the persister left at the path.
   void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records,
-                     const FileStat& written = FileStat()) EXCLUDES(mu_);
+                     const FileStat& written) override EXCLUDES(mu_);
+  void StopPersistence() override EXCLUDES(mu_);
+
   // How long a load (or a save's look at its directory) waits for storage to
   // answer a stat before it serves the cache (goes on unchecked). Default 2 s;
   // <= 0: no limit. Set before serving.
@@ -231,7 +214,6 @@ class Cache : public PoolBudget, public MemoryBudget {
   // of the job. `out`: the files queued.
   Status RetryFailed(const std::string& session, const std::string& job,
                      const std::vector<std::string>& paths, std::vector<FileInfo>* out) EXCLUDES(mu_);
-  void StopPersistence() EXCLUDES(mu_);
 
   // ---- the ring ----
   // Sets the job's ring: this node's rank and every node's peer endpoint.

@@ -4,7 +4,7 @@
 // interval, for as long as the Cache still holds its memory.
 //
 // The Cache feeds it (PersistFeed); Persister workers take from it (Next) and
-// ask the Cache for the file's current version (Cache::StartPersist), which
+// ask the Cache for the file's current version (PersistSource::StartPersist), which
 // may say there is nothing to do: a key is only a hint. Thread-safe.
 #pragma once
 

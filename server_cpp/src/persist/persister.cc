@@ -110,7 +110,7 @@ std::string Dirname(const std::string& path) {
 }
 }  // namespace
 
-Persister::Persister(Cache* cache, Env* env, PersistOptions options)
+Persister::Persister(PersistSource* cache, Env* env, PersistOptions options)
     : cache_(cache), queue_(options.failed_retry, options.clock), env_(env), options_(options) {
   cache_->SetPersistFeed(&queue_);
 }

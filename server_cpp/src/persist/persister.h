@@ -36,7 +36,7 @@
 #include <thread>
 #include <vector>
 
-#include "cache/cache.h"
+#include "cache/persist_source.h"
 #include "cache/storage_check.h"
 #include "common/clock.h"
 #include "common/metrics.h"
@@ -73,7 +73,7 @@ struct PersistOptions {
 
 class Persister {
  public:
-  Persister(Cache* cache, Env* env, PersistOptions options);
+  Persister(PersistSource* cache, Env* env, PersistOptions options);
   ~Persister();
   void Start();
   void Stop();  // abandons retries; in-flight writes finish their current attempt
@@ -102,8 +102,8 @@ class Persister {
   // directory at that path, as the save found it.
   StorageCheck StillThere(const std::string& path, Directory* dir, const DiskIdentity& expected);
 
-  Cache* const cache_;
-  PersistQueue queue_;  // fed by the cache (Cache::SetPersistFeed)
+  PersistSource* const cache_;
+  PersistQueue queue_;  // fed by the cache (PersistSource::SetPersistFeed)
   Env* const env_;
   const PersistOptions options_;
   std::vector<std::thread> threads_;
