@@ -6,12 +6,9 @@
 // persistence (see persist/persister.h), and only paths under the roots are
 // accepted. Without roots the cache is memory only.
 //
-// Security: every client call names a session (opened by the fd socket after
-// its SO_PEERCRED check) and acts with that session's uid: a job's files and
-// tags are readable, replaceable and removable by its owner only (and root
-// when root_is_admin; see job_owners.h). A buffer only ever holds the bytes of
-// one uid: a free buffer is reused for the same uid, never handed to another
-// (another uid gets a new, zero-filled one). Leases per session are capped.
+// Each kind of caller sees it through its own interface: clients (rpc/)
+// through ClientStore, whose header states the security contract, and
+// persistence through PersistSource.
 //
 // All public methods are thread-safe: they take the one mutex, `mu_` (they
 // are EXCLUDES(mu_); the private helpers that run under it are REQUIRES(mu_),
@@ -43,6 +40,7 @@
 #include "cache/memory_backing.h"
 #include "cache/memory_budget.h"
 #include "cache/cache_types.h"
+#include "cache/client_store.h"
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
 #include "cache/persist_feed.h"
@@ -59,47 +57,13 @@
 
 namespace tce {
 
-struct AllocateRequest {
-  std::string session, job, tag, path;
-  int32_t rank = 0;
-  uint64_t size = 0;
-  uint32_t mode = 0644;  // permission bits if the file is new on storage
-};
-
-struct AllocateResult {
-  uint64_t allocation_id = 0;
-  uint64_t buffer_id = 0;
-  uint64_t capacity = 0;
-  std::vector<uint64_t> unmap_buffer_ids;
-};
-
 // Per-session authorization and limits (set before serving).
 struct SessionLimits {
   bool root_is_admin = true;           // uid 0 may act on every user's jobs
   size_t max_leases_per_session = 4096;  // Lookup(lease) beyond it: RESOURCE_EXHAUSTED
 };
 
-struct CacheStats {
-  uint64_t budget = 0, used = 0, cached = 0, pending = 0, free = 0, retiring = 0;
-  uint64_t buffers = 0, files = 0, sessions = 0, leases = 0;
-  uint64_t buffers_created = 0, buffers_reused = 0;
-  uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
-  uint64_t evicted_files = 0;
-  uint64_t discarded_files = 0, stale_drops = 0, storage_fallbacks = 0;
-  uint64_t backup_queue = 0, backup_lag_bytes = 0, backed_up_files = 0, backup_failures = 0;
-  uint64_t backup_failing = 0;  // backup workers' attempts failed in a row (NoteRingAttempt)
-  uint64_t recovered_files = 0, ring_checksum_mismatches = 0;
-  uint64_t files_by_state[kFileStateSlots] = {};  // indexed by FileState's number
-  bool accepting = true;            // false once a shutdown drain began
-  std::string backup_error;
-  // Memory backing and the pre-faulted pool.
-  std::string memory_backing = "4k";  // what new buffers are made of
-  uint64_t huge_page_buffers = 0;     // live buffers backed by huge pages (hugetlb or thp)
-  uint64_t hugetlb_fallbacks = 0;     // buffers made with 4 KiB pages: no huge page was left
-  PoolStats pool;                     // all zero without a pool
-};
-
-class Cache : public PoolBudget, public MemoryBudget, public PersistSource {
+class Cache : public PoolBudget, public MemoryBudget, public ClientStore, public PersistSource {
  public:
   // `storage_roots`: absolute directories files may be persisted under;
   // empty means memory only. `full_timeout`: how long an allocation that finds
@@ -114,58 +78,52 @@ class Cache : public PoolBudget, public MemoryBudget, public PersistSource {
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
-  // Sessions: one per client connection on the fd socket.
-  // `gid` defaults to "unknown" (persistence then keeps the server's group).
-  std::string OpenSession(uid_t uid, pid_t pid, gid_t gid = static_cast<gid_t>(-1)) EXCLUDES(mu_);
-  // Aborts the session's PENDING allocations, drops its leases and mappings.
-  void CloseSession(const std::string& session) EXCLUDES(mu_);
-  // Sessions with no request for `idle`, no lease and no PENDING allocation
-  // (the fd socket closes them).
-  std::vector<std::string> IdleSessions(std::chrono::milliseconds idle) EXCLUDES(mu_);
-  // UNAUTHENTICATED for an unknown session; else whether its uid is an
-  // administrator (sees everything), and its uid (optional).
-  Status CheckCaller(const std::string& session, bool* admin, uid_t* uid = nullptr) EXCLUDES(mu_);
-  void SetSessionLimits(const SessionLimits& limits) EXCLUDES(mu_);
-
-  Status Allocate(const AllocateRequest& req, AllocateResult* out) EXCLUDES(mu_);
-  // Without `zip_crc32` the zip headers keep the 0 CRCs the saver wrote.
-  Status Commit(const std::string& session, uint64_t allocation_id,
-                std::vector<Record> records, FileInfo* out, bool zip_crc32 = true) EXCLUDES(mu_);
-  Status Abort(const std::string& session, uint64_t allocation_id) EXCLUDES(mu_);
-  // The committed file; with `lease`, the buffer is kept until the lease ends.
-  // With storage roots, the path is first compared with storage (Revalidate):
-  // a file the user deleted or replaced there is NOT_FOUND (loads read
-  // storage), and when storage cannot be checked the cache is served.
+  // ---- ClientStore (cache/client_store.h) ----
+  // (The interfaces take every argument; the defaults here serve the
+  // daemon's and the tests' calls.)
+  std::string OpenSession(uid_t uid, pid_t pid, gid_t gid = static_cast<gid_t>(-1)) override EXCLUDES(mu_);
+  void CloseSession(const std::string& session) override EXCLUDES(mu_);
+  std::vector<std::string> IdleSessions(std::chrono::milliseconds idle) override EXCLUDES(mu_);
+  Status CheckCaller(const std::string& session, bool* admin, uid_t* uid = nullptr) override EXCLUDES(mu_);
+  Status Allocate(const AllocateRequest& req, AllocateResult* out) override EXCLUDES(mu_);
+  Status Commit(const std::string& session, uint64_t allocation_id, std::vector<Record> records,
+                FileInfo* out, bool zip_crc32 = true) override EXCLUDES(mu_);
+  Status Abort(const std::string& session, uint64_t allocation_id) override EXCLUDES(mu_);
   Status Lookup(const std::string& session, const std::string& job, const std::string& path,
                 bool lease, FileInfo* out, uint64_t* lease_id,
-                std::vector<uint64_t>* unmap_buffer_ids) EXCLUDES(mu_);
-  // Validates every id first, then applies; unmap acks are idempotent.
+                std::vector<uint64_t>* unmap_buffer_ids) override EXCLUDES(mu_);
   Status Release(const std::string& session, const std::vector<uint64_t>& lease_ids,
-                 const std::vector<uint64_t>& unmapped_buffer_ids) EXCLUDES(mu_);
+                 const std::vector<uint64_t>& unmapped_buffer_ids) override EXCLUDES(mu_);
   Status Remove(const std::string& session, const std::string& job, const std::string& path,
-                FileInfo* out) EXCLUDES(mu_);
-  // Files (CACHED and PENDING), filtered by non-empty job/tag, sorted.
-  // Unchecked: for the daemon itself and tests.
-  std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
-  // The same, as `session` may see it: only its uid's jobs unless admin.
-  // With `check_storage`, each listed file with memory is revalidated first.
+                FileInfo* out) override EXCLUDES(mu_);
   Status List(const std::string& session, const std::string& job, const std::string& tag,
-              std::vector<FileInfo>* out, bool check_storage = false) EXCLUDES(mu_);
-  // Records that every rank finished `tag` (re-recording replaces it); fills
-  // in complete_unix_ns and sorts the files. Tags are never removed.
-  Status CommitTag(const std::string& session, TagInfo tag, TagInfo* out) EXCLUDES(mu_);
-  // The job's complete tags, oldest first. Unchecked: for the daemon and tests.
+              std::vector<FileInfo>* out, bool check_storage = false) override EXCLUDES(mu_);
+  Status CommitTag(const std::string& session, TagInfo tag, TagInfo* out) override EXCLUDES(mu_);
+  Status ListTags(const std::string& session, const std::string& job,
+                  std::vector<TagInfo>* out) override EXCLUDES(mu_);
+  Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
+               uint64_t* capacity) override EXCLUDES(mu_);
+  CacheStats Stats() override EXCLUDES(mu_);
+  Status Wait(const std::string& session, const std::string& job,
+              const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
+              std::vector<FileInfo>* out) override EXCLUDES(mu_);
+  Status RetryFailed(const std::string& session, const std::string& job,
+                     const std::vector<std::string>& paths, std::vector<FileInfo>* out) override EXCLUDES(mu_);
+  Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
+                 std::vector<std::string> endpoints, std::string* successor) override EXCLUDES(mu_);
+  Status CheckRangeRead(const std::string& session, const std::string& job) override EXCLUDES(mu_);
+  bool Restoring(const std::string& job) const override;
+  Status WaitForRestore(const std::string& job, bool* waited,
+                        Clock::TimePoint call_deadline) override EXCLUDES(mu_);
+
+  // ---- for the daemon (and tests) ----
+  void SetSessionLimits(const SessionLimits& limits) EXCLUDES(mu_);
+  // ClientStore::List unchecked: every file. For the daemon itself and tests.
+  std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
+  // ClientStore::ListTags unchecked. For the daemon itself and tests.
   std::vector<TagInfo> ListTags(const std::string& job) EXCLUDES(mu_);
-  // The same for `session`: PERMISSION_DENIED for another uid's job.
-  Status ListTags(const std::string& session, const std::string& job, std::vector<TagInfo>* out) EXCLUDES(mu_);
   // Tags recorded before a restart (from metadata).
   void RestoreTags(std::vector<TagInfo> tags) EXCLUDES(mu_);
-  // A new fd for a buffer: writable when it is PENDING for this session,
-  // read-only when this session leases it. The caller owns the fd.
-  Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
-               uint64_t* capacity) EXCLUDES(mu_);
-  CacheStats Stats() EXCLUDES(mu_);
-
   // Every later state change is reported to `sink` (null: none). Set before serving.
   void SetMetaSink(MetaSink* sink) EXCLUDES(mu_);
   // Reports every file, tag and ring to the sink again (the metadata
@@ -176,14 +134,8 @@ class Cache : public PoolBudget, public MemoryBudget, public PersistSource {
   void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
   bool persistence_enabled() const { return !roots_.empty(); }
 
-  // Blocks until every named file is PERSISTED or FAILED (infos in `out`, in
-  // order), or `timeout` passes (DEADLINE_EXCEEDED); <= 0 waits forever.
-  Status Wait(const std::string& session, const std::string& job,
-              const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
-              std::vector<FileInfo>* out) EXCLUDES(mu_);
-
   // ---- PersistSource (cache/persist_source.h) ----
-  const std::vector<std::string>& storage_roots() const override { return roots_; }
+  const std::vector<std::string>& storage_roots() const override { return roots_; }  // ClientStore's too
   void SetPersistFeed(PersistFeed* feed) override EXCLUDES(mu_);
   bool StartPersist(const FileKey& key, bool retry, PersistJob* out) override EXCLUDES(mu_);
   bool IsCurrent(const PersistJob& job) override EXCLUDES(mu_);
@@ -208,19 +160,8 @@ class Cache : public PoolBudget, public MemoryBudget, public PersistSource {
   // cannot reclaim them (they come back when the borrower frees them).
   bool Borrow(uint64_t bytes) override EXCLUDES(mu_);
   void GiveBack(uint64_t bytes) override EXCLUDES(mu_);
-  // Persists FAILED files of `job` again now, whatever they failed of: the
-  // named `paths` (each must be FAILED with its memory, else NOT_FOUND or
-  // FAILED_PRECONDITION and nothing is queued), or with none every such file
-  // of the job. `out`: the files queued.
-  Status RetryFailed(const std::string& session, const std::string& job,
-                     const std::vector<std::string>& paths, std::vector<FileInfo>* out) EXCLUDES(mu_);
 
   // ---- the ring ----
-  // Sets the job's ring: this node's rank and every node's peer endpoint.
-  // Committed files of the job (and every later commit) are then backed up to
-  // the successor, node (rank + 1) mod n; with one node there is none.
-  Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
-                 std::vector<std::string> endpoints, std::string* successor) EXCLUDES(mu_);
   // This server's peer endpoint: rings it is told are recorded for it.
   void SetSelfEndpoint(const std::string& endpoint) EXCLUDES(mu_);
   // Rings recorded in metadata before a restart: joined again, and (the
@@ -305,21 +246,10 @@ class Cache : public PoolBudget, public MemoryBudget, public PersistSource {
   // How long a load waits for an in-flight ring restore of its job. Set
   // before serving.
   void SetRestoreWait(std::chrono::milliseconds wait) EXCLUDES(mu_);
-  // OK at once unless this server is pulling `job`'s files back from the
-  // ring (a fresh or restarted node); then waits for that restore to end, up
-  // to the restore wait: DEADLINE_EXCEEDED, naming the job and the peer, if
-  // it does not. *waited (optional): whether a restore was in flight.
-  // `call_deadline`: the caller's own deadline, when sooner (the answer then
-  // comes before the caller gives up, and says so). RPC threads.
-  Status WaitForRestore(const std::string& job, bool* waited = nullptr,
-                        Clock::TimePoint call_deadline = Clock::TimePoint::max()) EXCLUDES(mu_);
   // The Replicator pulled back what the ring held of `job` (whatever it
   // got): loads waiting for it go on.
   // `from` non-empty: only a restore from that peer ends.
   void RestoreEnded(const std::string& job, const std::string& from = "") EXCLUDES(mu_);
-  // Whether `job`'s files are being pulled back from the ring now (a load
-  // that misses would wait for them).
-  bool Restoring(const std::string& job) const;
   // The server stops: loads and listings waiting for a restore get
   // UNAVAILABLE now (so the RPC server's shutdown does not wait for them).
   void StopRestoreWaits();
@@ -334,11 +264,6 @@ class Cache : public PoolBudget, public MemoryBudget, public PersistSource {
   // until EndPeerRead(out->buffer_id). NOT_FOUND if not in memory.
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) EXCLUDES(mu_);
-  // Whether `session` may read ranges of `job`'s files from this node's
-  // memory and its ring (ReadRange): its uid owns the job here (it saved
-  // into it or told its ring), or is an administrator. UNAUTHENTICATED for
-  // an unknown session, else PERMISSION_DENIED saying why.
-  Status CheckRangeRead(const std::string& session, const std::string& job) EXCLUDES(mu_);
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };

@@ -29,7 +29,7 @@ std::string Hello(const Status& s, const std::string& session) {
 }
 }  // namespace
 
-FdServer::FdServer(Cache* cache, FdServerOptions options)
+FdServer::FdServer(ClientStore* cache, FdServerOptions options)
     : cache_(cache), opt_(std::move(options)),
       per_uid_(opt_.max_sessions_per_uid, "sessions", "max_sessions_per_uid") {}
 
@@ -183,7 +183,7 @@ bool FdServer::Serve(int fd) {
     s = cache_->FdFor(conn.session, req.buffer_id(), &memfd, &writable, &capacity);
   else if (!range_buffers_)
     s = Status::NotSupported("this server has no range buffers");
-  else if (bool admin = false; (s = cache_->CheckCaller(conn.session, &admin)).ok())  // a live session
+  else if (bool admin = false; (s = cache_->CheckCaller(conn.session, &admin, /*uid=*/nullptr)).ok())  // a live session
     s = range_buffers_->Fd(conn.session, conn.uid, &memfd, &capacity);
   v1::FdReply reply;
   reply.set_code(static_cast<int>(s.code()));

@@ -11,7 +11,7 @@
 // what keeps one user from taking every session) gets a refusing
 // SessionHello and is closed at once (such log lines are rate-limited). Out
 // of fds, accept sheds and backs off (rpc/acceptor.h).
-// Sessions idle for `idle_timeout` (Cache::IdleSessions) are closed.
+// Sessions idle for `idle_timeout` (ClientStore::IdleSessions) are closed.
 #pragma once
 
 #include <sys/types.h>
@@ -22,7 +22,7 @@
 #include <string>
 #include <thread>
 
-#include "cache/cache.h"
+#include "cache/client_store.h"
 #include "common/clock.h"
 #include "common/log_limiter.h"
 #include "rpc/acceptor.h"
@@ -43,7 +43,7 @@ struct FdServerOptions {
 
 class FdServer {
  public:
-  FdServer(Cache* cache, FdServerOptions options);
+  FdServer(ClientStore* cache, FdServerOptions options);
   ~FdServer();
 
   // The sessions' range buffers (set before Start; without it an FdRequest
@@ -65,7 +65,7 @@ class FdServer {
   // How long poll may sleep: until the accept pause ends or the next idle check.
   int PollTimeoutMs() const;
 
-  Cache* const cache_;
+  ClientStore* const cache_;
   const FdServerOptions opt_;
   RangeBuffers* range_buffers_ = nullptr;
   int listen_fd_ = -1;

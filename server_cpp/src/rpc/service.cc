@@ -46,7 +46,7 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
 
 void ToProto(const TagInfo& t, v1::TagInfo* out) { TagToProto(t, out); }
 
-CacheService::CacheService(Cache* cache, std::string socket_path, MetaWriter* meta,
+CacheService::CacheService(ClientStore* cache, std::string socket_path, MetaWriter* meta,
                            std::string metadata_url, BackupStore* backups, std::string peer_endpoint,
                            Clock* clock)
     : cache_(cache), socket_path_(std::move(socket_path)), meta_(meta),
@@ -159,7 +159,7 @@ grpc::Status CacheService::List(grpc::ServerContext* ctx, const v1::ListRequest*
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   if (req->wait_for_restore() && !req->job().empty()) {
     bool admin = false;  // only a caller with a session waits
-    tce::Status s = cache_->CheckCaller(req->session(), &admin);
+    tce::Status s = cache_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
     CallLimiter::Slot slot;  // held while it waits for the ring
     if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
     if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx, clock_));
@@ -175,7 +175,7 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
                                   v1::StatusResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   bool admin = false;
-  tce::Status s = cache_->CheckCaller(req->session(), &admin);
+  tce::Status s = cache_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
   if (!s.ok()) return ToGrpc(s);
   FillStatus(resp);
   if (!admin) {  // they may name other users' jobs and paths
@@ -293,7 +293,7 @@ grpc::Status CacheService::ListTags(grpc::ServerContext* ctx, const v1::ListTags
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   if (req->wait_for_restore()) {  // the tags come back with the files
     bool admin = false;  // only a caller with a session waits
-    tce::Status s = cache_->CheckCaller(req->session(), &admin);
+    tce::Status s = cache_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
     CallLimiter::Slot slot;  // held while it waits for the ring
     if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
     if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx, clock_));

@@ -21,7 +21,7 @@
 #include <string>
 #include <utility>
 
-#include "cache/cache.h"
+#include "cache/client_store.h"
 #include "common/clock.h"
 #include "common/call_limiter.h"
 #include "meta/meta_writer.h"
@@ -38,7 +38,7 @@ class CacheService final : public v1::Cache::Service {
 
   // `meta` (may be null): the metadata writer whose health Status reports.
   // `clock`: what the calls' deadlines and the uptime are measured on.
-  CacheService(Cache* cache, std::string socket_path, MetaWriter* meta = nullptr,
+  CacheService(ClientStore* cache, std::string socket_path, MetaWriter* meta = nullptr,
                std::string metadata_url = "", BackupStore* backups = nullptr,
                std::string peer_endpoint = "", Clock* clock = Clock::Real());
 
@@ -85,7 +85,7 @@ class CacheService final : public v1::Cache::Service {
   }
 
  private:
-  Cache* const cache_;
+  ClientStore* const cache_;
   const std::string socket_path_;
   MetaWriter* const meta_;
   const std::string metadata_url_;

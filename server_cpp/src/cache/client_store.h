@@ -1,0 +1,154 @@
+// ClientStore: the Cache as the RPC layer sees it: what local clients ask of
+// it through the gRPC service (rpc/service.h) and the fd socket
+// (rpc/fd_server.h): sessions, saves, loads, listings, tags, waits.
+//
+// Security: every client call names a session (opened by the fd socket after
+// its SO_PEERCRED check) and acts with that session's uid: a job's files and
+// tags are readable, replaceable and removable by its owner only (and root
+// when root_is_admin; see job_owners.h). A buffer only ever holds the bytes of
+// one uid: a free buffer is reused for the same uid, never handed to another
+// (another uid gets a new, zero-filled one). Leases per session are capped.
+//
+// The Cache is one. Thread-safe: gRPC's worker threads and the fd socket's
+// thread call it at once.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache/buffer_pool.h"  // PoolStats
+#include "cache/cache_types.h"
+#include "cache/file_state.h"
+#include "cache/record.h"
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace tce {
+
+struct AllocateRequest {
+  std::string session, job, tag, path;
+  int32_t rank = 0;
+  uint64_t size = 0;
+  uint32_t mode = 0644;  // permission bits if the file is new on storage
+};
+
+struct AllocateResult {
+  uint64_t allocation_id = 0;
+  uint64_t buffer_id = 0;
+  uint64_t capacity = 0;
+  std::vector<uint64_t> unmap_buffer_ids;
+};
+
+struct CacheStats {
+  uint64_t budget = 0, used = 0, cached = 0, pending = 0, free = 0, retiring = 0;
+  uint64_t buffers = 0, files = 0, sessions = 0, leases = 0;
+  uint64_t buffers_created = 0, buffers_reused = 0;
+  uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
+  uint64_t evicted_files = 0;
+  uint64_t discarded_files = 0, stale_drops = 0, storage_fallbacks = 0;
+  uint64_t backup_queue = 0, backup_lag_bytes = 0, backed_up_files = 0, backup_failures = 0;
+  uint64_t backup_failing = 0;  // backup workers' attempts failed in a row (NoteRingAttempt)
+  uint64_t recovered_files = 0, ring_checksum_mismatches = 0;
+  uint64_t files_by_state[kFileStateSlots] = {};  // indexed by FileState's number
+  bool accepting = true;            // false once a shutdown drain began
+  std::string backup_error;
+  // Memory backing and the pre-faulted pool.
+  std::string memory_backing = "4k";  // what new buffers are made of
+  uint64_t huge_page_buffers = 0;     // live buffers backed by huge pages (hugetlb or thp)
+  uint64_t hugetlb_fallbacks = 0;     // buffers made with 4 KiB pages: no huge page was left
+  PoolStats pool;                     // all zero without a pool
+};
+
+class ClientStore {
+ public:
+  virtual ~ClientStore() = default;
+
+  // Sessions: one per client connection on the fd socket.
+  // `gid` -1: unknown (persistence then keeps the server's group).
+  virtual std::string OpenSession(uid_t uid, pid_t pid, gid_t gid) = 0;
+  // Aborts the session's PENDING allocations, drops its leases and mappings.
+  virtual void CloseSession(const std::string& session) = 0;
+  // Sessions with no request for `idle`, no lease and no PENDING allocation
+  // (the fd socket closes them).
+  virtual std::vector<std::string> IdleSessions(std::chrono::milliseconds idle) = 0;
+  // UNAUTHENTICATED for an unknown session; else whether its uid is an
+  // administrator (sees everything), and its uid (`uid` may be null).
+  virtual Status CheckCaller(const std::string& session, bool* admin, uid_t* uid) = 0;
+
+  virtual Status Allocate(const AllocateRequest& req, AllocateResult* out) = 0;
+  // Without `zip_crc32` the zip headers keep the 0 CRCs the saver wrote.
+  virtual Status Commit(const std::string& session, uint64_t allocation_id,
+                        std::vector<Record> records, FileInfo* out, bool zip_crc32) = 0;
+  virtual Status Abort(const std::string& session, uint64_t allocation_id) = 0;
+  // The committed file; with `lease`, the buffer is kept until the lease ends.
+  // With storage roots, the path is first compared with storage (Revalidate):
+  // a file the user deleted or replaced there is NOT_FOUND (loads read
+  // storage), and when storage cannot be checked the cache is served.
+  virtual Status Lookup(const std::string& session, const std::string& job, const std::string& path,
+                        bool lease, FileInfo* out, uint64_t* lease_id,
+                        std::vector<uint64_t>* unmap_buffer_ids) = 0;
+  // Validates every id first, then applies; unmap acks are idempotent.
+  virtual Status Release(const std::string& session, const std::vector<uint64_t>& lease_ids,
+                         const std::vector<uint64_t>& unmapped_buffer_ids) = 0;
+  virtual Status Remove(const std::string& session, const std::string& job, const std::string& path,
+                        FileInfo* out) = 0;
+  // Files (CACHED and PENDING), filtered by non-empty job/tag, sorted, as
+  // `session` may see them: only its uid's jobs unless admin. With
+  // `check_storage`, each listed file with memory is revalidated first.
+  virtual Status List(const std::string& session, const std::string& job, const std::string& tag,
+                      std::vector<FileInfo>* out, bool check_storage) = 0;
+  // Records that every rank finished `tag` (re-recording replaces it); fills
+  // in complete_unix_ns and sorts the files. Tags are never removed.
+  virtual Status CommitTag(const std::string& session, TagInfo tag, TagInfo* out) = 0;
+  // The job's complete tags, oldest first: PERMISSION_DENIED for another
+  // uid's job.
+  virtual Status ListTags(const std::string& session, const std::string& job,
+                          std::vector<TagInfo>* out) = 0;
+  // A new fd for a buffer: writable when it is PENDING for this session,
+  // read-only when this session leases it. The caller owns the fd.
+  virtual Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
+                       uint64_t* capacity) = 0;
+  virtual CacheStats Stats() = 0;
+  // As PersistSource::storage_roots (cache/persist_source.h).
+  virtual const std::vector<std::string>& storage_roots() const = 0;
+
+  // Blocks until every named file is PERSISTED or FAILED (infos in `out`, in
+  // order), or `timeout` passes (DEADLINE_EXCEEDED); <= 0 waits forever.
+  virtual Status Wait(const std::string& session, const std::string& job,
+                      const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
+                      std::vector<FileInfo>* out) = 0;
+  // Persists FAILED files of `job` again now, whatever they failed of: the
+  // named `paths` (each must be FAILED with its memory, else NOT_FOUND or
+  // FAILED_PRECONDITION and nothing is queued), or with none every such file
+  // of the job. `out`: the files queued.
+  virtual Status RetryFailed(const std::string& session, const std::string& job,
+                             const std::vector<std::string>& paths, std::vector<FileInfo>* out) = 0;
+
+  // Sets the job's ring: this node's rank and every node's peer endpoint.
+  // Committed files of the job (and every later commit) are then backed up to
+  // the successor, node (rank + 1) mod n; with one node there is none.
+  virtual Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
+                         std::vector<std::string> endpoints, std::string* successor) = 0;
+  // Whether `session` may read ranges of `job`'s files from this node's
+  // memory and its ring (ReadRange): its uid owns the job here (it saved
+  // into it or told its ring), or is an administrator. UNAUTHENTICATED for
+  // an unknown session, else PERMISSION_DENIED saying why.
+  virtual Status CheckRangeRead(const std::string& session, const std::string& job) = 0;
+  // Whether `job`'s files are being pulled back from the ring now (a load
+  // that misses would wait for them).
+  virtual bool Restoring(const std::string& job) const = 0;
+  // OK at once unless this server is pulling `job`'s files back from the
+  // ring (a fresh or restarted node); then waits for that restore to end, up
+  // to the restore wait: DEADLINE_EXCEEDED, naming the job and the peer, if
+  // it does not. *waited (`waited` may be null): whether a restore was in
+  // flight. `call_deadline`: the caller's own deadline, when sooner (the
+  // answer then comes before the caller gives up, and says so).
+  virtual Status WaitForRestore(const std::string& job, bool* waited,
+                                Clock::TimePoint call_deadline) = 0;
+};
+
+}  // namespace tce
