@@ -7,8 +7,8 @@
 // accepted. Without roots the cache is memory only.
 //
 // Each kind of caller sees it through its own interface: clients (rpc/)
-// through ClientStore, whose header states the security contract, and
-// persistence through PersistSource.
+// through ClientStore, whose header states the security contract,
+// persistence through PersistSource, the ring through RingStore.
 //
 // All public methods are thread-safe: they take the one mutex, `mu_` (they
 // are EXCLUDES(mu_); the private helpers that run under it are REQUIRES(mu_),
@@ -46,6 +46,7 @@
 #include "cache/persist_feed.h"
 #include "cache/persist_source.h"
 #include "cache/restore_tracker.h"
+#include "cache/ring_store.h"
 #include "cache/ring_table.h"
 #include "cache/session_table.h"
 #include "common/log_limiter.h"
@@ -63,7 +64,11 @@ struct SessionLimits {
   size_t max_leases_per_session = 4096;  // Lookup(lease) beyond it: RESOURCE_EXHAUSTED
 };
 
-class Cache : public PoolBudget, public MemoryBudget, public ClientStore, public PersistSource {
+class Cache : public PoolBudget,
+              public MemoryBudget,
+              public ClientStore,
+              public PersistSource,
+              public RingStore {
  public:
   // `storage_roots`: absolute directories files may be persisted under;
   // empty means memory only. `full_timeout`: how long an allocation that finds
@@ -116,6 +121,49 @@ class Cache : public PoolBudget, public MemoryBudget, public ClientStore, public
   Status WaitForRestore(const std::string& job, bool* waited,
                         Clock::TimePoint call_deadline) override EXCLUDES(mu_);
 
+  // ---- PersistSource (cache/persist_source.h) ----
+  const std::vector<std::string>& storage_roots() const override { return roots_; }  // ClientStore's too
+  void SetPersistFeed(PersistFeed* feed) override EXCLUDES(mu_);
+  bool StartPersist(const FileKey& key, bool retry, PersistJob* out) override EXCLUDES(mu_);
+  bool IsCurrent(const PersistJob& job) override EXCLUDES(mu_);
+  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override EXCLUDES(mu_);
+  void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records,
+                     const FileStat& written) override EXCLUDES(mu_);
+  void StopPersistence() override EXCLUDES(mu_);
+
+  // ---- RingStore (cache/ring_store.h) ----
+  std::vector<std::string> RingPeers(const std::string& job) override EXCLUDES(mu_);
+  Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) override EXCLUDES(mu_);
+  bool JobUid(const std::string& job, uid_t* uid) override EXCLUDES(mu_);
+  Status CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
+                      const std::string& what, bool claim) override EXCLUDES(mu_);
+  bool MayBeInRing(const std::string& job, const std::string& path) override EXCLUDES(mu_);
+  void SetBackupFeed(BackupFeed* feed) override EXCLUDES(mu_);
+  bool StartBackup(const FileKey& key, BackupJob* out) override EXCLUDES(mu_);
+  void FinishBackup(const BackupJob& job, const Status& result) override EXCLUDES(mu_);
+  bool StartTagBackup(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) override EXCLUDES(mu_);
+  void ResendBackups(const std::string& job, const std::string& peer) override EXCLUDES(mu_);
+  void NoteBackupError(const std::string& message) override EXCLUDES(mu_);
+  void NoteRingAttempt(const Status& result, const std::string& what) override EXCLUDES(mu_);
+  Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) override EXCLUDES(mu_);
+  Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
+  void AbandonRecovery(std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
+  size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) override EXCLUDES(mu_);
+  Status CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) override EXCLUDES(mu_);
+  void RestoreEnded(const std::string& job, const std::string& from) override EXCLUDES(mu_);
+  std::vector<FileInfo> NotInMemory(const std::string& job) override EXCLUDES(mu_);
+  size_t InMemoryCount(const std::string& job) override EXCLUDES(mu_);
+  Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
+  void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
+
+  // PoolBudget: pooled bytes fit in the budget beside every buffer.
+  bool ReservePool(uint64_t bytes) override EXCLUDES(mu_);
+  void ReturnPool(uint64_t bytes) override EXCLUDES(mu_);
+  // MemoryBudget: borrowed bytes count as held, like a buffer's; a save
+  // cannot reclaim them (they come back when the borrower frees them).
+  bool Borrow(uint64_t bytes) override EXCLUDES(mu_);
+  void GiveBack(uint64_t bytes) override EXCLUDES(mu_);
+
   // ---- for the daemon (and tests) ----
   void SetSessionLimits(const SessionLimits& limits) EXCLUDES(mu_);
   // ClientStore::List unchecked: every file. For the daemon itself and tests.
@@ -134,16 +182,6 @@ class Cache : public PoolBudget, public MemoryBudget, public ClientStore, public
   void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
   bool persistence_enabled() const { return !roots_.empty(); }
 
-  // ---- PersistSource (cache/persist_source.h) ----
-  const std::vector<std::string>& storage_roots() const override { return roots_; }  // ClientStore's too
-  void SetPersistFeed(PersistFeed* feed) override EXCLUDES(mu_);
-  bool StartPersist(const FileKey& key, bool retry, PersistJob* out) override EXCLUDES(mu_);
-  bool IsCurrent(const PersistJob& job) override EXCLUDES(mu_);
-  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override EXCLUDES(mu_);
-  void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records,
-                     const FileStat& written) override EXCLUDES(mu_);
-  void StopPersistence() override EXCLUDES(mu_);
-
   // How long a load (or a save's look at its directory) waits for storage to
   // answer a stat before it serves the cache (goes on unchecked). Default 2 s;
   // <= 0: no limit. Set before serving.
@@ -153,117 +191,25 @@ class Cache : public PoolBudget, public MemoryBudget, public ClientStore, public
   // buffer's capacity is rounded up to 2 MiB; when no huge page is left, a
   // buffer is made with 4 KiB pages (logged, counted). Set before serving.
   void SetMemory(Backing backing, BufferPool* pool) EXCLUDES(mu_);
-  // PoolBudget: pooled bytes fit in the budget beside every buffer.
-  bool ReservePool(uint64_t bytes) override EXCLUDES(mu_);
-  void ReturnPool(uint64_t bytes) override EXCLUDES(mu_);
-  // MemoryBudget: borrowed bytes count as held, like a buffer's; a save
-  // cannot reclaim them (they come back when the borrower frees them).
-  bool Borrow(uint64_t bytes) override EXCLUDES(mu_);
-  void GiveBack(uint64_t bytes) override EXCLUDES(mu_);
 
-  // ---- the ring ----
   // This server's peer endpoint: rings it is told are recorded for it.
   void SetSelfEndpoint(const std::string& endpoint) EXCLUDES(mu_);
   // Rings recorded in metadata before a restart: joined again, and (the
   // memory being empty) this node's files recovered from the ring.
   void RestoreRings(std::vector<RingInfo> rings) EXCLUDES(mu_);
-  // The other members of the job's ring, the successor first (empty: no ring).
-  std::vector<std::string> RingPeers(const std::string& job) EXCLUDES(mu_);
-  // OK when `peer` is node `node` of the job's ring as this server was told
-  // it: only that node may hand it copies and tags as that node's.
-  // PERMISSION_DENIED naming who is, or that no ring is known.
-  Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) EXCLUDES(mu_);
-  // The uid `job` belongs to here: the owner of its files, else the uid
-  // that set its ring; false when nobody owns it here yet. A job belongs to
-  // one uid on every node of its ring: peers name it with every copy, tag
-  // and request (ring/peer_server.h), so a ring is the job's name and its
-  // uid, not the name alone.
-  bool JobUid(const std::string& job, uid_t* uid) EXCLUDES(mu_);
-  // OK when `peer` (acting for `job` as uid `uid`; `named` false: it named
-  // none) may do `what`: the job belongs to that uid here, or to nobody
-  // yet and `claim` (then it does from now on). Else PERMISSION_DENIED.
-  Status CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
-                      const std::string& what, bool claim) EXCLUDES(mu_);
-  // Whether a load that missed (job, path) may find it in the ring: it is
-  // unknown here, or lost from memory, but not evicted by us (the ring's
-  // copy goes when the original is evicted).
-  bool MayBeInRing(const std::string& job, const std::string& path) EXCLUDES(mu_);
-  // Where the ring's work is queued (ring/backup_queue.h; null: nowhere, no
-  // file is backed up). Set before serving.
-  void SetBackupFeed(BackupFeed* feed) EXCLUDES(mu_);
-  // For backup workers: the current version of `key` to send to the job's
-  // successor, pinned (until FinishBackup), in `out`; false when there is
-  // nothing to send (no successor, not in memory, already held there).
-  bool StartBackup(const FileKey& key, BackupJob* out) EXCLUDES(mu_);
-  // Records the outcome. A failed backup is queued again (the worker backs
-  // off); the file itself is unaffected.
-  void FinishBackup(const BackupJob& job, const Status& result) EXCLUDES(mu_);
-  // For backup workers: the complete tag `copy` names, the job's successor
-  // to send it to and this node's rank in the ring; false when there is
-  // nothing to send (no successor, no such tag).
-  bool StartTagBackup(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) EXCLUDES(mu_);
-  // Recovery: complete tags of `job` this node recorded before it was
-  // replaced, as its successor held them (checked by the caller: valid, of
-  // `job`). Each is kept unless one as new is recorded here, and told to
-  // metadata. Returns how many were kept.
-  size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) EXCLUDES(mu_);
-  // Whether a complete tag the ring gave back agrees with the files it
-  // names: each is in memory here at the tag's size; or, not being one of
-  // `listed` (the holder's copies of this node's files: those must be back),
-  // it is another node's, and storage holds nothing else at its path
-  // (nothing, or a file of the tag's size; storage that does not answer
-  // cannot refuse). FAILED_PRECONDITION naming the first file that
-  // disagrees: such a tag is not listed again.
-  Status CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) EXCLUDES(mu_);
+  // How long a load waits for an in-flight ring restore of its job. Set
+  // before serving.
+  void SetRestoreWait(std::chrono::milliseconds wait) EXCLUDES(mu_);
+  // The server stops: loads and listings waiting for a restore get
+  // UNAVAILABLE now (so the RPC server's shutdown does not wait for them).
+  void StopRestoreWaits();
+
   // Shutdown: new allocations are refused (UNAVAILABLE) from now on; saves
   // already allocated may still commit, loads are served as before.
   void StopAccepting() EXCLUDES(mu_);
   // What a drain still waits for: one line per file ("job=.. path=..: not
   // persisted" / "not backed up"), and whether allocations are in flight.
   std::vector<std::string> Unfinished(bool* allocations_in_flight) EXCLUDES(mu_);
-  // Recovery: room (within the budget) for a file pulled back from the ring.
-  Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) EXCLUDES(mu_);
-  // Installs a pulled file (CRCs verified) as BACKED_UP at `f.backup_holder`,
-  // unless a save of the path arrived meanwhile (FAILED_PRECONDITION) or its
-  // size or CRCs differ from those metadata recorded for the path (DATA_LOSS:
-  // the copy is not the file metadata knows, and storage serves it instead).
-  // Nothing the peer says is taken on trust: the job, tag and path must be
-  // valid names under the storage roots (else PERMISSION_DENIED), and the
-  // owner is metadata's, or the uid that set the job's ring here; a file
-  // with neither is refused (PERMISSION_DENIED).
-  Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) EXCLUDES(mu_);
-  void AbandonRecovery(std::unique_ptr<Buffer> mem) EXCLUDES(mu_);
-  // `peer` lost the copies it held for us: send the job's files again.
-  void ResendBackups(const std::string& job, const std::string& peer) EXCLUDES(mu_);
-  // Counts a ring failure that belongs to no queued job (shown in Stats).
-  void NoteBackupError(const std::string& message) EXCLUDES(mu_);
-  // The outcome of one attempt of the backup workers (a backup, a tag, a
-  // drop or a restore) with the next node: a run of kBackupsFailingLoudly
-  // failures or more is logged as an error (at most once a minute); any
-  // success ends the run (Stats' backup_failing).
-  void NoteRingAttempt(const Status& result, const std::string& what) EXCLUDES(mu_);
-  // ---- restores and peer reads ----
-  // How long a load waits for an in-flight ring restore of its job. Set
-  // before serving.
-  void SetRestoreWait(std::chrono::milliseconds wait) EXCLUDES(mu_);
-  // The Replicator pulled back what the ring held of `job` (whatever it
-  // got): loads waiting for it go on.
-  // `from` non-empty: only a restore from that peer ends.
-  void RestoreEnded(const std::string& job, const std::string& from = "") EXCLUDES(mu_);
-  // The server stops: loads and listings waiting for a restore get
-  // UNAVAILABLE now (so the RPC server's shutdown does not wait for them).
-  void StopRestoreWaits();
-  // Files of `job` that metadata recorded here and that are not in memory
-  // (after a restore: what the ring could not give back).
-  std::vector<FileInfo> NotInMemory(const std::string& job) EXCLUDES(mu_);
-  // How many committed files of `job` this node holds in memory.
-  size_t InMemoryCount(const std::string& job) EXCLUDES(mu_);
-  // For a ring member's read (ring/peer_server.h; the caller checked that
-  // the peer is a member of the job's ring): the committed file (job, path)
-  // this node holds in memory, its buffer pinned and a read-only fd in *fd
-  // until EndPeerRead(out->buffer_id). NOT_FOUND if not in memory.
-  Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) EXCLUDES(mu_);
-  void EndPeerRead(uint64_t buffer_id) EXCLUDES(mu_);
 
  private:
   enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };

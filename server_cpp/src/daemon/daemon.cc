@@ -355,7 +355,8 @@ int Daemon::StartRing() {
   cache_->SetSelfEndpoint(peers_->endpoint());
   Replicator* r = replicator_.get();
   ring_fetch_ = std::make_unique<RingFetch>(
-      cache_.get(), [r](const std::string& job, const std::string& path) { return r->FetchForLoad(job, path); });
+      cache_.get(), cache_.get(),
+      [r](const std::string& job, const std::string& path) { return r->FetchForLoad(job, path); });
   cache_->RestoreRings(std::move(recorded_rings_));
   return 0;
 }

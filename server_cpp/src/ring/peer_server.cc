@@ -37,7 +37,7 @@ Status FillCrcs(int fd, FileInfo* f) {
 }  // namespace
 
 PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store,
-                       Cache* cache)
+                       RingStore* cache)
     : options_(std::move(options)), transport_(transport), store_(store), cache_(cache) {}
 
 PeerServer::~PeerServer() { Stop(); }
@@ -475,7 +475,7 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     TCE_LOG(kWarning, "ring") << "refused to send job=" << req.job() << " path=" << req.path()
                               << " to " << link->peer() << ": " << found.message();
   struct Unpin {
-    Cache* cache;
+    RingStore* cache;
     uint64_t id;
     ~Unpin() {
       if (id) cache->EndPeerRead(id);

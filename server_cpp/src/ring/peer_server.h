@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "cache/cache.h"
+#include "cache/ring_store.h"
 #include "common/clock.h"
 #include "common/log_limiter.h"
 #include "common/mutex.h"
@@ -58,7 +58,7 @@ class PeerServer {
  public:
   // `cache` (may be null): told when a peer asks for its backups again.
   PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store,
-             Cache* cache = nullptr);
+             RingStore* cache = nullptr);
   ~PeerServer();
   Status Start();
   void Stop();
@@ -99,7 +99,7 @@ class PeerServer {
   const PeerServerOptions options_;
   Transport* const transport_;
   BackupStore* const store_;
-  Cache* const cache_;
+  RingStore* const cache_;
   std::string endpoint_;
   int listen_fd_ = -1;
   std::thread acceptor_;

@@ -18,7 +18,7 @@ std::chrono::milliseconds RangeReader::ConnectTimeout(Clock::TimePoint deadline)
   return std::max(std::chrono::milliseconds(1), std::min(options_.clock->Left(deadline), options_.io_timeout));
 }
 
-RangeReader::RangeReader(Cache* cache, RangeReaderOptions options)
+RangeReader::RangeReader(RingStore* cache, RangeReaderOptions options)
     : cache_(cache), options_(std::move(options)) {}
 
 Status RangeReader::Read(const std::string& job, const std::string& path, uint64_t offset,

@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "cache/cache.h"
+#include "cache/ring_store.h"
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "ring/backup_store.h"
@@ -61,7 +61,7 @@ class RangeReader {
  public:
   static constexpr size_t kIdleLinks = 4;  // kept per peer
 
-  RangeReader(Cache* cache, RangeReaderOptions options);
+  RangeReader(RingStore* cache, RangeReaderOptions options);
   // Bytes [offset, offset + length) of (job, path). NOT_FOUND when neither
   // this server nor any reachable ring member has the file (the message says
   // which member failed, if one did); OUT_OF_RANGE or
@@ -97,7 +97,7 @@ class RangeReader {
   std::unique_ptr<PeerLink> TakeLink(const std::string& peer) EXCLUDES(mu_);
   void ReturnLink(const std::string& peer, std::unique_ptr<PeerLink> link) EXCLUDES(mu_);
 
-  Cache* const cache_;
+  RingStore* const cache_;
   const RangeReaderOptions options_;
   std::atomic<uint64_t> local_reads_{0}, held_reads_{0}, peer_reads_{0}, peer_bytes_{0};
   Mutex mu_;

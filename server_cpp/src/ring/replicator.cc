@@ -25,7 +25,7 @@ constexpr int kRecoverFailuresBeforeLoadsGoOn = 3;
 constexpr int kPersistedNoticeAttempts = 5;
 }  // namespace
 
-Replicator::Replicator(Cache* cache, Transport* transport, ReplicatorOptions options)
+Replicator::Replicator(RingStore* cache, Transport* transport, ReplicatorOptions options)
     : cache_(cache), transport_(transport), options_(std::move(options)) {
   cache_->SetBackupFeed(&queue_);
 }

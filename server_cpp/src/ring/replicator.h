@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "cache/cache.h"
+#include "cache/ring_store.h"
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
@@ -50,7 +50,7 @@ struct ReplicatorOptions {
 
 class Replicator {
  public:
-  Replicator(Cache* cache, Transport* transport, ReplicatorOptions options);
+  Replicator(RingStore* cache, Transport* transport, ReplicatorOptions options);
   ~Replicator();
   void Start();
   void Stop();
@@ -94,8 +94,8 @@ class Replicator {
   Status PullHeld(const std::string& job, const std::string& path);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
-  Cache* const cache_;
-  BackupQueue queue_;  // fed by the cache (Cache::SetBackupFeed)
+  RingStore* const cache_;
+  BackupQueue queue_;  // fed by the cache (RingStore::SetBackupFeed)
   Transport* const transport_;
   const ReplicatorOptions options_;
   std::vector<std::thread> threads_;

@@ -7,8 +7,9 @@ namespace {
 constexpr size_t kMaxRemembered = 4096;
 }  // namespace
 
-RingFetch::RingFetch(Cache* cache, Fetch fetch, std::chrono::milliseconds miss_ttl, Clock* clock)
-    : cache_(cache), fetch_(std::move(fetch)), miss_ttl_(miss_ttl), clock_(clock) {}
+RingFetch::RingFetch(ClientStore* cache, RingStore* ring, Fetch fetch, std::chrono::milliseconds miss_ttl,
+                     Clock* clock)
+    : cache_(cache), ring_(ring), fetch_(std::move(fetch)), miss_ttl_(miss_ttl), clock_(clock) {}
 
 Status RingFetch::Lookup(const std::string& session, const std::string& job,
                          const std::string& path, bool lease, FileInfo* out, uint64_t* lease_id,
@@ -36,7 +37,7 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
     s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
     if (s.code() != Status::Code::kNotFound) return s;
   }
-  if (!ask_ring || !cache_->MayBeInRing(job, path) || RecentlyMissed(job, path)) return s;
+  if (!ask_ring || !ring_->MayBeInRing(job, path) || RecentlyMissed(job, path)) return s;
   if (Status a = may_wait(); !a.ok()) return a;
   Status fetched = fetch_(job, path);
   if (fetched.code() == Status::Code::kNotFound) NoteMiss(job, path);

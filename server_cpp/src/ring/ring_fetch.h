@@ -1,10 +1,12 @@
 // RingFetch: the ring's part of a load. A load that misses the cache may find
 // the file in the ring (this node's own copy at its successor, or another
 // node's, for a rank that moved here): RingFetch asks the peers (`fetch`, the
-// Replicator's FetchForLoad), then looks the cache up again.
+// Replicator's FetchForLoad), then looks the cache up again. It sees the
+// Cache twice: as the client's store it extends (`cache`: the lookup, the
+// restore wait) and as the ring's (`ring`: whether to ask the ring).
 //
 // Policy: only leased lookups (loads) ask the ring, and only for files the
-// cache says may be there (Cache::MayBeInRing). A file no peer held is
+// cache says may be there (RingStore::MayBeInRing). A file no peer held is
 // remembered for `miss_ttl`: a load of it within that time goes to storage
 // without asking again, so a job that probes for files it never saved does
 // not cost a round of connections each (at most 4096 misses are remembered;
@@ -20,7 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "cache/cache.h"
+#include "cache/client_store.h"
+#include "cache/ring_store.h"
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
@@ -31,11 +34,11 @@ class RingFetch {
  public:
   using Fetch = std::function<Status(const std::string& job, const std::string& path)>;
 
-  RingFetch(Cache* cache, Fetch fetch,
+  RingFetch(ClientStore* cache, RingStore* ring, Fetch fetch,
             std::chrono::milliseconds miss_ttl = std::chrono::seconds(5), Clock* clock = Clock::Real());
 
-  // Cache::Lookup; on a miss while the job's files are being restored from
-  // the ring, waits for the restore (Cache::WaitForRestore: bounded, and
+  // ClientStore::Lookup; on a miss while the job's files are being restored
+  // from the ring, waits for the restore (WaitForRestore: bounded, and
   // DEADLINE_EXCEEDED naming it) and looks again; then the ring as above. A fetch that found the
   // file (OK), or found a newer save already here (FAILED_PRECONDITION),
   // is followed by a second lookup, whose answer is returned.
@@ -58,7 +61,8 @@ class RingFetch {
   bool RecentlyMissed(const std::string& job, const std::string& path);
   void NoteMiss(const std::string& job, const std::string& path);
 
-  Cache* const cache_;
+  ClientStore* const cache_;
+  RingStore* const ring_;
   const Fetch fetch_;
   const std::chrono::milliseconds miss_ttl_;
   Clock* const clock_;

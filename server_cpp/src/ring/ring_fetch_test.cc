@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "cache/cache.h"
 #include "common/manual_clock.h"
 
 namespace tce {
@@ -32,7 +33,7 @@ class RingFetchTest : public ::testing::Test {
 
 TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
   ManualClock clock;
-  RingFetch r(&cache_, [&](const std::string&, const std::string&) {
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&) {
     ++fetches_;
     return Status::NotFound("no peer holds it");
   }, 50ms, &clock);
@@ -48,7 +49,7 @@ TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
 }
 
 TEST_F(RingFetchTest, OnlyLoadsOfFilesThatMayBeInTheRingAsk) {
-  RingFetch r(&cache_, [&](const std::string&, const std::string&) {
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&) {
     ++fetches_;
     return Status::Unavailable("peer down");
   });
@@ -68,7 +69,7 @@ TEST_F(RingFetchTest, OnlyLoadsOfFilesThatMayBeInTheRingAsk) {
 }
 
 TEST_F(RingFetchTest, AFetchThatFoundTheFileLooksAgain) {
-  RingFetch r(&cache_, [&](const std::string&, const std::string&) {
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&) {
     ++fetches_;
     return Status::OK();  // (nothing installed: the second lookup still misses)
   });

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "cache/cache.h"
 #include "rpc/fd_passing.h"
 #include "rpc/control_listener.h"
 #include "rpc/fd_server.h"

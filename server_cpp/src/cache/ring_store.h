@@ -1,0 +1,132 @@
+// RingStore: the Cache as the ring (ring/) sees it: the backup workers
+// (ring/replicator.h) take the files and tags to send and report how it
+// went, put back what a recovery pulled from the ring, and end restores;
+// the peer port (ring/peer_server.h) and ranged reads (ring/range_reader.h)
+// check who may hand over or read a job's files, and read this node's own
+// files in memory; a load that misses (ring/ring_fetch.h) asks whether the
+// ring may hold the file.
+//
+// Trust: peers are other servers of the cluster, authenticated by the
+// caller (ring/peer_link.h), but what they say of a job is checked here
+// against the ring this server was told (CheckRingSender) and the uid the
+// job belongs to here (CheckPeerUid); a recovered file is checked again on
+// adoption (AdoptRecovered).
+//
+// The Cache is one. Thread-safe: the backup workers, the peer port's
+// connection threads and RPC threads call it at once.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cache/backup_feed.h"
+#include "cache/buffer.h"
+#include "cache/cache_types.h"
+#include "common/status.h"
+
+namespace tce {
+
+class RingStore {
+ public:
+  virtual ~RingStore() = default;
+
+  // ---- the ring and who may act for a job ----
+  // The other members of the job's ring, the successor first (empty: no ring).
+  virtual std::vector<std::string> RingPeers(const std::string& job) = 0;
+  // OK when `peer` is node `node` of the job's ring as this server was told
+  // it: only that node may hand it copies and tags as that node's.
+  // PERMISSION_DENIED naming who is, or that no ring is known.
+  virtual Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) = 0;
+  // The uid `job` belongs to here: the owner of its files, else the uid
+  // that set its ring; false when nobody owns it here yet. A job belongs to
+  // one uid on every node of its ring: peers name it with every copy, tag
+  // and request (ring/peer_server.h), so a ring is the job's name and its
+  // uid, not the name alone.
+  virtual bool JobUid(const std::string& job, uid_t* uid) = 0;
+  // OK when `peer` (acting for `job` as uid `uid`; `named` false: it named
+  // none) may do `what`: the job belongs to that uid here, or to nobody
+  // yet and `claim` (then it does from now on). Else PERMISSION_DENIED.
+  virtual Status CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
+                              const std::string& what, bool claim) = 0;
+  // Whether a load that missed (job, path) may find it in the ring: it is
+  // unknown here, or lost from memory, but not evicted by us (the ring's
+  // copy goes when the original is evicted).
+  virtual bool MayBeInRing(const std::string& job, const std::string& path) = 0;
+
+  // ---- backups ----
+  // Where the ring's work is queued (ring/backup_queue.h; null: nowhere, no
+  // file is backed up). Set before serving.
+  virtual void SetBackupFeed(BackupFeed* feed) = 0;
+  // For backup workers: the current version of `key` to send to the job's
+  // successor, pinned (until FinishBackup), in `out`; false when there is
+  // nothing to send (no successor, not in memory, already held there).
+  virtual bool StartBackup(const FileKey& key, BackupJob* out) = 0;
+  // Records the outcome. A failed backup is queued again (the worker backs
+  // off); the file itself is unaffected.
+  virtual void FinishBackup(const BackupJob& job, const Status& result) = 0;
+  // For backup workers: the complete tag `copy` names, the job's successor
+  // to send it to and this node's rank in the ring; false when there is
+  // nothing to send (no successor, no such tag).
+  virtual bool StartTagBackup(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) = 0;
+  // `peer` lost the copies it held for us: send the job's files again.
+  virtual void ResendBackups(const std::string& job, const std::string& peer) = 0;
+  // Counts a ring failure that belongs to no queued job (shown in Stats).
+  virtual void NoteBackupError(const std::string& message) = 0;
+  // The outcome of one attempt of the backup workers (a backup, a tag, a
+  // drop or a restore) with the next node: a run of failures (the Cache's
+  // kBackupsFailingLoudly or more) is logged as an error (at most once a
+  // minute); any success ends the run (Stats' backup_failing).
+  virtual void NoteRingAttempt(const Status& result, const std::string& what) = 0;
+
+  // ---- recovery: this node's files and tags back from the ring ----
+  // Room (within the budget) for a file pulled back from the ring.
+  virtual Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) = 0;
+  // Installs a pulled file (CRCs verified) as BACKED_UP at `f.backup_holder`,
+  // unless a save of the path arrived meanwhile (FAILED_PRECONDITION) or its
+  // size or CRCs differ from those metadata recorded for the path (DATA_LOSS:
+  // the copy is not the file metadata knows, and storage serves it instead).
+  // Nothing the peer says is taken on trust: the job, tag and path must be
+  // valid names under the storage roots (else PERMISSION_DENIED), and the
+  // owner is metadata's, or the uid that set the job's ring here; a file
+  // with neither is refused (PERMISSION_DENIED).
+  virtual Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) = 0;
+  virtual void AbandonRecovery(std::unique_ptr<Buffer> mem) = 0;
+  // Complete tags of `job` this node recorded before it was replaced, as
+  // its successor held them (checked by the caller: valid, of `job`). Each
+  // is kept unless one as new is recorded here, and told to metadata.
+  // Returns how many were kept.
+  virtual size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) = 0;
+  // Whether a complete tag the ring gave back agrees with the files it
+  // names: each is in memory here at the tag's size; or, not being one of
+  // `listed` (the holder's copies of this node's files: those must be back),
+  // it is another node's, and storage holds nothing else at its path
+  // (nothing, or a file of the tag's size; storage that does not answer
+  // cannot refuse). FAILED_PRECONDITION naming the first file that
+  // disagrees: such a tag is not listed again.
+  virtual Status CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) = 0;
+  // The Replicator pulled back what the ring held of `job` (whatever it
+  // got): loads waiting for it go on.
+  // `from` non-empty: only a restore from that peer ends.
+  virtual void RestoreEnded(const std::string& job, const std::string& from) = 0;
+  // Files of `job` that metadata recorded here and that are not in memory
+  // (after a restore: what the ring could not give back).
+  virtual std::vector<FileInfo> NotInMemory(const std::string& job) = 0;
+
+  // ---- peer reads ----
+  // How many committed files of `job` this node holds in memory.
+  virtual size_t InMemoryCount(const std::string& job) = 0;
+  // For a ring member's read (ring/peer_server.h; the caller checked that
+  // the peer is a member of the job's ring): the committed file (job, path)
+  // this node holds in memory, its buffer pinned and a read-only fd in *fd
+  // until EndPeerRead(out->buffer_id). NOT_FOUND if not in memory.
+  virtual Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) = 0;
+  virtual void EndPeerRead(uint64_t buffer_id) = 0;
+};
+
+}  // namespace tce
