@@ -1,7 +1,9 @@
 """The server's layer rule, as docs/architecture.md states it, against the
 code: each folder of server_cpp/src is a layer, and a file includes only
 headers of its own layer and of the layers below it (tests included: a
-test of a lower layer needs nothing above it either)."""
+test of a lower layer needs nothing above it either). And the Cache's
+callers see it through their interfaces: no product file of persist/,
+ring/ or rpc/ reaches cache/cache.h, directly or through another header."""
 
 from __future__ import annotations
 
@@ -64,3 +66,87 @@ def test_the_check_finds_an_include_from_below(tmp_path):
     assert [f.split(": ", 1)[1] for f in found] == [
         'cache/ includes rpc/ (#include "rpc/service.h")',
         'persist/ includes meta/ (#include "meta/meta_store.h")']
+
+
+# The layers that see the Cache only through their interface (the daemon,
+# which makes the Cache, and the tests may include cache/cache.h).
+CACHE_CALLERS = ("persist", "ring", "rpc")
+CACHE_HEADER = "cache/cache.h"
+
+
+def _project_includes(path: Path, src: Path) -> list[str]:
+    """The project headers `path` includes, as paths relative to `src`."""
+    found = []
+    for line in path.read_text().splitlines():
+        m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+        if m and (src / m.group(1)).is_file():
+            found.append(m.group(1))
+    return found
+
+
+def _test_files(src: Path) -> set[str]:
+    """The tests (``*_test.cc``) and the headers only tests include."""
+    files = {str(p.relative_to(src)) for p in src.rglob("*") if p.suffix in (".h", ".cc")}
+    includers: dict[str, set[str]] = {f: set() for f in files}
+    for f in files:
+        for inc in _project_includes(src / f, src):
+            includers.setdefault(inc, set()).add(f)
+    tests = {f for f in files if f.endswith("_test.cc")}
+    grown = True
+    while grown:
+        grown = False
+        for f in files - tests:
+            if f.endswith(".h") and includers[f] and includers[f] <= tests:
+                tests.add(f)
+                grown = True
+    return tests
+
+
+def _cache_reaches(src: Path = SRC) -> list[str]:
+    """Each product file of CACHE_CALLERS that reaches CACHE_HEADER, with
+    the chain of includes that gets there."""
+    tests = _test_files(src)
+    found = []
+    for layer in CACHE_CALLERS:
+        for path in sorted((src / layer).glob("*")):
+            own = str(path.relative_to(src))
+            if path.suffix not in (".h", ".cc") or own in tests:
+                continue
+            chains = {own: [own]}
+            todo = [own]
+            while todo and CACHE_HEADER not in chains:
+                f = todo.pop()
+                for inc in _project_includes(src / f, src):
+                    if inc not in chains:
+                        chains[inc] = chains[f] + [inc]
+                        todo.append(inc)
+            if CACHE_HEADER in chains:
+                found.append(" -> ".join(chains[CACHE_HEADER]))
+    return found
+
+
+def test_the_cache_callers_see_it_through_their_interface():
+    reaches = _cache_reaches()
+    assert reaches == [], ("include the caller's interface (cache/client_store.h, "
+                           "cache/persist_source.h, cache/ring_store.h), not cache/cache.h:\n"
+                           + "\n".join(reaches))
+
+
+def test_the_check_finds_cache_h_through_another_header(tmp_path):
+    """The walk itself: an include of cache/cache.h, direct or through a
+    header, is reported; one from a test, or a header only tests include,
+    is not."""
+    fake = tmp_path / "server_cpp" / "src"
+    for layer in _layers():
+        (fake / layer).mkdir(parents=True)
+    (fake / "cache" / "cache.h").write_text("")
+    (fake / "cache" / "ring_store.h").write_text("")
+    (fake / "cache" / "wide.h").write_text('#include "cache/cache.h"\n')
+    (fake / "ring" / "a.cc").write_text('#include "cache/ring_store.h"\n')
+    (fake / "ring" / "b.h").write_text('#include "cache/wide.h"\n')
+    (fake / "rpc" / "c.cc").write_text('#include "cache/cache.h"\n')
+    (fake / "persist" / "d_fixture.h").write_text('#include "cache/cache.h"\n')
+    (fake / "persist" / "d_test.cc").write_text('#include "persist/d_fixture.h"\n')
+    assert _cache_reaches(fake) == [
+        "ring/b.h -> cache/wide.h -> cache/cache.h",
+        "rpc/c.cc -> cache/cache.h"]
