@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tce.tools._ports import free_port
 
 
 class MariaDB:
@@ -22,7 +16,7 @@ class MariaDB:
         self.dir = tempfile.mkdtemp(prefix="tce-mariadb-")
         self.datadir = os.path.join(self.dir, "data")
         self.socket = os.path.join(self.dir, "mysqld.sock")
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.user, self.password, self.database = "tce", "tce-test-pw", "tce"
         subprocess.run(["mariadb-install-db", f"--datadir={self.datadir}",

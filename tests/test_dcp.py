@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,20 +22,15 @@ from tce.core import _knobs
 from tce.tools._server import LocalServer
 
 from conftest import run_python
+from tce.tools._ports import free_port
 
 JOB = os.path.join(os.path.dirname(__file__), "dcp_job.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(world: int, action: str, path: str, server: LocalServer, *, job: str = "dcp",
               extra_env: dict[str, str] | None = None, timeout: float = 120) -> list[str]:
     """Run dcp_job.py ACTION PATH as ``world`` ranks; returns each rank's stdout."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),

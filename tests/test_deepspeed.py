@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,12 @@ import torch
 
 from tce.tools._server import LocalServer
 from helpers import loop_mount, wait_metadata_written
+from tce.tools._ports import free_port
 
 pytestmark = [pytest.mark.deepspeed]
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "ds_train.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Run:
@@ -42,7 +36,7 @@ class Run:
     def __init__(self, world: int, args: list[str], *, socket_path: str = "", out: Path,
                  job: str = "ds-test", ready: bool = False, torchrun: bool = False,
                  nodes=None, sockets: list[str] | None = None) -> None:
-        port = _free_port()
+        port = free_port()
         self.world, self.out = world, out
         self.ready = str(out) + ".ready" if ready else ""
         self.procs, self.log_paths = [], []

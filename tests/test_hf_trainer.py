@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -20,6 +19,7 @@ from tce.core._client import Client
 from tce.tools._server import LocalServer
 
 from helpers import Hold, until
+from tce.tools._ports import free_port
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.timeout(600)]
 
@@ -27,16 +27,10 @@ SCRIPT = Path(__file__).with_name("hf_train.py")
 WORLD = 2  # ranks (processes) per run
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train(server: LocalServer, job: str, out_dir: Path, result: Path, *args: str,
            world: int = WORLD) -> list[dict]:
     """One run, a process per rank; each rank's result."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(world):
         env = dict(os.environ, TCE_SOCKET=server.socket, TCE_JOB=job, TCE_ON_UNAVAILABLE="raise",

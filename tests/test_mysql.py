@@ -17,6 +17,7 @@ from tce.core import _knobs
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 from helpers import Blocker, wait_metadata_written
+from tce.tools._ports import free_port
 
 pytestmark = pytest.mark.mysql
 
@@ -187,19 +188,11 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
         assert mariadb.sql("SELECT DISTINCT world_size FROM v1db.tags WHERE server != ''").split() == ["2"]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_server_rejoins_its_ring_from_mysql(tmp_path, mariadb):
     """Node 0's server keeps its metadata in MariaDB. It dies (SIGKILL) and
     comes back on the same peer endpoint: the ring it finds in MariaDB brings
     its file back from node 1 bitwise (there is no storage)."""
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     endpoints = [f"127.0.0.1:{p}" for p in ports]
 
     def start(i):

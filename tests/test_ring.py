@@ -28,6 +28,7 @@ from tce.errors import FailedPreconditionError, InvalidArgumentError
 from tce.v1 import tce_pb2 as pb
 
 from helpers import faulty_server_binary, until, wait_metadata_written
+from tce.tools._ports import free_port
 
 TOKEN = "ring-test-token"
 
@@ -725,9 +726,7 @@ def test_join_ring_tells_every_server_the_ring(tmp_path, transport):
 
     servers = [_ring_server(tmp_path, transport, f"j{i}") for i in range(2)]
     try:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         procs = [subprocess.Popen(
             [sys.executable, os.path.join(os.path.dirname(__file__), "ring_job.py")],
             env=dict(os.environ, RANK=str(i), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",

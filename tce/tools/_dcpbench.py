@@ -28,7 +28,6 @@ import datetime
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,15 +41,10 @@ import torch
 from tce.tools import _coldbench
 from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict
+from tce.tools._ports import free_port
 
 WORLD = 2
 LAYERS = 12  # a 12-layer model at any --size: ~150 tensors per rank
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(size: int, *, repeats: int, directory: str,
@@ -68,7 +62,7 @@ def run(size: int, *, repeats: int, directory: str,
                              state_dir=os.path.join(directory, "state"),
                              extra_args=["--keep-last", "2", "--memory-backing", memory_backing]).start()
         try:
-            port = str(_free_port())
+            port = str(free_port())
             procs = []
             for rank in range(WORLD):
                 env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
@@ -118,7 +112,7 @@ def _peer_load(size: int, repeats: int, directory: str) -> dict[str, Any]:
             with client.session(s.socket):
                 client.set_ring("dcp-bench", i, endpoints)
         path = os.path.join(directory, "peer", "step")
-        port = str(_free_port())
+        port = str(free_port())
         procs = [subprocess.Popen(
             [sys.executable, "-m", "tce.tools._dcpbench", "peer-save", str(size), path],
             env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",

@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from torch import nn
 import tce  # also what makes "checkpoint_engine": "tce" work (tce.install_deepspeed)
 from tce import client
 from tce.tools._server import LocalServer
+from tce.tools._ports import free_port
 
 
 class TinyGPT(nn.Module):
@@ -146,12 +146,6 @@ def _buffers() -> tuple[int, int]:
     return int(tce.status()["buffers_created"]), client.mapped_buffers()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _child(args: argparse.Namespace, socket_path: str, ckpt_dir: str, report: str,
            *extra: str, expect: int = 0) -> bool:
     """Runs one training process; True if it exited with ``expect``. Otherwise
@@ -167,7 +161,7 @@ def _child(args: argparse.Namespace, socket_path: str, ckpt_dir: str, report: st
     ]
     env = dict(os.environ, TCE_SOCKET=socket_path, TCE_ON_UNAVAILABLE="raise", RANK="0",
                WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(_free_port()))
+               MASTER_PORT=str(free_port()))
     p = subprocess.run(cmd, env=env, stdout=None if args.verbose else subprocess.PIPE,
                        stderr=None if args.verbose else subprocess.STDOUT, text=True)
     lines = (p.stdout or "").splitlines()
