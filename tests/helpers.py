@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import glob
 import os
 import socket
@@ -262,3 +263,14 @@ class SilentPeer:
         for c in self.conns:
             c.close()
         self.sock.close()
+
+
+def exchange(a, b) -> None:
+    """Swaps the names ``a`` and ``b`` atomically (renameat2 with
+    RENAME_EXCHANGE): at no instant is either name missing, as an attacker
+    swapping a directory for a symlink would do it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    if libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a))

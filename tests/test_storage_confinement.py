@@ -16,7 +16,7 @@ from tce.core import _knobs
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
-from helpers import Blocker
+from helpers import Blocker, exchange
 
 
 @pytest.fixture
@@ -89,10 +89,10 @@ def test_a_symlink_swapped_in_for_a_directory_is_not_written_through(roots, tmp_
     try:
         job = f"conf-{uuid.uuid4().hex[:8]}"
         with _knobs.override(socket=s.socket, job=job, on_unavailable="raise"):
-            tce.save({"w": torch.ones(3)}, target, tag="t")
-            os.rename(storage / "ckpt", storage / "ckpt.moved")  # swap during the retries
-            os.symlink(outside, storage / "ckpt")
             (outside / "x.pt").write_bytes(b"looks the same on the other side")
+            os.symlink(outside, storage / "ckpt.link")
+            tce.save({"w": torch.ones(3)}, target, tag="t")
+            exchange(storage / "ckpt", storage / "ckpt.link")  # swapped during the retries, atomically
             info = _service.client().wait(job, [str(target)], 30)[0]
             api.close()
         assert info.state == pb.FILE_STATE_DISCARDED
@@ -102,5 +102,5 @@ def test_a_symlink_swapped_in_for_a_directory_is_not_written_through(roots, tmp_
     finally:
         assert s.stop() == 0, s.log()
         s.cleanup()
-        blocker.path = storage / "ckpt.moved" / "x.pt"
+        blocker.path = storage / "ckpt.link" / "x.pt"
         blocker.release()
