@@ -85,9 +85,10 @@ def faulty_server_binary() -> str:
                 "does, or set TCE_FAULTY_SERVER_BIN)")
 
 
-def until(predicate, timeout: float = 20.0, what: str = "condition"):
+def until(predicate, timeout: float = 60.0, what: str = "condition"):
     """Polls `predicate` until it returns something true, and returns that;
-    fails naming `what` after `timeout` seconds."""
+    fails naming `what` after `timeout` seconds (a bound on a hang only: a
+    loaded machine may take long)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

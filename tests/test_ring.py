@@ -82,9 +82,6 @@ def _files(server, job="ring-job") -> dict:
     return out
 
 
-_until = functools.partial(until, timeout=30.0)  # ring steps cross namespaces: a longer default
-
-
 def _stop(*servers):
     for s in servers:
         code = s.stop()
@@ -106,8 +103,8 @@ def test_backup_reaches_the_successor_and_is_dropped_on_eviction(tmp_path, trans
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             tce.save(obj, storage / "step1.pt", tag="step1")
             api.close()
-        f = _until(lambda: _files(a)[str(storage / "step1.pt")].backup_holder and
-                   _files(a)[str(storage / "step1.pt")], what="the backup")
+        f = until(lambda: _files(a)[str(storage / "step1.pt")].backup_holder and
+                  _files(a)[str(storage / "step1.pt")], what="the backup")
         assert f.backup_holder == endpoints[1]
         assert pb.FileState.Name(f.state) in ("FILE_STATE_BACKED_UP", "FILE_STATE_PERSISTED")
         held = _status(b)
@@ -118,11 +115,11 @@ def test_backup_reaches_the_successor_and_is_dropped_on_eviction(tmp_path, trans
             tce.save(obj, storage / "step2.pt", tag="step2")
             tce.wait()
             api.close()
-        _until(lambda: _files(a)[str(storage / "step1.pt")].state == pb.FILE_STATE_EVICTED,
-               what="eviction")
-        _until(lambda: int(_status(b)["held_backups"]) == 1 and
-               int(_status(b)["held_backup_bytes"]) == _files(a)[str(storage / "step2.pt")].size,
-               what="the successor to hold only step2")
+        until(lambda: _files(a)[str(storage / "step1.pt")].state == pb.FILE_STATE_EVICTED,
+              what="eviction")
+        until(lambda: int(_status(b)["held_backups"]) == 1 and
+              int(_status(b)["held_backup_bytes"]) == _files(a)[str(storage / "step2.pt")].size,
+              what="the successor to hold only step2")
     finally:
         _stop(a, b)
 
@@ -145,14 +142,14 @@ def test_a_peer_without_the_token_is_refused(tmp_path, transport):
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             tce.save({"w": torch.ones(1000)}, "/ckpt/r/x.pt", tag="t")  # saves never wait for the ring
             api.close()
-        st = _until(lambda: int(_status(a)["backup_failures"]) >= 1 and _status(a), what="a failure")
+        st = until(lambda: int(_status(a)["backup_failures"]) >= 1 and _status(a), what="a failure")
         assert "refused our proof: it does not know our cluster token" in st["backup_error"], st["backup_error"]
         assert int(_status(b)["held_backups"]) == 0
         assert "does not know the cluster token" in b.log()  # refused and logged on both sides
         assert int(st["backup_queue"]) >= 0 and _files(a)["/ckpt/r/x.pt"].backup_holder == ""
-        _until(lambda: int(_status(a)["backup_failing"]) >= 3, what="three failures in a row")
+        until(lambda: int(_status(a)["backup_failing"]) >= 3, what="three failures in a row")
         assert _backups_failing_metric(a) >= 3
-        _until(lambda: "ERROR ring: ring backups have failed" in a.log(), what="the error line")
+        until(lambda: "ERROR ring: ring backups have failed" in a.log(), what="the error line")
         assert "files cached here have no copy on the next node" in a.log()
         out = subprocess.run([sys.executable, "-m", "tce.cli", "--socket", a.socket, "status"],
                              capture_output=True, text=True, timeout=60)
@@ -160,7 +157,7 @@ def test_a_peer_without_the_token_is_refused(tmp_path, transport):
         # A successor that knows the token: the next attempt goes through.
         good = _ring_server(tmp_path, transport, "good")
         _set_ring([a, good])
-        _until(lambda: _files(a)["/ckpt/r/x.pt"].backup_holder, what="the backup")
+        until(lambda: _files(a)["/ckpt/r/x.pt"].backup_holder, what="the backup")
         assert int(_status(a)["backup_failing"]) == 0 and _backups_failing_metric(a) == 0
         assert a.log().count("ERROR ring: ring backups have failed") == 1  # at most once a minute
     finally:
@@ -217,8 +214,8 @@ def test_three_nodes_back_up_around_the_ring(tmp_path, nodes3, transport):
                          tag="step1", rank=i)
                 api.close()
         for i, s in enumerate(servers):
-            f = _until(lambda: _files(s)[f"/ckpt/step1/rank{i}.pt"].backup_holder and
-                       _files(s)[f"/ckpt/step1/rank{i}.pt"], what=f"node {i}'s backup")
+            f = until(lambda: _files(s)[f"/ckpt/step1/rank{i}.pt"].backup_holder and
+                      _files(s)[f"/ckpt/step1/rank{i}.pt"], what=f"node {i}'s backup")
             assert f.backup_holder == endpoints[(i + 1) % 3]
             assert pb.FileState.Name(f.state) == "FILE_STATE_BACKED_UP"
         for s in servers:  # each holds exactly its predecessor's file
@@ -240,12 +237,12 @@ def test_a_cut_link_delays_the_backup_but_no_save(tmp_path, nodes3, transport):
                 tce.save({"w": torch.full((1 << 20,), float(step))}, f"/ckpt/s{step}.pt", tag=f"s{step}")
             api.close()
         assert time.monotonic() - t0 < 5  # the saves did not wait for the ring
-        st = _until(lambda: int(_status(servers[0])["backup_failures"]) >= 1 and _status(servers[0]),
-                    what="a failed attempt")
+        st = until(lambda: int(_status(servers[0])["backup_failures"]) >= 1 and _status(servers[0]),
+                   what="a failed attempt")
         assert int(st["backup_queue"]) >= 1 and int(st["backup_lag_bytes"]) > 0  # the lag shows
         nodes3.restore(1)
-        _until(lambda: all(f.backup_holder for f in _files(servers[0]).values()), timeout=60,
-               what="the backups after the link came back")
+        until(lambda: all(f.backup_holder for f in _files(servers[0]).values()), timeout=60,
+              what="the backups after the link came back")
         assert int(_status(servers[1])["held_backups"]) == 3
         assert int(_status(servers[0])["backup_queue"]) == 0
     finally:
@@ -270,13 +267,13 @@ def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3, tra
                     tce.save(saved[i], f"/ckpt/step1/rank{i}-{part}.pt", tag="step1", rank=i)
                 api.close()
         for s in servers:
-            _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
+            until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
         servers[1].kill()  # the node is gone, memory and all
         fresh = _ring_server(tmp_path, transport, "n1-again", netns=nodes3.names[1], listen=f"{nodes3.addresses[1]}:7070")
         servers[1] = fresh
         assert _files(fresh) == {}
         _set_ring(servers)  # the restarted job tells every server the ring again
-        got = _until(lambda: len(_files(fresh)) == 2 and _files(fresh), what="the recovery")
+        got = until(lambda: len(_files(fresh)) == 2 and _files(fresh), what="the recovery")
         for part in range(2):
             f = got[f"/ckpt/step1/rank1-{part}.pt"]
             assert pb.FileState.Name(f.state) == "FILE_STATE_BACKED_UP" and f.backup_holder == endpoints[2]
@@ -285,7 +282,7 @@ def test_a_replaced_node_gets_its_files_back_from_the_ring(tmp_path, nodes3, tra
             assert out["node"] == 1 and torch.equal(out["w"], saved[1]["w"]) and torch.equal(out["b"], saved[1]["b"])
             api.close()
         # node 0's copies, lost with node 1's memory, are sent again
-        _until(lambda: int(_status(fresh)["held_backups"]) == 2, what="node 0's files re-sent")
+        until(lambda: int(_status(fresh)["held_backups"]) == 2, what="node 0's files re-sent")
         assert all(f.backup_holder == endpoints[1] for f in _files(servers[0]).values())
     finally:
         _stop(*servers)
@@ -315,7 +312,7 @@ def test_a_replaced_node_gets_its_complete_tags_back_from_the_ring(tmp_path, nod
                 recorded.append(_service.client().commit_tag(
                     pb.TagInfo(job="ring-job", tag=f"s{step}", world_size=2, files=files)))
             api.close()
-        _until(lambda: int(_status(servers[1])["held_tags"]) == 2, what="the tags held at node 1")
+        until(lambda: int(_status(servers[1])["held_tags"]) == 2, what="the tags held at node 1")
         assert int(_status(servers[2])["held_tags"]) == 0  # the successor only
 
         servers[0].kill()
@@ -349,16 +346,16 @@ def test_a_restarted_server_rejoins_its_ring_from_metadata(tmp_path, nodes3, tra
             tce.save({"n": 0}, "/ckpt/step7/rank0.pt", tag="step7", rank=0)
             api.close()
         for s in servers[:2]:
-            _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
+            until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
         with _knobs.override(socket=servers[1].socket):
             wait_metadata_written()
             api.close()
         servers[1].kill()
         servers[1] = _ring_server(tmp_path, transport, "n1", netns=nodes3.names[1],
                                   listen=f"{nodes3.addresses[1]}:7070", metadata=True)
-        f = _until(lambda: _files(servers[1]).get("/ckpt/step7/rank1.pt"), what="the recovery")
-        f = _until(lambda: pb.FileState.Name(_files(servers[1])["/ckpt/step7/rank1.pt"].state)
-                   == "FILE_STATE_BACKED_UP" and _files(servers[1])["/ckpt/step7/rank1.pt"], what="BACKED_UP")
+        f = until(lambda: _files(servers[1]).get("/ckpt/step7/rank1.pt"), what="the recovery")
+        f = until(lambda: pb.FileState.Name(_files(servers[1])["/ckpt/step7/rank1.pt"].state)
+                  == "FILE_STATE_BACKED_UP" and _files(servers[1])["/ckpt/step7/rank1.pt"], what="BACKED_UP")
         assert f.backup_holder == endpoints[2]
         assert "rejoining the ring of job=ring-job recorded in metadata" in servers[1].log()
         with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
@@ -366,7 +363,7 @@ def test_a_restarted_server_rejoins_its_ring_from_metadata(tmp_path, nodes3, tra
             assert torch.equal(out["w"], x["w"]) and torch.equal(out["i"], x["i"])
             assert int(tce.status()["recovered_files"]) == 1
             api.close()
-        _until(lambda: int(_status(servers[1])["held_backups"]) == 1, what="node 0's file re-sent")
+        until(lambda: int(_status(servers[1])["held_backups"]) == 1, what="node 0's file re-sent")
     finally:
         _stop(*servers)
 
@@ -405,7 +402,7 @@ def test_a_list_waits_for_the_ring_restore_in_flight(tmp_path, nodes3, transport
             for part in range(2):
                 tce.save({"w": torch.randn(1 << 16)}, f"/ckpt/s1/rank1-{part}.pt", tag="s1", rank=1)
             api.close()
-        _until(lambda: all(f.backup_holder for f in _files(servers[1]).values()), what="backups")
+        until(lambda: all(f.backup_holder for f in _files(servers[1]).values()), what="backups")
         servers[1].kill()
         nodes3.cut(2)  # the successor is out of reach: the restore cannot end
         servers[1] = start("n1-impatient", "--ring-restore-wait-ms", "200")
@@ -455,7 +452,7 @@ def test_a_replaced_node_whose_copies_are_gone_says_so(tmp_path, nodes3, transpo
                 tce.save({"w": torch.full((1000,), float(i))}, f"/ckpt/s1/rank{i}.pt", tag="s1", rank=i)
                 api.close()
         for s in servers:
-            _until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
+            until(lambda: all(f.backup_holder for f in _files(s).values()), what="backups")
         servers[1].kill()
         servers[2].kill()
         servers[1], servers[2] = start(1, "n1-again"), start(2, "n2-again")
@@ -464,9 +461,9 @@ def test_a_replaced_node_whose_copies_are_gone_says_so(tmp_path, nodes3, transpo
         assert "/ckpt/s1/rank2.pt" in _list_restored(servers[2])  # node 0 held node 2's copy
         _set_ring_on(servers[1], 1, endpoints)
         assert _list_restored(servers[1]) == {}
-        line = _until(lambda: next((ln for ln in servers[1].log().splitlines()
-                                    if "recovered 0 of 0 file(s) of job=ring-job" in ln), None),
-                      what="the replacement's report")
+        line = until(lambda: next((ln for ln in servers[1].log().splitlines()
+                                   if "recovered 0 of 0 file(s) of job=ring-job" in ln), None),
+                     what="the replacement's report")
         assert "WARN" in line.upper() and "node 1's files" in line and "gone" in line, line
         assert "recovered 1 of 1 file(s) of job=ring-job" in servers[2].log()
         with _knobs.override(socket=servers[1].socket, job="ring-job", on_unavailable="raise"):
@@ -492,16 +489,16 @@ def test_a_restarted_node_names_the_tags_it_lost(tmp_path, nodes3, transport):
                 tce.save({"w": torch.ones(100)}, f"/ckpt/{tag}/rank1.pt", tag=tag, rank=1)
             wait_metadata_written()
             api.close()
-        _until(lambda: all(f.backup_holder for f in _files(servers[1]).values()), what="backups")
+        until(lambda: all(f.backup_holder for f in _files(servers[1]).values()), what="backups")
         servers[1].kill()
         servers[2].kill()
         servers[2] = start(2, "n2-again")
         servers[1] = start(1, "n1")  # its metadata: rejoins the ring, and knows what it held
         _set_ring_on(servers[2], 2, endpoints)
         restarted = lambda: servers[1].log().split("re-indexed")[-1]  # noqa: E731 (its log goes on the first's)
-        line = _until(lambda: next((ln for ln in restarted().splitlines()
-                                    if "recovered 0 of 0 file(s) of job=ring-job" in ln), None),
-                      what="the restarted server's report")
+        line = until(lambda: next((ln for ln in restarted().splitlines()
+                                   if "recovered 0 of 0 file(s) of job=ring-job" in ln), None),
+                     what="the restarted server's report")
         assert "WARN" in line.upper() and "2 file(s) this node held are gone" in line, line
         assert "(tags: step7, step8)" in line, line
     finally:
@@ -521,7 +518,7 @@ def test_a_rank_on_another_node_reads_its_shard_from_the_peer(tmp_path, nodes3, 
         with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
             tce.save(x, "/ckpt/step12/rank0.pt", tag="step12", rank=0)
             api.close()
-        _until(lambda: _files(servers[0])["/ckpt/step12/rank0.pt"].backup_holder, what="the backup")
+        until(lambda: _files(servers[0])["/ckpt/step12/rank0.pt"].backup_holder, what="the backup")
         servers[0].kill()  # the owner is gone too: only node 1's copy is left
         with _knobs.override(socket=servers[2].socket, job="ring-job", on_unavailable="raise"):
             assert "/ckpt/step12/rank0.pt" not in _files(servers[2])
@@ -560,7 +557,7 @@ def test_a_stale_ring_copy_is_refused_against_metadata(tmp_path, nodes3, transpo
         path = storage / "x.pt"
         with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
             tce.save({"v": torch.full((1 << 16,), 1.0)}, path, tag="t1")
-            _until(lambda: _files(servers[0])[str(path)].backup_holder, what="version 1's backup")
+            until(lambda: _files(servers[0])[str(path)].backup_holder, what="version 1's backup")
             nodes3.cut(1)
             tce.save({"v": torch.full((1 << 16,), 2.0)}, path, tag="t2")
             tce.wait()
@@ -569,13 +566,13 @@ def test_a_stale_ring_copy_is_refused_against_metadata(tmp_path, nodes3, transpo
             api.close()
         # Version 2's attempt has failed (both ends timed out): its bytes,
         # still in flight on the cut link, can no longer land as a backup.
-        _until(lambda: int(_status(servers[0])["backup_failures"]) >= 1, what="a failed attempt")
+        until(lambda: int(_status(servers[0])["backup_failures"]) >= 1, what="a failed attempt")
         servers[0].kill()
         nodes3.restore(1)
         servers[0] = _ring_server(tmp_path, transport, "n0", netns=nodes3.names[0],
                                   listen=f"{nodes3.addresses[0]}:7070", metadata=True, storage=storage)
-        st = _until(lambda: int(_status(servers[0])["ring_checksum_mismatches"]) >= 1 and _status(servers[0]),
-                    what="the refused copy")
+        st = until(lambda: int(_status(servers[0])["ring_checksum_mismatches"]) >= 1 and _status(servers[0]),
+                   what="the refused copy")
         assert "does not match the checksums in metadata" in st["backup_error"], st["backup_error"]
         assert int(st["recovered_files"]) == 0
         with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
@@ -598,7 +595,7 @@ def test_a_server_serves_its_clients_the_copies_it_holds(tmp_path, transport):
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             tce.save(x, "/ckpt/step3/mp_rank_00_model_states.pt", tag="step3", rank=0)
             api.close()
-        _until(lambda: _files(a)["/ckpt/step3/mp_rank_00_model_states.pt"].backup_holder, what="the backup")
+        until(lambda: _files(a)["/ckpt/step3/mp_rank_00_model_states.pt"].backup_holder, what="the backup")
         a.kill()  # no peer could answer: the copy held here must serve
         # The job tells b the ring again: b restores from a, which is gone.
         # After a few failed attempts loads stop waiting for that restore.
@@ -628,16 +625,16 @@ def test_a_peer_serves_its_own_cached_files_to_ring_members_only(tmp_path, trans
         with _knobs.override(socket=servers[0].socket, job="ring-job", on_unavailable="raise"):
             tce.save(x, "/ckpt/s1/mp_rank_00_model_states.pt", tag="s1", rank=0)
             api.close()
-        _until(lambda: _files(servers[0])["/ckpt/s1/mp_rank_00_model_states.pt"].backup_holder,
-               what="the backup")
+        until(lambda: _files(servers[0])["/ckpt/s1/mp_rank_00_model_states.pt"].backup_holder,
+              what="the backup")
         servers[1].kill()  # the copy is gone: only node 0's own cache has the file
         with _knobs.override(socket=servers[2].socket, job="ring-job", on_unavailable="raise"):
             out = tce.load("/ckpt/s1/mp_rank_00_model_states.pt", weights_only=True)
             assert torch.equal(out["w"], x["w"]) and torch.equal(out["b"], x["b"])
             assert int(tce.status()["remote_reads"]) == 1
             api.close()
-        _until(lambda: "sent back job=ring-job path=/ckpt/s1/mp_rank_00_model_states.pt" in servers[0].log(),
-               what="node 0 to log what it sent")  # logged once its send returned
+        until(lambda: "sent back job=ring-job path=/ckpt/s1/mp_rank_00_model_states.pt" in servers[0].log(),
+              what="node 0 to log what it sent")  # logged once its send returned
         # The outsider names node 0 in a ring of its own for the same job:
         # node 0 does not count it a member, and sends nothing.
         _set_ring_on(outsider, 0, [_status(outsider)["peer_endpoint"], _status(servers[0])["peer_endpoint"]])
@@ -645,8 +642,8 @@ def test_a_peer_serves_its_own_cached_files_to_ring_members_only(tmp_path, trans
             with pytest.raises(FileNotFoundError):
                 tce.load("/ckpt/s1/mp_rank_00_model_states.pt", weights_only=True)
             api.close()
-        _until(lambda: "is not a member of job ring-job's ring here" in servers[0].log(),
-               what="node 0 to refuse the outsider")
+        until(lambda: "is not a member of job ring-job's ring here" in servers[0].log(),
+              what="node 0 to refuse the outsider")
     finally:
         servers[1].cleanup()
         _stop(servers[0], servers[2], outsider)
@@ -682,7 +679,7 @@ def test_every_transport_moves_every_memory_backing(tmp_path, transport, backing
             mm.close()
             assert api.status()["memory_backing"] == backing
             api.close()
-        _until(lambda: _files(servers[0])[path].backup_holder, what="the backup")
+        until(lambda: _files(servers[0])[path].backup_holder, what="the backup")
         assert int(_status(servers[1])["held_backup_bytes"]) == len(want)
 
         def read_ranges(c) -> None:
@@ -742,8 +739,8 @@ def test_join_ring_tells_every_server_the_ring(tmp_path, transport):
         assert [r["endpoints"] for r in reports] == [endpoints, endpoints]
         assert [r["node"] for r in reports] == [0, 1]
         for i, s in enumerate(servers):
-            f = _until(lambda: _files(s)[f"/ckpt/joined/rank{i}.pt"].backup_holder and
-                       _files(s)[f"/ckpt/joined/rank{i}.pt"], what=f"node {i}'s backup")
+            f = until(lambda: _files(s)[f"/ckpt/joined/rank{i}.pt"].backup_holder and
+                      _files(s)[f"/ckpt/joined/rank{i}.pt"], what=f"node {i}'s backup")
             assert f.backup_holder == endpoints[1 - i]
     finally:
         _stop(*servers)
@@ -781,11 +778,11 @@ def test_corrupted_copies_are_refused_and_storage_serves(tmp_path, transport):
             tce.save(x, storage / "x.pt", tag="t")
             tce.wait()
             api.close()
-        _until(lambda: _files(a)[str(storage / "x.pt")].backup_holder, what="A's backup")
+        until(lambda: _files(a)[str(storage / "x.pt")].backup_holder, what="A's backup")
         with _knobs.override(socket=b.socket, job="ring-job", on_unavailable="raise"):
             tce.save({"w": torch.ones(1000)}, "/ckpt/y.pt", tag="t")
             api.close()
-        st = _until(lambda: int(_status(b)["backup_failures"]) >= 1 and _status(b), what="a refusal")
+        st = until(lambda: int(_status(b)["backup_failures"]) >= 1 and _status(b), what="a refusal")
         assert "checksum mismatch" in st["backup_error"], st["backup_error"]
         assert int(_status(a)["held_backups"]) == 0  # nothing corrupt was kept
 
@@ -793,8 +790,8 @@ def test_corrupted_copies_are_refused_and_storage_serves(tmp_path, transport):
         a2 = _ring_server(tmp_path, transport, "a2", storage=storage)
         try:
             _set_ring([a2, b])
-            st = _until(lambda: "corrupt" in _status(a2)["backup_error"] and _status(a2),
-                        what="the refused recovery")
+            st = until(lambda: "corrupt" in _status(a2)["backup_error"] and _status(a2),
+                       what="the refused recovery")
             assert "checksum mismatch" in st["backup_error"]
             assert str(storage / "x.pt") not in _files(a2)  # never installed
             assert "not recovered" in a2.log()
@@ -830,9 +827,9 @@ def test_files_that_are_not_torch_zips_are_checked_on_the_ring_too(tmp_path, tra
         _set_ring([a, b])
         good = os.urandom((5 << 20) + 123)
         _save_raw(a, "/ckpt/a.distcp", good)  # A -> B: a clean transport
-        _until(lambda: _files(a)["/ckpt/a.distcp"].backup_holder, what="A's backup")
+        until(lambda: _files(a)["/ckpt/a.distcp"].backup_holder, what="A's backup")
         _save_raw(b, "/ckpt/b.distcp", os.urandom(1 << 20))  # B -> A: corrupted on the way
-        st = _until(lambda: int(_status(b)["backup_failures"]) >= 1 and _status(b), what="a refusal")
+        st = until(lambda: int(_status(b)["backup_failures"]) >= 1 and _status(b), what="a refusal")
         assert "checksum mismatch in record range" in st["backup_error"], st["backup_error"]
         assert int(_status(a)["held_backups"]) == 0  # nothing corrupt was kept
 
@@ -840,8 +837,8 @@ def test_files_that_are_not_torch_zips_are_checked_on_the_ring_too(tmp_path, tra
         a2 = _ring_server(tmp_path, transport, "a2")
         try:
             _set_ring([a2, b])  # B sends A's file back through its corrupting transport
-            st = _until(lambda: "checksum mismatch" in _status(a2)["backup_error"] and _status(a2),
-                        what="the refused recovery")
+            st = until(lambda: "checksum mismatch" in _status(a2)["backup_error"] and _status(a2),
+                       what="the refused recovery")
             assert "/ckpt/a.distcp" not in _files(a2)  # never installed
         finally:
             a2.kill()
@@ -855,7 +852,7 @@ def test_files_that_are_not_torch_zips_are_checked_on_the_ring_too(tmp_path, tra
     try:
         _set_ring([c, d])
         _save_raw(c, "/ckpt/c.distcp", good)
-        _until(lambda: _files(c)["/ckpt/c.distcp"].backup_holder, what="C's backup")
+        until(lambda: _files(c)["/ckpt/c.distcp"].backup_holder, what="C's backup")
         c.kill()
         c2 = _ring_server(tmp_path, transport, "c2")
         try:

@@ -18,8 +18,8 @@ from tce import api
 from tce.core import _knobs
 from tce.v1 import tce_pb2 as pb
 
-from helpers import wait_metadata_written
-from test_ring import _files, _node_server, _set_ring, _stop, _until
+from helpers import until, wait_metadata_written
+from test_ring import _files, _node_server, _set_ring, _stop
 
 pytestmark = pytest.mark.multinode
 
@@ -59,10 +59,10 @@ def _save_persisted_and_held(a, b, path) -> dict:
         tce.save(v1, path, tag="step1")
         tce.wait()
         api.close()
-    _until(lambda: _files(a)[path].backup_holder, what="the backup")
+    until(lambda: _files(a)[path].backup_holder, what="the backup")
     # Told after the persist, or the copy was (re)sent after it.
-    _until(lambda: any(f"path={path} " in ln and "'s storage" in ln for ln in b.log().splitlines()),
-           what="node 1 to learn the file is persisted")
+    until(lambda: any(f"path={path} " in ln and "'s storage" in ln for ln in b.log().splitlines()),
+          what="node 1 to learn the file is persisted")
     with _knobs.override(socket=a.socket):
         wait_metadata_written()
         api.close()
@@ -103,7 +103,7 @@ def test_a_node_back_from_the_dead_never_undoes_storage(tmp_path, nodes2, how, c
             os.unlink(path)
         a = _bring_back(tmp_path, nodes2, how, a, b, storage)
         servers.append(a)
-        _until(lambda: _restore_done(a), what="the restore from node 1")
+        until(lambda: _restore_done(a), what="the restore from node 1")
         assert "not restoring job=ring-job path=" + path in a.log()
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             tce.wait()  # nothing may be queued to persist
@@ -137,7 +137,7 @@ def test_a_node_back_from_the_dead_gets_unchanged_files_back_from_memory(tmp_pat
         _lose(servers, a)
         a = _bring_back(tmp_path, nodes2, how, a, b, storage)
         servers.append(a)
-        _until(lambda: _restore_done(a), what="the restore from node 1")
+        until(lambda: _restore_done(a), what="the restore from node 1")
         with _knobs.override(socket=a.socket, job="ring-job", on_unavailable="raise"):
             f = _files(a)[path]
             assert pb.FileState.Name(f.state) == "FILE_STATE_PERSISTED", f
