@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import select
 import socket
 import struct
 import threading
@@ -53,6 +54,16 @@ def dial(endpoint: str, *, source: str = "127.0.0.1", timeout: float = 5.0) -> s
     s.bind((source, 0))
     s.connect((host, int(port)))
     return s
+
+
+def closed_by_peer(socks: list[socket.socket]) -> int:
+    """How many of `socks` the other end has closed (EOF or reset), checked
+    without waiting. For sockets the other end sends nothing on (a server
+    still waiting for a connector's hello): readable means closed."""
+    poller = select.poll()
+    for s in socks:
+        poller.register(s, select.POLLIN)
+    return len(poller.poll(0))
 
 
 def proof(token: str, direction: bytes, cn: bytes, an: bytes, connector: str, acceptor: str) -> bytes:
