@@ -146,7 +146,10 @@ def test_fake_device_async_save_returns_before_registering_or_copying(server, tm
     until(lambda: fake.registrations, timeout=30)
     [(_, thread)] = fake.registrations
     assert thread.startswith("tce-staging")  # never the caller, which registering stalls for seconds
-    time.sleep(0.2)
+    # The staging thread has queued every copy (big, view; the small in one
+    # gather): none has run, so nothing can be done or cached yet.
+    until(lambda: fake.copies == 2 + 1 and fake.gathered == [51], timeout=30, what="the copies to be queued")
+    assert fake.copied == 0
     assert not staged.done() and not tce.cached(tmp_path / "a.pt")
     fake.staging.release()
     tce.wait_staged(timeout=60)
