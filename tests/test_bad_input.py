@@ -19,7 +19,7 @@ from tce.core._client import Client
 from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb
 
-from helpers import Blocker
+from helpers import Blocker, until
 
 
 @pytest.fixture
@@ -163,10 +163,8 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert p.returncode == -signal.SIGKILL and "allocated" in p.stdout, p.stderr
     c = Client(srv.socket, rpc_timeout=10)
     try:
-        deadline = time.monotonic() + 10
-        while c.status().pending_bytes and time.monotonic() < deadline:
-            time.sleep(0.05)
-        st = c.status()
+        st = until(lambda: (lambda st: None if st.pending_bytes else st)(c.status()), timeout=60,
+                   what="the dead client's allocation to be aborted")
         assert st.pending_bytes == 0 and st.sessions == 1
         assert [f.path for f in c.list(job="dead")] == []
         reused = st.buffers_reused
@@ -320,7 +318,7 @@ def test_bad_numbers_and_other_fields(srv, client, tmp_path, rpc, request_, mess
     _still_serving(srv, tmp_path)
 
 
-def _server_with_a_blocked_dir(tmp_path):
+def _server_with_a_blocked_dir(tmp_path, *extra):
     """A server whose storage cannot take blocked/x.pt (a Blocker): a save
     there stays CACHED (persist retries every 50 ms) until the test releases
     `s.blocker`."""
@@ -329,7 +327,7 @@ def _server_with_a_blocked_dir(tmp_path):
     storage = tmp_path / "s"
     storage.mkdir()
     s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)],
-                    extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50"]).start()
+                    extra_args=["--persist-retries", "100", "--persist-backoff-ms", "50", *extra]).start()
     s.blocker = Blocker(storage / "blocked" / "x.pt")
     return s, storage
 
@@ -338,7 +336,9 @@ def _server_with_a_blocked_dir(tmp_path):
 def test_wait_without_a_usable_limit_waits_until_persisted(tmp_path, timeout_s):
     import threading
 
-    s, storage = _server_with_a_blocked_dir(tmp_path)
+    # One Wait may block at a time: while the Wait under test blocks, a
+    # second is refused, which shows that the server holds it.
+    s, storage = _server_with_a_blocked_dir(tmp_path, "--max-waits", "1")
     target = storage / "blocked" / "x.pt"
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise", job="w"):
@@ -347,18 +347,37 @@ def test_wait_without_a_usable_limit_waits_until_persisted(tmp_path, timeout_s):
             result = {}
 
             def wait():
-                try:
-                    result["files"] = c._call("Wait", pb.WaitRequest(
-                        session=c.session, job="w", paths=[str(target)], timeout_s=timeout_s)).files
-                except TCEError as e:
-                    result["error"] = e
+                while True:
+                    try:
+                        result["files"] = c._call("Wait", pb.WaitRequest(
+                            session=c.session, job="w", paths=[str(target)], timeout_s=timeout_s)).files
+                        return
+                    except TCEError as e:
+                        if e.code != "RESOURCE_EXHAUSTED":  # else the probe held the slot a moment: again
+                            result["error"] = e
+                            return
 
             t = threading.Thread(target=wait)
             t.start()
-            t.join(1.0)
-            assert t.is_alive(), f"Wait({timeout_s}) returned at once: {result}"
+            probe = Client(s.socket, rpc_timeout=60)
+
+            def blocked() -> bool:
+                if not t.is_alive():
+                    return True  # it returned: asserted below
+                try:  # 1 ms: answered at once whenever the slot is free
+                    probe._call("Wait", pb.WaitRequest(session=probe.session, job="w", paths=[str(target)],
+                                                       timeout_s=1e-9))
+                except TCEError as e:
+                    if e.code == "RESOURCE_EXHAUSTED":
+                        return True
+                    assert e.code == "DEADLINE_EXCEEDED", e
+                return False
+
+            until(blocked, timeout=60, what=f"Wait({timeout_s}) to block")
+            probe.close()
+            assert t.is_alive() and not result, f"Wait({timeout_s}) returned at once: {result}"
             s.blocker.release()
-            t.join(30)
+            t.join(60)  # bounds a hang only
             assert not t.is_alive()
             assert "error" not in result, result
             assert [f.state for f in result["files"]] == [pb.FILE_STATE_PERSISTED]
@@ -381,10 +400,11 @@ def test_wait_with_a_tiny_timeout_times_out_and_nan_is_refused(tmp_path):
         c = Client(s.socket, rpc_timeout=10)
         wait = lambda t: c._call("Wait", pb.WaitRequest(  # noqa: E731
             session=c.session, job="w", paths=[str(target)], timeout_s=t))
+        # The server's answer (not the client's 10 s deadline): 1 ms, not "forever".
+        _expect("DEADLINE_EXCEEDED", "not persisted yet", lambda: wait(1e-9))
         t0 = time.monotonic()
-        _expect("DEADLINE_EXCEEDED", "not persisted yet", lambda: wait(1e-9))  # 1 ms, not "forever"
         _expect("DEADLINE_EXCEEDED", "not persisted yet", lambda: wait(0.3))
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 >= 0.3  # it waited its timeout
         _expect("INVALID_ARGUMENT", "timeout_s: is NaN", lambda: wait(float("nan")))
         c.close()
     finally:
