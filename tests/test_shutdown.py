@@ -60,17 +60,17 @@ def test_a_drain_refuses_saves_serves_loads_and_ends_at_its_deadline(tmp_path):
     try:
         with _knobs.override(socket=s.socket, on_unavailable="raise"):
             tce.save({"w": torch.ones(10)}, stuck)  # cached; its persistence keeps failing
+            t0 = time.monotonic()
             s.proc.send_signal(signal.SIGTERM)
             until(lambda: "draining" in s.log(), what="the drain")
-            t0 = time.monotonic()
             with pytest.raises(ServerUnavailableError, match="shutting down"):
                 tce.save({"w": torch.ones(10)}, storage / "y.pt")
             assert torch.equal(tce.load(stuck, weights_only=True)["w"], torch.ones(10))
             api.close()
-        assert s.proc.wait(30) == 0
-        assert time.monotonic() - t0 < 10  # the deadline, not the retries, ended it
+        assert s.proc.wait(60) == 0  # bounds a hang only
+        assert time.monotonic() - t0 >= 1.5  # not before its deadline
         log = s.log()
-        assert "drain deadline passed: 1 file(s) unfinished" in log, log
+        assert "drain deadline passed: 1 file(s) unfinished" in log, log  # the deadline ended it
         assert f"unfinished at shutdown: job=default path={stuck}: not persisted" in log, log
     finally:
         s.cleanup()
@@ -84,10 +84,8 @@ def test_a_second_signal_ends_the_drain_at_once(tmp_path):
             api.close()
         s.proc.send_signal(signal.SIGTERM)
         until(lambda: "draining" in s.log(), what="the drain")
-        t0 = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
-        assert s.proc.wait(30) == 0
-        assert time.monotonic() - t0 < 5
+        assert s.proc.wait(60) == 0  # a hang bound, far below the drain's 10 minutes
         assert "second signal: 1 file(s) unfinished" in s.log()
     finally:
         s.cleanup()
