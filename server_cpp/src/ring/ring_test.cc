@@ -19,16 +19,18 @@ namespace {
 using namespace std::chrono_literals;
 
 // Connects a client link to a one-shot acceptor; returns both outcomes.
+// `timeout` is the handshake's deadline and then the links' I/O timeout.
 void Pair(const std::string& client_token, const std::string& server_token, Status* client,
-          Status* server, std::unique_ptr<PeerLink>* c, std::unique_ptr<PeerLink>* s) {
+          Status* server, std::unique_ptr<PeerLink>* c, std::unique_ptr<PeerLink>* s,
+          std::chrono::milliseconds timeout = 2000ms) {
   int lfd = -1;
   std::string bound;
   ASSERT_TRUE(ListenTcp("127.0.0.1:0", &lfd, &bound).ok());
   std::thread acceptor([&] {
     int fd = accept(lfd, nullptr, nullptr);
-    *server = PeerLink::Accept(fd, bound, server_token, 2000ms, s);
+    *server = PeerLink::Accept(fd, bound, server_token, timeout, s);
   });
-  *client = PeerLink::Connect(bound, "127.0.0.1:2", client_token, 2000ms, c);
+  *client = PeerLink::Connect(bound, "127.0.0.1:2", client_token, timeout, c);
   acceptor.join();
   close(lfd);
 }
@@ -176,11 +178,13 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(st.ok()) << st.ToString();
     ASSERT_TRUE((st = NewTransport(o, &receiver_)).ok()) << st.ToString();
     Status cs, ss;
-    Pair("t", "t", &cs, &ss, &c_, &s_);
+    // The links' (tcp's) I/O timeout too: else a lane waiting on a broken
+    // peer gives up after Pair's 2 s, and a test cannot tell that from the break.
+    Pair("t", "t", &cs, &ss, &c_, &s_, o.io_timeout);
     ASSERT_TRUE(cs.ok() && ss.ok());
     for (int i = 1; i < sender_->lanes(); ++i) {  // what OpenLanes and the PeerServer set up
       std::unique_ptr<PeerLink> c, s;
-      Pair("t", "t", &cs, &ss, &c, &s);
+      Pair("t", "t", &cs, &ss, &c, &s, o.io_timeout);
       ASSERT_TRUE(cs.ok() && ss.ok());
       c_->AddLane(std::move(c));
       s_->AddLane(std::move(s));
