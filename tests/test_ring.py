@@ -316,6 +316,9 @@ def test_a_replaced_node_gets_its_complete_tags_back_from_the_ring(tmp_path, nod
             api.close()
         until(lambda: int(_status(servers[1])["held_tags"]) == 2, what="the tags held at node 1")
         assert int(_status(servers[2])["held_tags"]) == 0  # the successor only
+        # The files too: a tag, a few bytes, may reach node 1 before them.
+        until(lambda: (lambda fs: len(fs) == 2 and all(f.backup_holder for f in fs))(_files(servers[0]).values()),
+              what="node 0's backups")
 
         servers[0].kill()
         servers[0] = start(0, "n0-again")
