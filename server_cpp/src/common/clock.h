@@ -41,13 +41,14 @@ class Clock {
   int64_t UnixNowNs() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(WallNow().time_since_epoch()).count();
   }
-  // Milliseconds left until `deadline` (0 once passed; `deadline` may be
-  // TimePoint::max(), which leaves the most a duration holds).
+  // Milliseconds left until `deadline`, rounded up, so that a wait for them
+  // never ends before it (0 once passed; `deadline` may be TimePoint::max(),
+  // which leaves the most a duration holds).
   std::chrono::milliseconds Left(TimePoint deadline) {
     if (deadline == TimePoint::max()) return std::chrono::milliseconds::max();
     const auto now = Now();
     if (now >= deadline) return std::chrono::milliseconds(0);
-    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    return std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
   }
 
  protected:
