@@ -30,7 +30,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on or is bound to now, outside the ephemeral
     range (falls back to the kernel's choice if that range leaves no room)."""
     low, high = _ephemeral_range()
-    candidates = [p for p in (range(_LOWEST, low) if low > _LOWEST else range(high + 1, 65536))]
+    candidates = range(_LOWEST, low) if low > _LOWEST else range(high + 1, 65536)
     rng = random.SystemRandom()
     for _ in range(min(len(candidates), 200)):
         port = rng.choice(candidates)
