@@ -88,6 +88,7 @@ CacheStats Cache::TallyLocked() const {
   s.files = files_.size();
   s.sessions = sessions_.size();
   s.leases = sessions_.leases();
+  s.version_leases = version_leases_.size();
   s.buffers_created = buffers_created_;
   s.buffers_reused = buffers_reused_;
   s.persist_queue = (persist_ ? persist_->Queued() : 0) + in_flight_.size();
@@ -394,6 +395,15 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
                           << " files=" << tag.files.size() << " world_size=" << tag.world_size;
   // Under mu_, so that RecordAll sees a tag either recorded here or in the registry.
   *out = tags_.Complete(std::move(tag), clock_->UnixNowNs());
+  std::map<std::string, uint64_t>& held = published_[{out->job, out->tag}];
+  held.clear();
+  for (const TagFile& tf : out->files) {
+    auto f = files_.find({out->job, tf.path});
+    if (f != files_.end()) held[tf.path] = f->second.version;
+  }
+  versions_cv_.SignalAll();  // readers waiting for a newer version
+  TCE_LOG(kInfo, "cache") << "published job=" << out->job << " tag=" << out->tag
+                          << " version=" << out->version;
   if (meta_) meta_->RecordTag(*out);
   if (!rings_.Successor(out->job).empty() && backups_) backups_->SendTag(TagCopy{out->job, out->tag});
   return Status::OK();

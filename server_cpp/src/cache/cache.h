@@ -45,6 +45,7 @@
 #include "cache/meta_sink.h"
 #include "cache/persist_feed.h"
 #include "cache/persist_source.h"
+#include "cache/read_grants.h"
 #include "cache/restore_tracker.h"
 #include "cache/ring_store.h"
 #include "cache/ring_table.h"
@@ -55,6 +56,7 @@
 #include "env/env.h"
 #include "cache/storage_check.h"
 #include "cache/tag_registry.h"
+#include "cache/version_leases.h"
 
 namespace tce {
 
@@ -62,6 +64,11 @@ namespace tce {
 struct SessionLimits {
   bool root_is_admin = true;           // uid 0 may act on every user's jobs
   size_t max_leases_per_session = 4096;  // Lookup(lease) beyond it: RESOURCE_EXHAUSTED
+  // Version leases (AcquireVersion): their length when the reader names
+  // none, and the longest one granted.
+  std::chrono::milliseconds version_lease{std::chrono::seconds(300)};
+  std::chrono::milliseconds version_lease_max{std::chrono::seconds(3600)};
+  ReadGrants::Ids read_grants;  // readers of every job's published versions
 };
 
 class Cache : public PoolBudget,
@@ -120,6 +127,17 @@ class Cache : public PoolBudget,
   bool Restoring(const std::string& job) const override;
   Status WaitForRestore(const std::string& job, bool* waited,
                         Clock::TimePoint call_deadline) override EXCLUDES(mu_);
+  Status GetVersion(const std::string& session, const std::string& job, uint64_t after,
+                    std::chrono::milliseconds wait, Clock::TimePoint call_deadline,
+                    TagInfo* out) override EXCLUDES(mu_);
+  Status AcquireVersion(const std::string& session, const std::string& job, uint64_t version,
+                        std::chrono::milliseconds lease, VersionGrant* out) override EXCLUDES(mu_);
+  Status RenewVersion(const std::string& session, uint64_t lease_id, std::chrono::milliseconds lease,
+                      std::chrono::milliseconds* granted) override EXCLUDES(mu_);
+  Status ReleaseVersion(const std::string& session, uint64_t lease_id) override EXCLUDES(mu_);
+  Status GrantRead(const std::string& session, const std::string& job, std::vector<uid_t>* uids,
+                   std::vector<gid_t>* gids, bool revoke) override EXCLUDES(mu_);
+  size_t ExpireVersionLeases() override EXCLUDES(mu_);
 
   // ---- PersistSource (cache/persist_source.h) ----
   const std::vector<std::string>& storage_roots() const override { return roots_; }  // ClientStore's too
@@ -222,6 +240,10 @@ class Cache : public PoolBudget,
     std::set<std::string> mappers;  // sessions holding a writable mapping
     int leases = 0;
     int pins = 0;                // persistence workers reading it
+    // Never reused once free (destroyed instead): another uid got its fd
+    // (a granted reader), or a version lease on it ended by expiry while
+    // its reader may still map it.
+    bool no_reuse = false;
     uint64_t allocation_id = 0;  // while PENDING
     uid_t uid = 0;               // whose bytes it holds: reused for this uid only
   };
@@ -238,6 +260,16 @@ class Cache : public PoolBudget,
                      bool claim = false) REQUIRES(mu_);
   // Ends the lease and lets go of the buffer it held.
   void DropLease(uint64_t lease_id) REQUIRES(mu_);
+  // A buffer nobody holds any more: FREE for reuse, or destroyed when it
+  // may not be reused (Buf::no_reuse). `buf` may be gone after.
+  void FreeBuffer(Buf& buf) REQUIRES(mu_);
+  // SessionTable::Check, then may the session's uid read the job's
+  // published versions (owner, administrator or grant)?
+  Status CheckReader(const std::string& session, const std::string& job) REQUIRES(mu_);
+  // Ends a version lease: its file leases are dropped; `expired` also
+  // marks their buffers no_reuse.
+  void EndVersionLease(uint64_t id, bool expired) REQUIRES(mu_);
+  std::chrono::milliseconds LeaseLength(std::chrono::milliseconds asked) const REQUIRES(mu_);
   Status FindAllocation(const std::string& session, uint64_t id,
                         std::map<uint64_t, Allocation>::iterator* it) REQUIRES(mu_);
   void RecordFate(uint64_t id, Fate fate) REQUIRES(mu_);
@@ -337,6 +369,15 @@ class Cache : public PoolBudget,
   std::map<FileKey, FileInfo> files_ GUARDED_BY(mu_);
   SessionTable sessions_ GUARDED_BY(mu_);  // sessions and their leases
   JobOwners owners_ GUARDED_BY(mu_);
+  ReadGrants grants_ GUARDED_BY(mu_);
+  VersionLeases version_leases_ GUARDED_BY(mu_);
+  std::chrono::milliseconds version_lease_ GUARDED_BY(mu_){std::chrono::seconds(300)};
+  std::chrono::milliseconds version_lease_max_ GUARDED_BY(mu_){std::chrono::seconds(3600)};
+  // (job, tag) -> the version of each of its files held here when it was
+  // published: a file saved again since is not that version's any more.
+  std::map<std::pair<std::string, std::string>, std::map<std::string, uint64_t>> published_ GUARDED_BY(mu_);
+  CondVar versions_cv_;  // a version was published, or waits must end
+  bool versions_stopped_ GUARDED_BY(mu_) = false;
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
   RingTable rings_ GUARDED_BY(mu_);

@@ -82,15 +82,33 @@ void Cache::ReleaseBuffer(uint64_t buffer_id) {
   if (it == buffers_.end()) return;
   Buf& buf = it->second;
   buf.allocation_id = 0;
-  buf.state = buf.leases > 0 || buf.pins > 0 ? BufState::kDraining : BufState::kFree;
-  if (buf.state == BufState::kFree) done_cv_.SignalAll();  // a save waiting for room looks again
+  if (buf.leases > 0 || buf.pins > 0)
+    buf.state = BufState::kDraining;
+  else
+    FreeBuffer(buf);
 }
 
 void Cache::MaybeFree(Buf& buf) {
-  if (buf.state == BufState::kDraining && buf.leases == 0 && buf.pins == 0) {
+  if (buf.state == BufState::kDraining && buf.leases == 0 && buf.pins == 0) FreeBuffer(buf);
+}
+
+void Cache::FreeBuffer(Buf& buf) {
+  done_cv_.SignalAll();  // a save waiting for room looks again
+  if (!buf.no_reuse) {
     buf.state = BufState::kFree;
-    done_cv_.SignalAll();  // a save waiting for room looks again
+    return;
   }
+  // Its pages go now (Buffer's destructor), whoever still maps them.
+  const uint64_t id = buf.id;
+  used_ -= buf.capacity;
+  buf.mem.reset();
+  if (buf.mappers.empty()) {
+    TCE_LOG(kDebug, "cache") << "destroyed buffer=" << id << " (read by another uid or past a lease: not reused)";
+    buffers_.erase(id);
+    return;
+  }
+  buf.state = BufState::kRetiring;
+  for (const auto& m : buf.mappers) sessions_.OweUnmap(m, id);
 }
 
 std::string Cache::FullMessage(uint64_t need) const {

@@ -41,11 +41,13 @@ size_t Cache::AdoptTags(const std::string& job, std::vector<TagInfo> tags) {
   size_t kept = 0;
   for (TagInfo& t : tags) {
     if (t.job != job) continue;
-    const TagInfo copy = t;
+    const std::string name = t.tag;
     if (!tags_.Adopt(std::move(t))) continue;
     ++kept;
-    if (meta_) meta_->RecordTag(copy);
+    TagInfo recorded;  // with the version it got here
+    if (meta_ && tags_.Find(job, name, &recorded)) meta_->RecordTag(recorded);
   }
+  if (kept) versions_cv_.SignalAll();
   return kept;
 }
 
@@ -466,7 +468,12 @@ void Cache::RestoreEnded(const std::string& job, const std::string& from) { rest
 
 bool Cache::Restoring(const std::string& job) const { return restores_.InProgress(job); }
 
-void Cache::StopRestoreWaits() { restores_.StopWaits(); }
+void Cache::StopRestoreWaits() {
+  restores_.StopWaits();
+  MutexLock lock(&mu_);
+  versions_stopped_ = true;
+  versions_cv_.SignalAll();
+}
 
 std::vector<FileInfo> Cache::NotInMemory(const std::string& job) {
   MutexLock lock(&mu_);

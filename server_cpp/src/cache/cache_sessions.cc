@@ -31,6 +31,7 @@ void Cache::CloseSession(const std::string& session) {
       ++it;
     }
   }
+  for (uint64_t id : version_leases_.OfSession(session)) EndVersionLease(id, /*expired=*/false);
   const std::vector<uint64_t> leases = sessions_.LeasesOf(session);
   for (uint64_t id : leases) DropLease(id);
   std::vector<uint64_t> ids;
@@ -71,6 +72,9 @@ void Cache::SetSessionLimits(const SessionLimits& limits) {
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
   sessions_.set_max_leases(limits.max_leases_per_session);
+  version_lease_ = limits.version_lease;
+  version_lease_max_ = limits.version_lease_max;
+  grants_.SetServerWide(limits.read_grants);
 }
 
 std::vector<std::string> Cache::IdleSessions(std::chrono::milliseconds idle) {
@@ -129,6 +133,8 @@ Status Cache::FdFor(const std::string& session, uint64_t buffer_id, int* fd, boo
                                     " is not allocated to or leased by this session");
   s = b.mem->NewFd(owns, fd);
   if (!s.ok()) return s;
+  const uid_t uid = sessions_.Find(session)->uid;
+  if (uid != b.uid && !owners_.IsAdmin(uid)) b.no_reuse = true;  // a granted reader keeps this fd
   if (owns) b.mappers.insert(session);
   *writable = owns;
   *capacity = b.capacity;

@@ -43,9 +43,18 @@ struct AllocateResult {
   std::vector<uint64_t> unmap_buffer_ids;
 };
 
+// A reader's lease on a published version (AcquireVersion).
+struct VersionGrant {
+  TagInfo tag;
+  uint64_t lease_id = 0;
+  std::chrono::milliseconds lease{0};  // as granted
+  std::vector<FileInfo> files;         // one per file of the tag, in its order
+  std::vector<uint64_t> unmap_buffer_ids;
+};
+
 struct CacheStats {
   uint64_t budget = 0, used = 0, cached = 0, pending = 0, free = 0, retiring = 0;
-  uint64_t buffers = 0, files = 0, sessions = 0, leases = 0;
+  uint64_t buffers = 0, files = 0, sessions = 0, leases = 0, version_leases = 0;
   uint64_t buffers_created = 0, buffers_reused = 0;
   uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
   uint64_t evicted_files = 0;
@@ -149,6 +158,38 @@ class ClientStore {
   // answer then comes before the caller gives up, and says so).
   virtual Status WaitForRestore(const std::string& job, bool* waited,
                                 Clock::TimePoint call_deadline) = 0;
+
+  // ---- published versions (docs/weights.md) ----
+  // Readers: the job's owner, an administrator, or a uid/gid granted read
+  // (GrantRead, the read_grants setting); anyone else is PERMISSION_DENIED
+  // with the reason (a revoked grant is named).
+  //
+  // The job's newest version above `after`; when there is none, waits until
+  // one is published, up to `wait` and `call_deadline` (DEADLINE_EXCEEDED),
+  // or with `wait` <= 0 answers NOT_FOUND at once.
+  virtual Status GetVersion(const std::string& session, const std::string& job, uint64_t after,
+                            std::chrono::milliseconds wait, Clock::TimePoint call_deadline,
+                            TagInfo* out) = 0;
+  // A lease on version `version` (0: the newest) for `lease` (<= 0: the
+  // default; capped): each file of it in memory here is leased (neither
+  // reused nor evicted, keep_last included). FAILED_PRECONDITION when a
+  // file of the version was saved again after it was published.
+  virtual Status AcquireVersion(const std::string& session, const std::string& job, uint64_t version,
+                                std::chrono::milliseconds lease, VersionGrant* out) = 0;
+  // Extends the session's version lease by `lease` from now (as in
+  // AcquireVersion); NOT_FOUND when it ended.
+  virtual Status RenewVersion(const std::string& session, uint64_t lease_id,
+                              std::chrono::milliseconds lease, std::chrono::milliseconds* granted) = 0;
+  virtual Status ReleaseVersion(const std::string& session, uint64_t lease_id) = 0;
+  // The owner (or an administrator) grants read of the job's published
+  // versions to uids/gids, or revokes it; `uids`/`gids` become the job's
+  // grants now in force.
+  virtual Status GrantRead(const std::string& session, const std::string& job,
+                           std::vector<uid_t>* uids, std::vector<gid_t>* gids, bool revoke) = 0;
+  // Ends the version leases whose time ran out (called periodically): their
+  // files can be evicted again, and their buffers are never reused (the
+  // reader may still map them). Returns how many ended.
+  virtual size_t ExpireVersionLeases() = 0;
 };
 
 }  // namespace tce

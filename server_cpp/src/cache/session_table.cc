@@ -73,9 +73,14 @@ void SessionTable::TakeUnmaps(const std::string& id, std::vector<uint64_t>* out)
   it->second.pending_unmap.clear();
 }
 
-Status SessionTable::CanLease(const std::string& id) const {
+uint64_t SessionTable::BufferOf(uint64_t lease_id) const {
+  auto it = leases_.find(lease_id);
+  return it == leases_.end() ? 0 : it->second.buffer_id;
+}
+
+Status SessionTable::CanLease(const std::string& id, size_t more) const {
   const Session* s = Find(id);
-  if (s && s->leases >= max_leases_)
+  if (s && s->leases + more > max_leases_)
     return Status::ResourceExhausted("this session holds " + std::to_string(s->leases) +
                                      " leases (max_leases_per_session=" +
                                      std::to_string(max_leases_) +

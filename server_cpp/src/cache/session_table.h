@@ -58,8 +58,8 @@ class SessionTable {
   void TakeUnmaps(const std::string& id, std::vector<uint64_t>* out);
 
   void set_max_leases(size_t n) { max_leases_ = n; }
-  // RESOURCE_EXHAUSTED when the session already holds `max_leases`.
-  Status CanLease(const std::string& id) const;
+  // RESOURCE_EXHAUSTED when `more` leases would take the session past `max_leases`.
+  Status CanLease(const std::string& id, size_t more = 1) const;
   // A new lease of `buffer_id` for a known session; returns its id (never 0).
   uint64_t AddLease(const std::string& id, uint64_t buffer_id);
   // NOT_FOUND unless the session holds lease `lease_id`.
@@ -68,6 +68,8 @@ class SessionTable {
   uint64_t DropLease(uint64_t lease_id);
   // The session's lease ids.
   std::vector<uint64_t> LeasesOf(const std::string& id) const;
+  // The buffer lease `lease_id` holds; 0 for an unknown lease.
+  uint64_t BufferOf(uint64_t lease_id) const;
   // Whether the session holds a lease on `buffer_id`.
   bool Leases(const std::string& id, uint64_t buffer_id) const;
   size_t leases() const { return leases_.size(); }

@@ -25,9 +25,24 @@ std::string TagRegistry::Check(TagInfo* tag) {
   return "";
 }
 
+uint64_t TagRegistry::NextVersion(const std::string& job) const {
+  uint64_t top = 0;
+  for (auto it = tags_.lower_bound({job, ""}); it != tags_.end() && it->first.first == job; ++it)
+    top = std::max(top, it->second.version);
+  return top + 1;
+}
+
+bool TagRegistry::VersionTaken(const std::string& job, const std::string& tag,
+                               uint64_t version) const {
+  for (auto it = tags_.lower_bound({job, ""}); it != tags_.end() && it->first.first == job; ++it)
+    if (it->first.second != tag && it->second.version == version) return true;
+  return false;
+}
+
 TagInfo TagRegistry::Complete(TagInfo tag, int64_t complete_unix_ns) {
   tag.complete_unix_ns = complete_unix_ns;
   MutexLock lock(&mu_);
+  tag.version = NextVersion(tag.job);
   return tags_[{tag.job, tag.tag}] = std::move(tag);
 }
 
@@ -35,8 +50,29 @@ bool TagRegistry::Adopt(TagInfo tag) {
   MutexLock lock(&mu_);
   auto it = tags_.find({tag.job, tag.tag});
   if (it != tags_.end() && it->second.complete_unix_ns >= tag.complete_unix_ns) return false;
+  if (tag.version == 0 || VersionTaken(tag.job, tag.tag, tag.version)) tag.version = NextVersion(tag.job);
   tags_[{tag.job, tag.tag}] = std::move(tag);
   return true;
+}
+
+bool TagRegistry::Newest(const std::string& job, uint64_t after, TagInfo* out) const {
+  MutexLock lock(&mu_);
+  const TagInfo* best = nullptr;
+  for (auto it = tags_.lower_bound({job, ""}); it != tags_.end() && it->first.first == job; ++it)
+    if (it->second.version > after && (!best || it->second.version > best->version)) best = &it->second;
+  if (best) *out = *best;
+  return best != nullptr;
+}
+
+bool TagRegistry::FindVersion(const std::string& job, uint64_t version, TagInfo* out) const {
+  MutexLock lock(&mu_);
+  for (auto it = tags_.lower_bound({job, ""}); it != tags_.end() && it->first.first == job; ++it) {
+    if (it->second.version == version) {
+      *out = it->second;
+      return true;
+    }
+  }
+  return false;
 }
 
 bool TagRegistry::Find(const std::string& job, const std::string& tag, TagInfo* out) const {
@@ -69,8 +105,23 @@ std::vector<TagInfo> TagRegistry::All() const {
 }
 
 size_t TagRegistry::Restore(std::vector<TagInfo> tags) {
+  std::sort(tags.begin(), tags.end(), [](const TagInfo& a, const TagInfo& b) {
+    return std::tie(a.job, a.complete_unix_ns, a.tag) < std::tie(b.job, b.complete_unix_ns, b.tag);
+  });
   MutexLock lock(&mu_);
-  for (TagInfo& t : tags) tags_[{t.job, t.tag}] = std::move(t);
+  std::vector<TagInfo> unnumbered;
+  for (TagInfo& t : tags) {
+    if (t.version == 0 || VersionTaken(t.job, t.tag, t.version)) {
+      unnumbered.push_back(std::move(t));
+      continue;
+    }
+    tags_[{t.job, t.tag}] = std::move(t);
+  }
+  for (TagInfo& t : unnumbered) {
+    tags_.erase({t.job, t.tag});
+    t.version = NextVersion(t.job);
+    tags_[{t.job, t.tag}] = std::move(t);
+  }
   return tags_.size();
 }
 

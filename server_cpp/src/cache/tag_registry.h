@@ -2,7 +2,10 @@
 //
 // A tag is recorded once every rank of a checkpoint committed its files
 // (rank 0 reports it); re-recording a tag replaces it, and tags are never
-// removed. The registry only keeps them: who may record or read a job's tags
+// removed. Each recorded tag is a published version of its job: versions
+// count 1, 2, ... per job in the order tags are recorded (a tag recorded
+// again gets the next number), never reused, so a reader that saw version
+// v knows any tag numbered above v is newer. The registry only keeps them: who may record or read a job's tags
 // is the Cache's question, and so is telling the metadata store.
 //
 // Thread-safe (its own mutex, a leaf: nothing is called while it is held).
@@ -26,7 +29,8 @@ class TagRegistry {
   static std::string Check(TagInfo* tag);
 
   // Records `tag`, complete at `complete_unix_ns`, replacing an earlier
-  // record of the same (job, tag); returns what was recorded.
+  // record of the same (job, tag), as the job's next version; returns what
+  // was recorded.
   TagInfo Complete(TagInfo tag, int64_t complete_unix_ns);
   // The job's tags, oldest first (by completion time, then name).
   std::vector<TagInfo> List(const std::string& job) const;
@@ -34,15 +38,29 @@ class TagRegistry {
   std::vector<TagInfo> All() const;
   // A tag recorded elsewhere (pulled back from the ring), complete when it
   // says: kept unless the (job, tag) recorded here is as new or newer.
-  // Returns whether it was kept.
+  // It keeps its version unless it has none or one this job already
+  // numbered another tag with (then it gets the next). Returns whether it
+  // was kept.
   bool Adopt(TagInfo tag);
   // The tag recorded as (job, tag), if any.
   bool Find(const std::string& job, const std::string& tag, TagInfo* out) const;
-  // Tags recorded before a restart (from metadata); returns how many are held.
+  // Tags recorded before a restart (from metadata); returns how many are
+  // held. Those without a version (recorded by an older server) are
+  // numbered after the job's others, in completion order.
   size_t Restore(std::vector<TagInfo> tags);
+  // The job's newest version (highest number) above `after`; false if none.
+  bool Newest(const std::string& job, uint64_t after, TagInfo* out) const;
+  // The job's tag numbered `version`; false if none.
+  bool FindVersion(const std::string& job, uint64_t version, TagInfo* out) const;
   size_t size() const;
 
  private:
+  // The number after the job's highest version.
+  uint64_t NextVersion(const std::string& job) const REQUIRES(mu_);
+  // The job's version numbers in use, other than (job, tag)'s own.
+  bool VersionTaken(const std::string& job, const std::string& tag, uint64_t version) const
+      REQUIRES(mu_);
+
   mutable Mutex mu_;
   std::map<std::pair<std::string, std::string>, TagInfo> tags_ GUARDED_BY(mu_);
 };

@@ -281,7 +281,13 @@ int Daemon::MakeCache() {
                              << prealloc_why << ")";
   cache_->SetStorageCheckTimeout(std::chrono::milliseconds(opt_.storage_check_timeout_ms));
   cache_->SetRestoreWait(std::chrono::milliseconds(opt_.ring_restore_wait_ms));
-  cache_->SetSessionLimits(SessionLimits{opt_.root_is_admin, static_cast<size_t>(opt_.max_leases_per_session)});
+  SessionLimits limits;
+  limits.root_is_admin = opt_.root_is_admin;
+  limits.max_leases_per_session = static_cast<size_t>(opt_.max_leases_per_session);
+  limits.version_lease = std::chrono::seconds(opt_.version_lease_s);
+  limits.version_lease_max = std::chrono::seconds(std::max(opt_.version_lease_s, opt_.version_lease_max_s));
+  (void)ParseReadGrants(opt_.read_grants, &limits.read_grants);  // checked with the settings
+  cache_->SetSessionLimits(limits);
   return 0;
 }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -202,6 +203,25 @@ Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out) {
     unsigned long v = std::strtoul(part.c_str(), &end, 10);
     if (part.empty() || *end || v > 0xFFFFFFFEul) return Status::InvalidArgument("bad uid '" + part + "'");
     out->insert(static_cast<uid_t>(v));
+  }
+  return Status::OK();
+}
+
+Status ParseReadGrants(const std::string& text, ReadGrants::Ids* out) {
+  *out = ReadGrants::Ids{};
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    part = Trim(part);
+    if (part.empty() && Trim(text).empty()) break;
+    const bool uid = part.rfind("uid:", 0) == 0, gid = part.rfind("gid:", 0) == 0;
+    const std::string num = (uid || gid) ? part.substr(4) : std::string();
+    char* end = nullptr;
+    unsigned long v = std::strtoul(num.c_str(), &end, 10);
+    if (num.empty() || !std::isdigit(static_cast<unsigned char>(num[0])) || *end || v > 0xFFFFFFFEul)
+      return Status::InvalidArgument("bad read grant '" + part + "': want uid:N or gid:N");
+    if (uid) out->uids.insert(static_cast<uid_t>(v));
+    else out->gids.insert(static_cast<gid_t>(v));
   }
   return Status::OK();
 }

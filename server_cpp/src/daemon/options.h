@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache/memory_limits.h"
+#include "cache/read_grants.h"
 #include "common/status.h"
 
 namespace tce {
@@ -44,6 +45,9 @@ struct Options {
   int max_peer_calls = 64;
   int max_peer_calls_per_uid = 32;
   int max_leases_per_session = 4096;
+  std::string read_grants;
+  int version_lease_s = 300;
+  int version_lease_max_s = 3600;
   int max_range_buffers_per_uid = 4;
   // Persistence.
   std::string storage_roots;
@@ -121,5 +125,8 @@ Status ParseRoots(const std::string& text, std::vector<std::string>* out);
 
 // "" -> {self, 0}; "1000,1001" -> {1000, 1001}.
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out);
+
+// "uid:1001, gid:2000" -> those uids and gids ("" -> none).
+Status ParseReadGrants(const std::string& text, ReadGrants::Ids* out);
 
 }  // namespace tce

@@ -61,6 +61,11 @@ std::string Uids(const std::string& v) {
   return ParseUids(v, 0, &ignored).ok() ? "" : "comma-separated uids";
 }
 
+std::string Grants(const std::string& v) {
+  ReadGrants::Ids ignored;
+  return ParseReadGrants(v, &ignored).ok() ? "" : "comma-separated uid:N or gid:N";
+}
+
 std::string GroupName(const std::string& v) {
   return v.find_first_of(" \t\n:,") == std::string::npos ? "" : "a group name or gid";
 }
@@ -187,6 +192,14 @@ const std::vector<Setting> kSettings = {
         "of those, the calls of one uid (root included); more are refused at once"),
     Int("max_leases_per_session", &Options::max_leases_per_session, {1, 1000000},
         "loads one session may hold at once"),
+    Text("read_grants", &Options::read_grants, "LIST", Grants,
+         "uid:N and gid:N that may read every job's published versions (docs/weights.md); "
+         "they must also be allowed to connect (allowed_uids, socket_group)")
+        .DefaultText("empty: none"),
+    Int("version_lease_s", &Options::version_lease_s, {1, 86400},
+        "how long a reader's lease on a published version lasts unless renewed, when it asks for none"),
+    Int("version_lease_max_s", &Options::version_lease_max_s, {1, 31536000},
+        "the longest version lease granted (longer asks are cut to it)"),
     Int("max_range_buffers_per_uid", &Options::max_range_buffers_per_uid,
         {1, static_cast<long>(RangeBuffers::kMax)},
         "range buffers (64 MiB each, within the memory budget) the sessions of one uid (root "

@@ -95,7 +95,8 @@ class MysqlStore final : public MetaStore, private schema::Connection {
         if (s.ok())
           s = Run(sql_.done,
                   Params().Text(server_).Text(t.job).Text(t.tag).Int(t.complete_unix_ns)
-                      .Int(t.complete_unix_ns).Int(t.world_size).Text(EncodeTagFiles(t.files)));
+                      .Int(t.complete_unix_ns).Int(t.world_size).Text(EncodeTagFiles(t.files))
+                      .Int(static_cast<int64_t>(t.version)));
       } else if (const FileRemoved* gone = std::get_if<FileRemoved>(&c)) {
         s = Run(sql_.remove, Params().Text(server_).Text(gone->job).Text(gone->path));
       } else {
@@ -199,7 +200,7 @@ class MysqlStore final : public MetaStore, private schema::Connection {
   Status LoadTags(std::vector<TagInfo>* out) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
-    const std::string tags_sql = "SELECT job, tag, complete_ns, world_size, files FROM tags WHERE server = '" +
+    const std::string tags_sql = "SELECT job, tag, complete_ns, world_size, files, version FROM tags WHERE server = '" +
                                  Quote(server_) + "' AND complete_ns != 0 ORDER BY job, complete_ns, tag";
     if (mysql_query(db_, tags_sql.c_str()) != 0) return Fail("select tags");
     MYSQL_RES* res = mysql_store_result(db_);
@@ -216,6 +217,10 @@ class MysqlStore final : public MetaStore, private schema::Connection {
       if (bad.ok() && (!ParseInt64(text(3), &world) || world < 1 || world > kMaxWorldSize))
         bad = Status::DataLoss("world_size: not a world size");
       if (bad.ok()) bad = DecodeTagFiles(text(4), &t.files);
+      int64_t version = 0;
+      if (bad.ok() && (!ParseInt64(text(5), &version) || version < 0))
+        bad = Status::DataLoss("version: not a version");
+      t.version = static_cast<uint64_t>(version);
       if (bad.ok()) bad = CheckTag(t);
       if (!bad.ok()) {
         Skip("tags", "job=" + Printable(t.job) + " tag=" + Printable(t.tag), bad);
@@ -296,8 +301,9 @@ class MysqlStore final : public MetaStore, private schema::Connection {
     std::string job = schema::InsertSql(kDialect, "jobs", {{"job"}, {"first_seen_ns"}});
     std::string tag = schema::InsertSql(kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}});
     std::string done = schema::InsertSql(
-        kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}, {"complete_ns"}, {"world_size"}, {"files"}},
-        {"complete_ns", "world_size", "files"});
+        kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}, {"complete_ns"}, {"world_size"}, {"files"},
+                  {"version"}},
+        {"complete_ns", "world_size", "files", "version"});
     std::string ring = schema::InsertSql(kDialect, "rings", {{"job"}, {"self"}, {"node_rank"}, {"endpoints"}},
                                          {"node_rank", "endpoints"});
     std::string heartbeat = schema::InsertSql(

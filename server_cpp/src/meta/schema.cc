@@ -147,7 +147,8 @@ const std::vector<Table>& Tables() {
         {"first_commit_ns", T::kBigInt},
         {"complete_ns", T::kBigInt, "0"},
         {"world_size", T::kInt, "0"},
-        {"files", T::kLongText, "''"}},
+        {"files", T::kLongText, "''"},
+        {"version", T::kUnsigned, "0"}},
        {"job", "tag"},
        /*per_server=*/true},
       {"files",
@@ -189,6 +190,7 @@ const std::vector<Migration>& Migrations() {
       {3, Migration::Kind::kAddTable, "rings", {}, nullptr},
       {4, Migration::Kind::kAddServer, nullptr, {},
        "rows written before belong to no server and are not re-indexed"},
+      {5, Migration::Kind::kAddColumns, "tags", {"version"}, nullptr},
   };
   return steps;
 }

@@ -16,8 +16,9 @@ namespace tce {
 namespace schema {
 
 // v2 added the tags table's complete_ns, world_size and files columns, v3
-// the rings table, v4 (shared dialects) the server column of files and tags.
-constexpr int kVersion = 4;
+// the rings table, v4 (shared dialects) the server column of files and tags,
+// v5 the tags table's version column (published versions).
+constexpr int kVersion = 5;
 
 // What a column holds; each Dialect names the SQL type.
 enum class Type {

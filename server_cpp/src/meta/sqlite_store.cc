@@ -127,8 +127,8 @@ class SqliteStore final : public MetaStore, private schema::Connection {
                Prepare(&tag_, InsertSql(kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}})).ok() &&
                Prepare(&done_, InsertSql(kDialect, "tags",
                                          {{"job"}, {"tag"}, {"first_commit_ns"}, {"complete_ns"}, {"world_size"},
-                                          {"files"}},
-                                         {"complete_ns", "world_size", "files"}))
+                                          {"files"}, {"version"}},
+                                         {"complete_ns", "world_size", "files", "version"}))
                    .ok()
                ? Status::OK()
                : Fail("prepare");
@@ -274,7 +274,7 @@ class SqliteStore final : public MetaStore, private schema::Connection {
   Status LoadTags(std::vector<TagInfo>* out) override {
     sqlite3_stmt* q = nullptr;
     if (sqlite3_prepare_v2(db_,
-                           "SELECT job, tag, complete_ns, world_size, files FROM tags "
+                           "SELECT job, tag, complete_ns, world_size, files, version FROM tags "
                            "WHERE complete_ns != 0 ORDER BY job, complete_ns, tag",
                            -1, &q, nullptr) != SQLITE_OK)
       return Fail("select tags");
@@ -289,6 +289,9 @@ class SqliteStore final : public MetaStore, private schema::Connection {
       if (s.ok() && (!Int(q, 3, &world) || world < 1 || world > kMaxWorldSize))
         s = Status::DataLoss("world_size: not a world size");
       if (s.ok()) s = DecodeTagFiles(Text(q, 4), &t.files);
+      int64_t version = 0;
+      if (s.ok() && (!Int(q, 5, &version) || version < 0)) s = Status::DataLoss("version: not a version");
+      t.version = static_cast<uint64_t>(version);
       if (s.ok()) s = CheckTag(t);
       if (!s.ok()) {
         Skip("tags", "job=" + Printable(t.job) + " tag=" + Printable(t.tag), s);
@@ -438,6 +441,7 @@ class SqliteStore final : public MetaStore, private schema::Connection {
     sqlite3_bind_int64(done_, 5, t.world_size);
     std::string files = EncodeTagFiles(t.files);
     BindText(done_, 6, files);
+    sqlite3_bind_int64(done_, 7, static_cast<int64_t>(t.version));
     return Step(done_);
   }
 

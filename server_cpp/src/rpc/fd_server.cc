@@ -66,7 +66,7 @@ void FdServer::Stop() {
 int FdServer::PollTimeoutMs() const {
   int timeout = -1;
   if (!acceptor_.Accepting(&timeout)) timeout = std::max(timeout, 1);
-  if (opt_.idle_timeout.count() > 0) {
+  {  // the periodic check (idle sessions, expired version leases)
     auto ms = opt_.clock->Left(next_idle_check_).count();
     int idle = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(ms, 60000)));
     timeout = timeout < 0 ? idle : std::min(timeout, idle);
@@ -95,8 +95,7 @@ void FdServer::Loop() {
       if ((fds[i].revents & POLLIN) && Serve(fds[i].fd)) continue;
       Close(fds[i].fd);
     }
-    if (opt_.idle_timeout.count() > 0 && opt_.clock->Now() >= next_idle_check_)
-      CloseIdle();
+    if (opt_.clock->Now() >= next_idle_check_) CloseIdle();
   }
 }
 
@@ -142,9 +141,13 @@ void FdServer::Admit(int fd, const struct ucred& cred) {
 }
 
 void FdServer::CloseIdle() {
-  const auto period = std::min<std::chrono::milliseconds>(
-      std::chrono::seconds(5), opt_.idle_timeout / 4 + std::chrono::milliseconds(1));
+  const auto period = opt_.idle_timeout.count() > 0
+                          ? std::min<std::chrono::milliseconds>(
+                                std::chrono::seconds(5), opt_.idle_timeout / 4 + std::chrono::milliseconds(1))
+                          : std::chrono::milliseconds(std::chrono::seconds(5));
   next_idle_check_ = opt_.clock->Now() + period;
+  cache_->ExpireVersionLeases();
+  if (opt_.idle_timeout.count() <= 0) return;
   std::vector<std::string> idle = cache_->IdleSessions(opt_.idle_timeout);
   if (idle.empty()) return;
   std::set<std::string> wanted(idle.begin(), idle.end());

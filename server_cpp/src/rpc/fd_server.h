@@ -12,6 +12,8 @@
 // SessionHello and is closed at once (such log lines are rate-limited). Out
 // of fds, accept sheds and backs off (rpc/acceptor.h).
 // Sessions idle for `idle_timeout` (ClientStore::IdleSessions) are closed.
+// The same periodic check (every 5 s at most) ends version leases whose time
+// ran out (ClientStore::ExpireVersionLeases).
 #pragma once
 
 #include <sys/types.h>

@@ -1,5 +1,7 @@
 #include "rpc/request_checks.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "cache/tag_proto.h"
@@ -31,7 +33,46 @@ Status First(Checks&&... checks) {
   return s;
 }
 
+// A length of time in seconds as a request gives it: NaN is refused; <= 0
+// is 0 (none asked); more than kMaxWaitTimeoutS (+inf included) is that
+// many; else at least 1 ms.
+Status SecondsMs(const char* field, double seconds, int64_t* ms) {
+  if (std::isnan(seconds)) return Status::InvalidArgument(std::string(field) + ": is NaN");
+  if (seconds <= 0) {
+    *ms = 0;
+    return Status::OK();
+  }
+  seconds = std::min<double>(seconds, kMaxWaitTimeoutS);
+  *ms = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(seconds * 1000)));
+  return Status::OK();
+}
+
+constexpr size_t kMaxGrantIds = 1024;
+
 }  // namespace
+
+Status CheckRequest(const v1::GetVersionRequest& r, int64_t* wait_ms) {
+  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+               [&] { return SecondsMs("timeout_s", r.timeout_s(), wait_ms); });
+}
+
+Status CheckRequest(const v1::AcquireVersionRequest& r, int64_t* lease_ms) {
+  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+               [&] { return SecondsMs("lease_s", r.lease_s(), lease_ms); });
+}
+
+Status CheckRequest(const v1::RenewVersionRequest& r, int64_t* lease_ms) {
+  return First([&] { return Session(r.session()); },
+               [&] { return SecondsMs("lease_s", r.lease_s(), lease_ms); });
+}
+
+Status CheckRequest(const v1::ReleaseVersionRequest& r) { return Session(r.session()); }
+
+Status CheckRequest(const v1::GrantReadRequest& r) {
+  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+               [&] { return Count("uids", r.uids_size(), kMaxGrantIds); },
+               [&] { return Count("gids", r.gids_size(), kMaxGrantIds); });
+}
 
 Status CheckRequest(const v1::AllocateRequest& r) {
   return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },

@@ -28,5 +28,11 @@ Status CheckRequest(const v1::ListTagsRequest& r);
 Status CheckRequest(const v1::SetRingRequest& r);
 Status CheckRequest(const v1::StatusRequest& r);
 Status CheckRequest(const v1::RetryRequest& r);
+// Also yield the wait / lease asked for in ms (0: none asked; see SecondsMs).
+Status CheckRequest(const v1::GetVersionRequest& r, int64_t* wait_ms);
+Status CheckRequest(const v1::AcquireVersionRequest& r, int64_t* lease_ms);
+Status CheckRequest(const v1::RenewVersionRequest& r, int64_t* lease_ms);
+Status CheckRequest(const v1::ReleaseVersionRequest& r);
+Status CheckRequest(const v1::GrantReadRequest& r);
 
 }  // namespace tce

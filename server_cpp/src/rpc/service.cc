@@ -199,6 +199,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_files(s.files);
   resp->set_sessions(s.sessions);
   resp->set_leases(s.leases);
+  resp->set_version_leases(s.version_leases);
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
@@ -259,16 +260,8 @@ grpc::Status CacheService::Wait(grpc::ServerContext*, const v1::WaitRequest* req
                                 v1::WaitResponse* resp) {
   int64_t timeout_ms = 0;
   if (tce::Status bad = CheckRequest(*req, &timeout_ms); !bad.ok()) return ToGrpc(bad);
-  if (waits_.fetch_add(1) >= max_waits_) {
-    --waits_;
-    return ToGrpc(tce::Status::ResourceExhausted(
-        "too many Wait calls blocked at once (max_waits=" + std::to_string(max_waits_) +
-        "): try again later"));
-  }
-  struct Done {
-    std::atomic<size_t>* n;
-    ~Done() { --*n; }
-  } done{&waits_};
+  WaitSlot slot;
+  if (tce::Status busy = AdmitWait("Wait", &slot); !busy.ok()) return ToGrpc(busy);
   std::vector<std::string> paths(req->paths().begin(), req->paths().end());
   std::vector<FileInfo> files;
   auto timeout = std::chrono::milliseconds(timeout_ms);
@@ -327,6 +320,77 @@ grpc::Status CacheService::Retry(grpc::ServerContext*, const v1::RetryRequest* r
   tce::Status s = cache_->RetryFailed(req->session(), req->job(), paths, &files);
   for (const FileInfo& f : files) ToProto(f, resp->add_files());
   return ToGrpc(s);
+}
+
+tce::Status CacheService::AdmitWait(const char* call, WaitSlot* slot) {
+  if (waits_.fetch_add(1) >= max_waits_) {
+    --waits_;
+    return tce::Status::ResourceExhausted(std::string("too many ") + call +
+                                          " calls blocked at once (max_waits=" + std::to_string(max_waits_) +
+                                          "): try again later");
+  }
+  slot->n = &waits_;
+  return tce::Status::OK();
+}
+
+grpc::Status CacheService::GetVersion(grpc::ServerContext* ctx, const v1::GetVersionRequest* req,
+                                      v1::GetVersionResponse* resp) {
+  int64_t wait_ms = 0;
+  if (tce::Status bad = CheckRequest(*req, &wait_ms); !bad.ok()) return ToGrpc(bad);
+  WaitSlot slot;
+  if (wait_ms > 0) {
+    if (tce::Status busy = AdmitWait("GetVersion", &slot); !busy.ok()) return ToGrpc(busy);
+  }
+  TagInfo tag;
+  tce::Status s = cache_->GetVersion(req->session(), req->job(), req->after(),
+                                     std::chrono::milliseconds(wait_ms), AnswerBy(ctx, clock_), &tag);
+  if (s.ok()) ToProto(tag, resp->mutable_tag());
+  return ToGrpc(s);
+}
+
+grpc::Status CacheService::AcquireVersion(grpc::ServerContext*, const v1::AcquireVersionRequest* req,
+                                          v1::AcquireVersionResponse* resp) {
+  int64_t lease_ms = 0;
+  if (tce::Status bad = CheckRequest(*req, &lease_ms); !bad.ok()) return ToGrpc(bad);
+  VersionGrant g;
+  tce::Status s = cache_->AcquireVersion(req->session(), req->job(), req->version(),
+                                         std::chrono::milliseconds(lease_ms), &g);
+  if (!s.ok()) return ToGrpc(s);
+  ToProto(g.tag, resp->mutable_tag());
+  resp->set_lease_id(g.lease_id);
+  resp->set_lease_s(g.lease.count() / 1000.0);
+  for (const FileInfo& f : g.files) ToProto(f, resp->add_files());
+  for (uint64_t id : g.unmap_buffer_ids) resp->add_unmap_buffer_ids(id);
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheService::RenewVersion(grpc::ServerContext*, const v1::RenewVersionRequest* req,
+                                        v1::RenewVersionResponse* resp) {
+  int64_t lease_ms = 0;
+  if (tce::Status bad = CheckRequest(*req, &lease_ms); !bad.ok()) return ToGrpc(bad);
+  std::chrono::milliseconds granted{0};
+  tce::Status s = cache_->RenewVersion(req->session(), req->lease_id(), std::chrono::milliseconds(lease_ms),
+                                       &granted);
+  if (s.ok()) resp->set_lease_s(granted.count() / 1000.0);
+  return ToGrpc(s);
+}
+
+grpc::Status CacheService::ReleaseVersion(grpc::ServerContext*, const v1::ReleaseVersionRequest* req,
+                                          v1::ReleaseVersionResponse*) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
+  return ToGrpc(cache_->ReleaseVersion(req->session(), req->lease_id()));
+}
+
+grpc::Status CacheService::GrantRead(grpc::ServerContext*, const v1::GrantReadRequest* req,
+                                     v1::GrantReadResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
+  std::vector<uid_t> uids(req->uids().begin(), req->uids().end());
+  std::vector<gid_t> gids(req->gids().begin(), req->gids().end());
+  tce::Status s = cache_->GrantRead(req->session(), req->job(), &uids, &gids, req->revoke());
+  if (!s.ok()) return ToGrpc(s);
+  for (uid_t u : uids) resp->add_uids(u);
+  for (gid_t g : gids) resp->add_gids(g);
+  return grpc::Status::OK;
 }
 
 }  // namespace tce

@@ -56,6 +56,16 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status SetRing(grpc::ServerContext*, const v1::SetRingRequest*, v1::SetRingResponse*) override;
   grpc::Status Retry(grpc::ServerContext*, const v1::RetryRequest*, v1::RetryResponse*) override;
   grpc::Status ReadRange(grpc::ServerContext*, const v1::ReadRangeRequest*, v1::ReadRangeResponse*) override;
+  // Published versions (docs/weights.md). A GetVersion that waits counts
+  // among the max_waits blocked calls, as Wait does.
+  grpc::Status GetVersion(grpc::ServerContext*, const v1::GetVersionRequest*, v1::GetVersionResponse*) override;
+  grpc::Status AcquireVersion(grpc::ServerContext*, const v1::AcquireVersionRequest*,
+                              v1::AcquireVersionResponse*) override;
+  grpc::Status RenewVersion(grpc::ServerContext*, const v1::RenewVersionRequest*,
+                            v1::RenewVersionResponse*) override;
+  grpc::Status ReleaseVersion(grpc::ServerContext*, const v1::ReleaseVersionRequest*,
+                              v1::ReleaseVersionResponse*) override;
+  grpc::Status GrantRead(grpc::ServerContext*, const v1::GrantReadRequest*, v1::GrantReadResponse*) override;
 
   // The ring's part (set before serving): a load that misses asks the ring
   // through `fetch` (ring/ring_fetch.h); `transport` is shown in Status.
@@ -99,6 +109,15 @@ class CacheService final : public v1::Cache::Service {
   // A refusal of `session` (or its uid's place in *slot): may its call wait
   // on a peer now?
   tce::Status AdmitPeerCall(const std::string& session, CallLimiter::Slot* slot);
+  // A slot among the max_waits blocked calls (RESOURCE_EXHAUSTED when none
+  // is left); `slot` gives it back when it goes.
+  struct WaitSlot {
+    std::atomic<size_t>* n = nullptr;
+    ~WaitSlot() {
+      if (n) --*n;
+    }
+  };
+  tce::Status AdmitWait(const char* call, WaitSlot* slot);
 
   size_t max_waits_ = 256;
   std::unique_ptr<CallLimiter> peer_calls_;  // none: every such call runs

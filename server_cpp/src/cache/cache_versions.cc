@@ -1,0 +1,208 @@
+// Cache: published versions for readers (docs/weights.md): the newest
+// version and the wait for a newer one, version leases, read grants.
+#include <algorithm>
+
+#include "cache/cache.h"
+#include "common/logging.h"
+
+namespace tce {
+
+namespace {
+
+std::string Seconds(std::chrono::milliseconds d) {
+  return std::to_string(d.count() / 1000) + "." + std::to_string(d.count() % 1000 / 100) + " s";
+}
+
+}  // namespace
+
+Status Cache::CheckReader(const std::string& session, const std::string& job) {
+  Status s = sessions_.Check(session);
+  if (!s.ok()) return s;
+  const SessionTable::Session* sess = sessions_.Find(session);
+  uid_t owner = 0;
+  if (!owners_.Owner(job, &owner) || owner == sess->uid || owners_.IsAdmin(sess->uid)) return Status::OK();
+  std::string why;
+  if (grants_.Allows(job, sess->uid, sess->gid, &why)) return Status::OK();
+  uint64_t dropped = 0;
+  const std::string msg = "uid " + std::to_string(sess->uid) + " may not read the published versions of job '" +
+                          job + "' (it belongs to uid " + std::to_string(owner) + "): " + why;
+  if (refused_log_.Allow(&dropped)) TCE_LOG(kWarning, "access") << "refused: " << msg << Suppressed(dropped);
+  return Status::PermissionDenied(msg);
+}
+
+Status Cache::GetVersion(const std::string& session, const std::string& job, uint64_t after,
+                         std::chrono::milliseconds wait, Clock::TimePoint call_deadline, TagInfo* out) {
+  MutexLock lock(&mu_);
+  const Clock::TimePoint start = clock_->Now();
+  const Clock::TimePoint deadline =
+      wait.count() <= 0 ? start : std::min(call_deadline, start + wait);
+  for (;;) {
+    Status s = CheckReader(session, job);  // again after each wait: a grant may be gone
+    if (!s.ok()) return s;
+    if (tags_.Newest(job, after, out)) return Status::OK();
+    const std::string what = after ? "newer than " + std::to_string(after) : "published";
+    if (wait.count() <= 0) return Status::NotFound("job '" + job + "' has no version " + what);
+    if (versions_stopped_) return Status::Unavailable("the server is shutting down");
+    if (clock_->Now() >= deadline)
+      return Status::DeadlineExceeded("no version of job '" + job + "' " + what + " within " +
+                                      Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          clock_->Now() - start)));
+    clock_->WaitUntil(&versions_cv_, &mu_, deadline);
+  }
+}
+
+std::chrono::milliseconds Cache::LeaseLength(std::chrono::milliseconds asked) const {
+  if (asked.count() <= 0) asked = version_lease_;
+  return std::min(asked, version_lease_max_);
+}
+
+Status Cache::AcquireVersion(const std::string& session, const std::string& job, uint64_t version,
+                             std::chrono::milliseconds lease, VersionGrant* out) {
+  MutexLock lock(&mu_);
+  Status s = CheckReader(session, job);
+  if (!s.ok()) return s;
+  TagInfo tag;
+  const bool found = version == 0 ? tags_.Newest(job, 0, &tag) : tags_.FindVersion(job, version, &tag);
+  if (!found) {
+    TagInfo newest;
+    const std::string now = tags_.Newest(job, 0, &newest) ? "newest: " + std::to_string(newest.version)
+                                                           : "none is published";
+    return Status::NotFound("job '" + job + "' has no version " +
+                            (version ? std::to_string(version) : std::string("published")) +
+                            (version ? " (" + now + ")" : std::string()));
+  }
+  // First every check, then the leases: a refusal leaves nothing behind.
+  std::vector<const FileInfo*> held;
+  size_t leases = 0;
+  auto snapshot = published_.find({job, tag.tag});
+  // Whether the file here is the one the version published: the same
+  // commit when the publication saw it here, else committed before it.
+  auto published = [&](const TagFile& tf, const FileInfo& f) {
+    if (f.size != tf.size || f.tag != tag.tag) return false;
+    if (snapshot != published_.end()) {
+      auto at = snapshot->second.find(tf.path);
+      if (at != snapshot->second.end()) return at->second == f.version;
+    }
+    return f.committed_unix_ns <= tag.complete_unix_ns;
+  };
+  for (const TagFile& tf : tag.files) {
+    auto it = files_.find({job, tf.path});
+    const FileInfo* f = it == files_.end() ? nullptr : &it->second;
+    const bool same = !f || published(tf, *f);
+    if (!same)
+      return Status::FailedPrecondition("version " + std::to_string(tag.version) + " of job '" + job +
+                                        "' is gone: " + tf.path + " was saved again after it was published"
+                                        " (read a newer version)");
+    const bool in_memory = f && f->buffer_id != 0 && f->state != FileState::kEvicted &&
+                           f->state != FileState::kDiscarded;
+    held.push_back(in_memory ? f : nullptr);
+    leases += in_memory;
+  }
+  if (leases) {
+    s = sessions_.CanLease(session, leases);
+    if (!s.ok()) return s;
+  }
+  VersionLease vl;
+  vl.session = session;
+  vl.job = job;
+  vl.version = tag.version;
+  out->files.clear();
+  for (size_t i = 0; i < tag.files.size(); ++i) {
+    const TagFile& tf = tag.files[i];
+    if (held[i]) {
+      out->files.push_back(*held[i]);
+      vl.file_leases.push_back(sessions_.AddLease(session, held[i]->buffer_id));
+      ++buffers_[held[i]->buffer_id].leases;
+      continue;
+    }
+    auto it = files_.find({job, tf.path});
+    FileInfo f;
+    if (it != files_.end()) {
+      f = it->second;
+      f.buffer_id = 0;
+      f.capacity = 0;
+    } else {
+      f.job = job;
+      f.tag = tag.tag;
+      f.rank = tf.rank;
+      f.path = tf.path;
+      f.size = tf.size;
+      f.reason = "not held by this server";
+    }
+    out->files.push_back(std::move(f));
+  }
+  out->lease = LeaseLength(lease);
+  vl.expires = clock_->Now() + out->lease;
+  out->tag = tag;
+  out->lease_id = version_leases_.Add(std::move(vl));
+  sessions_.TakeUnmaps(session, &out->unmap_buffer_ids);
+  TCE_LOG(kInfo, "weights") << "leased job=" << job << " version=" << tag.version << " tag=" << tag.tag
+                            << " session=" << session.substr(0, 8) << " files=" << tag.files.size()
+                            << " in_memory=" << leases << " lease=" << Seconds(out->lease);
+  return Status::OK();
+}
+
+Status Cache::RenewVersion(const std::string& session, uint64_t lease_id, std::chrono::milliseconds lease,
+                           std::chrono::milliseconds* granted) {
+  MutexLock lock(&mu_);
+  Status s = sessions_.Check(session);
+  if (!s.ok()) return s;
+  VersionLease* vl = version_leases_.Find(session, lease_id);
+  if (!vl)
+    return Status::NotFound("no version lease " + std::to_string(lease_id) +
+                            " in this session (released, expired, or never granted)");
+  *granted = LeaseLength(lease);
+  vl->expires = clock_->Now() + *granted;
+  return Status::OK();
+}
+
+Status Cache::ReleaseVersion(const std::string& session, uint64_t lease_id) {
+  MutexLock lock(&mu_);
+  Status s = sessions_.Check(session);
+  if (!s.ok()) return s;
+  if (!version_leases_.Find(session, lease_id))
+    return Status::NotFound("no version lease " + std::to_string(lease_id) +
+                            " in this session (released, expired, or never granted)");
+  EndVersionLease(lease_id, /*expired=*/false);
+  return Status::OK();
+}
+
+void Cache::EndVersionLease(uint64_t id, bool expired) {
+  VersionLease vl;
+  if (!version_leases_.Take(id, &vl)) return;
+  for (uint64_t lease : vl.file_leases) {
+    if (expired) {
+      auto b = buffers_.find(sessions_.BufferOf(lease));
+      if (b != buffers_.end()) b->second.no_reuse = true;  // the reader may still map it
+    }
+    DropLease(lease);
+  }
+  if (expired)
+    TCE_LOG(kWarning, "weights") << "version lease " << id << " of job=" << vl.job << " version=" << vl.version
+                                 << " (session " << vl.session.substr(0, 8)
+                                 << ") expired unrenewed: its memory may be evicted, its buffers are not reused";
+}
+
+size_t Cache::ExpireVersionLeases() {
+  MutexLock lock(&mu_);
+  const std::vector<uint64_t> ended = version_leases_.Expired(clock_->Now());
+  for (uint64_t id : ended) EndVersionLease(id, /*expired=*/true);
+  return ended.size();
+}
+
+Status Cache::GrantRead(const std::string& session, const std::string& job, std::vector<uid_t>* uids,
+                        std::vector<gid_t>* gids, bool revoke) {
+  MutexLock lock(&mu_);
+  Status s = CheckAccess(session, job, std::string(revoke ? "revoke" : "grant") + " read of job '" + job + "'",
+                         /*claim=*/true);
+  if (!s.ok()) return s;
+  ReadGrants::Ids change{{uids->begin(), uids->end()}, {gids->begin(), gids->end()}};
+  ReadGrants::Ids now = grants_.Change(job, change, revoke);
+  TCE_LOG(kInfo, "weights") << (revoke ? "revoked" : "granted") << " read of job=" << job << " uids="
+                            << change.uids.size() << " gids=" << change.gids.size();
+  uids->assign(now.uids.begin(), now.uids.end());
+  gids->assign(now.gids.begin(), now.gids.end());
+  return Status::OK();
+}
+
+}  // namespace tce
