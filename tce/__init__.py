@@ -35,6 +35,9 @@ install_deepspeed()
 def __getattr__(name: str):
     if name == "TCECheckpointEngine":  # subclasses DeepSpeed's: built on first use
         return engine_class()
+    if name == "weights":  # the readers' API (docs/weights.md)
+        import importlib
+        return importlib.import_module("tce.weights")
     raise AttributeError(f"module 'tce' has no attribute {name!r}")
 
 

@@ -102,6 +102,7 @@ class Client:
         self._range_buffer: tuple[int, int] | tuple[()] | None = None
         self._released: collections.deque[int] = collections.deque()  # appended by finalizers
         self._leases: dict[int, weakref.ref] = {}  # live lease id -> its private mapping
+        self._released_versions: collections.deque[int] = collections.deque()  # by finalizers
         self.fd_requests = 0  # fds received so far (a steady-state save needs none)
         self.closed = False
 
@@ -119,6 +120,13 @@ class Client:
 
     def _flush(self) -> None:
         """Send queued lease releases and unmap acknowledgements."""
+        while self._released_versions:
+            lease = self._released_versions.popleft()
+            try:
+                self._call("ReleaseVersion", pb.ReleaseVersionRequest(session=self.session,
+                                                                      lease_id=lease))
+            except NotCachedError:  # it ended already (expired)
+                pass
         leases = []
         while self._released:
             leases.append(self._released.popleft())
@@ -517,6 +525,51 @@ class Client:
         back with its files), bounded as :meth:`list` is."""
         request = pb.ListTagsRequest(session=self.session, job=job, wait_for_restore=wait_for_restore)
         return list(self._call("ListTags", request, timeout=None if wait_for_restore else -1.0).tags)
+
+    # ---- published versions (tce.weights) --------------------------------
+
+    def get_version(self, job: str, *, after: int = 0, timeout: float = 0.0) -> pb.TagInfo:
+        """The job's newest version above ``after``; with ``timeout`` > 0 the
+        server answers when one is published (DeadlineExceededError when none
+        is in time), else NotCachedError at once."""
+        request = pb.GetVersionRequest(session=self.session, job=job, after=after, timeout_s=timeout)
+        return self._call("GetVersion", request,
+                          timeout=None if timeout <= 0 else timeout + 30).tag
+
+    def acquire_version(self, job: str, version: int = 0, *,
+                        lease_s: float = 0.0) -> pb.AcquireVersionResponse:
+        """A lease on a version (0: the newest): its files, with a buffer id
+        for each one held in this server's memory."""
+        self._flush()
+        resp = self._call("AcquireVersion", pb.AcquireVersionRequest(
+            session=self.session, job=job, version=version, lease_s=lease_s))
+        self._unmap(resp.unmap_buffer_ids)
+        return resp
+
+    def renew_version(self, lease: int, lease_s: float = 0.0) -> float:
+        return self._call("RenewVersion", pb.RenewVersionRequest(
+            session=self.session, lease_id=lease, lease_s=lease_s)).lease_s
+
+    def release_version(self, lease: int, *, later: bool = False) -> None:
+        """End a version lease now, or (``later``: from a finalizer, which
+        may not block) with the next call."""
+        self._released_versions.append(lease)
+        if not later:
+            self._flush()
+
+    def map_leased(self, buffer_id: int, size: int) -> tuple[mmap.mmap, bool]:
+        """A private (copy-on-write) mapping of a buffer this session leases,
+        and whether it maps the buffer (False: a private copy)."""
+        fd = self._request_fd(buffer_id)
+        try:
+            return _mapping.map_private(fd, size)
+        finally:
+            os.close(fd)
+
+    def grant_read(self, job: str, uids: list[int], gids: list[int], *,
+                   revoke: bool = False) -> pb.GrantReadResponse:
+        return self._call("GrantRead", pb.GrantReadRequest(
+            session=self.session, job=job, uids=uids, gids=gids, revoke=revoke))
 
     def flush(self) -> None:
         """Send pending lease releases now."""

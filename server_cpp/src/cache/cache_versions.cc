@@ -78,7 +78,7 @@ Status Cache::AcquireVersion(const std::string& session, const std::string& job,
   // Whether the file here is the one the version published: the same
   // commit when the publication saw it here, else committed before it.
   auto published = [&](const TagFile& tf, const FileInfo& f) {
-    if (f.size != tf.size || f.tag != tag.tag) return false;
+    if (f.size != tf.size) return false;
     if (snapshot != published_.end()) {
       auto at = snapshot->second.find(tf.path);
       if (at != snapshot->second.end()) return at->second == f.version;

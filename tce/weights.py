@@ -1,0 +1,395 @@
+"""Weights for inference: the newest complete checkpoint of a job, read from
+the node's cache (see docs/weights.md).
+
+A tag every rank finished is a *published version* of its job, numbered 1,
+2, ... in the order the tags completed. A reader asks for the newest one
+(:func:`latest`), or waits for one newer than the version it serves
+(:func:`wait_newer`: the server answers when it is published), then opens it
+(:func:`open`), which leases it: the version's bytes stay in memory,
+unreplaced and unevicted, until the reader closes it (or the lease runs out
+unrenewed, or the process ends). Its tensors view a private mapping of the
+cached bytes: nothing is copied until the reader copies them into its model
+(:meth:`Weights.load_into`), and a second reader on the node maps the same
+memory.
+
+Readers may be other users: the job's owner calls :func:`grant` (or the
+server's ``read_grants`` setting names them).
+
+::
+
+    from tce import weights
+
+    version = 0
+    while serving:
+        info = weights.wait_newer("rl-run", after=version, timeout=600)
+        with weights.open("rl-run", info.version) as w:
+            w.load_into(model)
+        version = info.version
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import threading
+import weakref
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from tce import _service
+from tce.core._session import with_client
+from tce.core._torchload import load_mapping
+from tce.errors import (
+    CorruptCheckpointError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotCachedError,
+)
+
+__all__ = ["VersionInfo", "Weights", "grant", "latest", "open", "publish", "revoke", "wait_newer",
+           "weight_files"]
+
+log = logging.getLogger("tce.weights")
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionInfo:
+    """One published version of a job."""
+
+    job: str
+    version: int
+    tag: str
+    complete_unix_ns: int
+    files: tuple[tuple[int, str, int], ...]  # (rank, path, size), sorted by (rank, path)
+
+
+def _info(t: Any) -> VersionInfo:
+    return VersionInfo(t.job, t.version, t.tag, t.complete_unix_ns,
+                       tuple((f.rank, f.path, f.size) for f in t.files))
+
+
+def publish(tag: str, paths: Iterable[str | os.PathLike] | None = None, *, job: str | None = None,
+            world_size: int | None = None) -> VersionInfo:
+    """Publish what a trainer saved as the job's next version.
+
+    The DeepSpeed engine and the DCP writer publish each checkpoint tag
+    themselves once every rank finished it; a trainer that saves with
+    ``torch.save`` / ``tce.save`` / ``save_pretrained`` (under the patch)
+    calls this, on one process, after every rank's files are saved.
+
+    Args:
+        tag: the version's name (e.g. ``step200``).
+        paths: files, or directories (every file of the job cached under
+            one), that make up the version; default: the job's files saved
+            with ``tag``.
+        world_size: ranks that wrote it (default: the highest rank among the
+            files, plus one).
+
+    Raises:
+        NotCachedError: a path names nothing committed in this node's cache.
+    """
+    job = _service.job_or_default(job)
+    if paths is None:
+        if not tag:
+            raise InvalidArgumentError("publish: name the paths of a version saved without a tag")
+        chosen = [f for f in with_client(lambda c: c.list(job, tag)) if _committed(f)]
+        if not chosen:
+            raise NotCachedError(f"no file of job {job!r} is cached with tag {tag!r}")
+    else:
+        held = [f for f in with_client(lambda c: c.list(job)) if _committed(f)]
+        chosen, seen = [], set()
+        for p in paths:
+            p = _service.norm(p)
+            under = [f for f in held if f.path == p or f.path.startswith(p.rstrip("/") + "/")]
+            if not under:
+                raise NotCachedError(f"{p}: nothing of job {job!r} is committed in the cache there")
+            chosen += [f for f in under if f.path not in seen]
+            seen.update(f.path for f in under)
+    world = world_size or max(f.rank for f in chosen) + 1
+    from tce.v1 import tce_pb2 as pb
+    record = pb.TagInfo(job=job, tag=tag, world_size=world,
+                        files=[pb.TagFile(rank=f.rank, path=f.path, size=f.size) for f in chosen])
+    return _info(with_client(lambda c: c.commit_tag(record)))
+
+
+def _committed(f: Any) -> bool:
+    from tce.v1 import tce_pb2 as pb
+    return f.state not in (pb.FILE_STATE_PENDING, pb.FILE_STATE_DISCARDED)
+
+
+def latest(job: str | None = None) -> VersionInfo | None:
+    """The job's newest published version, or None when it has none."""
+    job = _service.job_or_default(job)
+    try:
+        return _info(with_client(lambda c: c.get_version(job)))
+    except NotCachedError:
+        return None
+
+
+def wait_newer(job: str | None = None, after: int = 0, timeout: float | None = None) -> VersionInfo:
+    """The newest version above ``after``, once there is one.
+
+    The server answers the call when a version is published (no polling);
+    ``timeout`` in seconds (None: as long as it takes) ends it with
+    :class:`~tce.errors.DeadlineExceededError`.
+    """
+    job = _service.job_or_default(job)
+    wait = 1e7 if timeout is None else float(timeout)
+    if wait <= 0:
+        raise InvalidArgumentError(f"timeout must be > 0 seconds, got {timeout}")
+    return _info(with_client(lambda c: c.get_version(job, after=after, timeout=wait)))
+
+
+def grant(job: str | None = None, *, uids: Iterable[int] = (), gids: Iterable[int] = ()
+          ) -> tuple[list[int], list[int]]:
+    """Let other users (uids, or members of gids by their primary group)
+    read the job's published versions, and nothing else of it. Only the
+    job's owner may; returns the job's grants now (uids, gids). Grants last
+    while the server runs: state them at the trainer's start."""
+    job = _service.job_or_default(job)
+    r = with_client(lambda c: c.grant_read(job, list(uids), list(gids)))
+    return list(r.uids), list(r.gids)
+
+
+def revoke(job: str | None = None, *, uids: Iterable[int] = (), gids: Iterable[int] = ()
+           ) -> tuple[list[int], list[int]]:
+    """Take grants back: the next read by those users is refused, saying so."""
+    job = _service.job_or_default(job)
+    r = with_client(lambda c: c.grant_read(job, list(uids), list(gids), revoke=True))
+    return list(r.uids), list(r.gids)
+
+
+def open(job: str | None = None, version: int = 0, *, lease_s: float | None = None,
+         files: Callable[[str], bool] | None = None) -> "Weights":
+    """Lease a version (0: the newest) and open it for reading.
+
+    Args:
+        lease_s: how long the lease lasts unless renewed (:meth:`Weights.renew`);
+            None: the server's ``version_lease_s``.
+        files: which files of the version hold the weights (a predicate on
+            the path); default: see :func:`weight_files`.
+
+    Raises:
+        NotCachedError: no such version is published.
+        FailedPreconditionError: the version is gone (a file of it was saved
+            again since); read a newer one.
+        PermissionDeniedError: not the owner and no grant (the reason says
+            which, e.g. a revoked grant).
+    """
+    job = _service.job_or_default(job)
+    c = _service.client()
+    resp = c.acquire_version(job, version, lease_s=lease_s or 0.0)
+    return Weights(c, resp, files)
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_SAFETENSORS = re.compile(r"\.safetensors$")
+_DS_MODEL = re.compile(r"(^|/)(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt$")
+_TORCH = re.compile(r"\.(pt|pth|bin|ckpt)$")
+_NOT_WEIGHTS = re.compile(r"optim|scheduler|rng|trainer_state|training_args")
+
+
+def weight_files(paths: Iterable[str]) -> list[str]:
+    """Which files of a version hold the model's weights: its safetensors
+    files if it has any (Hugging Face ``save_pretrained``, sharded or not);
+    else DeepSpeed's model-states files (``mp_rank_XX_model_states.pt``);
+    else every torch.save file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) whose
+    name does not say it holds optimizer, scheduler or RNG state."""
+    paths = list(paths)
+    for pick in (lambda p: _SAFETENSORS.search(p),
+                 lambda p: _DS_MODEL.search(p),
+                 lambda p: _TORCH.search(p) and not _NOT_WEIGHTS.search(os.path.basename(p))):
+        chosen = [p for p in paths if pick(p)]
+        if chosen:
+            return chosen
+    return []
+
+
+def _state_dict_of(obj: Any, path: str) -> dict[str, torch.Tensor]:
+    """The name -> tensor mapping a torch.save file holds: the object itself,
+    or its ``module`` (DeepSpeed), ``state_dict`` or ``model`` entry."""
+    if isinstance(obj, dict):
+        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            return obj
+        for key in ("module", "state_dict", "model"):
+            inner = obj.get(key)
+            if isinstance(inner, dict) and all(isinstance(v, torch.Tensor) for v in inner.values()):
+                return inner
+    raise CorruptCheckpointError(
+        f"{path}: not a state dict (a dict of tensors, or one under 'module', 'state_dict' or "
+        f"'model'); got {type(obj).__name__}")
+
+
+class Weights:
+    """An open, leased version: iterate its tensors or load them into a model.
+
+    Tensors view the cached bytes (copy-on-write): keep them as long as you
+    like; the lease ends when the Weights is closed and every such tensor is
+    gone. Not thread-safe.
+    """
+
+    def __init__(self, client: Any, resp: Any, files: Callable[[str], bool] | None) -> None:
+        self._client = client
+        self.info = _info(resp.tag)
+        self.lease_id = resp.lease_id
+        self.lease_s = resp.lease_s
+        self._files = {f.path: f for f in resp.files}
+        paths = [f.path for f in resp.files]
+        self.paths = [p for p in paths if files(p)] if files else weight_files(paths)
+        if not self.paths:
+            self._release_now()
+            raise FailedPreconditionError(
+                f"version {self.info.version} of job {self.info.job!r} ({self.info.tag}) holds no "
+                f"weight files among {paths}: name them with open(files=...)")
+        self._mappings: dict[str, Any] = {}  # path -> its private mapping (while open)
+        self._live = 0          # mappings not yet garbage
+        self._lock = threading.Lock()
+        self._closed = False
+        self._released = False
+
+    @property
+    def version(self) -> int:
+        return self.info.version
+
+    def __enter__(self) -> "Weights":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Weights(job={self.info.job!r}, version={self.info.version}, tag={self.info.tag!r}, "
+                f"files={len(self.paths)})")
+
+    # ---- reading ---------------------------------------------------------
+
+    def _mapping(self, path: str) -> tuple[Any, int] | None:
+        """The file's private mapping and size, or None when this server does
+        not hold its bytes (then it is read from storage)."""
+        m = self._mappings.get(path)
+        if m is not None:
+            return m
+        f = self._files[path]
+        if f.buffer_id == 0:
+            return None
+        mm, mapped = self._client.map_leased(f.buffer_id, f.size)
+        if mapped:
+            with self._lock:
+                self._live += 1
+            weakref.finalize(mm, self._mapping_gone)
+        self._mappings[path] = (mm, f.size)
+        return mm, f.size
+
+    def _mapping_gone(self) -> None:
+        # Runs in whichever thread drops the last view: no I/O, no blocking.
+        with self._lock:
+            self._live -= 1
+            done = self._closed and self._live == 0 and not self._released
+            if done:
+                self._released = True
+        if done:
+            self._client.release_version(self.lease_id, later=True)
+
+    def _file_tensors(self, path: str, names: set[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._closed:
+            raise InvalidArgumentError(f"{self!r} is closed")
+        got = self._mapping(path)
+        if got is None:
+            yield from _from_storage(path, self._files[path], names)
+            return
+        mm, size = got
+        if _SAFETENSORS.search(path):
+            from tce.integrations._safetensors import iter_safetensors
+            yield from iter_safetensors(memoryview(mm)[:size], names=names, path=path)
+            return
+        if bytes(mm[:4]) != _ZIP_MAGIC:
+            raise CorruptCheckpointError(f"{path}: neither a torch.save nor a safetensors file")
+        obj = load_mapping(mm, size, "cpu", weights_only=True)
+        for name, t in _state_dict_of(obj, path).items():
+            if names is None or name in names:
+                yield name, t
+
+    def tensors(self, names: Iterable[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` for every weight of the version (or only
+        ``names``), as CPU tensors viewing the cached bytes (copy-on-write:
+        writing to one never reaches the cache). Shards of a sharded
+        checkpoint come in file order."""
+        wanted = None if names is None else set(names)
+        for path in self.paths:
+            yield from self._file_tensors(path, wanted)
+
+    def state_dict(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
+        return dict(self.tensors(names))
+
+    @torch.no_grad()
+    def load_into(self, module: torch.nn.Module, *, strict: bool = True) -> list[str]:
+        """Copy the version into ``module``'s parameters and buffers in place
+        (their devices and dtypes stay), as ``load_state_dict`` would: with
+        ``strict`` a missing or unexpected name, or a shape that differs,
+        raises and nothing is half-loaded. Returns the names loaded."""
+        own = dict(module.named_parameters())
+        own.update(dict(module.named_buffers()))
+        state = self.state_dict()
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        wrong = sorted(n for n in set(own) & set(state) if own[n].shape != state[n].shape)
+        if strict and (missing or unexpected or wrong):
+            raise InvalidArgumentError(
+                f"version {self.info.version} of job {self.info.job!r} does not fit the module: "
+                f"missing {missing[:8]}, unexpected {unexpected[:8]}, shapes differ {wrong[:8]}")
+        loaded = []
+        for name, target in own.items():
+            src = state.get(name)
+            if src is None or target.shape != src.shape:
+                continue
+            target.copy_(src, non_blocking=target.is_cuda)
+            loaded.append(name)
+        if any(t.is_cuda for t in own.values()):
+            torch.cuda.synchronize()
+        return loaded
+
+    # ---- the lease ---------------------------------------------------------
+
+    def renew(self, lease_s: float | None = None) -> float:
+        """Extend the lease (from now); returns its length in seconds."""
+        self.lease_s = self._client.renew_version(self.lease_id, lease_s or 0.0)
+        return self.lease_s
+
+    def _release_now(self) -> None:
+        self._released = True
+        self._client.release_version(self.lease_id)
+
+    def close(self) -> None:
+        """Let go of the version. The lease ends now, or once every tensor
+        still viewing its bytes is gone."""
+        if self._closed:
+            return
+        self._mappings.clear()  # ours go; tensors keep theirs alive
+        with self._lock:
+            self._closed = True
+            done = self._live == 0 and not self._released
+            if done:
+                self._released = True
+        if done:
+            self._client.release_version(self.lease_id)
+
+
+def _from_storage(path: str, f: Any, names: set[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """A file of the version this server does not hold in memory (evicted,
+    or another node's): read from storage with the reader's own rights."""
+    if not os.path.exists(path):
+        raise NotCachedError(f"{path} of the version is neither in this node's cache nor on "
+                             f"storage ({f.reason or 'evicted'})")
+    log.debug("reading %s from storage: %s", path, f.reason or "evicted")
+    if _SAFETENSORS.search(path):
+        import safetensors.torch
+        tensors = safetensors.torch.load_file(path)
+    else:
+        tensors = _state_dict_of(torch.load(path, map_location="cpu", weights_only=True, mmap=True),
+                                 path)
+    for name, t in tensors.items():
+        if names is None or name in names:
+            yield name, t

@@ -1,0 +1,177 @@
+"""tce.weights: published versions read by inference processes (docs/weights.md).
+
+A real server; versions published from files saved through the cache; the
+readers are real processes where it matters (a reader of another uid is in
+tests/test_security_local.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+import tce
+from tce import weights
+from tce.core import _knobs
+from tce.core._session import client
+from tce.errors import DeadlineExceededError, FailedPreconditionError, NotCachedError
+from helpers import until
+
+
+@pytest.fixture(autouse=True)
+def own_job(request):
+    """A job of its own per test: versions count from 1."""
+    if "server" in request.fixturenames:
+        request.getfixturevalue("server")  # (its own job setting comes first)
+    with _knobs.override(job=f"w-{os.getpid()}-{request.node.name}"[:200]):
+        yield
+
+
+def _stat(key: str) -> int:
+    return int(tce.status()[key])  # (uint64 fields come as strings)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def _scaled(m: torch.nn.Module, k: float) -> dict[str, torch.Tensor]:
+    return {n: t * k for n, t in m.state_dict().items()}
+
+
+def test_a_published_version_is_the_newest_and_reads_back_bitwise(server, tmp_path):
+    assert weights.latest() is None
+    sd = _scaled(_model(), 1.0)
+    tce.save(sd, tmp_path / "model.pt", tag="step1")
+    tce.save({"exp_avg": torch.ones(3)}, tmp_path / "optimizer.pt", tag="step1")
+    info = weights.publish("step1")
+    assert (info.version, info.tag) == (1, "step1")
+    assert [p for _, p, _ in info.files] == [str(tmp_path / "model.pt"), str(tmp_path / "optimizer.pt")]
+    assert weights.latest() == info
+    with weights.open() as w:
+        assert w.version == 1
+        assert w.paths == [str(tmp_path / "model.pt")]  # the optimizer's file holds no weights
+        got = w.state_dict()
+    assert got.keys() == sd.keys()
+    for name in sd:
+        assert torch.equal(got[name], sd[name]), name
+
+
+def test_tensors_view_the_cache_and_a_second_reader_copies_nothing_in_the_server(server, tmp_path):
+    sd = {"w": torch.randn(1 << 18)}
+    tce.save(sd, tmp_path / "big.pt", tag="s")
+    weights.publish("s")
+    before = {k: _stat(k) for k in ("version_leases", "buffers", "used_bytes")}
+    with weights.open() as a, weights.open() as b:
+        ta, tb = a.state_dict()["w"], b.state_dict()["w"]
+        after = {k: _stat(k) for k in ("version_leases", "buffers", "used_bytes")}
+        assert torch.equal(ta, sd["w"]) and torch.equal(tb, sd["w"])
+        assert after["version_leases"] == before["version_leases"] + 2
+    # Two readers, one copy of the bytes: no buffer was made for them.
+    assert after["buffers"] == before["buffers"]
+    assert after["used_bytes"] == before["used_bytes"]
+
+
+def test_load_into_a_module_and_names_that_do_not_fit_are_refused(server, tmp_path):
+    trained = _model()
+    for p in trained.parameters():
+        p.data.mul_(3)
+    tce.save(trained.state_dict(), tmp_path / "m.pt", tag="v")
+    weights.publish("v")
+    fresh = _model()
+    with weights.open() as w:
+        loaded = w.load_into(fresh)
+    assert sorted(loaded) == sorted(trained.state_dict())
+    for (n, a), (_, b) in zip(trained.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b), n
+    other = torch.nn.Linear(16, 4)
+    with weights.open() as w, pytest.raises(tce.InvalidArgumentError, match="does not fit the module"):
+        w.load_into(other)
+    assert torch.equal(other.weight, other.weight)  # (untouched: nothing half-loaded)
+
+
+def test_a_waiting_reader_is_answered_when_the_version_is_published(server, tmp_path):
+    tce.save({"a": torch.zeros(4)}, tmp_path / "a.pt", tag="one")
+    first = weights.publish("one")
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(weights.wait_newer(after=first.version, timeout=120)))
+    t.start()
+    tce.save({"a": torch.ones(4)}, tmp_path / "a.pt", tag="two")
+    weights.publish("two")
+    t.join(timeout=120)
+    assert [v.tag for v in got] == ["two"]
+    assert got[0].version == first.version + 1
+    with pytest.raises(DeadlineExceededError, match="newer than 2"):
+        weights.wait_newer(after=2, timeout=0.2)
+
+
+def test_a_leased_version_keeps_its_bytes_while_the_path_is_saved_again(server, tmp_path):
+    path = tmp_path / "policy.pt"
+    tce.save({"w": torch.full((1000,), 1.0)}, path, tag="v1")
+    weights.publish("v1")
+    w1 = weights.open()
+    t1 = w1.state_dict()["w"]
+    tce.save({"w": torch.full((1000,), 2.0)}, path, tag="v2")  # the same path, while leased
+    weights.publish("v2")
+    assert torch.equal(t1, torch.full((1000,), 1.0))
+    with weights.open() as w2:
+        assert torch.equal(w2.state_dict()["w"], torch.full((1000,), 2.0))
+    with pytest.raises(FailedPreconditionError, match="is gone: .*policy.pt was saved again"):
+        weights.open(version=w1.version)
+    w1.close()
+    del t1
+
+
+def test_the_lease_ends_when_closed_and_every_tensor_is_gone(server, tmp_path):
+    tce.save({"w": torch.ones(100)}, tmp_path / "x.pt", tag="v")
+    weights.publish("v")
+    base = _stat("version_leases")
+    w = weights.open()
+    t = w.state_dict()["w"]
+    w.close()
+    client().flush()
+    assert _stat("version_leases") == base + 1  # a tensor still views it
+    del t  # the last view: the release is queued, sent with the next call
+    client().flush()
+    assert _stat("version_leases") == base
+
+
+def test_an_unrenewed_lease_times_out_and_its_memory_can_go(make_server, tmp_path):
+    srv = make_server()
+    with _knobs.override(socket=srv.socket, job="lease-timeout"):
+        tce.save({"w": torch.ones(1000)}, tmp_path / "x.pt", tag="v")
+        weights.publish("v")
+        w = weights.open(lease_s=1)
+        assert w.lease_s == 1
+        until(lambda: _stat("version_leases") == 0, what="the lease to expire")
+        assert _stat("leases") == 0
+        with pytest.raises(NotCachedError, match="no version lease"):
+            w.renew()
+        w.close()
+
+
+def test_publish_refuses_a_path_that_is_not_cached(server, tmp_path):
+    with pytest.raises(NotCachedError, match="nothing of job .* is committed"):
+        weights.publish("x", [tmp_path / "none.pt"])
+    with pytest.raises(NotCachedError, match="no file of job"):
+        weights.publish("no-such-tag")
+
+
+def test_deepspeed_style_model_states_give_the_module_weights(server, tmp_path):
+    sd = _scaled(_model(), 2.0)
+    d = tmp_path / "global_step5"
+    d.mkdir()
+    tce.save({"module": sd, "optimizer": None, "global_steps": 5}, d / "mp_rank_00_model_states.pt",
+             tag="global_step5")
+    tce.save({"optimizer_state_dict": {"state": {}}}, d / "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+             tag="global_step5")
+    weights.publish("global_step5")
+    with weights.open() as w:
+        assert w.paths == [str(d / "mp_rank_00_model_states.pt")]
+        got = w.state_dict()
+    assert got.keys() == sd.keys()
+    assert all(torch.equal(got[n], sd[n]) for n in sd)
