@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import grp
 import json
 import os
 import pwd
@@ -234,6 +235,71 @@ result["list"] = sorted({{f.job for f in listing.files}})
     with open(path, "rb") as f:
         assert f.read() == mine
     assert os.stat(path).st_uid == a
+
+
+READ_VERSION = """
+s = Session(SOCK)
+code, msg, v = s.call("GetVersion", pb.GetVersionRequest(session=s.id, job="ja"))
+result["get"] = [code, msg, v.tag.version if v else 0]
+code, msg, g = s.call("AcquireVersion", pb.AcquireVersionRequest(session=s.id, job="ja"))
+result["acquire"] = [code, msg]
+if g:
+    fd, capacity, writable = s.fd(g.files[0].buffer_id)
+    with mmap.mmap(fd, g.files[0].size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as m:
+        result["bytes"] = bytes(m).hex()
+    os.close(fd)
+    result["writable"] = writable
+"""
+
+
+def test_a_granted_uid_reads_published_versions_only_until_the_grant_is_revoked(node, users):
+    path = node.path("a", "policy.pt")
+    mine = bytes(range(256)) * 16
+    a, b = users["a"], users["b"]
+    grant = """
+s = Session(SOCK)
+code, msg, r = s.call("GrantRead", pb.GrantReadRequest(session=s.id, job="ja", uids=[{b}],
+                                                        revoke={revoke}))
+result["grant"] = [code, msg, list(r.uids) if r else []]
+"""
+    r = node.run("a", f"""
+s = Session(SOCK)
+result["save"] = s.save("ja", {path!r}, {mine!r}, tag="step1")["code"]
+tag = pb.TagInfo(job="ja", tag="step1", world_size=1,
+                 files=[pb.TagFile(rank=0, path={path!r}, size={len(mine)})])
+code, msg, t = s.call("CommitTag", pb.CommitTagRequest(session=s.id, tag=tag))
+result["publish"] = [code, t.tag.version if t else 0]
+""")
+    assert r == {"uid": a, "save": "OK", "publish": ["OK", 1]}
+    # Not granted: refused with the reason, and B's own grant to itself is too.
+    r = node.run("b", READ_VERSION + grant.format(b=b, revoke=False))
+    refused = f"uid {b} may not read the published versions of job 'ja' (it belongs to uid {a}): "
+    assert r["get"] == ["PERMISSION_DENIED", refused + f"no read grant for uid {b} or gid "
+                        f"{grp.getgrnam(GROUP).gr_gid}", 0]
+    assert r["acquire"][0] == "PERMISSION_DENIED"
+    assert r["grant"] == ["PERMISSION_DENIED",
+                          f"uid {b} may not grant read of job 'ja': job 'ja' belongs to uid {a}", []]
+    # Granted: B reads version 1's bytes through a read-only fd...
+    assert node.run("a", grant.format(b=b, revoke=False))["grant"] == ["OK", "", [b]]
+    r = node.run("b", READ_VERSION + f"""
+code, msg, data = s.read("ja", {path!r})
+result["lookup"] = [code, msg]
+result["overwrite"] = s.save("ja", {path!r}, b"B" * 10)["code"]
+code, msg, _ = s.call("ListTags", pb.ListTagsRequest(session=s.id, job="ja"))
+result["tags"] = code
+""")
+    assert r["get"] == ["OK", "", 1]
+    assert r["acquire"] == ["OK", ""]
+    assert (r["bytes"], r["writable"]) == (mine.hex(), False)
+    # ...and nothing else of the job.
+    assert r["lookup"] == ["PERMISSION_DENIED", f"uid {b} may not read {path} of job 'ja': "
+                           f"job 'ja' belongs to uid {a}"]
+    assert (r["overwrite"], r["tags"]) == ("PERMISSION_DENIED", "PERMISSION_DENIED")
+    # Revoked: the next read is refused, saying why.
+    assert node.run("a", grant.format(b=b, revoke=True))["grant"] == ["OK", "", []]
+    r = node.run("b", READ_VERSION)
+    assert r["get"] == ["PERMISSION_DENIED", refused + f"the owner revoked the read grant of uid {b}", 0]
+    assert r["acquire"] == ["PERMISSION_DENIED", refused + f"the owner revoked the read grant of uid {b}"]
 
 
 def test_a_read_only_fd_cannot_be_opened_again_writable(node, users):
