@@ -45,10 +45,10 @@ from tce.v1 import tce_pb2 as pb
 __all__ = [
     "MAX_RANGE", "StagedSave", "all_gather", "allocate", "broadcast", "commit_tag", "configure",
     "files", "job_or_default", "join_ring", "load_file", "lookup", "mapped_buffers",
-    "metadata_files", "norm", "object_layout", "open_fd", "open_mapping", "override",
-    "range_buffer", "rank", "read_range", "remove", "retry", "save_file", "session", "set_ring",
-    "setting", "settings", "stage_later", "status", "tags", "torch_load", "torch_save",
-    "world_size",
+    "metadata_files", "norm", "object_layout", "open_fd", "open_mapped_file", "open_mapping",
+    "override", "range_buffer", "rank", "read_range", "remove", "retry", "save_file", "session",
+    "set_ring", "setting", "settings", "stage_later", "status", "tags", "torch_load",
+    "torch_save", "world_size",
 ]
 
 # ---------------------------------------------------------------------------
@@ -225,6 +225,14 @@ def open_mapping(path: str | os.PathLike, *, job: str | None = None,
     this node's cache cannot serve it; ``local_only`` as for :func:`open_fd`.
     """
     return _service.open_cached(path, job=job, local_only=local_only)
+
+
+def open_mapped_file(path: str | os.PathLike, *, job: str | None = None,
+                     local_only: bool = False) -> tuple[pb.FileInfo, mmap.mmap] | None:
+    """:func:`open_mapping` with the file's record: (``FileInfo``, the
+    mapping). The file is ``FileInfo.size`` bytes; the mapping may be
+    longer (rounded up to whole pages)."""
+    return _service.open_cached_file(path, job=job, local_only=local_only)
 
 
 def read_range(path: str | os.PathLike, offset: int, length: int, *, job: str | None = None,
