@@ -1,4 +1,5 @@
-"""safetensors files through the cache: tce.integrations.safetensors."""
+"""safetensors files through the cache: tce.integrations.safetensors, the
+patch of safetensors.torch, and Hugging Face's save_pretrained under it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tce import api, client
 from tce.core import _knobs
 from tce.integrations import safetensors as tst
 from tce.tools._server import LocalServer
+from conftest import run_python
 
 st = pytest.importorskip("safetensors.torch")
 _ORIGINAL_SAVE, _ORIGINAL_LOAD = st.save_file, st.load_file
@@ -153,3 +155,141 @@ def test_gpu_tensors_save_and_load(server, tmp_path):
     assert all(t.device.type == "cuda" for t in out.values())
     assert torch.equal(out["w"].cpu(), tensors["w"]) and out["empty"].shape == (0, 4)
     assert tst.load_file(path, device=0)["ids"].device == torch.device("cuda", 0)
+
+
+# ---------------------------------------------------------------------------
+# The patch
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def patched(server, tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    tce.patch_torch([root])
+    try:
+        yield root
+    finally:
+        tce.unpatch_torch()
+
+
+def test_patched_safetensors_goes_through_the_cache_under_the_prefix(patched, tmp_path):
+    tensors = _tensors()
+    inside, outside = patched / "m.safetensors", tmp_path / "m.safetensors"
+    st.save_file(tensors, inside, metadata={"format": "pt"})
+    st.save_file(tensors, outside, metadata={"format": "pt"})
+    assert tce.cached(inside) and not inside.exists()
+    assert outside.exists() and not tce.cached(outside)
+    assert _cached_bytes(inside) == outside.read_bytes()
+    out = st.load_file(inside)
+    assert torch.equal(out["w"], tensors["w"]) and torch.equal(st.load_file(outside)["w"], out["w"])
+    # save_model / load_model call the module's names: patched too
+    model = torch.nn.Linear(4, 3)
+    st.save_model(model, patched / "linear.safetensors")
+    assert tce.cached(patched / "linear.safetensors")
+    fresh = torch.nn.Linear(4, 3)
+    st.load_model(fresh, patched / "linear.safetensors")
+    assert torch.equal(fresh.weight, model.weight)
+
+
+def test_patched_save_of_a_dtype_tce_does_not_name_reaches_safetensors(patched):
+    e8m0 = {"x": torch.full((2,), 4.0).to(torch.float8_e8m0fnu)}
+    st.save_file(e8m0, patched / "e8m0.safetensors")
+    assert _cached_bytes(patched / "e8m0.safetensors") == st.save(e8m0)
+    path = patched / "f4.safetensors"
+    st.save_file(dict(e8m0, y=torch.zeros(2, dtype=torch.float4_e2m1fn_x2)), path)
+    assert path.exists() and not tce.cached(path)  # safetensors wrote it
+
+
+def test_patched_refusals_are_safetensors_own(patched):
+    x = torch.zeros(4)
+    with pytest.raises(RuntimeError, match="share memory"):
+        st.save_file({"a": x, "b": x}, patched / "s.safetensors")
+    with pytest.raises(ValueError, match="non contiguous"):
+        st.save_file({"a": torch.zeros(2, 2).t()}, patched / "s.safetensors")
+
+
+def test_unpatch_restores_safetensors(server, tmp_path):
+    tce.patch_torch([tmp_path])
+    tce.patch_torch([tmp_path / "b"])  # never wraps twice
+    try:
+        assert st.save_file is not _ORIGINAL_SAVE and st.load_file is not _ORIGINAL_LOAD
+    finally:
+        tce.unpatch_torch()
+        tce.unpatch_torch()
+    assert st.save_file is _ORIGINAL_SAVE and st.load_file is _ORIGINAL_LOAD
+    st.save_file({"a": torch.ones(1)}, tmp_path / "x.safetensors")
+    assert (tmp_path / "x.safetensors").exists() and not tce.cached(tmp_path / "x.safetensors")
+
+
+def test_durable_patch_returns_once_on_storage(persisting):
+    tce.patch_torch([persisting], durable=True)
+    try:
+        tensors = {"w": torch.randn(100)}
+        st.save_file(tensors, persisting / "d.safetensors")
+        assert (persisting / "d.safetensors").read_bytes() == st.save(tensors)
+    finally:
+        tce.unpatch_torch()
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face transformers
+# ---------------------------------------------------------------------------
+
+def _tiny_model():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=32,
+                                     vocab_size=128)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def test_save_pretrained_goes_through_the_cache(persisting, tmp_path):
+    import transformers.modeling_utils as mu
+
+    model = _tiny_model()  # transformers imported before the patch: its names are rebound
+    plain = tmp_path / "plain"
+    model.save_pretrained(plain)
+    target = persisting / "tiny"
+    target.mkdir()
+    tce.patch_torch([persisting])
+    try:
+        assert mu.safe_save_file is st.save_file
+        model.save_pretrained(target)
+        weights = target / "model.safetensors"
+        assert tce.cached(weights)  # (the server may have persisted it already)
+        tce.wait()
+    finally:
+        tce.unpatch_torch()
+    assert mu.safe_save_file is _ORIGINAL_SAVE
+    assert weights.read_bytes() == (plain / "model.safetensors").read_bytes()
+    loaded = type(model).from_pretrained(target)
+    assert loaded.state_dict().keys() == model.state_dict().keys()
+    for name, t in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], t), name
+
+
+def test_save_pretrained_when_transformers_is_imported_after_the_patch(persisting):
+    pytest.importorskip("transformers")
+    out = run_python(f"""
+import os, tce, torch, safetensors.torch as st
+tce.patch_torch([{str(persisting)!r}])
+import transformers
+from transformers import modeling_utils as mu
+assert mu.safe_save_file is st.save_file
+config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                  num_attention_heads=2, num_key_value_heads=2, vocab_size=128)
+model = transformers.LlamaForCausalLM(config)
+target = os.path.join({str(persisting)!r}, "llama")
+model.save_pretrained(target)
+weights = os.path.join(target, "model.safetensors")
+assert tce.cached(weights)
+tce.wait()
+tce.unpatch_torch()
+assert mu.safe_save_file is st.save_file and st.save_file.__module__ == "safetensors.torch"
+loaded = transformers.LlamaForCausalLM.from_pretrained(target)
+same = all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+print("RESULT", "same" if same else "differ", len(model.state_dict()))
+""", env={"TCE_SOCKET": _knobs.get("socket"), "TCE_JOB": "st", "TCE_ON_UNAVAILABLE": "raise"},
+        timeout=240)
+    assert out.split("RESULT ")[1].split()[0] == "same", out
