@@ -12,9 +12,10 @@ tools call to reach the cache.
 * files that are not one torch zip (DCP's data files): :func:`allocate_file`
   (write bytes into a mapped buffer, then commit), :func:`object_layout` (the
   bytes ``torch.save`` writes for an object, to place in such a buffer),
-  :func:`open_cached` and :func:`load_range` (a torch zip inside a cached or
-  mapped file, read without copying the rest), :func:`stage_later` (work
-  for the staging thread, waited for by the fence).
+  :func:`open_cached` (:func:`open_cached_file`: with the file's record) and
+  :func:`load_range` (a torch zip inside a cached or mapped file, read
+  without copying the rest), :func:`stage_later` (work for the staging
+  thread, waited for by the fence).
 
 Not public: names here may change with the package.
 """
@@ -57,7 +58,7 @@ except ImportError:  # a torch without the config: mmap is off by default
     _serialization_config = None
 
 __all__ = ["allocate_file", "client", "close", "is_path", "job_or_default", "load_file",
-           "load_range", "norm", "object_layout", "open_cached", "range_buffer", "read_range",
+           "load_range", "norm", "object_layout", "open_cached", "open_cached_file", "range_buffer", "read_range",
            "read_range_piece", "remove_file", "save_file",
            "stage_later", "torch_load", "torch_save", "uncacheable", "wait_files", "wait_staged",
            "with_client"]
@@ -425,15 +426,22 @@ def open_cached(path: str | os.PathLike, *, job: str | None = None,
     a lease held while the mapping lives; None when this node's cache cannot
     serve it (not held, stale, or no server). With ``local_only`` a file not
     in this node's memory is not brought here from the ring."""
+    opened = open_cached_file(path, job=job, local_only=local_only)
+    return None if opened is None else opened[1]
+
+
+def open_cached_file(path: str | os.PathLike, *, job: str | None = None,
+                     local_only: bool = False) -> tuple[pb.FileInfo, Any] | None:
+    """:func:`open_cached` with the file's record: (FileInfo, mapping). The
+    mapping may be longer than the file (rounded up to whole pages)."""
     path = norm(path)
     if uncacheable(path) is not None:
         return None
     job = job_or_default(job)
     try:
-        _, mm = with_client(lambda c: c.open(job, path, local_only=local_only))
+        return with_client(lambda c: c.open(job, path, local_only=local_only))
     except (ServerUnavailableError, NotCachedError, InvalidArgumentError):
         return None
-    return mm
 
 
 class CachedFd:

@@ -39,16 +39,24 @@ from tce.api import remove, status
 from tce.core import _client, _dist, _knobs, _meta
 from tce.core._originals import torch_load, torch_save
 from tce.core._ring import join_ring
+from tce.core._safetensors import (
+    DTYPES as SAFETENSORS_DTYPES,
+    header_size as safetensors_header_size,
+    iter_safetensors,
+    layout as safetensors_layout,
+    read_header as read_safetensors_header,
+)
 from tce.core._staging import StagedSave
 from tce.v1 import tce_pb2 as pb
 
 __all__ = [
-    "MAX_RANGE", "StagedSave", "all_gather", "allocate", "broadcast", "commit_tag", "configure",
-    "files", "job_or_default", "join_ring", "load_file", "lookup", "mapped_buffers",
-    "metadata_files", "norm", "object_layout", "open_fd", "open_mapping", "override",
-    "range_buffer", "rank", "read_range", "remove", "retry", "save_file", "session", "set_ring",
-    "setting", "settings", "stage_later", "status", "tags", "torch_load", "torch_save",
-    "world_size",
+    "MAX_RANGE", "SAFETENSORS_DTYPES", "StagedSave", "all_gather", "allocate", "broadcast",
+    "commit_tag", "configure", "files", "iter_safetensors", "job_or_default", "join_ring",
+    "load_file", "lookup", "mapped_buffers", "metadata_files", "norm", "object_layout",
+    "open_fd", "open_mapped_file", "open_mapping", "override", "range_buffer", "rank",
+    "read_range", "read_safetensors_header", "remove", "retry", "safetensors_header_size",
+    "safetensors_layout", "save_file", "session", "set_ring", "setting", "settings",
+    "stage_later", "status", "tags", "torch_load", "torch_save", "world_size",
 ]
 
 # ---------------------------------------------------------------------------
@@ -227,6 +235,14 @@ def open_mapping(path: str | os.PathLike, *, job: str | None = None,
     return _service.open_cached(path, job=job, local_only=local_only)
 
 
+def open_mapped_file(path: str | os.PathLike, *, job: str | None = None,
+                     local_only: bool = False) -> tuple[pb.FileInfo, mmap.mmap] | None:
+    """:func:`open_mapping` with the file's record: (``FileInfo``, the
+    mapping). The file is ``FileInfo.size`` bytes; the mapping may be
+    longer (rounded up to whole pages)."""
+    return _service.open_cached_file(path, job=job, local_only=local_only)
+
+
 def read_range(path: str | os.PathLike, offset: int, length: int, *, job: str | None = None,
                buffer_offset: int | None = None) -> tuple[Any, str] | None:
     """Bytes ``[offset, offset + length)`` of the file at ``path`` (at most
@@ -303,6 +319,14 @@ def object_layout(obj: Any) -> Any:
     ``.records``, and ``.write(view, tensor)`` into a buffer (e.g. one of
     :func:`allocate`)."""
     return _service.object_layout(obj)
+
+
+# safetensors files (tce.core._safetensors): safetensors_layout(tensors,
+# metadata) lays out the bytes safetensors.torch.save_file writes, for a
+# buffer of allocate(); read_safetensors_header(buf, *, file_size, source),
+# safetensors_header_size(first_8_bytes, file_size, *, source) and
+# iter_safetensors(buf, *, names, source) read any buffer strictly (tensors
+# view it), raising CorruptCheckpointError; SAFETENSORS_DTYPES: name -> dtype.
 
 
 def stage_later(path: str, size: int, work: Callable[[], Any]) -> StagedSave:

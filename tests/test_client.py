@@ -3,6 +3,7 @@ listing files and tags, a cached file's bytes, settings."""
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import pytest
@@ -50,7 +51,12 @@ def test_open_fd_gives_the_cached_bytes_and_its_size(server, tmp_path):
     assert data[:2] == b"PK" and len(data) == expected  # torch.save's zip
     mm = client.open_mapping(path)
     assert bytes(mm[:expected]) == data
+    info, mapped = client.open_mapped_file(path)
+    assert info.size == expected and info.path == path
+    assert len(mapped) % mmap.PAGESIZE == 0 and len(mapped) >= expected  # whole pages
+    assert bytes(mapped[:expected]) == data
     assert client.open_fd(str(tmp_path / "never.pt")) is None
+    assert client.open_mapped_file(str(tmp_path / "never.pt")) is None
     with pytest.raises(NotCachedError):
         client.lookup(str(tmp_path / "never.pt"))
 
