@@ -29,6 +29,7 @@ server's ``read_grants`` setting names them).
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import logging
 import os
@@ -41,6 +42,7 @@ import torch
 
 from tce import _service
 from tce.core._session import with_client
+from tce.core import _safetensors
 from tce.core._torchload import load_mapping
 from tce.errors import (
     CorruptCheckpointError,
@@ -302,8 +304,11 @@ class Weights:
             return
         mm, size = got
         if _SAFETENSORS.search(path):
-            from tce.integrations._safetensors import iter_safetensors
-            yield from iter_safetensors(memoryview(mm)[:size], names=names, path=path)
+            buf = memoryview(mm)[:size]
+            header = _safetensors.read_header(buf, source=path)
+            for name, info in header.tensors.items():
+                if names is None or name in names:
+                    yield name, _safetensors.view_tensor(buf, info)
             return
         if bytes(mm[:4]) != _ZIP_MAGIC:
             raise CorruptCheckpointError(f"{path}: neither a torch.save nor a safetensors file")
@@ -385,8 +390,9 @@ def _from_storage(path: str, f: Any, names: set[str] | None) -> Iterator[tuple[s
                              f"storage ({f.reason or 'evicted'})")
     log.debug("reading %s from storage: %s", path, f.reason or "evicted")
     if _SAFETENSORS.search(path):
-        import safetensors.torch
-        tensors = safetensors.torch.load_file(path)
+        with builtins.open(path, "rb") as fh:
+            data = fh.read()
+        tensors = dict(_safetensors.iter_safetensors(data, source=path))
     else:
         tensors = _state_dict_of(torch.load(path, map_location="cpu", weights_only=True, mmap=True),
                                  path)

@@ -175,3 +175,25 @@ def test_deepspeed_style_model_states_give_the_module_weights(server, tmp_path):
         got = w.state_dict()
     assert got.keys() == sd.keys()
     assert all(torch.equal(got[n], sd[n]) for n in sd)
+
+
+def test_a_sharded_safetensors_version_from_save_pretrained(server, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32)
+    torch.manual_seed(1)
+    model = transformers.GPT2LMHeadModel(config)
+    tce.patch_torch([tmp_path])
+    try:
+        model.save_pretrained(tmp_path / "v1", max_shard_size="100KB")
+    finally:
+        tce.unpatch_torch()
+    info = weights.publish("v1", [tmp_path / "v1"])  # (memory only: nothing on disk)
+    shards = sorted(p for _, p, _ in info.files)
+    assert len(shards) == 6 and all(p.endswith(".safetensors") for p in shards)
+    fresh = transformers.GPT2LMHeadModel(config)
+    with weights.open() as w:
+        names = {n for n, _ in w.tensors()}
+        w.load_into(fresh, strict=False)
+        assert "transformer.wte.weight" in names
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, fresh.state_dict()[name]), name

@@ -532,6 +532,7 @@ class Client:
         """The job's newest version above ``after``; with ``timeout`` > 0 the
         server answers when one is published (DeadlineExceededError when none
         is in time), else NotCachedError at once."""
+        self._flush()  # a reader's last version's release goes before it waits
         request = pb.GetVersionRequest(session=self.session, job=job, after=after, timeout_s=timeout)
         return self._call("GetVersion", request,
                           timeout=None if timeout <= 0 else timeout + 30).tag
