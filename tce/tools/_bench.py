@@ -486,17 +486,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead: PyTorch DCP with 2 ranks (CPU, gloo): FileSystemWriter and "
                         "DCP's async_save against TCE's writer and reader")
     p.add_argument("--memory-backing", default="auto", choices=["auto", "hugetlb", "thp", "4k"],
-                   help="the private server's memory_backing, for the cache rows and for --dcp "
+                   help="the private server's memory_backing, for the cache rows, --dcp and --weights "
                         "(hugetlb: the run reserves the huge pages, as root, and puts the old "
                         "count back; the cold rows always run with 4k and hugetlb)")
     p.add_argument("--ring", action="store_true",
                    help="instead: ring backup throughput between two network namespaces "
                         "against a plain TCP stream (root)")
+    p.add_argument("--weights", action="store_true",
+                   help="instead: published versions read by inference processes: publish to "
+                        "reader latency, read bandwidth against memcpy, save-to-served against "
+                        "the storage path (docs/weights.md)")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.ring:
         return _ringbench.main(parse_size(args.size), args.repeats, args.json)
+    if args.weights:
+        from tce.tools import _weightsbench
+        return _weightsbench.main(parse_size(args.size), args.repeats, args.json, args.dir,
+                                  memory_backing=args.memory_backing)
     if args.dcp:
         return _dcpbench.main(parse_size(args.size), args.repeats, args.json, args.dir,
                               memory_backing=args.memory_backing)
