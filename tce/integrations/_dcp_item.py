@@ -295,6 +295,24 @@ def tensor_layout(source: Source, offset: int, length: int) -> Layout | None:
     return Layout(offset + at, dtype, storage_offset, size, stride)
 
 
+def load_tensor(source: Source, item: str, offset: int, length: int) -> torch.Tensor:
+    """The tensor ``torch.load`` (``weights_only``) reads of the item at
+    ``[offset, offset + length)`` that is not one plain tensor (a copy).
+
+    Raises:
+        CorruptCheckpointError: it is no tensor torch.load reads.
+    """
+    data = bytearray(length)
+    source.readinto(memoryview(data), offset)
+    try:
+        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (whatever torch.load refuses)
+        raise CorruptCheckpointError(f"{item} is no tensor torch.load reads: {e}") from None
+    if not isinstance(tensor, torch.Tensor):
+        raise CorruptCheckpointError(f"{item} holds a {type(tensor).__name__}, not a tensor")
+    return tensor
+
+
 def _writable_bytes(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, writable."""
     n = t.numel() * t.element_size()
