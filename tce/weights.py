@@ -32,11 +32,13 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import logging
+import mmap
+import operator
 import os
 import re
 import threading
 import weakref
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -50,11 +52,13 @@ from tce.errors import (
     InvalidArgumentError,
     NotCachedError,
 )
+from tce.integrations._dcp_format import METADATA as _DCP_METADATA
 
-__all__ = ["VersionInfo", "Weights", "grant", "latest", "open", "publish", "revoke", "wait_newer",
-           "weight_files"]
+__all__ = ["Region", "Shard", "VersionInfo", "Weights", "grant", "latest", "open", "part",
+           "publish", "revoke", "wait_newer", "weight_entries", "weight_files"]
 
 log = logging.getLogger("tce.weights")
+_builtins_open = builtins.open  # (this module's open() leases a version)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +169,8 @@ def revoke(job: str | None = None, *, uids: Iterable[int] = (), gids: Iterable[i
 
 
 def open(job: str | None = None, version: int = 0, *, lease_s: float | None = None,
-         files: Callable[[str], bool] | None = None) -> "Weights":
+         files: Callable[[str], bool] | None = None,
+         entries: Callable[[str], bool] | None = None) -> "Weights":
     """Lease a version (0: the newest) and open it for reading.
 
     Args:
@@ -173,6 +178,8 @@ def open(job: str | None = None, version: int = 0, *, lease_s: float | None = No
             None: the server's ``version_lease_s``.
         files: which files of the version hold the weights (a predicate on
             the path); default: see :func:`weight_files`.
+        entries: which tensor entries of a DCP checkpoint are weights (a
+            predicate on the entry's FQN); default: see :func:`weight_entries`.
 
     Raises:
         NotCachedError: no such version is published.
@@ -184,7 +191,7 @@ def open(job: str | None = None, version: int = 0, *, lease_s: float | None = No
     job = _service.job_or_default(job)
     c = _service.client()
     resp = c.acquire_version(job, version, lease_s=lease_s or 0.0)
-    return Weights(c, resp, files)
+    return Weights(c, resp, files, entries)
 
 
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -194,20 +201,97 @@ _TORCH = re.compile(r"\.(pt|pth|bin|ckpt)$")
 _NOT_WEIGHTS = re.compile(r"optim|scheduler|rng|trainer_state|training_args")
 
 
+def _dcp_files(paths: list[str]) -> set[str]:
+    """The ``.metadata`` and ``*.distcp`` files of every directory that has both."""
+    metas = {os.path.dirname(p) for p in paths if os.path.basename(p) == _DCP_METADATA}
+    dirs = metas & {os.path.dirname(p) for p in paths if p.endswith(".distcp")}
+    return {p for p in paths if os.path.dirname(p) in dirs
+            and (os.path.basename(p) == _DCP_METADATA or p.endswith(".distcp"))}
+
+
 def weight_files(paths: Iterable[str]) -> list[str]:
     """Which files of a version hold the model's weights: its safetensors
     files if it has any (Hugging Face ``save_pretrained``, sharded or not);
-    else DeepSpeed's model-states files (``mp_rank_XX_model_states.pt``);
-    else every torch.save file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) whose
-    name does not say it holds optimizer, scheduler or RNG state."""
+    else its DCP checkpoints' files (a directory with ``.metadata`` and
+    ``*.distcp`` files: ``torch.distributed.checkpoint``); else DeepSpeed's
+    model-states files (``mp_rank_XX_model_states.pt``); else every
+    torch.save file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) whose name does
+    not say it holds optimizer, scheduler or RNG state."""
     paths = list(paths)
+    dcp = _dcp_files(paths)
     for pick in (lambda p: _SAFETENSORS.search(p),
+                 lambda p: p in dcp,
                  lambda p: _DS_MODEL.search(p),
                  lambda p: _TORCH.search(p) and not _NOT_WEIGHTS.search(os.path.basename(p))):
         chosen = [p for p in paths if pick(p)]
         if chosen:
             return chosen
     return []
+
+
+def weight_entries(fqns: Iterable[str]) -> list[str]:
+    """Which tensor entries of a DCP checkpoint are weights: every one but
+    the optimizer's, whose FQN's first component starts with ``optim``
+    (``optim``, ``optimizer``, Lightning's ``optimizer_0``: what
+    ``get_state_dict`` users, torchtitan and Lightning save it under).
+    Entries that are not tensors (bytes) are never weights."""
+    return [f for f in fqns if not f.split(".", 1)[0].startswith("optim")]
+
+
+# (offset, length) per dimension: the part of a tensor a reader asks for.
+Region = tuple[tuple[int, int], ...]
+# shard(name, global shape) -> the region of that tensor to read, None for all of it.
+Shard = Callable[[str, torch.Size], Sequence[tuple[int, int]] | None]
+
+
+def part(shape: Sequence[int], dim: int, index: int, count: int) -> Region:
+    """The region of a tensor of ``shape`` that is part ``index`` of
+    ``count`` equal parts along ``dim`` (all of every other dimension): what
+    a tensor-parallel rank ``index`` of ``count`` holds of a tensor split on
+    ``dim``. For :meth:`Weights.tensors`' ``shard``::
+
+        def shard(name, shape):
+            if name.endswith(("q_proj.weight", "up_proj.weight")):
+                return weights.part(shape, 0, tp_rank, tp_size)   # column parallel
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                return weights.part(shape, 1, tp_rank, tp_size)   # row parallel
+            return None                                          # replicated
+
+    Raises:
+        InvalidArgumentError: ``dim`` is not a dimension of ``shape``,
+            ``index`` not in ``[0, count)``, or ``count`` does not divide
+            the dimension.
+    """
+    shape = tuple(shape)
+    if not -len(shape) <= dim < len(shape):
+        raise InvalidArgumentError(f"part: dimension {dim} of a tensor of shape {shape}")
+    dim %= len(shape)
+    if not 0 <= index < count or shape[dim] % count:
+        raise InvalidArgumentError(f"part: part {index} of {count} equal parts of dimension {dim} "
+                                   f"of shape {shape}")
+    n = shape[dim] // count
+    return tuple((index * n, n) if d == dim else (0, size) for d, size in enumerate(shape))
+
+
+def _region(name: str, shape: torch.Size, shard: Shard | None) -> Region | None:
+    """What ``shard`` asks of the tensor ``name``, checked (None: all of it).
+
+    Raises:
+        InvalidArgumentError: not one (offset, length) pair per dimension,
+            inside the tensor.
+    """
+    got = None if shard is None else shard(name, torch.Size(shape))
+    if got is None:
+        return None
+    try:
+        region = tuple((operator.index(o), operator.index(n)) for o, n in got)
+    except (TypeError, ValueError):
+        region = None
+    if region is None or len(region) != len(shape) or any(
+            o < 0 or n < 0 or o + n > size for (o, n), size in zip(region, shape)):
+        raise InvalidArgumentError(f"shard({name!r}, {tuple(shape)}) gave {got!r}: not an "
+                                   "(offset, length) pair inside each dimension")
+    return region
 
 
 def _state_dict_of(obj: Any, path: str) -> dict[str, torch.Tensor]:
@@ -233,7 +317,8 @@ class Weights:
     gone. Not thread-safe.
     """
 
-    def __init__(self, client: Any, resp: Any, files: Callable[[str], bool] | None) -> None:
+    def __init__(self, client: Any, resp: Any, files: Callable[[str], bool] | None,
+                 entries: Callable[[str], bool] | None = None) -> None:
         self._client = client
         self.info = _info(resp.tag)
         self.lease_id = resp.lease_id
@@ -247,6 +332,12 @@ class Weights:
                 f"version {self.info.version} of job {self.info.job!r} ({self.info.tag}) holds no "
                 f"weight files among {paths}: name them with open(files=...)")
         self._mappings: dict[str, Any] = {}  # path -> its private mapping (while open)
+        self._bytes: dict[str, torch.Tensor] = {}  # path -> its mapping's bytes (DCP files)
+        # The DCP checkpoints among the files, by directory (read when first asked).
+        self._dcp_dirs = {os.path.dirname(p) for p in self.paths
+                          if os.path.basename(p) == _DCP_METADATA}
+        self._dcp: dict[str, Any] = {}
+        self._entries = entries
         self._live = 0          # mappings not yet garbage
         self._lock = threading.Lock()
         self._closed = False
@@ -317,27 +408,90 @@ class Weights:
             if names is None or name in names:
                 yield name, t
 
-    def tensors(self, names: Iterable[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    def _file_bytes(self, path: str) -> torch.Tensor:
+        """A file's bytes, a flat uint8 tensor over its private mapping: of
+        this node's cache when it holds the file, else of the file on
+        storage (mapped copy-on-write with the reader's own rights)."""
+        data = self._bytes.get(path)
+        if data is not None:
+            return data
+        got = self._mapping(path) if path in self._files else None
+        if got is None:
+            got = _map_storage(path, self._files.get(path))
+        mm, size = got
+        data = (torch.frombuffer(mm, dtype=torch.uint8, count=size) if size
+                else torch.empty(0, dtype=torch.uint8))
+        self._bytes[path] = data
+        return data
+
+    def _dcp_checkpoint(self, directory: str) -> Any:
+        ckpt = self._dcp.get(directory)
+        if ckpt is None:
+            from tce.integrations._dcp_weights import DcpWeights
+            entries = self._entries
+            pick = (lambda fqns: [f for f in fqns if entries(f)]) if entries else weight_entries
+            ckpt = self._dcp[directory] = DcpWeights(directory, self._file_bytes, pick)
+        return ckpt
+
+    def tensors(self, names: Iterable[str] | None = None, *,
+                shard: Shard | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` for every weight of the version (or only
         ``names``), as CPU tensors viewing the cached bytes (copy-on-write:
         writing to one never reaches the cache). Shards of a sharded
-        checkpoint come in file order."""
+        checkpoint come in file order; a DCP checkpoint's tensors in its
+        metadata's order, named by their FQNs, each whole however many
+        ranks saved it.
+
+        Args:
+            names: only these weights.
+            shard: ``shard(name, global_shape)`` gives the region of each
+                tensor to read ((offset, length) per dimension, e.g.
+                :func:`part`), or None for all of it. A region that lies in
+                one saved tensor (any torch.save or safetensors tensor, one
+                chunk of a DCP tensor) is a view of it, strided where the
+                region is not contiguous; a region spanning the chunks of a
+                DCP tensor saved by several ranks is assembled into a new
+                tensor, and only those chunks are read.
+
+        Raises:
+            InvalidArgumentError: ``shard`` gave no region of the tensor.
+            NotCachedError: a file is neither in this node's cache nor on
+                storage.
+            CorruptCheckpointError: a file is not what its format promises.
+        """
+        if self._closed:
+            raise InvalidArgumentError(f"{self!r} is closed")
         wanted = None if names is None else set(names)
         for path in self.paths:
-            yield from self._file_tensors(path, wanted)
+            directory = os.path.dirname(path)
+            if directory in self._dcp_dirs:  # its .metadata names the tensors
+                if os.path.basename(path) == _DCP_METADATA:
+                    yield from self._dcp_checkpoint(directory).tensors(
+                        wanted, lambda name, shape: _region(name, shape, shard))
+                continue
+            for name, t in self._file_tensors(path, wanted):
+                region = _region(name, t.shape, shard)
+                for dim, (start, length) in enumerate(region or ()):
+                    t = t.narrow(dim, start, length)
+                yield name, t
 
-    def state_dict(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
-        return dict(self.tensors(names))
+    def state_dict(self, names: Iterable[str] | None = None, *,
+                   shard: Shard | None = None) -> dict[str, torch.Tensor]:
+        """:meth:`tensors` as a dict."""
+        return dict(self.tensors(names, shard=shard))
 
     @torch.no_grad()
-    def load_into(self, module: torch.nn.Module, *, strict: bool = True) -> list[str]:
+    def load_into(self, module: torch.nn.Module, *, strict: bool = True,
+                  shard: Shard | None = None) -> list[str]:
         """Copy the version into ``module``'s parameters and buffers in place
         (their devices and dtypes stay), as ``load_state_dict`` would: with
         ``strict`` a missing or unexpected name, or a shape that differs,
-        raises and nothing is half-loaded. Returns the names loaded."""
+        raises and nothing is half-loaded. With ``shard`` (see
+        :meth:`tensors`) each tensor's region goes to the module, whose
+        tensors are this rank's shards. Returns the names loaded."""
         own = dict(module.named_parameters())
         own.update(dict(module.named_buffers()))
-        state = self.state_dict()
+        state = self.state_dict(shard=shard)
         missing = sorted(set(own) - set(state))
         unexpected = sorted(set(state) - set(own))
         wrong = sorted(n for n in set(own) & set(state) if own[n].shape != state[n].shape)
@@ -373,6 +527,8 @@ class Weights:
         if self._closed:
             return
         self._mappings.clear()  # ours go; tensors keep theirs alive
+        self._bytes.clear()
+        self._dcp.clear()
         with self._lock:
             self._closed = True
             done = self._live == 0 and not self._released
@@ -380,6 +536,26 @@ class Weights:
                 self._released = True
         if done:
             self._client.release_version(self.lease_id)
+
+
+def _map_storage(path: str, f: Any) -> tuple[Any, int]:
+    """A private mapping of a file on storage, and its size.
+
+    Raises:
+        NotCachedError: storage has no such file.
+    """
+    try:
+        with _builtins_open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            log.debug("reading %s from storage: %s", path, getattr(f, "reason", "") or "evicted")
+            if size == 0:
+                return b"", 0
+            return mmap.mmap(fh.fileno(), size, flags=mmap.MAP_PRIVATE,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE), size
+    except FileNotFoundError:
+        why = (f.reason or "evicted") if f is not None else "not a file of the version"
+        raise NotCachedError(f"{path} is neither in this node's cache nor on storage "
+                             f"({why})") from None
 
 
 def _from_storage(path: str, f: Any, names: set[str] | None) -> Iterator[tuple[str, torch.Tensor]]:

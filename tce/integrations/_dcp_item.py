@@ -61,6 +61,20 @@ class FdSource(Source):
             done += n
 
 
+class MemorySource(Source):
+    """The bytes of a data file in memory (a mapping of it, as a flat uint8
+    tensor of the file's size)."""
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data, self.size = data, data.numel()
+
+    def readinto(self, view: memoryview, offset: int) -> None:
+        if offset < 0 or offset + len(view) > self.size:
+            raise ValueError(f"bytes [{offset}, {offset + len(view)}) are past the file's "
+                             f"{self.size}")
+        view[:] = memoryview(self.data[offset:offset + len(view)].numpy())
+
+
 # The archive's head (local headers and data.pkl) and tail (the central
 # directory) are read once each; the reader's many small reads come from them.
 _HEAD = 4096
@@ -293,6 +307,41 @@ def tensor_layout(source: Source, offset: int, length: int) -> Layout | None:
             f"its tensor ({dtype}, size {size}, stride {stride}, storage offset "
             f"{storage_offset}) spans {spans} bytes of its storage, which holds {nbytes}")
     return Layout(offset + at, dtype, storage_offset, size, stride)
+
+
+def view_tensor(data: torch.Tensor, layout: Layout) -> torch.Tensor | None:
+    """The tensor at ``layout`` as a view of ``data`` (the file's bytes, a
+    flat uint8 tensor whose first byte is aligned for any dtype, as a
+    mapping's is): nothing is copied. None when its elements are not
+    aligned for its dtype in the file (then read it with :func:`read_tensor`).
+    ``layout`` is :func:`tensor_layout`'s, of an archive inside ``data``."""
+    item = layout.dtype.itemsize
+    spans = _extent(layout.storage_offset, layout.size, layout.stride)
+    if spans == 0:
+        return torch.empty(layout.size, dtype=layout.dtype)
+    if layout.offset % item:
+        return None
+    storage = data[layout.offset:layout.offset + spans * item].view(layout.dtype)
+    return storage.as_strided(layout.size, layout.stride, storage.storage_offset()
+                              + layout.storage_offset)
+
+
+def load_tensor(source: Source, item: str, offset: int, length: int) -> torch.Tensor:
+    """The tensor ``torch.load`` (``weights_only``) reads of the item at
+    ``[offset, offset + length)`` that is not one plain tensor (a copy).
+
+    Raises:
+        CorruptCheckpointError: it is no tensor torch.load reads.
+    """
+    data = bytearray(length)
+    source.readinto(memoryview(data), offset)
+    try:
+        tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 (whatever torch.load refuses)
+        raise CorruptCheckpointError(f"{item} is no tensor torch.load reads: {e}") from None
+    if not isinstance(tensor, torch.Tensor):
+        raise CorruptCheckpointError(f"{item} holds a {type(tensor).__name__}, not a tensor")
+    return tensor
 
 
 def _writable_bytes(t: torch.Tensor) -> memoryview:

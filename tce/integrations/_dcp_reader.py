@@ -21,8 +21,8 @@ from torch.futures import Future
 from tce import client
 from tce.errors import CorruptCheckpointError
 from tce.integrations._dcp_format import METADATA, CheckpointDir
-from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, read_tensor,
-                                        tensor_layout)
+from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, load_tensor,
+                                        read_tensor, tensor_layout)
 from tce.integrations._dcp_metadata import check_storage_data, load_metadata
 from tce.integrations._dcp_ranges import RingRanges
 
@@ -270,7 +270,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         except CorruptCheckpointError as e:
             raise CorruptCheckpointError(f"{item}: {e.message}") from None
         if layout is None:  # not one plain tensor: torch.load it
-            tensor = self._load_tensor(source, item, info)
+            tensor = load_tensor(source, item, info.offset, info.length)
             _check_region(item, tuple(tensor.size()), req)
             for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths)):
                 tensor = tensor.narrow(dim, start, length)
@@ -285,24 +285,6 @@ class StorageReader(CheckpointDir, _DCPReader):
             self._commits.append((req, target))
         else:
             planner.commit_tensor(req, target)
-
-    @staticmethod
-    def _load_tensor(source: Source, item: str, info: Any) -> torch.Tensor:
-        """The tensor ``torch.load`` (``weights_only``) reads of an item that
-        is not one plain tensor.
-
-        Raises:
-            CorruptCheckpointError: it is no tensor torch.load reads.
-        """
-        data = bytearray(info.length)
-        source.readinto(memoryview(data), info.offset)
-        try:
-            tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 (whatever torch.load refuses)
-            raise CorruptCheckpointError(f"{item} is no tensor torch.load reads: {e}") from None
-        if not isinstance(tensor, torch.Tensor):
-            raise CorruptCheckpointError(f"{item} holds a {type(tensor).__name__}, not a tensor")
-        return tensor
 
     def _map(self, path: str, *, local_only: bool = False) -> tuple[Any, str]:
         """(mapping of the file, "local" or "storage"), or (None, "") when
