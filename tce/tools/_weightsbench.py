@@ -34,8 +34,7 @@ from typing import Any
 
 import torch
 
-from tce import api
-from tce.core import _knobs
+from tce import api, client
 from tce.tools._coldbench import huge_pages
 from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict
@@ -232,7 +231,7 @@ def run(size: int, repeats: int, *, versions: int = 50, readers: int = 2,
         server = LocalServer(memory_budget=str(budget),
                              extra_args=["--memory-backing", memory_backing]).start()
         try:
-            with _knobs.override(socket=server.socket):
+            with client.override(socket=server.socket):
                 os.environ["TCE_SOCKET"] = server.socket  # for the reader processes
                 res.update(_notify(tmp, versions, readers))
                 for fmt in ("safetensors", "torch"):
