@@ -114,7 +114,7 @@ class Cache : public PoolBudget,
   Status ListTags(const std::string& session, const std::string& job,
                   std::vector<TagInfo>* out) override EXCLUDES(mu_);
   Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
-               uint64_t* capacity) override EXCLUDES(mu_);
+               uint64_t* capacity, bool keep_mapped = false) override EXCLUDES(mu_);
   CacheStats Stats() override EXCLUDES(mu_);
   Status Wait(const std::string& session, const std::string& job,
               const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
@@ -238,6 +238,9 @@ class Cache : public PoolBudget,
     uint64_t capacity = 0;
     BufState state = BufState::kFree;
     std::set<std::string> mappers;  // sessions holding a writable mapping
+    // Sessions keeping a read-only mapping across leases (keep_mapped):
+    // they never stop its reuse, and are told to unmap it when it goes.
+    std::set<std::string> readers;
     int leases = 0;
     int pins = 0;                // persistence workers reading it
     // Never reused once free (destroyed instead): another uid got its fd
@@ -297,6 +300,9 @@ class Cache : public PoolBudget,
   // Sheds what the pool holds beyond the budget (the budget holds buffers first).
   void ShedPool() EXCLUDES(mu_);
   void DropMapper(Buf& buf, const std::string& session) REQUIRES(mu_);  // may erase buf
+  // The buffer goes (destroyed or retired): its keep_mapped readers are
+  // told to unmap it.
+  void DropReaders(Buf& buf) REQUIRES(mu_);
   std::string FullMessage(uint64_t need) const REQUIRES(mu_);
   CacheStats TallyLocked() const REQUIRES(mu_);
   void StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,

@@ -102,6 +102,7 @@ void Cache::FreeBuffer(Buf& buf) {
   const uint64_t id = buf.id;
   used_ -= buf.capacity;
   buf.mem.reset();
+  DropReaders(buf);
   if (buf.mappers.empty()) {
     TCE_LOG(kDebug, "cache") << "destroyed buffer=" << id << " (read by another uid or past a lease: not reused)";
     buffers_.erase(id);
@@ -157,6 +158,7 @@ void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint6
         b.state = BufState::kRetiring;
         b.mem.reset();  // frees its pages, mapped elsewhere or not (Buffer's destructor)
         used_ -= b.capacity;
+        DropReaders(b);
         for (const auto& m : b.mappers) sessions_.OweUnmap(m, id);
         TCE_LOG(kInfo, "cache") << "retired buffer=" << id << " capacity=" << b.capacity << " (freed; "
                                 << b.mappers.size() << " session(s) told to unmap it)";
@@ -165,6 +167,7 @@ void Cache::Reclaim(const std::string& session, uint64_t need, std::vector<uint6
       if (pass == 1) unmap->push_back(id);
       used_ -= b.capacity;
       TCE_LOG(kInfo, "cache") << "destroyed free buffer=" << id << " capacity=" << b.capacity;
+      DropReaders(b);
       buffers_.erase(id);
     }
   }

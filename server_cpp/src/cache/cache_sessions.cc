@@ -92,7 +92,13 @@ void Cache::DropLease(uint64_t lease_id) {
   }
 }
 
+void Cache::DropReaders(Buf& buf) {
+  for (const auto& r : buf.readers) sessions_.OweUnmap(r, buf.id);
+  buf.readers.clear();
+}
+
 void Cache::DropMapper(Buf& buf, const std::string& session) {
+  buf.readers.erase(session);
   if (!buf.mappers.erase(session)) return;
   if (buf.state == BufState::kRetiring && buf.mappers.empty()) {  // its bytes went at retirement
     TCE_LOG(kDebug, "cache") << "retired buffer=" << buf.id << " unmapped by its last mapper";
@@ -118,7 +124,7 @@ Status Cache::Release(const std::string& session, const std::vector<uint64_t>& l
 }
 
 Status Cache::FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
-                    uint64_t* capacity) {
+                    uint64_t* capacity, bool keep_mapped) {
   MutexLock lock(&mu_);
   Status s = sessions_.Check(session);
   if (!s.ok()) return s;
@@ -136,6 +142,7 @@ Status Cache::FdFor(const std::string& session, uint64_t buffer_id, int* fd, boo
   const uid_t uid = sessions_.Find(session)->uid;
   if (uid != b.uid && !owners_.IsAdmin(uid)) b.no_reuse = true;  // a granted reader keeps this fd
   if (owns) b.mappers.insert(session);
+  else if (keep_mapped) b.readers.insert(session);
   *writable = owns;
   *capacity = b.capacity;
   return Status::OK();

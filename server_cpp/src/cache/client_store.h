@@ -118,9 +118,11 @@ class ClientStore {
   virtual Status ListTags(const std::string& session, const std::string& job,
                           std::vector<TagInfo>* out) = 0;
   // A new fd for a buffer: writable when it is PENDING for this session,
-  // read-only when this session leases it. The caller owns the fd.
+  // read-only when this session leases it. The caller owns the fd. With
+  // `keep_mapped` (a leased buffer), the session is told to unmap the
+  // buffer when it goes (FdRequest.keep_mapped).
   virtual Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
-                       uint64_t* capacity) = 0;
+                       uint64_t* capacity, bool keep_mapped) = 0;
   virtual CacheStats Stats() = 0;
   // As PersistSource::storage_roots (cache/persist_source.h).
   virtual const std::vector<std::string>& storage_roots() const = 0;

@@ -204,6 +204,38 @@ TEST_F(VersionsTest, AnUnrenewedLeaseEndsAtItsTimeAndItsBuffersAreNotReused) {
   EXPECT_EQ(cache_.Stats().buffers_reused, 0u);
 }
 
+TEST_F(VersionsTest, AReaderKeepingAMappingNeitherStopsReuseNorMissesTheBuffersEnd) {
+  const uint64_t first = Save("s1", "/c/a.pt", 4096);
+  Publish("s1", {{0, "/c/a.pt", 4096}});
+  std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
+  VersionGrant g;
+  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
+  int fd = -1;
+  bool writable = true;
+  uint64_t cap = 0;
+  ASSERT_TRUE(cache_.FdFor(reader, first, &fd, &writable, &cap, /*keep_mapped=*/true).ok());
+  close(fd);
+  ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
+  // Saved again: the file's old buffer is free and the reader still maps
+  // it; the next save of the owner reuses it all the same.
+  const uint64_t second = Save("s2", "/c/a.pt", 4096);
+  Publish("s2", {{0, "/c/a.pt", 4096}});
+  EXPECT_NE(second, first);
+  EXPECT_EQ(Save("s3", "/c/b.pt", 4096), first);
+  EXPECT_EQ(cache_.Stats().buffers_reused, 1u);
+  // The buffer goes (its file removed, the room taken): the reader is told.
+  FileInfo gone;
+  ASSERT_TRUE(cache_.Remove(owner_, "job", "/c/b.pt", &gone).ok());
+  AllocateResult a;
+  ASSERT_TRUE(cache_.Allocate({owner_, "job", "f", "/c/fill.pt", 0, 60 << 10}, &a).ok());
+  // 64 MiB - 64 KiB of capacity: it fits only once the free 4 KiB buffer goes.
+  Status s = cache_.Allocate({owner_, "job", "big", "/c/big.pt", 0, 64448ull << 10}, &a);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(a.capacity, (64ull << 20) - (64 << 10));
+  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
+  EXPECT_EQ(g.unmap_buffer_ids, std::vector<uint64_t>{first});
+}
+
 TEST_F(VersionsTest, ASessionsEndEndsItsVersionLeases) {
   Save("s1", "/c/model.pt", 4096);
   Publish("s1", {{0, "/c/model.pt", 4096}});

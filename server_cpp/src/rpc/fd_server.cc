@@ -183,7 +183,7 @@ bool FdServer::Serve(int fd) {
   bool writable = false;
   uint64_t capacity = 0;
   if (!req.range_buffer())
-    s = cache_->FdFor(conn.session, req.buffer_id(), &memfd, &writable, &capacity);
+    s = cache_->FdFor(conn.session, req.buffer_id(), &memfd, &writable, &capacity, req.keep_mapped());
   else if (!range_buffers_)
     s = Status::NotSupported("this server has no range buffers");
   else if (bool admin = false; (s = cache_->CheckCaller(conn.session, &admin, /*uid=*/nullptr)).ok())  // a live session
