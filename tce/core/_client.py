@@ -26,6 +26,7 @@ import grpc
 import torch
 
 from tce.core import _layout, _mapping, _staging
+from tce.core._client_versions import VersionCalls
 from tce.core._files import current_umask
 from tce.errors import (
     CacheFullError,
@@ -58,7 +59,7 @@ def fd_socket_path(socket_path: str) -> str:
 PWRITE_MIN_BYTES = 64 << 20
 
 
-class Client:
+class Client(VersionCalls):
     """One session with a tce-server."""
 
     def __init__(self, socket_path: str, *, rpc_timeout: float) -> None:
@@ -103,6 +104,7 @@ class Client:
         self._released: collections.deque[int] = collections.deque()  # appended by finalizers
         self._leases: dict[int, weakref.ref] = {}  # live lease id -> its private mapping
         self._released_versions: collections.deque[int] = collections.deque()  # by finalizers
+        self._kept: dict[int, _mapping.ReadMapping] = {}  # leased buffers kept mapped (readers)
         self.fd_requests = 0  # fds received so far (a steady-state save needs none)
         self.closed = False
 
@@ -120,13 +122,7 @@ class Client:
 
     def _flush(self) -> None:
         """Send queued lease releases and unmap acknowledgements."""
-        while self._released_versions:
-            lease = self._released_versions.popleft()
-            try:
-                self._call("ReleaseVersion", pb.ReleaseVersionRequest(session=self.session,
-                                                                      lease_id=lease))
-            except NotCachedError:  # it ended already (expired)
-                pass
+        self._flush_versions()
         leases = []
         while self._released:
             leases.append(self._released.popleft())
@@ -143,7 +139,10 @@ class Client:
     def _unmap(self, buffer_ids: Iterable[int]) -> None:
         for buffer_id in buffer_ids:
             with self._lock:
+                kept = self._kept.pop(buffer_id, None)
                 m = self._mappings.pop(buffer_id, None)
+            if kept is not None:
+                kept.close()
                 self._unmapped.append(buffer_id)
                 if buffer_id in self._premapping:  # dropped when its mapping is made
                     self._retired.add(buffer_id)
@@ -151,12 +150,13 @@ class Client:
                 m.close()
                 log.debug("unmapped retired buffer %d", buffer_id)
 
-    def _request_fd(self, buffer_id: int, *, range_buffer: bool = False) -> int:
+    def _request_fd(self, buffer_id: int, *, range_buffer: bool = False,
+                    keep_mapped: bool = False) -> int:
         with self._fd_lock:
             self.fd_requests += 1
             try:
-                self._fd_sock.send(pb.FdRequest(buffer_id=buffer_id, range_buffer=range_buffer)
-                                   .SerializeToString())
+                self._fd_sock.send(pb.FdRequest(buffer_id=buffer_id, range_buffer=range_buffer,
+                                                keep_mapped=keep_mapped).SerializeToString())
                 packet, fds, _, _ = socket.recv_fds(self._fd_sock, _FD_PACKET, 1)
             except OSError as e:
                 raise ServerUnavailableError(f"fd socket failed: {e}") from None
@@ -526,52 +526,6 @@ class Client:
         request = pb.ListTagsRequest(session=self.session, job=job, wait_for_restore=wait_for_restore)
         return list(self._call("ListTags", request, timeout=None if wait_for_restore else -1.0).tags)
 
-    # ---- published versions (tce.weights) --------------------------------
-
-    def get_version(self, job: str, *, after: int = 0, timeout: float = 0.0) -> pb.TagInfo:
-        """The job's newest version above ``after``; with ``timeout`` > 0 the
-        server answers when one is published (DeadlineExceededError when none
-        is in time), else NotCachedError at once."""
-        self._flush()  # a reader's last version's release goes before it waits
-        request = pb.GetVersionRequest(session=self.session, job=job, after=after, timeout_s=timeout)
-        return self._call("GetVersion", request,
-                          timeout=None if timeout <= 0 else timeout + 30).tag
-
-    def acquire_version(self, job: str, version: int = 0, *,
-                        lease_s: float = 0.0) -> pb.AcquireVersionResponse:
-        """A lease on a version (0: the newest): its files, with a buffer id
-        for each one held in this server's memory."""
-        self._flush()
-        resp = self._call("AcquireVersion", pb.AcquireVersionRequest(
-            session=self.session, job=job, version=version, lease_s=lease_s))
-        self._unmap(resp.unmap_buffer_ids)
-        return resp
-
-    def renew_version(self, lease: int, lease_s: float = 0.0) -> float:
-        return self._call("RenewVersion", pb.RenewVersionRequest(
-            session=self.session, lease_id=lease, lease_s=lease_s)).lease_s
-
-    def release_version(self, lease: int, *, later: bool = False) -> None:
-        """End a version lease now, or (``later``: from a finalizer, which
-        may not block) with the next call."""
-        self._released_versions.append(lease)
-        if not later:
-            self._flush()
-
-    def map_leased(self, buffer_id: int, size: int) -> tuple[mmap.mmap, bool]:
-        """A private (copy-on-write) mapping of a buffer this session leases,
-        and whether it maps the buffer (False: a private copy)."""
-        fd = self._request_fd(buffer_id)
-        try:
-            return _mapping.map_private(fd, size)
-        finally:
-            os.close(fd)
-
-    def grant_read(self, job: str, uids: list[int], gids: list[int], *,
-                   revoke: bool = False) -> pb.GrantReadResponse:
-        return self._call("GrantRead", pb.GrantReadRequest(
-            session=self.session, job=job, uids=uids, gids=gids, revoke=revoke))
-
     def flush(self) -> None:
         """Send pending lease releases now."""
         self._flush()
@@ -594,7 +548,8 @@ class Client:
             pass
         with self._lock:
             mappings, self._mappings = self._mappings, {}
-        for m in mappings.values():
+            kept, self._kept = self._kept, {}
+        for m in [*mappings.values(), *kept.values()]:
             m.close()
         with self._lock:
             if self._range_buffer:

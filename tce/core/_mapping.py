@@ -9,6 +9,7 @@ import errno
 import logging
 import mmap
 import os
+import warnings
 
 import torch
 
@@ -92,6 +93,35 @@ def map_private(fd: int, size: int) -> tuple[mmap.mmap, bool]:
 
 
 _copy_logged = False
+
+
+class ReadMapping:
+    """A read-only shared mapping of a buffer a reader leases, kept across
+    leases (FdRequest.keep_mapped): a reader of published versions whose
+    buffers the trainer reuses maps and faults each in once, and registers
+    it with CUDA once. Its bytes are read under a lease only (they may
+    change between leases); the server says when to unmap it."""
+
+    __slots__ = ("buffer_id", "capacity", "mm", "tensor", "cuda_registered")
+
+    def __init__(self, buffer_id: int, capacity: int, fd: int) -> None:
+        self.buffer_id = buffer_id
+        self.capacity = capacity
+        self.cuda_registered = False
+        self.mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        _advise_huge(self.mm)
+        with warnings.catch_warnings():  # read-only by the mapping: never written through
+            warnings.simplefilter("ignore", UserWarning)
+            self.tensor = torch.frombuffer(self.mm, dtype=torch.uint8)
+
+    def close(self) -> None:
+        if self.cuda_registered:
+            _staging.unregister(self)
+        self.tensor = None
+        try:
+            self.mm.close()
+        except BufferError:  # a tensor of a load still views it: it goes with the last one
+            pass
 
 
 class Mapping:

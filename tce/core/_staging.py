@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import os
 import threading
 from typing import Any, Callable, Iterator
@@ -38,6 +39,8 @@ from tce.core._layout import Plan, storage_bytes
 from tce.errors import DeadlineExceededError
 
 SMALL = 1 << 20  # CUDA storages smaller than this are coalesced
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _inflight: list[concurrent.futures.Future] = []  # GUARDED_BY(_lock)
@@ -52,6 +55,30 @@ def register(mapping: Any) -> None:
         return
     cudart = torch.cuda.cudart()
     torch.cuda.check_error(cudart.cudaHostRegister(mapping.tensor.data_ptr(), mapping.capacity, 0))
+    mapping.cuda_registered = True
+
+
+# cudaHostRegisterReadOnly: the memory is only read by the device (a
+# read-only mapping cannot be registered otherwise).
+_REGISTER_READ_ONLY = 0x08
+_read_only_refused = False
+
+
+def register_read_only(mapping: Any) -> None:
+    """Registers a read-only mapping (``_mapping.ReadMapping``) with CUDA,
+    once, so host-to-device copies from it run at pinned speed. Where the
+    device does not support read-only registration, says so once and
+    leaves it pageable (copies then run synchronously)."""
+    global _read_only_refused
+    if getattr(mapping, "cuda_registered", False) or _read_only_refused:
+        return
+    err = torch.cuda.cudart().cudaHostRegister(mapping.tensor.data_ptr(), mapping.capacity,
+                                               _REGISTER_READ_ONLY)
+    if int(err) != 0:
+        _read_only_refused = True
+        log.warning("cudaHostRegister(read-only) failed (%s): weights load into the GPU from "
+                    "pageable memory", err)
+        return
     mapping.cuda_registered = True
 
 
