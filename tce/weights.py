@@ -29,36 +29,41 @@ server's ``read_grants`` setting names them).
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import logging
-import mmap
-import operator
 import os
-import re
 import threading
+import warnings
 import weakref
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from tce import _service
+from tce.core import _staging
 from tce.core._session import with_client
-from tce.core import _safetensors
-from tce.core._torchload import load_mapping
+from tce._weight_files import (
+    DCP_METADATA,
+    Region,
+    Shard,
+    from_storage,
+    map_storage,
+    mapped_tensors,
+    part,
+    region_of,
+    weight_entries,
+    weight_files,
+)
 from tce.errors import (
-    CorruptCheckpointError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotCachedError,
 )
-from tce.integrations._dcp_format import METADATA as _DCP_METADATA
 
 __all__ = ["Region", "Shard", "VersionInfo", "Weights", "grant", "latest", "open", "part",
            "publish", "revoke", "wait_newer", "weight_entries", "weight_files"]
 
 log = logging.getLogger("tce.weights")
-_builtins_open = builtins.open  # (this module's open() leases a version)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,121 +199,6 @@ def open(job: str | None = None, version: int = 0, *, lease_s: float | None = No
     return Weights(c, resp, files, entries)
 
 
-_ZIP_MAGIC = b"PK\x03\x04"
-_SAFETENSORS = re.compile(r"\.safetensors$")
-_DS_MODEL = re.compile(r"(^|/)(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt$")
-_TORCH = re.compile(r"\.(pt|pth|bin|ckpt)$")
-_NOT_WEIGHTS = re.compile(r"optim|scheduler|rng|trainer_state|training_args")
-
-
-def _dcp_files(paths: list[str]) -> set[str]:
-    """The ``.metadata`` and ``*.distcp`` files of every directory that has both."""
-    metas = {os.path.dirname(p) for p in paths if os.path.basename(p) == _DCP_METADATA}
-    dirs = metas & {os.path.dirname(p) for p in paths if p.endswith(".distcp")}
-    return {p for p in paths if os.path.dirname(p) in dirs
-            and (os.path.basename(p) == _DCP_METADATA or p.endswith(".distcp"))}
-
-
-def weight_files(paths: Iterable[str]) -> list[str]:
-    """Which files of a version hold the model's weights: its safetensors
-    files if it has any (Hugging Face ``save_pretrained``, sharded or not);
-    else its DCP checkpoints' files (a directory with ``.metadata`` and
-    ``*.distcp`` files: ``torch.distributed.checkpoint``); else DeepSpeed's
-    model-states files (``mp_rank_XX_model_states.pt``); else every
-    torch.save file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) whose name does
-    not say it holds optimizer, scheduler or RNG state."""
-    paths = list(paths)
-    dcp = _dcp_files(paths)
-    for pick in (lambda p: _SAFETENSORS.search(p),
-                 lambda p: p in dcp,
-                 lambda p: _DS_MODEL.search(p),
-                 lambda p: _TORCH.search(p) and not _NOT_WEIGHTS.search(os.path.basename(p))):
-        chosen = [p for p in paths if pick(p)]
-        if chosen:
-            return chosen
-    return []
-
-
-def weight_entries(fqns: Iterable[str]) -> list[str]:
-    """Which tensor entries of a DCP checkpoint are weights: every one but
-    the optimizer's, whose FQN's first component starts with ``optim``
-    (``optim``, ``optimizer``, Lightning's ``optimizer_0``: what
-    ``get_state_dict`` users, torchtitan and Lightning save it under).
-    Entries that are not tensors (bytes) are never weights."""
-    return [f for f in fqns if not f.split(".", 1)[0].startswith("optim")]
-
-
-# (offset, length) per dimension: the part of a tensor a reader asks for.
-Region = tuple[tuple[int, int], ...]
-# shard(name, global shape) -> the region of that tensor to read, None for all of it.
-Shard = Callable[[str, torch.Size], Sequence[tuple[int, int]] | None]
-
-
-def part(shape: Sequence[int], dim: int, index: int, count: int) -> Region:
-    """The region of a tensor of ``shape`` that is part ``index`` of
-    ``count`` equal parts along ``dim`` (all of every other dimension): what
-    a tensor-parallel rank ``index`` of ``count`` holds of a tensor split on
-    ``dim``. For :meth:`Weights.tensors`' ``shard``::
-
-        def shard(name, shape):
-            if name.endswith(("q_proj.weight", "up_proj.weight")):
-                return weights.part(shape, 0, tp_rank, tp_size)   # column parallel
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                return weights.part(shape, 1, tp_rank, tp_size)   # row parallel
-            return None                                          # replicated
-
-    Raises:
-        InvalidArgumentError: ``dim`` is not a dimension of ``shape``,
-            ``index`` not in ``[0, count)``, or ``count`` does not divide
-            the dimension.
-    """
-    shape = tuple(shape)
-    if not -len(shape) <= dim < len(shape):
-        raise InvalidArgumentError(f"part: dimension {dim} of a tensor of shape {shape}")
-    dim %= len(shape)
-    if not 0 <= index < count or shape[dim] % count:
-        raise InvalidArgumentError(f"part: part {index} of {count} equal parts of dimension {dim} "
-                                   f"of shape {shape}")
-    n = shape[dim] // count
-    return tuple((index * n, n) if d == dim else (0, size) for d, size in enumerate(shape))
-
-
-def _region(name: str, shape: torch.Size, shard: Shard | None) -> Region | None:
-    """What ``shard`` asks of the tensor ``name``, checked (None: all of it).
-
-    Raises:
-        InvalidArgumentError: not one (offset, length) pair per dimension,
-            inside the tensor.
-    """
-    got = None if shard is None else shard(name, torch.Size(shape))
-    if got is None:
-        return None
-    try:
-        region = tuple((operator.index(o), operator.index(n)) for o, n in got)
-    except (TypeError, ValueError):
-        region = None
-    if region is None or len(region) != len(shape) or any(
-            o < 0 or n < 0 or o + n > size for (o, n), size in zip(region, shape)):
-        raise InvalidArgumentError(f"shard({name!r}, {tuple(shape)}) gave {got!r}: not an "
-                                   "(offset, length) pair inside each dimension")
-    return region
-
-
-def _state_dict_of(obj: Any, path: str) -> dict[str, torch.Tensor]:
-    """The name -> tensor mapping a torch.save file holds: the object itself,
-    or its ``module`` (DeepSpeed), ``state_dict`` or ``model`` entry."""
-    if isinstance(obj, dict):
-        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-            return obj
-        for key in ("module", "state_dict", "model"):
-            inner = obj.get(key)
-            if isinstance(inner, dict) and all(isinstance(v, torch.Tensor) for v in inner.values()):
-                return inner
-    raise CorruptCheckpointError(
-        f"{path}: not a state dict (a dict of tensors, or one under 'module', 'state_dict' or "
-        f"'model'); got {type(obj).__name__}")
-
-
 class Weights:
     """An open, leased version: iterate its tensors or load them into a model.
 
@@ -335,7 +225,7 @@ class Weights:
         self._bytes: dict[str, torch.Tensor] = {}  # path -> its mapping's bytes (DCP files)
         # The DCP checkpoints among the files, by directory (read when first asked).
         self._dcp_dirs = {os.path.dirname(p) for p in self.paths
-                          if os.path.basename(p) == _DCP_METADATA}
+                          if os.path.basename(p) == DCP_METADATA}
         self._dcp: dict[str, Any] = {}
         self._entries = entries
         self._live = 0          # mappings not yet garbage
@@ -391,22 +281,10 @@ class Weights:
             raise InvalidArgumentError(f"{self!r} is closed")
         got = self._mapping(path)
         if got is None:
-            yield from _from_storage(path, self._files[path], names)
+            yield from from_storage(path, self._files[path], names)
             return
         mm, size = got
-        if _SAFETENSORS.search(path):
-            buf = memoryview(mm)[:size]
-            header = _safetensors.read_header(buf, source=path)
-            for name, info in header.tensors.items():
-                if names is None or name in names:
-                    yield name, _safetensors.view_tensor(buf, info)
-            return
-        if bytes(mm[:4]) != _ZIP_MAGIC:
-            raise CorruptCheckpointError(f"{path}: neither a torch.save nor a safetensors file")
-        obj = load_mapping(mm, size, "cpu", weights_only=True)
-        for name, t in _state_dict_of(obj, path).items():
-            if names is None or name in names:
-                yield name, t
+        yield from mapped_tensors(mm, size, path, names)
 
     def _file_bytes(self, path: str) -> torch.Tensor:
         """A file's bytes, a flat uint8 tensor over its private mapping: of
@@ -417,7 +295,7 @@ class Weights:
             return data
         got = self._mapping(path) if path in self._files else None
         if got is None:
-            got = _map_storage(path, self._files.get(path))
+            got = map_storage(path, self._files.get(path))
         mm, size = got
         data = (torch.frombuffer(mm, dtype=torch.uint8, count=size) if size
                 else torch.empty(0, dtype=torch.uint8))
@@ -465,12 +343,12 @@ class Weights:
         for path in self.paths:
             directory = os.path.dirname(path)
             if directory in self._dcp_dirs:  # its .metadata names the tensors
-                if os.path.basename(path) == _DCP_METADATA:
+                if os.path.basename(path) == DCP_METADATA:
                     yield from self._dcp_checkpoint(directory).tensors(
-                        wanted, lambda name, shape: _region(name, shape, shard))
+                        wanted, lambda name, shape: region_of(name, shape, shard))
                 continue
             for name, t in self._file_tensors(path, wanted):
-                region = _region(name, t.shape, shard)
+                region = region_of(name, t.shape, shard)
                 for dim, (start, length) in enumerate(region or ()):
                     t = t.narrow(dim, start, length)
                 yield name, t
@@ -481,17 +359,31 @@ class Weights:
         return dict(self.tensors(names, shard=shard))
 
     @torch.no_grad()
-    def load_into(self, module: torch.nn.Module, *, strict: bool = True,
+    def load_into(self, module: torch.nn.Module | dict[str, torch.Tensor], *, strict: bool = True,
                   shard: Shard | None = None) -> list[str]:
         """Copy the version into ``module``'s parameters and buffers in place
         (their devices and dtypes stay), as ``load_state_dict`` would: with
         ``strict`` a missing or unexpected name, or a shape that differs,
         raises and nothing is half-loaded. With ``shard`` (see
         :meth:`tensors`) each tensor's region goes to the module, whose
-        tensors are this rank's shards. Returns the names loaded."""
-        own = dict(module.named_parameters())
-        own.update(dict(module.named_buffers()))
-        state = self.state_dict(shard=shard)
+        tensors are this rank's shards. ``module`` may also be a dict of
+        name -> tensor (e.g. a model's ``state_dict()``), copied into in place.
+
+        The copy reads the cached buffers through read-only mappings this
+        process keeps across versions (mapped and faulted in once while the
+        trainer reuses its buffers; registered with CUDA once, so a copy to
+        the GPU runs at pinned speed), under this lease; a DCP checkpoint,
+        or a file not in this node's memory, is read as :meth:`tensors`
+        reads it. Returns the names loaded."""
+        if isinstance(module, torch.nn.Module):
+            own = dict(module.named_parameters())
+            own.update(dict(module.named_buffers()))
+        else:  # name -> tensor, each copied into in place (e.g. a module's state_dict())
+            own = dict(module)
+        to_gpu = any(t.is_cuda for t in own.values())
+        state = self._kept_state(shard, to_gpu)
+        if state is None:
+            state = self.state_dict(shard=shard)
         missing = sorted(set(own) - set(state))
         unexpected = sorted(set(state) - set(own))
         wrong = sorted(n for n in set(own) & set(state) if own[n].shape != state[n].shape)
@@ -509,6 +401,31 @@ class Weights:
         if any(t.is_cuda for t in own.values()):
             torch.cuda.synchronize()
         return loaded
+
+    def _kept_state(self, shard: Shard | None, to_gpu: bool) -> dict[str, torch.Tensor] | None:
+        """The version's tensors over this process's kept mappings of its
+        buffers (read-only, mapped and faulted in once for as long as the
+        trainer reuses them; registered with CUDA once for a GPU module), for
+        a copy made under this lease; None when a file is not in this node's
+        memory or is part of a DCP checkpoint (then :meth:`state_dict`)."""
+        if self._closed:
+            raise InvalidArgumentError(f"{self!r} is closed")
+        files = [self._files.get(p) for p in self.paths]
+        if self._dcp_dirs or any(f is None or f.buffer_id == 0 for f in files):
+            return None
+        state: dict[str, torch.Tensor] = {}
+        with warnings.catch_warnings():  # tensors over read-only memory, only ever read
+            warnings.simplefilter("ignore", UserWarning)
+            for f in files:
+                kept = self._client.kept_mapping(f.buffer_id, f.capacity)
+                if to_gpu:
+                    _staging.register_read_only(kept)
+                for name, t in mapped_tensors(kept.mm, f.size, f.path, None):
+                    region = region_of(name, t.shape, shard)
+                    for dim, (start, length) in enumerate(region or ()):
+                        t = t.narrow(dim, start, length)
+                    state[name] = t
+        return state
 
     # ---- the lease ---------------------------------------------------------
 
@@ -538,40 +455,3 @@ class Weights:
             self._client.release_version(self.lease_id)
 
 
-def _map_storage(path: str, f: Any) -> tuple[Any, int]:
-    """A private mapping of a file on storage, and its size.
-
-    Raises:
-        NotCachedError: storage has no such file.
-    """
-    try:
-        with _builtins_open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            log.debug("reading %s from storage: %s", path, getattr(f, "reason", "") or "evicted")
-            if size == 0:
-                return b"", 0
-            return mmap.mmap(fh.fileno(), size, flags=mmap.MAP_PRIVATE,
-                             prot=mmap.PROT_READ | mmap.PROT_WRITE), size
-    except FileNotFoundError:
-        why = (f.reason or "evicted") if f is not None else "not a file of the version"
-        raise NotCachedError(f"{path} is neither in this node's cache nor on storage "
-                             f"({why})") from None
-
-
-def _from_storage(path: str, f: Any, names: set[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
-    """A file of the version this server does not hold in memory (evicted,
-    or another node's): read from storage with the reader's own rights."""
-    if not os.path.exists(path):
-        raise NotCachedError(f"{path} of the version is neither in this node's cache nor on "
-                             f"storage ({f.reason or 'evicted'})")
-    log.debug("reading %s from storage: %s", path, f.reason or "evicted")
-    if _SAFETENSORS.search(path):
-        with builtins.open(path, "rb") as fh:
-            data = fh.read()
-        tensors = dict(_safetensors.iter_safetensors(data, source=path))
-    else:
-        tensors = _state_dict_of(torch.load(path, map_location="cpu", weights_only=True, mmap=True),
-                                 path)
-    for name, t in tensors.items():
-        if names is None or name in names:
-            yield name, t

@@ -10,11 +10,12 @@ In one run:
   on the one system-wide monotonic clock; p50 and p99 over every reader and
   version.
 * read: a ``--size`` version of transformer-shaped tensors; a reader opens
-  it and copies every tensor into its own preallocated model tensors
-  (``tensors()`` + ``copy_``, what ``load_into`` does), against a warm
-  memcpy of the same bytes between two preallocated tensors (the floor). A
-  second reader opens the same version: the server's buffers and bytes
-  before and after (no copy in the server).
+  it and copies it into its own preallocated model tensors (``open`` +
+  ``load_into``; the first read, which maps and faults the buffers in, is
+  shown apart), against a warm memcpy of the same bytes between two
+  preallocated tensors (the floor). A second reader opens the same
+  version: the server's buffers and bytes before and after (no copy in
+  the server).
 * end to end: the trainer saves a ``--size`` state dict and publishes it;
   a waiting reader loads it into its model. Against the storage path: the
   trainer ``torch.save``\\ s to a file and fsyncs it, the reader (told at
@@ -55,12 +56,9 @@ for _ in range(count):
     loaded = None
     if mode == "load":
         with weights.open(job, info.version) as w:
-            sd = w.state_dict()
             if model is None:
-                model = {n: torch.empty_like(t) for n, t in sd.items()}
-            for n, t in sd.items():
-                model[n].copy_(t)
-            del sd, t
+                model = {n: torch.zeros_like(t) for n, t in w.tensors()}
+            w.load_into(model)
         loaded = time.monotonic()
     print(json.dumps({"version": info.version, "woke": woke, "loaded": loaded}), flush=True)
     after = info.version
@@ -154,8 +152,7 @@ def _read(sd: dict[str, torch.Tensor], directory: str, repeats: int, fmt: str) -
     for _ in range(repeats + 1):  # the first maps and faults the pages: not counted
         t0 = time.perf_counter()
         with weights.open(job) as w:
-            for n, t in w.tensors():
-                model[n].copy_(t)
+            w.load_into(model)
         times.append(time.perf_counter() - t0)
     for n in sd:
         if not torch.equal(model[n], sd[n]):
@@ -253,7 +250,7 @@ def render(res: dict[str, Any]) -> str:
          f"{res['notify_p50_ms']:.2f} ms ({res['readers']} readers x {res['versions']} versions)"),
         ("notify: p99 / max", f"{res['notify_p99_ms']:.2f} ms / {res['notify_max_ms']:.2f} ms"),
         *[row for fmt, what in (("safetensors", "safetensors"), ("torch", "torch.save")) for row in (
-            (f"{what}: read {gib:.2f} GiB into a model (open + tensors + copy_)",
+            (f"{what}: read {gib:.2f} GiB into a model (open + load_into)",
              f"{res[fmt + '_read_s']:.3f} s ({res[fmt + '_read_GBps']:.2f} GB/s; "
              f"first {res[fmt + '_read_first_s']:.3f} s)"),
             (f"{what}: memcpy of the same bytes (warm)",

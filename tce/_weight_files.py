@@ -1,0 +1,197 @@
+"""Reading the weight files of a published version (for :mod:`tce.weights`):
+which files and entries hold weights, the tensors of one mapped file, the
+region of a tensor a reader asks for, and files read from storage."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import mmap
+import operator
+import os
+import re
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from tce.core import _safetensors
+from tce.core._torchload import load_mapping
+from tce.errors import CorruptCheckpointError, InvalidArgumentError, NotCachedError
+from tce.integrations._dcp_format import METADATA as DCP_METADATA
+
+log = logging.getLogger("tce.weights")
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_SAFETENSORS = re.compile(r"\.safetensors$")
+_DS_MODEL = re.compile(r"(^|/)(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt$")
+_TORCH = re.compile(r"\.(pt|pth|bin|ckpt)$")
+_NOT_WEIGHTS = re.compile(r"optim|scheduler|rng|trainer_state|training_args")
+
+
+def _dcp_files(paths: list[str]) -> set[str]:
+    """The ``.metadata`` and ``*.distcp`` files of every directory that has both."""
+    metas = {os.path.dirname(p) for p in paths if os.path.basename(p) == DCP_METADATA}
+    dirs = metas & {os.path.dirname(p) for p in paths if p.endswith(".distcp")}
+    return {p for p in paths if os.path.dirname(p) in dirs
+            and (os.path.basename(p) == DCP_METADATA or p.endswith(".distcp"))}
+
+
+def weight_files(paths: Iterable[str]) -> list[str]:
+    """Which files of a version hold the model's weights: its safetensors
+    files if it has any (Hugging Face ``save_pretrained``, sharded or not);
+    else its DCP checkpoints' files (a directory with ``.metadata`` and
+    ``*.distcp`` files: ``torch.distributed.checkpoint``); else DeepSpeed's
+    model-states files (``mp_rank_XX_model_states.pt``); else every
+    torch.save file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) whose name does
+    not say it holds optimizer, scheduler or RNG state."""
+    paths = list(paths)
+    dcp = _dcp_files(paths)
+    for pick in (lambda p: _SAFETENSORS.search(p),
+                 lambda p: p in dcp,
+                 lambda p: _DS_MODEL.search(p),
+                 lambda p: _TORCH.search(p) and not _NOT_WEIGHTS.search(os.path.basename(p))):
+        chosen = [p for p in paths if pick(p)]
+        if chosen:
+            return chosen
+    return []
+
+
+def weight_entries(fqns: Iterable[str]) -> list[str]:
+    """Which tensor entries of a DCP checkpoint are weights: every one but
+    the optimizer's, whose FQN's first component starts with ``optim``
+    (``optim``, ``optimizer``, Lightning's ``optimizer_0``: what
+    ``get_state_dict`` users, torchtitan and Lightning save it under).
+    Entries that are not tensors (bytes) are never weights."""
+    return [f for f in fqns if not f.split(".", 1)[0].startswith("optim")]
+
+
+# (offset, length) per dimension: the part of a tensor a reader asks for.
+Region = tuple[tuple[int, int], ...]
+# shard(name, global shape) -> the region of that tensor to read, None for all of it.
+Shard = Callable[[str, torch.Size], Sequence[tuple[int, int]] | None]
+
+
+def part(shape: Sequence[int], dim: int, index: int, count: int) -> Region:
+    """The region of a tensor of ``shape`` that is part ``index`` of
+    ``count`` equal parts along ``dim`` (all of every other dimension): what
+    a tensor-parallel rank ``index`` of ``count`` holds of a tensor split on
+    ``dim``. For :meth:`Weights.tensors`' ``shard``::
+
+        def shard(name, shape):
+            if name.endswith(("q_proj.weight", "up_proj.weight")):
+                return weights.part(shape, 0, tp_rank, tp_size)   # column parallel
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                return weights.part(shape, 1, tp_rank, tp_size)   # row parallel
+            return None                                          # replicated
+
+    Raises:
+        InvalidArgumentError: ``dim`` is not a dimension of ``shape``,
+            ``index`` not in ``[0, count)``, or ``count`` does not divide
+            the dimension.
+    """
+    shape = tuple(shape)
+    if not -len(shape) <= dim < len(shape):
+        raise InvalidArgumentError(f"part: dimension {dim} of a tensor of shape {shape}")
+    dim %= len(shape)
+    if not 0 <= index < count or shape[dim] % count:
+        raise InvalidArgumentError(f"part: part {index} of {count} equal parts of dimension {dim} "
+                                   f"of shape {shape}")
+    n = shape[dim] // count
+    return tuple((index * n, n) if d == dim else (0, size) for d, size in enumerate(shape))
+
+
+def region_of(name: str, shape: torch.Size, shard: Shard | None) -> Region | None:
+    """What ``shard`` asks of the tensor ``name``, checked (None: all of it).
+
+    Raises:
+        InvalidArgumentError: not one (offset, length) pair per dimension,
+            inside the tensor.
+    """
+    got = None if shard is None else shard(name, torch.Size(shape))
+    if got is None:
+        return None
+    try:
+        region = tuple((operator.index(o), operator.index(n)) for o, n in got)
+    except (TypeError, ValueError):
+        region = None
+    if region is None or len(region) != len(shape) or any(
+            o < 0 or n < 0 or o + n > size for (o, n), size in zip(region, shape)):
+        raise InvalidArgumentError(f"shard({name!r}, {tuple(shape)}) gave {got!r}: not an "
+                                   "(offset, length) pair inside each dimension")
+    return region
+
+
+def state_dict_of(obj: Any, path: str) -> dict[str, torch.Tensor]:
+    """The name -> tensor mapping a torch.save file holds: the object itself,
+    or its ``module`` (DeepSpeed), ``state_dict`` or ``model`` entry."""
+    if isinstance(obj, dict):
+        if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            return obj
+        for key in ("module", "state_dict", "model"):
+            inner = obj.get(key)
+            if isinstance(inner, dict) and all(isinstance(v, torch.Tensor) for v in inner.values()):
+                return inner
+    raise CorruptCheckpointError(
+        f"{path}: not a state dict (a dict of tensors, or one under 'module', 'state_dict' or "
+        f"'model'); got {type(obj).__name__}")
+
+
+
+
+def mapped_tensors(mm: Any, size: int, path: str,
+                   names: set[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a safetensors or torch.save file held in ``mm[:size]``,
+    each viewing ``mm`` (a torch.save file is unpickled with
+    ``weights_only``: its bytes may be another user's)."""
+    if _SAFETENSORS.search(path):
+        buf = memoryview(mm)[:size]
+        header = _safetensors.read_header(buf, source=path)
+        for name, info in header.tensors.items():
+            if names is None or name in names:
+                yield name, _safetensors.view_tensor(buf, info)
+        return
+    if bytes(mm[:4]) != _ZIP_MAGIC:
+        raise CorruptCheckpointError(f"{path}: neither a torch.save nor a safetensors file")
+    obj = load_mapping(mm, size, "cpu", weights_only=True)
+    for name, t in state_dict_of(obj, path).items():
+        if names is None or name in names:
+            yield name, t
+
+
+def map_storage(path: str, f: Any) -> tuple[Any, int]:
+    """A private mapping of a file on storage, and its size.
+
+    Raises:
+        NotCachedError: storage has no such file.
+    """
+    try:
+        with builtins.open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            log.debug("reading %s from storage: %s", path, getattr(f, "reason", "") or "evicted")
+            if size == 0:
+                return b"", 0
+            return mmap.mmap(fh.fileno(), size, flags=mmap.MAP_PRIVATE,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE), size
+    except FileNotFoundError:
+        why = (f.reason or "evicted") if f is not None else "not a file of the version"
+        raise NotCachedError(f"{path} is neither in this node's cache nor on storage "
+                             f"({why})") from None
+
+
+def from_storage(path: str, f: Any, names: set[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """A file of the version this server does not hold in memory (evicted,
+    or another node's): read from storage with the reader's own rights."""
+    if not os.path.exists(path):
+        raise NotCachedError(f"{path} of the version is neither in this node's cache nor on "
+                             f"storage ({f.reason or 'evicted'})")
+    log.debug("reading %s from storage: %s", path, f.reason or "evicted")
+    if _SAFETENSORS.search(path):
+        with builtins.open(path, "rb") as fh:
+            data = fh.read()
+        tensors = dict(_safetensors.iter_safetensors(data, source=path))
+    else:
+        tensors = state_dict_of(torch.load(path, map_location="cpu", weights_only=True, mmap=True),
+                                 path)
+    for name, t in tensors.items():
+        if names is None or name in names:
+            yield name, t
