@@ -197,3 +197,49 @@ def test_a_sharded_safetensors_version_from_save_pretrained(server, tmp_path):
         assert "transformer.wte.weight" in names
     for name, t in model.state_dict().items():
         assert torch.equal(t, fresh.state_dict()[name]), name
+
+
+def test_load_into_maps_a_reused_buffer_once_and_lets_go_when_it_goes(make_server, tmp_path):
+    srv = make_server("1MiB")
+    path = tmp_path / "policy.safetensors"
+    from tce.integrations import safetensors as st
+    target = {"w": torch.zeros(16384)}
+    with _knobs.override(socket=srv.socket, job="kept"):
+        c = client()
+        seen = []
+        for v in range(1, 5):  # the trainer's buffers alternate: v3 reuses v1's, v4 v2's
+            st.save_file({"w": torch.full((16384,), float(v))}, path, tag=f"v{v}")
+            weights.publish(f"v{v}")
+            before = c.fd_requests
+            with weights.open() as w:
+                w.load_into(target)
+                buffer = w._files[str(path)].buffer_id
+            assert torch.equal(target["w"], torch.full((16384,), float(v)))
+            seen.append((buffer, c.fd_requests - before))
+        (b1, n1), (b2, n2), (b3, n3), (b4, n4) = seen
+        assert (n1, n2) == (1, 1) and b1 != b2
+        assert (b3, b4) == (b1, b2) and (n3, n4) == (0, 0), "a reused buffer is not mapped again"
+        assert sorted(c._kept) == sorted([b1, b2])
+        # The file goes and a save needs its room: both buffers are
+        # destroyed, the server says so, and the client drops its mappings.
+        tce.remove(path)
+        tce.save({"big": torch.zeros((900 << 10) // 4)}, tmp_path / "big.pt", tag="x")
+        assert c._kept == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_load_into_a_gpu_module_copies_from_the_registered_mapping(server, tmp_path):
+    trained = _model()
+    for p in trained.parameters():
+        p.data.mul_(5)
+    tce.save(trained.state_dict(), tmp_path / "m.pt", tag="v")
+    weights.publish("v")
+    fresh = _model().cuda()
+    with weights.open() as w:
+        w.load_into(fresh)
+        buffer = w._files[str(tmp_path / "m.pt")].buffer_id
+    kept = client()._kept[buffer]
+    assert kept.cuda_registered, "the kept mapping is pinned (registered read-only)"
+    for (n, a), (_, b) in zip(trained.state_dict().items(), fresh.state_dict().items()):
+        assert torch.equal(a, b.cpu()), n
