@@ -16,7 +16,12 @@ import torch
 
 from tce.core import _safetensors
 from tce.core._torchload import load_mapping
-from tce.errors import CorruptCheckpointError, InvalidArgumentError, NotCachedError
+from tce.errors import (
+    CorruptCheckpointError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotCachedError,
+)
 from tce.integrations._dcp_format import METADATA as DCP_METADATA
 
 log = logging.getLogger("tce.weights")
@@ -159,14 +164,20 @@ def mapped_tensors(mm: Any, size: int, path: str,
 
 
 def map_storage(path: str, f: Any) -> tuple[Any, int]:
-    """A private mapping of a file on storage, and its size.
+    """A private mapping of a file of the version on storage, and its size.
 
     Raises:
         NotCachedError: storage has no such file.
+        FailedPreconditionError: the file there is not the version's (its
+            size differs from the one published: saved again since).
     """
     try:
         with builtins.open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
+            if f is not None and f.size != size:
+                raise FailedPreconditionError(
+                    f"{path} on storage is not the version's file: {size} bytes, the version's "
+                    f"has {f.size} (it was saved again since; read a newer version)")
             log.debug("reading %s from storage: %s", path, getattr(f, "reason", "") or "evicted")
             if size == 0:
                 return b"", 0
@@ -180,18 +191,6 @@ def map_storage(path: str, f: Any) -> tuple[Any, int]:
 
 def from_storage(path: str, f: Any, names: set[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
     """A file of the version this server does not hold in memory (evicted,
-    or another node's): read from storage with the reader's own rights."""
-    if not os.path.exists(path):
-        raise NotCachedError(f"{path} of the version is neither in this node's cache nor on "
-                             f"storage ({f.reason or 'evicted'})")
-    log.debug("reading %s from storage: %s", path, f.reason or "evicted")
-    if _SAFETENSORS.search(path):
-        with builtins.open(path, "rb") as fh:
-            data = fh.read()
-        tensors = dict(_safetensors.iter_safetensors(data, source=path))
-    else:
-        tensors = state_dict_of(torch.load(path, map_location="cpu", weights_only=True, mmap=True),
-                                 path)
-    for name, t in tensors.items():
-        if names is None or name in names:
-            yield name, t
+    or another node's): mapped from storage with the reader's own rights."""
+    mm, size = map_storage(path, f)
+    yield from mapped_tensors(mm, size, path, names)

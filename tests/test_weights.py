@@ -19,6 +19,7 @@ from tce.core import _knobs
 from tce.core._session import client
 from tce.errors import DeadlineExceededError, FailedPreconditionError, NotCachedError
 from helpers import until
+from tce.tools._server import LocalServer
 
 
 @pytest.fixture(autouse=True)
@@ -28,6 +29,13 @@ def own_job(request):
         request.getfixturevalue("server")  # (its own job setting comes first)
     with _knobs.override(job=f"w-{os.getpid()}-{request.node.name}"[:200]):
         yield
+
+
+def api_close_and_stop(srv: LocalServer) -> None:
+    tce.close()
+    code = srv.stop()
+    srv.cleanup()
+    assert code == 0, srv.log()
 
 
 def _stat(key: str) -> int:
@@ -243,3 +251,24 @@ def test_load_into_a_gpu_module_copies_from_the_registered_mapping(server, tmp_p
     assert kept.cuda_registered, "the kept mapping is pinned (registered read-only)"
     for (n, a), (_, b) in zip(trained.state_dict().items(), fresh.state_dict().items()):
         assert torch.equal(a, b.cpu()), n
+
+
+def test_an_evicted_file_is_read_from_storage_unless_it_changed_there(tmp_path):
+    srv = LocalServer(memory_budget="256MiB", storage_roots=[str(tmp_path)],
+                      extra_args=["--memory-backing", "4k"]).start()
+    try:
+        with _knobs.override(socket=srv.socket, job="evicted"):
+            sd = {"w": torch.arange(1000, dtype=torch.float32)}
+            tce.save(sd, tmp_path / "m.pt", tag="v1")
+            weights.publish("v1")
+            tce.wait([tmp_path / "m.pt"])
+            tce.remove(tmp_path / "m.pt")  # only storage holds it now
+            with weights.open() as w:
+                assert w._files[str(tmp_path / "m.pt")].buffer_id == 0
+                assert torch.equal(w.state_dict()["w"], sd["w"])
+            torch.save({"w": torch.zeros(10)}, tmp_path / "m.pt")  # replaced behind its back
+            with weights.open() as w, pytest.raises(FailedPreconditionError,
+                                                    match="is not the version's file"):
+                w.state_dict()
+    finally:
+        api_close_and_stop(srv)
