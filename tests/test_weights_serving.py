@@ -1,0 +1,159 @@
+"""tce.weights with a real consumer and real faults (docs/weights.md).
+
+Real processes against a real server, nothing mocked:
+
+* an inference process (tests/weights_infer.py) serving a tiny Hugging Face
+  model with ``generate()`` swaps in each version a trainer saves with
+  ``save_pretrained`` under ``tce.patch_torch`` and publishes, and serves
+  what the trainer had, bit for bit;
+* a DeepSpeed rank SIGKILLed inside the save of a version
+  (tests/weights_ds_job.py): the version is never published, readers keep
+  the one before;
+* a reader frozen with a version leased: its lease runs out, the memory
+  comes back, and a save that needs it succeeds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tce
+from tce import weights
+from tce.core import _knobs
+from tce.errors import DeadlineExceededError, FailedPreconditionError
+from helpers import until
+from weights_infer import request, tiny_model
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def own_job(request):
+    """A job of its own per test: versions count from 1."""
+    if "server" in request.fixturenames:
+        request.getfixturevalue("server")  # (its own job setting comes first)
+    with _knobs.override(job=f"ws-{os.getpid()}-{request.node.name}"[:200]):
+        yield
+
+
+def _env(socket: str, job: str) -> dict[str, str]:
+    """What a child process needs to reach the same server and job (and this
+    checkout of tce)."""
+    return dict(os.environ, TCE_SOCKET=socket, TCE_JOB=job, TCE_ON_UNAVAILABLE="raise",
+                PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH"))
+                                           if p),
+                OMP_NUM_THREADS="1")
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    model.train()
+    g = torch.Generator().manual_seed(step)
+    x = torch.randint(1, 128, (4, 16), generator=g)
+    loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _serve_while_training(server, tmp_path: Path, arch: str, same_path: bool, versions: int = 4
+                          ) -> tuple[dict[int, dict], dict[int, tuple[torch.Tensor, torch.Tensor]],
+                                     dict[int, dict[str, torch.Tensor]]]:
+    """The trainer (this process) trains a few steps with AdamW, saves each
+    with save_pretrained through the cache and publishes it; the inference
+    process serves each version before the next step is taken (so it sees
+    every one, and still holds the previous lease while the next is saved).
+    Returns what the reader served, the trainer's request and its state
+    dict, by version."""
+    pytest.importorskip("transformers")
+    job = _knobs.get("job")
+    out = tmp_path / "served"
+    out.mkdir()
+    log = open(tmp_path / "infer.log", "w")
+    reader = subprocess.Popen([sys.executable, str(HERE / "weights_infer.py"), arch, str(out),
+                               str(versions)], env=_env(server.socket, job), stdout=log,
+                              stderr=subprocess.STDOUT)
+    ckpt = tmp_path / "ckpt"
+    model = tiny_model(arch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    expected, saved = {}, {}
+    tce.patch_torch([ckpt])
+    try:
+        for step in range(1, versions + 1):
+            _train_step(model, opt, step)
+            d = ckpt / ("model" if same_path else f"step{step}")
+            if step > 1:  # the reader holds version step-1 while step is saved
+                assert int(tce.status()["version_leases"]) == 1
+            model.save_pretrained(d)
+            info = weights.publish(f"step{step}", [d])
+            assert (info.version, info.tag) == (step, f"step{step}")
+            if same_path and step > 1:  # its file was saved over: no new reader gets it
+                with pytest.raises(FailedPreconditionError, match=f"version {step - 1} of job .* is gone: "
+                                   f".*model.safetensors was saved again"):
+                    weights.open(version=step - 1)
+            saved[step] = {n: t.detach().clone() for n, t in model.state_dict().items()}
+            expected[step] = request(model)
+            done = out / f"v{step}.pt"
+            until(lambda: done.exists() or reader.poll() is not None, timeout=120,
+                  what=f"the reader to serve version {step}")
+            assert done.exists(), f"the reader exited {reader.returncode}:\n" + \
+                (tmp_path / "infer.log").read_text()[-4000:]
+        assert reader.wait(60) == 0, (tmp_path / "infer.log").read_text()[-4000:]
+    finally:
+        tce.unpatch_torch()
+        if reader.poll() is None:
+            reader.kill()
+            reader.wait()
+        log.close()
+    served = {int(p.stem[1:]): torch.load(p, weights_only=False) for p in out.glob("v*.pt")}
+    return served, expected, saved
+
+
+def _check_served(served: dict[int, dict], expected: dict, model: torch.nn.Module, tied: set[str]
+                  ) -> None:
+    assert sorted(served) == sorted(expected)  # every version, none skipped
+    names = set(model.state_dict())
+    for v, got in served.items():
+        assert got["version"] == v and got["tag"] == f"step{v}"
+        assert got["paths"] and all(p.endswith(".safetensors") for p in got["paths"])
+        assert names - set(got["loaded"]) == tied, v  # every weight but the tied ones
+        logits, tokens = expected[v]
+        assert got["logits"].dtype == logits.dtype and got["logits"].shape == logits.shape
+        assert torch.equal(got["logits"], logits), f"version {v}: the logits differ"
+        assert torch.equal(got["tokens"], tokens), f"version {v}: generate() differs"
+        assert got["prev_intact"] is (None if v == 1 else True), v
+    # The versions differ: each swap changed what the reader served.
+    assert all(not torch.equal(served[v]["logits"], served[v + 1]["logits"]) for v in sorted(served)[:-1])
+
+
+@pytest.mark.slow
+def test_a_gpt2_server_swaps_in_each_version_saved_over_one_directory(server, tmp_path):
+    """save_pretrained into one directory every step: each save of
+    model.safetensors lands while the reader still leases the previous
+    version of that path, so it must go to another buffer."""
+    served, expected, _ = _serve_while_training(server, tmp_path, "gpt2", same_path=True)
+    assert {p for v in served.values() for p in v["paths"]} == {
+        str(tmp_path / "ckpt" / "model" / "model.safetensors")}
+    _check_served(served, expected, tiny_model("gpt2"), tied={"lm_head.weight"})
+
+
+@pytest.mark.slow
+def test_a_llama_server_swaps_in_each_version_saved_per_step(server, tmp_path):
+    """save_pretrained into a directory per step: every version stays
+    readable, each its own file."""
+    served, expected, saved = _serve_while_training(server, tmp_path, "llama", same_path=False)
+    for v, got in served.items():
+        assert got["paths"] == [str(tmp_path / "ckpt" / f"step{v}" / "model.safetensors")]
+    _check_served(served, expected, tiny_model("llama"), tied=set())
+    for v, sd in saved.items():  # and every version is still there to read
+        with weights.open(version=v) as w:
+            got = w.state_dict()
+            assert got.keys() == sd.keys()
+            assert all(torch.equal(got[n], sd[n]) for n in sd), v
+            del got
