@@ -157,3 +157,82 @@ def test_a_llama_server_swaps_in_each_version_saved_per_step(server, tmp_path):
             assert got.keys() == sd.keys()
             assert all(torch.equal(got[n], sd[n]) for n in sd), v
             del got
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_a_rank_killed_inside_a_save_never_publishes_it_and_readers_keep_the_previous(tmp_path):
+    """Two DeepSpeed ranks save global_step1 and global_step2 (versions 1
+    and 2); inside the save of global_step3 rank 1 stops, and is SIGKILLed
+    there while rank 0, its own files of that tag committed, waits for it in
+    the engine's commit. The tag is never recorded: version 2 stays the
+    newest, a reader waiting for a newer one is not answered, and version 2
+    reads back as rank 0 saved it, bit for bit."""
+    pytest.importorskip("deepspeed")
+    from tce import client
+    from tce.tools._ports import free_port
+    from tce.tools._server import LocalServer
+
+    srv = LocalServer(memory_budget="256MiB", state_dir=str(tmp_path / "state"),
+                      extra_args=["--memory-backing", "4k"]).start()
+    ckpt, out, job = tmp_path / "ckpt", str(tmp_path / "out"), "ds-killed"
+    port, procs, logs = free_port(), [], []
+    try:
+        for rank in range(2):
+            logs.append(open(f"{out}-{rank}.log", "w"))
+            procs.append(subprocess.Popen(
+                [sys.executable, str(HERE / "weights_ds_job.py"), str(ckpt), out, "3", "1"],
+                env=dict(_env(srv.socket, job), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                         LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                stdout=logs[-1], stderr=subprocess.STDOUT))
+
+        def text() -> str:
+            return "\n".join(Path(f"{out}-{r}.log").read_text()[-3000:] for r in range(2))
+
+        with _knobs.override(socket=srv.socket, job=job):
+            def rank0_committed_step3() -> bool:
+                return sorted(os.path.basename(f.path) for f in client.files(job, tag="global_step3")
+                              if f.rank == 0) == ["mp_rank_00_model_states.pt",
+                                                  "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+
+            until(lambda: any(p.poll() is not None for p in procs) or
+                  (os.path.exists(out + ".hang") and rank0_committed_step3()), timeout=240,
+                  what="rank 1 inside its save of global_step3, rank 0's files of it committed")
+            assert all(p.poll() is None for p in procs), text()
+            procs[1].send_signal(signal.SIGKILL)
+            assert procs[1].wait(60) == -signal.SIGKILL
+            # Rank 0 waited for rank 1 in the engine's commit: the collective fails.
+            assert procs[0].wait(60) != 0, text()
+            assert "saved step 3" not in text()
+
+            info = weights.latest()
+            assert (info.version, info.tag) == (2, "global_step2"), info
+            assert "global_step3" not in [t.tag for t in client.tags(job)]
+            with pytest.raises(DeadlineExceededError, match="newer than 2"):
+                weights.wait_newer(after=2, timeout=1)
+            saved = torch.load(f"{out}-step2.pt", weights_only=True)
+            with weights.open() as w:
+                assert w.version == 2
+                assert w.paths == [str(ckpt / "global_step2" / "mp_rank_00_model_states.pt")]
+                got = w.state_dict()
+                assert got.keys() == saved.keys()
+                assert all(torch.equal(got[n], saved[n]) for n in saved)
+                del got
+            with weights.open(version=1) as w:  # and the one before is still there too
+                got = w.state_dict()
+                step1 = torch.load(f"{out}-step1.pt", weights_only=True)
+                assert all(torch.equal(got[n], step1[n]) for n in step1)
+                assert not all(torch.equal(got[n], saved[n]) for n in saved)
+                del got
+            tce.close()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()
+        code = srv.stop()
+        srv.cleanup()
+    assert code == 0, srv.log()
+
