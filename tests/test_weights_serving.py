@@ -236,3 +236,102 @@ def test_a_rank_killed_inside_a_save_never_publishes_it_and_readers_keep_the_pre
         srv.cleanup()
     assert code == 0, srv.log()
 
+
+_FROZEN_READER = r"""
+import sys, time
+import torch
+from tce import weights
+from tce.errors import NotCachedError
+
+ready = sys.argv[1]
+w = weights.open()  # the server's lease: 2 s unless renewed
+view = w.state_dict()["w"]
+copy = view.clone()
+open(ready, "w").write(str(w.version))
+while True:  # renews until frozen; after SIGCONT the lease is gone
+    try:
+        w.renew()
+    except NotCachedError as e:
+        gone = str(e)
+        break
+    time.sleep(0.1)
+print(gone, flush=True)
+print("VIEW", torch.unique(view).tolist(), "COPY", torch.unique(copy).tolist(), flush=True)
+"""
+
+
+def test_a_frozen_reader_s_lease_runs_out_and_its_memory_comes_back(tmp_path):
+    """A reader leases version 1 of model.pt, then freezes (SIGSTOP). The
+    trainer saves model.pt again (version 2, into a new buffer: version 1's is
+    leased); a third save has no memory for it (two buffers' budget, nothing
+    on storage to evict) while the lease is renewed. Once the frozen reader's
+    lease runs out (2 s), the server drops it and destroys version 1's buffer:
+    the bytes come back to the budget and the third save succeeds (into a new
+    buffer). The reader, thawed, finds its lease gone, and its view of
+    version 1 reads zeros, never version 3's bytes (a buffer whose lease
+    expired is destroyed, never reused)."""
+    from tce.errors import CacheFullError
+    from tce.tools._server import LocalServer
+
+    n = 1 << 18  # 1 MiB of float32: a buffer a bit above it
+    srv = LocalServer(memory_budget="2700KiB", state_dir=str(tmp_path / "state"),
+                      extra_args=["--memory-backing", "4k", "--version-lease-s", "2",
+                                  "--version-lease-max-s", "2"]).start()
+    path, ready = tmp_path / "ckpt" / "model.pt", tmp_path / "ready"
+    reader = None
+    try:
+        with _knobs.override(socket=srv.socket, job="frozen", on_unavailable="raise"):
+            def stat(key: str) -> int:
+                return int(tce.status()[key])  # (uint64 fields come as strings)
+
+            tce.save({"w": torch.full((n,), 1.0)}, path, tag="v1")
+            assert weights.publish("v1", [path]).version == 1
+            one_buffer = stat("used_bytes")
+            assert stat("buffers") == 1 and 2 * one_buffer <= 2700 << 10 < 3 * one_buffer
+            reader = subprocess.Popen([sys.executable, "-c", _FROZEN_READER, str(ready)],
+                                      env=_env(srv.socket, "frozen"), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+            until(lambda: ready.exists() and ready.read_text() == "1" or reader.poll() is not None,
+                  what="the reader to lease version 1")
+            assert reader.poll() is None, reader.stdout.read()
+
+            tce.save({"w": torch.full((n,), 2.0)}, path, tag="v2")  # version 1 is leased
+            assert weights.publish("v2", [path]).version == 2
+            assert (stat("version_leases"), stat("buffers"), stat("used_bytes")) == (1, 2, 2 * one_buffer)
+            with pytest.raises(CacheFullError, match=r"cache full: need .*\(memory only: never evicted\)"
+                               r", 1\.\d+ MiB read by loads \(leased\)"):
+                tce.save({"w": torch.full((n,), 3.0)}, path, tag="v3")
+            assert stat("version_leases") == 1
+
+            reader.send_signal(signal.SIGSTOP)  # it never renews nor releases again
+            until(lambda: stat("version_leases") == 0, what="the frozen reader's lease to run out")
+            assert stat("leases") == 0
+            # Version 1's buffer is destroyed, not kept for reuse: its bytes leave the budget.
+            until(lambda: stat("used_bytes") == one_buffer, what="version 1's buffer to be freed")
+            assert (stat("cached_bytes"), stat("free_bytes")) == (one_buffer, 0)
+
+            created, reused = stat("buffers_created"), stat("buffers_reused")
+            tce.save({"w": torch.full((n,), 3.0)}, path, tag="v3")  # the memory it needs is back
+            assert (stat("buffers_created"), stat("buffers_reused")) == (created + 1, reused)
+            assert weights.publish("v3", [path]).version == 3
+            with weights.open() as w:
+                t = w.state_dict()["w"]
+                assert torch.equal(t, torch.full((n,), 3.0))
+                del t
+
+            reader.send_signal(signal.SIGCONT)
+            out, _ = reader.communicate(timeout=60)
+            assert reader.returncode == 0, out
+            gone, seen = out.strip().splitlines()[-2:]
+            assert "no version lease 1 in this session (released, expired, or never granted)" in gone
+            # Its pages went with the buffer, mapped by the frozen reader or not (that is how
+            # the memory came back), and were never reused: it reads zeros, never version 3.
+            assert seen == "VIEW [0.0] COPY [1.0]", out
+            tce.close()
+    finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait()
+        code = srv.stop()
+        srv.cleanup()
+    assert code == 0, srv.log()
