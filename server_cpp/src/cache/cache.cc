@@ -89,6 +89,8 @@ CacheStats Cache::TallyLocked() const {
   s.sessions = sessions_.size();
   s.leases = sessions_.leases();
   s.version_leases = version_leases_.size();
+  s.replica_files = replicas_.size();
+  s.version_ranges_served = version_ranges_served_;
   s.buffers_created = buffers_created_;
   s.buffers_reused = buffers_reused_;
   s.persist_queue = (persist_ ? persist_->Queued() : 0) + in_flight_.size();

@@ -97,6 +97,7 @@ class Cache : public PoolBudget,
   void CloseSession(const std::string& session) override EXCLUDES(mu_);
   std::vector<std::string> IdleSessions(std::chrono::milliseconds idle) override EXCLUDES(mu_);
   Status CheckCaller(const std::string& session, bool* admin, uid_t* uid = nullptr) override EXCLUDES(mu_);
+  Status CallerIds(const std::string& session, uid_t* uid, gid_t* gid) override EXCLUDES(mu_);
   Status Allocate(const AllocateRequest& req, AllocateResult* out) override EXCLUDES(mu_);
   Status Commit(const std::string& session, uint64_t allocation_id, std::vector<Record> records,
                 FileInfo* out, bool zip_crc32 = true) override EXCLUDES(mu_);
@@ -173,6 +174,16 @@ class Cache : public PoolBudget,
   size_t InMemoryCount(const std::string& job) override EXCLUDES(mu_);
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
+  Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait, uid_t reader,
+                        gid_t gid, TagInfo* out, uid_t* owner) override EXCLUDES(mu_);
+  Status CheckPeerVersionRead(const std::string& job, const std::string& path, uid_t reader,
+                              gid_t gid) override EXCLUDES(mu_);
+  Status AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) override EXCLUDES(mu_);
+  Status AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
+  bool HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) override
+      EXCLUDES(mu_);
+  Status StartVersionRead(const std::string& job, const std::string& path, const std::string& tag,
+                          FileInfo* out, int* fd) override EXCLUDES(mu_);
 
   // PoolBudget: pooled bytes fit in the budget beside every buffer.
   bool ReservePool(uint64_t bytes) override EXCLUDES(mu_);
@@ -269,10 +280,22 @@ class Cache : public PoolBudget,
   // SessionTable::Check, then may the session's uid read the job's
   // published versions (owner, administrator or grant)?
   Status CheckReader(const std::string& session, const std::string& job) REQUIRES(mu_);
+  // May uid/gid read the job's published versions (`admin_ok`: an
+  // administrator may)? PERMISSION_DENIED saying why.
+  Status ReaderAllowed(uid_t uid, gid_t gid, const std::string& job, bool admin_ok) REQUIRES(mu_);
+  // The file (job, path) for a reader of the version recorded as `tag`: the
+  // node's own, else a replica brought for that version; null when neither
+  // (a replica of another version is not it).
+  const FileInfo* VersionFile(const std::string& job, const std::string& path, const std::string& tag) const
+      REQUIRES(mu_);
   // Ends a version lease: its file leases are dropped; `expired` also
   // marks their buffers no_reuse.
   void EndVersionLease(uint64_t id, bool expired) REQUIRES(mu_);
   std::chrono::milliseconds LeaseLength(std::chrono::milliseconds asked) const REQUIRES(mu_);
+  // Whether `f` is the file `tag` published as `tf`: the same commit when
+  // the publication saw it here (or the replica brought for it), else one
+  // committed before it, of the same size.
+  bool IsVersionsFile(const TagInfo& tag, const TagFile& tf, const FileInfo& f) const REQUIRES(mu_);
   Status FindAllocation(const std::string& session, uint64_t id,
                         std::map<uint64_t, Allocation>::iterator* it) REQUIRES(mu_);
   void RecordFate(uint64_t id, Fate fate) REQUIRES(mu_);
@@ -382,6 +405,10 @@ class Cache : public PoolBudget,
   // (job, tag) -> the version of each of its files held here when it was
   // published: a file saved again since is not that version's any more.
   std::map<std::pair<std::string, std::string>, std::map<std::string, uint64_t>> published_ GUARDED_BY(mu_);
+  // Files of followed versions brought from other nodes: never persisted,
+  // backed up or recorded; read under version leases; evicted once unleased.
+  std::map<FileKey, FileInfo> replicas_ GUARDED_BY(mu_);
+  uint64_t version_ranges_served_ GUARDED_BY(mu_) = 0;  // StartVersionRead calls that served
   CondVar versions_cv_;  // a version was published, or waits must end
   bool versions_stopped_ GUARDED_BY(mu_) = false;
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)

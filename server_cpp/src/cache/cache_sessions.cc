@@ -68,6 +68,16 @@ Status Cache::CheckCaller(const std::string& session, bool* admin, uid_t* uid) {
   return s;
 }
 
+Status Cache::CallerIds(const std::string& session, uid_t* uid, gid_t* gid) {
+  MutexLock lock(&mu_);
+  Status s = sessions_.Check(session);
+  if (!s.ok()) return s;
+  const SessionTable::Session* sess = sessions_.Find(session);
+  *uid = sess->uid;
+  *gid = sess->gid;
+  return s;
+}
+
 void Cache::SetSessionLimits(const SessionLimits& limits) {
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);

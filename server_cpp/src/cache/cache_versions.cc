@@ -19,12 +19,16 @@ Status Cache::CheckReader(const std::string& session, const std::string& job) {
   Status s = sessions_.Check(session);
   if (!s.ok()) return s;
   const SessionTable::Session* sess = sessions_.Find(session);
+  return ReaderAllowed(sess->uid, sess->gid, job, /*admin_ok=*/true);
+}
+
+Status Cache::ReaderAllowed(uid_t uid, gid_t gid, const std::string& job, bool admin_ok) {
   uid_t owner = 0;
-  if (!owners_.Owner(job, &owner) || owner == sess->uid || owners_.IsAdmin(sess->uid)) return Status::OK();
+  if (!owners_.Owner(job, &owner) || owner == uid || (admin_ok && owners_.IsAdmin(uid))) return Status::OK();
   std::string why;
-  if (grants_.Allows(job, sess->uid, sess->gid, &why)) return Status::OK();
+  if (grants_.Allows(job, uid, gid, &why)) return Status::OK();
   uint64_t dropped = 0;
-  const std::string msg = "uid " + std::to_string(sess->uid) + " may not read the published versions of job '" +
+  const std::string msg = "uid " + std::to_string(uid) + " may not read the published versions of job '" +
                           job + "' (it belongs to uid " + std::to_string(owner) + "): " + why;
   if (refused_log_.Allow(&dropped)) TCE_LOG(kWarning, "access") << "refused: " << msg << Suppressed(dropped);
   return Status::PermissionDenied(msg);
@@ -51,6 +55,16 @@ Status Cache::GetVersion(const std::string& session, const std::string& job, uin
   }
 }
 
+bool Cache::IsVersionsFile(const TagInfo& tag, const TagFile& tf, const FileInfo& f) const {
+  if (f.size != tf.size) return false;
+  auto snapshot = published_.find({tag.job, tag.tag});
+  if (snapshot != published_.end()) {
+    auto at = snapshot->second.find(tf.path);
+    if (at != snapshot->second.end()) return at->second == f.version;
+  }
+  return f.committed_unix_ns <= tag.complete_unix_ns;
+}
+
 std::chrono::milliseconds Cache::LeaseLength(std::chrono::milliseconds asked) const {
   if (asked.count() <= 0) asked = version_lease_;
   return std::min(asked, version_lease_max_);
@@ -74,21 +88,9 @@ Status Cache::AcquireVersion(const std::string& session, const std::string& job,
   // First every check, then the leases: a refusal leaves nothing behind.
   std::vector<const FileInfo*> held;
   size_t leases = 0;
-  auto snapshot = published_.find({job, tag.tag});
-  // Whether the file here is the one the version published: the same
-  // commit when the publication saw it here, else committed before it.
-  auto published = [&](const TagFile& tf, const FileInfo& f) {
-    if (f.size != tf.size) return false;
-    if (snapshot != published_.end()) {
-      auto at = snapshot->second.find(tf.path);
-      if (at != snapshot->second.end()) return at->second == f.version;
-    }
-    return f.committed_unix_ns <= tag.complete_unix_ns;
-  };
   for (const TagFile& tf : tag.files) {
-    auto it = files_.find({job, tf.path});
-    const FileInfo* f = it == files_.end() ? nullptr : &it->second;
-    const bool same = !f || published(tf, *f);
+    const FileInfo* f = VersionFile(job, tf.path, tag.tag);
+    const bool same = !f || IsVersionsFile(tag, tf, *f);
     if (!same)
       return Status::FailedPrecondition("version " + std::to_string(tag.version) + " of job '" + job +
                                         "' is gone: " + tf.path + " was saved again after it was published"
@@ -115,10 +117,10 @@ Status Cache::AcquireVersion(const std::string& session, const std::string& job,
       ++buffers_[held[i]->buffer_id].leases;
       continue;
     }
-    auto it = files_.find({job, tf.path});
+    const FileInfo* known = VersionFile(job, tf.path, tag.tag);
     FileInfo f;
-    if (it != files_.end()) {
-      f = it->second;
+    if (known) {
+      f = *known;
       f.buffer_id = 0;
       f.capacity = 0;
     } else {

@@ -55,6 +55,7 @@ struct VersionGrant {
 struct CacheStats {
   uint64_t budget = 0, used = 0, cached = 0, pending = 0, free = 0, retiring = 0;
   uint64_t buffers = 0, files = 0, sessions = 0, leases = 0, version_leases = 0;
+  uint64_t replica_files = 0, version_ranges_served = 0;  // followed versions (docs/weights.md)
   uint64_t buffers_created = 0, buffers_reused = 0;
   uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
   uint64_t evicted_files = 0;
@@ -87,6 +88,9 @@ class ClientStore {
   // UNAUTHENTICATED for an unknown session; else whether its uid is an
   // administrator (sees everything), and its uid (`uid` may be null).
   virtual Status CheckCaller(const std::string& session, bool* admin, uid_t* uid) = 0;
+  // The session's uid and primary gid (-1: unknown); UNAUTHENTICATED for an
+  // unknown session.
+  virtual Status CallerIds(const std::string& session, uid_t* uid, gid_t* gid) = 0;
 
   virtual Status Allocate(const AllocateRequest& req, AllocateResult* out) = 0;
   // Without `zip_crc32` the zip headers keep the 0 CRCs the saver wrote.

@@ -18,6 +18,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -127,6 +128,36 @@ class RingStore {
   // until EndPeerRead(out->buffer_id). NOT_FOUND if not in memory.
   virtual Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) = 0;
   virtual void EndPeerRead(uint64_t buffer_id) = 0;
+
+  // ---- published versions for nodes that follow a job (docs/weights.md) ----
+  // For a reader of uid/gid on another node (PeerVersion): OK when it may
+  // read the job's published versions here as a local reader would (the
+  // owner, or granted; never an administrator by proxy), then the newest
+  // version above `after`, waiting up to `wait` (NOT_FOUND when none).
+  // *owner: the uid the job belongs to here.
+  virtual Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
+                                uid_t reader, gid_t gid, TagInfo* out, uid_t* owner) = 0;
+  // For such a reader's ranged read: OK when `path` is a file of one of the
+  // job's published versions here and the reader may read them.
+  virtual Status CheckPeerVersionRead(const std::string& job, const std::string& path, uid_t reader,
+                                      gid_t gid) = 0;
+  // A version of a job this node follows, as a source gave it: recorded with
+  // its number; the job belongs to `owner` here (FAILED_PRECONDITION when it
+  // belongs to another uid already) and `reader` may read its versions.
+  virtual Status AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) = 0;
+  // A file of a followed version, brought here into `mem` (from
+  // ReserveRecovery): held as a replica of that version (never persisted,
+  // backed up or recorded; evictable once no lease holds it).
+  virtual Status AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) = 0;
+  // As StartPeerRead, for a follower's reader (CheckPeerVersionRead passed):
+  // the file as the version recorded here as `tag` published it (this
+  // node's own, or the replica brought for it); NOT_FOUND when this node
+  // does not hold that version of it.
+  virtual Status StartVersionRead(const std::string& job, const std::string& path, const std::string& tag,
+                                  FileInfo* out, int* fd) = 0;
+  // Whether this node holds (job, path) in memory for the version recorded
+  // as `tag`: its own file, or a replica brought for that version.
+  virtual bool HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) = 0;
 };
 
 }  // namespace tce

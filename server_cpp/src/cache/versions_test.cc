@@ -337,3 +337,91 @@ TEST_F(VersionsTest, AFileHeldByAnotherNodeIsListedWithoutMemory) {
 
 }  // namespace
 }  // namespace tce
+
+namespace tce {
+namespace {
+
+// The source's side of a follower's questions, and the follower's replicas.
+class FollowTest : public VersionsTest {
+ protected:
+  // A buffer of the cache with `bytes` in it, as a follower's transfer fills one.
+  std::unique_ptr<Buffer> Filled(const std::string& bytes) {
+    std::unique_ptr<Buffer> mem;
+    EXPECT_TRUE(cache_.ReserveRecovery(bytes.size(), &mem).ok());
+    EXPECT_EQ(pwrite(mem->fd(), bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+    return mem;
+  }
+};
+
+TEST_F(FollowTest, APeersReaderIsCheckedAsALocalOneButNeverAsAnAdministrator) {
+  Save("s1", "/c/m.pt", 4096);
+  Publish("s1", {{0, "/c/m.pt", 4096}});
+  TagInfo t;
+  uid_t owner = 0;
+  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, std::chrono::milliseconds(0), kOwner, kOwner, &t, &owner).ok());
+  EXPECT_EQ(t.version, 1u);
+  EXPECT_EQ(owner, kOwner);
+  Status s = cache_.PeerGetVersion("job", 0, std::chrono::milliseconds(0), 0, 0, &t, &owner);
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied) << "root elsewhere is no administrator here";
+  EXPECT_EQ(cache_.PeerGetVersion("job", 1, std::chrono::milliseconds(0), kOwner, kOwner, &t, &owner).code(),
+            Status::Code::kNotFound);
+  EXPECT_EQ(cache_.PeerGetVersion("nojob", 0, std::chrono::milliseconds(0), kOwner, kOwner, &t, &owner).code(),
+            Status::Code::kNotFound);
+  EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "/c/m.pt", kOwner, kOwner).ok());
+  EXPECT_EQ(cache_.CheckPeerVersionRead("job", "/c/other.pt", kOwner, kOwner).message(),
+            "/c/other.pt is in no published version of job 'job' here");
+  EXPECT_EQ(cache_.CheckPeerVersionRead("job", "/c/m.pt", kReader, kReader).code(),
+            Status::Code::kPermissionDenied);
+  std::vector<uid_t> uids{kReader};
+  std::vector<gid_t> gids;
+  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, false).ok());
+  EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "/c/m.pt", kReader, kReader).ok());
+}
+
+TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
+  // This cache follows "fj", owned by kOwner at the source; kReader reads.
+  TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});
+  v1.complete_unix_ns = 100, v1.version = 1;
+  ASSERT_TRUE(cache_.AdoptFollowed(v1, kOwner, kReader).ok());
+  std::string reader = cache_.OpenSession(kReader, 9, kReader);
+  TagInfo got;
+  ASSERT_TRUE(cache_.GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  EXPECT_EQ(got.version, 1u);
+  EXPECT_FALSE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step1"));
+  FileInfo f;
+  f.job = "fj", f.path = "/c/w.safetensors", f.size = 5;
+  ASSERT_TRUE(cache_.AdoptReplica(f, 1, Filled("hello")).ok());
+  EXPECT_TRUE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step1"));
+  EXPECT_EQ(cache_.Stats().replica_files, 1u);
+  VersionGrant g;
+  ASSERT_TRUE(cache_.AcquireVersion(reader, "fj", 1, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_NE(g.files[0].buffer_id, 0u);
+  ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
+  // Version 2 names the same path: the replica is version 1's, not its.
+  TagInfo v2 = Tag("fj", "step2", {{0, "/c/w.safetensors", 5}});
+  v2.complete_unix_ns = 200, v2.version = 2;
+  ASSERT_TRUE(cache_.AdoptFollowed(v2, kOwner, kReader).ok());
+  EXPECT_FALSE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step2"));
+  ASSERT_TRUE(cache_.AcquireVersion(reader, "fj", 2, std::chrono::milliseconds(0), &g).ok());
+  EXPECT_EQ(g.files[0].buffer_id, 0u);
+  FileInfo out;
+  int fd = -1;
+  EXPECT_EQ(cache_.StartVersionRead("fj", "/c/w.safetensors", "step2", &out, &fd).code(),
+            Status::Code::kNotFound);
+  ASSERT_TRUE(cache_.StartVersionRead("fj", "/c/w.safetensors", "step1", &out, &fd).ok());
+  close(fd);
+  cache_.EndPeerRead(out.buffer_id);
+  // A replica of a size the version does not list, or of a version not
+  // here, is refused; the job's owner here must be the source's.
+  f.size = 6;
+  EXPECT_EQ(cache_.AdoptReplica(f, 2, Filled("hello!")).code(), Status::Code::kInvalidArgument);
+  f.size = 5;
+  EXPECT_EQ(cache_.AdoptReplica(f, 7, Filled("hello")).code(), Status::Code::kNotFound);
+  TagInfo other = Tag("job", "x", {{0, "/c/x.pt", 1}});
+  other.complete_unix_ns = 1, other.version = 1;
+  Save("s1", "/c/m.pt", 4096);  // "job" belongs to kOwner here
+  EXPECT_EQ(cache_.AdoptFollowed(other, kStranger, kReader).code(), Status::Code::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace tce

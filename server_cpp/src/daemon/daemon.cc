@@ -33,6 +33,7 @@
 #include "meta/meta_store.h"
 #include "ring/backup_store.h"
 #include "ring/link_breaker.h"
+#include "ring/version_follower.h"
 #include "ring/peer_server.h"
 #include "ring/range_reader.h"
 #include "ring/replicator.h"
@@ -141,6 +142,7 @@ class Daemon {
   // The RPC service and what serves it.
   std::unique_ptr<CacheService> service_;
   std::unique_ptr<RangeReader> ranges_;
+  std::unique_ptr<VersionFollower> follower_;  // with a ring: followed jobs' versions
   std::unique_ptr<RangeBuffers> range_buffers_;
   std::unique_ptr<MetricsServer> metrics_;
   HealthStates health_states_;
@@ -382,6 +384,15 @@ void Daemon::MakeService() {
   }
   ranges_ = std::make_unique<RangeReader>(cache_.get(), rro);
   service_->SetRangeReader(ranges_.get());
+  if (ring_) {  // following other nodes' published versions (docs/weights.md)
+    VersionFollowerOptions fo;
+    fo.self = peers_->endpoint();
+    fo.key = peer_key_;
+    fo.io_timeout = std::chrono::milliseconds(opt_.peer_timeout_ms);
+    fo.breaker = &peer_links_;
+    follower_ = std::make_unique<VersionFollower>(cache_.get(), ranges_.get(), fo);
+    service_->SetFollower(follower_.get());
+  }
   // ReadRange into the session's buffer (the fd socket hands it out), its
   // bytes within the cache's budget.
   range_buffers_ = std::make_unique<RangeBuffers>(cache_.get(), static_cast<size_t>(opt_.max_range_buffers_per_uid));
@@ -540,6 +551,7 @@ void Daemon::StopRing() {
     const size_t broken = peer_links_.BreakAll();
     TCE_LOG(kInfo, "daemon") << "stopping: broke " << broken << " link(s) to peers";
   }
+  if (follower_) follower_->Stop();  // (its links are broken: it ends at once)
   if (replicator_) replicator_->Stop();
   if (peers_) peers_->Stop();
 }

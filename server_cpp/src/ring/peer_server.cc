@@ -266,6 +266,9 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
     } else if (req.has_read_range()) {
       s = ServeReadRange(link, req.read_range());
       continue;
+    } else if (req.has_version()) {
+      s = ServeVersion(link, req.version());
+      continue;
     } else if (req.has_resync()) {
       if (cache_) cache_->ResendBackups(req.resync().job(), link->peer());
     } else {
@@ -520,6 +523,11 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
   if (s.ok()) {
     s = MayRead(held.file.job, peer, held.owner, req.has_job_uid(), req.job_uid(), &held.job_uid);
     reply.set_held(true);
+  } else if (cache_ && req.has_reader_uid()) {  // a follower's reader: a published version's file
+    s = cache_->CheckPeerVersionRead(req.job(), req.path(), req.reader_uid(),
+                                     req.has_reader_gid() ? req.reader_gid() : static_cast<gid_t>(-1));
+    if (s.ok()) s = cache_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
+    if (s.ok()) pinned = held.file.buffer_id;
   } else if (cache_) {  // this server's own file, for a member of the job's ring only
     s = MayRead(req.job(), peer, "", req.has_job_uid(), req.job_uid(), nullptr);
     if (s.ok()) s = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
@@ -558,6 +566,29 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
   if (fd >= 0) ::close(fd);
   if (pinned) cache_->EndPeerRead(pinned);
   return sent;
+}
+
+Status PeerServer::ServeVersion(PeerLink* link, const v1::PeerVersion& req) {
+  v1::PeerVersionReply reply;
+  TagInfo tag;
+  uid_t owner = 0;
+  Status s = cache_ ? ValidateName("job", req.job(), /*allow_empty=*/false, /*allow_slash=*/true)
+                    : Status::NotFound("this server holds no published versions");
+  if (s.ok()) {
+    const auto wait = std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), kMaxVersionWaitMs));
+    s = cache_->PeerGetVersion(req.job(), req.after(), wait, req.reader_uid(),
+                               req.has_reader_gid() ? req.reader_gid() : static_cast<gid_t>(-1), &tag, &owner);
+  }
+  if (s.code() == Status::Code::kPermissionDenied)
+    TCE_LOG(kWarning, "ring") << "refused the versions of job=" << req.job() << " to " << link->peer() << ": "
+                              << s.message();
+  reply.set_code(static_cast<int>(s.code()));
+  reply.set_message(s.message());
+  if (s.ok()) {
+    TagToProto(tag, reply.mutable_tag());
+    reply.set_job_uid(owner);
+  }
+  return link->Send(reply);
 }
 
 }  // namespace tce

@@ -95,6 +95,10 @@ class PeerServer {
   // A raw read gets the reply, then the bytes with sendfile. Returns the
   // link's status (not the read's: a refusal keeps the link).
   Status ServeReadRange(PeerLink* link, const v1::PeerReadRange& req);
+  // A following node's ask for the job's newest published version (held
+  // up to kMaxVersionWaitMs for one); answers with a PeerVersionReply.
+  Status ServeVersion(PeerLink* link, const v1::PeerVersion& req);
+  static constexpr uint32_t kMaxVersionWaitMs = 20000;  // well within a link's io timeout
 
   const PeerServerOptions options_;
   Transport* const transport_;

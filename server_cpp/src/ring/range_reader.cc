@@ -127,9 +127,24 @@ Status RangeReader::ReadHeld(const std::string& job, const std::string& path, ui
   return s;
 }
 
+Status RangeReader::ReadVersionFile(const std::string& peer, const std::string& job, const std::string& tag,
+                                    const std::string& path, uint64_t offset, uint64_t length, uid_t reader,
+                                    gid_t gid, unsigned char* to, uint64_t* file_size,
+                                    Clock::TimePoint deadline) {
+  RangeRead out;
+  Status s = ReadPeer(peer, job, path, offset, length, &out, to, deadline, &reader, gid, tag);
+  if (s.ok()) {
+    ++peer_reads_;
+    peer_bytes_ += length;
+    *file_size = out.file_size;
+  }
+  return s;
+}
+
 Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
                              uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to,
-                             Clock::TimePoint deadline) {
+                             Clock::TimePoint deadline, const uid_t* reader, gid_t gid,
+                             const std::string& tag) {
   v1::PeerRequest req;
   v1::PeerReadRange* r = req.mutable_read_range();
   r->set_job(job);
@@ -138,7 +153,13 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
   r->set_length(length);
   r->set_raw(true);  // the bytes after the reply, on the data path
   uid_t uid = 0;
-  if (cache_->JobUid(job, &uid)) r->set_job_uid(uid);
+  if (reader) {
+    r->set_reader_uid(*reader);
+    if (gid != static_cast<gid_t>(-1)) r->set_reader_gid(gid);
+    r->set_version_tag(tag);
+  } else if (cache_->JobUid(job, &uid)) {
+    r->set_job_uid(uid);
+  }
   v1::PeerRangeReply reply;
   std::unique_ptr<PeerLink> link;
   Status s;

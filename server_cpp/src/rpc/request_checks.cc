@@ -48,6 +48,7 @@ Status SecondsMs(const char* field, double seconds, int64_t* ms) {
 }
 
 constexpr size_t kMaxGrantIds = 1024;
+constexpr size_t kMaxFollowSources = 64;
 
 }  // namespace
 
@@ -57,8 +58,20 @@ Status CheckRequest(const v1::GetVersionRequest& r, int64_t* wait_ms) {
 }
 
 Status CheckRequest(const v1::AcquireVersionRequest& r, int64_t* lease_ms) {
-  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
-               [&] { return SecondsMs("lease_s", r.lease_s(), lease_ms); });
+  Status s = First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+                   [&] { return SecondsMs("lease_s", r.lease_s(), lease_ms); },
+                   [&] { return Count("paths", r.paths_size(), kMaxPathsPerWait); });
+  for (int i = 0; s.ok() && i < r.paths_size(); ++i) s = ValidatePath(r.paths(i), Nth("paths", i));
+  return s;
+}
+
+Status CheckRequest(const v1::FollowRequest& r) {
+  Status s = First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+                   [&] { return Count("sources", r.sources_size(), kMaxFollowSources); });
+  if (s.ok() && r.sources_size() == 0) s = Status::InvalidArgument("sources: name at least one node");
+  for (int i = 0; s.ok() && i < r.sources_size(); ++i)
+    s = ValidateText(Nth("sources", i), r.sources(i), kMaxEndpointBytes, false);
+  return s;
 }
 
 Status CheckRequest(const v1::RenewVersionRequest& r, int64_t* lease_ms) {

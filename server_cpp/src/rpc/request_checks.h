@@ -34,5 +34,6 @@ Status CheckRequest(const v1::AcquireVersionRequest& r, int64_t* lease_ms);
 Status CheckRequest(const v1::RenewVersionRequest& r, int64_t* lease_ms);
 Status CheckRequest(const v1::ReleaseVersionRequest& r);
 Status CheckRequest(const v1::GrantReadRequest& r);
+Status CheckRequest(const v1::FollowRequest& r);
 
 }  // namespace tce

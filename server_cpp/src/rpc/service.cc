@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "cache/file_state_proto.h"
 #include "cache/record_proto.h"
 #include "cache/tag_proto.h"
@@ -200,6 +202,8 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_sessions(s.sessions);
   resp->set_leases(s.leases);
   resp->set_version_leases(s.version_leases);
+  resp->set_replica_files(s.replica_files);
+  resp->set_version_ranges_served(s.version_ranges_served);
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
@@ -348,14 +352,38 @@ grpc::Status CacheService::GetVersion(grpc::ServerContext* ctx, const v1::GetVer
   return ToGrpc(s);
 }
 
-grpc::Status CacheService::AcquireVersion(grpc::ServerContext*, const v1::AcquireVersionRequest* req,
+grpc::Status CacheService::AcquireVersion(grpc::ServerContext* ctx, const v1::AcquireVersionRequest* req,
                                           v1::AcquireVersionResponse* resp) {
   int64_t lease_ms = 0;
   if (tce::Status bad = CheckRequest(*req, &lease_ms); !bad.ok()) return ToGrpc(bad);
+  const auto lease = std::chrono::milliseconds(lease_ms);
   VersionGrant g;
-  tce::Status s = cache_->AcquireVersion(req->session(), req->job(), req->version(),
-                                         std::chrono::milliseconds(lease_ms), &g);
+  tce::Status s = cache_->AcquireVersion(req->session(), req->job(), req->version(), lease, &g);
   if (!s.ok()) return ToGrpc(s);
+  // A followed job: the files asked for that are not here come from the
+  // sources first, then the version is leased again with them.
+  std::vector<std::string> missing;
+  for (const std::string& path : req->paths()) {
+    auto f = std::find_if(g.files.begin(), g.files.end(), [&](const FileInfo& x) { return x.path == path; });
+    if (f != g.files.end() && f->buffer_id == 0) missing.push_back(path);
+  }
+  if (!missing.empty() && follower_ && follower_->Follows(req->job())) {
+    uid_t uid = 0;
+    gid_t gid = 0;
+    s = cache_->CallerIds(req->session(), &uid, &gid);
+    CallLimiter::Slot slot;  // held while it waits on the sources
+    if (s.ok()) s = AdmitPeerCall(req->session(), &slot);
+    if (s.ok()) s = follower_->Fetch(g.tag, missing, uid, gid, AnswerBy(ctx, clock_));
+    const uint64_t version = g.tag.version;
+    tce::Status released = cache_->ReleaseVersion(req->session(), g.lease_id);
+    if (!s.ok()) return ToGrpc(s);
+    if (!released.ok()) return ToGrpc(released);
+    std::vector<uint64_t> unmap = std::move(g.unmap_buffer_ids);
+    g = VersionGrant();
+    s = cache_->AcquireVersion(req->session(), req->job(), version, lease, &g);
+    if (!s.ok()) return ToGrpc(s);
+    g.unmap_buffer_ids.insert(g.unmap_buffer_ids.begin(), unmap.begin(), unmap.end());
+  }
   ToProto(g.tag, resp->mutable_tag());
   resp->set_lease_id(g.lease_id);
   resp->set_lease_s(g.lease.count() / 1000.0);
@@ -391,6 +419,22 @@ grpc::Status CacheService::GrantRead(grpc::ServerContext*, const v1::GrantReadRe
   for (uid_t u : uids) resp->add_uids(u);
   for (gid_t g : gids) resp->add_gids(g);
   return grpc::Status::OK;
+}
+
+grpc::Status CacheService::Follow(grpc::ServerContext*, const v1::FollowRequest* req, v1::FollowResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
+  if (!follower_)
+    return ToGrpc(tce::Status::FailedPrecondition(
+        "this server takes part in no ring: start it with peer_listen and a peer token to follow a job"));
+  uid_t uid = 0;
+  gid_t gid = 0;
+  tce::Status s = cache_->CallerIds(req->session(), &uid, &gid);
+  CallLimiter::Slot slot;
+  if (s.ok()) s = AdmitPeerCall(req->session(), &slot);
+  TagInfo newest;
+  if (s.ok()) s = follower_->Follow(req->job(), {req->sources().begin(), req->sources().end()}, uid, gid, &newest);
+  if (s.ok() && newest.version) ToProto(newest, resp->mutable_newest());
+  return ToGrpc(s);
 }
 
 }  // namespace tce

@@ -29,6 +29,7 @@
 #include "ring/backup_store.h"
 #include "ring/range_reader.h"
 #include "ring/ring_fetch.h"
+#include "ring/version_follower.h"
 #include "tce/v1/tce.grpc.pb.h"
 
 namespace tce {
@@ -66,6 +67,10 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status ReleaseVersion(grpc::ServerContext*, const v1::ReleaseVersionRequest*,
                               v1::ReleaseVersionResponse*) override;
   grpc::Status GrantRead(grpc::ServerContext*, const v1::GrantReadRequest*, v1::GrantReadResponse*) override;
+  // Follow (and AcquireVersion of a followed job's files) need the node's
+  // follower (set before serving; without it Follow is FAILED_PRECONDITION).
+  grpc::Status Follow(grpc::ServerContext*, const v1::FollowRequest*, v1::FollowResponse*) override;
+  void SetFollower(VersionFollower* follower) { follower_ = follower; }
 
   // The ring's part (set before serving): a load that misses asks the ring
   // through `fetch` (ring/ring_fetch.h); `transport` is shown in Status.
@@ -104,6 +109,7 @@ class CacheService final : public v1::Cache::Service {
   RingFetch* ring_fetch_ = nullptr;
   RangeReader* ranges_ = nullptr;
   RangeBuffers* range_buffers_ = nullptr;
+  VersionFollower* follower_ = nullptr;
   std::string ring_transport_;
   std::string metrics_endpoint_, health_endpoint_;
   // A refusal of `session` (or its uid's place in *slot): may its call wait

@@ -1,0 +1,150 @@
+// Cache: published versions across nodes (docs/weights.md). The side of a
+// node whose versions others follow (a peer's reader, checked as a local
+// one), and the side of a node that follows them (the versions it learns,
+// the replicas of their files it is brought).
+#include <algorithm>
+
+#include "cache/cache.h"
+#include "common/logging.h"
+#include "common/validate.h"
+
+namespace tce {
+
+const FileInfo* Cache::VersionFile(const std::string& job, const std::string& path,
+                                   const std::string& tag) const {
+  auto own = files_.find({job, path});
+  if (own != files_.end()) return &own->second;
+  auto replica = replicas_.find({job, path});
+  if (replica == replicas_.end()) return nullptr;
+  auto snapshot = published_.find({job, tag});
+  if (snapshot == published_.end()) return nullptr;
+  auto at = snapshot->second.find(path);
+  return at != snapshot->second.end() && at->second == replica->second.version ? &replica->second : nullptr;
+}
+
+Status Cache::PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
+                             uid_t reader, gid_t gid, TagInfo* out, uid_t* owner) {
+  MutexLock lock(&mu_);
+  const Clock::TimePoint deadline = clock_->Now() + wait;
+  for (;;) {
+    if (!owners_.Owner(job, owner))
+      return Status::NotFound("job '" + job + "' has no published version here");
+    Status s = ReaderAllowed(reader, gid, job, /*admin_ok=*/false);
+    if (!s.ok()) return s;
+    if (tags_.Newest(job, after, out)) return Status::OK();
+    if (versions_stopped_) return Status::Unavailable("the server is shutting down");
+    if (clock_->Now() >= deadline)
+      return Status::NotFound("job '" + job + "' has no version newer than " + std::to_string(after) + " here");
+    clock_->WaitUntil(&versions_cv_, &mu_, deadline);
+  }
+}
+
+Status Cache::CheckPeerVersionRead(const std::string& job, const std::string& path, uid_t reader, gid_t gid) {
+  MutexLock lock(&mu_);
+  uid_t owner = 0;
+  if (!owners_.Owner(job, &owner)) return Status::NotFound("job '" + job + "' has no published version here");
+  Status s = ReaderAllowed(reader, gid, job, /*admin_ok=*/false);
+  if (!s.ok()) return s;
+  for (const TagInfo& t : tags_.List(job))
+    for (const TagFile& f : t.files)
+      if (f.path == path) return Status::OK();
+  return Status::PermissionDenied(path + " is in no published version of job '" + job + "' here");
+}
+
+Status Cache::AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) {
+  Status s = ValidateName("job", tag.job, /*allow_empty=*/false, /*allow_slash=*/true);
+  if (s.ok()) {
+    const std::string why = TagRegistry::Check(&tag);
+    if (!why.empty()) s = Status::InvalidArgument("the source's version: " + why);
+  }
+  if (s.ok() && tag.version == 0) s = Status::InvalidArgument("the source's tag " + tag.tag + " has no version");
+  if (!s.ok()) return s;
+  MutexLock lock(&mu_);
+  uid_t here = 0;
+  if (owners_.Owner(tag.job, &here) && here != owner)
+    return Status::FailedPrecondition("job '" + tag.job + "' belongs to uid " + std::to_string(here) +
+                                      " here, to uid " + std::to_string(owner) + " on the source");
+  owners_.Restore(tag.job, owner);
+  if (reader != owner) grants_.Change(tag.job, ReadGrants::Ids{{reader}, {}}, /*revoke=*/false);
+  TagInfo known;
+  if (tags_.FindVersion(tag.job, tag.version, &known) && known.tag == tag.tag) return Status::OK();
+  const std::string job = tag.job, name = tag.tag;
+  const uint64_t version = tag.version;
+  if (!tags_.Adopt(std::move(tag))) return Status::OK();  // a newer record of that tag is here
+  TagInfo recorded;
+  if (tags_.Find(job, name, &recorded) && recorded.version != version)
+    TCE_LOG(kWarning, "weights") << "followed job=" << job << " tag=" << name << ": version " << version
+                                 << " is numbered " << recorded.version << " here";
+  published_.erase({job, name});  // its files here are the replicas brought for it
+  TCE_LOG(kInfo, "weights") << "followed job=" << job << " tag=" << name << " version=" << recorded.version;
+  versions_cv_.SignalAll();
+  return Status::OK();
+}
+
+Status Cache::AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) {
+  MutexLock lock(&mu_);
+  reserved_ -= mem->capacity();
+  TagInfo tag;
+  if (!tags_.FindVersion(f.job, tag_version, &tag))
+    return Status::NotFound("version " + std::to_string(tag_version) + " of job '" + f.job + "' is gone here");
+  auto listed = std::find_if(tag.files.begin(), tag.files.end(), [&](const TagFile& t) { return t.path == f.path; });
+  if (listed == tag.files.end() || listed->size != f.size)
+    return Status::InvalidArgument(f.path + " (" + std::to_string(f.size) + " bytes) is not a file of version " +
+                                   std::to_string(tag_version) + " of job '" + f.job + "'");
+  if (files_.count({f.job, f.path}))
+    return Status::FailedPrecondition(f.path + " is this node's own file of job '" + f.job + "'");
+  uid_t owner = 0;
+  owners_.Owner(f.job, &owner);
+  const uint64_t id = mem->id();
+  Buf& buf = buffers_[id];
+  buf.id = id;
+  buf.capacity = mem->capacity();
+  buf.mem = std::move(mem);
+  buf.state = BufState::kCached;
+  buf.uid = owner;
+  used_ += buf.capacity;
+  ++buffers_created_;
+  auto old = replicas_.find({f.job, f.path});
+  if (old != replicas_.end()) ReleaseBuffer(old->second.buffer_id);
+  f.buffer_id = id;
+  f.capacity = buf.capacity;
+  f.state = FileState::kCached;
+  f.tag = tag.tag;
+  f.rank = listed->rank;
+  f.owner_uid = owner;
+  f.version = next_allocation_id_++;
+  f.committed_unix_ns = clock_->UnixNowNs();
+  published_[{f.job, tag.tag}][f.path] = f.version;
+  TCE_LOG(kInfo, "weights") << "replica job=" << f.job << " version=" << tag_version << " path=" << f.path
+                            << " size=" << f.size << " buffer=" << id;
+  replicas_[{f.job, f.path}] = std::move(f);
+  return Status::OK();
+}
+
+Status Cache::StartVersionRead(const std::string& job, const std::string& path, const std::string& tag,
+                               FileInfo* out, int* fd) {
+  MutexLock lock(&mu_);
+  TagInfo t;
+  if (!tags_.Find(job, tag, &t)) return Status::NotFound("no tag " + tag + " of job '" + job + "' here");
+  auto tf = std::find_if(t.files.begin(), t.files.end(), [&](const TagFile& x) { return x.path == path; });
+  const FileInfo* f = tf == t.files.end() ? nullptr : VersionFile(job, path, tag);
+  if (!f || !IsVersionsFile(t, *tf, *f) || f->buffer_id == 0 || f->state == FileState::kPending ||
+      f->state == FileState::kEvicted || f->state == FileState::kDiscarded)
+    return Status::NotFound(path + " of " + tag + " is not in this server's memory");
+  Buf& buf = buffers_[f->buffer_id];
+  Status s = buf.mem->NewFd(/*writable=*/false, fd);
+  if (!s.ok()) return s;
+  ++buf.pins;  // not reused until EndPeerRead
+  *out = *f;
+  ++version_ranges_served_;
+  return Status::OK();
+}
+
+bool Cache::HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) {
+  MutexLock lock(&mu_);
+  const FileInfo* f = VersionFile(job, path, tag);
+  return f && f->buffer_id != 0 && f->state != FileState::kEvicted && f->state != FileState::kDiscarded &&
+         f->state != FileState::kPending;
+}
+
+}  // namespace tce

@@ -1,0 +1,234 @@
+#include "ring/version_follower.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+
+#include "cache/tag_proto.h"
+#include "common/logging.h"
+#include "common/validate.h"
+#include "ring/peer_link.h"
+#include "ring/range_read.h"
+#include "tce/v1/tce.pb.h"
+
+namespace tce {
+
+VersionFollower::VersionFollower(RingStore* cache, RangeReader* ranges, VersionFollowerOptions options)
+    : cache_(cache), ranges_(ranges), options_(std::move(options)) {}
+
+VersionFollower::~VersionFollower() { Stop(); }
+
+void VersionFollower::Stop() {
+  std::vector<std::thread> watchers;
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+    changed_.SignalAll();
+    for (auto& [job, j] : jobs_)
+      if (j.watcher.joinable()) watchers.push_back(std::move(j.watcher));
+  }
+  for (std::thread& t : watchers) t.join();  // each ends with its question (the breaker cuts it)
+}
+
+bool VersionFollower::Follows(const std::string& job) {
+  MutexLock lock(&mu_);
+  return jobs_.count(job) != 0;
+}
+
+Status VersionFollower::Ask(const std::string& source, const std::string& job, uint64_t after,
+                            std::chrono::milliseconds hold, uid_t uid, gid_t gid, TagInfo* out, uid_t* owner) {
+  std::unique_ptr<PeerLink> link;
+  Status s = PeerLink::Connect(source, options_.self, options_.key, options_.io_timeout, &link, options_.breaker);
+  if (!s.ok()) return Status::Unavailable(source + ": " + s.message());
+  v1::PeerRequest req;
+  v1::PeerVersion* v = req.mutable_version();
+  v->set_job(job);
+  v->set_after(after);
+  v->set_wait_ms(static_cast<uint32_t>(hold.count()));
+  v->set_reader_uid(uid);
+  if (gid != static_cast<gid_t>(-1)) v->set_reader_gid(gid);
+  v1::PeerVersionReply reply;
+  s = link->Send(req);
+  if (s.ok()) s = link->Recv(&reply);
+  if (!s.ok()) return Status::Unavailable(source + ": " + s.message());
+  if (reply.code() != 0) {
+    const auto code = static_cast<Status::Code>(reply.code());
+    const bool known = code == Status::Code::kNotFound || code == Status::Code::kPermissionDenied;
+    return Status::FromCode(known ? code : Status::Code::kUnavailable, source + ": " + reply.message().substr(0, 1024));
+  }
+  s = CheckTag(reply.tag(), "tag");  // a peer's tag: hostile until checked
+  if (!s.ok()) return Status::DataLoss(source + " sent a bad version: " + s.message());
+  *out = TagFromProto(reply.tag());
+  *owner = reply.job_uid();
+  if (out->job != job || out->version <= after)
+    return Status::DataLoss(source + " answered with version " + std::to_string(out->version) + " of job '" +
+                            out->job + "' for a version of job '" + job + "' above " + std::to_string(after));
+  return Status::OK();
+}
+
+Status VersionFollower::Follow(const std::string& job, std::vector<std::string> sources, uid_t uid, gid_t gid,
+                               TagInfo* newest) {
+  if (sources.empty()) return Status::InvalidArgument("name the nodes to follow job '" + job + "' from");
+  // The sources decide whether this reader may read the job's versions.
+  Status last = Status::Unavailable("no source answered");
+  bool allowed = false;
+  *newest = TagInfo();
+  for (const std::string& source : sources) {
+    TagInfo tag;
+    uid_t owner = 0;
+    Status s = Ask(source, job, 0, std::chrono::milliseconds(0), uid, gid, &tag, &owner);
+    if (s.code() == Status::Code::kPermissionDenied) return s;
+    if (s.ok()) {
+      s = cache_->AdoptFollowed(tag, owner, uid);
+      if (!s.ok()) return s;
+      *newest = tag;
+      allowed = true;
+      break;
+    }
+    if (s.code() == Status::Code::kNotFound) {  // nothing published there yet (or not that job)
+      last = s;
+      continue;
+    }
+    last = s;
+  }
+  if (!allowed && last.code() != Status::Code::kNotFound) return last;
+  MutexLock lock(&mu_);
+  if (stopping_) return Status::Unavailable("the server is shutting down");
+  auto it = jobs_.find(job);
+  if (it != jobs_.end()) {
+    for (std::string& s : sources)
+      if (std::find(it->second.sources.begin(), it->second.sources.end(), s) == it->second.sources.end())
+        it->second.sources.push_back(std::move(s));
+    it->second.newest = std::max(it->second.newest, newest->version);
+    return Status::OK();
+  }
+  if (jobs_.size() >= options_.max_jobs)
+    return Status::ResourceExhausted("this server follows " + std::to_string(jobs_.size()) + " jobs already");
+  Job& j = jobs_[job];
+  j.sources = std::move(sources);
+  j.uid = uid;
+  j.gid = gid;
+  j.newest = newest->version;
+  j.watcher = std::thread(&VersionFollower::Watch, this, job);
+  TCE_LOG(kInfo, "weights") << "following job=" << job << " from " << j.sources.size() << " source(s) as uid "
+                            << uid << "; newest version " << newest->version;
+  return Status::OK();
+}
+
+void VersionFollower::Watch(std::string job) {
+  for (;;) {
+    std::vector<std::string> sources;
+    uint64_t after = 0;
+    uid_t uid = 0;
+    gid_t gid = 0;
+    {
+      MutexLock lock(&mu_);
+      if (stopping_) return;
+      const Job& j = jobs_[job];
+      sources = j.sources;
+      after = j.newest;
+      uid = j.uid;
+      gid = j.gid;
+    }
+    Status s = Status::Unavailable("no source");
+    for (const std::string& source : sources) {
+      TagInfo tag;
+      uid_t owner = 0;
+      s = Ask(source, job, after, options_.hold, uid, gid, &tag, &owner);
+      if (s.code() == Status::Code::kNotFound) break;  // none newer yet: ask again
+      if (!s.ok()) continue;
+      s = cache_->AdoptFollowed(tag, owner, uid);
+      if (s.ok()) {
+        MutexLock lock(&mu_);
+        jobs_[job].newest = std::max(jobs_[job].newest, tag.version);
+      }
+      break;
+    }
+    if (s.ok() || s.code() == Status::Code::kNotFound) continue;
+    TCE_LOG(kWarning, "weights") << "following job=" << job << ": " << s.ToString();
+    MutexLock lock(&mu_);
+    if (!stopping_) options_.clock->WaitUntil(&changed_, &mu_, options_.clock->Now() + options_.retry);
+  }
+}
+
+Status VersionFollower::Fetch(const TagInfo& tag, const std::vector<std::string>& paths, uid_t uid, gid_t gid,
+                              Clock::TimePoint deadline) {
+  std::vector<std::string> sources;
+  {
+    MutexLock lock(&mu_);
+    auto it = jobs_.find(tag.job);
+    if (it == jobs_.end()) return Status::OK();  // not followed: its files are this node's own
+    sources = it->second.sources;
+  }
+  for (const std::string& path : paths) {
+    auto file = std::find_if(tag.files.begin(), tag.files.end(), [&](const TagFile& f) { return f.path == path; });
+    if (file == tag.files.end())
+      return Status::InvalidArgument(path + " is not a file of version " + std::to_string(tag.version) +
+                                     " of job '" + tag.job + "'");
+    const std::pair<std::string, std::string> key{tag.job, path};
+    {
+      MutexLock lock(&mu_);
+      while (fetching_.count(key) && !stopping_) changed_.Wait(&mu_);  // another reader brings it
+      if (stopping_) return Status::Unavailable("the server is shutting down");
+      if (cache_->HoldsInMemory(tag.job, path, tag.tag)) continue;
+      fetching_.insert(key);
+    }
+    Status s = FetchFile(tag, *file, sources, uid, gid, deadline);
+    {
+      MutexLock lock(&mu_);
+      fetching_.erase(key);
+      changed_.SignalAll();
+    }
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
+Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources,
+                                  uid_t uid, gid_t gid, Clock::TimePoint deadline) {
+  std::unique_ptr<Buffer> mem;
+  Status s = cache_->ReserveRecovery(file.size, &mem);
+  if (!s.ok()) return s;
+  void* map = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
+  if (map == MAP_FAILED) {
+    cache_->AbandonRecovery(std::move(mem));
+    return Status::Internal("mmap of a new buffer failed");
+  }
+  auto* to = static_cast<unsigned char*>(map);
+  uint64_t done = 0;
+  std::string why;
+  for (size_t i = 0; i < sources.size() && done < file.size; ++i) {
+    const std::string& source = sources[i];
+    while (done < file.size) {
+      if (options_.clock->Now() >= deadline) {
+        why += "; the call's deadline passed";
+        break;
+      }
+      const uint64_t n = std::min<uint64_t>(kMaxRangeLength, file.size - done);
+      uint64_t size = 0;
+      s = ranges_->ReadVersionFile(source, tag.job, tag.tag, file.path, done, n, uid, gid, to + done, &size,
+                                   deadline);
+      if (s.ok() && size != file.size)
+        s = Status::DataLoss(source + " holds " + std::to_string(size) + " bytes of " + file.path +
+                             ", the version " + std::to_string(file.size));
+      if (!s.ok()) {
+        why += (why.empty() ? "" : "; ") + s.message();
+        break;  // the next source gives the rest
+      }
+      done += n;
+    }
+  }
+  munmap(map, mem->capacity());
+  if (done < file.size) {
+    cache_->AbandonRecovery(std::move(mem));
+    return Status::Unavailable("no source gave " + file.path + " of version " + std::to_string(tag.version) +
+                               " of job '" + tag.job + "': " + why);
+  }
+  FileInfo f;
+  f.job = tag.job;
+  f.path = file.path;
+  f.size = file.size;
+  return cache_->AdoptReplica(std::move(f), tag.version, std::move(mem));
+}
+
+}  // namespace tce

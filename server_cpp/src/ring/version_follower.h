@@ -1,0 +1,111 @@
+// VersionFollower: this node's side of following a job whose versions are
+// published on other nodes (docs/weights.md): an inference node learns each
+// new version of a trainer's job from the job's nodes, and brings the files
+// its readers ask for into its own cache, once each, from those nodes.
+//
+// A local reader asks to follow a job (Follow) naming the sources (peer
+// endpoints, asked in order). The first source that answers checks that the
+// reader's uid/gid may read the job's versions there (PeerVersion), exactly
+// as a local reader there is checked; the version it names is recorded here
+// (RingStore::AdoptFollowed) and one watcher thread per job then asks the
+// sources for each newer version, holding the question open at the source
+// (no polling), and records each one as it comes. Readers here wait for,
+// lease and read versions as they would on the trainer's node.
+//
+// A version's files are brought on demand (Fetch, from AcquireVersion): each
+// file this node does not hold is read from the first source that gives it
+// in ranges of at most kMaxRangeLength, each checked against its CRC-32, into
+// a buffer of the cache, and kept as a replica (never persisted or backed
+// up; evictable once unleased). Concurrent readers asking for the same file
+// wait for the one transfer. A source that fails mid-file is left for the
+// next, which gives the rest.
+//
+// Trust: sources are authenticated peers (the cluster token); what they say
+// is checked here (names, the version's file list and sizes, every byte's
+// CRC). Thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "cache/ring_store.h"
+#include "common/clock.h"
+#include "common/mutex.h"
+#include "common/status.h"
+#include "ring/link_breaker.h"
+#include "ring/peer_key.h"
+#include "ring/range_reader.h"
+
+namespace tce {
+
+struct VersionFollowerOptions {
+  std::string self;  // our advertised peer endpoint
+  PeerKey key;       // the cluster token (and this node's certificate)
+  std::chrono::milliseconds io_timeout{30000};
+  // How long a watcher's question stays open at a source (at most the
+  // source's PeerServer::kMaxVersionWaitMs), and the pause after a failure.
+  std::chrono::milliseconds hold{15000};
+  std::chrono::milliseconds retry{1000};
+  size_t max_jobs = 64;  // jobs followed at once
+  LinkBreaker* breaker = nullptr;
+  Clock* clock = Clock::Real();
+};
+
+class VersionFollower {
+ public:
+  VersionFollower(RingStore* cache, RangeReader* ranges, VersionFollowerOptions options);
+  ~VersionFollower();  // Stop()
+
+  // Follows `job` for a reader of uid/gid: the first source that answers
+  // says whether it may read the job's versions (PERMISSION_DENIED with the
+  // source's reason) and gives the newest (*newest: version 0 when it has
+  // none yet). Later calls for the job add their reader and sources.
+  Status Follow(const std::string& job, std::vector<std::string> sources, uid_t uid, gid_t gid,
+                TagInfo* newest) EXCLUDES(mu_);
+  bool Follows(const std::string& job) EXCLUDES(mu_);
+  // Brings `paths` (files of `tag`, a version of a followed job) here,
+  // those this node does not hold, for the reader uid/gid. Returns once
+  // each is here, or the first failure (naming the file and the sources'
+  // reasons); `deadline` bounds the asking of sources.
+  Status Fetch(const TagInfo& tag, const std::vector<std::string>& paths, uid_t uid, gid_t gid,
+               Clock::TimePoint deadline) EXCLUDES(mu_);
+  // Ends the watchers (and the transfers, through the breaker).
+  void Stop() EXCLUDES(mu_);
+
+ private:
+  struct Job {
+    std::vector<std::string> sources;
+    uid_t uid = 0;  // the reader the watcher asks as
+    gid_t gid = static_cast<gid_t>(-1);
+    uint64_t newest = 0;
+    std::thread watcher;
+  };
+  // One PeerVersion to `source`.
+  Status Ask(const std::string& source, const std::string& job, uint64_t after,
+             std::chrono::milliseconds hold, uid_t uid, gid_t gid, TagInfo* out, uid_t* owner);
+  void Watch(std::string job) EXCLUDES(mu_);
+  // One file, from the sources in order.
+  Status FetchFile(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources,
+                   uid_t uid, gid_t gid, Clock::TimePoint deadline);
+
+  RingStore* const cache_;
+  RangeReader* const ranges_;
+  const VersionFollowerOptions options_;
+  Mutex mu_;
+  CondVar changed_;  // a transfer ended, or the follower stops
+  bool stopping_ GUARDED_BY(mu_) = false;
+  std::map<std::string, Job> jobs_ GUARDED_BY(mu_);
+  std::set<std::pair<std::string, std::string>> fetching_ GUARDED_BY(mu_);  // (job, path) in transfer
+};
+
+}  // namespace tce
