@@ -60,7 +60,7 @@ from tce.errors import (
     NotCachedError,
 )
 
-__all__ = ["Region", "Shard", "VersionInfo", "Weights", "grant", "latest", "open", "part",
+__all__ = ["Region", "Shard", "VersionInfo", "Weights", "follow", "grant", "latest", "open", "part",
            "publish", "revoke", "wait_newer", "weight_entries", "weight_files"]
 
 log = logging.getLogger("tce.weights")
@@ -131,6 +131,32 @@ def _committed(f: Any) -> bool:
     return f.state not in (pb.FILE_STATE_PENDING, pb.FILE_STATE_DISCARDED)
 
 
+def follow(job: str | None = None, *, sources: Iterable[str]) -> VersionInfo | None:
+    """Follow a job whose versions are published on other nodes, from this
+    node (an inference node following a trainer's job).
+
+    This node's server learns each new version from ``sources`` (the peer
+    endpoints, ``host:port``, of nodes that publish or hold the job's
+    versions, asked in order: for a chain of inference nodes, the previous
+    node first), as this process's user, whom the sources check as they
+    check a local reader (the job's owner, or granted read there). Then
+    :func:`latest`, :func:`wait_newer` and :func:`open` work here as on the
+    trainer's node; :func:`open` brings the version's weight files from the
+    sources when this node does not hold them, once for all its readers.
+    Needs a server that takes part in rings (``peer_listen``). Returns the
+    newest version the sources have, or None.
+
+    Raises:
+        PermissionDeniedError: the source refused this user (its reason).
+        FailedPreconditionError: this server has no peer port, or the job
+            belongs to another user here.
+    """
+    job = _service.job_or_default(job)
+    srcs = list(sources)
+    newest = with_client(lambda c: c.follow(job, srcs))
+    return None if newest is None else _info(newest)
+
+
 def latest(job: str | None = None) -> VersionInfo | None:
     """The job's newest published version, or None when it has none."""
     job = _service.job_or_default(job)
@@ -196,6 +222,14 @@ def open(job: str | None = None, version: int = 0, *, lease_s: float | None = No
     job = _service.job_or_default(job)
     c = _service.client()
     resp = c.acquire_version(job, version, lease_s=lease_s or 0.0)
+    held = {f.path for f in resp.files if f.buffer_id}
+    paths = [f.path for f in resp.files]
+    wanted = [p for p in paths if files(p)] if files else weight_files(paths)
+    if any(p not in held for p in wanted):
+        # Not all here: a followed job's server brings them from the nodes
+        # that hold them (for another job this changes nothing: storage).
+        c.release_version(resp.lease_id)
+        resp = c.acquire_version(job, resp.tag.version, lease_s=lease_s or 0.0, paths=wanted)
     return Weights(c, resp, files, entries)
 
 

@@ -33,13 +33,15 @@ class VersionCalls:
         return self._call("GetVersion", request,
                           timeout=None if timeout <= 0 else timeout + 30).tag
 
-    def acquire_version(self, job: str, version: int = 0, *,
-                        lease_s: float = 0.0) -> pb.AcquireVersionResponse:
+    def acquire_version(self, job: str, version: int = 0, *, lease_s: float = 0.0,
+                        paths: list[str] | None = None) -> pb.AcquireVersionResponse:
         """A lease on a version (0: the newest): its files, with a buffer id
-        for each one held in this server's memory."""
+        for each one held in this server's memory. ``paths``: of a followed
+        job, the files to bring here first when this node lacks them."""
         self._flush()
         resp = self._call("AcquireVersion", pb.AcquireVersionRequest(
-            session=self.session, job=job, version=version, lease_s=lease_s))
+            session=self.session, job=job, version=version, lease_s=lease_s, paths=paths or []),
+            timeout=None if paths else -1.0)
         self._unmap(resp.unmap_buffer_ids)
         return resp
 
@@ -79,6 +81,12 @@ class VersionCalls:
         with self._lock:
             self._kept[buffer_id] = m
         return m
+
+    def follow(self, job: str, sources: list[str]) -> pb.TagInfo | None:
+        """Follow a job published on other nodes (their peer endpoints): the
+        newest version they have, or None."""
+        resp = self._call("Follow", pb.FollowRequest(session=self.session, job=job, sources=sources))
+        return resp.newest if resp.HasField("newest") else None
 
     def grant_read(self, job: str, uids: list[int], gids: list[int], *,
                    revoke: bool = False) -> pb.GrantReadResponse:
