@@ -182,6 +182,10 @@ class Cache : public PoolBudget,
   Status AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
   bool HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) override
       EXCLUDES(mu_);
+  void NoteVersionRangeServed() override EXCLUDES(mu_);
+  bool VersionTag(const std::string& job, const std::string& tag, TagInfo* out) override {
+    return tags_.Find(job, tag, out);
+  }
   Status StartVersionRead(const std::string& job, const std::string& path, const std::string& tag,
                           FileInfo* out, int* fd) override EXCLUDES(mu_);
 
@@ -408,7 +412,7 @@ class Cache : public PoolBudget,
   // Files of followed versions brought from other nodes: never persisted,
   // backed up or recorded; read under version leases; evicted once unleased.
   std::map<FileKey, FileInfo> replicas_ GUARDED_BY(mu_);
-  uint64_t version_ranges_served_ GUARDED_BY(mu_) = 0;  // StartVersionRead calls that served
+  uint64_t version_ranges_served_ GUARDED_BY(mu_) = 0;  // following nodes' ranged reads served
   CondVar versions_cv_;  // a version was published, or waits must end
   bool versions_stopped_ GUARDED_BY(mu_) = false;
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)

@@ -136,8 +136,12 @@ Status Cache::StartVersionRead(const std::string& job, const std::string& path, 
   if (!s.ok()) return s;
   ++buf.pins;  // not reused until EndPeerRead
   *out = *f;
-  ++version_ranges_served_;
   return Status::OK();
+}
+
+void Cache::NoteVersionRangeServed() {
+  MutexLock lock(&mu_);
+  ++version_ranges_served_;
 }
 
 bool Cache::HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) {

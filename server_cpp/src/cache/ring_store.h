@@ -155,6 +155,11 @@ class RingStore {
   // does not hold that version of it.
   virtual Status StartVersionRead(const std::string& job, const std::string& path, const std::string& tag,
                                   FileInfo* out, int* fd) = 0;
+  // A following node's ranged read of a version was served (from memory or
+  // a transfer in flight here): counted for Status.
+  virtual void NoteVersionRangeServed() = 0;
+  // The version recorded here as (job, tag); false when none.
+  virtual bool VersionTag(const std::string& job, const std::string& tag, TagInfo* out) = 0;
   // Whether this node holds (job, path) in memory for the version recorded
   // as `tag`: its own file, or a replica brought for that version.
   virtual bool HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) = 0;

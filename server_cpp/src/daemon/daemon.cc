@@ -392,6 +392,7 @@ void Daemon::MakeService() {
     fo.breaker = &peer_links_;
     follower_ = std::make_unique<VersionFollower>(cache_.get(), ranges_.get(), fo);
     service_->SetFollower(follower_.get());
+    peers_->SetFollower(follower_.get());
   }
   // ReadRange into the session's buffer (the fd socket hands it out), its
   // bytes within the cache's budget.
@@ -551,6 +552,7 @@ void Daemon::StopRing() {
     const size_t broken = peer_links_.BreakAll();
     TCE_LOG(kInfo, "daemon") << "stopping: broke " << broken << " link(s) to peers";
   }
+  if (peers_) peers_->SetFollower(nullptr);
   if (follower_) follower_->Stop();  // (its links are broken: it ends at once)
   if (replicator_) replicator_->Stop();
   if (peers_) peers_->Stop();

@@ -18,6 +18,7 @@
 #include "common/validate.h"
 #include "persist/crc.h"
 #include "ring/range_read.h"
+#include "ring/version_follower.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
@@ -519,15 +520,30 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
   HeldBackup held;
   int fd = -1;
   uint64_t pinned = 0;  // a buffer of the cache, when the file is this server's own
-  Status s = store_->Open(req.job(), req.path(), &held, &fd);
+  VersionFollower* transfer = nullptr;  // a transfer in flight here, when the bytes are its
+  Status s = req.has_reader_uid() ? Status::NotFound("") : store_->Open(req.job(), req.path(), &held, &fd);
   if (s.ok()) {
     s = MayRead(held.file.job, peer, held.owner, req.has_job_uid(), req.job_uid(), &held.job_uid);
     reply.set_held(true);
   } else if (cache_ && req.has_reader_uid()) {  // a follower's reader: a published version's file
     s = cache_->CheckPeerVersionRead(req.job(), req.path(), req.reader_uid(),
                                      req.has_reader_gid() ? req.reader_gid() : static_cast<gid_t>(-1));
-    if (s.ok()) s = cache_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
-    if (s.ok()) pinned = held.file.buffer_id;
+    VersionFollower* follower = follower_.load();
+    if (s.ok()) {
+      s = cache_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
+      if (s.ok()) pinned = held.file.buffer_id;
+    }
+    if (s.code() == Status::Code::kNotFound && follower) {  // on its way here: served as it lands
+      uint64_t size = 0;
+      s = follower->OpenRange(req.job(), req.version_tag(), req.path(), req.offset(), req.length(), &fd, &size);
+      if (s.ok()) {
+        transfer = follower;
+        held.file.size = size;
+      } else if (s.code() == Status::Code::kNotFound) {  // it just landed whole
+        s = cache_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
+        if (s.ok()) pinned = held.file.buffer_id;
+      }
+    }
   } else if (cache_) {  // this server's own file, for a member of the job's ring only
     s = MayRead(req.job(), peer, "", req.has_job_uid(), req.job_uid(), nullptr);
     if (s.ok()) s = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
@@ -562,9 +578,11 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
     // The bytes go from the buffer the CRC was computed on (a held copy
     // replaced meanwhile fails the asker's check of that CRC).
     if (sent.ok() && req.raw()) sent = link->SendFile(fd, req.offset(), req.length());
+    if (sent.ok() && req.has_reader_uid()) cache_->NoteVersionRangeServed();
   }
   if (fd >= 0) ::close(fd);
   if (pinned) cache_->EndPeerRead(pinned);
+  if (transfer) transfer->CloseRange(req.job(), req.path());
   return sent;
 }
 

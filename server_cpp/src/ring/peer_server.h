@@ -42,6 +42,8 @@
 
 namespace tce {
 
+class VersionFollower;  // ring/version_follower.h
+
 struct PeerServerOptions {
   std::string listen;     // host:port to bind (port 0: any)
   std::string advertise;  // the endpoint peers use; empty: the bound address
@@ -64,6 +66,9 @@ class PeerServer {
   void Stop();
   // Where peers reach this server (valid after Start).
   const std::string& endpoint() const { return endpoint_; }
+  // The follower whose transfers in flight serve following nodes'
+  // ranged reads (pipelined; set before they come, may stay null).
+  void SetFollower(VersionFollower* follower) { follower_.store(follower); }
 
  private:
   void AcceptLoop();
@@ -104,6 +109,7 @@ class PeerServer {
   Transport* const transport_;
   BackupStore* const store_;
   RingStore* const cache_;
+  std::atomic<VersionFollower*> follower_{nullptr};
   std::string endpoint_;
   int listen_fd_ = -1;
   std::thread acceptor_;

@@ -19,15 +19,17 @@ VersionFollower::VersionFollower(RingStore* cache, RangeReader* ranges, VersionF
 VersionFollower::~VersionFollower() { Stop(); }
 
 void VersionFollower::Stop() {
-  std::vector<std::thread> watchers;
+  std::vector<std::thread> threads;
   {
     MutexLock lock(&mu_);
     stopping_ = true;
     changed_.SignalAll();
     for (auto& [job, j] : jobs_)
-      if (j.watcher.joinable()) watchers.push_back(std::move(j.watcher));
+      if (j.watcher.joinable()) threads.push_back(std::move(j.watcher));
+    for (auto& [id, t] : pulls_) threads.push_back(std::move(t));
+    pulls_.clear();
   }
-  for (std::thread& t : watchers) t.join();  // each ends with its question (the breaker cuts it)
+  for (std::thread& t : threads) t.join();  // each ends with its question or transfer (the breaker cuts it)
 }
 
 bool VersionFollower::Follows(const std::string& job) {
@@ -141,6 +143,7 @@ void VersionFollower::Watch(std::string job) {
       if (s.ok()) {
         MutexLock lock(&mu_);
         jobs_[job].newest = std::max(jobs_[job].newest, tag.version);
+        changed_.SignalAll();  // a following node's read may wait for this version
       }
       break;
     }
@@ -195,6 +198,14 @@ Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const
     return Status::Internal("mmap of a new buffer failed");
   }
   auto* to = static_cast<unsigned char*>(map);
+  const std::pair<std::string, std::string> key{tag.job, file.path};
+  {
+    MutexLock lock(&mu_);
+    Transfer& t = transfers_[key];  // downstream nodes read what has landed
+    t = Transfer();
+    t.fd = ::dup(mem->fd());
+    t.size = file.size;
+  }
   uint64_t done = 0;
   std::string why;
   for (size_t i = 0; i < sources.size() && done < file.size; ++i) {
@@ -216,9 +227,23 @@ Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const
         break;  // the next source gives the rest
       }
       done += n;
+      MutexLock lock(&mu_);
+      transfers_[key].landed = done;
+      changed_.SignalAll();
     }
   }
   munmap(map, mem->capacity());
+  {
+    // No downstream read may be under way when the buffer is handed to the
+    // cache (or dropped, its pages punched out): none starts once ended.
+    MutexLock lock(&mu_);
+    Transfer& t = transfers_[key];
+    t.ended = true;
+    changed_.SignalAll();
+    while (t.readers > 0) changed_.Wait(&mu_);
+    ::close(t.fd);
+    transfers_.erase(key);
+  }
   if (done < file.size) {
     cache_->AbandonRecovery(std::move(mem));
     return Status::Unavailable("no source gave " + file.path + " of version " + std::to_string(tag.version) +
@@ -229,6 +254,96 @@ Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const
   f.path = file.path;
   f.size = file.size;
   return cache_->AdoptReplica(std::move(f), tag.version, std::move(mem));
+}
+
+Status VersionFollower::StartPull(const std::string& job, const std::string& tag, const std::string& path) {
+  const std::pair<std::string, std::string> key{job, path};
+  if (stopping_ || !jobs_.count(job)) return Status::NotFound(path + " is not held here");
+  TagInfo t;
+  // The version may reach this node a moment after it reached the asker
+  // (both learn it from the source at once): wait a little for it.
+  const Clock::TimePoint learn_by = options_.clock->Now() + kLearnWait;
+  while (!cache_->VersionTag(job, tag, &t)) {
+    if (stopping_ || options_.clock->Now() >= learn_by)
+      return Status::NotFound("no version " + tag + " of job '" + job + "' here");
+    options_.clock->WaitUntil(&changed_, &mu_, learn_by);
+  }
+  if (transfers_.count(key) || fetching_.count(key)) return Status::OK();  // started meanwhile
+  auto file = std::find_if(t.files.begin(), t.files.end(), [&](const TagFile& f) { return f.path == path; });
+  if (file == t.files.end()) return Status::NotFound(path + " is not a file of " + tag);
+  if (cache_->HoldsInMemory(job, path, tag)) return Status::NotFound(path + " was just brought here: ask again");
+  for (uint64_t id : pulls_done_) {
+    auto done = pulls_.find(id);
+    if (done == pulls_.end()) continue;
+    done->second.join();
+    pulls_.erase(done);
+  }
+  pulls_done_.clear();
+  fetching_.insert(key);
+  const uint64_t id = next_pull_++;
+  pulls_[id] = std::thread(&VersionFollower::PullThrough, this, id, t, *file);
+  return Status::OK();
+}
+
+Status VersionFollower::OpenRange(const std::string& job, const std::string& tag, const std::string& path,
+                                  uint64_t offset, uint64_t length, int* fd, uint64_t* size) {
+  const std::pair<std::string, std::string> key{job, path};
+  MutexLock lock(&mu_);
+  if (!transfers_.count(key) && !fetching_.count(key)) {  // pull through: start the transfer here
+    Status s = StartPull(job, tag, path);
+    if (!s.ok()) return s;
+  }
+  const Clock::TimePoint deadline = options_.clock->Now() + options_.io_timeout;
+  for (;;) {
+    if (stopping_) return Status::Unavailable("the server is shutting down");
+    auto it = transfers_.find(key);
+    if (it != transfers_.end()) {
+      Transfer& t = it->second;
+      if (!t.ended && t.landed >= offset + length && offset + length <= t.size) {
+        *fd = ::dup(t.fd);
+        if (*fd < 0) return Status::Internal("dup of a transfer's buffer failed");
+        ++t.readers;
+        *size = t.size;
+        return Status::OK();
+      }
+      if (t.ended) return Status::NotFound("the transfer of " + path + " here ended: ask again");
+      if (offset + length > t.size)
+        return Status::FromCode(Status::Code::kOutOfRange, "the range ends past " + path + "'s bytes");
+    } else if (!fetching_.count(key)) {
+      return Status::NotFound(path + " is not in transfer here: ask again");
+    }
+    if (options_.clock->Now() >= deadline)
+      return Status::Unavailable("the range of " + path + " did not land here in time");
+    options_.clock->WaitUntil(&changed_, &mu_, deadline);
+  }
+}
+
+void VersionFollower::CloseRange(const std::string& job, const std::string& path) {
+  MutexLock lock(&mu_);
+  auto it = transfers_.find({job, path});
+  if (it != transfers_.end() && it->second.readers > 0) --it->second.readers;
+  changed_.SignalAll();
+}
+
+void VersionFollower::PullThrough(uint64_t id, TagInfo tag, TagFile file) {
+  std::vector<std::string> sources;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  {
+    MutexLock lock(&mu_);
+    const Job& j = jobs_[tag.job];
+    sources = j.sources;
+    uid = j.uid;
+    gid = j.gid;
+  }
+  Status s = FetchFile(tag, file, sources, uid, gid, options_.clock->Now() + kPullDeadline);
+  if (!s.ok())
+    TCE_LOG(kWarning, "weights") << "bringing " << file.path << " of job=" << tag.job << " for a following node: "
+                                 << s.ToString();
+  MutexLock lock(&mu_);
+  fetching_.erase({tag.job, file.path});
+  pulls_done_.push_back(id);
+  changed_.SignalAll();
 }
 
 }  // namespace tce

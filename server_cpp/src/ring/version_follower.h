@@ -20,12 +20,21 @@
 // wait for the one transfer. A source that fails mid-file is left for the
 // next, which gives the rest.
 //
+// Pipelined: a file in transfer here is served to the nodes that follow
+// this one (OpenRange) as its ranges land, so a chain of inference nodes
+// carries a version at about the speed of one link, each node a range
+// behind the one before. A following node that asks for a file of a
+// version this node knows but does not hold starts its transfer here (pull
+// through), so the chain fills whether or not this node's own readers
+// asked yet.
+//
 // Trust: sources are authenticated peers (the cluster token); what they say
 // is checked here (names, the version's file list and sizes, every byte's
 // CRC). Thread-safe.
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -57,6 +66,7 @@ struct VersionFollowerOptions {
   std::chrono::milliseconds hold{15000};
   std::chrono::milliseconds retry{1000};
   size_t max_jobs = 64;  // jobs followed at once
+  // (a pull-through transfer is bounded by its links' timeouts and this)
   LinkBreaker* breaker = nullptr;
   Clock* clock = Clock::Real();
 };
@@ -79,6 +89,16 @@ class VersionFollower {
   // reasons); `deadline` bounds the asking of sources.
   Status Fetch(const TagInfo& tag, const std::vector<std::string>& paths, uid_t uid, gid_t gid,
                Clock::TimePoint deadline) EXCLUDES(mu_);
+  // For a following node's ranged read (the peer port checked the reader):
+  // bytes [offset, offset + length) of `path` of the version recorded here
+  // as `tag`, from its transfer to this node, started now if none is under
+  // way and `job` is followed here. Waits (up to io_timeout) for the range
+  // to land; then *fd is a new read-only fd of the buffer and *size the
+  // file's size, and `Close(job, path)` must follow the read. NOT_FOUND when
+  // this node neither has nor is bringing that file.
+  Status OpenRange(const std::string& job, const std::string& tag, const std::string& path, uint64_t offset,
+                   uint64_t length, int* fd, uint64_t* size) EXCLUDES(mu_);
+  void CloseRange(const std::string& job, const std::string& path) EXCLUDES(mu_);
   // Ends the watchers (and the transfers, through the breaker).
   void Stop() EXCLUDES(mu_);
 
@@ -94,10 +114,26 @@ class VersionFollower {
   Status Ask(const std::string& source, const std::string& job, uint64_t after,
              std::chrono::milliseconds hold, uid_t uid, gid_t gid, TagInfo* out, uid_t* owner);
   void Watch(std::string job) EXCLUDES(mu_);
-  // One file, from the sources in order.
+  // A transfer in flight, as downstream readers see it.
+  struct Transfer {
+    int fd = -1;          // the buffer's memfd (a dup, owned), read-only use
+    uint64_t size = 0;
+    uint64_t landed = 0;  // bytes [0, landed) are in the buffer and checked
+    bool ended = false;   // done or failed: no more bytes land
+    int readers = 0;      // downstream reads under way (the buffer stays until they end)
+  };
+  // One file, from the sources in order (the caller marked it in fetching_).
   Status FetchFile(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources,
-                   uid_t uid, gid_t gid, Clock::TimePoint deadline);
+                   uid_t uid, gid_t gid, Clock::TimePoint deadline) EXCLUDES(mu_);
+  // Fetch of one file for a downstream reader (a thread of its own).
+  void PullThrough(uint64_t id, TagInfo tag, TagFile file) EXCLUDES(mu_);
+  // Starts a pull-through transfer of (job, tag's path), unless one is
+  // under way; NOT_FOUND when this node does not follow the job or does
+  // not learn that version in time.
+  Status StartPull(const std::string& job, const std::string& tag, const std::string& path) REQUIRES(mu_);
 
+  static constexpr std::chrono::minutes kPullDeadline{10};
+  static constexpr std::chrono::seconds kLearnWait{5};  // for a version a following node knows already
   RingStore* const cache_;
   RangeReader* const ranges_;
   const VersionFollowerOptions options_;
@@ -106,6 +142,10 @@ class VersionFollower {
   bool stopping_ GUARDED_BY(mu_) = false;
   std::map<std::string, Job> jobs_ GUARDED_BY(mu_);
   std::set<std::pair<std::string, std::string>> fetching_ GUARDED_BY(mu_);  // (job, path) in transfer
+  std::map<std::pair<std::string, std::string>, Transfer> transfers_ GUARDED_BY(mu_);
+  std::map<uint64_t, std::thread> pulls_ GUARDED_BY(mu_);  // pull-through transfers
+  std::vector<uint64_t> pulls_done_ GUARDED_BY(mu_);       // to join
+  uint64_t next_pull_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tce
