@@ -132,3 +132,35 @@ def test_a_lost_node_in_the_chain_leaves_the_next_one_to_the_trainers_node(tmp_p
     finally:
         _stop(infer2, trainer)
         infer1.cleanup()
+
+
+def test_a_middle_node_pulls_a_version_through_as_it_lands(tmp_path, nodes3):
+    trainer = _node_server(tmp_path, "tcp", nodes3, 0, "trainer")
+    infer1 = _node_server(tmp_path, "tcp", nodes3, 1, "infer1")
+    infer2 = _node_server(tmp_path, "tcp", nodes3, 2, "infer2")
+    try:
+        src, e1 = _status(trainer)["peer_endpoint"], _status(infer1)["peer_endpoint"]
+        ckpt = tmp_path / "ckpt"
+        ckpt.mkdir()
+        torch.manual_seed(3)
+        sd = {"big": torch.randn(10 << 20)}  # 40 MiB: three ranges of at most 16 MiB
+        with _on(trainer):
+            st.save_file(sd, ckpt / "model.safetensors", tag="step1")
+            weights.publish("step1", [ckpt])
+            tce.close()
+        with _on(infer1):
+            weights.follow(sources=[src])  # no reader on node 1 ever opens it
+            tce.close()
+        with _on(infer2):
+            weights.follow(sources=[e1, src])
+            tce.close()
+        version, got = _read(infer2)
+        assert version == 1 and torch.equal(got["big"], sd["big"])
+        # Node 1 brought the file from node 0 for node 2 and served it on:
+        # the trainer's node sent each range once, to node 1 only.
+        served = [int(_status(n).get("version_ranges_served", 0)) for n in (trainer, infer1, infer2)]
+        assert served == [3, 3, 0]
+        assert int(_status(infer1)["replica_files"]) == 1
+        assert int(_status(infer2)["replica_files"]) == 1
+    finally:
+        _stop(infer2, infer1, trainer)
