@@ -492,6 +492,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ring", action="store_true",
                    help="instead: ring backup throughput between two network namespaces "
                         "against a plain TCP stream (root)")
+    p.add_argument("--nodes", type=int, default=0, metavar="N",
+                   help="with --weights: spread each version to N inference nodes (network "
+                        "namespaces, links limited with tc; root) instead of one node's readers")
+    p.add_argument("--link-rate", default="1gbit",
+                   help="with --weights --nodes: each node's link, each way (tc rate; default 1gbit)")
     p.add_argument("--weights", action="store_true",
                    help="instead: published versions read by inference processes: publish to "
                         "reader latency, read bandwidth against memcpy, save-to-served against "
@@ -501,6 +506,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.ring:
         return _ringbench.main(parse_size(args.size), args.repeats, args.json)
+    if args.weights and args.nodes:
+        from tce.tools import _weightsnodes
+        return _weightsnodes.main(parse_size(args.size), args.repeats, args.json, args.nodes, args.link_rate)
     if args.weights:
         from tce.tools import _weightsbench
         return _weightsbench.main(parse_size(args.size), args.repeats, args.json, args.dir,
