@@ -182,3 +182,18 @@ def test_demo_shows_how_a_training_process_failed(tmp_path, capsys):
     assert not ok
     assert "the training process exited with code 2:" in out
     assert "  | " in out and "invalid choice: 'jax'" in out
+
+
+@pytest.mark.multinode
+@pytest.mark.slow
+def test_demo_weights_serves_each_version_on_two_other_nodes_bitwise(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
+    p = _tce("demo", "--weights", "--versions", "3", "--every", "1", "--dim", "64", "--layers", "2",
+             "--vocab", "256", timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    rows = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == [2, 3, 4], out  # every version served on both nodes
+    assert next(ln for ln in out.splitlines() if ln.lstrip().startswith("storage")), out
+    assert "every reader's logits equal the trainer's at every version, bit for bit: yes" in out, out

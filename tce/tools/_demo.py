@@ -181,6 +181,9 @@ def _child(args: argparse.Namespace, socket_path: str, ckpt_dir: str, report: st
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "weights", False):
+        from tce.tools import _demo_weights  # weights to inference
+        return _demo_weights.main(args)
     if args.nodes > 1:
         from tce.tools import _demo_nodes  # the node-loss story
 
@@ -270,6 +273,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the server's memory_backing: auto (huge pages where reserved), hugetlb, "
                         "thp or 4k")
     p.add_argument("--verbose", action="store_true", help="show DeepSpeed's own output")
+    p.add_argument("--weights", action="store_true",
+                   help="instead: a trainer on one node publishes a new version every --every steps; "
+                        "inference processes on two other nodes serve each one (network namespaces, "
+                        "root); a timeline per version and the storage path for comparison")
+    p.add_argument("--versions", type=int, default=5, help="with --weights: versions to publish")
     p.add_argument("--nodes", type=int, default=1,
                    help="N >= 3: N nodes (network namespaces, root), one rank and one tce-server "
                         "each in a ring; node 1 is lost and the job resumes from the ring")
