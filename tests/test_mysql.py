@@ -121,7 +121,7 @@ def test_a_newer_schema_is_refused(tmp_path, mariadb):
                 f"GRANT ALL ON future.* TO '{mariadb.user}'@'127.0.0.1';")
     url = mariadb.url.rsplit("/", 1)[0] + "/future"
     s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url])
-    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 4"):
+    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 5"):
         s.start()
     assert s.proc.returncode == 2
     s.cleanup()
@@ -143,13 +143,15 @@ def test_complete_tags_survive_a_restart(tmp_path, mariadb):
             c.commit_tag(_tag("tag-job", "global_step2", [(1, odd, 7), (0, str(storage / "a.pt"), 5)]))
             c.commit_tag(_tag("tag-job", "global_step4", [(0, str(storage / "b.pt"), 9)]))
             wait_metadata_written()
-            assert mariadb.sql("SELECT tag, world_size FROM tce.tags WHERE job='tag-job' "
-                               "ORDER BY complete_ns").split() == ["global_step2", "2", "global_step4", "2"]
+            assert mariadb.sql("SELECT tag, world_size, version FROM tce.tags WHERE job='tag-job' "
+                               "ORDER BY complete_ns").split() == ["global_step2", "2", "1",
+                                                                  "global_step4", "2", "2"]
             api.close()
             s.kill()
             s.start()
             tags = _service.client().list_tags("tag-job")
             assert [t.tag for t in tags] == ["global_step2", "global_step4"]
+            assert [t.version for t in tags] == [1, 2]  # published versions keep their numbers
             assert [(f.rank, f.path, f.size) for f in tags[0].files] == [
                 (0, str(storage / "a.pt"), 5), (1, odd, 7)]
             api.close()
@@ -180,7 +182,7 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
         finally:
             s.stop()
             s.cleanup()
-        assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["4"]
+        assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["5"]
         assert mariadb.sql("SHOW TABLES FROM v1db LIKE 'rings'").split() == ["rings"]  # v3
         # v4: rows carry their server; the row from before belongs to none and is kept.
         assert mariadb.sql("SELECT first_commit_ns, world_size FROM v1db.tags WHERE server = ''"
