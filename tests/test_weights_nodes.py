@@ -22,6 +22,8 @@ from tce.core import _knobs
 from tce.errors import PermissionDeniedError
 from tce.integrations import safetensors as st
 
+from helpers import until
+
 from test_ring import _node_server, _status, _stop
 
 pytestmark = pytest.mark.multinode
@@ -37,6 +39,18 @@ from tce.core._session import client
 c = client()
 print("waiting", flush=True)
 print(c.get_version(sys.argv[1], after=1, timeout=120).version, flush=True)
+'''
+
+
+# A reader process on a node: loads the newest version, saves it for the test.
+LOADER = '''
+import os, sys, tempfile, torch
+from tce import weights
+with weights.open(sys.argv[1]) as w:
+    sd = {n: t.clone() for n, t in w.tensors()}
+path = os.path.join(tempfile.mkdtemp(), "got.pt")
+torch.save(sd, path)
+print(path)
 '''
 
 
@@ -164,3 +178,43 @@ def test_a_middle_node_pulls_a_version_through_as_it_lands(tmp_path, nodes3):
         assert int(_status(infer2)["replica_files"]) == 1
     finally:
         _stop(infer2, infer1, trainer)
+
+
+def test_a_node_lost_while_a_version_spreads_leaves_the_rest_to_the_next_source(tmp_path, nodes3):
+    from tce.tools._weightsnodes import limit_link
+    trainer = _node_server(tmp_path, "tcp", nodes3, 0, "trainer")
+    infer1 = _node_server(tmp_path, "tcp", nodes3, 1, "infer1")
+    infer2 = _node_server(tmp_path, "tcp", nodes3, 2, "infer2")
+    try:
+        src, e1 = _status(trainer)["peer_endpoint"], _status(infer1)["peer_endpoint"]
+        limit_link(nodes3, 1, "50mbit")  # node 1's transfer takes seconds: it is lost in the middle
+        ckpt = tmp_path / "ckpt"
+        ckpt.mkdir()
+        torch.manual_seed(4)
+        sd = {"big": torch.randn(10 << 20)}  # 40 MiB: three ranges
+        with _on(trainer):
+            st.save_file(sd, ckpt / "model.safetensors", tag="step1")
+            weights.publish("step1", [ckpt])
+            tce.close()
+        with _on(infer1):
+            weights.follow(sources=[src])
+            tce.close()
+        with _on(infer2):
+            weights.follow(sources=[e1, src])
+            tce.close()
+        reader = subprocess.Popen([sys.executable, "-c", LOADER, JOB], stdout=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, TCE_SOCKET=infer2.socket))
+        # Node 1 has the first range from node 0 and passes it on: lose it now.
+        until(lambda: int(_status(trainer).get("version_ranges_served", 0)) >= 1, what="node 1's first range")
+        os.kill(infer1.proc.pid, signal.SIGKILL)
+        infer1.proc.wait()
+        out, _ = reader.communicate(timeout=300)
+        assert reader.returncode == 0, out
+        got = torch.load(out.strip(), weights_only=True)
+        assert torch.equal(got["big"], sd["big"])
+        # Node 2 had some of the file from node 1, and the rest from node 0.
+        stopped = [ln for ln in infer2.log().splitlines() if " stopped at byte " in ln]
+        assert stopped and f"the rest from {src}" in stopped[0], infer2.log()
+    finally:
+        _stop(infer2, trainer)
+        infer1.cleanup()

@@ -55,16 +55,20 @@ for line in sys.stdin:
 """
 
 
+def limit_link(nodes: Nodes, i: int, rate: str) -> None:
+    """Limits node i's link to `rate` each way (its egress in its namespace,
+    its ingress as the bridge side's egress), with tc's token bucket."""
+    for cmd in (["ip", "netns", "exec", nodes.names[i], "tc", "qdisc", "add", "dev", "eth0", "root"],
+                ["tc", "qdisc", "add", "dev", nodes.host_veths[i], "root"]):
+        p = subprocess.run([*cmd, "tbf", "rate", rate, "burst", "1mb", "latency", "200ms"],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+
+
 def _tc(nodes: Nodes, rate: str) -> None:
-    """Limits every node's link to `rate` each way (its egress in its
-    namespace, its ingress as the bridge side's egress)."""
-    for name, veth in zip(nodes.names, nodes.host_veths):
-        for cmd in (["ip", "netns", "exec", name, "tc", "qdisc", "add", "dev", "eth0", "root"],
-                    ["tc", "qdisc", "add", "dev", veth, "root"]):
-            p = subprocess.run([*cmd, "tbf", "rate", rate, "burst", "1mb", "latency", "200ms"],
-                               capture_output=True, text=True)
-            if p.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    for i in range(len(nodes.names)):
+        limit_link(nodes, i, rate)
 
 
 def _publish(trainer: LocalServer, job: str, directory: str, version: int, size: int) -> float:

@@ -224,6 +224,10 @@ Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const
                              ", the version " + std::to_string(file.size));
       if (!s.ok()) {
         why += (why.empty() ? "" : "; ") + s.message();
+        if (i + 1 < sources.size())
+          TCE_LOG(kWarning, "weights") << "bringing " << file.path << " of job=" << tag.job << " from " << source
+                                       << " stopped at byte " << done << " of " << file.size << " ("
+                                       << s.message() << "): the rest from " << sources[i + 1];
         break;  // the next source gives the rest
       }
       done += n;
