@@ -12,7 +12,11 @@ every inference node's reader having loaded it:
 * chain: every node follows the one before it, then the trainer's node
   (``sources=[node i-1, ..., node 0]``): node i-1 serves node i as the
   ranges land (pipelined);
-* star: every node follows the trainer's node only.
+* star: every node follows the trainer's node only;
+* for comparison, ``torch.distributed.broadcast`` (gloo) of a tensor of the
+  same size from a rank on the trainer's node to one rank on each
+  inference node, over the same links (the tensor alone: no cache, no
+  load into a model).
 
 Medians over ``--repeats`` runs of each.
 """
@@ -53,6 +57,46 @@ for line in sys.stdin:
         w.load_into(model)
     print(json.dumps({"version": version, "loaded": time.monotonic()}), flush=True)
 """
+
+
+# torch.distributed's broadcast over the same links, for comparison: rank 0
+# on the trainer's node holds the tensor, every inference node receives it.
+_BROADCAST = r"""
+import json, os, sys, time, torch, torch.distributed as dist
+size, repeats = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("gloo")
+t = torch.zeros(size // 4)
+if dist.get_rank() == 0:
+    t.fill_(1.0)
+times = []
+for _ in range(repeats):
+    dist.barrier()
+    t0 = time.monotonic()
+    dist.broadcast(t, 0)
+    dist.barrier()
+    times.append(time.monotonic() - t0)
+if dist.get_rank() == 0:
+    print(json.dumps(times), flush=True)
+assert float(t[-1]) == 1.0
+dist.destroy_process_group()
+"""
+
+
+def _broadcast(nodes: Nodes, size: int, repeats: int) -> list[float]:
+    from tce.tools._ports import free_port
+    world = len(nodes.names)
+    env = dict(os.environ, MASTER_ADDR=nodes.addresses[0], MASTER_PORT=str(free_port()),
+               WORLD_SIZE=str(world), GLOO_SOCKET_IFNAME="eth0")
+    procs = [subprocess.Popen(["ip", "netns", "exec", nodes.names[r], sys.executable, "-c", _BROADCAST,
+                               str(size), str(repeats)], stdout=subprocess.PIPE, text=True,
+                              env=dict(env, RANK=str(r), LOCAL_RANK="0"))
+             for r in range(world)]
+    out = procs[0].communicate(timeout=900)[0]
+    for p in procs[1:]:
+        p.wait(timeout=120)
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"the broadcast ranks exited with {[p.returncode for p in procs]}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def limit_link(nodes: Nodes, i: int, rate: str) -> None:
@@ -149,8 +193,10 @@ def run(size: int, repeats: int, n: int = 3, rate: str = "1gbit") -> dict[str, A
         floor = _spread(servers, endpoints, [1], "star", ckpt, size, repeats)
         chain = _spread(servers, endpoints, list(range(1, n + 1)), "chain", ckpt, size, repeats)
         star = _spread(servers, endpoints, list(range(1, n + 1)), "star", ckpt, size, repeats)
+        bcast = _broadcast(nodes, size, repeats)
         res.update(floor_s=statistics.median(floor), chain_s=statistics.median(chain),
-                   star_s=statistics.median(star))
+                   star_s=statistics.median(star), broadcast_s=statistics.median(bcast))
+        res["broadcast_vs_floor"] = res["broadcast_s"] / res["floor_s"]
         res["chain_vs_floor"] = res["chain_s"] / res["floor_s"]
         res["star_vs_floor"] = res["star_s"] / res["floor_s"]
         res["link_MBps_seen"] = size / res["floor_s"] / 1e6
@@ -172,6 +218,8 @@ def render(res: dict[str, Any]) -> str:
          f"{res['chain_s']:.2f} s: {res['chain_vs_floor']:.2f}x the floor"),
         (f"to {n} inference nodes, all from the trainer's node",
          f"{res['star_s']:.2f} s: {res['star_vs_floor']:.2f}x the floor"),
+        (f"torch.distributed broadcast (gloo) from the trainer's node to {n}, the tensor alone",
+         f"{res['broadcast_s']:.2f} s: {res['broadcast_vs_floor']:.2f}x the floor"),
     ]
     width = max(len(r[0]) for r in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
