@@ -77,6 +77,10 @@ KNOBS = {
              "DeepSpeed engine: save asynchronously (copies overlap the next "
              "iteration; the tag is committed, and `latest` written, at the next "
              "step, after the copies finish)."),
+        Knob("consolidate_weights", "TCE_CONSOLIDATE_WEIGHTS", False, _bool,
+             "DeepSpeed engine, ZeRO-3: save_checkpoint also gathers the model's "
+             "parameters and saves them whole, rank 0, as `<tag>/pytorch_model.bin` "
+             "of the tag, so each published version holds weights tce.weights reads."),
     )
 }
 

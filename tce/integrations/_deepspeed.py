@@ -7,11 +7,13 @@ that name, so the hook wraps the name in ``engine.py``'s globals. Older
 DeepSpeed constructs ``TorchCheckpointEngine()`` inside
 ``DeepSpeedEngine._configure_checkpointing``; there the hook wraps that method
 and swaps the engine afterwards. Either way the hook also wraps
-``load_checkpoint`` (to land on the newest complete, recoverable tag) and
+``load_checkpoint`` (to land on the newest complete, recoverable tag),
 ``_get_all_ckpt_names`` (DeepSpeed globs the disk for model files, which may
-exist only in the cache) and gives ``deepspeed.runtime.state_dict_factory``
-an ``os`` whose ``path.exists`` also sees cached files while a TCE engine
-loads (it asserts the model file exists on disk).
+exist only in the cache) and ``_save_checkpoint`` (ZeRO-3: the gathered
+weights join the tag, see ``_deepspeed_weights``), and gives
+``deepspeed.runtime.state_dict_factory`` an ``os`` whose ``path.exists``
+also sees cached files while a TCE engine loads (it asserts the model file
+exists on disk).
 
 Importing DeepSpeed takes seconds, so ``import tce`` never does: when
 DeepSpeed is not imported yet, an import hook applies the wrappers the moment
@@ -32,6 +34,7 @@ import threading
 from typing import Any
 
 from tce import api, client
+from tce.integrations import _deepspeed_weights as _ds_weights
 from tce.errors import DeadlineExceededError, TCEError
 from tce.v1 import tce_pb2 as pb
 
@@ -121,6 +124,8 @@ def _engine_class():
             # engine is "decoupled", so DeepSpeed commits (and writes
             # `latest`) at the next step, which is when commit() waits for them.
             self.async_save = bool(client.setting("async"))
+            # ZeRO-3: each tag also carries the gathered weights (_deepspeed_weights).
+            self.consolidate_weights = bool(client.setting("consolidate_weights"))
             self._pending_commit: Any = None
             self._tag = ""
             self._files: list[tuple[int, str, int]] = []  # this rank's (rank, path, size)
@@ -430,6 +435,21 @@ def _wrap_load_checkpoint(original):
     return load_checkpoint
 
 
+def _wrap_save_checkpoint(original):
+    """DeepSpeed saved the model states of a tag (not committed yet): with
+    consolidate_weights under ZeRO-3, add the gathered weights to the tag."""
+    @functools.wraps(original)
+    def _save_checkpoint(self, save_dir, tag, *args, **kwargs):
+        result = original(self, save_dir, tag, *args, **kwargs)
+        if _is_tce(getattr(self, "checkpoint_engine", None)) and _ds_weights.wanted(self):
+            exclude = kwargs.get("exclude_frozen_parameters", args[1] if len(args) > 1 else False)
+            _ds_weights.save_consolidated(self, save_dir, tag, bool(exclude))
+        return result
+
+    setattr(_save_checkpoint, _MARK, original)
+    return _save_checkpoint
+
+
 def _wrap_ckpt_names(original):
     @functools.wraps(original)
     def _get_all_ckpt_names(self, checkpoints_path, tag):
@@ -489,7 +509,8 @@ def _patch_engine_module(module: Any) -> None:
                 module.create_checkpoint_engine = _wrap_create(module.create_checkpoint_engine)
         cls = module.DeepSpeedEngine
         wrappers = [("load_checkpoint", _wrap_load_checkpoint),
-                    ("_get_all_ckpt_names", _wrap_ckpt_names)]
+                    ("_get_all_ckpt_names", _wrap_ckpt_names),
+                   ("_save_checkpoint", _wrap_save_checkpoint)]
         if not hasattr(module, "create_checkpoint_engine"):
             wrappers.append(("_configure_checkpointing", _wrap_configure))
         for name, wrap in wrappers:
