@@ -29,6 +29,8 @@ log = logging.getLogger("tce.weights")
 _ZIP_MAGIC = b"PK\x03\x04"
 _SAFETENSORS = re.compile(r"\.safetensors$")
 _DS_MODEL = re.compile(r"(^|/)(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt$")
+# ZeRO-3's model-states files (one per rank): their parameters are placeholders.
+_ZERO3_MODEL = re.compile(r"(^|/)zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt$")
 _TORCH = re.compile(r"\.(pt|pth|bin|ckpt)$")
 _NOT_WEIGHTS = re.compile(r"optim|scheduler|rng|trainer_state|training_args")
 
@@ -48,13 +50,20 @@ def weight_files(paths: Iterable[str]) -> list[str]:
     ``*.distcp`` files: ``torch.distributed.checkpoint``); else DeepSpeed's
     model-states files (``mp_rank_XX_model_states.pt``); else every
     torch.save file (``.pt``, ``.pth``, ``.bin``, ``.ckpt``) whose name does
-    not say it holds optimizer, scheduler or RNG state."""
+    not say it holds optimizer, scheduler or RNG state. ZeRO-3's model-states
+    files (``zero_pp_rank_N_mp_rank_XX_model_states.pt``) hold no weights,
+    only placeholders: a version that has them and such a torch.save file
+    besides (the consolidated weights, ``pytorch_model.bin``) gives that
+    file; one that has only them gives them, and reading them raises
+    :class:`~tce.errors.FailedPreconditionError`."""
     paths = list(paths)
     dcp = _dcp_files(paths)
     for pick in (lambda p: _SAFETENSORS.search(p),
                  lambda p: p in dcp,
-                 lambda p: _DS_MODEL.search(p),
-                 lambda p: _TORCH.search(p) and not _NOT_WEIGHTS.search(os.path.basename(p))):
+                 lambda p: _DS_MODEL.search(p) and not _ZERO3_MODEL.search(p),
+                 lambda p: (_TORCH.search(p) and not _DS_MODEL.search(p)
+                            and not _NOT_WEIGHTS.search(os.path.basename(p))),
+                 lambda p: _ZERO3_MODEL.search(p)):
         chosen = [p for p in paths if pick(p)]
         if chosen:
             return chosen
@@ -128,18 +137,49 @@ def region_of(name: str, shape: torch.Size, shard: Shard | None) -> Region | Non
 
 def state_dict_of(obj: Any, path: str) -> dict[str, torch.Tensor]:
     """The name -> tensor mapping a torch.save file holds: the object itself,
-    or its ``module`` (DeepSpeed), ``state_dict`` or ``model`` entry."""
+    or its ``module`` (DeepSpeed), ``state_dict`` or ``model`` entry.
+
+    Raises:
+        FailedPreconditionError: a DeepSpeed ZeRO-3 model-states file, whose
+            ``module`` holds a placeholder for each parameter.
+        CorruptCheckpointError: no state dict.
+    """
     if isinstance(obj, dict):
         if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
             return obj
         for key in ("module", "state_dict", "model"):
             inner = obj.get(key)
             if isinstance(inner, dict) and all(isinstance(v, torch.Tensor) for v in inner.values()):
+                if key == "module":
+                    _refuse_partitioned(obj, inner, path)
                 return inner
     raise CorruptCheckpointError(
         f"{path}: not a state dict (a dict of tensors, or one under 'module', 'state_dict' or "
         f"'model'); got {type(obj).__name__}")
 
+
+def _refuse_partitioned(obj: dict, module: dict[str, torch.Tensor], path: str) -> None:
+    """A DeepSpeed model-states file records each parameter's shape
+    (``param_shapes``: a dict per parameter group; ``frozen_param_shapes``).
+    Under ZeRO-3 the parameters in its ``module`` are placeholders of
+    another shape (empty), the weights being partitioned over the ranks'
+    optimizer states: reading them as weights would be silently wrong."""
+    groups = obj.get("param_shapes")
+    groups = [groups] if isinstance(groups, dict) else list(groups or [])
+    groups.append(obj.get("frozen_param_shapes") or {})
+    for shapes in groups:
+        if not isinstance(shapes, dict):
+            continue
+        for name, shape in shapes.items():
+            t = module.get(name)
+            if t is not None and tuple(t.shape) != tuple(shape):
+                raise FailedPreconditionError(
+                    f"{path}: a DeepSpeed ZeRO-3 checkpoint's model states hold no weights: "
+                    f"{name!r} is a placeholder of shape {list(t.shape)} for a parameter of shape "
+                    f"{list(shape)} (the weights are partitioned over the ranks' optimizer "
+                    "states). Save them whole in each checkpoint with \"tce\": "
+                    "{\"consolidate_weights\": true} in the DeepSpeed config, or publish what "
+                    "engine.save_16bit_model() saves (see docs/deepspeed.md)")
 
 
 
