@@ -30,6 +30,7 @@ server's ``read_grants`` setting names them).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import threading
@@ -454,7 +455,7 @@ class Weights:
                 kept = self._client.kept_mapping(f.buffer_id, f.capacity)
                 if to_gpu:
                     _staging.register_read_only(kept)
-                for name, t in mapped_tensors(kept.mm, f.size, f.path, None):
+                for name, t in _parsed(kept, f).items():
                     region = region_of(name, t.shape, shard)
                     for dim, (start, length) in enumerate(region or ()):
                         t = t.narrow(dim, start, length)
@@ -488,4 +489,22 @@ class Weights:
         if done:
             self._client.release_version(self.lease_id)
 
+
+def _parsed(kept: Any, f: Any) -> dict[str, torch.Tensor]:
+    """The tensors of file `f` over its buffer's kept mapping. A torch.save
+    file's pickle is parsed once per buffer for as long as the next version
+    saved into it has the same pickle bytes and record layout (a trainer
+    saving the same model again): the views are the same, only the bytes
+    under them changed, so torch's unpickler runs once, not per version."""
+    pickle = next((r for r in f.records if r.name.endswith("/data.pkl")), None)
+    if pickle is None or pickle.data_offset + pickle.size > f.size:
+        return dict(mapped_tensors(kept.mm, f.size, f.path, None))
+    digest = hashlib.blake2b(memoryview(kept.mm)[pickle.data_offset:pickle.data_offset + pickle.size],
+                             digest_size=16).digest()
+    key = (f.path, f.size, digest, tuple((r.name, r.data_offset, r.size) for r in f.records))
+    if kept.parsed is not None and kept.parsed[0] == key:
+        return kept.parsed[1]
+    state = dict(mapped_tensors(kept.mm, f.size, f.path, None))
+    kept.parsed = (key, state)
+    return state
 

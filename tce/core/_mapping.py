@@ -10,6 +10,7 @@ import logging
 import mmap
 import os
 import warnings
+from typing import Any
 
 import torch
 
@@ -102,12 +103,13 @@ class ReadMapping:
     it with CUDA once. Its bytes are read under a lease only (they may
     change between leases); the server says when to unmap it."""
 
-    __slots__ = ("buffer_id", "capacity", "mm", "tensor", "cuda_registered")
+    __slots__ = ("buffer_id", "capacity", "mm", "tensor", "cuda_registered", "parsed")
 
     def __init__(self, buffer_id: int, capacity: int, fd: int) -> None:
         self.buffer_id = buffer_id
         self.capacity = capacity
         self.cuda_registered = False
+        self.parsed: Any = None  # a reader's parse of the file in it (tce.weights), kept with it
         self.mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         _advise_huge(self.mm)
         with warnings.catch_warnings():  # read-only by the mapping: never written through
@@ -118,6 +120,7 @@ class ReadMapping:
         if self.cuda_registered:
             _staging.unregister(self)
         self.tensor = None
+        self.parsed = None
         try:
             self.mm.close()
         except BufferError:  # a tensor of a load still views it: it goes with the last one
