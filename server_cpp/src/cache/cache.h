@@ -179,6 +179,8 @@ class Cache : public PoolBudget,
   Status CheckPeerVersionRead(const std::string& job, const std::string& path, uid_t reader,
                               gid_t gid) override EXCLUDES(mu_);
   Status AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) override EXCLUDES(mu_);
+  Status ReserveReplica(const std::string& job, uint64_t size, std::unique_ptr<Buffer>* out) override
+      EXCLUDES(mu_);
   Status AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
   bool HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) override
       EXCLUDES(mu_);
@@ -413,6 +415,9 @@ class Cache : public PoolBudget,
   // backed up or recorded; read under version leases; evicted once unleased.
   std::map<FileKey, FileInfo> replicas_ GUARDED_BY(mu_);
   uint64_t version_ranges_served_ GUARDED_BY(mu_) = 0;  // following nodes' ranged reads served
+  // Buffers lent out for a replica (ReserveReplica) -> the sessions that
+  // keep them mapped, given back to the buffer when it is adopted.
+  std::map<uint64_t, std::set<std::string>> lent_readers_ GUARDED_BY(mu_);
   CondVar versions_cv_;  // a version was published, or waits must end
   bool versions_stopped_ GUARDED_BY(mu_) = false;
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)

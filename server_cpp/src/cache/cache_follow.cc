@@ -81,18 +81,58 @@ Status Cache::AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) {
   return Status::OK();
 }
 
+Status Cache::ReserveReplica(const std::string& job, uint64_t size, std::unique_ptr<Buffer>* out) {
+  {
+    MutexLock lock(&mu_);
+    uid_t owner = 0;
+    if (owners_.Owner(job, &owner)) {
+      for (auto& [id, b] : buffers_) {
+        if (b.state != BufState::kFree || b.leases || b.pins || !b.mappers.empty() || !b.mem || b.no_reuse ||
+            b.uid != owner || !Buffer::Fits(b.capacity, size))
+          continue;
+        // Lent out: its bytes count as reserved until it is adopted again.
+        *out = std::move(b.mem);
+        used_ -= b.capacity;
+        reserved_ += b.capacity;
+        lent_readers_[id] = std::move(b.readers);
+        ++buffers_reused_;
+        buffers_.erase(id);
+        return Status::OK();
+      }
+    }
+  }
+  return ReserveRecovery(size, out);
+}
+
 Status Cache::AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) {
   MutexLock lock(&mu_);
   reserved_ -= mem->capacity();
+  std::set<std::string> readers;  // of a reused buffer
+  bool reused = false;
+  if (auto lent = lent_readers_.find(mem->id()); lent != lent_readers_.end()) {
+    readers = std::move(lent->second);
+    lent_readers_.erase(lent);
+    reused = true;
+  }
+  // A refusal below drops `mem` (its pages go): its readers are told.
+  auto tell = [&] {
+    for (const auto& r : readers) sessions_.OweUnmap(r, mem->id());
+  };
   TagInfo tag;
-  if (!tags_.FindVersion(f.job, tag_version, &tag))
+  if (!tags_.FindVersion(f.job, tag_version, &tag)) {
+    tell();
     return Status::NotFound("version " + std::to_string(tag_version) + " of job '" + f.job + "' is gone here");
+  }
   auto listed = std::find_if(tag.files.begin(), tag.files.end(), [&](const TagFile& t) { return t.path == f.path; });
-  if (listed == tag.files.end() || listed->size != f.size)
+  if (listed == tag.files.end() || listed->size != f.size) {
+    tell();
     return Status::InvalidArgument(f.path + " (" + std::to_string(f.size) + " bytes) is not a file of version " +
                                    std::to_string(tag_version) + " of job '" + f.job + "'");
-  if (files_.count({f.job, f.path}))
+  }
+  if (files_.count({f.job, f.path})) {
+    tell();
     return Status::FailedPrecondition(f.path + " is this node's own file of job '" + f.job + "'");
+  }
   uid_t owner = 0;
   owners_.Owner(f.job, &owner);
   const uint64_t id = mem->id();
@@ -102,8 +142,9 @@ Status Cache::AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buf
   buf.mem = std::move(mem);
   buf.state = BufState::kCached;
   buf.uid = owner;
+  buf.readers = std::move(readers);
   used_ += buf.capacity;
-  ++buffers_created_;
+  if (!reused) ++buffers_created_;
   auto old = replicas_.find({f.job, f.path});
   if (old != replicas_.end()) ReleaseBuffer(old->second.buffer_id);
   f.buffer_id = id;

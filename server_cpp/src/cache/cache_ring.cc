@@ -242,6 +242,10 @@ void Cache::AbandonRecovery(std::unique_ptr<Buffer> mem) {
   if (!mem) return;
   MutexLock lock(&mu_);
   reserved_ -= mem->capacity();
+  if (auto lent = lent_readers_.find(mem->id()); lent != lent_readers_.end()) {  // a reused buffer goes
+    for (const auto& r : lent->second) sessions_.OweUnmap(r, mem->id());
+    lent_readers_.erase(lent);
+  }
 }
 
 Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {

@@ -40,6 +40,7 @@ void Cache::CloseSession(const std::string& session) {
     auto b = buffers_.find(id);
     if (b != buffers_.end()) DropMapper(b->second, session);
   }
+  for (auto& [id, readers] : lent_readers_) readers.erase(session);
   if (pending_.empty()) quiet_cv_.SignalAll();
   TCE_LOG(kInfo, "session") << "closed session=" << session.substr(0, 8) << " pid=" << pid
                             << " aborted=" << aborted << " leases_dropped=" << leases.size();

@@ -141,6 +141,12 @@ class RingStore {
   // job's published versions here and the reader may read them.
   virtual Status CheckPeerVersionRead(const std::string& job, const std::string& path, uid_t reader,
                                       gid_t gid) = 0;
+  // A buffer for a replica of `size` bytes of `job`'s version: a FREE buffer
+  // of the job's owner that fits, reused (its id, and the sessions that keep
+  // it mapped, stay: a reader's mapping of it is current again once the
+  // replica is adopted), else a new one as ReserveRecovery makes. Give it
+  // to AdoptReplica or AbandonRecovery.
+  virtual Status ReserveReplica(const std::string& job, uint64_t size, std::unique_ptr<Buffer>* out) = 0;
   // A version of a job this node follows, as a source gave it: recorded with
   // its number; the job belongs to `owner` here (FAILED_PRECONDITION when it
   // belongs to another uid already) and `reader` may read its versions.

@@ -417,6 +417,23 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   EXPECT_EQ(cache_.AdoptReplica(f, 2, Filled("hello!")).code(), Status::Code::kInvalidArgument);
   f.size = 5;
   EXPECT_EQ(cache_.AdoptReplica(f, 7, Filled("hello")).code(), Status::Code::kNotFound);
+  // The replica of version 1 is free once version 2's is adopted; version
+  // 3's reuses its buffer (same id), and a reader keeping it mapped stays.
+  ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
+  std::unique_ptr<Buffer> mem2 = Filled("world");
+  f.size = 5;
+  ASSERT_TRUE(cache_.AdoptReplica(f, 2, std::move(mem2)).ok());
+  TagInfo v3 = Tag("fj", "step3", {{0, "/c/w.safetensors", 5}});
+  v3.complete_unix_ns = 300, v3.version = 3;
+  ASSERT_TRUE(cache_.AdoptFollowed(v3, kOwner, kReader).ok());
+  const uint64_t reused_before = cache_.Stats().buffers_reused;
+  std::unique_ptr<Buffer> mem3;
+  ASSERT_TRUE(cache_.ReserveReplica("fj", 5, &mem3).ok());
+  EXPECT_EQ(mem3->id(), out.buffer_id) << "version 1's replica buffer, free again";
+  EXPECT_EQ(cache_.Stats().buffers_reused, reused_before + 1);
+  ASSERT_EQ(pwrite(mem3->fd(), "third", 5, 0), 5);
+  ASSERT_TRUE(cache_.AdoptReplica(f, 3, std::move(mem3)).ok());
+  EXPECT_TRUE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step3"));
   TagInfo other = Tag("job", "x", {{0, "/c/x.pt", 1}});
   other.complete_unix_ns = 1, other.version = 1;
   Save("s1", "/c/m.pt", 4096);  // "job" belongs to kOwner here

@@ -190,7 +190,7 @@ Status VersionFollower::Fetch(const TagInfo& tag, const std::vector<std::string>
 Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources,
                                   uid_t uid, gid_t gid, Clock::TimePoint deadline) {
   std::unique_ptr<Buffer> mem;
-  Status s = cache_->ReserveRecovery(file.size, &mem);
+  Status s = cache_->ReserveReplica(tag.job, file.size, &mem);
   if (!s.ok()) return s;
   void* map = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
   if (map == MAP_FAILED) {
