@@ -332,6 +332,7 @@ class Cache : public PoolBudget,
   // The buffer goes (destroyed or retired): its keep_mapped readers are
   // told to unmap it.
   void DropReaders(Buf& buf) REQUIRES(mu_);
+  void OweUnmaps(const std::set<std::string>& sessions, uint64_t buffer_id) REQUIRES(mu_);
   std::string FullMessage(uint64_t need) const REQUIRES(mu_);
   CacheStats TallyLocked() const REQUIRES(mu_);
   void StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,

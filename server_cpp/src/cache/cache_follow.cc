@@ -115,22 +115,19 @@ Status Cache::AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buf
     reused = true;
   }
   // A refusal below drops `mem` (its pages go): its readers are told.
-  auto tell = [&] {
-    for (const auto& r : readers) sessions_.OweUnmap(r, mem->id());
-  };
   TagInfo tag;
   if (!tags_.FindVersion(f.job, tag_version, &tag)) {
-    tell();
+    OweUnmaps(readers, mem->id());
     return Status::NotFound("version " + std::to_string(tag_version) + " of job '" + f.job + "' is gone here");
   }
   auto listed = std::find_if(tag.files.begin(), tag.files.end(), [&](const TagFile& t) { return t.path == f.path; });
   if (listed == tag.files.end() || listed->size != f.size) {
-    tell();
+    OweUnmaps(readers, mem->id());
     return Status::InvalidArgument(f.path + " (" + std::to_string(f.size) + " bytes) is not a file of version " +
                                    std::to_string(tag_version) + " of job '" + f.job + "'");
   }
   if (files_.count({f.job, f.path})) {
-    tell();
+    OweUnmaps(readers, mem->id());
     return Status::FailedPrecondition(f.path + " is this node's own file of job '" + f.job + "'");
   }
   uid_t owner = 0;

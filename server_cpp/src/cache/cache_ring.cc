@@ -243,7 +243,7 @@ void Cache::AbandonRecovery(std::unique_ptr<Buffer> mem) {
   MutexLock lock(&mu_);
   reserved_ -= mem->capacity();
   if (auto lent = lent_readers_.find(mem->id()); lent != lent_readers_.end()) {  // a reused buffer goes
-    for (const auto& r : lent->second) sessions_.OweUnmap(r, mem->id());
+    OweUnmaps(lent->second, mem->id());
     lent_readers_.erase(lent);
   }
 }

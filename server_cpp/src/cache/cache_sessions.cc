@@ -104,8 +104,12 @@ void Cache::DropLease(uint64_t lease_id) {
 }
 
 void Cache::DropReaders(Buf& buf) {
-  for (const auto& r : buf.readers) sessions_.OweUnmap(r, buf.id);
+  OweUnmaps(buf.readers, buf.id);
   buf.readers.clear();
+}
+
+void Cache::OweUnmaps(const std::set<std::string>& sessions, uint64_t buffer_id) {
+  for (const auto& s : sessions) sessions_.OweUnmap(s, buffer_id);
 }
 
 void Cache::DropMapper(Buf& buf, const std::string& session) {
