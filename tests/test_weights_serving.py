@@ -238,23 +238,22 @@ def test_a_rank_killed_inside_a_save_never_publishes_it_and_readers_keep_the_pre
 
 
 _FROZEN_READER = r"""
-import sys, time
+import sys
 import torch
 from tce import weights
 from tce.errors import NotCachedError
 
-ready = sys.argv[1]
-w = weights.open()  # the server's lease: 2 s unless renewed
+w = weights.open()  # the server's lease: a few seconds unless renewed
 view = w.state_dict()["w"]
 copy = view.clone()
-open(ready, "w").write(str(w.version))
-while True:  # renews until frozen; after SIGCONT the lease is gone
+print("leased", w.version, flush=True)
+for line in sys.stdin:  # the test says when to renew; after SIGCONT the lease is gone
     try:
         w.renew()
     except NotCachedError as e:
         gone = str(e)
         break
-    time.sleep(0.1)
+    print("renewed", flush=True)
 print(gone, flush=True)
 print("VIEW", torch.unique(view).tolist(), "COPY", torch.unique(copy).tolist(), flush=True)
 """
@@ -265,7 +264,7 @@ def test_a_frozen_reader_s_lease_runs_out_and_its_memory_comes_back(tmp_path):
     trainer saves model.pt again (version 2, into a new buffer: version 1's is
     leased); a third save has no memory for it (two buffers' budget, nothing
     on storage to evict) while the lease is renewed. Once the frozen reader's
-    lease runs out (2 s), the server drops it and destroys version 1's buffer:
+    lease runs out (3 s), the server drops it and destroys version 1's buffer:
     the bytes come back to the budget and the third save succeeds (into a new
     buffer). The reader, thawed, finds its lease gone, and its view of
     version 1 reads zeros, never version 3's bytes (a buffer whose lease
@@ -275,9 +274,9 @@ def test_a_frozen_reader_s_lease_runs_out_and_its_memory_comes_back(tmp_path):
 
     n = 1 << 18  # 1 MiB of float32: a buffer a bit above it
     srv = LocalServer(memory_budget="2700KiB", state_dir=str(tmp_path / "state"),
-                      extra_args=["--memory-backing", "4k", "--version-lease-s", "2",
-                                  "--version-lease-max-s", "2"]).start()
-    path, ready = tmp_path / "ckpt" / "model.pt", tmp_path / "ready"
+                      extra_args=["--memory-backing", "4k", "--version-lease-s", "3",
+                                  "--version-lease-max-s", "3"]).start()
+    path = tmp_path / "ckpt" / "model.pt"
     reader = None
     try:
         with _knobs.override(socket=srv.socket, job="frozen", on_unavailable="raise"):
@@ -288,16 +287,21 @@ def test_a_frozen_reader_s_lease_runs_out_and_its_memory_comes_back(tmp_path):
             assert weights.publish("v1", [path]).version == 1
             one_buffer = stat("used_bytes")
             assert stat("buffers") == 1 and 2 * one_buffer <= 2700 << 10 < 3 * one_buffer
-            reader = subprocess.Popen([sys.executable, "-c", _FROZEN_READER, str(ready)],
-                                      env=_env(srv.socket, "frozen"), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
-            until(lambda: ready.exists() and ready.read_text() == "1" or reader.poll() is not None,
-                  what="the reader to lease version 1")
-            assert reader.poll() is None, reader.stdout.read()
+            reader = subprocess.Popen([sys.executable, "-c", _FROZEN_READER],
+                                      env=_env(srv.socket, "frozen"), stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+            def renew() -> None:  # the lease runs 3 s from each renewal the reader acknowledges
+                reader.stdin.write("renew\n")
+                reader.stdin.flush()
+                assert reader.stdout.readline().strip() == "renewed"
+
+            assert reader.stdout.readline().split() == ["leased", "1"]
+            renew()
             tce.save({"w": torch.full((n,), 2.0)}, path, tag="v2")  # version 1 is leased
             assert weights.publish("v2", [path]).version == 2
             assert (stat("version_leases"), stat("buffers"), stat("used_bytes")) == (1, 2, 2 * one_buffer)
+            renew()
             with pytest.raises(CacheFullError, match=r"cache full: need .*\(memory only: never evicted\)"
                                r", 1\.\d+ MiB read by loads \(leased\)"):
                 tce.save({"w": torch.full((n,), 3.0)}, path, tag="v3")
@@ -320,8 +324,8 @@ def test_a_frozen_reader_s_lease_runs_out_and_its_memory_comes_back(tmp_path):
                 del t
 
             reader.send_signal(signal.SIGCONT)
-            out, _ = reader.communicate(timeout=60)
-            assert reader.returncode == 0, out
+            out, err = reader.communicate("renew\n", timeout=60)
+            assert reader.returncode == 0, out + err
             gone, seen = out.strip().splitlines()[-2:]
             assert "no version lease 1 in this session (released, expired, or never granted)" in gone
             # Its pages went with the buffer, mapped by the frozen reader or not (that is how

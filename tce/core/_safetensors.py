@@ -341,7 +341,7 @@ def _check(tensors: Any) -> None:
                              "safetensors refuses: call .contiguous() on it first")
         if t.dtype not in _CODES:
             raise ValueError(f"tensor `{name}`: dtype {t.dtype} has no safetensors name here")
-        if t.is_meta:
+        if t.is_meta:  # (the exception type safetensors itself raises for a meta tensor)
             raise NotImplementedError(f"tensor `{name}` is on the meta device: no data to save")
     for name in tensors:
         if not isinstance(name, str):
