@@ -18,7 +18,6 @@
 #include "common/validate.h"
 #include "persist/crc.h"
 #include "ring/range_read.h"
-#include "ring/version_follower.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
@@ -512,101 +511,6 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
                            << link->peer() << ": " << (s.ok() ? "ok" : s.ToString());
   }
   return s;
-}
-
-Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) {
-  const std::string& peer = link->peer();
-  v1::PeerRangeReply reply;
-  HeldBackup held;
-  int fd = -1;
-  uint64_t pinned = 0;  // a buffer of the cache, when the file is this server's own
-  VersionFollower* transfer = nullptr;  // a transfer in flight here, when the bytes are its
-  Status s = req.has_reader_uid() ? Status::NotFound("") : store_->Open(req.job(), req.path(), &held, &fd);
-  if (s.ok()) {
-    s = MayRead(held.file.job, peer, held.owner, req.has_job_uid(), req.job_uid(), &held.job_uid);
-    reply.set_held(true);
-  } else if (cache_ && req.has_reader_uid()) {  // a follower's reader: a published version's file
-    s = cache_->CheckPeerVersionRead(req.job(), req.path(), req.reader_uid(),
-                                     req.has_reader_gid() ? req.reader_gid() : static_cast<gid_t>(-1));
-    VersionFollower* follower = follower_.load();
-    if (s.ok()) {
-      s = cache_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
-      if (s.ok()) pinned = held.file.buffer_id;
-    }
-    if (s.code() == Status::Code::kNotFound && follower) {  // on its way here: served as it lands
-      uint64_t size = 0;
-      s = follower->OpenRange(req.job(), req.version_tag(), req.path(), req.offset(), req.length(), &fd, &size);
-      if (s.ok()) {
-        transfer = follower;
-        held.file.size = size;
-      } else if (s.code() == Status::Code::kNotFound) {  // it just landed whole
-        s = cache_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
-        if (s.ok()) pinned = held.file.buffer_id;
-      }
-    }
-  } else if (cache_) {  // this server's own file, for a member of the job's ring only
-    s = MayRead(req.job(), peer, "", req.has_job_uid(), req.job_uid(), nullptr);
-    if (s.ok()) s = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
-    if (s.ok()) pinned = held.file.buffer_id;
-  } else {
-    s = Status::NotFound(req.path() + " is not held here");
-  }
-  if (s.ok()) s = CheckRange(req.offset(), req.length(), held.file.size);
-  uint32_t crc = 0;
-  if (s.ok() && req.raw()) {
-    s = CrcOfRange(fd, req.offset(), req.length(), &crc);
-  } else if (s.ok()) {
-    s = ReadRangeOf(fd, req.offset(), req.length(), reply.mutable_data());
-    if (s.ok())
-      crc = Crc32(0, reinterpret_cast<const unsigned char*>(reply.data().data()), reply.data().size());
-  }
-  if (s.code() == Status::Code::kPermissionDenied)
-    TCE_LOG(kWarning, "ring") << "refused a ranged read of job=" << req.job() << " path=" << req.path()
-                              << " to " << peer << ": " << s.message();
-  Status sent;
-  if (!s.ok()) {
-    reply.Clear();
-    reply.set_code(static_cast<int>(s.code()));
-    reply.set_message(s.message());
-    sent = link->Send(reply);
-  } else {
-    reply.set_file_size(held.file.size);
-    reply.set_version(held.file.version);
-    reply.set_crc32(crc);
-    if (req.raw()) reply.set_raw_length(req.length());
-    sent = link->Send(reply);
-    // The bytes go from the buffer the CRC was computed on (a held copy
-    // replaced meanwhile fails the asker's check of that CRC).
-    if (sent.ok() && req.raw()) sent = link->SendFile(fd, req.offset(), req.length());
-    if (sent.ok() && req.has_reader_uid()) cache_->NoteVersionRangeServed();
-  }
-  if (fd >= 0) ::close(fd);
-  if (pinned) cache_->EndPeerRead(pinned);
-  if (transfer) transfer->CloseRange(req.job(), req.path());
-  return sent;
-}
-
-Status PeerServer::ServeVersion(PeerLink* link, const v1::PeerVersion& req) {
-  v1::PeerVersionReply reply;
-  TagInfo tag;
-  uid_t owner = 0;
-  Status s = cache_ ? ValidateName("job", req.job(), /*allow_empty=*/false, /*allow_slash=*/true)
-                    : Status::NotFound("this server holds no published versions");
-  if (s.ok()) {
-    const auto wait = std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), kMaxVersionWaitMs));
-    s = cache_->PeerGetVersion(req.job(), req.after(), wait, req.reader_uid(),
-                               req.has_reader_gid() ? req.reader_gid() : static_cast<gid_t>(-1), &tag, &owner);
-  }
-  if (s.code() == Status::Code::kPermissionDenied)
-    TCE_LOG(kWarning, "ring") << "refused the versions of job=" << req.job() << " to " << link->peer() << ": "
-                              << s.message();
-  reply.set_code(static_cast<int>(s.code()));
-  reply.set_message(s.message());
-  if (s.ok()) {
-    TagToProto(tag, reply.mutable_tag());
-    reply.set_job_uid(owner);
-  }
-  return link->Send(reply);
 }
 
 }  // namespace tce
