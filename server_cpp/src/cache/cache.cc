@@ -224,12 +224,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     return s;
   }
   if (!sessions_.Find(req.session)) return sessions_.Check(req.session);  // closed meanwhile
-  Buf& buf = buffers_[id];
-  buf.mem = std::move(mem);
-  buf.id = id;
-  buf.capacity = capacity;
-  used_ += capacity;
-  ++buffers_created_;
+  Buf& buf = Install(std::move(mem));
   StartAllocation(req, disk, buf, out);
   TCE_LOG(kInfo, "cache") << "allocated job=" << req.job << " tag=" << req.tag
                           << " path=" << req.path << " size=" << req.size << " buffer=" << id

@@ -280,6 +280,9 @@ class Cache : public PoolBudget,
                      bool claim = false) REQUIRES(mu_);
   // Ends the lease and lets go of the buffer it held.
   void DropLease(uint64_t lease_id) REQUIRES(mu_);
+  // Makes `mem` one of the cache's buffers (counted in used_; `created`: a
+  // new one, not one lent out and given back); its state is the caller's.
+  Buf& Install(std::unique_ptr<Buffer> mem, bool created = true) REQUIRES(mu_);
   // A buffer nobody holds any more: FREE for reuse, or destroyed when it
   // may not be reused (Buf::no_reuse). `buf` may be gone after.
   void FreeBuffer(Buf& buf) REQUIRES(mu_);

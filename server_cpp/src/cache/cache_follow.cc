@@ -132,16 +132,11 @@ Status Cache::AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buf
   }
   uid_t owner = 0;
   owners_.Owner(f.job, &owner);
-  const uint64_t id = mem->id();
-  Buf& buf = buffers_[id];
-  buf.id = id;
-  buf.capacity = mem->capacity();
-  buf.mem = std::move(mem);
+  Buf& buf = Install(std::move(mem), /*created=*/!reused);
+  const uint64_t id = buf.id;
   buf.state = BufState::kCached;
   buf.uid = owner;
   buf.readers = std::move(readers);
-  used_ += buf.capacity;
-  if (!reused) ++buffers_created_;
   auto old = replicas_.find({f.job, f.path});
   if (old != replicas_.end()) ReleaseBuffer(old->second.buffer_id);
   f.buffer_id = id;

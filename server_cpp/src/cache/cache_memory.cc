@@ -92,6 +92,17 @@ void Cache::MaybeFree(Buf& buf) {
   if (buf.state == BufState::kDraining && buf.leases == 0 && buf.pins == 0) FreeBuffer(buf);
 }
 
+Cache::Buf& Cache::Install(std::unique_ptr<Buffer> mem, bool created) {
+  const uint64_t id = mem->id();
+  Buf& buf = buffers_[id];
+  buf.id = id;
+  buf.capacity = mem->capacity();
+  buf.mem = std::move(mem);
+  used_ += buf.capacity;
+  if (created) ++buffers_created_;
+  return buf;
+}
+
 void Cache::FreeBuffer(Buf& buf) {
   done_cv_.SignalAll();  // a save waiting for room looks again
   if (!buf.no_reuse) {

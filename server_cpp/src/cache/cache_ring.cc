@@ -313,15 +313,10 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
       stale = "the copy does not say what storage held (an older peer): storage serves the file";
     if (!stale.empty()) return RefuseStaleCopy(key, f, stale);
   }
-  const uint64_t id = mem->id();
-  Buf& buf = buffers_[id];
-  buf.id = id;
-  buf.capacity = mem->capacity();
-  buf.mem = std::move(mem);
+  Buf& buf = Install(std::move(mem));
+  const uint64_t id = buf.id;
   buf.state = BufState::kCached;
   buf.uid = f.owner_uid;
-  used_ += buf.capacity;
-  ++buffers_created_;
   f.buffer_id = id;
   f.capacity = buf.capacity;
   f.state = FileState::kBackedUp;
