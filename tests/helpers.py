@@ -275,3 +275,14 @@ def exchange(a, b) -> None:
     if libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), str(a))
+
+
+def end_processes(procs, files=()) -> None:
+    """Kills the processes still running (a test that failed midway) and
+    closes their log files."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for f in files:
+        f.close()

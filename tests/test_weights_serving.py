@@ -28,7 +28,7 @@ import tce
 from tce import weights
 from tce.core import _knobs
 from tce.errors import DeadlineExceededError, FailedPreconditionError
-from helpers import until
+from helpers import end_processes, until
 from weights_infer import request, tiny_model
 
 HERE = Path(__file__).parent
@@ -226,12 +226,7 @@ def test_a_rank_killed_inside_a_save_never_publishes_it_and_readers_keep_the_pre
                 del got
             tce.close()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs:
-            f.close()
+        end_processes(procs, logs)
         code = srv.stop()
         srv.cleanup()
     assert code == 0, srv.log()

@@ -29,6 +29,8 @@ from tce.core import _knobs
 from tce.errors import FailedPreconditionError
 from tce.weights import weight_files
 
+from helpers import end_processes
+
 HERE = Path(__file__).parent
 WORLD = 2
 
@@ -54,12 +56,7 @@ def _train(srv, tmp_path: Path, job: str, mode: str, steps: int) -> tuple[Path, 
                 stderr=subprocess.STDOUT))
         codes = [p.wait(300) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs:
-            f.close()
+        end_processes(procs, logs)
     text = "\n".join(Path(f"{out}-{r}.log").read_text()[-4000:] for r in range(WORLD))
     assert codes == [0] * WORLD, text
     return ckpt, out, text
