@@ -86,18 +86,19 @@ Status Cache::AcquireVersion(const std::string& session, const std::string& job,
                             (version ? " (" + now + ")" : std::string()));
   }
   // First every check, then the leases: a refusal leaves nothing behind.
-  std::vector<const FileInfo*> held;
+  std::vector<const FileInfo*> known;  // per file of the tag: what this node knows of it, or null
+  std::vector<bool> held;              // ... and whether its bytes are in memory here
   size_t leases = 0;
   for (const TagFile& tf : tag.files) {
     const FileInfo* f = VersionFile(job, tf.path, tag.tag);
-    const bool same = !f || IsVersionsFile(tag, tf, *f);
-    if (!same)
+    if (f && !IsVersionsFile(tag, tf, *f))
       return Status::FailedPrecondition("version " + std::to_string(tag.version) + " of job '" + job +
                                         "' is gone: " + tf.path + " was saved again after it was published"
                                         " (read a newer version)");
     const bool in_memory = f && f->buffer_id != 0 && f->state != FileState::kEvicted &&
                            f->state != FileState::kDiscarded;
-    held.push_back(in_memory ? f : nullptr);
+    known.push_back(f);
+    held.push_back(in_memory);
     leases += in_memory;
   }
   if (leases) {
@@ -112,15 +113,14 @@ Status Cache::AcquireVersion(const std::string& session, const std::string& job,
   for (size_t i = 0; i < tag.files.size(); ++i) {
     const TagFile& tf = tag.files[i];
     if (held[i]) {
-      out->files.push_back(*held[i]);
-      vl.file_leases.push_back(sessions_.AddLease(session, held[i]->buffer_id));
-      ++buffers_[held[i]->buffer_id].leases;
+      out->files.push_back(*known[i]);
+      vl.file_leases.push_back(sessions_.AddLease(session, known[i]->buffer_id));
+      ++buffers_[known[i]->buffer_id].leases;
       continue;
     }
-    const FileInfo* known = VersionFile(job, tf.path, tag.tag);
     FileInfo f;
-    if (known) {
-      f = *known;
+    if (known[i]) {
+      f = *known[i];
       f.buffer_id = 0;
       f.capacity = 0;
     } else {
