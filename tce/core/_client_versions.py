@@ -79,8 +79,10 @@ class VersionCalls:
         finally:
             os.close(fd)
         with self._lock:
-            self._kept[buffer_id] = m
-        return m
+            kept = self._kept.setdefault(buffer_id, m)
+        if kept is not m:  # another thread mapped it meanwhile
+            m.close()
+        return kept
 
     def follow(self, job: str, sources: list[str]) -> pb.TagInfo | None:
         """Follow a job published on other nodes (their peer endpoints): the
