@@ -4,12 +4,14 @@ kustomize, every rendered document validates against the Kubernetes schemas
 drain fits the grace period, the probes speak gRPC health on the health
 port, the socket directory is shared, the memory limit holds the budget, the
 ConfigMap and the DaemonSet's environment make a configuration the real
-server accepts, and each overlay sets what it is for. The Prometheus alert
+server accepts, each overlay sets what it is for, and the s3 overlay's keys
+come from a Secret and appear in no ConfigMap. The Prometheus alert
 rules pass promtool's check and their unit tests, and name only metrics the
 real server exports."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -32,12 +34,17 @@ DEPLOY = os.path.join(REPO, "deploy")
 # and the newest the validator knows.
 K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 TARGETS = [".", "base", "overlays/single-node", "overlays/cluster-mysql", "overlays/rdma",
-           "overlays/hugepages"]
-CLUSTER = ["overlays/cluster-mysql", "overlays/rdma", "overlays/hugepages"]
+           "overlays/hugepages", "overlays/s3"]
+CLUSTER = ["overlays/cluster-mysql", "overlays/rdma", "overlays/hugepages", "overlays/s3"]
 CONFIG_PATH = "/etc/tce/tce.toml"  # where the DaemonSet mounts the ConfigMap
 # What the kubelet would put in the server's environment (stand-ins).
 NODE_IP = "10.0.0.7"
-SECRETS = {("tce-mysql", "url"): "mysql://tce:s3cret@mysql.example.com:3306/tce"}
+SECRETS = {("tce-mysql", "url"): "mysql://tce:s3cret@mysql.example.com:3306/tce",
+           ("tce-s3-credentials", "AWS_ACCESS_KEY_ID"): "AKIASTANDINKEYID0001",
+           ("tce-s3-credentials", "AWS_SECRET_ACCESS_KEY"): "StandInSecretAccessKey/0123456789abcdefghij",
+           ("tce-s3-credentials", "AWS_SESSION_TOKEN"): "StandInSessionToken+0123456789abcdefghij"}
+S3_SECRET = "tce-s3-credentials"
+S3_SECRET_EXAMPLE = os.path.join(DEPLOY, "overlays", "s3", "secret.example.yaml")
 # The only kustomization fields used: Debian 12's kubectl 1.20 (kustomize
 # v2.0.3) must render the same files as a current kubectl.
 KUSTOMIZE_V2_FIELDS = {"apiVersion", "kind", "namespace", "resources", "bases", "configMapGenerator",
@@ -105,6 +112,40 @@ def _config(docs) -> dict[str, str]:
     return out
 
 
+def _settings(docs) -> dict[str, str]:
+    """The server's settings as the ConfigMap and the DaemonSet's TCE_*
+    environment give them (the environment wins), without running it."""
+    _, c = _server(docs)
+    env = _kubelet_env(c)
+    config = _config(docs)
+    config.update({k[len("TCE_"):].lower(): v for k, v in env.items() if k.startswith("TCE_")})
+    return config
+
+
+def _roots(value: str) -> list[tuple[str, str | None]]:
+    """storage_roots as (directory, s3://bucket[/prefix] or None) pairs."""
+    out = []
+    for entry in filter(None, (e.strip() for e in value.split(","))):
+        directory, _, url = entry.partition("=")
+        assert directory.startswith("/"), f"not an absolute directory: {entry}"
+        assert not url or re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^,]*)?", url), entry
+        out.append((directory, url or None))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _server_has_s3() -> bool:
+    """Whether this tce-server knows the S3 settings (its --help lists them)."""
+    p = subprocess.run([server_binary(), "--help"], capture_output=True, text=True, timeout=60)
+    return "TCE_S3_ENDPOINT" in p.stdout + p.stderr
+
+
+def _skip_without_s3(target: str) -> None:
+    if target == "overlays/s3" and not _server_has_s3():
+        pytest.skip("this tce-server has no S3 settings (s3_endpoint...): the s3 overlay's "
+                    "configuration is checked against a server that has them")
+
+
 def _bytes(q: str) -> int:
     """A Kubernetes memory quantity, or a server size (8GiB, 512MiB), in bytes."""
     m = re.fullmatch(r"(\d+)\s*(Ki|Mi|Gi|Ti|KiB|MiB|GiB|TiB)?", q)
@@ -133,19 +174,23 @@ def _redacted(url: str) -> str:
     return re.sub(r"^(mysql://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
-def _print_config(docs, tmp_path) -> tuple[dict[str, str], dict[str, str]]:
+def _print_config(docs, tmp_path, output: list[str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
     """Runs the real server with the DaemonSet's args and environment and the
     ConfigMap as its config file, with --print-config. Returns (the effective
-    configuration, the TCE_* environment given)."""
+    configuration, the TCE_* environment given); appends what it printed
+    (stdout and stderr) to output."""
     _, c = _server(docs)
     config = tmp_path / "tce.toml"
     config.write_text(_config_text(docs))
     args = [str(config) if a == CONFIG_PATH else a for a in c.get("args", [])]
     assert str(config) in args, f"the server is not pointed at the ConfigMap: {c.get('args')}"
-    given = {k: v for k, v in _kubelet_env(c).items() if k.startswith("TCE_")}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TCE_")}
+    kubelet = _kubelet_env(c)
+    given = {k: v for k, v in kubelet.items() if k.startswith("TCE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TCE_", "AWS_"))}
     p = subprocess.run([server_binary(), *args, "--print-config"], capture_output=True, text=True,
-                       timeout=60, env={**env, **given})
+                       timeout=60, env={**env, **kubelet})
+    if output is not None:
+        output.append(p.stdout + p.stderr)
     assert p.returncode == 0, p.stderr
     effective = {}
     for line in p.stdout.splitlines():
@@ -165,6 +210,13 @@ def test_every_rendered_manifest_validates(target):
             kubernetes_validate.validate(d, version, strict=True)  # raises on any error
         if d["kind"] != "Namespace":
             assert d["metadata"]["namespace"] == "tce-system", d["metadata"]
+        # The schemas do not see it, the API server does: every mount names
+        # a volume of its pod (an overlay that drops one drops both).
+        if d["kind"] in ("DaemonSet", "Job"):
+            pod = d["spec"]["template"]["spec"]
+            volumes = _by_name(pod.get("volumes"))
+            for c in pod["containers"]:
+                assert {m["name"] for m in c.get("volumeMounts", [])} <= set(volumes), (d["kind"], c["name"])
 
 
 def test_the_validator_rejects_a_misspelled_field():
@@ -194,13 +246,14 @@ def test_kustomizations_use_only_what_kustomize_v2_renders():
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_server_accepts_the_config_map_and_the_environment(target, tmp_path):
+    _skip_without_s3(target)
     docs = _render(target)
     effective, given = _print_config(docs, tmp_path)
     assert effective["socket"] == "/run/tce/tce.sock"
     assert effective["health_listen"] == "0.0.0.0:7071"
     assert effective["metrics_listen"] == "0.0.0.0:9464"
     assert effective["log_format"] == "json"
-    assert effective["storage_roots"] == "/mnt/checkpoints"
+    assert [d for d, _ in _roots(effective["storage_roots"])] == ["/mnt/checkpoints"]
     for key, value in _config(docs).items():
         if "TCE_" + key.upper() in given:
             continue  # the environment wins (checked below)
@@ -280,11 +333,19 @@ def test_training_pods_share_the_socket_directory_and_the_storage(target):
     assert _mounts(train)["tce-sockets"] == sockets_dir
     assert server_vols["sockets"]["hostPath"]["path"] == job_vols["tce-sockets"]["hostPath"]["path"]
     assert _by_name(train["env"])["TCE_SOCKET"]["value"] == config["socket"]
-    # The storage: the same node path at the same place, so a file the
-    # client names is the file the server persists.
-    assert _mounts(server)["checkpoints"] == _mounts(train)["checkpoints"] == config["storage_roots"]
-    assert server_vols["checkpoints"]["hostPath"]["path"] == job_vols["checkpoints"]["hostPath"]["path"]
-    assert train["args"][0].count("--save_dir " + config["storage_roots"] + "/") == 1
+    # The storage: a filesystem root is the same node path at the same
+    # place, so a file the client names is the file the server persists. An
+    # S3 root is no node path: the server mounts nothing there, and the
+    # training pods keep only what DeepSpeed writes itself (an emptyDir).
+    [(root, bucket)] = _roots(_settings(docs)["storage_roots"])
+    assert _mounts(train)["checkpoints"] == root
+    if bucket is None:
+        assert _mounts(server)["checkpoints"] == root
+        assert server_vols["checkpoints"]["hostPath"]["path"] == job_vols["checkpoints"]["hostPath"]["path"]
+    else:
+        assert root not in _mounts(server).values() and "checkpoints" not in server_vols
+        assert job_vols["checkpoints"] == {"name": "checkpoints", "emptyDir": {}}
+    assert train["args"][0].count("--save_dir " + root + "/") == 1
     # Training pods land only on nodes that run a server.
     assert jpod["nodeSelector"].items() >= pod["nodeSelector"].items(), (jpod["nodeSelector"], pod["nodeSelector"])
     assert all(t in pod.get("tolerations", []) for t in jpod.get("tolerations", []))
@@ -329,15 +390,16 @@ def test_cluster_overlays_take_secrets_and_join_the_ring(target, tmp_path):
     assert vols["peer-token"]["secret"]["secretName"] == "tce-peer-token"
     assert env["TCE_PEER_TOKEN_FILE"]["value"] == _mounts(c)["peer-token"] + "/token"
     assert not any(d["kind"] == "Secret" for d in docs), "secrets are the admin's, never in the repo"
+    # Every node of the job runs its rank.
+    job, train = _job(docs)
+    assert job["spec"]["completions"] == 2 and "--nnodes=2 " in train["args"][0]
     # What the server makes of it: MySQL, and this node's address for peers.
+    _skip_without_s3(target)
     effective, _ = _print_config(docs, tmp_path)
     url = SECRETS[("tce-mysql", "url")]
     assert effective["metadata_url"] == _redacted(url) != url  # the password is never printed
     assert effective["peer_advertise"] == NODE_IP + ":7070"
     assert effective["peer_token_file"] == "/etc/tce-peer/token"
-    # Every node of the job runs its rank.
-    job, train = _job(docs)
-    assert job["spec"]["completions"] == 2 and "--nnodes=2 " in train["args"][0]
 
 
 def test_the_rdma_overlay_uses_ofi_verbs_and_asks_for_the_device(tmp_path):
@@ -372,6 +434,95 @@ def test_the_hugepages_overlay_puts_the_cache_on_the_huge_pages_it_asks_for(tmp_
     for target in ("overlays/cluster-mysql", "overlays/single-node", "overlays/rdma"):
         _, other = _server(_render(target))
         assert "hugepages-2Mi" not in other["resources"]["limits"]
+
+
+def _s3_secret_refs(container) -> dict[str, dict]:
+    """The container's variables taken from the S3 Secret: name -> secretKeyRef."""
+    return {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container.get("env", [])
+            if e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == S3_SECRET}
+
+
+def test_the_s3_overlay_maps_the_checkpoints_to_the_bucket_with_keys_from_the_secret():
+    docs = _render("overlays/s3")
+    ds, c = _server(docs)
+    settings = _settings(docs)
+    # The path the training pods save under is the bucket's prefix.
+    [(root, bucket)] = _roots(settings["storage_roots"])
+    assert bucket == "s3://your-bucket/tce"
+    _, train = _job(docs)
+    assert "--save_dir %s/" % root in train["args"][0]
+    assert settings["s3_region"] == "us-east-1" and settings["s3_endpoint"] == ""
+    assert settings["s3_path_style"] in ("true", "false")
+    # The keys: environment variables from the Secret, by reference (the
+    # session token only where the Secret has one); no credentials file.
+    refs = _s3_secret_refs(c)
+    assert refs == {
+        "AWS_ACCESS_KEY_ID": {"name": S3_SECRET, "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": S3_SECRET, "key": "AWS_SECRET_ACCESS_KEY"},
+        "AWS_SESSION_TOKEN": {"name": S3_SECRET, "key": "AWS_SESSION_TOKEN", "optional": True},
+    }
+    assert not settings.get("s3_credentials_file")
+    assert not any(e["name"].startswith("AWS_") and "value" in e for e in c["env"]), "a key written inline"
+    # No secret in the rendered manifests: no Secret (the example is not
+    # applied), and no ConfigMap that holds or names a key.
+    assert not any(d["kind"] == "Secret" for d in docs)
+    example = yaml.safe_load(open(S3_SECRET_EXAMPLE))
+    values = [*SECRETS.values(), *example["stringData"].values()]
+    for cm in (d for d in docs if d["kind"] == "ConfigMap"):
+        for key, text in cm["data"].items():
+            assert not any(v in text for v in values), (cm["metadata"]["name"], key)
+            assert not re.search(r"(?i)aws_(access_key_id|secret_access_key|session_token)", text), \
+                (cm["metadata"]["name"], key)
+    rendered = _rendered["overlays/s3"]
+    assert not any(v in rendered for v in example["stringData"].values())
+    # No node mounts the checkpoints: the server writes the bucket, and the
+    # training pods keep what DeepSpeed writes itself in an emptyDir. A save
+    # the server cannot take raises: a fallback would vanish with the pod.
+    assert all(v.get("hostPath", {}).get("path") != root for v in ds["spec"]["template"]["spec"]["volumes"])
+    assert _by_name(train["env"])["TCE_ON_UNAVAILABLE"]["value"] == "raise"
+    # The other overlays keep the filesystem and take no S3 keys.
+    for target in ("overlays/cluster-mysql", "overlays/single-node", "overlays/rdma", "overlays/hugepages"):
+        other = _render(target)
+        assert [b for _, b in _roots(_settings(other)["storage_roots"])] == [None]
+        _, oc = _server(other)
+        assert not _s3_secret_refs(oc) and not any(e["name"].startswith("AWS_") for e in oc.get("env", []))
+
+
+def test_the_example_s3_secret_is_valid_fits_the_overlay_and_is_not_applied():
+    secret = yaml.safe_load(open(S3_SECRET_EXAMPLE))
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(secret, version, strict=True)
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == S3_SECRET
+    assert secret["metadata"]["namespace"] == "tce-system"
+    # It has the keys the DaemonSet requires, only keys it reads, and only
+    # placeholders for values.
+    _, c = _server(_render("overlays/s3"))
+    refs = _s3_secret_refs(c)
+    required = {r["key"] for r in refs.values() if not r.get("optional")}
+    assert required <= set(secret["stringData"]) <= {r["key"] for r in refs.values()}
+    assert all(v.startswith("REPLACE_WITH_") for v in secret["stringData"].values()), secret["stringData"]
+    # No kustomization applies it.
+    for root, _, files in os.walk(DEPLOY):
+        if "kustomization.yaml" in files:
+            k = yaml.safe_load(open(os.path.join(root, "kustomization.yaml")))
+            named = [f for field in ("resources", "patchesStrategicMerge") for f in k.get(field, [])]
+            assert not any(os.path.basename(f) == "secret.example.yaml" for f in named), root
+
+
+def test_the_server_takes_the_s3_overlay_and_prints_no_key(tmp_path):
+    """The real server's --print-config with the s3 overlay's ConfigMap and
+    environment (the Secret's keys as stand-ins): the S3 root and settings
+    as given, and not one key in what it prints."""
+    _skip_without_s3("overlays/s3")
+    docs = _render("overlays/s3")
+    printed: list[str] = []
+    effective, given = _print_config(docs, tmp_path, printed)
+    assert effective["storage_roots"] == given["TCE_STORAGE_ROOTS"]
+    assert effective["s3_region"] == given["TCE_S3_REGION"]
+    assert effective["s3_path_style"] == given["TCE_S3_PATH_STYLE"]
+    for (name, _), value in SECRETS.items():
+        if name == S3_SECRET:
+            assert value not in printed[0], "a key printed"
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess:
