@@ -142,4 +142,25 @@ class S3Client {
   std::atomic<uint64_t> retries_made_{0};
 };
 
+struct S3PutOptions {
+  uint64_t part_size = 16 << 20;  // multipart above this size; S3's minimum part is 5 MiB
+  int parallel = 8;               // parts in flight
+  // Called with the upload id right after CreateMultipart and again
+  // (started=false) once it is completed or aborted, so the caller can
+  // journal unfinished uploads and abort them after a crash.
+  std::function<void(const std::string& upload_id, bool started)> journal;
+  // Called just before CompleteMultipart (or the single Put): a non-OK
+  // status aborts the upload and is returned (the caller's last check that
+  // the object may still be written).
+  std::function<Status()> before_commit;
+};
+// Writes data[0, n) to bucket/key: one Put up to part_size, else a multipart
+// upload with `parallel` parts in flight (threads; each part retried on its
+// own), completed only when every part succeeded; on any failure or Cancel
+// the upload is aborted (best effort: after Cancel the abort is not sent,
+// and the journal keeps the upload) and nothing is visible at the key.
+// `etag`: the new object's.
+Status PutObject(S3Client* client, const std::string& bucket, const std::string& key, const char* data, uint64_t n,
+                 const S3PutOptions& options, std::string* etag);
+
 }  // namespace tce
