@@ -368,6 +368,9 @@ TEST(S3Client, RefusesWhatS3WouldMisread) {
   config.path_style = false;  // a bucket cannot be a subdomain of an address
   EXPECT_EQ(S3Client(config).Head("b", "k", &obj).code(), Code::kInvalidArgument);
   config = Config(server);
+  config.resolve = {"not-host-port-addr"};
+  EXPECT_EQ(S3Client(config).Head("b", "k", &obj).code(), Code::kInvalidArgument);
+  config = Config(server);
   config.credentials.session_token = "tok\r\nX-Injected: 1";
   EXPECT_EQ(S3Client(config).Head("b", "k", &obj).code(), Code::kInvalidArgument);
   S3Client client(Config(server));

@@ -302,6 +302,7 @@ Status S3Http::Outcome(int result, const Transfer& t) const {
     case CURLE_URL_MALFORMAT:
     case CURLE_NOT_BUILT_IN:
     case CURLE_BAD_FUNCTION_ARGUMENT:
+    case CURLE_SETOPT_OPTION_SYNTAX:  // a malformed `resolve` entry
     case CURLE_SSL_CACERT_BADFILE:
     case CURLE_SSL_CERTPROBLEM:
       return Status::InvalidArgument("S3: " + what);
