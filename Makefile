@@ -11,7 +11,8 @@ LIGHTNING_PIN := lightning>=2.4,<3
 BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
 STAMPS      := build/.stamps
 # Debian packages: compilers/build tools, gRPC + protobuf for the server,
-# SQLite/MariaDB/libfabric for the metadata and ring pieces, gtest;
+# SQLite/MariaDB/libfabric for the metadata and ring pieces, libcurl for
+# the S3 client, gtest;
 # libfuse2 for the tests' failing filesystem (fusepy drives it); clang for
 # the thread-safety check;
 # podman/runc/debootstrap to build and smoke-test the image offline, and
@@ -22,7 +23,7 @@ STAMPS      := build/.stamps
 # a Prometheus on port 9090: nothing uses it).
 APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-	libsqlite3-dev libfabric-dev libmariadb-dev mariadb-server libgtest-dev libfuse2 clang \
+	libsqlite3-dev libfabric-dev libmariadb-dev libcurl4-openssl-dev mariadb-server libgtest-dev libfuse2 clang \
 	podman runc catatonit debootstrap iptables prometheus openssl stress-ng
 
 .PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py test-stress demo bench gpu-check image clean

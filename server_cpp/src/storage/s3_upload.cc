@@ -1,0 +1,181 @@
+// S3Client's writes: single PUTs and the calls of a multipart upload.
+#include <openssl/evp.h>
+
+#include "storage/s3_client.h"
+#include "storage/s3_http.h"
+#include "storage/s3_xml.h"
+
+namespace tce {
+namespace {
+
+constexpr int kMaxParts = 10000;  // S3's limit
+
+bool Md5(const void* data, size_t n, unsigned char digest[16]) {
+  unsigned int len = 0;
+  // EVP_Digest fails where MD5 is not allowed (a FIPS provider).
+  return EVP_Digest(data, n, digest, &len, EVP_md5(), nullptr) == 1 && len == 16;
+}
+
+// The Content-MD5 header for a body: S3 refuses (BadDigest, retried) a body
+// damaged on its way, which an unsigned payload would not reveal. Nothing
+// where MD5 is unavailable.
+std::string ContentMd5Header(const char* data, size_t n) {
+  unsigned char digest[16];
+  if (!Md5(data, n, digest)) return "";
+  unsigned char b64[32];
+  const int len = EVP_EncodeBlock(b64, digest, 16);
+  return "Content-MD5: " + std::string(reinterpret_cast<const char*>(b64), len);
+}
+
+// The ETag S3 gives an object completed from parts with these ETags (the
+// MD5 of their MD5s, "-" and their count); empty when one is not an MD5
+// (an encrypted object's).
+std::string MultipartEtag(const std::vector<std::string>& part_etags) {
+  std::string md5s;
+  for (const std::string& etag : part_etags) {
+    if (etag.size() != 32) return "";
+    for (size_t i = 0; i < 32; i += 2) {
+      unsigned value = 0;
+      for (size_t j = i; j < i + 2; ++j) {
+        const char c = etag[j];
+        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return "";
+        value = value * 16 + d;
+      }
+      md5s += static_cast<char>(value);
+    }
+  }
+  unsigned char digest[16];
+  if (!Md5(md5s.data(), md5s.size(), digest)) return "";
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : digest) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out + "-" + std::to_string(part_etags.size());
+}
+
+Status EtagFrom(const std::string& what, const std::string& raw, std::string* etag) {
+  if (CleanEtag(raw, etag)) return Status::OK();
+  return Status::Internal(what + ": bad ETag '" + Printable(raw, 64) + "'");
+}
+
+Status CheckUploadId(const std::string& what, const std::string& upload_id) {
+  if (upload_id.empty() || upload_id.size() > 1024) return Status::InvalidArgument(what + ": no upload id");
+  return Status::OK();
+}
+
+}  // namespace
+
+Status S3Client::Put(const std::string& bucket, const std::string& key, const char* data, size_t n,
+                     std::string* etag) {
+  Status s = Check(bucket, &key);
+  if (!s.ok()) return s;
+  Request req("PUT", Url(bucket, key, ""), S3What("PUT", bucket, key));
+  req.http.body = data;
+  req.http.body_size = n;
+  const std::string md5 = ContentMd5Header(data, n);
+  if (!md5.empty()) req.http.headers.push_back(md5);
+  Reply reply;
+  s = Run(&req, &reply);
+  if (!s.ok()) return s;
+  return EtagFrom(req.what, reply.etag, etag);
+}
+
+Status S3Client::CreateMultipart(const std::string& bucket, const std::string& key, std::string* upload_id) {
+  Status s = Check(bucket, &key);
+  if (!s.ok()) return s;
+  Request req("POST", Url(bucket, key, S3Query({{"uploads", ""}})), S3What("POST", bucket, key + "?uploads"));
+  req.http.headers.push_back("Content-Type: application/octet-stream");  // the object's, once completed
+  req.xml = true;
+  Reply reply;
+  s = Run(&req, &reply);
+  if (!s.ok()) return s;
+  if (!XmlField(reply.body, "UploadId", upload_id) || upload_id->empty() || upload_id->size() > 1024 ||
+      Printable(*upload_id, 1024) != *upload_id) {
+    return Status::Internal(req.what + ": no valid UploadId in '" + Printable(reply.body, 128) + "'");
+  }
+  return Status::OK();
+}
+
+Status S3Client::UploadPart(const std::string& bucket, const std::string& key, const std::string& upload_id,
+                            int part_number, const char* data, size_t n, std::string* etag) {
+  Status s = Check(bucket, &key);
+  if (!s.ok()) return s;
+  const std::string what = S3What("PUT", bucket, key) + " part " + std::to_string(part_number);
+  if (part_number < 1 || part_number > kMaxParts) return Status::InvalidArgument(what + ": part out of 1..10000");
+  s = CheckUploadId(what, upload_id);
+  if (!s.ok()) return s;
+  Request req("PUT", Url(bucket, key, S3Query({{"partNumber", std::to_string(part_number)}, {"uploadId", upload_id}})),
+              what);
+  req.http.body = data;
+  req.http.body_size = n;
+  const std::string md5 = ContentMd5Header(data, n);
+  if (!md5.empty()) req.http.headers.push_back(md5);
+  Reply reply;
+  s = Run(&req, &reply);
+  if (!s.ok()) return s;
+  return EtagFrom(req.what, reply.etag, etag);
+}
+
+Status S3Client::CompleteMultipart(const std::string& bucket, const std::string& key, const std::string& upload_id,
+                                   const std::vector<std::string>& part_etags, std::string* etag) {
+  Status s = Check(bucket, &key);
+  if (!s.ok()) return s;
+  const std::string what = S3What("POST", bucket, key) + " (complete)";
+  s = CheckUploadId(what, upload_id);
+  if (!s.ok()) return s;
+  if (part_etags.empty() || part_etags.size() > kMaxParts) {
+    return Status::InvalidArgument(what + ": " + std::to_string(part_etags.size()) + " parts (1 to 10000 allowed)");
+  }
+  std::string body = "<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">";
+  std::vector<std::string> clean(part_etags.size());
+  for (size_t i = 0; i < part_etags.size(); ++i) {
+    if (!CleanEtag(part_etags[i], &clean[i])) {
+      return Status::InvalidArgument(what + ": part " + std::to_string(i + 1) + " has no valid ETag");
+    }
+    body += "<Part><PartNumber>" + std::to_string(i + 1) + "</PartNumber><ETag>\"" + XmlEscape(clean[i]) +
+            "\"</ETag></Part>";
+  }
+  body += "</CompleteMultipartUpload>";
+  Request req("POST", Url(bucket, key, S3Query({{"uploadId", upload_id}})), what);
+  req.http.headers.push_back("Content-Type: application/xml");
+  req.http.body = body.data();
+  req.http.body_size = body.size();
+  req.xml = true;  // S3 may answer 200 and an <Error> (it starts the answer before it is done)
+  Reply reply;
+  s = Run(&req, &reply);
+  if (s.code() == Status::Code::kNotFound) {
+    // An attempt whose reply was lost may have completed the upload: then
+    // the object is there with the ETag these parts make. (curl itself
+    // sends a request again when a kept-alive connection turns out closed,
+    // so even a first attempt may be a second one.)
+    const std::string expected = MultipartEtag(clean);
+    S3Object object;
+    if (!expected.empty() && Head(bucket, key, &object).ok() && object.exists && object.etag == expected) {
+      *etag = expected;
+      return Status::OK();
+    }
+  }
+  if (!s.ok()) return s;
+  std::string raw;
+  if (!XmlField(reply.body, "ETag", &raw)) {
+    return Status::Internal(what + ": no ETag in '" + Printable(reply.body, 128) + "'");
+  }
+  return EtagFrom(what, raw, etag);
+}
+
+Status S3Client::AbortMultipart(const std::string& bucket, const std::string& key, const std::string& upload_id) {
+  Status s = Check(bucket, &key);
+  if (!s.ok()) return s;
+  const std::string what = S3What("DELETE", bucket, key) + " (abort)";
+  s = CheckUploadId(what, upload_id);
+  if (!s.ok()) return s;
+  Request req("DELETE", Url(bucket, key, S3Query({{"uploadId", upload_id}})), what);
+  Reply reply;
+  s = Run(&req, &reply);
+  return s.code() == Status::Code::kNotFound ? Status::OK() : s;
+}
+
+}  // namespace tce
