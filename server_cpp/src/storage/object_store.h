@@ -1,0 +1,120 @@
+// ObjectStore: storage that holds whole objects under keys (S3 and stores
+// that speak its API), behind one interface, so the cache and the persister
+// need not know which. ObjectRoots maps path prefixes to stores: with
+// `storage_roots = /ckpt=s3://bucket/run1`, the file /ckpt/a/x.pt is the
+// object run1/a/x.pt of bucket `bucket`, holding exactly the file's bytes.
+//
+// A new backend is one class implementing ObjectStore plus one line in
+// OpenObjectStore (object_roots.cc), chosen by the URL's scheme. Stores are
+// thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tce {
+
+// What a key holds: the identity coherence compares (docs/semantics.md), in
+// place of a file's inode: an object replaced or deleted since is told by
+// its ETag or size.
+struct ObjectId {
+  bool exists = false;
+  uint64_t size = 0;
+  std::string etag;
+};
+
+struct ListedObject {
+  std::string key;
+  uint64_t size = 0;
+};
+
+class ObjectStore {
+ public:
+  virtual ~ObjectStore() = default;
+  // "s3://bucket/key", for messages and logs (never credentials).
+  virtual std::string Url(const std::string& key) const = 0;
+  // Writes data[0, n) at `key`, visible only once complete (never a partial
+  // object). `before_commit` runs just before the object is made visible; a
+  // failure there abandons the write and is returned. `out`: the new object.
+  virtual Status Write(const std::string& key, const char* data, uint64_t n,
+                       const std::function<Status()>& before_commit, ObjectId* out) = 0;
+  // Reads [offset, offset + n) of `key` into `into` (large reads as ranged
+  // reads in parallel). A non-empty `etag` must still be the object's
+  // (FAILED_PRECONDITION when it was replaced meanwhile).
+  virtual Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into,
+                      const std::string& etag) = 0;
+  virtual Status Stat(const std::string& key, ObjectId* out) = 0;  // absent: OK, exists = false
+  virtual Status List(const std::string& prefix, std::vector<ListedObject>* out) = 0;
+  virtual Status Delete(const std::string& key) = 0;  // absent: OK
+  // At start: abandons the unfinished writes a crashed run of this server
+  // left (only its own); returns how many.
+  virtual int AbandonUnfinished() = 0;
+  // Ends every wait and transfer in progress (the server is stopping).
+  virtual void Cancel() = 0;
+  virtual uint64_t retries() const = 0;  // requests retried so far
+};
+
+// Settings every store may use (daemon/settings.cc: the s3_* settings).
+struct ObjectStoreOptions {
+  std::string endpoint, region = "us-east-1", ca_file, credentials_file, profile = "default";
+  bool path_style = false, verify_tls = true;
+  uint64_t part_size = 16 << 20;
+  int parallel = 8, retries = 8;
+  int backoff_ms = 100;
+  // The directory where unfinished writes are journaled (a file per store),
+  // so a restart abandons them (empty: not journaled).
+  std::string journal;
+};
+
+// Opens the store `url` ("s3://bucket[/prefix]") names; `prefix` gets the
+// key prefix ("" or "run1/"). INVALID_ARGUMENT for an unknown scheme.
+Status OpenObjectStore(const std::string& url, const ObjectStoreOptions& options,
+                       std::shared_ptr<ObjectStore>* out, std::string* prefix);
+
+struct ObjectRoot {
+  std::string dir;     // absolute, normalised, no trailing slash
+  std::string url;     // as configured
+  std::string prefix;  // key prefix: "" or ending in '/'
+  std::shared_ptr<ObjectStore> store;
+};
+
+class ObjectRoots {
+ public:
+  ObjectRoots() = default;
+  ObjectRoots(const ObjectRoots&) = delete;
+  ObjectRoots& operator=(const ObjectRoots&) = delete;
+  ~ObjectRoots() { CancelAll(); }
+  void Add(ObjectRoot root) { roots_.push_back(std::move(root)); }
+  bool empty() const { return roots_.empty(); }
+  const std::vector<ObjectRoot>& all() const { return roots_; }
+  // The root `path` (absolute, normalised) lies under (the longest), and its
+  // key; null when none. Lexical: an object root has no directories to
+  // resolve, and `..` was refused before.
+  const ObjectRoot* Find(const std::string& path, std::string* key) const;
+  // At start, on a thread of its own (an endpoint that is down must not
+  // hold the server's start): each store abandons what a crash left.
+  void AbandonUnfinishedInBackground();
+  // Ends every transfer in progress and the background abandoning.
+  void CancelAll();
+
+ private:
+  std::vector<ObjectRoot> roots_;
+  std::thread abandoning_;
+};
+
+// Opens the stores of `objects` (dir, url) into `out`.
+Status OpenObjectRoots(const std::vector<std::pair<std::string, std::string>>& objects,
+                       const ObjectStoreOptions& options, std::shared_ptr<ObjectRoots>* out);
+
+// Splits `storage_roots` ("DIR" or "DIR=URL", comma-separated) into
+// filesystem roots and object roots (URL checked, stores not opened).
+Status ParseStorageRoots(const std::string& text, std::vector<std::string>* dirs,
+                         std::vector<std::pair<std::string, std::string>>* objects);
+
+}  // namespace tce

@@ -1,0 +1,195 @@
+#include "storage/s3_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "common/logging.h"
+
+namespace tce {
+namespace {
+constexpr size_t kMaxJournal = 16 << 20;  // a journal larger than this is not read (and is reset)
+
+bool SafeToken(const std::string& s) {  // an upload id or key as journaled: one line, no NUL
+  if (s.empty() || s.size() > 4096) return false;
+  for (char c : s)
+    if (c == '\n' || c == '\r' || c == '\0') return false;
+  return true;
+}
+}  // namespace
+
+Status S3Store::Open(const std::string& bucket, const ObjectStoreOptions& options,
+                     std::shared_ptr<ObjectStore>* out) {
+  S3Config c;
+  c.endpoint = options.endpoint;
+  c.region = options.region;
+  c.path_style = options.path_style;
+  c.verify_tls = options.verify_tls;
+  c.ca_file = options.ca_file;
+  c.retries = options.retries;
+  c.backoff = std::chrono::milliseconds(options.backoff_ms);
+  Status s = LoadS3Credentials(options.credentials_file, options.profile, &c.credentials);
+  if (!s.ok()) return s;
+  *out = std::make_shared<S3Store>(bucket, options, std::make_unique<S3Client>(std::move(c)));
+  return Status::OK();
+}
+
+S3Store::S3Store(std::string bucket, ObjectStoreOptions options, std::unique_ptr<S3Client> client)
+    : bucket_(std::move(bucket)), options_(std::move(options)), client_(std::move(client)) {}
+
+void S3Store::Journal(const std::string& key, const std::string& upload_id, bool started) {
+  if (options_.journal.empty()) return;
+  if (!SafeToken(key) || !SafeToken(upload_id) || upload_id.find(' ') != std::string::npos) {
+    TCE_LOG(kWarning, "s3") << "not journaling an upload with an unusual id or key: " << Url(key);
+    return;
+  }
+  const std::string line = (started ? "+ " + upload_id + " " + key : "- " + upload_id) + "\n";
+  MutexLock l(&journal_mu_);
+  int fd = ::open(options_.journal.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    TCE_LOG(kWarning, "s3") << "cannot journal uploads in " << options_.journal << ": " << std::strerror(errno);
+    return;
+  }
+  ssize_t n = ::write(fd, line.data(), line.size());
+  if (n != static_cast<ssize_t>(line.size()) || (started && ::fdatasync(fd) != 0))
+    TCE_LOG(kWarning, "s3") << "journal " << options_.journal << ": " << std::strerror(errno);
+  ::close(fd);
+}
+
+int S3Store::AbandonUnfinished() {
+  if (options_.journal.empty()) return 0;
+  std::string text;
+  {
+    MutexLock l(&journal_mu_);
+    int fd = ::open(options_.journal.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return 0;
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0 && text.size() <= kMaxJournal) text.append(buf, n);
+    ::close(fd);
+  }
+  std::map<std::string, std::string> open;  // upload id -> key
+  std::istringstream lines(text.size() <= kMaxJournal ? text : "");
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.size() > 2 && line.compare(0, 2, "+ ") == 0) {
+      const size_t sp = line.find(' ', 2);
+      if (sp != std::string::npos) open[line.substr(2, sp - 2)] = line.substr(sp + 1);
+    } else if (line.size() > 2 && line.compare(0, 2, "- ") == 0) {
+      open.erase(line.substr(2));
+    }
+  }
+  int aborted = 0, left = 0;
+  std::string keep;
+  for (const auto& [id, key] : open) {
+    Status s = client_->AbortMultipart(bucket_, key, id);
+    if (s.ok() || s.code() == Status::Code::kNotFound) {
+      ++aborted;
+      TCE_LOG(kInfo, "s3") << "aborted the unfinished upload of " << Url(key) << " a crash left";
+    } else {
+      ++left;
+      keep += "+ " + id + " " + key + "\n";
+      TCE_LOG(kWarning, "s3") << "cannot abort the unfinished upload of " << Url(key) << ": " << s.ToString()
+                              << " (tried again at the next start)";
+    }
+  }
+  MutexLock l(&journal_mu_);  // what is left, for the next start
+  const std::string tmp = options_.journal + ".new";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd >= 0) {
+    bool ok = ::write(fd, keep.data(), keep.size()) == static_cast<ssize_t>(keep.size()) && ::fsync(fd) == 0;
+    ::close(fd);
+    if (ok) ::rename(tmp.c_str(), options_.journal.c_str());
+  }
+  return aborted;
+}
+
+Status S3Store::Write(const std::string& key, const char* data, uint64_t n,
+                      const std::function<Status()>& before_commit, ObjectId* out) {
+  S3PutOptions po;
+  po.part_size = options_.part_size;
+  po.parallel = options_.parallel;
+  po.journal = [this, &key](const std::string& id, bool started) { Journal(key, id, started); };
+  // CANCELLED is coherence's verdict (the caller's check refused the write);
+  // the client's own CANCELLED only means the server is stopping.
+  bool refused = false;
+  po.before_commit = [&]() {
+    Status c = before_commit ? before_commit() : Status::OK();
+    refused = !c.ok();
+    return c;
+  };
+  std::string etag;
+  Status s = PutObject(client_.get(), bucket_, key, data, n, po, &etag);
+  if (s.code() == Status::Code::kCancelled && !refused)
+    return Status::Unavailable("the upload of " + Url(key) + " was stopped: the server is stopping");
+  if (!s.ok()) return s;
+  out->exists = true;
+  out->size = n;
+  out->etag = etag;
+  return Status::OK();
+}
+
+Status S3Store::Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag) {
+  const uint64_t piece = std::max<uint64_t>(options_.part_size, 1 << 20);
+  const uint64_t pieces = (n + piece - 1) / piece;
+  if (pieces <= 1) return n == 0 ? Status::OK() : client_->GetRange(bucket_, key, offset, n, into, etag);
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  Mutex mu;
+  Status first;
+  auto run = [&] {
+    for (uint64_t i; !failed.load() && (i = next.fetch_add(1)) < pieces;) {
+      const uint64_t at = i * piece, len = std::min(piece, n - at);
+      Status s = client_->GetRange(bucket_, key, offset + at, len, into + at, etag);
+      if (!s.ok() && !failed.exchange(true)) {
+        MutexLock l(&mu);
+        first = s;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  const int width = static_cast<int>(std::min<uint64_t>(std::max(1, options_.parallel), pieces));
+  for (int t = 1; t < width; ++t) {
+    try {
+      threads.emplace_back(run);
+    } catch (const std::system_error&) {
+      break;  // out of threads: fewer reads in flight
+    }
+  }
+  run();
+  for (auto& t : threads) t.join();
+  MutexLock l(&mu);
+  return first;
+}
+
+Status S3Store::Stat(const std::string& key, ObjectId* out) {
+  S3Object o;
+  Status s = client_->Head(bucket_, key, &o);
+  if (!s.ok()) return s;
+  out->exists = o.exists;
+  out->size = o.size;
+  out->etag = o.etag;
+  return Status::OK();
+}
+
+Status S3Store::List(const std::string& prefix, std::vector<ListedObject>* out) {
+  std::vector<S3Listed> listed;
+  Status s = client_->List(bucket_, prefix, &listed);
+  if (!s.ok()) return s;
+  out->clear();
+  for (const S3Listed& l : listed) out->push_back({l.key, l.size});
+  return Status::OK();
+}
+
+Status S3Store::Delete(const std::string& key) { return client_->Delete(bucket_, key); }
+
+}  // namespace tce

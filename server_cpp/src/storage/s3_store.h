@@ -1,0 +1,47 @@
+// S3Store: an ObjectStore over one S3 bucket (storage/s3_client.h). Large
+// objects go up as multipart uploads with parts in parallel and come down
+// as parallel ranged GETs. Every multipart upload is journaled (upload id
+// and key, synced before the first part) and struck from the journal when
+// completed or aborted, so a restart aborts exactly the uploads a crashed
+// run of this server left, never another writer's.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/mutex.h"
+#include "storage/object_store.h"
+#include "storage/s3_client.h"
+
+namespace tce {
+
+class S3Store : public ObjectStore {
+ public:
+  // Loads the credentials (options.credentials_file, else the environment).
+  static Status Open(const std::string& bucket, const ObjectStoreOptions& options,
+                     std::shared_ptr<ObjectStore>* out);
+
+  std::string Url(const std::string& key) const override { return "s3://" + bucket_ + "/" + key; }
+  Status Write(const std::string& key, const char* data, uint64_t n,
+               const std::function<Status()>& before_commit, ObjectId* out) override;
+  Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into,
+              const std::string& etag) override;
+  Status Stat(const std::string& key, ObjectId* out) override;
+  Status List(const std::string& prefix, std::vector<ListedObject>* out) override;
+  Status Delete(const std::string& key) override;
+  int AbandonUnfinished() override;
+  void Cancel() override { client_->Cancel(); }
+  uint64_t retries() const override { return client_->retries_made(); }
+
+  S3Store(std::string bucket, ObjectStoreOptions options, std::unique_ptr<S3Client> client);
+
+ private:
+  void Journal(const std::string& key, const std::string& upload_id, bool started);
+
+  const std::string bucket_;
+  const ObjectStoreOptions options_;
+  const std::unique_ptr<S3Client> client_;
+  Mutex journal_mu_;  // one journal line at a time
+};
+
+}  // namespace tce
