@@ -46,6 +46,11 @@ TagInfo TagRegistry::Complete(TagInfo tag, int64_t complete_unix_ns) {
   return tags_[{tag.job, tag.tag}] = std::move(tag);
 }
 
+bool TagRegistry::Remove(const std::string& job, const std::string& tag) {
+  MutexLock lock(&mu_);
+  return tags_.erase({job, tag}) > 0;
+}
+
 bool TagRegistry::Adopt(TagInfo tag) {
   MutexLock lock(&mu_);
   auto it = tags_.find({tag.job, tag.tag});

@@ -53,6 +53,8 @@ class TagRegistry {
   // The job's tag numbered `version`; false if none.
   bool FindVersion(const std::string& job, uint64_t version, TagInfo* out) const;
   size_t size() const;
+  // Forgets the (job, tag) record; false if there was none.
+  bool Remove(const std::string& job, const std::string& tag);
 
  private:
   // The number after the job's highest version.

@@ -1,0 +1,54 @@
+// StorageRetention: `storage_keep_last` for object storage. After a tag is
+// recorded complete, the job's tags older than the newest N have their
+// files under object roots deleted, the tag's completeness marker
+// (`.metadata`, `latest`) first, so a tag half deleted never looks complete;
+// then the tag is forgotten. A file a kept tag also names stays. Deletes
+// that fail are tried again after the job's next tag. One thread of its own
+// (deletes are network calls; CommitTag only queues the job).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache/cache_types.h"
+#include "common/mutex.h"
+#include "storage/object_store.h"
+
+namespace tce {
+
+class Cache;
+
+class StorageRetention {
+ public:
+  StorageRetention(Cache* cache, std::shared_ptr<const ObjectRoots> roots, size_t keep_last);
+  ~StorageRetention();
+  void Start();
+  void Stop();
+  // The job recorded a complete tag (called under the cache's lock: queues only).
+  void Note(const std::string& job);
+  // Applies retention to `job` now, on the caller's thread (the worker's,
+  // and tests').
+  void Apply(const std::string& job);
+
+  // The order a tag's files are deleted in: markers first.
+  static std::vector<std::string> DeleteOrder(const TagInfo& tag);
+
+ private:
+  void Loop();
+
+  Cache* const cache_;
+  const std::shared_ptr<const ObjectRoots> roots_;
+  const size_t keep_last_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::string> jobs_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace tce
