@@ -91,6 +91,14 @@ CacheStats Cache::TallyLocked() const {
   s.version_leases = version_leases_.size();
   s.replica_files = replicas_.size();
   s.version_ranges_served = version_ranges_served_;
+  s.objects_fetched = fetched_objects_;
+  s.object_bytes_fetched = fetched_bytes_;
+  if (objects_) {
+    for (const ObjectRoot& r : objects_->all()) {
+      s.object_roots.push_back(r.dir + "=" + r.url);
+      s.object_retries += r.store->retries();
+    }
+  }
   s.buffers_created = buffers_created_;
   s.buffers_reused = buffers_reused_;
   s.persist_queue = (persist_ ? persist_->Queued() : 0) + in_flight_.size();
@@ -403,6 +411,7 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
                           << " version=" << out->version;
   if (meta_) meta_->RecordTag(*out);
   if (!rings_.Successor(out->job).empty() && backups_) backups_->SendTag(TagCopy{out->job, out->tag});
+  if (tag_listener_) tag_listener_(out->job);
   return Status::OK();
 }
 
@@ -471,7 +480,7 @@ std::vector<std::string> Cache::Unfinished(bool* allocations_in_flight) {
   *allocations_in_flight = !pending_.empty();
   for (const auto& [key, f] : files_) {
     if (f.state == FileState::kPending) continue;  // counted in pending_
-    const bool persists = !roots_.empty() && (f.state == FileState::kCached || f.state == FileState::kBackedUp);
+    const bool persists = persistence_enabled() && (f.state == FileState::kCached || f.state == FileState::kBackedUp);
     const bool backs_up = !rings_.Successor(key.first).empty() &&
                           f.backup_holder.empty() && f.buffer_id != 0 && f.state != FileState::kEvicted;
     if (persists || backs_up)

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -215,7 +216,24 @@ class Cache : public PoolBudget,
   // Re-indexes files recorded before a restart: those on storage become
   // EVICTED (loads read storage); the rest are FAILED as lost.
   void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
-  bool persistence_enabled() const { return !roots_.empty(); }
+  bool persistence_enabled() const { return !roots_.empty() || (objects_ && !objects_->empty()); }
+  // The object storage roots (storage/object_store.h). Set before serving.
+  void SetObjectRoots(std::shared_ptr<const ObjectRoots> roots);
+  // A load that missed: brings the object at `path` (under an object root)
+  // into the cache as a PERSISTED file of `job`, owned by the session's
+  // uid. NOT_FOUND when there is no such object; FAILED_PRECONDITION when
+  // the file reached the cache meanwhile (look it up again).
+  Status FetchObject(const std::string& session, const std::string& job, const std::string& path) override
+      EXCLUDES(mu_);
+  Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) override
+      EXCLUDES(mu_);
+  bool IsObjectPath(const std::string& path) const override { return ObjectRootOf(path, nullptr) != nullptr; }
+  // Called (under the cache's lock: it must only queue work) with the job of
+  // every tag recorded complete. Set before serving.
+  void SetTagListener(std::function<void(const std::string& job)> listener) { tag_listener_ = std::move(listener); }
+  // Forgets a complete tag (its files were deleted from storage): neither
+  // listed nor published any more, here or, once recorded, after a restart.
+  void ForgetTag(const std::string& job, const std::string& tag) EXCLUDES(mu_);
 
   // How long a load (or a save's look at its directory) waits for storage to
   // answer a stat before it serves the cache (goes on unchecked). Default 2 s;
@@ -358,6 +376,18 @@ class Cache : public PoolBudget,
   // persisted file that changed there loses its copy (EVICTED), an
   // unpersisted one is DISCARDED; storage unavailable: counted and logged.
   void Revalidate(const FileKey& key);
+  // Object roots (cache_objects.cc): the root of `path` and its key (null:
+  // not an object path); what the key holds now, as a save's snapshot or
+  // compared with `expected`.
+  const ObjectRoot* ObjectRootOf(const std::string& path, std::string* key) const;
+  Status SnapshotObject(const ObjectRoot& root, const std::string& key, const std::string& path,
+                        DiskIdentity* out);
+  StorageCheck CheckObject(const ObjectRoot& root, const std::string& key, const DiskIdentity& expected);
+  // A tag's completeness marker (`.metadata`, `latest`) under an object
+  // root waits while another file of its tag is not yet on storage;
+  // ReleaseMarkers queues the waiting markers of `job` that may go now.
+  bool MarkerMustWait(const FileKey& key, const FileInfo& f) const REQUIRES(mu_);
+  void ReleaseMarkers(const std::string& job) REQUIRES(mu_);
   void NoteStorageFallback(const std::string& path, const std::string& why);  // thread-safe
   DiskIdentity Written(const DiskIdentity& before, const FileStat& st);
   // Frees the file's memory and ring copy, with `state` and `why` recorded.
@@ -372,6 +402,11 @@ class Cache : public PoolBudget,
   Env* const env_;
   Clock* const clock_;
   std::vector<std::string> roots_;  // resolved; immutable after construction
+  std::shared_ptr<const ObjectRoots> objects_;  // set before serving
+  std::set<FileKey> waiting_markers_ GUARDED_BY(mu_);
+  std::function<void(const std::string&)> tag_listener_;  // set before serving
+  uint64_t fetched_objects_ GUARDED_BY(mu_) = 0;
+  uint64_t fetched_bytes_ GUARDED_BY(mu_) = 0;
   Mutex mu_;
   CondVar done_cv_;     // a file was persisted or failed
   CondVar quiet_cv_;    // no allocation pending or starting any more

@@ -135,6 +135,10 @@ bool Cache::StartPersist(const FileKey& key, bool retry, PersistJob* out) {
   if (f.state != FileState::kCached && f.state != FileState::kBackedUp) return false;  // gone or done
   auto flying = in_flight_.find(key);
   if (flying != in_flight_.end() && flying->second == f.version) return false;
+  if (MarkerMustWait(key, f)) {  // queued again once the tag's other files are durable
+    waiting_markers_.insert(key);
+    return false;
+  }
   Buf& buf = buffers_[f.buffer_id];
   int fd = -1;
   Status s = buf.mem->NewFd(/*writable=*/true, &fd);
@@ -208,6 +212,7 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
     persisted_bytes_ += job.size;
     Note(it->second, false);
     EnforceKeepLast(job.job);
+    if (!waiting_markers_.empty()) ReleaseMarkers(job.job);
   } else {
     FailPersist(it->second, result);
   }

@@ -67,7 +67,7 @@ Status Cache::CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>&
     const std::string names = "tag " + tag.tag + " names " + f->path + " (" + std::to_string(f->size) + " bytes), ";
     if (listed.count(f->path))
       return Status::FailedPrecondition(names + "which the ring listed as this node's but did not give back");
-    if (roots_.empty()) continue;  // memory only: another node's file, in its memory
+    if (roots_.empty() || ObjectRootOf(f->path, nullptr)) continue;  // memory only, or an object (not checked here)
     auto result = std::make_shared<std::pair<Status, DiskIdentity>>();
     Env* env = env_;
     std::vector<std::string> roots = roots_;
@@ -342,6 +342,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
 
 StorageCheck Cache::CheckRecovered(const FileInfo& f, DiskIdentity* here) {
   if (roots_.empty() || !f.disk.known) return {Verdict::kElsewhere, "nothing to compare"};
+  if (ObjectRootOf(f.path, nullptr)) return {Verdict::kElsewhere, "object storage: persisted again if need be"};
   auto result = std::make_shared<std::pair<StorageCheck, DiskIdentity>>();
   Env* env = env_;
   std::vector<std::string> roots = roots_;

@@ -9,7 +9,8 @@
 namespace tce {
 
 Status Cache::CheckUnderRoots(const std::string& path) {
-  if (roots_.empty()) return Status::OK();
+  if (!persistence_enabled()) return Status::OK();
+  if (ObjectRootOf(path, nullptr)) return Status::OK();
   std::string resolved;
   Status s = env_->ResolvePath(path, &resolved);
   if (!s.ok()) return Status::PermissionDenied("cannot resolve " + path + ": " + s.message());
@@ -21,12 +22,16 @@ Status Cache::CheckUnderRoots(const std::string& path) {
   }
   std::string list;
   for (const std::string& root : roots_) list += (list.empty() ? "" : ", ") + root;
+  if (objects_)
+    for (const ObjectRoot& o : objects_->all()) list += (list.empty() ? "" : ", ") + o.dir + "=" + o.url;
   return Status::PermissionDenied(path + (resolved != path ? " (resolves to " + resolved + ")" : "") +
                                   " is not under a storage root (" + list + ")");
 }
 
 Status Cache::SnapshotFor(const std::string& path, DiskIdentity* out) {
-  if (roots_.empty()) return Status::OK();  // memory only: a path is a name
+  if (!persistence_enabled()) return Status::OK();  // memory only: a path is a name
+  std::string key;
+  if (const ObjectRoot* root = ObjectRootOf(path, &key)) return SnapshotObject(*root, key, path, out);
   // Numbered before looking, so an identity this server records later (a
   // write that lands meanwhile) is known to be newer.
   const uint64_t seq = ++disk_seq_;
@@ -69,6 +74,7 @@ DiskIdentity Cache::Written(const DiskIdentity& before, const FileStat& st) {
   d.size = st.size;
   d.mtime_ns = st.mtime_ns;
   d.mode = st.mode & 07777;
+  d.etag = st.etag;
   d.seq = ++disk_seq_;
   return d;
 }
@@ -121,7 +127,10 @@ void Cache::Revalidate(const FileKey& key) {
   std::vector<std::string> roots = roots_;
   std::string path = key.second;
   StorageCheck c;
-  if (prober_->Run([=] { *result = CheckPath(env, roots, path, expected); }))
+  std::string object_key;
+  if (const ObjectRoot* root = ObjectRootOf(path, &object_key))
+    c = CheckObject(*root, object_key, expected);
+  else if (prober_->Run([=] { *result = CheckPath(env, roots, path, expected); }))
     c = *result;
   else
     c = {Verdict::kUnavailable, "storage did not answer within " + std::to_string(check_timeout_.count()) + " ms"};

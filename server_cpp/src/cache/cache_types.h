@@ -30,6 +30,7 @@ struct DiskIdentity {
   uint64_t dir_dev = 0, dir_ino = 0;    // the directory holding the path
   uint64_t parent_ino = 0;  // that directory's parent (0: unknown): tells a removed directory from other storage
   uint64_t seq = 0;  // orders identities the server recorded: the newest wins
+  std::string etag;  // an object's (object storage roots; `size` is its size)
 };
 
 struct FileInfo {

@@ -56,6 +56,8 @@ struct CacheStats {
   uint64_t budget = 0, used = 0, cached = 0, pending = 0, free = 0, retiring = 0;
   uint64_t buffers = 0, files = 0, sessions = 0, leases = 0, version_leases = 0;
   uint64_t replica_files = 0, version_ranges_served = 0;  // followed versions (docs/weights.md)
+  std::vector<std::string> object_roots;  // "DIR=URL"
+  uint64_t objects_fetched = 0, object_bytes_fetched = 0, object_retries = 0;
   uint64_t buffers_created = 0, buffers_reused = 0;
   uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
   uint64_t evicted_files = 0;
@@ -130,6 +132,12 @@ class ClientStore {
   virtual CacheStats Stats() = 0;
   // As PersistSource::storage_roots (cache/persist_source.h).
   virtual const std::vector<std::string>& storage_roots() const = 0;
+  // Whether `path` lies under an object storage root; FetchObject brings
+  // such a file into the cache for a load that missed (cache/cache.h).
+  virtual bool IsObjectPath(const std::string& path) const = 0;
+  virtual Status FetchObject(const std::string& session, const std::string& job, const std::string& path) = 0;
+  // Deletes the object at `path` (under an object root) from storage; absent: OK.
+  virtual Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) = 0;
 
   // Blocks until every named file is PERSISTED or FAILED (infos in `out`, in
   // order), or `timeout` passes (DEADLINE_EXCEEDED); <= 0 waits forever.

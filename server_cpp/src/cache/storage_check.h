@@ -30,6 +30,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "env/env.h"
+#include "storage/object_store.h"
 
 namespace tce {
 
@@ -73,6 +74,10 @@ StorageCheck CheckEntry(Directory* dir, const std::string& path, const std::stri
 // (kUnavailable).
 StorageCheck ClassifyOpenFailure(Env* env, const std::string& dir, const Status& error,
                                  const DiskIdentity& expected);
+
+// Compares what an object key holds now (`now`) with `expected` (known);
+// `url` names it in the verdict.
+StorageCheck CompareObject(const std::string& url, const DiskIdentity& expected, const ObjectId& now);
 
 // The longest of `roots` that `resolved` lies under, or null.
 const std::string* RootOf(const std::string& resolved, const std::vector<std::string>& roots);

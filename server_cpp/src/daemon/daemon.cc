@@ -42,6 +42,7 @@
 #include "ring/transport_factory.h"
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
+#include "storage/storage_retention.h"
 #include "rpc/control_listener.h"
 #include "rpc/fd_server.h"
 #include "rpc/health_service.h"
@@ -50,19 +51,6 @@
 
 namespace tce {
 namespace {
-// The persister's settings (its metrics are the daemon's to point at).
-PersistOptions PersistSettings(const Options& opt) {
-  PersistOptions popt;
-  popt.threads = opt.persist_threads;
-  popt.retries = opt.persist_retries;
-  popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
-  popt.direct_io = opt.persist_direct_io;
-  popt.io_depth = opt.persist_io_depth;
-  popt.failed_retry = std::chrono::milliseconds(opt.persist_failed_retry_ms);
-  popt.temp_prefix = TempPrefix(EffectiveServerId(opt));
-  return popt;
-}
-
 // The running daemon: its subsystems, each started by one method, in the
 // order RunDaemon calls them. A method that fails has printed why and returns
 // the exit code (0: started). The members are declared in start order, so
@@ -114,6 +102,7 @@ class Daemon {
   gid_t socket_gid_ = static_cast<gid_t>(-1);
   sigset_t stop_{};  // SIGTERM and SIGINT, taken by sigwait
   std::vector<std::string> roots_;
+  std::shared_ptr<ObjectRoots> objects_;
 
   // The ring: a share of the budget holds the predecessor's backups.
   bool ring_ = false;
@@ -131,6 +120,7 @@ class Daemon {
   std::string meta_url_;
   std::unique_ptr<MetaWriter> meta_;
   std::vector<RingInfo> recorded_rings_;  // from the metadata, for StartRing
+  std::unique_ptr<StorageRetention> retention_;
   std::unique_ptr<Persister> persister_;
 
   // The ring's servers.
@@ -203,7 +193,11 @@ int Daemon::ClaimSockets() {
 
 int Daemon::CheckStorageRoots() {
   Status s;
-  if (!(s = ParseRoots(opt_.storage_roots, &roots_)).ok()) return Fail("storage_roots: " + s.message(), 2);
+  std::vector<std::pair<std::string, std::string>> objects;
+  if (!(s = ParseStorageRoots(opt_.storage_roots, &roots_, &objects)).ok())
+    return Fail("storage_roots: " + s.message(), 2);
+  if (!objects.empty() && !(s = OpenObjectRoots(objects, ObjectStoreSettings(opt_), &objects_)).ok())
+    return Fail("storage_roots: " + s.message(), 2);
   for (const std::string& root : roots_) {  // never created: a missing root is a missing mount
     struct stat st;
     const bool exists = stat(root.c_str(), &st) == 0;
@@ -275,6 +269,10 @@ int Daemon::MakeCache() {
   cache_ = std::make_unique<Cache>(budget_, roots_, Env::Default(),
                                    std::chrono::milliseconds(opt_.cache_full_timeout_ms),
                                    static_cast<size_t>(opt_.keep_last));
+  cache_->SetObjectRoots(objects_);
+  popt_.objects = objects_;
+  retention_ = std::make_unique<StorageRetention>(cache_.get(), objects_, opt_.storage_keep_last);
+  cache_->SetTagListener([r = retention_.get()](const std::string& job) { r->Note(job); });
   if (prealloc > 0) pool_ = std::make_unique<BufferPool>(prealloc, backing_, cache_.get());
   cache_->SetMemory(backing_, pool_.get());
   TCE_LOG(kInfo, "daemon") << backing_why_;
@@ -332,6 +330,8 @@ int Daemon::OpenMetadata() {
 void Daemon::StartPersister() {
   persister_ = std::make_unique<Persister>(cache_.get(), Env::Default(), popt_);
   if (cache_->persistence_enabled()) persister_->Start();
+  if (objects_) objects_->AbandonUnfinishedInBackground();  // a crashed run's uploads
+  retention_->Start();
 }
 
 // The peer server (backups in), the replicator (backups out) and the fetch of
@@ -529,6 +529,8 @@ void Daemon::Shutdown() {
   SetReady(false);
   if (pool_) pool_->Stop();  // its memory goes back now, not after the drain
   Drain(cache_.get(), &stop_, std::chrono::milliseconds(opt_.drain_timeout_ms));
+  retention_->Stop();
+  if (objects_) objects_->CancelAll();  // transfers in flight end (their files stay FAILED)
   persister_->Stop();  // wakes Wait() callers before the RPC server drains
   // What still waits on a peer (a backup, a restore, a ranged read or a
   // fetch for a load: each up to peer_timeout_ms, a restore wait up to

@@ -301,6 +301,11 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
   m.Counter("tce_evicted_files_total", "files evicted from memory", static_cast<double>(st.evicted_files()));
   m.Counter("tce_discarded_files_total", "saves dropped: their path was removed or replaced on storage",
             static_cast<double>(st.discarded_files()));
+  m.Counter("tce_objects_fetched_total", "files loads brought from object storage (S3) into the cache",
+            static_cast<double>(st.objects_fetched()));
+  m.Counter("tce_object_bytes_fetched_total", "bytes of those files", static_cast<double>(st.object_bytes_fetched()));
+  m.Counter("tce_object_retries_total", "object storage requests retried (throttling, 5xx, timeouts)",
+            static_cast<double>(st.object_retries()));
   m.Counter("tce_stale_drops_total", "cached copies dropped at a load: storage holds another file, or none",
             static_cast<double>(st.stale_drops()));
   m.Counter("tce_storage_fallbacks_total", "loads served from the cache because storage could not be checked",

@@ -174,6 +174,23 @@ std::string EffectiveMetadataUrl(const Options& o) {
   return "sqlite://" + o.state_dir + "/tce.db";
 }
 
+ObjectStoreOptions ObjectStoreSettings(const Options& o) {
+  ObjectStoreOptions s;
+  s.endpoint = o.s3_endpoint;
+  s.region = o.s3_region;
+  s.path_style = o.s3_path_style;
+  s.verify_tls = o.s3_verify_tls;
+  s.ca_file = o.s3_ca_file;
+  s.credentials_file = o.s3_credentials_file;
+  s.profile = o.s3_profile;
+  if (!ParseSize(o.s3_part_size, &s.part_size)) s.part_size = 16 << 20;  // checked with the settings
+  s.parallel = o.s3_parallel;
+  s.retries = o.s3_retries;
+  s.backoff_ms = o.s3_backoff_ms;
+  s.journal = o.state_dir;  // a directory: each store journals in a file of its own there
+  return s;
+}
+
 Status ParseRoots(const std::string& text, std::vector<std::string>* out) {
   out->clear();
   std::stringstream ss(text);

@@ -15,6 +15,7 @@
 #include "cache/memory_limits.h"
 #include "cache/read_grants.h"
 #include "common/status.h"
+#include "storage/object_store.h"
 
 namespace tce {
 
@@ -56,6 +57,19 @@ struct Options {
   int persist_backoff_ms = 200;
   int storage_check_timeout_ms = 2000;
   int persist_failed_retry_ms = 30000;
+  int storage_keep_last = 0;
+  // Object storage (storage_roots entries DIR=s3://BUCKET[/PREFIX]).
+  std::string s3_endpoint;
+  std::string s3_region = "us-east-1";
+  bool s3_path_style = false;
+  bool s3_verify_tls = true;
+  std::string s3_ca_file;
+  std::string s3_credentials_file;
+  std::string s3_profile = "default";
+  std::string s3_part_size = "16MiB";
+  int s3_parallel = 8;
+  int s3_retries = 8;
+  int s3_backoff_ms = 100;
   // Metadata.
   std::string state_dir = "/var/lib/tce";
   std::string metadata_url;
@@ -122,6 +136,9 @@ std::string EffectiveServerId(const Options& o);
 
 // "/a, /b" -> {"/a", "/b"}; each must be absolute.
 Status ParseRoots(const std::string& text, std::vector<std::string>* out);
+// The s3_* settings, for the object stores of storage_roots (unfinished
+// uploads journaled under state_dir).
+ObjectStoreOptions ObjectStoreSettings(const Options& o);
 
 // "" -> {self, 0}; "1000,1001" -> {1000, 1001}.
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out);

@@ -18,11 +18,14 @@
 #include "common/logging.h"
 #include "common/status.h"
 #include "daemon/options.h"
+#include "persist/persister.h"
 
 namespace tce {
 
 // This server's temp-file prefix, from its identity (server_id).
 std::string TempPrefix(const std::string& id);
+// The persister's settings (its metrics are the daemon's to point at).
+PersistOptions PersistSettings(const Options& opt);
 // Prints "tce-server: msg" on stderr; returns `code` (the exit code).
 int Fail(const std::string& msg, int code);
 // Creates `dir` and its missing parents (0755); `dir` itself gets `mode`.

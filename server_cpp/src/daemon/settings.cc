@@ -10,6 +10,7 @@
 #include "common/strings.h"
 #include "meta/meta_store.h"
 #include "rpc/range_buffers.h"
+#include "storage/object_store.h"
 
 namespace tce {
 namespace {
@@ -71,8 +72,24 @@ std::string GroupName(const std::string& v) {
 }
 
 std::string Roots(const std::string& v) {
-  std::vector<std::string> ignored;
-  return ParseRoots(v, &ignored).ok() ? "" : "comma-separated absolute directories";
+  std::vector<std::string> dirs;
+  std::vector<std::pair<std::string, std::string>> objects;
+  Status s = ParseStorageRoots(v, &dirs, &objects);
+  return s.ok() ? "" : "comma-separated absolute directories, or DIR=s3://BUCKET[/PREFIX] (" + s.message() + ")";
+}
+
+std::string PartSize(const std::string& v) {
+  uint64_t n = 0;
+  return ParseSize(v, &n) && n >= (5u << 20) && n <= (uint64_t{5} << 30) ? "" : "a size from 5MiB to 5GiB";
+}
+
+std::string S3Endpoint(const std::string& v) {
+  if (v.empty() || v.rfind("http://", 0) == 0 || v.rfind("https://", 0) == 0) {
+    for (char c : v)
+      if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) return "a URL without spaces or control characters";
+    return "";
+  }
+  return "http://HOST[:PORT] or https://HOST[:PORT]";
 }
 
 std::string MetadataUrl(const std::string& v) {
@@ -205,8 +222,33 @@ const std::vector<Setting> kSettings = {
         "range buffers (64 MiB each, within the memory budget) the sessions of one uid (root "
         "included) hold at once; its other sessions read ranges through the reply"),
     Text("storage_roots", &Options::storage_roots, "LIST", Roots,
-         "comma-separated dirs files are persisted under; only paths under them are accepted")
+         "comma-separated dirs files are persisted under, or DIR=s3://BUCKET[/PREFIX]: paths under DIR "
+         "are objects of BUCKET under PREFIX; only paths under a root are accepted")
         .DefaultText("empty: memory only"),
+    Int("storage_keep_last", &Options::storage_keep_last, {0, 1000000, "an integer >= 0"},
+        "per job, delete the files of tags older than the newest N from object storage, the "
+        "tag's marker (.metadata, latest) first (0: never delete)"),
+    Text("s3_endpoint", &Options::s3_endpoint, "URL", S3Endpoint,
+         "the S3 API endpoint (MinIO, Ceph RGW, GCS XML API...)")
+        .DefaultText("empty: https://s3.<s3_region>.amazonaws.com"),
+    Text("s3_region", &Options::s3_region, "R", AnyValue, "the region requests are signed for"),
+    Bool("s3_path_style", &Options::s3_path_style,
+         "address buckets as ENDPOINT/BUCKET/KEY (most S3-compatible stores) instead of BUCKET.HOST/KEY"),
+    Bool("s3_verify_tls", &Options::s3_verify_tls, "verify the endpoint's TLS certificate and name"),
+    Text("s3_ca_file", &Options::s3_ca_file, "F", EmptyOrAbsolutePath, "CA certificates (PEM) to verify with")
+        .DefaultText("empty: the system's"),
+    Text("s3_credentials_file", &Options::s3_credentials_file, "F", EmptyOrAbsolutePath,
+         "an AWS shared-credentials file (never printed)")
+        .DefaultText("empty: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN"),
+    Text("s3_profile", &Options::s3_profile, "P", AnyValue, "the profile of s3_credentials_file"),
+    Text("s3_part_size", &Options::s3_part_size, "SIZE", PartSize,
+         "objects larger than this go up as multipart uploads of parts this size, and come down "
+         "as ranged GETs of this size"),
+    Int("s3_parallel", &Options::s3_parallel, {1, 64}, "parts (or ranges) in flight per file"),
+    Int("s3_retries", &Options::s3_retries, {0, 100},
+        "retries of an S3 request that failed for a reason that may clear (5xx, SlowDown, timeouts)"),
+    Int("s3_backoff_ms", &Options::s3_backoff_ms, {1, 600000},
+        "first S3 retry's delay bound: full jitter, doubled per retry, at most 20 s"),
     Int("persist_threads", &Options::persist_threads, {1, 64}, "persistence workers"),
     Int("persist_retries", &Options::persist_retries, {0, 100}, "retries of a failed write"),
     Millis("persist_backoff_ms", &Options::persist_backoff_ms, 1, 600000,

@@ -23,6 +23,7 @@ struct FileStat {
   uint32_t mode = 0;  // st_mode (type and permission bits)
   uint32_t uid = 0, gid = 0;
   uint64_t nlink = 0;  // 0 for a directory that was removed while open
+  std::string etag;    // object storage: the object's ETag (all else 0 but size)
 };
 
 class WritableFile {

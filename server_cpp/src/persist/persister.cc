@@ -237,6 +237,9 @@ class FsIdentity {
 };
 
 Status Persister::Persist(const PersistJob& job, std::vector<Record>* records, FileStat* written) {
+  std::string key;
+  if (const ObjectRoot* root = options_.objects ? options_.objects->Find(job.path, &key) : nullptr)
+    return PersistObject(job, *root, key, records, written);
   FsIdentity as_client(job.uid, job.gid);
   if (!as_client.ok(job.uid))
     return Status::PermissionDenied("cannot write as uid " + std::to_string(job.uid));

@@ -44,6 +44,7 @@
 #include "env/env.h"
 #include "persist/crc.h"
 #include "persist/persist_queue.h"
+#include "storage/object_store.h"
 
 namespace tce {
 
@@ -69,6 +70,9 @@ struct PersistOptions {
   // I/O errors) is tried again after this long while in memory (0: never).
   std::chrono::milliseconds failed_retry{30000};
   Clock* clock = Clock::Real();  // backoff, retries and timings are measured on it
+  // Object storage roots (storage/object_store.h): files under them are
+  // written as objects (persist/object_persist.cc), not files.
+  std::shared_ptr<const ObjectRoots> objects;
 };
 
 class Persister {
@@ -92,6 +96,12 @@ class Persister {
   // so a retry resumes the CRCs where a failed attempt stopped.
   Status PersistOnce(const PersistJob& job, unsigned char* data, uint64_t mapped, bool direct,
                      ZipCrcStream* crcs, std::chrono::milliseconds* yielded, FileStat* written);
+  // A file under an object root: the CRCs patched in one pass, then one
+  // object written whole (multipart, parts in parallel), made visible only
+  // if the version is still current and the key still holds what the save
+  // found there. `written` gets the object's size and ETag.
+  Status PersistObject(const PersistJob& job, const ObjectRoot& root, const std::string& key,
+                       std::vector<Record>* records, FileStat* written);
   // `written`: the file now at the path (on success).
   Status Persist(const PersistJob& job, std::vector<Record>* records, FileStat* written);
   // The directory of `path`, opened beneath its storage root (see above),

@@ -108,6 +108,19 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
                                         [&] { return AdmitPeerCall(req->session(), &slot); })
                   : cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                    &lease, &unmap);
+  if (s.code() == tce::Status::Code::kNotFound && req->lease() && !req->local_only() &&
+      cache_->IsObjectPath(req->path())) {
+    // Not in memory, nor in the ring: a file under an object storage root
+    // is fetched into the cache (the client cannot read the bucket itself).
+    tce::Status admitted = slot.held() ? tce::Status::OK() : AdmitPeerCall(req->session(), &slot);
+    tce::Status fetched = admitted.ok() ? cache_->FetchObject(req->session(), req->job(), req->path()) : admitted;
+    if (fetched.ok() || fetched.code() == tce::Status::Code::kFailedPrecondition) {
+      unmap.clear();
+      s = cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f, &lease, &unmap);
+    } else if (fetched.code() != tce::Status::Code::kNotFound) {
+      s = fetched;
+    }
+  }
   for (uint64_t id : unmap) resp->add_unmap_buffer_ids(id);
   if (!s.ok()) return ToGrpc(s);
   ToProto(f, resp->mutable_file());
@@ -153,6 +166,12 @@ grpc::Status CacheService::Remove(grpc::ServerContext*, const v1::RemoveRequest*
   FileInfo f;
   tce::Status s = cache_->Remove(req->session(), req->job(), req->path(), &f);
   if (s.ok()) ToProto(f, resp->mutable_file());
+  if (req->from_storage() && cache_->IsObjectPath(req->path()) &&
+      (s.ok() || s.code() == tce::Status::Code::kNotFound)) {
+    CallLimiter::Slot slot;  // a network call, bounded like the other waits on others
+    s = AdmitPeerCall(req->session(), &slot);
+    if (s.ok()) s = cache_->DeleteObject(req->session(), req->job(), req->path());
+  }
   return ToGrpc(s);
 }
 
@@ -204,6 +223,10 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_version_leases(s.version_leases);
   resp->set_replica_files(s.replica_files);
   resp->set_version_ranges_served(s.version_ranges_served);
+  for (const std::string& r : s.object_roots) resp->add_object_roots(r);
+  resp->set_objects_fetched(s.objects_fetched);
+  resp->set_object_bytes_fetched(s.object_bytes_fetched);
+  resp->set_object_retries(s.object_retries);
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);

@@ -1,0 +1,202 @@
+// Cache: files under object storage roots (storage/object_store.h). Their
+// coherence compares an object's identity (ETag and size) where a file's is
+// its inode; a load that misses is served by fetching the object into the
+// cache; and a tag's completeness marker is written only after the tag's
+// other files are durable.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "cache/cache.h"
+#include "common/logging.h"
+
+namespace tce {
+namespace {
+
+// The files whose presence says a tag is complete: DCP's `.metadata`,
+// DeepSpeed's `latest`.
+bool IsMarker(const std::string& path) {
+  const std::string name = path.substr(path.rfind('/') + 1);
+  return name == ".metadata" || name == "latest";
+}
+
+DiskIdentity FromObject(const ObjectId& o) {
+  DiskIdentity d;
+  d.known = true;
+  d.exists = o.exists;
+  d.size = o.exists ? o.size : 0;
+  d.etag = o.exists ? o.etag : "";
+  return d;
+}
+
+}  // namespace
+
+void Cache::SetObjectRoots(std::shared_ptr<const ObjectRoots> roots) { objects_ = std::move(roots); }
+
+const ObjectRoot* Cache::ObjectRootOf(const std::string& path, std::string* key) const {
+  return objects_ ? objects_->Find(path, key) : nullptr;
+}
+
+Status Cache::SnapshotObject(const ObjectRoot& root, const std::string& key, const std::string& path,
+                             DiskIdentity* out) {
+  const uint64_t seq = ++disk_seq_;
+  auto result = std::make_shared<std::pair<Status, ObjectId>>();
+  std::shared_ptr<ObjectStore> store = root.store;
+  if (!prober_->Run([=] { result->first = store->Stat(key, &result->second); })) {
+    NoteStorageFallback(path, "object storage did not answer in time; the save goes on unchecked");
+    return Status::OK();
+  }
+  if (!result->first.ok()) {
+    NoteStorageFallback(path, result->first.ToString() + "; the save goes on unchecked");
+    return Status::OK();
+  }
+  *out = FromObject(result->second);
+  out->seq = seq;
+  return Status::OK();
+}
+
+StorageCheck Cache::CheckObject(const ObjectRoot& root, const std::string& key, const DiskIdentity& expected) {
+  auto result = std::make_shared<std::pair<Status, ObjectId>>();
+  std::shared_ptr<ObjectStore> store = root.store;
+  if (!prober_->Run([=] { result->first = store->Stat(key, &result->second); }))
+    return {Verdict::kUnavailable, "object storage did not answer within " + std::to_string(check_timeout_.count()) + " ms"};
+  if (!result->first.ok()) return {Verdict::kUnavailable, result->first.ToString()};
+  return CompareObject(root.store->Url(key), expected, result->second);
+}
+
+StorageCheck CompareObject(const std::string& url, const DiskIdentity& expected, const ObjectId& now) {
+  if (!expected.exists && !now.exists) return {};
+  if (expected.exists && !now.exists) return {Verdict::kChanged, url + " was deleted from object storage"};
+  if (!expected.exists) return {Verdict::kChanged, url + " was created on object storage by another writer"};
+  if (now.size != expected.size || now.etag != expected.etag)
+    return {Verdict::kChanged, url + " was replaced on object storage (ETag " + now.etag + ", " +
+                                   std::to_string(now.size) + " bytes; expected " + expected.etag + ", " +
+                                   std::to_string(expected.size) + ")"};
+  return {};
+}
+
+Status Cache::FetchObject(const std::string& session, const std::string& job, const std::string& path) {
+  std::string key;
+  const ObjectRoot* root = ObjectRootOf(path, &key);
+  if (!root) return Status::NotFound(path + " is not under an object storage root");
+  uid_t uid = 0;
+  gid_t gid = 0;
+  Status s = CallerIds(session, &uid, &gid);
+  if (!s.ok()) return s;
+  {
+    MutexLock lock(&mu_);
+    s = CheckAccess(session, job, "load " + path + " into job '" + job + "'", /*claim=*/true);
+    if (!s.ok()) return s;
+  }
+  ObjectId obj;
+  s = root->store->Stat(key, &obj);
+  if (!s.ok()) return s;
+  if (!obj.exists) return Status::NotFound(root->store->Url(key) + " does not exist");
+  std::unique_ptr<Buffer> mem;
+  s = ReserveRecovery(obj.size, &mem);
+  if (!s.ok()) return s;
+  int fd = -1;
+  void* map = MAP_FAILED;
+  s = mem->NewFd(/*writable=*/true, &fd);
+  if (s.ok() && obj.size > 0) {
+    map = mmap(nullptr, obj.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) s = Status::FromErrno(errno, "mmap a buffer for " + path);
+  }
+  if (fd >= 0) ::close(fd);
+  const Stopwatch took(clock_);
+  if (s.ok() && obj.size > 0) s = root->store->Read(key, 0, obj.size, static_cast<char*>(map), obj.etag);
+  if (map != MAP_FAILED) munmap(map, obj.size);
+  if (!s.ok()) {
+    AbandonRecovery(std::move(mem));
+    return s;
+  }
+  const double secs = took.Seconds();
+  MutexLock lock(&mu_);
+  reserved_ -= mem->capacity();
+  FileKey fk{job, path};
+  auto it = files_.find(fk);
+  if (it != files_.end() && it->second.buffer_id != 0) {  // saved or fetched meanwhile: that one stays
+    lock.Unlock();
+    std::unique_ptr<Buffer> unused = std::move(mem);
+    return Status::FailedPrecondition(path + " reached the cache meanwhile");
+  }
+  Buf& buf = Install(std::move(mem));
+  buf.state = BufState::kCached;
+  buf.uid = uid;
+  FileInfo f;
+  f.job = job;
+  f.path = path;
+  f.size = obj.size;
+  f.owner_uid = uid;
+  f.owner_gid = gid;
+  f.buffer_id = buf.id;
+  f.capacity = buf.capacity;
+  f.state = FileState::kPersisted;
+  f.version = next_allocation_id_++;
+  f.created_unix_ns = f.committed_unix_ns = f.persisted_unix_ns = clock_->UnixNowNs();
+  f.disk = FromObject(obj);
+  f.disk.written = true;
+  f.disk.seq = ++disk_seq_;
+  if (it != files_.end()) f.tag = it->second.tag;
+  files_[fk] = f;
+  ++fetched_objects_;
+  fetched_bytes_ += obj.size;
+  Note(f, false);
+  TCE_LOG(kInfo, "cache") << "fetched job=" << job << " path=" << path << " from " << root->store->Url(key)
+                          << " size=" << obj.size << " seconds=" << secs
+                          << " MBps=" << (secs > 0 ? obj.size / secs / 1e6 : 0);
+  return Status::OK();
+}
+
+Status Cache::DeleteObject(const std::string& session, const std::string& job, const std::string& path) {
+  std::string key;
+  const ObjectRoot* root = ObjectRootOf(path, &key);
+  if (!root) return Status::InvalidArgument(path + " is not under an object storage root");
+  {
+    MutexLock lock(&mu_);
+    Status s = CheckAccess(session, job, "delete " + path + " of job '" + job + "'");
+    if (!s.ok()) return s;
+  }
+  Status s = root->store->Delete(key);
+  if (s.ok()) TCE_LOG(kInfo, "cache") << "deleted " << root->store->Url(key) << " (job=" << job << ")";
+  return s;
+}
+
+void Cache::ForgetTag(const std::string& job, const std::string& tag) {
+  MutexLock lock(&mu_);
+  if (!tags_.Remove(job, tag)) return;
+  published_.erase({job, tag});
+  TagInfo gone;  // recorded as never completed: a restart does not load it
+  gone.job = job;
+  gone.tag = tag;
+  if (meta_) meta_->RecordTag(gone);
+  TCE_LOG(kInfo, "cache") << "forgot tag job=" << job << " tag=" << tag << " (deleted from storage)";
+}
+
+bool Cache::MarkerMustWait(const FileKey& key, const FileInfo& f) const {
+  if (f.tag.empty() || !IsMarker(f.path) || !ObjectRootOf(f.path, nullptr)) return false;
+  for (const auto& [k, other] : files_) {
+    if (k.first != key.first || other.tag != f.tag || k.second == key.second || other.buffer_id == 0) continue;
+    if (other.state == FileState::kCached || other.state == FileState::kBackedUp ||
+        other.state == FileState::kFailed || other.state == FileState::kPending)
+      return true;
+  }
+  return false;
+}
+
+void Cache::ReleaseMarkers(const std::string& job) {
+  for (auto it = waiting_markers_.begin(); it != waiting_markers_.end();) {
+    auto f = files_.find(*it);
+    if (it->first != job) {
+      ++it;
+    } else if (f == files_.end() || !MarkerMustWait(*it, f->second)) {
+      if (f != files_.end()) QueuePersist(*it);
+      it = waiting_markers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace tce
