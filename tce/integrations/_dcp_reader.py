@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from tce import client
+from tce.core import _objects
 from tce.errors import CorruptCheckpointError
 from tce.integrations._dcp_format import METADATA, CheckpointDir
 from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, load_tensor,
@@ -165,6 +166,11 @@ class StorageReader(CheckpointDir, _DCPReader):
                     self._read_file(FdSource(cached.fd, cached.size), name, "local", reqs, planner)
                 continue
             if self._read_from_ring(path, name, reqs, planner):
+                continue
+            fetched = client.open_fd(path, job=self.job) if _objects.is_object_path(path) else None
+            if fetched is not None:  # under an object root: the server fetched it from the bucket
+                with fetched:
+                    self._read_file(FdSource(fetched.fd, fetched.size), name, "storage", reqs, planner)
                 continue
             try:
                 fd = os.open(path, os.O_RDONLY)

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from tce import api, client
+from tce.core import _objects
 from tce.errors import NotCachedError, ServerUnavailableError, TCEError
 from tce.integrations._dcp_format import (
     DCP_VERSION,
@@ -185,7 +186,8 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Create the directory (every rank: each may be on its own node)."""
-        os.makedirs(self.path, exist_ok=True)
+        if not _objects.is_object_path(self.path):  # an object root has no directories
+            os.makedirs(self.path, exist_ok=True)
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -197,7 +199,9 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
             client.remove(meta, job=self.job)
         except (NotCachedError, ServerUnavailableError):
             pass
-        if os.path.lexists(meta):
+        if _objects.is_object_path(meta):
+            _objects.delete(meta, self.job)  # the bucket's old .metadata goes first too
+        elif os.path.lexists(meta):
             os.remove(meta)
         return [dataclasses.replace(p, storage_data=_Prefix(i)) for i, p in enumerate(plans)]
 

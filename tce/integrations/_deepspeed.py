@@ -34,6 +34,7 @@ import threading
 from typing import Any
 
 from tce import api, client
+from tce.core import _objects
 from tce.integrations import _deepspeed_weights as _ds_weights
 from tce.errors import DeadlineExceededError, TCEError
 from tce.v1 import tce_pb2 as pb
@@ -178,6 +179,9 @@ def _engine_class():
             files = sorted(f for part in everyone for f in part)
             if rank == 0 and files:
                 self._record_tag(tag, world, files)
+                save_dir = getattr(info, "save_dir", None)  # `latest` into the bucket, after the tag
+                if save_dir and getattr(info, "save_latest", True) and _objects.is_object_path(save_dir):
+                    _objects.write_small(os.path.join(save_dir, "latest"), tag.encode(), self.job, tag, rank)
             self._files = []
             return True
 
@@ -265,6 +269,8 @@ def _engine_class():
             if os.path.isfile(latest_path):
                 with open(latest_path) as fd:
                     latest = fd.read().strip() or None
+            elif _objects.is_object_path(latest_path):  # in the bucket only
+                latest = (_objects.read_small(latest_path, self.job) or b"").decode().strip() or None
             rank, world = client.rank(), client.world_size()
             known = self.learn_tags(load_dir)
             if not known:
@@ -355,7 +361,10 @@ def _engine_class():
 
 
 def _on_storage(path: str, size: int) -> bool:
-    """Complete on storage (persisted files are renamed into place whole)."""
+    """Complete on storage (persisted files are renamed into place whole;
+    an object root's files are fetched by the load, which says if one is gone)."""
+    if _objects.is_object_path(path):
+        return True
     try:
         return os.path.getsize(path) == size
     except OSError:

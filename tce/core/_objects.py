@@ -1,0 +1,86 @@
+"""Paths under the server's object storage roots (``storage_roots`` entries
+``DIR=s3://BUCKET/PREFIX``): files there exist only as objects, so what a
+client would do to a local file (read ``latest``, delete an old
+``.metadata``, see whether a file is on storage) goes through the server."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from tce.core import _knobs
+from tce.core._session import with_client
+from tce.errors import ServerUnavailableError, TCEError
+from tce.v1 import tce_pb2 as pb
+
+_lock = threading.Lock()
+_roots: dict[str, tuple[str, ...]] = {}  # socket -> the server's object root directories
+
+
+def object_roots() -> tuple[str, ...]:
+    """The directories the server maps to object storage (asked once per
+    server socket; none when the server cannot be reached)."""
+    socket = _knobs.get("socket")
+    with _lock:
+        if socket in _roots:
+            return _roots[socket]
+    try:
+        status = with_client(lambda c: c.status())
+    except (ServerUnavailableError, TCEError):
+        return ()
+    dirs = tuple(r.split("=", 1)[0] for r in status.object_roots)
+    with _lock:
+        _roots[socket] = dirs
+    return dirs
+
+
+def is_object_path(path: str | os.PathLike) -> bool:
+    """Whether ``path`` (absolute) lies under an object storage root."""
+    p = os.path.abspath(os.fspath(path))
+    return any(p.startswith(d.rstrip("/") + "/") for d in object_roots())
+
+
+def delete(path: str, job: str) -> None:
+    """Drops ``path`` from the cache and deletes its object from storage (no
+    error when neither holds it)."""
+    request = lambda c: c._call("Remove", pb.RemoveRequest(  # noqa: E731
+        session=c.session, job=job, path=path, from_storage=True))
+    try:
+        with_client(request)
+    except TCEError as e:
+        if e.code != "NOT_FOUND":
+            raise
+
+
+def forget() -> None:
+    """Forget what servers said (tests: a server restarted with other roots)."""
+    with _lock:
+        _roots.clear()
+
+
+def read_small(path: str, job: str) -> bytes | None:
+    """The bytes of a small file under an object root (``latest``), through
+    the cache (fetched from storage on a miss); None when there is none."""
+    from tce import client  # here: tce.client imports this package
+    opened = client.open_mapped_file(path, job=job)
+    if opened is None:
+        return None
+    info, mm = opened
+    try:
+        return bytes(mm[:info.size])
+    finally:
+        mm.close()
+
+
+def write_small(path: str, data: bytes, job: str, tag: str, rank: int) -> None:
+    """Saves ``data`` at ``path`` through the cache under ``tag``: the server
+    writes a tag's marker (``latest``, ``.metadata``) to object storage only
+    after the tag's other files are there."""
+    from tce import client
+    dest = client.allocate(path, len(data), job=job, tag=tag, rank=rank)
+    try:
+        dest.view[:len(data)] = data
+    except BaseException:
+        dest.abort()
+        raise
+    dest.commit()
