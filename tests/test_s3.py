@@ -1,0 +1,397 @@
+"""Object storage (S3) as the durable tier, against moto's S3 server on
+loopback, with a fault proxy between the tce-server and it (tests/s3_helpers).
+
+Files under ``--storage-roots DIR=s3://BUCKET/PREFIX`` are persisted as
+objects holding exactly the file's bytes, multipart above the part size;
+loads that miss the cache are fetched from the bucket; coherence compares
+ETags; a tag's marker goes last and is deleted first; a server killed mid-
+upload leaves no visible object, and its restart aborts what it left.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import uuid
+
+import pytest
+import torch
+
+import tce
+from tce import api, client
+from tce.core import _knobs, _objects
+from tce.tools._moto import MotoServer, credentials_env
+from tce.tools._server import LocalServer
+from tce.v1 import tce_pb2 as pb
+from helpers import until
+from s3_helpers import FaultProxy
+
+pytestmark = pytest.mark.s3
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def moto():
+    server = MotoServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def bucket(moto):
+    return moto.make_bucket(f"b-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def proxy(moto):
+    p = FaultProxy(moto.endpoint)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def s3(moto, bucket):
+    return moto.boto3()
+
+
+class Node:
+    """A tce-server whose root `self.root` maps to s3://bucket/run1 through
+    the proxy; restartable on the same state dir (its upload journal)."""
+
+    def __init__(self, tmp_path, bucket: str, proxy: FaultProxy, *extra: str) -> None:
+        self.root = str(tmp_path / "ckpt")  # never created: an object root has no directory
+        self.state = str(tmp_path / "state")
+        self.bucket, self.proxy, self.extra = bucket, proxy, list(extra)
+        self.server: LocalServer | None = None
+
+    def start(self) -> "Node":
+        self.server = LocalServer(
+            memory_budget="512MiB", state_dir=self.state,
+            storage_roots=[f"{self.root}=s3://{self.bucket}/run1"],
+            extra_args=["--s3-endpoint", self.proxy.endpoint, "--s3-path-style", "true",
+                        "--s3-backoff-ms", "10", "--persist-backoff-ms", "10",
+                        "--memory-backing", "4k", *self.extra],
+            env={**os.environ, **credentials_env()}).start()
+        _objects.forget()
+        return self
+
+    def stop(self) -> None:
+        api.close()
+        assert self.server.stop() == 0, self.server.log()
+
+    def kill(self) -> None:
+        api.close()
+        self.server.proc.send_signal(signal.SIGKILL)
+        self.server.proc.wait()
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def key(self, rel: str) -> str:
+        return "run1/" + rel
+
+
+@pytest.fixture
+def node(tmp_path, bucket, proxy):
+    n = Node(tmp_path, bucket, proxy).start()
+    with _knobs.override(socket=n.server.socket, job=f"s3-{uuid.uuid4().hex[:8]}",
+                         on_unavailable="raise"):
+        yield n
+        api.close()
+    if n.server.proc.poll() is None:
+        assert n.server.stop() == 0, n.server.log()
+    n.server.cleanup()
+
+
+def _restart(n: Node, *extra: str) -> None:
+    """The same node's server again (empty cache), same settings and state."""
+    if n.server.proc.poll() is None:
+        n.stop()
+    n.extra += list(extra)
+    n.start()
+
+
+def _object(s3, bucket: str, key: str) -> bytes:
+    return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def _exists(s3, bucket: str, key: str) -> bool:
+    return any(o["Key"] == key for o in s3.list_objects_v2(Bucket=bucket, Prefix=key).get("Contents", []))
+
+
+def _uploads(s3, bucket: str) -> list[dict]:
+    return s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+
+
+def _file(path: str) -> pb.FileInfo:
+    return next(f for f in client.files() if f.path == path)
+
+
+def _state(path: str) -> int:
+    return _file(path).state
+
+
+def test_a_saved_file_is_persisted_as_an_object_holding_its_bytes(node, s3, bucket):
+    obj = {"w": torch.randn(256, 256), "step": 3}
+    path = node.path("global_step3/model.pt")
+    tce.save(obj, path, tag="global_step3")
+    tce.wait([path])  # durable in S3
+    assert _state(path) == pb.FILE_STATE_PERSISTED
+    data = _object(s3, bucket, node.key("global_step3/model.pt"))
+    mm = client.open_mapping(path)
+    assert data == bytes(mm[:len(data)]) and len(data) == client.lookup(path).size
+    out = torch.load(io.BytesIO(data), weights_only=True)  # an ordinary torch.save file
+    assert torch.equal(out["w"], obj["w"]) and out["step"] == 3
+    assert not os.path.exists(node.root)  # nothing on the local filesystem
+
+
+def test_large_files_go_up_in_parallel_parts_and_come_back_by_ranges(tmp_path, bucket, proxy, s3):
+    n = Node(tmp_path, bucket, proxy, "--s3-part-size", "5MiB").start()
+    try:
+        with _knobs.override(socket=n.server.socket, job="big", on_unavailable="raise"):
+            t = torch.arange(4 * MiB, dtype=torch.int32)  # 16 MiB: 4 parts
+            path = n.path("big.pt")
+            tce.save({"t": t}, path)
+            tce.wait([path])
+            counts = proxy.counts()
+            assert counts.get("CreateMultipartUpload") == 1 and counts.get("CompleteMultipartUpload") == 1
+            assert counts.get("UploadPart") == 4 and not counts.get("PutObject")
+            assert not _uploads(s3, bucket)
+            size = client.lookup(path).size
+            n.stop()
+            n.start()  # an empty cache: the load fetches the object
+        with _knobs.override(socket=n.server.socket, job="big", on_unavailable="raise"):
+            before = proxy.counts().get("GetObject", 0)
+            out = tce.load(path, weights_only=True)
+            assert torch.equal(out["t"], t)
+            assert proxy.counts().get("GetObject", 0) - before == (size + 5 * MiB - 1) // (5 * MiB)
+            st = api.status()
+            assert int(st["objects_fetched"]) == 1 and int(st["object_bytes_fetched"]) == size
+            assert _state(path) == pb.FILE_STATE_PERSISTED  # fetched: a cached, durable copy
+            again = tce.load(path, weights_only=True)  # from the cache now
+            assert torch.equal(again["t"], t) and int(api.status()["objects_fetched"]) == 1
+            api.close()
+    finally:
+        n.stop()
+        n.server.cleanup()
+
+
+def test_an_object_replaced_or_deleted_on_s3_is_not_served_stale(node, s3, bucket):
+    path = node.path("c.pt")
+    tce.save({"v": torch.zeros(8)}, path)
+    tce.wait([path])
+    other = io.BytesIO()
+    torch.save({"v": torch.ones(8)}, other)
+    s3.put_object(Bucket=bucket, Key=node.key("c.pt"), Body=other.getvalue())
+    assert torch.equal(tce.load(path, weights_only=True)["v"], torch.ones(8))  # the new object
+    s3.delete_object(Bucket=bucket, Key=node.key("c.pt"))
+    with pytest.raises(FileNotFoundError):
+        tce.load(path, weights_only=True)
+
+
+def test_a_save_over_an_object_replaced_since_is_discarded(node, s3, bucket, proxy):
+    path = node.path("d.pt")
+    tce.save({"v": torch.zeros(8)}, path)
+    tce.wait([path])
+    heads = {"n": 0}
+
+    def last_look(r):  # the save's own look at the key passes; the persister's last one waits
+        if r.kind != "HeadObject" or not r.path.endswith("/d.pt"):
+            return False
+        heads["n"] += 1
+        return heads["n"] >= 2
+
+    proxy.hold(last_look)
+    tce.save({"v": torch.full((8,), 2.0)}, path)
+    proxy.wait_held(1)
+    s3.put_object(Bucket=bucket, Key=node.key("d.pt"), Body=b"someone else")  # behind the proxy
+    proxy.release()
+    until(lambda: _state(path) == pb.FILE_STATE_DISCARDED, what="the save discarded")
+    assert "replaced on object storage" in _file(path).reason
+    assert _object(s3, bucket, node.key("d.pt")) == b"someone else"
+
+
+def test_throttling_is_retried_until_the_file_is_durable(node, s3, bucket, proxy):
+    proxy.throttle(3)
+    path = node.path("t.pt")
+    tce.save({"v": torch.arange(10)}, path)
+    tce.wait([path])
+    assert proxy.counts().get("SlowDown") == 3
+    assert int(api.status()["object_retries"]) >= 3
+    assert torch.equal(torch.load(io.BytesIO(_object(s3, bucket, node.key("t.pt"))))["v"], torch.arange(10))
+
+
+def test_an_endpoint_down_then_back_persists_once_it_answers(tmp_path, bucket, proxy, s3):
+    n = Node(tmp_path, bucket, proxy, "--s3-retries", "1", "--persist-retries", "0",
+             "--persist-failed-retry-ms", "100").start()
+    try:
+        with _knobs.override(socket=n.server.socket, job="down", on_unavailable="raise"):
+            proxy.refuse()
+            path = n.path("x.pt")
+            tce.save({"v": torch.arange(5)}, path)
+            until(lambda: _state(path) == pb.FILE_STATE_FAILED, what="the upload failing")
+            assert "persisted again" in _file(path).reason
+            assert not _exists(s3, bucket, n.key("x.pt"))
+            proxy.accept()
+            until(lambda: _state(path) == pb.FILE_STATE_PERSISTED, what="persisted once it answers")
+            assert _exists(s3, bucket, n.key("x.pt"))
+            api.close()
+    finally:
+        n.stop()
+        n.server.cleanup()
+
+
+def _dcp_save(path: str, state: dict) -> None:
+    import torch.distributed.checkpoint as dcp
+    from tce.dcp import StorageWriter
+    dcp.save(state, storage_writer=StorageWriter(path))
+
+
+def test_a_dcp_checkpoint_metadata_is_written_after_its_data(node, s3, bucket, proxy):
+    path = node.path("dcp/step1")
+    proxy.hold(lambda r: r.kind == "PutObject" and not r.path.endswith("/.metadata"))
+    _dcp_save(path, {"w": torch.randn(64, 64)})
+    held = proxy.wait_held(1)
+    assert held[0].path.endswith(".distcp")
+    meta_key = node.key("dcp/step1/.metadata")
+    # The data is not durable: the marker is not written, whatever the wait.
+    assert not _exists(s3, bucket, meta_key)
+    assert _state(os.path.join(path, ".metadata")) in (pb.FILE_STATE_CACHED, pb.FILE_STATE_BACKED_UP)
+    proxy.release()
+    tce.wait([os.path.join(path, ".metadata")])
+    order = [r.path for r in proxy.requests() if r.kind == "PutObject" and r.status == 200]
+    assert order[-1].endswith("/.metadata") and any(p.endswith(".distcp") for p in order[:-1])
+    # And it loads from the bucket alone, on an empty cache.
+    _restart(node)
+    with _knobs.override(socket=node.server.socket):
+        import torch.distributed.checkpoint as dcp
+        from tce.dcp import StorageReader
+        out = {"w": torch.zeros(64, 64)}
+        dcp.load(out, storage_reader=StorageReader(path))
+        assert int(api.status()["objects_fetched"]) >= 2
+
+
+def test_a_dcp_save_again_deletes_the_old_metadata_first(node, s3, bucket, proxy):
+    path = node.path("dcp/again")
+    _dcp_save(path, {"w": torch.zeros(4)})
+    tce.wait([os.path.join(path, ".metadata")])
+    proxy.hold(lambda r: r.kind == "PutObject" and not r.path.endswith("/.metadata"))
+    _dcp_save(path, {"w": torch.ones(4)})
+    proxy.wait_held(1)
+    # Mid-save: the old .metadata is gone, so no complete-looking checkpoint
+    # mixes old metadata with new data.
+    assert not _exists(s3, bucket, node.key("dcp/again/.metadata"))
+    proxy.release()
+    tce.wait([os.path.join(path, ".metadata")])
+    assert _exists(s3, bucket, node.key("dcp/again/.metadata"))
+
+
+def _tag(node: Node, name: str, files: dict[str, torch.Tensor]) -> list[str]:
+    paths = []
+    for rel, t in files.items():
+        p = node.path(f"{name}/{rel}")
+        tce.save({"t": t}, p, tag=name)
+        paths.append(p)
+    tce.wait(paths)
+    client.commit_tag(pb.TagInfo(job=_knobs.get("job"), tag=name, world_size=1,
+                                 files=[pb.TagFile(rank=0, path=p, size=client.lookup(p).size)
+                                        for p in paths]))
+    return paths
+
+
+def test_storage_keep_last_deletes_old_tags_marker_first(tmp_path, bucket, proxy, s3):
+    n = Node(tmp_path, bucket, proxy, "--storage-keep-last", "1").start()
+    try:
+        with _knobs.override(socket=n.server.socket, job="keep", on_unavailable="raise"):
+            _tag(n, "s1", {"a.distcp": torch.zeros(4), ".metadata": torch.zeros(1)})
+            assert {t.tag for t in client.tags()} == {"s1"}
+            _tag(n, "s2", {"a.distcp": torch.ones(4), ".metadata": torch.ones(1)})
+            until(lambda: not _exists(s3, bucket, n.key("s1/a.distcp")), what="s1 deleted")
+            assert not _exists(s3, bucket, n.key("s1/.metadata"))
+            assert _exists(s3, bucket, n.key("s2/a.distcp")) and _exists(s3, bucket, n.key("s2/.metadata"))
+            deletes = [r.path for r in proxy.requests() if r.kind == "DeleteObject"]
+            assert deletes[0].endswith("s1/.metadata") and deletes[1].endswith("s1/a.distcp")
+            until(lambda: {t.tag for t in client.tags()} == {"s2"}, what="s1 forgotten")
+            api.close()
+    finally:
+        n.stop()
+        n.server.cleanup()
+
+
+@pytest.mark.parametrize("point", ["after-create", "mid-parts", "before-complete"])
+def test_kill_9_mid_upload_leaves_no_object_and_the_restart_aborts_the_upload(
+        tmp_path, bucket, proxy, s3, point):
+    n = Node(tmp_path, bucket, proxy, "--s3-part-size", "5MiB").start()
+    seen = {"parts": 0}
+
+    def mid_parts(r):  # the third part waits (two went up)
+        if r.kind != "UploadPart":
+            return False
+        seen["parts"] += 1
+        return seen["parts"] >= 3
+
+    proxy.hold({"after-create": "UploadPart", "mid-parts": mid_parts,
+                "before-complete": "CompleteMultipartUpload"}[point])
+    try:
+        with _knobs.override(socket=n.server.socket, job="kill", on_unavailable="raise"):
+            path = n.path("k.pt")
+            tce.save({"t": torch.zeros(4 * MiB, dtype=torch.int32)}, path)
+            proxy.wait_held(1)
+            n.kill()
+        proxy.drop_held()
+        proxy.release()
+        assert not _exists(s3, bucket, n.key("k.pt"))  # never a partial object
+        assert [u["Key"] for u in _uploads(s3, bucket)] == [n.key("k.pt")]
+        n.start()  # the same state dir: its journal names the upload
+        until(lambda: not _uploads(s3, bucket), what="the unfinished upload aborted")
+        assert not _exists(s3, bucket, n.key("k.pt"))
+    finally:
+        if n.server.proc.poll() is None:
+            n.stop()
+        n.server.cleanup()
+
+
+def test_kill_9_before_the_data_is_durable_leaves_no_marker(tmp_path, bucket, proxy, s3):
+    n = Node(tmp_path, bucket, proxy).start()
+    proxy.hold(lambda r: r.kind == "PutObject" and r.path.endswith(".distcp"))
+    try:
+        with _knobs.override(socket=n.server.socket, job="killdcp", on_unavailable="raise"):
+            _dcp_save(n.path("dcp/s"), {"w": torch.randn(16)})
+            proxy.wait_held(1)
+            n.kill()
+        proxy.drop_held()
+        proxy.release()
+        assert not _exists(s3, bucket, n.key("dcp/s/.metadata"))
+    finally:
+        n.server.cleanup()
+
+
+def test_credentials_never_reach_the_log_or_the_printed_config(node, proxy):
+    proxy.throttle(2)
+    path = node.path("secret.pt")
+    tce.save({"v": torch.zeros(2)}, path)
+    tce.wait([path])
+    env = credentials_env()
+    log = node.server.log()
+    assert env["AWS_SECRET_ACCESS_KEY"] not in log and env["AWS_ACCESS_KEY_ID"] not in log
+    from tce.tools._server import server_binary
+    printed = subprocess.run([server_binary(), "--print-config", "--storage-roots", f"/c=s3://{node.bucket}/x"],
+                             capture_output=True, text=True, env={**os.environ, **env})
+    assert printed.returncode == 0, printed.stderr
+    assert env["AWS_SECRET_ACCESS_KEY"] not in printed.stdout + printed.stderr
+
+
+@pytest.mark.parametrize("root, why", [
+    ("/c=s3://Bad_Bucket/x", "is not a bucket name"),
+    ("/c=gs://bucket/x", "unknown scheme 'gs'"),
+    ("/c=s3://bucket/../x", "'..'"),
+    ("relative=s3://bucket", "must be absolute"),
+])
+def test_bad_object_roots_are_refused_at_start(root, why):
+    from tce.tools._server import server_binary
+    r = subprocess.run([server_binary(), "--socket", "/tmp/never.sock", "--storage-roots", root,
+                        "--print-config"], capture_output=True, text=True)
+    assert r.returncode == 2 and why in r.stderr, r.stderr
