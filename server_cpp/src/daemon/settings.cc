@@ -238,7 +238,7 @@ const std::vector<Setting> kSettings = {
     Text("s3_ca_file", &Options::s3_ca_file, "F", EmptyOrAbsolutePath, "CA certificates (PEM) to verify with")
         .DefaultText("empty: the system's"),
     Text("s3_credentials_file", &Options::s3_credentials_file, "F", EmptyOrAbsolutePath,
-         "an AWS shared-credentials file (never printed)")
+         "an AWS shared-credentials file (the keys in it are never printed or logged)")
         .DefaultText("empty: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN"),
     Text("s3_profile", &Options::s3_profile, "P", AnyValue, "the profile of s3_credentials_file"),
     Text("s3_part_size", &Options::s3_part_size, "SIZE", PartSize,
