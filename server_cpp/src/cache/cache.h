@@ -205,7 +205,7 @@ class Cache : public PoolBudget,
   // ClientStore::List unchecked: every file. For the daemon itself and tests.
   std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
   // ClientStore::ListTags unchecked. For the daemon itself and tests.
-  std::vector<TagInfo> ListTags(const std::string& job) EXCLUDES(mu_);
+  std::vector<TagInfo> ListTags(const std::string& job) override EXCLUDES(mu_);
   // Tags recorded before a restart (from metadata).
   void RestoreTags(std::vector<TagInfo> tags) EXCLUDES(mu_);
   // Every later state change is reported to `sink` (null: none). Set before serving.
@@ -233,7 +233,7 @@ class Cache : public PoolBudget,
   void SetTagListener(std::function<void(const std::string& job)> listener) { tag_listener_ = std::move(listener); }
   // Forgets a complete tag (its files were deleted from storage): neither
   // listed nor published any more, here or, once recorded, after a restart.
-  void ForgetTag(const std::string& job, const std::string& tag) EXCLUDES(mu_);
+  void ForgetTag(const std::string& job, const std::string& tag) override EXCLUDES(mu_);
 
   // How long a load (or a save's look at its directory) waits for storage to
   // answer a stat before it serves the cache (goes on unchecked). Default 2 s;

@@ -55,6 +55,10 @@ class PersistSource {
   // whatever waits for persistence (Wait, an allocation waiting for room,
   // WaitForNoSaves) stops waiting.
   virtual void StopPersistence() = 0;
+  // Retention on storage (persist/storage_retention.h): the job's complete
+  // tags, oldest first; forgetting one whose files were deleted.
+  virtual std::vector<TagInfo> ListTags(const std::string& job) = 0;
+  virtual void ForgetTag(const std::string& job, const std::string& tag) = 0;
 };
 
 }  // namespace tce

@@ -42,7 +42,7 @@
 #include "ring/transport_factory.h"
 #include "meta/meta_writer.h"
 #include "persist/persister.h"
-#include "storage/storage_retention.h"
+#include "persist/storage_retention.h"
 #include "rpc/control_listener.h"
 #include "rpc/fd_server.h"
 #include "rpc/health_service.h"

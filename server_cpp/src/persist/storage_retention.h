@@ -15,17 +15,16 @@
 #include <thread>
 #include <vector>
 
-#include "cache/cache_types.h"
+#include "cache/persist_source.h"
 #include "common/mutex.h"
 #include "storage/object_store.h"
 
 namespace tce {
 
-class Cache;
 
 class StorageRetention {
  public:
-  StorageRetention(Cache* cache, std::shared_ptr<const ObjectRoots> roots, size_t keep_last);
+  StorageRetention(PersistSource* cache, std::shared_ptr<const ObjectRoots> roots, size_t keep_last);
   ~StorageRetention();
   void Start();
   void Stop();
@@ -41,7 +40,7 @@ class StorageRetention {
  private:
   void Loop();
 
-  Cache* const cache_;
+  PersistSource* const cache_;
   const std::shared_ptr<const ObjectRoots> roots_;
   const size_t keep_last_;
   Mutex mu_;

@@ -1,8 +1,7 @@
-#include "storage/storage_retention.h"
+#include "persist/storage_retention.h"
 
 #include <algorithm>
 
-#include "cache/cache.h"
 #include "common/logging.h"
 
 namespace tce {
@@ -13,7 +12,7 @@ bool IsMarkerName(const std::string& path) {
 }
 }  // namespace
 
-StorageRetention::StorageRetention(Cache* cache, std::shared_ptr<const ObjectRoots> roots, size_t keep_last)
+StorageRetention::StorageRetention(PersistSource* cache, std::shared_ptr<const ObjectRoots> roots, size_t keep_last)
     : cache_(cache), roots_(std::move(roots)), keep_last_(keep_last) {}
 
 StorageRetention::~StorageRetention() { Stop(); }
