@@ -387,7 +387,12 @@ class FaultProxy:
         try:
             while True:
                 client.settimeout(_IDLE_TIMEOUT)
-                head = _read_head(stream)
+                try:
+                    head = _read_head(stream)
+                except socket.timeout:
+                    if stream.buf:
+                        raise
+                    return  # idle too long: closed as S3 closes an idle connection
                 if head is None:
                     return
                 client.settimeout(_IO_TIMEOUT)
