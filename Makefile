@@ -8,6 +8,8 @@ DEEPSPEED_PIN := deepspeed>=0.17.1,<0.20
 TRANSFORMERS_PIN := transformers>=4.46,<6
 ACCELERATE_PIN := accelerate>=1.0,<2
 LIGHTNING_PIN := lightning>=2.4,<3
+MOTO_PIN    := moto[server]>=5.2,<5.3
+BOTO3_PIN   := boto3>=1.43,<1.44
 BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
 STAMPS      := build/.stamps
 # Debian packages: compilers/build tools, gRPC + protobuf for the server,
@@ -59,6 +61,11 @@ $(STAMPS)/python: pyproject.toml Makefile
 		"torch==$$($(PYTHON) -c 'import torch; print(torch.__version__)')"
 	@# Lightning for TCECheckpointIO's test; torch held as installed.
 	@$(PYTHON) -c "import lightning" 2>/dev/null || $(PIP) install -q "$(LIGHTNING_PIN)" \
+		"torch==$$($(PYTHON) -c 'import torch; print(torch.__version__)')"
+	@# moto's S3 server and boto3 for the s3 tests and `tce bench --s3`; torch
+	@# held as installed (moto[server] brings cfn-lint, which needs sympy, as torch does).
+	@$(PYTHON) -c "import boto3, moto.server" 2>/dev/null || $(PIP) install -q \
+		"$(MOTO_PIN)" "$(BOTO3_PIN)" \
 		"torch==$$($(PYTHON) -c 'import torch; print(torch.__version__)')"
 	@touch $@
 

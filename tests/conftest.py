@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
+import re
 import subprocess
 import sys
 
@@ -14,6 +16,8 @@ from tce import api
 from tce.core import _knobs
 from tce.tools._netns import Nodes
 from tce.tools._server import LocalServer, server_binary
+from s3_helpers import FaultProxy, MotoServer
+from tce.tools import _moto
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,3 +158,32 @@ def nodes2():
 @pytest.fixture
 def nodes3():
     yield from _nodes(3)
+
+
+@pytest.fixture(scope="session")
+def moto():
+    """moto's S3 server on a loopback port (tests/s3_helpers.py), one for
+    the session; killed at its end."""
+    try:
+        _moto.require("the s3 tests")
+    except _moto.MissingDependency as e:
+        pytest.skip(str(e))
+    with MotoServer() as server:
+        yield server
+
+
+_buckets = itertools.count()
+
+
+@pytest.fixture
+def s3_bucket(moto, request):
+    """A new, empty bucket on ``moto`` for the test; its name."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40]
+    return moto.make_bucket(f"{stem}-{os.getpid()}-{next(_buckets)}".strip("-"))
+
+
+@pytest.fixture
+def fault_proxy(moto):
+    """A FaultProxy in front of ``moto`` for the test; closed after it."""
+    with FaultProxy(moto.endpoint) as proxy:
+        yield proxy

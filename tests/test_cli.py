@@ -93,6 +93,29 @@ def test_bench_json(tmp_path):
         assert p.returncode != 0 and "this torch sees no CUDA device" in p.stderr
 
 
+@pytest.mark.s3
+def test_bench_s3_boto3_half(tmp_path):
+    """`tce bench --s3 --skip tce`: boto3's upload and download against
+    moto, the bench's own, every download checked against the source."""
+    from tce.tools import _moto
+    try:
+        _moto.require("tce bench --s3")
+    except _moto.MissingDependency as e:
+        pytest.skip(str(e))
+    p = _tce("bench", "--s3", "--size", "16MiB", "--repeats", "2", "--skip", "tce",
+             "--dir", str(tmp_path), "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["bytes"] == 16 << 20 and res["repeats"] == 2
+    for key in ("boto3_upload", "boto3_download"):
+        assert 0 < res[f"{key}_min_s"] <= res[f"{key}_s"] <= res[f"{key}_max_s"], key
+        assert res[f"{key}_GBps"] > 0, key
+    assert not any(k.startswith("tce_") for k in res) and "error" not in res
+    assert os.listdir(tmp_path) == []  # the bench cleans up after itself
+    p = _tce("bench", "--s3", "--skip", "torch")
+    assert p.returncode != 0 and "--skip takes boto3, tce, not torch" in p.stderr
+
+
 def test_bench_layers_sets_the_tensor_count(tmp_path):
     p = _tce("bench", "--size", "64MiB", "--layers", "168", "--repeats", "1",
              "--skip", "persist,torch,dcp,cold", "--dir", str(tmp_path), "--json")

@@ -24,7 +24,7 @@ import torch
 
 import tce
 from tce import api, client
-from tce.tools import _coldbench, _dcpbench, _ringbench
+from tce.tools import _coldbench, _dcpbench, _ringbench, _s3bench
 from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict, parse_size
 
@@ -461,7 +461,8 @@ def plot(res: dict[str, Any], path: str) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="1GiB", help="state dict size (default 1GiB)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per figure (median)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per figure (median; default 5, 3 with --s3)")
     p.add_argument("--persist-repeats", type=int, default=5,
                    help="timed runs of the persistence figures (they write to disk)")
     p.add_argument("--dir", default=None,
@@ -478,7 +479,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="float32 (default on cpu) or bfloat16 (default on cuda), float16")
     p.add_argument("--skip", default="", metavar="PARTS",
                    help="comma list of parts to leave out: tce (the cache rows), cold (a new "
-                        "process's first save and restore), persist, torch, dcp")
+                        "process's first save and restore), persist, torch, dcp; with --s3: "
+                        "boto3, tce")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the figures as a bar chart (needs matplotlib)")
@@ -497,6 +499,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "namespaces, links limited with tc; root) instead of one node's readers")
     p.add_argument("--link-rate", default="1gbit",
                    help="with --weights --nodes: each node's link, each way (tc rate; default 1gbit)")
+    _s3bench.add_arguments(p)
     p.add_argument("--weights", action="store_true",
                    help="instead: published versions read by inference processes: publish to "
                         "reader latency, read bandwidth against memcpy, save-to-served against "
@@ -504,6 +507,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.s3:
+        repeats = 3 if args.repeats is None else args.repeats
+        return _s3bench.main(parse_size(args.size), repeats, args.json, args.dir, args.skip,
+                             args.s3_server_arg)
+    if args.repeats is None:
+        args.repeats = 5
     if args.ring:
         return _ringbench.main(parse_size(args.size), args.repeats, args.json)
     if args.weights and args.nodes:
