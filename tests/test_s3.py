@@ -22,38 +22,29 @@ import torch
 import tce
 from tce import api, client
 from tce.core import _knobs, _objects
-from tce.tools._moto import MotoServer, credentials_env
+from tce.tools._moto import credentials_env
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 from helpers import until
-from s3_helpers import FaultProxy
+from s3_helpers import FaultProxy  # noqa: F401 (the type the proxy fixture gives)
 
 pytestmark = pytest.mark.s3
 
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def moto():
-    server = MotoServer().start()
-    yield server
-    server.stop()
+@pytest.fixture
+def bucket(s3_bucket):  # tests/conftest.py: moto on loopback, a new bucket per test
+    return s3_bucket
 
 
 @pytest.fixture
-def bucket(moto):
-    return moto.make_bucket(f"b-{uuid.uuid4().hex[:12]}")
+def proxy(fault_proxy):  # in front of moto: the server under test talks to it
+    return fault_proxy
 
 
 @pytest.fixture
-def proxy(moto):
-    p = FaultProxy(moto.endpoint)
-    yield p
-    p.close()
-
-
-@pytest.fixture
-def s3(moto, bucket):
+def s3(moto):  # boto3, straight to moto (not through the proxy)
     return moto.boto3()
 
 
@@ -149,7 +140,7 @@ def test_a_saved_file_is_persisted_as_an_object_holding_its_bytes(node, s3, buck
 
 
 def test_large_files_go_up_in_parallel_parts_and_come_back_by_ranges(tmp_path, bucket, proxy, s3):
-    n = Node(tmp_path, bucket, proxy, "--s3-part-size", "5MiB").start()
+    n = Node(tmp_path, bucket, proxy, "--s3-part-size", "5MiB", "--s3-range-size", "4MiB").start()
     try:
         with _knobs.override(socket=n.server.socket, job="big", on_unavailable="raise"):
             t = torch.arange(4 * MiB, dtype=torch.int32)  # 16 MiB: 4 parts
@@ -159,6 +150,8 @@ def test_large_files_go_up_in_parallel_parts_and_come_back_by_ranges(tmp_path, b
             counts = proxy.counts()
             assert counts.get("CreateMultipartUpload") == 1 and counts.get("CompleteMultipartUpload") == 1
             assert counts.get("UploadPart") == 4 and not counts.get("PutObject")
+            parts = [r for r in proxy.requests() if r.kind == "UploadPart"]
+            assert all(r.headers.get("x-amz-checksum-crc32") for r in parts)  # S3 checks each part
             assert not _uploads(s3, bucket)
             size = client.lookup(path).size
             n.stop()
@@ -167,7 +160,7 @@ def test_large_files_go_up_in_parallel_parts_and_come_back_by_ranges(tmp_path, b
             before = proxy.counts().get("GetObject", 0)
             out = tce.load(path, weights_only=True)
             assert torch.equal(out["t"], t)
-            assert proxy.counts().get("GetObject", 0) - before == (size + 5 * MiB - 1) // (5 * MiB)
+            assert proxy.counts().get("GetObject", 0) - before == (size + 4 * MiB - 1) // (4 * MiB)
             st = api.status()
             assert int(st["objects_fetched"]) == 1 and int(st["object_bytes_fetched"]) == size
             assert _state(path) == pb.FILE_STATE_PERSISTED  # fetched: a cached, durable copy

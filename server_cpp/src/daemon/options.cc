@@ -183,10 +183,12 @@ ObjectStoreOptions ObjectStoreSettings(const Options& o) {
   s.ca_file = o.s3_ca_file;
   s.credentials_file = o.s3_credentials_file;
   s.profile = o.s3_profile;
-  if (!ParseSize(o.s3_part_size, &s.part_size)) s.part_size = 16 << 20;  // checked with the settings
+  if (!ParseSize(o.s3_part_size, &s.part_size)) s.part_size = 8 << 20;  // checked with the settings
+  if (!ParseSize(o.s3_range_size, &s.range_size)) s.range_size = 32 << 20;
   s.parallel = o.s3_parallel;
   s.retries = o.s3_retries;
   s.backoff_ms = o.s3_backoff_ms;
+  s.checksum = o.s3_checksum;
   s.journal = o.state_dir;  // a directory: each store journals in a file of its own there
   return s;
 }

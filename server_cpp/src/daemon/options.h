@@ -66,10 +66,12 @@ struct Options {
   std::string s3_ca_file;
   std::string s3_credentials_file;
   std::string s3_profile = "default";
-  std::string s3_part_size = "16MiB";
-  int s3_parallel = 8;
+  std::string s3_part_size = "8MiB";
+  std::string s3_range_size = "32MiB";
+  int s3_parallel = 10;
   int s3_retries = 8;
   int s3_backoff_ms = 100;
+  std::string s3_checksum = "crc32";
   // Metadata.
   std::string state_dir = "/var/lib/tce";
   std::string metadata_url;

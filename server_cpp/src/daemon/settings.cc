@@ -83,6 +83,15 @@ std::string PartSize(const std::string& v) {
   return ParseSize(v, &n) && n >= (5u << 20) && n <= (uint64_t{5} << 30) ? "" : "a size from 5MiB to 5GiB";
 }
 
+std::string RangeSize(const std::string& v) {
+  uint64_t n = 0;
+  return ParseSize(v, &n) && n >= (1u << 20) && n <= (uint64_t{5} << 30) ? "" : "a size from 1MiB to 5GiB";
+}
+
+std::string S3Checksum(const std::string& v) {
+  return v == "crc32" || v == "md5" || v == "none" ? "" : "crc32, md5 or none";
+}
+
 std::string S3Endpoint(const std::string& v) {
   if (v.empty() || v.rfind("http://", 0) == 0 || v.rfind("https://", 0) == 0) {
     for (char c : v)
@@ -242,13 +251,17 @@ const std::vector<Setting> kSettings = {
         .DefaultText("empty: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN"),
     Text("s3_profile", &Options::s3_profile, "P", AnyValue, "the profile of s3_credentials_file"),
     Text("s3_part_size", &Options::s3_part_size, "SIZE", PartSize,
-         "objects larger than this go up as multipart uploads of parts this size, and come down "
-         "as ranged GETs of this size"),
+         "objects larger than this go up as multipart uploads of parts this size"),
+    Text("s3_range_size", &Options::s3_range_size, "SIZE", RangeSize,
+         "a load fetches an object in ranged GETs of this size"),
     Int("s3_parallel", &Options::s3_parallel, {1, 64}, "parts (or ranges) in flight per file"),
     Int("s3_retries", &Options::s3_retries, {0, 100},
         "retries of an S3 request that failed for a reason that may clear (5xx, SlowDown, timeouts)"),
     Int("s3_backoff_ms", &Options::s3_backoff_ms, {1, 600000},
         "first S3 retry's delay bound: full jitter, doubled per retry, at most 20 s"),
+    Text("s3_checksum", &Options::s3_checksum, "C", S3Checksum,
+         "how the store checks each body it receives: crc32 (x-amz-checksum-crc32), md5 (Content-MD5, "
+         "for stores without checksums) or none"),
     Int("persist_threads", &Options::persist_threads, {1, 64}, "persistence workers"),
     Int("persist_retries", &Options::persist_retries, {0, 100}, "retries of a failed write"),
     Millis("persist_backoff_ms", &Options::persist_backoff_ms, 1, 600000,

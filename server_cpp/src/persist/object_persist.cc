@@ -24,12 +24,18 @@ Status Persister::PersistObject(const PersistJob& job, const ObjectRoot& root, c
   if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer " + std::to_string(job.buffer_id));
   auto* data = static_cast<unsigned char*>(map);
   ZipCrcStream crcs(*records, job.size, /*patch=*/job.zip_crc32);
+  // The CRCs are computed (and patched in) as the parts go: the bytes below
+  // `end` before the part that ends there is sent. A CRC patch only lands at
+  // or after the bytes fed, so no part already sent is touched again.
+  Mutex crc_mu;
   std::chrono::milliseconds yielded(0);
-  for (uint64_t off = 0; off < job.size; off += options_.chunk) {
+  auto prepare = [&](uint64_t end) {
+    MutexLock l(&crc_mu);
+    if (crcs.fed() >= end) return;
     if (yielded < options_.max_yield) yielded += cache_->WaitForNoSaves(options_.max_yield - yielded);
-    const uint64_t n = std::min<uint64_t>(options_.chunk, job.size - off);
-    crcs.Feed(off, data + off, static_cast<size_t>(n));
-  }
+    const uint64_t from = crcs.fed();
+    crcs.Feed(from, data + from, static_cast<size_t>(std::min(end, job.size) - from));
+  };
   ObjectStore* store = root.store.get();
   const std::string url = store->Url(key);
   // The last look before the object becomes visible (no lock is held across
@@ -47,7 +53,7 @@ Status Persister::PersistObject(const PersistJob& job, const ObjectRoot& root, c
   };
   ObjectId out;
   for (int attempt = 0;; ++attempt) {
-    s = store->Write(key, reinterpret_cast<const char*>(data), job.size, before_commit, &out);
+    s = store->Write(key, reinterpret_cast<const char*>(data), job.size, before_commit, &out, prepare);
     if (s.ok() || s.code() == Status::Code::kAborted || s.code() == Status::Code::kCancelled ||
         s.code() == Status::Code::kPermissionDenied || s.code() == Status::Code::kInvalidArgument)
       break;  // done, or a retry cannot help (the store retried what can clear)
@@ -59,6 +65,7 @@ Status Persister::PersistObject(const PersistJob& job, const ObjectRoot& root, c
                                  << "): " << s.ToString();
     if (!SleepUnlessStopping(delay)) break;
   }
+  prepare(job.size);  // every CRC, even when the write failed before the end (a retry resumes)
   *records = crcs.records();
   munmap(map, mapped);
   if (s.ok()) {

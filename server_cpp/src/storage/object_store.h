@@ -42,8 +42,11 @@ class ObjectStore {
   // Writes data[0, n) at `key`, visible only once complete (never a partial
   // object). `before_commit` runs just before the object is made visible; a
   // failure there abandons the write and is returned. `out`: the new object.
+  // `prepare(end)` (optional) runs before the bytes below `end` are first
+  // read, from any of the store's threads (see S3PutOptions::prepare).
   virtual Status Write(const std::string& key, const char* data, uint64_t n,
-                       const std::function<Status()>& before_commit, ObjectId* out) = 0;
+                       const std::function<Status()>& before_commit, ObjectId* out,
+                       const std::function<void(uint64_t)>& prepare = nullptr) = 0;
   // Reads [offset, offset + n) of `key` into `into` (large reads as ranged
   // reads in parallel). A non-empty `etag` must still be the object's
   // (FAILED_PRECONDITION when it was replaced meanwhile).
@@ -64,9 +67,11 @@ class ObjectStore {
 struct ObjectStoreOptions {
   std::string endpoint, region = "us-east-1", ca_file, credentials_file, profile = "default";
   bool path_style = false, verify_tls = true;
-  uint64_t part_size = 16 << 20;
-  int parallel = 8, retries = 8;
+  uint64_t part_size = 8 << 20;    // multipart above this, in parts this size
+  uint64_t range_size = 32 << 20;  // ranged reads of this size
+  int parallel = 10, retries = 8;
   int backoff_ms = 100;
+  std::string checksum = "crc32";  // what the store checks each body with: crc32, md5 or none
   // The directory where unfinished writes are journaled (a file per store),
   // so a restart abandons them (empty: not journaled).
   std::string journal;

@@ -47,6 +47,10 @@ struct S3Config {
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds stall_timeout{30000};  // a transfer with no progress this long fails, then is retried
   std::vector<std::string> resolve;  // CURLOPT_RESOLVE entries "host:port:addr" (pin an endpoint's address)
+  // How the store checks each body it receives: "crc32" (x-amz-checksum-crc32
+  // on every PUT and part, the upload created with that algorithm), "md5"
+  // (Content-MD5), or "none".
+  std::string checksum = "crc32";
   // Tests only: when set, requests carry this x-amz-date (e.g. "20130524T000000Z") instead of curl's clock.
   std::function<std::string()> amz_date;
   Clock* clock = Clock::Real();  // backoff sleeps are measured on it
@@ -98,13 +102,16 @@ class S3Client {
                   const std::string& if_match = "");
   Status Put(const std::string& bucket, const std::string& key, const char* data, size_t n, std::string* etag);
   Status CreateMultipart(const std::string& bucket, const std::string& key, std::string* upload_id);
+  // `checksum` (optional): the part's checksum as sent (crc32: base64), for CompleteMultipart.
   Status UploadPart(const std::string& bucket, const std::string& key, const std::string& upload_id, int part_number,
-                    const char* data, size_t n, std::string* etag);
+                    const char* data, size_t n, std::string* etag, std::string* checksum = nullptr);
   // Parts 1..N in order. Finding the upload gone (an earlier attempt whose
   // reply was lost may have completed it), it compares the object's ETag
   // with the one these parts make, so a lost reply is not a failure.
+  // `part_checksums`: UploadPart's, in part order (empty: none sent).
   Status CompleteMultipart(const std::string& bucket, const std::string& key, const std::string& upload_id,
-                           const std::vector<std::string>& part_etags, std::string* etag);
+                           const std::vector<std::string>& part_etags, std::string* etag,
+                           const std::vector<std::string>& part_checksums = {});
   // Absent: OK.
   Status AbortMultipart(const std::string& bucket, const std::string& key, const std::string& upload_id);
   // Unfinished multipart uploads under `prefix`, all pages.
@@ -134,6 +141,8 @@ class S3Client {
   std::string Redact(std::string message) const;
   std::chrono::milliseconds Backoff(int attempt) const;
   Status ListPage(const std::string& bucket, const std::string& query, std::string* body);
+  // The body's checksum header (config_.checksum); `checksum` gets a crc32's value.
+  void AddChecksum(const char* data, size_t n, std::vector<std::string>* headers, std::string* checksum) const;
 
   const S3Config config_;
   Status config_error_;
@@ -153,6 +162,11 @@ struct S3PutOptions {
   // status aborts the upload and is returned (the caller's last check that
   // the object may still be written).
   std::function<Status()> before_commit;
+  // Called (from the sending thread) before the bytes below `end` are first
+  // sent: the caller may finish them then (the persister patches the zip's
+  // CRCs in place as it goes), overlapping that with the parts in flight.
+  // Calls may come from several threads at once; `end` only grows per thread.
+  std::function<void(uint64_t end)> prepare;
 };
 // Writes data[0, n) to bucket/key: one Put up to part_size, else a multipart
 // upload with `parallel` parts in flight (threads; each part retried on its
@@ -160,6 +174,9 @@ struct S3PutOptions {
 // the upload is aborted (best effort: after Cancel the abort is not sent,
 // and the journal keeps the upload) and nothing is visible at the key.
 // `etag`: the new object's.
+// The part size a multipart upload of `n` bytes uses: `part_size`, or for a
+// file over S3's 10000 parts of it, parts just large enough (whole MiB).
+uint64_t S3PartSize(uint64_t n, uint64_t part_size);
 Status PutObject(S3Client* client, const std::string& bucket, const std::string& key, const char* data, uint64_t n,
                  const S3PutOptions& options, std::string* etag);
 

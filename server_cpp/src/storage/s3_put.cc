@@ -16,7 +16,7 @@ namespace {
 // them; the first failure stops the handing out. Thread-safe.
 class PartQueue {
  public:
-  explicit PartQueue(size_t parts) : etags_(parts) {}
+  explicit PartQueue(size_t parts) : etags_(parts), checksums_(parts) {}
 
   // The next part to send (0-based); false once all are handed out or one failed.
   bool Next(size_t* part) EXCLUDES(mu_) {
@@ -25,19 +25,21 @@ class PartQueue {
     *part = next_++;
     return true;
   }
-  void Done(size_t part, std::string etag) EXCLUDES(mu_) {
+  void Done(size_t part, std::string etag, std::string checksum) EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     etags_[part] = std::move(etag);
+    checksums_[part] = std::move(checksum);
   }
   void Fail(Status s) EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     if (failure_.ok()) failure_ = std::move(s);
   }
   // The first failure, or OK with every part's ETag (call once the senders are done).
-  Status Finish(std::vector<std::string>* etags) EXCLUDES(mu_) {
+  Status Finish(std::vector<std::string>* etags, std::vector<std::string>* checksums) EXCLUDES(mu_) {
     MutexLock lock(&mu_);
     if (!failure_.ok()) return failure_;
     *etags = std::move(etags_);
+    *checksums = std::move(checksums_);
     return Status::OK();
   }
 
@@ -46,6 +48,7 @@ class PartQueue {
   size_t next_ GUARDED_BY(mu_) = 0;
   Status failure_ GUARDED_BY(mu_);
   std::vector<std::string> etags_ GUARDED_BY(mu_);
+  std::vector<std::string> checksums_ GUARDED_BY(mu_);
 };
 
 struct Upload {
@@ -56,6 +59,7 @@ struct Upload {
   const char* data;
   uint64_t n;
   uint64_t part_size;
+  const std::function<void(uint64_t)>& prepare;
 };
 
 // Sends parts until none is left (each UploadPart retries on its own).
@@ -64,18 +68,20 @@ void SendParts(const Upload& u, PartQueue* queue) {
   while (queue->Next(&part)) {
     const uint64_t offset = part * u.part_size;
     const uint64_t len = std::min(u.part_size, u.n - offset);
-    std::string etag;
+    std::string etag, checksum;
+    if (u.prepare) u.prepare(offset + len);
     Status s = u.client->UploadPart(u.bucket, u.key, u.upload_id, static_cast<int>(part + 1), u.data + offset, len,
-                                    &etag);
+                                    &etag, &checksum);
     if (s.ok()) {
-      queue->Done(part, std::move(etag));
+      queue->Done(part, std::move(etag), std::move(checksum));
     } else {
       queue->Fail(std::move(s));
     }
   }
 }
 
-Status SendAllParts(const Upload& u, size_t parts, int parallel, std::vector<std::string>* etags) {
+Status SendAllParts(const Upload& u, size_t parts, int parallel, std::vector<std::string>* etags,
+                    std::vector<std::string>* checksums) {
   PartQueue queue(parts);
   std::vector<std::thread> threads;
   const size_t extra = std::min<size_t>(parts, static_cast<size_t>(std::max(parallel, 1))) - 1;
@@ -88,34 +94,42 @@ Status SendAllParts(const Upload& u, size_t parts, int parallel, std::vector<std
   }
   SendParts(u, &queue);
   for (auto& t : threads) t.join();
-  return queue.Finish(etags);
+  return queue.Finish(etags, checksums);
 }
 
 }  // namespace
 
+uint64_t S3PartSize(uint64_t n, uint64_t part_size) {
+  if (part_size == 0 || n == 0 || (n - 1) / part_size + 1 <= 10000) return part_size;
+  const uint64_t least = (n - 1) / 10000 + 1;  // bytes per part for 10000 parts
+  return ((least - 1) / (1 << 20) + 1) << 20;
+}
+
 Status PutObject(S3Client* client, const std::string& bucket, const std::string& key, const char* data, uint64_t n,
                  const S3PutOptions& options, std::string* etag) {
   if (n <= options.part_size) {
+    if (options.prepare) options.prepare(n);
     if (options.before_commit) {
       Status s = options.before_commit();
       if (!s.ok()) return s;
     }
     return client->Put(bucket, key, data, n, etag);
   }
-  const uint64_t parts = options.part_size == 0 ? 0 : (n - 1) / options.part_size + 1;
+  const uint64_t part_size = S3PartSize(n, options.part_size);
+  const uint64_t parts = part_size == 0 ? 0 : (n - 1) / part_size + 1;
   if (parts == 0 || parts > 10000) {
     return Status::InvalidArgument("S3 upload of " + std::to_string(n) + " bytes in parts of " +
-                                   std::to_string(options.part_size) + " needs more than 10000 parts");
+                                   std::to_string(part_size) + " needs more than 10000 parts");
   }
   std::string upload_id;
   Status s = client->CreateMultipart(bucket, key, &upload_id);
   if (!s.ok()) return s;
   if (options.journal) options.journal(upload_id, true);
-  const Upload upload{client, bucket, key, upload_id, data, n, options.part_size};
-  std::vector<std::string> etags;
-  s = SendAllParts(upload, parts, options.parallel, &etags);
+  const Upload upload{client, bucket, key, upload_id, data, n, part_size, options.prepare};
+  std::vector<std::string> etags, checksums;
+  s = SendAllParts(upload, parts, options.parallel, &etags, &checksums);
   if (s.ok() && options.before_commit) s = options.before_commit();
-  if (s.ok()) s = client->CompleteMultipart(bucket, key, upload_id, etags, etag);
+  if (s.ok()) s = client->CompleteMultipart(bucket, key, upload_id, etags, etag, checksums);
   if (s.ok()) {
     if (options.journal) options.journal(upload_id, false);
     return s;

@@ -296,4 +296,16 @@ TEST(S3PutObject, LostCompleteReplyIsRecognisedByTheObjectsEtag) {
 }
 
 }  // namespace
+TEST(S3PutObject, AFileOverTenThousandPartsGetsLargerParts) {
+  constexpr uint64_t MiB = 1 << 20;
+  EXPECT_EQ(S3PartSize(100 * MiB, 8 * MiB), 8 * MiB);
+  EXPECT_EQ(S3PartSize(5000, 1000), 1000u);  // small parts stay small
+  EXPECT_EQ(S3PartSize(10000 * 8 * MiB, 8 * MiB), 8 * MiB);   // exactly 10000 parts
+  EXPECT_EQ(S3PartSize(10000 * 8 * MiB + 1, 8 * MiB), 9 * MiB);
+  const uint64_t n = uint64_t{200} << 30;  // 200 GiB
+  const uint64_t part = S3PartSize(n, 8 * MiB);
+  EXPECT_LE((n - 1) / part + 1, 10000u);
+  EXPECT_EQ(part % MiB, 0u);
+}
+
 }  // namespace tce

@@ -239,7 +239,8 @@ TEST(S3Signing, EveryCallIsSignedAsSigV4Specifies) {
     EXPECT_EQ(Field(r.Header("authorization"), "SignedHeaders").find("expect"), std::string::npos);
   }
   EXPECT_EQ(seen[1].Header("if-match"), "\"0123456789abcdef0123456789abcdef\"");
-  EXPECT_EQ(seen[2].Header("content-md5"), "XUFAKrxLKna5cZ2REBfFkg==");  // MD5("hello")
+  EXPECT_EQ(seen[2].Header("x-amz-checksum-crc32"), "NhCmhg==");  // CRC-32("hello") = 0x3610a686, big-endian
+  EXPECT_NE(Field(seen[2].Header("authorization"), "SignedHeaders").find("x-amz-checksum-crc32"), std::string::npos);
   EXPECT_EQ(seen[8].query, "list-type=2&prefix=J%2F%20%2B");
   EXPECT_EQ(seen[9].query, "prefix=J&uploads=");
 }
@@ -257,6 +258,26 @@ TEST(S3Signing, SessionTokenIsSentAndSigned) {
   EXPECT_EQ(Field(r.Header("authorization"), "SignedHeaders"),
             "host;x-amz-content-sha256;x-amz-date;x-amz-security-token");
   EXPECT_EQ(Field(r.Header("authorization"), "Signature"), Recompute(r, kSecret));
+}
+
+TEST(S3Signing, BodiesCarryTheChecksumTheConfigAsksFor) {
+  TestHttpServer server(FakeS3);
+  ASSERT_TRUE(server.ok());
+  for (const char* kind : {"crc32", "md5", "none"}) {
+    S3Config config = TestConfig(server.endpoint());
+    config.checksum = kind;
+    S3Client client(config);
+    std::string etag;
+    ASSERT_TRUE(client.Put("bkt", "k", "hello", 5, &etag).ok());
+  }
+  const std::vector<SeenRequest> seen = server.requests();
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[0].Header("x-amz-checksum-crc32"), "NhCmhg==");
+  EXPECT_FALSE(seen[0].Has("content-md5"));
+  EXPECT_EQ(seen[1].Header("content-md5"), "XUFAKrxLKna5cZ2REBfFkg==");  // MD5("hello")
+  EXPECT_FALSE(seen[1].Has("x-amz-checksum-crc32"));
+  EXPECT_FALSE(seen[2].Has("content-md5") || seen[2].Has("x-amz-checksum-crc32"));
+  for (const SeenRequest& r : seen) EXPECT_EQ(Field(r.Header("authorization"), "Signature"), Recompute(r, kSecret));
 }
 
 TEST(S3Signing, NoCredentialsSendNoAuthorization) {

@@ -37,6 +37,7 @@ Status S3Store::Open(const std::string& bucket, const ObjectStoreOptions& option
   c.ca_file = options.ca_file;
   c.retries = options.retries;
   c.backoff = std::chrono::milliseconds(options.backoff_ms);
+  c.checksum = options.checksum;
   Status s = LoadS3Credentials(options.credentials_file, options.profile, &c.credentials);
   if (!s.ok()) return s;
   *out = std::make_shared<S3Store>(bucket, options, std::make_unique<S3Client>(std::move(c)));
@@ -114,7 +115,8 @@ int S3Store::AbandonUnfinished() {
 }
 
 Status S3Store::Write(const std::string& key, const char* data, uint64_t n,
-                      const std::function<Status()>& before_commit, ObjectId* out) {
+                      const std::function<Status()>& before_commit, ObjectId* out,
+                      const std::function<void(uint64_t)>& prepare) {
   S3PutOptions po;
   po.part_size = options_.part_size;
   po.parallel = options_.parallel;
@@ -122,6 +124,7 @@ Status S3Store::Write(const std::string& key, const char* data, uint64_t n,
   // CANCELLED is coherence's verdict (the caller's check refused the write);
   // the client's own CANCELLED only means the server is stopping.
   bool refused = false;
+  po.prepare = prepare;
   po.before_commit = [&]() {
     Status c = before_commit ? before_commit() : Status::OK();
     refused = !c.ok();
@@ -139,7 +142,7 @@ Status S3Store::Write(const std::string& key, const char* data, uint64_t n,
 }
 
 Status S3Store::Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag) {
-  const uint64_t piece = std::max<uint64_t>(options_.part_size, 1 << 20);
+  const uint64_t piece = std::max<uint64_t>(options_.range_size, 1 << 20);
   const uint64_t pieces = (n + piece - 1) / piece;
   if (pieces <= 1) return n == 0 ? Status::OK() : client_->GetRange(bucket_, key, offset, n, into, etag);
   std::atomic<uint64_t> next{0};
