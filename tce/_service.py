@@ -489,7 +489,7 @@ def open_cached_fd(path: str | os.PathLike, *, job: str | None = None,
 
 
 _RANGE_SOURCES = {pb.RANGE_SOURCE_LOCAL: "local", pb.RANGE_SOURCE_HELD: "peer",
-                  pb.RANGE_SOURCE_PEER: "peer"}
+                  pb.RANGE_SOURCE_PEER: "peer", pb.RANGE_SOURCE_STORAGE: "storage"}
 
 
 def read_range(path: str | os.PathLike, offset: int, length: int, *,

@@ -246,7 +246,8 @@ def _dcp_save(path: str, state: dict) -> None:
 def test_a_dcp_checkpoint_metadata_is_written_after_its_data(node, s3, bucket, proxy):
     path = node.path("dcp/step1")
     proxy.hold(lambda r: r.kind == "PutObject" and not r.path.endswith("/.metadata"))
-    _dcp_save(path, {"w": torch.randn(64, 64)})
+    saved = {"w": torch.randn(64, 64)}
+    _dcp_save(path, saved)
     held = proxy.wait_held(1)
     assert held[0].path.endswith(".distcp")
     meta_key = node.key("dcp/step1/.metadata")
@@ -263,8 +264,13 @@ def test_a_dcp_checkpoint_metadata_is_written_after_its_data(node, s3, bucket, p
         import torch.distributed.checkpoint as dcp
         from tce.dcp import StorageReader
         out = {"w": torch.zeros(64, 64)}
-        dcp.load(out, storage_reader=StorageReader(path))
-        assert int(api.status()["objects_fetched"]) >= 2
+        reader = StorageReader(path)
+        dcp.load(out, storage_reader=reader)
+        assert torch.equal(out["w"], saved["w"])
+        st = api.status()
+        # .metadata fetched into the cache; the data read as the ranges the plan needs
+        assert int(st["objects_fetched"]) == 1 and int(st["object_ranges_read"]) >= 1
+        assert {r.source for r in reader.reads} == {"storage"}
 
 
 def test_a_dcp_save_again_deletes_the_old_metadata_first(node, s3, bucket, proxy):

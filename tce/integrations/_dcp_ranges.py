@@ -169,8 +169,8 @@ class RingRanges:
             self._flight.append((i, offset, n, slot, f))
 
     def next(self) -> tuple[Source, str] | None:
-        """The next range's bytes and where they came from (``"local"`` or
-        ``"peer"``; for a range read when asked for, as its first byte says); None
+        """The next range's bytes and where they came from (``"local"``,
+        ``"peer"`` or ``"storage"``; for a range read when asked for, as its first byte says); None
         when the server could not read a piece (no one has the file).
 
         Raises:
@@ -197,6 +197,6 @@ class RingRanges:
             if got is None:
                 return None
             pieces.append((at, n, got[0]))
-            if got[1] == "peer":
-                kind = "peer"
+            if got[1] != "local":  # "peer" or "storage" (an object root's bucket)
+                kind = got[1]
         return PiecesSource(pieces), kind

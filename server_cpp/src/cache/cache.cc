@@ -93,6 +93,7 @@ CacheStats Cache::TallyLocked() const {
   s.version_ranges_served = version_ranges_served_;
   s.objects_fetched = fetched_objects_;
   s.object_bytes_fetched = fetched_bytes_;
+  s.object_ranges_read = object_ranges_read_;
   if (objects_) {
     for (const ObjectRoot& r : objects_->all()) {
       s.object_roots.push_back(r.dir + "=" + r.url);

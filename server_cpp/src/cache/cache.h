@@ -227,6 +227,9 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) override
       EXCLUDES(mu_);
+  Status ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
+                         uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
+                         uint64_t* file_size) override EXCLUDES(mu_);
   bool IsObjectPath(const std::string& path) const override { return ObjectRootOf(path, nullptr) != nullptr; }
   // Called (under the cache's lock: it must only queue work) with the job of
   // every tag recorded complete. Set before serving.
@@ -407,6 +410,7 @@ class Cache : public PoolBudget,
   std::function<void(const std::string&)> tag_listener_;  // set before serving
   uint64_t fetched_objects_ GUARDED_BY(mu_) = 0;
   uint64_t fetched_bytes_ GUARDED_BY(mu_) = 0;
+  uint64_t object_ranges_read_ GUARDED_BY(mu_) = 0;
   Mutex mu_;
   CondVar done_cv_;     // a file was persisted or failed
   CondVar quiet_cv_;    // no allocation pending or starting any more

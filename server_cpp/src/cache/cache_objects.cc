@@ -149,6 +149,40 @@ Status Cache::FetchObject(const std::string& session, const std::string& job, co
   return Status::OK();
 }
 
+Status Cache::ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
+                              uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
+                              uint64_t* file_size) {
+  std::string key;
+  const ObjectRoot* root = ObjectRootOf(path, &key);
+  if (!root) return Status::NotFound(path + " is not under an object storage root");
+  {
+    MutexLock lock(&mu_);
+    Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
+    if (!s.ok()) return s;
+  }
+  ObjectId obj;
+  Status s = root->store->Stat(key, &obj);
+  if (!s.ok()) return s;
+  if (!obj.exists) return Status::NotFound(root->store->Url(key) + " does not exist");
+  if (offset > obj.size || length > obj.size - offset)
+    return Status::FromCode(Status::Code::kOutOfRange, "bytes " + std::to_string(offset) + "+" +
+                                                           std::to_string(length) + " lie past the end of " +
+                                                           root->store->Url(key) + " (" +
+                                                           std::to_string(obj.size) + " bytes)");
+  *file_size = obj.size;
+  if (length == 0) return Status::OK();
+  if (!into) {
+    data->resize(length);
+    into = reinterpret_cast<unsigned char*>(&(*data)[0]);
+  }
+  s = root->store->Read(key, offset, length, reinterpret_cast<char*>(into), obj.etag);
+  if (s.ok()) {
+    MutexLock lock(&mu_);
+    ++object_ranges_read_;
+  }
+  return s;
+}
+
 Status Cache::DeleteObject(const std::string& session, const std::string& job, const std::string& path) {
   std::string key;
   const ObjectRoot* root = ObjectRootOf(path, &key);

@@ -57,7 +57,7 @@ struct CacheStats {
   uint64_t buffers = 0, files = 0, sessions = 0, leases = 0, version_leases = 0;
   uint64_t replica_files = 0, version_ranges_served = 0;  // followed versions (docs/weights.md)
   std::vector<std::string> object_roots;  // "DIR=URL"
-  uint64_t objects_fetched = 0, object_bytes_fetched = 0, object_retries = 0;
+  uint64_t objects_fetched = 0, object_bytes_fetched = 0, object_retries = 0, object_ranges_read = 0;
   uint64_t buffers_created = 0, buffers_reused = 0;
   uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
   uint64_t evicted_files = 0;
@@ -136,6 +136,12 @@ class ClientStore {
   // such a file into the cache for a load that missed (cache/cache.h).
   virtual bool IsObjectPath(const std::string& path) const = 0;
   virtual Status FetchObject(const std::string& session, const std::string& job, const std::string& path) = 0;
+  // Bytes [offset, offset + length) of the object at `path` (under an object
+  // root), into `into` when given, else into `data`; `file_size` gets the
+  // object's size. NOT_FOUND: no such object; OUT_OF_RANGE: past its end.
+  virtual Status ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
+                                 uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
+                                 uint64_t* file_size) = 0;
   // Deletes the object at `path` (under an object root) from storage; absent: OK.
   virtual Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) = 0;
 

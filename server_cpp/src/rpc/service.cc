@@ -131,7 +131,8 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
 grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRangeRequest* req,
                                      v1::ReadRangeResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
-  if (!ranges_) return ToGrpc(tce::Status::NotSupported("this server reads no ranges"));
+  const bool object = cache_->IsObjectPath(req->path());
+  if (!ranges_ && !object) return ToGrpc(tce::Status::NotSupported("this server reads no ranges"));
   tce::Status s = cache_->CheckRangeRead(req->session(), req->job());
   RangeRead r;
   std::shared_ptr<RangeBuffers::Held> hold;  // the session's buffer, while we write into it
@@ -143,7 +144,19 @@ grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRan
   PeerWait wait;
   wait.admit = [&] { return AdmitPeerCall(req->session(), &slot); };
   wait.deadline = AnswerBy(ctx, clock_);
-  if (s.ok()) s = ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into, wait);
+  if (s.ok()) {
+    s = ranges_ ? ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into, wait)
+                : tce::Status::NotFound(req->path() + " is not in memory here");
+  }
+  if (s.code() == tce::Status::Code::kNotFound && object) {
+    // Neither here nor in the ring: the range from the bucket (only the
+    // range moves, as from a peer).
+    tce::Status admitted = slot.held() ? tce::Status::OK() : AdmitPeerCall(req->session(), &slot);
+    s = admitted.ok() ? cache_->ReadObjectRange(req->session(), req->job(), req->path(), req->offset(),
+                                                req->length(), &r.data, into, &r.file_size)
+                      : admitted;
+    r.source = v1::RANGE_SOURCE_STORAGE;
+  }
   if (!s.ok()) return ToGrpc(s);
   *resp->mutable_data() = std::move(r.data);
   resp->set_source(r.source);
@@ -227,6 +240,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_objects_fetched(s.objects_fetched);
   resp->set_object_bytes_fetched(s.object_bytes_fetched);
   resp->set_object_retries(s.object_retries);
+  resp->set_object_ranges_read(s.object_ranges_read);
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
