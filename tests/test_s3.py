@@ -394,3 +394,30 @@ def test_bad_object_roots_are_refused_at_start(root, why):
     r = subprocess.run([server_binary(), "--socket", "/tmp/never.sock", "--storage-roots", root,
                         "--print-config"], capture_output=True, text=True)
     assert r.returncode == 2 and why in r.stderr, r.stderr
+
+
+@pytest.mark.deepspeed
+def test_deepspeed_saves_into_the_bucket_latest_last_and_resumes_from_it_alone(tmp_path, bucket, proxy, s3):
+    import shutil
+    from test_deepspeed import Run, _same_state
+    n = Node(tmp_path, bucket, proxy).start()
+    try:
+        common = ["--stage", "1", "--ckpt", n.root, "--steps", "3"]
+        first = Run(1, [*common, "--save-at", "2", "--wait-persisted"], socket_path=n.server.socket,
+                    out=tmp_path / "first").wait()
+        until(lambda: _exists(s3, bucket, n.key("latest")), what="latest in the bucket")
+        assert _object(s3, bucket, n.key("latest")) == b"global_step2"
+        done = [r.path for r in proxy.requests()
+                if r.kind in ("PutObject", "CompleteMultipartUpload") and r.status == 200]
+        model = f"/{bucket}/{n.key('global_step2/mp_rank_00_model_states.pt')}"
+        assert done.index(f"/{bucket}/{n.key('latest')}") > done.index(model)  # the marker last
+        shutil.rmtree(n.root)  # DeepSpeed's own local latest and tag directory: gone
+        n.stop()
+        n.start()  # nothing cached: every file comes from the bucket
+        resumed = Run(1, [*common, "--load"], socket_path=n.server.socket, out=tmp_path / "resumed").wait()
+        _same_state(resumed[0]["at_load"], first[0]["saved"][2], "resumed from the bucket:")
+        assert resumed[0]["loads"]["cache"] >= 1  # fetched into the cache, then mapped
+    finally:
+        if n.server.proc.poll() is None:
+            n.stop()
+        n.server.cleanup()

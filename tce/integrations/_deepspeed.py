@@ -179,9 +179,9 @@ def _engine_class():
             files = sorted(f for part in everyone for f in part)
             if rank == 0 and files:
                 self._record_tag(tag, world, files)
-                save_dir = getattr(info, "save_dir", None)  # `latest` into the bucket, after the tag
-                if save_dir and getattr(info, "save_latest", True) and _objects.is_object_path(save_dir):
-                    _objects.write_small(os.path.join(save_dir, "latest"), tag.encode(), self.job, tag, rank)
+                latest = os.path.join(getattr(info, "save_dir", None) or "", "latest")
+                if getattr(info, "save_latest", True) and _objects.is_object_path(latest):  # into the bucket,
+                    _objects.write_small(latest, tag.encode(), self.job, tag, rank)  # after the tag's files
             self._files = []
             return True
 
