@@ -84,8 +84,8 @@ SANITIZE_DIR := build/sanitize
 test-sanitize: $(STAMPS)/apt
 	cmake -S server_cpp -B $(SANITIZE_DIR) -G Ninja -DTCE_SANITIZE=ON \
 		-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTCE_BUILD_TESTS=ON >/dev/null
-	cmake --build $(SANITIZE_DIR) -j2 --target tce_server_tests tce_transport_factory_nofabric_tests
-	for t in tce_server_tests tce_transport_factory_nofabric_tests; do \
+	cmake --build $(SANITIZE_DIR) -j2 --target tce_server_tests tce_transport_factory_nofabric_tests tce_s3_tests
+	for t in tce_server_tests tce_transport_factory_nofabric_tests tce_s3_tests; do \
 	  ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 		$(SANITIZE_DIR)/$$t --gtest_brief=1 || exit 1; \
 	done

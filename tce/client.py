@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator
 
 from tce import _service
 from tce.api import remove, status
-from tce.core import _client, _dist, _knobs, _meta
+from tce.core import _client, _dist, _knobs, _meta, _objects
 from tce.core._originals import torch_load, torch_save
 from tce.core._ring import join_ring
 from tce.core._safetensors import (
@@ -359,3 +359,44 @@ def all_gather(obj: Any) -> list[Any]:
 def broadcast(obj: Any) -> Any:
     """Rank 0's ``obj`` (a collective; ``obj`` itself in one process)."""
     return _dist.broadcast(obj)
+
+
+# -- object storage roots (storage_roots entries DIR=s3://BUCKET/PREFIX) ------
+
+def is_object_path(path: str | os.PathLike) -> bool:
+    """Whether ``path`` lies under one of the server's object storage roots:
+    nothing exists there on the local filesystem, only in the bucket."""
+    return _objects.is_object_path(path)
+
+
+def delete_object(path: str | os.PathLike, *, job: str | None = None) -> None:
+    """Drops ``path`` from the cache and deletes its object from the bucket
+    (no error when neither holds it)."""
+    _objects.delete(norm(path), job_or_default(job))
+
+
+def read_bytes(path: str | os.PathLike, *, job: str | None = None) -> bytes | None:
+    """The bytes of a (small) file through the cache: under an object root,
+    fetched from the bucket on a miss. None when there is none."""
+    opened = open_mapped_file(path, job=job)
+    if opened is None:
+        return None
+    info, mm = opened
+    try:
+        return bytes(mm[:info.size])
+    finally:
+        mm.close()
+
+
+def save_bytes(path: str | os.PathLike, data: bytes, *, job: str | None = None, tag: str = "",
+               rank: int = 0) -> None:
+    """Saves ``data`` at ``path`` through the cache under ``tag``. Under an
+    object root the server writes a tag's marker (``latest``,
+    ``.metadata``) to the bucket only after the tag's other files are there."""
+    dest = allocate(path, len(data), job=job, tag=tag, rank=rank)
+    try:
+        dest.view[:len(data)] = data
+    except BaseException:
+        dest.abort()
+        raise
+    dest.commit()

@@ -57,30 +57,3 @@ def forget() -> None:
     with _lock:
         _roots.clear()
 
-
-def read_small(path: str, job: str) -> bytes | None:
-    """The bytes of a small file under an object root (``latest``), through
-    the cache (fetched from storage on a miss); None when there is none."""
-    from tce import client  # here: tce.client imports this package
-    opened = client.open_mapped_file(path, job=job)
-    if opened is None:
-        return None
-    info, mm = opened
-    try:
-        return bytes(mm[:info.size])
-    finally:
-        mm.close()
-
-
-def write_small(path: str, data: bytes, job: str, tag: str, rank: int) -> None:
-    """Saves ``data`` at ``path`` through the cache under ``tag``: the server
-    writes a tag's marker (``latest``, ``.metadata``) to object storage only
-    after the tag's other files are there."""
-    from tce import client
-    dest = client.allocate(path, len(data), job=job, tag=tag, rank=rank)
-    try:
-        dest.view[:len(data)] = data
-    except BaseException:
-        dest.abort()
-        raise
-    dest.commit()

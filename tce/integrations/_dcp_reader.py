@@ -19,7 +19,6 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from tce import client
-from tce.core import _objects
 from tce.errors import CorruptCheckpointError
 from tce.integrations._dcp_format import METADATA, CheckpointDir
 from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, load_tensor,
@@ -167,7 +166,7 @@ class StorageReader(CheckpointDir, _DCPReader):
                 continue
             if self._read_from_ring(path, name, reqs, planner):
                 continue
-            fetched = client.open_fd(path, job=self.job) if _objects.is_object_path(path) else None
+            fetched = client.open_fd(path, job=self.job) if client.is_object_path(path) else None
             if fetched is not None:  # under an object root: the server fetched it from the bucket
                 with fetched:
                     self._read_file(FdSource(fetched.fd, fetched.size), name, "storage", reqs, planner)

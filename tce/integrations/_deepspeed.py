@@ -34,7 +34,6 @@ import threading
 from typing import Any
 
 from tce import api, client
-from tce.core import _objects
 from tce.integrations import _deepspeed_weights as _ds_weights
 from tce.errors import DeadlineExceededError, TCEError
 from tce.v1 import tce_pb2 as pb
@@ -180,8 +179,8 @@ def _engine_class():
             if rank == 0 and files:
                 self._record_tag(tag, world, files)
                 latest = os.path.join(getattr(info, "save_dir", None) or "", "latest")
-                if getattr(info, "save_latest", True) and _objects.is_object_path(latest):  # into the bucket,
-                    _objects.write_small(latest, tag.encode(), self.job, tag, rank)  # after the tag's files
+                if getattr(info, "save_latest", True) and client.is_object_path(latest):  # into the bucket,
+                    client.save_bytes(latest, tag.encode(), job=self.job, tag=tag, rank=rank)  # after the tag's files
             self._files = []
             return True
 
@@ -269,8 +268,8 @@ def _engine_class():
             if os.path.isfile(latest_path):
                 with open(latest_path) as fd:
                     latest = fd.read().strip() or None
-            elif _objects.is_object_path(latest_path):  # in the bucket only
-                latest = (_objects.read_small(latest_path, self.job) or b"").decode().strip() or None
+            elif client.is_object_path(latest_path):  # in the bucket only
+                latest = (client.read_bytes(latest_path, job=self.job) or b"").decode().strip() or None
             rank, world = client.rank(), client.world_size()
             known = self.learn_tags(load_dir)
             if not known:
@@ -363,7 +362,7 @@ def _engine_class():
 def _on_storage(path: str, size: int) -> bool:
     """Complete on storage (persisted files are renamed into place whole;
     an object root's files are fetched by the load, which says if one is gone)."""
-    if _objects.is_object_path(path):
+    if client.is_object_path(path):
         return True
     try:
         return os.path.getsize(path) == size
