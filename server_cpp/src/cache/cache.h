@@ -383,6 +383,9 @@ class Cache : public PoolBudget,
   // not an object path); what the key holds now, as a save's snapshot or
   // compared with `expected`.
   const ObjectRoot* ObjectRootOf(const std::string& path, std::string* key) const;
+  // What the key holds, asked on the prober (bounded by the storage check
+  // timeout: UNAVAILABLE past it).
+  Status ProbeObject(const ObjectRoot& root, const std::string& key, ObjectId* out);
   Status SnapshotObject(const ObjectRoot& root, const std::string& key, const std::string& path,
                         DiskIdentity* out);
   StorageCheck CheckObject(const ObjectRoot& root, const std::string& key, const DiskIdentity& expected);

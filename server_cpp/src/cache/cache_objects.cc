@@ -14,13 +14,6 @@
 namespace tce {
 namespace {
 
-// The files whose presence says a tag is complete: DCP's `.metadata`,
-// DeepSpeed's `latest`.
-bool IsMarker(const std::string& path) {
-  const std::string name = path.substr(path.rfind('/') + 1);
-  return name == ".metadata" || name == "latest";
-}
-
 DiskIdentity FromObject(const ObjectId& o) {
   DiskIdentity d;
   d.known = true;
@@ -38,31 +31,35 @@ const ObjectRoot* Cache::ObjectRootOf(const std::string& path, std::string* key)
   return objects_ ? objects_->Find(path, key) : nullptr;
 }
 
+Status Cache::ProbeObject(const ObjectRoot& root, const std::string& key, ObjectId* out) {
+  auto result = std::make_shared<std::pair<Status, ObjectId>>();
+  std::shared_ptr<ObjectStore> store = root.store;
+  if (!prober_->Run([=] { result->first = store->Stat(key, &result->second); }))
+    return Status::Unavailable("object storage did not answer within " + std::to_string(check_timeout_.count()) +
+                               " ms");
+  *out = result->second;
+  return result->first;
+}
+
 Status Cache::SnapshotObject(const ObjectRoot& root, const std::string& key, const std::string& path,
                              DiskIdentity* out) {
   const uint64_t seq = ++disk_seq_;
-  auto result = std::make_shared<std::pair<Status, ObjectId>>();
-  std::shared_ptr<ObjectStore> store = root.store;
-  if (!prober_->Run([=] { result->first = store->Stat(key, &result->second); })) {
-    NoteStorageFallback(path, "object storage did not answer in time; the save goes on unchecked");
+  ObjectId now;
+  Status s = ProbeObject(root, key, &now);
+  if (!s.ok()) {
+    NoteStorageFallback(path, s.ToString() + "; the save goes on unchecked");
     return Status::OK();
   }
-  if (!result->first.ok()) {
-    NoteStorageFallback(path, result->first.ToString() + "; the save goes on unchecked");
-    return Status::OK();
-  }
-  *out = FromObject(result->second);
+  *out = FromObject(now);
   out->seq = seq;
   return Status::OK();
 }
 
 StorageCheck Cache::CheckObject(const ObjectRoot& root, const std::string& key, const DiskIdentity& expected) {
-  auto result = std::make_shared<std::pair<Status, ObjectId>>();
-  std::shared_ptr<ObjectStore> store = root.store;
-  if (!prober_->Run([=] { result->first = store->Stat(key, &result->second); }))
-    return {Verdict::kUnavailable, "object storage did not answer within " + std::to_string(check_timeout_.count()) + " ms"};
-  if (!result->first.ok()) return {Verdict::kUnavailable, result->first.ToString()};
-  return CompareObject(root.store->Url(key), expected, result->second);
+  ObjectId now;
+  Status s = ProbeObject(root, key, &now);
+  if (!s.ok()) return {Verdict::kUnavailable, s.ToString()};
+  return CompareObject(root.store->Url(key), expected, now);
 }
 
 StorageCheck CompareObject(const std::string& url, const DiskIdentity& expected, const ObjectId& now) {
@@ -209,7 +206,7 @@ void Cache::ForgetTag(const std::string& job, const std::string& tag) {
 }
 
 bool Cache::MarkerMustWait(const FileKey& key, const FileInfo& f) const {
-  if (f.tag.empty() || !IsMarker(f.path) || !ObjectRootOf(f.path, nullptr)) return false;
+  if (f.tag.empty() || !IsTagMarker(f.path) || !ObjectRootOf(f.path, nullptr)) return false;
   for (const auto& [k, other] : files_) {
     if (k.first != key.first || other.tag != f.tag || k.second == key.second || other.buffer_id == 0) continue;
     if (other.state == FileState::kCached || other.state == FileState::kBackedUp ||

@@ -5,13 +5,6 @@
 #include "common/logging.h"
 
 namespace tce {
-namespace {
-bool IsMarkerName(const std::string& path) {
-  const std::string name = path.substr(path.rfind('/') + 1);
-  return name == ".metadata" || name == "latest";
-}
-}  // namespace
-
 StorageRetention::StorageRetention(PersistSource* cache, std::shared_ptr<const ObjectRoots> roots, size_t keep_last)
     : cache_(cache), roots_(std::move(roots)), keep_last_(keep_last) {}
 
@@ -54,9 +47,9 @@ void StorageRetention::Loop() {
 std::vector<std::string> StorageRetention::DeleteOrder(const TagInfo& tag) {
   std::vector<std::string> order;
   for (const TagFile& f : tag.files)
-    if (IsMarkerName(f.path)) order.push_back(f.path);
+    if (IsTagMarker(f.path)) order.push_back(f.path);
   for (const TagFile& f : tag.files)
-    if (!IsMarkerName(f.path)) order.push_back(f.path);
+    if (!IsTagMarker(f.path)) order.push_back(f.path);
   return order;
 }
 

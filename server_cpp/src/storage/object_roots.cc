@@ -126,6 +126,11 @@ void ObjectRoots::CancelAll() {
   if (abandoning_.joinable()) abandoning_.join();
 }
 
+bool IsTagMarker(const std::string& path) {
+  const std::string name = path.substr(path.rfind('/') + 1);
+  return name == ".metadata" || name == "latest";
+}
+
 const ObjectRoot* ObjectRoots::Find(const std::string& path, std::string* key) const {
   const ObjectRoot* best = nullptr;
   for (const ObjectRoot& r : roots_) {

@@ -117,6 +117,11 @@ class ObjectRoots {
 Status OpenObjectRoots(const std::vector<std::pair<std::string, std::string>>& objects,
                        const ObjectStoreOptions& options, std::shared_ptr<ObjectRoots>* out);
 
+// Whether `path` names a tag's completeness marker: DCP's `.metadata`,
+// DeepSpeed's `latest`. Written to object storage after the tag's other
+// files, deleted before them.
+bool IsTagMarker(const std::string& path);
+
 // Splits `storage_roots` ("DIR" or "DIR=URL", comma-separated) into
 // filesystem roots and object roots (URL checked, stores not opened).
 Status ParseStorageRoots(const std::string& text, std::vector<std::string>* dirs,
