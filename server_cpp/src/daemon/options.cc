@@ -193,20 +193,6 @@ ObjectStoreOptions ObjectStoreSettings(const Options& o) {
   return s;
 }
 
-Status ParseRoots(const std::string& text, std::vector<std::string>* out) {
-  out->clear();
-  std::stringstream ss(text);
-  std::string part;
-  while (std::getline(ss, part, ',')) {
-    part = Trim(part);
-    if (part.empty()) continue;
-    if (part[0] != '/') return Status::InvalidArgument("storage root must be absolute: " + part);
-    while (part.size() > 1 && part.back() == '/') part.pop_back();
-    out->push_back(part);
-  }
-  return Status::OK();
-}
-
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out) {
   out->clear();
   if (Trim(text).empty()) {

@@ -137,7 +137,6 @@ std::string EffectiveMetadataUrl(const Options& o);
 std::string EffectiveServerId(const Options& o);
 
 // "/a, /b" -> {"/a", "/b"}; each must be absolute.
-Status ParseRoots(const std::string& text, std::vector<std::string>* out);
 // The s3_* settings, for the object stores of storage_roots (unfinished
 // uploads journaled under state_dir).
 ObjectStoreOptions ObjectStoreSettings(const Options& o);
