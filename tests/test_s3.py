@@ -21,7 +21,7 @@ import torch
 
 import tce
 from tce import api, client
-from tce.core import _knobs, _objects
+from tce.core import _knobs
 from tce.tools._moto import credentials_env
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
@@ -65,8 +65,7 @@ class Node:
             extra_args=["--s3-endpoint", self.proxy.endpoint, "--s3-path-style", "true",
                         "--s3-backoff-ms", "10", "--persist-backoff-ms", "10",
                         "--memory-backing", "4k", *self.extra],
-            env={**os.environ, **credentials_env()}).start()
-        _objects.forget()
+            env={**os.environ, **credentials_env()}).start()  # a new socket: asked afresh
         return self
 
     def stop(self) -> None:

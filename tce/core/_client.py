@@ -477,10 +477,9 @@ class Client(VersionCalls):
             "Lookup", pb.LookupRequest(session=self.session, job=job, path=path)
         ).file
 
-    def remove(self, job: str, path: str) -> pb.FileInfo:
-        return self._call(
-            "Remove", pb.RemoveRequest(session=self.session, job=job, path=path)
-        ).file
+    def remove(self, job: str, path: str, from_storage: bool = False) -> pb.FileInfo:
+        return self._call("Remove", pb.RemoveRequest(session=self.session, job=job, path=path,
+                                                     from_storage=from_storage)).file
 
     def retry(self, job: str, paths: list[str]) -> list[pb.FileInfo]:
         """Persist FAILED files again now (all of the job's when `paths` is empty)."""

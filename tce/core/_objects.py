@@ -11,7 +11,6 @@ import threading
 from tce.core import _knobs
 from tce.core._session import with_client
 from tce.errors import ServerUnavailableError, TCEError
-from tce.v1 import tce_pb2 as pb
 
 _lock = threading.Lock()
 _roots: dict[str, tuple[str, ...]] = {}  # socket -> the server's object root directories
@@ -43,17 +42,9 @@ def is_object_path(path: str | os.PathLike) -> bool:
 def delete(path: str, job: str) -> None:
     """Drops ``path`` from the cache and deletes its object from storage (no
     error when neither holds it)."""
-    request = lambda c: c._call("Remove", pb.RemoveRequest(  # noqa: E731
-        session=c.session, job=job, path=path, from_storage=True))
     try:
-        with_client(request)
+        with_client(lambda c: c.remove(job, path, from_storage=True))
     except TCEError as e:
         if e.code != "NOT_FOUND":
             raise
-
-
-def forget() -> None:
-    """Forget what servers said (tests: a server restarted with other roots)."""
-    with _lock:
-        _roots.clear()
 
