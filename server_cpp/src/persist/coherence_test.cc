@@ -230,8 +230,15 @@ class HeldCoherenceTest : public CoherenceTest {
   // The yield never times out (clock_ is never advanced): the write stays
   // held until Release.
   HeldCoherenceTest() { manual_clock_ = true; }
-  // A worker has the file's directory open and yields to the held save.
-  void AwaitYield() { ASSERT_TRUE(Eventually([&] { return clock_.waits() > 0; })); }
+  // Saves `path` (committed), then waits until a worker has the file's
+  // directory open and yields to the held save: a timed wait begun after
+  // the allocation's own look at storage (which waits on the clock too).
+  void SaveAndAwaitYield(const std::string& path) {
+    const AllocateResult a = Begin(path);
+    const uint64_t before = clock_.waits();
+    Finish(a, 'a');
+    ASSERT_TRUE(Eventually([&] { return clock_.waits() > before; }));
+  }
   void Hold() {
     ASSERT_TRUE(cache_->Allocate({session_, "job", "t", root_ + "/held.pt", 0, FakeZip::kSize}, &hold_).ok());
   }
@@ -243,8 +250,7 @@ TEST_F(HeldCoherenceTest, ADirectoryRemovedWhileItsFileIsWrittenGetsNothing) {
   Start();
   Hold();
   const std::string path = root_ + "/step1/x.pt";
-  Save(path, 'a');
-  AwaitYield();
+  SaveAndAwaitYield(path);
   fs::remove_all(root_ + "/step1");
   Release();
   std::vector<FileInfo> out;
@@ -257,8 +263,7 @@ TEST_F(HeldCoherenceTest, ADirectoryMovedWhileItsFileIsWrittenGetsNothing) {
   Start();
   Hold();
   const std::string path = root_ + "/step1/x.pt";
-  Save(path, 'a');
-  AwaitYield();
+  SaveAndAwaitYield(path);
   fs::rename(root_ + "/step1", root_ + "/moved");
   Release();
   std::vector<FileInfo> out;
