@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -82,6 +83,15 @@ class Directory {
   // lstat of the entry `name` (a single component; a symlink is not
   // followed); NOT_FOUND when there is none.
   virtual Status StatAt(const std::string& name, FileStat* out) = 0;
+  // Reads [offset, offset + n) of the regular file `name` into `into`
+  // (opened with O_NOFOLLOW); NOT_FOUND when there is none, OUT_OF_RANGE
+  // when it ends before offset + n, PERMISSION_DENIED for a symlink or
+  // anything but a regular file.
+  virtual Status ReadAt(const std::string& name, uint64_t offset, uint64_t n, char* into) = 0;
+  // The entries of this directory (not "." or ".."), each with its lstat.
+  virtual Status List(std::vector<std::pair<std::string, FileStat>>* out) = 0;
+  // Removes the file (or symlink) `name`; NOT_FOUND when there is none.
+  virtual Status Remove(const std::string& name) = 0;
 };
 
 class Env {

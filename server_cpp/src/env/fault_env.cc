@@ -64,6 +64,11 @@ class FaultDirectory final : public Directory {
     Status s = env_->BeforeStat();
     return s.ok() ? base_->StatParent(out) : s;
   }
+  Status ReadAt(const std::string& name, uint64_t offset, uint64_t n, char* into) override {
+    return base_->ReadAt(name, offset, n, into);
+  }
+  Status List(std::vector<std::pair<std::string, FileStat>>* out) override { return base_->List(out); }
+  Status Remove(const std::string& name) override { return base_->Remove(name); }
 
  private:
   FaultInjectionEnv* const env_;

@@ -214,19 +214,11 @@ class PosixDirectory final : public Directory {
 
   Status RemoveTemps(const std::string& prefix, int* removed) override {
     *removed = 0;
-    int dup = ::openat(fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dup < 0) return Status::FromErrno(errno, "open " + path_);
-    DIR* d = ::fdopendir(dup);
-    if (!d) {
-      ::close(dup);
-      return Status::FromErrno(errno, "opendir " + path_);
-    }
-    std::vector<std::string> stale;
-    while (struct dirent* e = ::readdir(d))
-      if (IsTempName(e->d_name, prefix)) stale.push_back(e->d_name);
-    ::closedir(d);
-    for (const std::string& name : stale)
-      if (::unlinkat(fd_, name.c_str(), 0) == 0) ++*removed;
+    std::vector<std::string> names;
+    Status s = Names(&names);
+    if (!s.ok()) return s;
+    for (const std::string& name : names)
+      if (IsTempName(name, prefix) && ::unlinkat(fd_, name.c_str(), 0) == 0) ++*removed;
     return Status::OK();
   }
 
@@ -252,8 +244,72 @@ class PosixDirectory final : public Directory {
     Fill(st, out);
     return Status::OK();
   }
+  Status ReadAt(const std::string& name, uint64_t offset, uint64_t n, char* into) override {
+    if (!IsName(name)) return Status::InvalidArgument("not a file name: " + name);
+    const std::string what = path_ + "/" + name;
+    int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+      if (errno == ENOENT) return Status::NotFound(what + " does not exist");
+      if (errno == ELOOP) return Status::PermissionDenied(what + " is a symlink");
+      return Status::FromErrno(errno, "open " + what);
+    }
+    struct stat st;
+    Status s;
+    if (::fstat(fd, &st) != 0) s = Status::FromErrno(errno, "fstat " + what);
+    else if (!S_ISREG(st.st_mode)) s = Status::PermissionDenied(what + " is not a regular file");
+    for (uint64_t done = 0; s.ok() && done < n;) {
+      ssize_t r = ::pread(fd, into + done, n - done, static_cast<off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) s = Status::FromErrno(errno, "read " + what);
+      else if (r == 0) s = Status::FromCode(Status::Code::kOutOfRange, what + " ends before byte " +
+                                                                           std::to_string(offset + n));
+      else done += static_cast<uint64_t>(r);
+    }
+    ::close(fd);
+    return s;
+  }
+  Status List(std::vector<std::pair<std::string, FileStat>>* out) override {
+    out->clear();
+    std::vector<std::string> names;
+    Status s = Names(&names);
+    if (!s.ok()) return s;
+    for (const std::string& name : names) {
+      struct stat st;
+      if (::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone meanwhile
+      FileStat fs;
+      Fill(st, &fs);
+      out->emplace_back(name, fs);
+    }
+    return Status::OK();
+  }
+  Status Remove(const std::string& name) override {
+    if (!IsName(name)) return Status::InvalidArgument("not a file name: " + name);
+    if (::unlinkat(fd_, name.c_str(), 0) != 0) {
+      if (errno == ENOENT) return Status::NotFound(path_ + "/" + name + " does not exist");
+      return Status::FromErrno(errno, "remove " + path_ + "/" + name);
+    }
+    return Status::OK();
+  }
 
  private:
+  // The names in this directory, but "." and "..".
+  Status Names(std::vector<std::string>* out) {
+    int dup = ::openat(fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dup < 0) return Status::FromErrno(errno, "open " + path_);
+    DIR* d = ::fdopendir(dup);
+    if (!d) {
+      ::close(dup);
+      return Status::FromErrno(errno, "opendir " + path_);
+    }
+    while (struct dirent* e = ::readdir(d))
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) out->push_back(e->d_name);
+    ::closedir(d);
+    return Status::OK();
+  }
+  static bool IsName(const std::string& name) {
+    return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
+  }
+
   const int fd_;
   const std::string path_;
 };
