@@ -96,7 +96,10 @@ def test_a_symlink_swapped_in_for_a_directory_is_not_written_through(roots, tmp_
             info = _service.client().wait(job, [str(target)], 30)[0]
             api.close()
         assert info.state == pb.FILE_STATE_DISCARDED
-        assert "not under a storage root" in info.reason, info.reason
+        # Found by the path resolving out of the roots, or by the directory
+        # opened without following symlinks: which one depends on where in
+        # a retry the swap lands.
+        assert f"{storage / 'ckpt'} is no longer the directory the file was saved in" in info.reason, info.reason
         assert sorted(p.name for p in outside.iterdir()) == ["x.pt"]
         assert (outside / "x.pt").read_bytes() == b"looks the same on the other side"
     finally:

@@ -55,6 +55,7 @@
 #include "common/mutex.h"
 #include "common/status.h"
 #include "env/env.h"
+#include "storage/object_store.h"
 #include "cache/storage_check.h"
 #include "cache/tag_registry.h"
 #include "cache/version_leases.h"

@@ -62,17 +62,6 @@ StorageCheck Cache::CheckObject(const ObjectRoot& root, const std::string& key, 
   return CompareObject(root.store->Url(key), expected, now);
 }
 
-StorageCheck CompareObject(const std::string& url, const DiskIdentity& expected, const ObjectId& now) {
-  if (!expected.exists && !now.exists) return {};
-  if (expected.exists && !now.exists) return {Verdict::kChanged, url + " was deleted from object storage"};
-  if (!expected.exists) return {Verdict::kChanged, url + " was created on object storage by another writer"};
-  if (now.size != expected.size || now.etag != expected.etag)
-    return {Verdict::kChanged, url + " was replaced on object storage (ETag " + now.etag + ", " +
-                                   std::to_string(now.size) + " bytes; expected " + expected.etag + ", " +
-                                   std::to_string(expected.size) + ")"};
-  return {};
-}
-
 Status Cache::FetchObject(const std::string& session, const std::string& job, const std::string& path) {
   std::string key;
   const ObjectRoot* root = ObjectRootOf(path, &key);

@@ -10,28 +10,9 @@
 
 #include "cache/file_state.h"
 #include "cache/record.h"
+#include "storage/identity.h"
 
 namespace tce {
-
-// What a file's path held on storage, as this server last saw it: what was
-// there when the save began, then the file this server wrote. A load or a
-// persist that finds something else there knows the user removed or
-// replaced it (see cache/storage_check.h).
-struct DiskIdentity {
-  bool known = false;   // false: never checked (memory only, or storage did not answer)
-  bool exists = false;  // a file was at the path
-  bool written = false;  // that file is the one the save wrote (else: what was there before it)
-  // From another node (a ring copy): device numbers are that node's own and
-  // are left 0; inodes, sizes and times are the shared storage's.
-  bool from_peer = false;
-  uint64_t dev = 0, ino = 0, size = 0;  // that file
-  int64_t mtime_ns = 0;
-  uint32_t mode = 0;                    // its permission bits
-  uint64_t dir_dev = 0, dir_ino = 0;    // the directory holding the path
-  uint64_t parent_ino = 0;  // that directory's parent (0: unknown): tells a removed directory from other storage
-  uint64_t seq = 0;  // orders identities the server recorded: the newest wins
-  std::string etag;  // an object's (object storage roots; `size` is its size)
-};
 
 struct FileInfo {
   std::string job, tag, path;

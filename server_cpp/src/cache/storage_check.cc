@@ -34,17 +34,6 @@ Status OpenResolved(Env* env, const std::vector<std::string>& roots, const std::
 
 }  // namespace
 
-const std::string* RootOf(const std::string& resolved, const std::vector<std::string>& roots) {
-  const std::string* best = nullptr;
-  for (const std::string& r : roots) {
-    const bool under = r == "/" || resolved == r ||
-                       (resolved.size() > r.size() && resolved.compare(0, r.size(), r) == 0 &&
-                        resolved[r.size()] == '/');
-    if (under && (!best || r.size() > best->size())) best = &r;
-  }
-  return best;
-}
-
 Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
                     DiskIdentity* out) {
   const std::string dir = Dirname(path);
@@ -74,59 +63,6 @@ Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::
   out->mtime_ns = st.mtime_ns;
   out->mode = st.mode & 07777;
   return Status::OK();
-}
-
-StorageCheck ClassifyOpenFailure(Env* env, const std::string& dir, const Status& error,
-                                 const DiskIdentity& expected) {
-  // Env::OpenDirectory and OpenResolved refuse a path that a symlink (or a
-  // file) now redirects with PERMISSION_DENIED and these words; any other
-  // refusal (EACCES, as on an NFS export that squashes root) says nothing
-  // about what the path holds.
-  const std::string& m = error.message();
-  if (error.code() == Status::Code::kPermissionDenied &&
-      (m.find("is a symlink or not a directory") != std::string::npos ||
-       m.find("not under a storage root") != std::string::npos))
-    return Changed(dir + " is no longer the directory the file was saved in: " + m);
-  if (error.code() != Status::Code::kNotFound) return Unavailable(error.ToString());
-  // Missing: removed, or its filesystem is gone? Ask the nearest ancestor.
-  for (std::string at = Dirname(dir);; at = Dirname(at)) {
-    FileStat st;
-    Status s = env->Stat(at, &st);
-    if (s.ok()) {
-      if (st.dev == expected.dir_dev) return Changed("directory " + dir + " was removed");
-      return Unavailable(dir + " is missing and " + at +
-                         " is on another filesystem than it was: storage is not mounted");
-    }
-    if (s.code() != Status::Code::kNotFound) return Unavailable(s.ToString());
-    if (at == "/") return Unavailable(dir + " is missing");
-  }
-}
-
-StorageCheck CheckDirectory(Directory* dir, const std::string& path, const DiskIdentity& expected) {
-  FileStat st;
-  Status s = dir->Stat(&st);
-  if (!s.ok()) return Unavailable(s.ToString());
-  if (st.dev != expected.dir_dev)
-    return Unavailable("the directory of " + path + " is on another filesystem than it was");
-  if (st.ino != expected.dir_ino)
-    return Changed("the directory of " + path + " was removed and made again");
-  if (st.nlink == 0) return Changed("the directory of " + path + " was removed");
-  return {};
-}
-
-StorageCheck CheckEntry(Directory* dir, const std::string& path, const std::string& name,
-                        const DiskIdentity& expected, FileStat* now, bool* exists) {
-  Status s = dir->StatAt(name, now);
-  *exists = s.ok();
-  if (s.code() == Status::Code::kNotFound)
-    return expected.exists ? Changed(path + " was deleted on storage") : StorageCheck();
-  if (!s.ok()) return Unavailable(s.ToString());
-  if (!expected.exists) return Changed("another file was written at " + path);
-  if (now->dev != expected.dev || now->ino != expected.ino)
-    return Changed(path + " was replaced on storage");
-  if (now->size != expected.size || now->mtime_ns != expected.mtime_ns)
-    return Changed(path + " was modified on storage");
-  return {};
 }
 
 StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const std::string& path,

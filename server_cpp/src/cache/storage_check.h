@@ -30,19 +30,9 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "env/env.h"
-#include "storage/object_store.h"
+#include "storage/identity.h"
 
 namespace tce {
-
-// kElsewhere (CheckPeerIdentity only): the path's directory and its parent
-// are not the ones the other node saw: this is not the storage it wrote to
-// (a node-local disk of a replaced node), or the whole tree is gone.
-enum class Verdict { kSame, kChanged, kUnavailable, kElsewhere };
-
-struct StorageCheck {
-  Verdict verdict = Verdict::kSame;
-  std::string why;  // for kChanged and kUnavailable
-};
 
 // What `path` (absolute, normalised) holds now, into `out` (known = true).
 // NOT_FOUND: its directory does not exist; PERMISSION_DENIED: it does not
@@ -60,27 +50,6 @@ StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const st
 // kSame: `now` gets this node's own identity of the path (known).
 StorageCheck CheckPeerIdentity(Env* env, const std::vector<std::string>& roots, const std::string& path,
                                const DiskIdentity& theirs, DiskIdentity* now);
-
-// Compares `dir`, opened for `path`'s directory, with `expected`.
-StorageCheck CheckDirectory(Directory* dir, const std::string& path, const DiskIdentity& expected);
-
-// Compares the entry `name` of `dir` (the directory of `path`) with
-// `expected`; `now` gets what is there (exists: whether anything is).
-StorageCheck CheckEntry(Directory* dir, const std::string& path, const std::string& name,
-                        const DiskIdentity& expected, FileStat* now, bool* exists);
-
-// Classifies a failure to open `dir` (the directory of a path whose
-// directory was `expected`): removed (kChanged) or storage not there
-// (kUnavailable).
-StorageCheck ClassifyOpenFailure(Env* env, const std::string& dir, const Status& error,
-                                 const DiskIdentity& expected);
-
-// Compares what an object key holds now (`now`) with `expected` (known);
-// `url` names it in the verdict.
-StorageCheck CompareObject(const std::string& url, const DiskIdentity& expected, const ObjectId& now);
-
-// The longest of `roots` that `resolved` lies under, or null.
-const std::string* RootOf(const std::string& resolved, const std::vector<std::string>& roots);
 
 // Runs storage checks on threads of its own and waits for each at most a
 // timeout, so that a hung filesystem (an NFS server that stopped answering)

@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/resource.h>
-#include <sys/fsuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -24,85 +23,8 @@
 
 namespace tce {
 namespace {
-constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment used for every write
+constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment: files are mapped in whole blocks
 uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
-
-// Positional writes of one file on `depth` threads (none for depth 1):
-// Submit waits while `depth` writes are in flight and returns the first
-// error any of them met; Finish waits for the rest.
-class InFlight {
- public:
-  InFlight(WritableFile* file, int depth) : file_(file), depth_(std::max(1, depth)) {
-    for (int i = 0; depth_ > 1 && i < depth_; ++i) {
-      try {
-        threads_.emplace_back([this] { Run(); });
-      } catch (const std::system_error& e) {  // out of threads (a pids limit): fewer writes in flight
-        TCE_LOG(kWarning, "persist") << "cannot start an I/O thread (" << e.what() << "): "
-                                     << threads_.size() << " of " << depth_ << " writes in flight";
-        break;
-      }
-    }
-    if (threads_.size() < 2) depth_ = 1;  // the caller writes itself; a lone thread just waits to end
-  }
-  ~InFlight() { (void)Finish(); }  // an early return already has its error
-  int depth() const { return depth_; }
-
-  Status Submit(uint64_t offset, const char* data, size_t n) {
-    MutexLock l(&mu_);
-    while (queue_.size() + busy_ >= threads_.size() && error_.ok()) cv_.Wait(&mu_);
-    if (!error_.ok()) return error_;
-    queue_.push_back({offset, data, n});
-    cv_.SignalAll();
-    return Status::OK();
-  }
-
-  Status Finish() {
-    {
-      MutexLock l(&mu_);
-      done_ = true;
-    }
-    cv_.SignalAll();
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-    MutexLock l(&mu_);
-    return error_;
-  }
-
- private:
-  struct Write {
-    uint64_t offset;
-    const char* data;
-    size_t n;
-  };
-
-  void Run() {
-    MutexLock l(&mu_);
-    for (;;) {
-      while (queue_.empty() && !done_) cv_.Wait(&mu_);
-      if (queue_.empty()) return;
-      Write w = queue_.front();
-      queue_.pop_front();
-      ++busy_;
-      const bool failed = !error_.ok();  // after a failure the rest are dropped
-      l.Unlock();
-      Status s = failed ? Status::OK() : file_->WriteAt(w.offset, w.data, w.n);
-      l.Lock();
-      --busy_;
-      if (!s.ok() && error_.ok()) error_ = s;
-      cv_.SignalAll();
-    }
-  }
-
-  WritableFile* const file_;
-  int depth_;
-  std::vector<std::thread> threads_;
-  Mutex mu_;
-  CondVar cv_;
-  std::deque<Write> queue_ GUARDED_BY(mu_);
-  size_t busy_ GUARDED_BY(mu_) = 0;
-  bool done_ GUARDED_BY(mu_) = false;
-  Status error_ GUARDED_BY(mu_);
-};
 
 std::string Dirname(const std::string& path) {
   size_t slash = path.rfind('/');
@@ -138,18 +60,6 @@ int Persister::RemoveStaleTemps(Env* env, const std::vector<std::string>& roots,
       TCE_LOG(kInfo, "persist") << "removed " << removed << " temp file(s) a crash left in " << resolved;
   }
   return total;
-}
-
-Status Persister::OpenTargetDir(const std::string& path, bool create, std::unique_ptr<Directory>* out) {
-  const std::string dir = Dirname(path);
-  std::string resolved;
-  Status s = env_->ResolvePath(dir, &resolved);
-  if (!s.ok()) return s;
-  const std::string* root = RootOf(resolved, cache_->storage_roots());
-  if (!root)
-    return Status::PermissionDenied(dir + " now resolves to " + resolved +
-                                    ", which is not under a storage root: nothing is written there");
-  return env_->OpenDirectory(*root, resolved, create, out);
 }
 
 void Persister::Start() {
@@ -212,148 +122,109 @@ void Persister::Loop() {
   }
 }
 
-// Files are written with the committing client's filesystem identity, so the
-// kernel checks that client's permissions and the files belong to it. Only a
-// root server can (and needs to) switch; fsuid/fsgid are per thread.
-class FsIdentity {
- public:
-  FsIdentity(uid_t uid, gid_t gid) {
-    if (geteuid() != 0 || uid == 0) return;
-    if (gid != static_cast<gid_t>(-1)) setfsgid(gid);
-    setfsuid(uid);
-    switched_ = true;
+Status Persister::StoreOf(const PersistJob& job, ObjectStore** store, std::string* key) {
+  if (const ObjectRoot* root = options_.objects ? options_.objects->Find(job.path, key) : nullptr) {
+    *store = root->store.get();
+    return Status::OK();
   }
-  ~FsIdentity() {
-    if (!switched_) return;
-    setfsuid(0);
-    setfsgid(0);
+  // A directory root: the one the file's directory resolves under now (the
+  // root check at Allocate is not trusted at write time).
+  const std::string dir = Dirname(job.path);
+  std::string resolved;
+  Status s = env_->ResolvePath(dir, &resolved);
+  const std::string* root = s.ok() ? RootOf(resolved, cache_->storage_roots()) : nullptr;
+  if (s.ok() && !root)
+    s = Status::PermissionDenied(dir + " now resolves to " + resolved +
+                                 ", which is not under a storage root: nothing is written there");
+  if (s.ok()) s = DirStore(*root, store);
+  if (!s.ok()) {
+    if (job.expected.known) {
+      StorageCheck c = ClassifyOpenFailure(env_, dir, s, job.expected);
+      if (c.verdict == Verdict::kChanged) return Status::Cancelled(c.why);
+    }
+    return s;
   }
-  bool ok(uid_t uid) const {
-    return !switched_ || static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) == uid;
-  }
+  const size_t skip = *root == "/" ? 1 : root->size() + 1;
+  *key = (resolved.size() > skip ? resolved.substr(skip) + "/" : "") + job.path.substr(job.path.rfind('/') + 1);
+  return Status::OK();
+}
 
- private:
-  bool switched_ = false;
-};
+Status Persister::DirStore(const std::string& root, ObjectStore** out) {
+  MutexLock l(&stores_mu_);
+  std::shared_ptr<ObjectStore>& store = dir_stores_[root];
+  if (!store) {
+    ObjectStoreOptions o;
+    o.env = env_;
+    o.chunk = options_.chunk;
+    o.direct_io = options_.direct_io;
+    o.io_depth = options_.io_depth;
+    o.temp_prefix = options_.temp_prefix;
+    std::string prefix;
+    Status s = OpenObjectStore("file://" + root, o, &store, &prefix);
+    if (!s.ok()) {
+      dir_stores_.erase(root);
+      return s;
+    }
+  }
+  *out = store.get();
+  return Status::OK();
+}
 
 Status Persister::Persist(const PersistJob& job, std::vector<Record>* records, FileStat* written) {
-  std::string key;
-  if (const ObjectRoot* root = options_.objects ? options_.objects->Find(job.path, &key) : nullptr)
-    return PersistObject(job, *root, key, records, written);
-  FsIdentity as_client(job.uid, job.gid);
-  if (!as_client.ok(job.uid))
-    return Status::PermissionDenied("cannot write as uid " + std::to_string(job.uid));
   Status s = ValidateZipTable(job.fd, job.size, *records);
   if (!s.ok()) return Status::InvalidArgument("the record table does not match the file: " + s.message());
-  // Map whole pages (O_DIRECT writes whole blocks; the tail is truncated).
-  const uint64_t mapped = std::min<uint64_t>(RoundUp(job.size, kBlock), job.capacity);
+  // Map whole blocks (O_DIRECT writes whole blocks; the tail is truncated).
+  const uint64_t mapped = std::max<uint64_t>(std::min<uint64_t>(RoundUp(job.size, kBlock), job.capacity), 1);
   void* map = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, job.fd, 0);
   if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer " + std::to_string(job.buffer_id));
   auto* data = static_cast<unsigned char*>(map);
   ZipCrcStream crcs(*records, job.size, /*patch=*/job.zip_crc32);
-  bool direct = options_.direct_io && mapped % kBlock == 0;
+  // The CRCs are computed (and patched in) as the bytes go: those below
+  // `end` before the chunk or part that ends there is written. A CRC patch
+  // only lands at or after the bytes fed, so nothing already written is
+  // touched again, and a retry resumes where a failed attempt stopped.
+  // Between chunks the write yields to saves in flight (training first), at
+  // most max_yield in all.
+  Mutex crc_mu;
   std::chrono::milliseconds yielded(0);
+  WriteOptions w;
+  w.prepare = [&](uint64_t end) {
+    MutexLock l(&crc_mu);
+    if (yielded < options_.max_yield) yielded += cache_->WaitForNoSaves(options_.max_yield - yielded);
+    if (crcs.fed() >= end) return;
+    const uint64_t from = crcs.fed();
+    crcs.Feed(from, data + from, static_cast<size_t>(std::min(end, job.size) - from));
+  };
+  w.before_commit = [&]() -> Status {
+    return cache_->IsCurrent(job) ? Status::OK() : Status::Aborted("superseded by a newer version");
+  };
+  w.expected = &job.expected;
+  w.uid = job.uid;
+  w.gid = job.gid;
+  w.new_mode = job.new_mode;
+  w.create_dirs = !job.expected.known;  // only a file whose save this server never saw
+  w.readable = mapped;
   for (int attempt = 0;; ++attempt) {
-    s = PersistOnce(job, data, mapped, direct, &crcs, &yielded, written);
-    if (s.code() == Status::Code::kUnimplemented && direct) {  // no O_DIRECT here
-      direct = false;
-      --attempt;
-      continue;
-    }
+    ObjectStore* store = nullptr;
+    std::string key;
+    s = StoreOf(job, &store, &key);
+    if (s.ok()) s = store->Write(key, reinterpret_cast<const char*>(data), job.size, w, written);
     if (s.ok() || s.code() == Status::Code::kAborted || s.code() == Status::Code::kCancelled) break;
     if (options_.metrics) options_.metrics->Failed();
-    if (attempt >= options_.retries) break;
+    if ((store && !store->Retryable(s)) || attempt >= options_.retries) break;
     auto delay = options_.backoff * (1 << std::min(attempt, 10));
-    TCE_LOG(kWarning, "persist") << "retrying path=" << job.path << " in " << delay.count()
-                                 << "ms (attempt " << attempt + 1 << " of " << options_.retries
-                                 << "): " << s.ToString();
+    TCE_LOG(kWarning, "persist") << "retrying " << (store ? store->Url(key) : job.path) << " (path=" << job.path
+                                 << ") in " << delay.count() << "ms (attempt " << attempt + 1 << " of "
+                                 << options_.retries << "): " << s.ToString();
     if (!SleepUnlessStopping(delay)) break;
   }
+  w.prepare(job.size);  // every CRC, even when the write failed before the end (a retry resumes)
   *records = crcs.records();
   munmap(map, mapped);
   if (yielded.count() > 0)
     TCE_LOG(kDebug, "persist") << "path=" << job.path << " yielded " << yielded.count()
                                << "ms to saves in flight";
   return s;
-}
-
-StorageCheck Persister::StillThere(const std::string& path, Directory* dir, const DiskIdentity& expected) {
-  StorageCheck c = CheckDirectory(dir, path, expected);  // removed while open?
-  if (c.verdict != Verdict::kSame) return c;
-  std::unique_ptr<Directory> again;  // moved away (and maybe replaced)?
-  Status s = OpenTargetDir(path, /*create=*/false, &again);
-  if (!s.ok()) return ClassifyOpenFailure(env_, path.substr(0, path.rfind('/')), s, expected);
-  return CheckDirectory(again.get(), path, expected);
-}
-
-Status Persister::PersistOnce(const PersistJob& job, unsigned char* data, uint64_t mapped,
-                              bool direct, ZipCrcStream* crcs, std::chrono::milliseconds* yielded,
-                              FileStat* written) {
-  const std::string name = job.path.substr(job.path.rfind('/') + 1);
-  const DiskIdentity& expected = job.expected;
-  std::unique_ptr<Directory> dir;
-  Status s = OpenTargetDir(job.path, /*create=*/!expected.known, &dir);
-  if (!s.ok() && expected.known) {
-    StorageCheck c = ClassifyOpenFailure(env_, job.path.substr(0, job.path.rfind('/')), s, expected);
-    if (c.verdict == Verdict::kChanged) return Status::Cancelled(c.why);
-  }
-  if (!s.ok()) return s;
-  if (expected.known) {
-    StorageCheck c = CheckDirectory(dir.get(), job.path, expected);
-    if (c.verdict == Verdict::kChanged) return Status::Cancelled(c.why);
-    if (c.verdict == Verdict::kUnavailable) return Status::Unavailable(c.why);
-  }
-  std::unique_ptr<TempFile> file;
-  s = dir->NewTempFile(options_.temp_prefix, direct, &file);
-  if (!s.ok()) return s;
-  // Direct writes go out io_depth at a time (a chunk's CRC patches only land
-  // at or after that chunk, so chunks in flight are never touched again).
-  InFlight writes(file.get(), direct ? options_.io_depth : 1);
-  for (uint64_t off = 0; s.ok() && off < job.size; off += options_.chunk) {
-    if (*yielded < options_.max_yield) *yielded += cache_->WaitForNoSaves(options_.max_yield - *yielded);
-    uint64_t n = std::min<uint64_t>(options_.chunk, job.size - off);
-    if (off == crcs->fed()) crcs->Feed(off, data + off, static_cast<size_t>(n));  // CRCs, in place
-    if (direct) n = std::min(RoundUp(n, kBlock), mapped - off);
-    if (writes.depth() > 1) {
-      s = writes.Submit(off, reinterpret_cast<const char*>(data + off), static_cast<size_t>(n));
-      continue;
-    }
-    s = file->Append(reinterpret_cast<const char*>(data + off), static_cast<size_t>(n));
-    if (s.ok() && !direct) s = file->StartWriteback(off, n);
-  }
-  Status flushed = writes.Finish();
-  if (s.ok()) s = flushed;
-  if (s.ok() && direct) s = file->Truncate(job.size);
-  if (s.ok()) s = file->Sync();
-  if (s.ok()) {
-    MutexLock l(&rename_mu_);
-    // Last look before the rename: the path must still hold what the save
-    // found there. A file being replaced lends its permission bits.
-    FileStat there;
-    bool exists = false;
-    StorageCheck c;
-    if (expected.known) c = StillThere(job.path, dir.get(), expected);
-    if (expected.known && c.verdict == Verdict::kSame)
-      c = CheckEntry(dir.get(), job.path, name, expected, &there, &exists);
-    else if (!expected.known)
-      exists = dir->StatAt(name, &there).ok();
-    if (!cache_->IsCurrent(job)) {
-      s = Status::Aborted("superseded by a newer version");
-    } else if (c.verdict == Verdict::kChanged) {
-      s = Status::Cancelled(c.why);
-    } else if (c.verdict == Verdict::kUnavailable) {
-      s = Status::Unavailable(c.why);
-    } else {
-      s = file->SetMode(exists && S_ISREG(there.mode) ? there.mode & 0777 : job.new_mode & 0777);
-      if (s.ok()) s = file->Publish(name);
-      if (s.ok() && !file->Stat(written).ok()) *written = FileStat();  // loads then read storage
-    }
-  }
-  if (!s.ok()) file->Discard();
-  Status closed = file->Close();
-  if (s.ok()) s = closed;
-  if (!s.ok()) return s;
-  return dir->Sync();
 }
 
 }  // namespace tce

@@ -1,38 +1,39 @@
 // Persister: worker threads that write committed files to storage, off the
-// training rank's critical path. Each file: one pass over the buffer computes
-// every record's CRC-32 and patches the CRC fields in place (the cached copy
-// and the file hold the same bytes), then the buffer is written straight from
-// its mapping into a temp file in the target directory, with O_DIRECT where
-// the filesystem allows (DMA, no copy through the page cache: about 2x faster
-// on a 2-core virtual machine's disk, and far less CPU taken from training),
-// else buffered with writeback started per chunk; fdatasync, rename over the final path, fsync
-// of the directory. The final path never holds a torn file. A root server
-// writes with the committing client's uid/gid (fsuid), never as root. I/O
-// errors are retried with exponential backoff; after the retries the file is
-// FAILED with the reason (and stays in memory).
+// training rank's critical path, each through the storage interface
+// (storage/object_store.h) of the root it lies under: a directory root's
+// PosixStore (temp file, O_DIRECT where the filesystem allows, fdatasync,
+// rename, fsync of the directory) or an object root's store (multipart
+// upload, visible only complete). The buffer is written straight from its
+// mapping; as the bytes go, every zip record's CRC-32 is computed and
+// patched in place (the cached copy and storage hold the same bytes), and
+// the worker yields to saves in flight. A root server writes with the
+// committing client's uid/gid (fsuid), never as root. Failures are retried
+// with exponential backoff; after the retries the file is FAILED with the
+// reason (and stays in memory).
 //
 // Deletes are honoured: a file is written only into the directory its save
 // found (never created; only a file recovered from the ring, whose save this
 // server never saw, may create directories below the root), and only while
 // the path still holds what the save found there (or the file this server
-// wrote last). A directory removed, made again or replaced, or a file deleted,
-// replaced or modified since, makes the attempt CANCELLED: the cache then
-// DISCARDS the save (see cache/storage_check.h). A file that replaces one
-// keeps that file's permission bits; a new file gets the saver's
-// (0666 & ~umask).
+// wrote last): the save's identity goes to the store as
+// WriteOptions::expected. A directory removed, made again or replaced, or a
+// file (object) deleted, replaced or modified since, makes the attempt
+// CANCELLED: the cache then DISCARDS the save (see cache/storage_check.h).
+// A file that replaces one keeps that file's permission bits; a new file
+// gets the saver's (0666 & ~umask).
 //
 // Confinement: the root check at Allocate is not trusted at write time. Each
-// attempt resolves the file's directory, requires it under a storage root,
-// and opens it from the root one component at a time without following
-// symlinks (Env::OpenDirectory); the temp file is unnamed (O_TMPFILE) or has
-// an unguessable name made with O_EXCL|O_NOFOLLOW, and is renamed within
-// that directory fd. So no symlink planted or swapped in at any moment
-// redirects a write, and a temp name never depends on the final name's length.
-// Start/Stop from one controlling thread.
+// attempt resolves the file's directory and requires it under a storage
+// root; the PosixStore then opens it from the root one component at a time
+// without following symlinks and renames within that directory fd (see
+// storage/posix_store.h). Start/Stop from one controlling thread.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -90,34 +91,22 @@ class Persister {
 
  private:
   void Loop();
-  // One attempt: write `data` (the mapped buffer, `mapped` bytes) to a temp
-  // file and rename it into place. Each chunk not yet seen by `crcs` is fed
-  // to it just before it is written (patching the CRC fields in the buffer),
-  // so a retry resumes the CRCs where a failed attempt stopped.
-  Status PersistOnce(const PersistJob& job, unsigned char* data, uint64_t mapped, bool direct,
-                     ZipCrcStream* crcs, std::chrono::milliseconds* yielded, FileStat* written);
-  // A file under an object root: the CRCs patched in one pass, then one
-  // object written whole (multipart, parts in parallel), made visible only
-  // if the version is still current and the key still holds what the save
-  // found there. `written` gets the object's size and ETag.
-  Status PersistObject(const PersistJob& job, const ObjectRoot& root, const std::string& key,
-                       std::vector<Record>* records, FileStat* written);
-  // `written`: the file now at the path (on success).
+  // The store and key `job`'s path is written to now: its object root's,
+  // else the directory root its directory resolves under at this moment.
+  Status StoreOf(const PersistJob& job, ObjectStore** store, std::string* key);
+  // The PosixStore of the directory root `root` (opened once).
+  Status DirStore(const std::string& root, ObjectStore** out);
+  // Writes the job's buffer through its store, retried with backoff;
+  // `written`: the file or object now at the path (on success).
   Status Persist(const PersistJob& job, std::vector<Record>* records, FileStat* written);
-  // The directory of `path`, opened beneath its storage root (see above),
-  // created where missing only if `create`.
-  Status OpenTargetDir(const std::string& path, bool create, std::unique_ptr<Directory>* out);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
-  // Whether `dir`, opened for `path` when the attempt began, is still the
-  // directory at that path, as the save found it.
-  StorageCheck StillThere(const std::string& path, Directory* dir, const DiskIdentity& expected);
-
   PersistSource* const cache_;
   PersistQueue queue_;  // fed by the cache (PersistSource::SetPersistFeed)
   Env* const env_;
   const PersistOptions options_;
   std::vector<std::thread> threads_;
-  Mutex rename_mu_;  // orders "is this version current?" + rename
+  Mutex stores_mu_;
+  std::map<std::string, std::shared_ptr<ObjectStore>> dir_stores_ GUARDED_BY(stores_mu_);
   Mutex stop_mu_;
   CondVar stop_cv_;
   bool stop_ GUARDED_BY(stop_mu_) = false;

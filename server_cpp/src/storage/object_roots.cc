@@ -2,6 +2,7 @@
 #include <sstream>
 
 #include "storage/object_store.h"
+#include "storage/posix_store.h"
 #include "storage/s3_store.h"
 
 namespace tce {
@@ -85,6 +86,14 @@ Status ParseStorageRoots(const std::string& text, std::vector<std::string>* dirs
 
 Status OpenObjectStore(const std::string& url, const ObjectStoreOptions& options,
                        std::shared_ptr<ObjectStore>* out, std::string* prefix) {
+  if (url.compare(0, 7, "file://") == 0) {  // a directory root: file:///abs/dir
+    const std::string dir = NormalDir(url.substr(7));
+    if (dir.empty() || dir[0] != '/' || dir.find("/../") != std::string::npos || !options.env)
+      return Status::InvalidArgument("'" + url + "' is not a directory root (want file:///ABSOLUTE/DIR)");
+    prefix->clear();
+    *out = std::make_shared<PosixStore>(dir, options);
+    return Status::OK();
+  }
   std::string scheme, bucket;
   if (Status s = SplitUrl(url, &scheme, &bucket, prefix); !s.ok()) return s;
   if (scheme == "s3") return S3Store::Open(bucket, options, out);

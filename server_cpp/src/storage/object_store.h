@@ -1,6 +1,9 @@
-// ObjectStore: storage that holds whole objects under keys (S3 and stores
-// that speak its API), behind one interface, so the cache and the persister
-// need not know which. ObjectRoots maps path prefixes to stores: with
+// ObjectStore: the storage interface every storage root is written and read
+// through: a name (key) holds a whole file's bytes, written durably and
+// visible only complete, with an identity coherence compares
+// (storage/identity.h). Directory roots are PosixStores (temp file, fsync,
+// rename, beneath the root without following symlinks), object roots
+// S3Stores; ObjectRoots maps path prefixes to object stores: with
 // `storage_roots = /ckpt=s3://bucket/run1`, the file /ckpt/a/x.pt is the
 // object run1/a/x.pt of bucket `bucket`, holding exactly the file's bytes.
 //
@@ -17,21 +20,38 @@
 #include <vector>
 
 #include "common/status.h"
+#include "env/env.h"
+#include "storage/identity.h"
 
 namespace tce {
-
-// What a key holds: the identity coherence compares (docs/semantics.md), in
-// place of a file's inode: an object replaced or deleted since is told by
-// its ETag or size.
-struct ObjectId {
-  bool exists = false;
-  uint64_t size = 0;
-  std::string etag;
-};
 
 struct ListedObject {
   std::string key;
   uint64_t size = 0;
+};
+
+// How one Write goes.
+struct WriteOptions {
+  // Runs before the bytes below `end` are first read, from any of the
+  // store's threads (the persister patches CRCs in there, and yields to
+  // saves in flight); optional.
+  std::function<void(uint64_t end)> prepare;
+  // The last look, just before the new bytes become visible (a failure
+  // abandons the write and is returned); optional.
+  std::function<Status()> before_commit;
+  // What the save found at the key (known): the write goes ahead only while
+  // the key (and, on a filesystem, its directory) still holds that, else
+  // CANCELLED with the reason (UNAVAILABLE when storage cannot say). Null
+  // or not known: nothing is compared.
+  const DiskIdentity* expected = nullptr;
+  // Filesystems: the identity the file is written as (a root server only;
+  // -1: the server's own), a new file's permission bits (a replaced file
+  // keeps its own), whether missing directories are made, and how many
+  // bytes of `data` may be read (>= n, a multiple of 4096 for O_DIRECT).
+  uint32_t uid = static_cast<uint32_t>(-1), gid = static_cast<uint32_t>(-1);
+  uint32_t new_mode = 0644;
+  bool create_dirs = false;
+  uint64_t readable = 0;
 };
 
 class ObjectStore {
@@ -39,14 +59,14 @@ class ObjectStore {
   virtual ~ObjectStore() = default;
   // "s3://bucket/key", for messages and logs (never credentials).
   virtual std::string Url(const std::string& key) const = 0;
-  // Writes data[0, n) at `key`, visible only once complete (never a partial
-  // object). `before_commit` runs just before the object is made visible; a
-  // failure there abandons the write and is returned. `out`: the new object.
-  // `prepare(end)` (optional) runs before the bytes below `end` are first
-  // read, from any of the store's threads (see S3PutOptions::prepare).
-  virtual Status Write(const std::string& key, const char* data, uint64_t n,
-                       const std::function<Status()>& before_commit, ObjectId* out,
-                       const std::function<void(uint64_t)>& prepare = nullptr) = 0;
+  // Writes data[0, n) at `key` durably, visible only once complete (never
+  // a partial file or object), as `options` says. `out`: what the key holds
+  // now (a file's stat; an object's size and ETag).
+  virtual Status Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
+                       FileStat* out) = 0;
+  // Whether a failed Write may succeed if tried again later (the store has
+  // retried what clears quickly itself).
+  virtual bool Retryable(const Status& s) const = 0;
   // Reads [offset, offset + n) of `key` into `into` (large reads as ranged
   // reads in parallel). A non-empty `etag` must still be the object's
   // (FAILED_PRECONDITION when it was replaced meanwhile).
@@ -75,10 +95,19 @@ struct ObjectStoreOptions {
   // The directory where unfinished writes are journaled (a file per store),
   // so a restart abandons them (empty: not journaled).
   std::string journal;
+  // Filesystems (file://): the Env every call goes through, the bytes per
+  // write(), O_DIRECT where the filesystem allows it, O_DIRECT writes in
+  // flight per file, and the prefix of named temp files (one per server).
+  Env* env = nullptr;
+  size_t chunk = 16 << 20;
+  bool direct_io = true;
+  int io_depth = 4;
+  std::string temp_prefix = ".tce-";
 };
 
-// Opens the store `url` ("s3://bucket[/prefix]") names; `prefix` gets the
-// key prefix ("" or "run1/"). INVALID_ARGUMENT for an unknown scheme.
+// Opens the store `url` ("s3://bucket[/prefix]", "file:///dir") names;
+// `prefix` gets the key prefix ("" or "run1/"). INVALID_ARGUMENT for an
+// unknown scheme.
 Status OpenObjectStore(const std::string& url, const ObjectStoreOptions& options,
                        std::shared_ptr<ObjectStore>* out, std::string* prefix);
 

@@ -114,9 +114,8 @@ int S3Store::AbandonUnfinished() {
   return aborted;
 }
 
-Status S3Store::Write(const std::string& key, const char* data, uint64_t n,
-                      const std::function<Status()>& before_commit, ObjectId* out,
-                      const std::function<void(uint64_t)>& prepare) {
+Status S3Store::Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
+                      FileStat* out) {
   S3PutOptions po;
   po.part_size = options_.part_size;
   po.parallel = options_.parallel;
@@ -124,9 +123,22 @@ Status S3Store::Write(const std::string& key, const char* data, uint64_t n,
   // CANCELLED is coherence's verdict (the caller's check refused the write);
   // the client's own CANCELLED only means the server is stopping.
   bool refused = false;
-  po.prepare = prepare;
+  po.prepare = options.prepare;
+  // The last look: the caller's, then the key must still hold what the save
+  // found (no lock is held across the commit: S3 has no rename to order
+  // against; a save of the same key meanwhile writes its own version after
+  // this one).
   po.before_commit = [&]() {
-    Status c = before_commit ? before_commit() : Status::OK();
+    Status c = options.before_commit ? options.before_commit() : Status::OK();
+    if (c.ok() && options.expected && options.expected->known) {
+      ObjectId now;
+      Status st = Stat(key, &now);
+      if (!st.ok()) {
+        c = Status::Unavailable("cannot check " + Url(key) + " before writing it: " + st.message());
+      } else if (StorageCheck k = CompareObject(Url(key), *options.expected, now); k.verdict == Verdict::kChanged) {
+        c = Status::Cancelled(k.why);
+      }
+    }
     refused = !c.ok();
     return c;
   };
@@ -135,10 +147,17 @@ Status S3Store::Write(const std::string& key, const char* data, uint64_t n,
   if (s.code() == Status::Code::kCancelled && !refused)
     return Status::Unavailable("the upload of " + Url(key) + " was stopped: the server is stopping");
   if (!s.ok()) return s;
-  out->exists = true;
+  *out = FileStat();
   out->size = n;
   out->etag = etag;
+  out->mode = 0100644;
   return Status::OK();
+}
+
+bool S3Store::Retryable(const Status& s) const {
+  // The client retried throttling, 5xx and timeouts itself; a refusal
+  // (403, a bad request) will not clear by waiting.
+  return s.code() != Status::Code::kPermissionDenied && s.code() != Status::Code::kInvalidArgument;
 }
 
 Status S3Store::Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag) {

@@ -22,9 +22,9 @@ class S3Store : public ObjectStore {
                      std::shared_ptr<ObjectStore>* out);
 
   std::string Url(const std::string& key) const override { return "s3://" + bucket_ + "/" + key; }
-  Status Write(const std::string& key, const char* data, uint64_t n,
-               const std::function<Status()>& before_commit, ObjectId* out,
-               const std::function<void(uint64_t)>& prepare = nullptr) override;
+  Status Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
+               FileStat* out) override;
+  bool Retryable(const Status& s) const override;
   Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into,
               const std::string& etag) override;
   Status Stat(const std::string& key, ObjectId* out) override;

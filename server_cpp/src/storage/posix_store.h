@@ -1,0 +1,75 @@
+// PosixStore: an ObjectStore over one directory root of a filesystem. A key
+// is a path below the root ("a/b/x.pt"); Write makes a temp file in the
+// key's directory (unnamed where the filesystem allows), writes it straight
+// from the caller's mapping, with O_DIRECT where the filesystem takes it
+// (DMA, no copy through the page cache) and several writes in flight, else
+// buffered with writeback started per chunk; fdatasync, rename over the
+// final name, fsync of the directory. The final name never holds a torn
+// file; a crash leaves at most a temp file that
+// Persister::RemoveStaleTemps finds by its prefix.
+//
+// Confinement: every call opens the key's directory from the root one
+// component at a time without following symlinks (Env::OpenDirectory), and
+// renames within that directory fd, so no symlink planted or swapped in at
+// any moment redirects a write or a read outside the root. A root server
+// writes with the identity WriteOptions names (fsuid), never as root.
+//
+// Coherence (WriteOptions::expected): the directory must still be the one
+// the save found (not removed, not made again) when the write begins and
+// again, reopened from the root, just before the rename, and the name must
+// still hold the file the save found (or nothing); else CANCELLED with the
+// reason. Renames of one store are ordered with their last look.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "env/env.h"
+#include "storage/object_store.h"
+
+namespace tce {
+
+class PosixStore : public ObjectStore {
+ public:
+  // `root`: absolute, normalised, trusted (a configured storage root).
+  PosixStore(std::string root, const ObjectStoreOptions& options);
+
+  const std::string& root() const { return root_; }
+  std::string Url(const std::string& key) const override;
+  Status Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
+               FileStat* out) override;
+  bool Retryable(const Status&) const override { return true; }  // disk full, EIO: may clear
+  Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into,
+              const std::string& etag) override;
+  Status Stat(const std::string& key, ObjectId* out) override;
+  Status List(const std::string& prefix, std::vector<ListedObject>* out) override;
+  Status Delete(const std::string& key) override;
+  // Temp files are named per server and found per directory by
+  // Persister::RemoveStaleTemps; a filesystem keeps no other unfinished write.
+  int AbandonUnfinished() override { return 0; }
+  void Cancel() override {}
+  uint64_t retries() const override { return 0; }
+
+  // A file's identity as an ETag ("dev-ino-size-mtime"), for callers that
+  // compare what Stat says across calls.
+  static std::string EtagOf(const FileStat& st);
+
+ private:
+  // The key's directory (created where missing only if `create`) and name.
+  Status OpenDir(const std::string& key, bool create, std::unique_ptr<Directory>* dir, std::string* name,
+                 std::string* dir_path) const;
+  Status WriteOnce(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
+                   bool direct, FileStat* out);
+  // Whether `dir`, opened at `dir_path` when the write began, is still the
+  // directory at that path, as the save found it.
+  StorageCheck StillThere(const std::string& dir_path, const std::string& url, Directory* dir,
+                          const DiskIdentity& expected);
+
+  const std::string root_;
+  const ObjectStoreOptions options_;
+  Mutex publish_mu_;  // orders each write's last look with its rename
+};
+
+}  // namespace tce
