@@ -224,7 +224,7 @@ class _Held:
 
 
 class FaultProxy:
-    """An HTTP/1.1 forwarding proxy on loopback in front of ``upstream``
+    """An HTTP/1.1 forwarding proxy on ``host`` (loopback unless given) in front of ``upstream``
     (``http://host:port``): a thread per client connection, one upstream
     connection each, keep-alive kept, bodies (``Content-Length`` or chunked)
     streamed through in 1 MiB pieces. ``endpoint``: what the client is
@@ -246,7 +246,7 @@ class FaultProxy:
       the status its client got.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, host: str = "127.0.0.1") -> None:
         u = urlsplit(upstream)
         self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
         self._lock = threading.Condition()
@@ -259,9 +259,9 @@ class FaultProxy:
         self._conns: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
         self._closed = False
-        self._listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+        self._listener = socket.create_server((host, 0), backlog=128)
         self._listener.settimeout(0.1)
-        self.endpoint = "http://127.0.0.1:%d" % self._listener.getsockname()[1]
+        self.endpoint = "http://%s:%d" % (host, self._listener.getsockname()[1])
         self._acceptor = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
         self._acceptor.start()
 

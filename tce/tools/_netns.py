@@ -2,7 +2,9 @@
 
 ``Nodes(n)`` creates n namespaces joined by veth pairs on a bridge that it
 also creates; node i has address 10.<x>.0.(i+1)/24 on its ``eth0``. Needs
-root. Traffic stays inside the namespaces: the bridge has no address.
+root. Traffic stays inside the namespaces: the bridge has no address, unless
+a test gives it one (``host_address``) to serve the nodes from its own
+namespace.
 """
 
 from __future__ import annotations
@@ -58,6 +60,16 @@ class Nodes:
 
     def restore(self, i: int) -> None:
         self._ip("link", "set", self.host_veths[i], "up")
+
+    def host_address(self) -> str:
+        """Gives the bridge the address 10.<x>.0.254 (once), so the nodes reach
+        a server of this namespace there (an S3 server); returns it. It goes
+        with the bridge."""
+        addr = f"10.{self.subnet}.0.254"
+        if not getattr(self, "_host", None):
+            self._ip("addr", "add", f"{addr}/24", "dev", self.bridge)
+            self._host = addr
+        return addr
 
     def exec_prefix(self, i: int) -> list[str]:
         return ["ip", "netns", "exec", self.names[i]]
