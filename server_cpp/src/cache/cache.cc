@@ -94,6 +94,8 @@ CacheStats Cache::TallyLocked() const {
   s.objects_fetched = fetched_objects_;
   s.object_bytes_fetched = fetched_bytes_;
   s.object_ranges_read = object_ranges_read_;
+  s.held_markers = waiting_markers_.size();
+  s.marker_rounds = marker_rounds_;
   if (objects_) {
     for (const ObjectRoot& r : objects_->all()) {
       s.object_roots.push_back(r.dir + "=" + r.url);
@@ -411,6 +413,7 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   TCE_LOG(kInfo, "cache") << "published job=" << out->job << " tag=" << out->tag
                           << " version=" << out->version;
   if (meta_) meta_->RecordTag(*out);
+  if (!waiting_markers_.empty()) ReleaseMarkers(out->job);  // a marker may have waited for this record
   if (!rings_.Successor(out->job).empty() && backups_) backups_->SendTag(TagCopy{out->job, out->tag});
   if (tag_listener_) tag_listener_(out->job);
   return Status::OK();

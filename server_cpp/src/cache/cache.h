@@ -174,6 +174,10 @@ class Cache : public PoolBudget,
   void RestoreEnded(const std::string& job, const std::string& from) override EXCLUDES(mu_);
   std::vector<FileInfo> NotInMemory(const std::string& job) override EXCLUDES(mu_);
   size_t InMemoryCount(const std::string& job) override EXCLUDES(mu_);
+  std::vector<HeldMarker> MarkersAwaitingPeers() override EXCLUDES(mu_);
+  void PeersDurable(const FileKey& marker, uint64_t version) override EXCLUDES(mu_);
+  void DurableStates(const std::string& job, const std::vector<std::string>& paths,
+                     std::vector<std::string>* durable, std::vector<std::string>* pending) override EXCLUDES(mu_);
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
   Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait, uid_t reader,
@@ -391,9 +395,15 @@ class Cache : public PoolBudget,
                         DiskIdentity* out);
   StorageCheck CheckObject(const ObjectRoot& root, const std::string& key, const DiskIdentity& expected);
   // A tag's completeness marker (`.metadata`, `latest`) under an object
-  // root waits while another file of its tag is not yet on storage;
+  // root waits while another file of its tag is not yet on storage: one of
+  // this node's (LocalTagFilesPending), or, on a job whose ring has other
+  // nodes, until its tag is recorded and the other nodes report theirs
+  // durable (PeersMustConfirm; `remote` gets those files);
   // ReleaseMarkers queues the waiting markers of `job` that may go now.
   bool MarkerMustWait(const FileKey& key, const FileInfo& f) const REQUIRES(mu_);
+  bool LocalTagFilesPending(const FileKey& key, const FileInfo& f) const REQUIRES(mu_);
+  bool PeersMustConfirm(const FileKey& key, const FileInfo& f, std::vector<std::string>* remote) const
+      REQUIRES(mu_);
   void ReleaseMarkers(const std::string& job) REQUIRES(mu_);
   void NoteStorageFallback(const std::string& path, const std::string& why);  // thread-safe
   DiskIdentity Written(const DiskIdentity& before, const FileStat& st);
@@ -411,6 +421,8 @@ class Cache : public PoolBudget,
   std::vector<std::string> roots_;  // resolved; immutable after construction
   std::shared_ptr<const ObjectRoots> objects_;  // set before serving
   std::set<FileKey> waiting_markers_ GUARDED_BY(mu_);
+  std::map<FileKey, uint64_t> peers_durable_ GUARDED_BY(mu_);  // marker -> the version the ring confirmed
+  uint64_t marker_rounds_ GUARDED_BY(mu_) = 0;
   std::function<void(const std::string&)> tag_listener_;  // set before serving
   uint64_t fetched_objects_ GUARDED_BY(mu_) = 0;
   uint64_t fetched_bytes_ GUARDED_BY(mu_) = 0;

@@ -196,6 +196,10 @@ void Cache::ForgetTag(const std::string& job, const std::string& tag) {
 
 bool Cache::MarkerMustWait(const FileKey& key, const FileInfo& f) const {
   if (f.tag.empty() || !IsTagMarker(f.path) || !ObjectRootOf(f.path, nullptr)) return false;
+  return LocalTagFilesPending(key, f) || PeersMustConfirm(key, f, nullptr);
+}
+
+bool Cache::LocalTagFilesPending(const FileKey& key, const FileInfo& f) const {
   for (const auto& [k, other] : files_) {
     if (k.first != key.first || other.tag != f.tag || k.second == key.second || other.buffer_id == 0) continue;
     if (other.state == FileState::kCached || other.state == FileState::kBackedUp ||
@@ -203,6 +207,61 @@ bool Cache::MarkerMustWait(const FileKey& key, const FileInfo& f) const {
       return true;
   }
   return false;
+}
+
+bool Cache::PeersMustConfirm(const FileKey& key, const FileInfo& f, std::vector<std::string>* remote) const {
+  const Ring* ring = rings_.Find(key.first);
+  if (!ring || ring->Peers().empty()) return false;  // one node: its own files are the tag's
+  auto confirmed = peers_durable_.find(key);
+  if (confirmed != peers_durable_.end() && confirmed->second == f.version) return false;
+  TagInfo tag;
+  if (!tags_.Find(key.first, f.tag, &tag)) return true;  // until its record comes (CommitTag)
+  bool any = false;
+  for (const TagFile& tf : tag.files) {
+    if (tf.path == key.second || files_.count({key.first, tf.path})) continue;
+    any = true;  // another node's
+    if (remote) remote->push_back(tf.path);
+  }
+  return any;
+}
+
+std::vector<RingStore::HeldMarker> Cache::MarkersAwaitingPeers() {
+  MutexLock lock(&mu_);
+  std::vector<HeldMarker> out;
+  for (const FileKey& key : waiting_markers_) {
+    auto f = files_.find(key);
+    if (f == files_.end() || LocalTagFilesPending(key, f->second)) continue;
+    HeldMarker m;
+    m.key = key;
+    m.version = f->second.version;
+    m.tag = f->second.tag;
+    if (PeersMustConfirm(key, f->second, &m.remote) && !m.remote.empty()) out.push_back(std::move(m));
+  }
+  if (!out.empty()) ++marker_rounds_;
+  return out;
+}
+
+void Cache::PeersDurable(const FileKey& marker, uint64_t version) {
+  MutexLock lock(&mu_);
+  peers_durable_[marker] = version;
+  TCE_LOG(kInfo, "cache") << "every node holds the other files of the tag of job=" << marker.first
+                          << " path=" << marker.second << " durable: the marker goes to storage";
+  ReleaseMarkers(marker.first);
+}
+
+void Cache::DurableStates(const std::string& job, const std::vector<std::string>& paths,
+                          std::vector<std::string>* durable, std::vector<std::string>* pending) {
+  MutexLock lock(&mu_);
+  for (const std::string& path : paths) {
+    auto f = files_.find({job, path});
+    if (f == files_.end()) continue;
+    const FileState st = f->second.state;
+    if (st == FileState::kPersisted || st == FileState::kEvicted)
+      durable->push_back(path);
+    else if (st == FileState::kCached || st == FileState::kBackedUp || st == FileState::kPending ||
+             st == FileState::kFailed)
+      pending->push_back(path);
+  }
 }
 
 void Cache::ReleaseMarkers(const std::string& job) {

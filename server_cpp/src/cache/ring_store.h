@@ -119,6 +119,30 @@ class RingStore {
   // (after a restore: what the ring could not give back).
   virtual std::vector<FileInfo> NotInMemory(const std::string& job) = 0;
 
+  // ---- tag markers on object storage across nodes ----
+  // A tag's marker (DCP's `.metadata`, DeepSpeed's `latest`) under an object
+  // root is uploaded only once every file of its tag is durable. On a job
+  // whose ring has other nodes, the marker's node waits for the tag's record
+  // (CommitTag) and then for the other nodes to report their files of the
+  // tag durable (ring/tag_barrier.h asks them).
+  struct HeldMarker {
+    FileKey key;
+    uint64_t version = 0;
+    std::string tag;
+    std::vector<std::string> remote;  // the tag's files that are not this node's
+  };
+  // The markers whose own node's files are durable and that wait for other
+  // nodes' files (counted as one round when there are any).
+  virtual std::vector<HeldMarker> MarkersAwaitingPeers() = 0;
+  // Every node reported the other files of the marker's tag durable: the
+  // marker (that version of it) is uploaded now.
+  virtual void PeersDurable(const FileKey& marker, uint64_t version) = 0;
+  // For a ring member's question: which of `paths` (files of `job`) this
+  // node has persisted (PERSISTED, or EVICTED since), and which it holds
+  // not yet persisted. Paths it does not hold are in neither.
+  virtual void DurableStates(const std::string& job, const std::vector<std::string>& paths,
+                             std::vector<std::string>* durable, std::vector<std::string>* pending) = 0;
+
   // ---- peer reads ----
   // How many committed files of `job` this node holds in memory.
   virtual size_t InMemoryCount(const std::string& job) = 0;

@@ -306,6 +306,8 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
   m.Counter("tce_object_bytes_fetched_total", "bytes of those files", static_cast<double>(st.object_bytes_fetched()));
   m.Counter("tce_object_retries_total", "object storage requests retried (throttling, 5xx, timeouts)",
             static_cast<double>(st.object_retries()));
+  m.Gauge("tce_held_markers", "tag markers held off object storage until their tag's files are durable",
+          static_cast<double>(st.held_markers()));
   m.Counter("tce_stale_drops_total", "cached copies dropped at a load: storage holds another file, or none",
             static_cast<double>(st.stale_drops()));
   m.Counter("tce_storage_fallbacks_total", "loads served from the cache because storage could not be checked",

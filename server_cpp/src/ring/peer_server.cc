@@ -269,6 +269,9 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
     } else if (req.has_version()) {
       s = ServeVersion(link, req.version());
       continue;
+    } else if (req.has_durable()) {
+      s = ServeDurable(link, req.durable());
+      continue;
     } else if (req.has_resync()) {
       if (cache_) cache_->ResendBackups(req.resync().job(), link->peer());
     } else {

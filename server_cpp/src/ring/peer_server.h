@@ -104,6 +104,10 @@ class PeerServer {
   // up to kMaxVersionWaitMs for one); answers with a PeerVersionReply.
   Status ServeVersion(PeerLink* link, const v1::PeerVersion& req);
   static constexpr uint32_t kMaxVersionWaitMs = 20000;  // well within a link's io timeout
+  // A ring member's question: which of these files of the job this server
+  // has persisted (ring/tag_barrier.h); answers with a PeerDurableReply.
+  Status ServeDurable(PeerLink* link, const v1::PeerDurable& req);
+  static constexpr int kMaxDurablePaths = 10000;
 
   const PeerServerOptions options_;
   Transport* const transport_;

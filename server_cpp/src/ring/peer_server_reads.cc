@@ -112,4 +112,24 @@ Status PeerServer::ServeVersion(PeerLink* link, const v1::PeerVersion& req) {
   return link->Send(reply);
 }
 
+Status PeerServer::ServeDurable(PeerLink* link, const v1::PeerDurable& req) {
+  v1::PeerDurableReply reply;
+  Status s = cache_ ? MayRead(req.job(), link->peer(), "", req.has_job_uid(), req.job_uid(), nullptr)
+                    : Status::NotFound("this server keeps no files of its own");
+  if (s.ok() && req.paths_size() > kMaxDurablePaths)
+    s = Status::InvalidArgument("asked about " + std::to_string(req.paths_size()) + " files (at most " +
+                                std::to_string(kMaxDurablePaths) + ")");
+  if (s.ok()) {
+    const std::vector<std::string> paths(req.paths().begin(), req.paths().end());
+    std::vector<std::string> durable, pending;
+    cache_->DurableStates(req.job(), paths, &durable, &pending);
+    for (std::string& p : durable) reply.add_durable(std::move(p));
+    for (std::string& p : pending) reply.add_pending(std::move(p));
+  } else {
+    reply.set_code(static_cast<int>(s.code()));
+    reply.set_message(s.message());
+  }
+  return link->Send(reply);
+}
+
 }  // namespace tce

@@ -25,8 +25,21 @@ constexpr int kRecoverFailuresBeforeLoadsGoOn = 3;
 constexpr int kPersistedNoticeAttempts = 5;
 }  // namespace
 
+namespace {
+TagBarrierOptions BarrierOptions(const ReplicatorOptions& o) {
+  TagBarrierOptions b;
+  b.self = o.self;
+  b.key = o.key;
+  b.interval = o.marker_interval;
+  b.io_timeout = o.io_timeout;
+  b.breaker = o.breaker;
+  b.clock = o.clock;
+  return b;
+}
+}  // namespace
+
 Replicator::Replicator(RingStore* cache, Transport* transport, ReplicatorOptions options)
-    : cache_(cache), transport_(transport), options_(std::move(options)) {
+    : cache_(cache), transport_(transport), options_(std::move(options)), barrier_(cache, BarrierOptions(options_)) {
   cache_->SetBackupFeed(&queue_);
 }
 
@@ -37,6 +50,7 @@ Replicator::~Replicator() {
 
 void Replicator::Start() {
   for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
+  barrier_.Start();
 }
 
 void Replicator::Stop() {
@@ -46,6 +60,7 @@ void Replicator::Stop() {
   }
   cv_.SignalAll();
   queue_.Stop();
+  barrier_.Stop();
   for (auto& t : threads_) t.join();
   threads_.clear();
 }

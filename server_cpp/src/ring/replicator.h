@@ -25,6 +25,7 @@
 #include "ring/backup_store.h"
 #include "ring/link_breaker.h"
 #include "ring/peer_link.h"
+#include "ring/tag_barrier.h"
 #include "ring/transport.h"
 
 namespace tce {
@@ -46,6 +47,8 @@ struct ReplicatorOptions {
   // Ends every wait on a peer when the server stops (optional).
   LinkBreaker* breaker = nullptr;
   Clock* clock = Clock::Real();  // what backoff and timings are measured on
+  // How often held tag markers' files are asked about (ring/tag_barrier.h).
+  std::chrono::milliseconds marker_interval{500};
 };
 
 class Replicator {
@@ -99,6 +102,7 @@ class Replicator {
   Transport* const transport_;
   const ReplicatorOptions options_;
   std::vector<std::thread> threads_;
+  TagBarrier barrier_;  // markers of object storage wait for the other nodes' files
   Mutex mu_;
   CondVar cv_;
   bool stop_ GUARDED_BY(mu_) = false;

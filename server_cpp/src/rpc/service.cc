@@ -241,6 +241,8 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_object_bytes_fetched(s.object_bytes_fetched);
   resp->set_object_retries(s.object_retries);
   resp->set_object_ranges_read(s.object_ranges_read);
+  resp->set_held_markers(s.held_markers);
+  resp->set_marker_rounds(s.marker_rounds);
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
