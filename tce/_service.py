@@ -36,6 +36,7 @@ import torch
 
 from tce.core import _client, _dist, _files, _knobs, _layout, _staging
 from tce.core._layout import storage_bytes
+from tce.core._objects import ObjectPin
 from tce.core._originals import torch_load, torch_save
 from tce.core._session import client, close, with_client
 from tce.core._staging import StagedSave, wait_staged
@@ -543,13 +544,14 @@ def _retry_busy(call: Any) -> Any:
 
 
 def read_range_piece(path: str | os.PathLike, offset: int, length: int, *,
-                     job: str | None = None,
-                     buffer_offset: int | None = None) -> tuple[Any, str] | None:
+                     job: str | None = None, buffer_offset: int | None = None,
+                     pin: ObjectPin | None = None) -> tuple[Any, str] | None:
     """One ReadRange call (``length`` at most :data:`_client.MAX_RANGE`), as
     :func:`read_range`: (the bytes, where they came from). The bytes are the
     reply's (no copy), or with ``buffer_offset`` (fd, offset): where they lie
     in the session's range buffer (:func:`range_buffer`), when this
-    session has one. Any thread may call it.
+    session has one. A range from storage pins its object in ``pin``, or is
+    read only from the object pinned there. Any thread may call it.
     """
     path = norm(path)
     if uncacheable(path) is not None:
@@ -558,15 +560,16 @@ def read_range_piece(path: str | os.PathLike, offset: int, length: int, *,
 
     def call(c: Any) -> tuple[Any, int]:
         buf = c.range_buffer() if buffer_offset is not None else None
-        if buf is None:
-            resp = c.read_range(job, path, offset, length)
-            data = resp.data  # once: each access may copy
-            if len(data) != length:
-                raise ValueError(f"{path}: the server sent {len(data)} bytes for a range of "
-                                 f"{length}")
-            return data, resp.source
-        resp = c.read_range(job, path, offset, length, buffer_offset=buffer_offset)
-        return (buf[0], buffer_offset), resp.source
+        at = None if buf is None else buffer_offset
+        resp = c.read_range(job, path, offset, length, buffer_offset=at, **(pin.expected() if pin else {}))
+        if pin is not None:
+            pin.seen(resp.etag, resp.file_size)
+        if buf is not None:
+            return (buf[0], buffer_offset), resp.source
+        data = resp.data  # once: each access may copy
+        if len(data) != length:
+            raise ValueError(f"{path}: the server sent {len(data)} bytes for a range of {length}")
+        return data, resp.source
 
     try:
         piece, source = _retry_busy(lambda: with_client(call))

@@ -50,7 +50,7 @@ from tce.core._staging import StagedSave
 from tce.v1 import tce_pb2 as pb
 
 __all__ = [
-    "MAX_RANGE", "SAFETENSORS_DTYPES", "StagedSave", "all_gather", "allocate", "broadcast",
+    "MAX_RANGE", "ObjectPin", "SAFETENSORS_DTYPES", "StagedSave", "all_gather", "allocate", "broadcast",
     "commit_tag", "configure", "files", "iter_safetensors", "job_or_default", "join_ring",
     "load_file", "lookup", "mapped_buffers", "metadata_files", "norm", "object_layout",
     "open_fd", "open_mapped_file", "open_mapping", "override", "range_buffer", "rank",
@@ -243,19 +243,29 @@ def open_mapped_file(path: str | os.PathLike, *, job: str | None = None,
     return _service.open_cached_file(path, job=job, local_only=local_only)
 
 
+ObjectPin = _objects.ObjectPin
+
+
 def read_range(path: str | os.PathLike, offset: int, length: int, *, job: str | None = None,
-               buffer_offset: int | None = None) -> tuple[Any, str] | None:
+               buffer_offset: int | None = None, pin: ObjectPin | None = None) -> tuple[Any, str] | None:
     """Bytes ``[offset, offset + length)`` of the file at ``path`` (at most
-    :data:`MAX_RANGE`), from this node's cache (``"local"``) or, through
-    the ring, a copy held here or another node's memory (``"peer"``); only
+    :data:`MAX_RANGE`), from this node's cache (``"local"``), through
+    the ring, a copy held here or another node's memory (``"peer"``), or,
+    under an object root, the object in the bucket (``"storage"``); only
     the range moves. Returns (the bytes, the source); with
     ``buffer_offset`` and a :func:`range_buffer`, ((its fd, the offset),
     the source): the bytes are there. None when no cache has the file.
+    ``pin`` (an :class:`ObjectPin` of ``path``, one per load): the first
+    range from the bucket pins the object's identity, and later ones are
+    read from that object only.
 
     Raises:
         ValueError: the range is not inside the file.
+        FailedPreconditionError: the object pinned was replaced or deleted
+            on object storage since.
     """
-    return _service.read_range_piece(path, offset, length, job=job, buffer_offset=buffer_offset)
+    return _service.read_range_piece(path, offset, length, job=job, buffer_offset=buffer_offset,
+                                     pin=pin)
 
 
 def range_buffer() -> tuple[int, int] | None:

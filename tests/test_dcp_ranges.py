@@ -7,14 +7,16 @@ peer's file; tests/test_dcp_ring.py runs it across nodes)."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
 
 import tce
-from tce import _service
+from tce import _service, client
 from tce.core import _client, _knobs
 from tce.integrations import _dcp_ranges
+from tce.errors import FailedPreconditionError, InvalidArgumentError
 from tce.integrations._dcp_ranges import RingRanges
 
 MIB = 1 << 20
@@ -98,3 +100,32 @@ def test_the_read_threads_setting_is_checked():
         with _knobs.override(dcp_read_threads=0):
             pass
     assert _dcp_ranges._executor(3)._max_workers == 3
+
+
+def test_a_pin_keeps_the_first_object_identity_and_refuses_another(cached):
+    path, data = cached
+    pin = client.ObjectPin(path)
+    # From the cache: no object's identity to pin (ranges from a bucket:
+    # tests/test_s3.py).
+    got = client.read_range(path, 0, 10, pin=pin)
+    assert got is not None and bytes(got[0]) == data[:10] and pin.expected() == {}
+    pin.seen("e1", 7)
+    pin.seen("e1", 7)  # the same object again
+    assert pin.expected() == {"etag": "e1", "size": 7}
+    with pytest.raises(FailedPreconditionError, match=re.escape(
+            f"{path} was replaced on object storage since this load began (it read ETag e1, 7 bytes; "
+            "now ETag e2, 7 bytes)")):
+        pin.seen("e2", 7)
+
+
+@pytest.mark.parametrize("etag, size, why", [
+    ('"e1', 7, "expect_etag: not an ETag"),
+    ("e 1", 7, "expect_etag: not an ETag"),
+    ("e" * 257, 7, "expect_etag: not an ETag"),
+    ("", 7, "expect_size: given without expect_etag"),
+])
+def test_a_pinned_identity_that_is_no_etag_is_refused(cached, etag, size, why):
+    path, _ = cached
+    job = _knobs.get("job")
+    with pytest.raises(InvalidArgumentError, match=why):
+        _service.with_client(lambda c: c.read_range(job, os.path.abspath(path), 0, 10, etag=etag, size=size))

@@ -10,8 +10,10 @@ upload leaves no visible object, and its restart aborts what it left.
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -270,6 +272,88 @@ def test_a_dcp_checkpoint_metadata_is_written_after_its_data(node, s3, bucket, p
         # .metadata fetched into the cache; the data read as the ranges the plan needs
         assert int(st["objects_fetched"]) == 1 and int(st["object_ranges_read"]) >= 1
         assert {r.source for r in reader.reads} == {"storage"}
+
+
+def _dcp_load(path: str, like: dict, reader=None) -> dict:
+    import torch.distributed.checkpoint as dcp
+    from tce.dcp import StorageReader
+    out = {k: torch.zeros_like(v) for k, v in like.items()}
+    dcp.load(out, storage_reader=reader or StorageReader(path))
+    return out
+
+
+def test_a_dcp_load_pins_each_object_it_reads_by_ranges(node, s3, bucket, proxy):
+    path = node.path("dcp/pinned")
+    saved = {f"w{i}": torch.randn(64, 64) for i in range(6)}
+    _dcp_save(path, saved)
+    tce.wait([os.path.join(path, ".metadata")])
+    _restart(node)  # an empty cache: the data comes from the bucket, by ranges
+    with _knobs.override(socket=node.server.socket):
+        before = len(proxy.requests())
+        assert all(torch.equal(v, saved[k]) for k, v in _dcp_load(path, saved).items())
+        seen = [r for r in proxy.requests()[before:] if r.path.endswith(".distcp")]
+        ranges = int(api.status()["object_ranges_read"])
+        # One look at the object, for the load's first range; every later
+        # range is read on the ETag it found (If-Match), with no look.
+        assert [r.kind for r in seen].count("HeadObject") == 1, [(r.kind, r.headers.get("range")) for r in seen]
+        gets = [r for r in seen if r.kind == "GetObject"]
+        assert len(gets) == ranges and ranges >= len(saved) + 1
+        assert "if-match" in gets[0].headers  # the first too: on the ETag its look found
+        assert len({r.headers["if-match"] for r in gets}) == 1
+
+
+@pytest.mark.parametrize("change", ["replaced", "deleted"])
+def test_a_dcp_load_fails_when_an_object_changes_between_its_ranges(node, s3, bucket, proxy, change):
+    path, other = node.path("dcp/a"), node.path("dcp/b")
+    old = {f"w{i}": torch.full((64, 64), float(i)) for i in range(4)}
+    new = {k: v + 100 for k, v in old.items()}  # the same layout, other bytes
+    _dcp_save(path, old)
+    _dcp_save(other, new)
+    tce.wait([os.path.join(path, ".metadata"), os.path.join(other, ".metadata")])
+    data = next(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=node.key("dcp/a/"))["Contents"]
+                if o["Key"].endswith(".distcp"))
+    name = data[len(node.key("dcp/a/")):]
+    _restart(node)
+    from torch.distributed.checkpoint.api import CheckpointException
+    from tce.dcp import StorageReader
+    with _knobs.override(socket=node.server.socket), concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # Once two ranges of the data (the load's first, then an item's)
+        # were read, its next request waits at the proxy while the object
+        # changes: a look at it then would find the new one (or none).
+        passed = []
+
+        def after_two(r):
+            if r.kind not in ("GetObject", "HeadObject") or not r.path.endswith("dcp/a/" + name):
+                return False
+            if len(passed) < 2:
+                if r.kind == "GetObject":
+                    passed.append(r)
+                return False
+            return True
+
+        proxy.hold(after_two)
+        reader = StorageReader(path)
+        loading = pool.submit(_dcp_load, path, old, reader)
+        held = proxy.wait_held(1)
+        until(lambda: len(passed) == 2 and all(r.status == 206 for r in passed),
+              what="ranges of the old object read")
+        if change == "replaced":
+            s3.copy_object(Bucket=bucket, Key=data,
+                           CopySource={"Bucket": bucket, "Key": node.key("dcp/b/" + name)})
+        else:
+            s3.delete_object(Bucket=bucket, Key=data)
+        proxy.release()
+        assert all(r.kind == "GetObject" and "if-match" in r.headers for r in held)  # no look: the pinned ETag
+        why = f"s3://{bucket}/{data} was {change} on object storage since this load began"
+        with pytest.raises(CheckpointException, match=re.escape(why)):
+            loading.result()
+        # The next load pins the object afresh: the new one, whole (or none).
+        if change == "replaced":
+            out = _dcp_load(path, old, reader)
+            assert all(torch.equal(v, new[k]) for k, v in out.items())
+        else:
+            with pytest.raises(CheckpointException, match=f"data file {name} is neither in this node's cache"):
+                _dcp_load(path, old, reader)
 
 
 def test_a_dcp_save_again_deletes_the_old_metadata_first(node, s3, bucket, proxy):

@@ -439,16 +439,17 @@ class Client(VersionCalls):
         self._flush()
         return released
 
-    def read_range(self, job: str, path: str, offset: int, length: int, *,
-                   buffer_offset: int | None = None) -> pb.ReadRangeResponse:
-        """Bytes ``[offset, offset + length)`` (at most :data:`MAX_RANGE`) of a
-        file from this server's cache, a copy it holds, or a ring peer: in the
-        reply's ``data``, or with ``buffer_offset`` at that offset of this
-        session's range buffer (:meth:`range_buffer`). Raises NotCachedError
+    def read_range(self, job: str, path: str, offset: int, length: int, *, buffer_offset: int | None = None,
+                   etag: str = "", size: int = 0) -> pb.ReadRangeResponse:
+        """Bytes ``[offset, offset + length)`` (at most :data:`MAX_RANGE`) of a file from this
+        server's cache, a copy it holds, a ring peer, or its object (``etag``, ``size``: the
+        identity a load pinned): in the reply's ``data``, or with ``buffer_offset`` at that
+        offset of this session's range buffer (:meth:`range_buffer`). Raises NotCachedError
         when none has it."""
         return self._call("ReadRange", pb.ReadRangeRequest(
             session=self.session, job=job, path=path, offset=offset, length=length,
-            into_buffer=buffer_offset is not None, buffer_offset=buffer_offset or 0))
+            into_buffer=buffer_offset is not None, buffer_offset=buffer_offset or 0, expect_etag=etag,
+            expect_size=size))
 
     def range_buffer(self) -> tuple[int, int] | None:
         """This session's range buffer, where :meth:`read_range` can put the

@@ -13,7 +13,9 @@ As many calls are in flight as the buffer has slots (else
 link, so their number need not follow the cores. A piece keeps its slot
 until its item was copied, so the bytes held are bounded by the buffer. An
 item too big for the slots is not read ahead: its source reads each piece
-when the reader asks for it (:class:`LazySource`).
+when the reader asks for it (:class:`LazySource`). Every call passes the
+load's :class:`tce.client.ObjectPin` of the file: ranges from an object
+storage bucket all come from the object the load began with.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ class LazySource(Source):
     """A range read when the reader asks for its bytes, a piece at a time,
     each through a free slot (or inside the reply without slots)."""
 
-    def __init__(self, path: Any, job: str, slots: _Slots | None) -> None:
-        self.path, self.job, self.slots = path, job, slots
+    def __init__(self, path: Any, job: str, slots: _Slots | None,
+                 pin: client.ObjectPin | None = None) -> None:
+        self.path, self.job, self.slots, self.pin = path, job, slots, pin
 
     def readinto(self, view: memoryview, offset: int) -> None:
         for at in range(0, len(view), client.MAX_RANGE):
@@ -96,7 +99,7 @@ class LazySource(Source):
             try:
                 got = client.read_range(
                     self.path, offset + at, n, job=self.job,
-                    buffer_offset=None if slot is None else slot * client.MAX_RANGE)
+                    buffer_offset=None if slot is None else slot * client.MAX_RANGE, pin=self.pin)
                 if got is None:
                     raise FileNotFoundError(f"{self.path} left the ring during the load")
                 _copy(got[0], 0, view[at:at + n], 0)
@@ -108,12 +111,14 @@ class LazySource(Source):
 class RingRanges:
     """Reads ``ranges`` ((offset, length) pairs) of the file at ``path``
     through the server, in order, with several calls in flight; :meth:`next`
-    gives each range's bytes in turn, valid until the next call. Use as a
-    context manager: leaving it waits for the calls still in flight."""
+    gives each range's bytes in turn, valid until the next call; ``pin``:
+    the load's identity of the file's object (see
+    :class:`tce.client.ObjectPin`). Use as a context manager: leaving it
+    waits for the calls still in flight."""
 
     def __init__(self, path: str | os.PathLike, ranges: list[tuple[int, int]], *,
-                 job: str) -> None:
-        self.path, self.job, self.ranges = path, job, ranges
+                 job: str, pin: client.ObjectPin | None = None) -> None:
+        self.path, self.job, self.ranges, self.pin = path, job, ranges, pin
         buf = client.range_buffer()
         self._slots = _Slots(buf[1] // client.MAX_RANGE) if buf else None
         if self._slots is not None and self._slots.count < 2:
@@ -160,12 +165,12 @@ class RingRanges:
                 f: Any = concurrent.futures.Future()
                 try:
                     f.set_result(client.read_range(self.path, offset, n, job=self.job,
-                                                           buffer_offset=at))
+                                                   buffer_offset=at, pin=self.pin))
                 except Exception as e:  # noqa: BLE001 (handed over in order by next)
                     f.set_exception(e)
             else:
                 f = self._pool.submit(client.read_range, self.path, offset, n,
-                                      job=self.job, buffer_offset=at)
+                                      job=self.job, buffer_offset=at, pin=self.pin)
             self._flight.append((i, offset, n, slot, f))
 
     def next(self) -> tuple[Source, str] | None:
@@ -182,10 +187,10 @@ class RingRanges:
         i, self._next = self._next, self._next + 1
         offset, length = self.ranges[i]
         if length > self._lazy_over:  # its first byte: who has the file, if anyone
-            got = client.read_range(self.path, offset, 1, job=self.job)
+            got = client.read_range(self.path, offset, 1, job=self.job, pin=self.pin)
             if got is None:
                 return None
-            return LazySource(self.path, self.job, self._slots), got[1]
+            return LazySource(self.path, self.job, self._slots, self.pin), got[1]
         pieces, kind = [], "local"
         self._fill()
         while self._flight and self._flight[0][0] == i:

@@ -46,9 +46,11 @@ class StorageReader(CheckpointDir, _DCPReader):
     leased file descriptor, unmapped); else its planned byte ranges are read
     through the server from another node's file as the ring keeps it (the
     copy held on this node, or the other node's memory), only those ranges
-    moving; else the file is read from storage. Only the planned byte ranges
-    are touched, and each tensor's planned region is copied once, straight
-    into its destination. :attr:`reads` lists every read with its source,
+    moving (under an object storage root, ranges of the object in the
+    bucket, all from the object the load's first range of the file read:
+    one replaced meanwhile fails the load); else the file is read from
+    storage. Only the planned byte ranges are touched, and each tensor's
+    planned region is copied once, straight into its destination. :attr:`reads` lists every read with its source,
     :attr:`copies` how the tensors' regions were copied.
 
     Args:
@@ -62,6 +64,8 @@ class StorageReader(CheckpointDir, _DCPReader):
         self.job = client.job_or_default(job)
         self.storage_data: dict[Any, Any] = {}
         self.load_id = uuid.uuid4().hex
+        # Each object read by ranges in this load: the identity it began with.
+        self._pins: dict[str, client.ObjectPin] = {}
         self.reads: list[ReadRecord] = []
         # How the tensors' regions were copied: "direct" (from the file
         # straight into the destination) or "scratch" (through a buffer).
@@ -78,6 +82,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         """A new load (from ``checkpoint_id`` when given); :attr:`reads` restarts."""
         self.storage_data = {}
         self.reads = []
+        self._pins = {}
         self.copies = collections.Counter()
         if checkpoint_id:
             self.path = client.norm(checkpoint_id)
@@ -116,6 +121,8 @@ class StorageReader(CheckpointDir, _DCPReader):
         """Keep the metadata's map of items to files, offsets and lengths,
         once checked: every item in a file of this directory, at a byte range.
 
+        A load begins here: the objects it reads are pinned afresh.
+
         Raises:
             CorruptCheckpointError: the metadata has no such map, or an item
                 lies elsewhere (a ``ValueError``).
@@ -124,6 +131,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         if metadata.storage_data is None:
             raise CorruptCheckpointError(f"{path} has no storage data")
         self.storage_data = check_storage_data(metadata.storage_data, path)
+        self._pins = {}
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """The plan as DCP made it (each rank reads what it needs)."""
@@ -144,6 +152,9 @@ class StorageReader(CheckpointDir, _DCPReader):
         Raises:
             FileNotFoundError: a data file is neither cached, nor in the ring,
                 nor on storage.
+            tce.errors.FailedPreconditionError: a data file's object was
+                replaced or deleted on object storage since this load read
+                its first range.
             CorruptCheckpointError: the metadata places an item past its
                 file's end, or not at all, or a tensor item is not the tensor
                 the plan reads (not one torch reads, a region outside it, a
@@ -217,15 +228,16 @@ class StorageReader(CheckpointDir, _DCPReader):
         # session's range buffer (64 MiB of the server's) for a file that
         # then comes from storage.
         end = max(info.offset + info.length for info in infos)
+        pin = self._pins.setdefault(path, client.ObjectPin(path))
         try:
-            found = client.read_range(path, max(end, 1) - 1, 1, job=self.job)
+            found = client.read_range(path, max(end, 1) - 1, 1, job=self.job, pin=pin)
         except ValueError as e:
             raise CorruptCheckpointError(f"{name}: its items end at byte {end}, past the end "
                                          f"of the file the ring holds ({e})") from None
         if found is None:
             return False
         with RingRanges(path, [(info.offset, info.length) for info in infos],
-                        job=self.job) as ranges:
+                        job=self.job, pin=pin) as ranges:
             for i, req in enumerate(reqs):
                 got = ranges.next()
                 if got is None:

@@ -234,7 +234,7 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   Status ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
                          uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
-                         uint64_t* file_size) override EXCLUDES(mu_);
+                         ObjectId* id) override EXCLUDES(mu_);
   bool IsObjectPath(const std::string& path) const override { return ObjectRootOf(path, nullptr) != nullptr; }
   // Called (under the cache's lock: it must only queue work) with the job of
   // every tag recorded complete. Set before serving.

@@ -137,7 +137,7 @@ Status Cache::FetchObject(const std::string& session, const std::string& job, co
 
 Status Cache::ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
                               uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
-                              uint64_t* file_size) {
+                              ObjectId* id) {
   std::string key;
   const ObjectRoot* root = ObjectRootOf(path, &key);
   if (!root) return Status::NotFound(path + " is not under an object storage root");
@@ -146,27 +146,44 @@ Status Cache::ReadObjectRange(const std::string& session, const std::string& job
     Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
     if (!s.ok()) return s;
   }
-  ObjectId obj;
-  Status s = root->store->Stat(key, &obj);
-  if (!s.ok()) return s;
-  if (!obj.exists) return Status::NotFound(root->store->Url(key) + " does not exist");
+  const std::string url = root->store->Url(key);
+  // Pinned: the load saw this identity at its first range; no look now,
+  // the read itself (If-Match) tells whether the object is still that one.
+  const bool pinned = !id->etag.empty();
+  ObjectId obj = *id;
+  obj.exists = true;
+  if (!pinned) {
+    Status s = root->store->Stat(key, &obj);
+    if (!s.ok()) return s;
+    if (!obj.exists) return Status::NotFound(url + " does not exist");
+  }
   if (offset > obj.size || length > obj.size - offset)
     return Status::FromCode(Status::Code::kOutOfRange, "bytes " + std::to_string(offset) + "+" +
-                                                           std::to_string(length) + " lie past the end of " +
-                                                           root->store->Url(key) + " (" +
-                                                           std::to_string(obj.size) + " bytes)");
-  *file_size = obj.size;
-  if (length == 0) return Status::OK();
-  if (!into) {
-    data->resize(length);
-    into = reinterpret_cast<unsigned char*>(&(*data)[0]);
+                                                           std::to_string(length) + " lie past the end of " + url +
+                                                           " (" + std::to_string(obj.size) + " bytes)");
+  Status s;
+  if (length > 0) {
+    if (!into) {
+      data->resize(length);
+      into = reinterpret_cast<unsigned char*>(&(*data)[0]);
+    }
+    s = root->store->Read(key, offset, length, reinterpret_cast<char*>(into), obj.etag);
   }
-  s = root->store->Read(key, offset, length, reinterpret_cast<char*>(into), obj.etag);
-  if (s.ok()) {
+  if (pinned && (s.code() == Status::Code::kFailedPrecondition || s.code() == Status::Code::kNotFound ||
+                 s.code() == Status::Code::kOutOfRange)) {
+    // 412 (another ETag), 404 (deleted), or a range the object no longer
+    // has: not the object this load began reading.
+    return Status::FailedPrecondition(url + " was " + (s.code() == Status::Code::kNotFound ? "deleted" : "replaced") +
+                                      " on object storage since this load began (it read ETag " + obj.etag + ", " +
+                                      std::to_string(obj.size) + " bytes): " + s.message());
+  }
+  if (!s.ok()) return s;
+  *id = obj;
+  if (length > 0) {
     MutexLock lock(&mu_);
     ++object_ranges_read_;
   }
-  return s;
+  return Status::OK();
 }
 
 Status Cache::DeleteObject(const std::string& session, const std::string& job, const std::string& path) {

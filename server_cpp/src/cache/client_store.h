@@ -26,6 +26,7 @@
 #include "cache/record.h"
 #include "common/clock.h"
 #include "common/status.h"
+#include "storage/object_store.h"  // ObjectId
 
 namespace tce {
 
@@ -138,11 +139,16 @@ class ClientStore {
   virtual bool IsObjectPath(const std::string& path) const = 0;
   virtual Status FetchObject(const std::string& session, const std::string& job, const std::string& path) = 0;
   // Bytes [offset, offset + length) of the object at `path` (under an object
-  // root), into `into` when given, else into `data`; `file_size` gets the
-  // object's size. NOT_FOUND: no such object; OUT_OF_RANGE: past its end.
+  // root), into `into` when given, else into `data`. `*id`: on entry, the
+  // identity the caller pinned (etag and size; an empty etag: none), read
+  // only while the object is still that one, with no look at it first;
+  // FAILED_PRECONDITION, naming the object, when it was replaced or deleted
+  // since. With none pinned, the object is looked up first. On success,
+  // `*id` is the identity the bytes came from. NOT_FOUND: no such object;
+  // OUT_OF_RANGE: past its end.
   virtual Status ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
                                  uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
-                                 uint64_t* file_size) = 0;
+                                 ObjectId* id) = 0;
   // Deletes the object at `path` (under an object root) from storage; absent: OK.
   virtual Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) = 0;
 

@@ -47,6 +47,20 @@ Status SecondsMs(const char* field, double seconds, int64_t* ms) {
   return Status::OK();
 }
 
+// The object identity a ranged read pins: an ETag as S3 gives one (1 to
+// 256 visible ASCII characters, no quotes), its size only with it.
+Status ExpectedObject(const v1::ReadRangeRequest& r) {
+  const std::string& etag = r.expect_etag();
+  if (etag.empty()) {
+    return r.expect_size() == 0 ? Status::OK()
+                                : Status::InvalidArgument("expect_size: given without expect_etag");
+  }
+  const bool visible = std::all_of(etag.begin(), etag.end(), [](char c) { return c > 0x20 && c < 0x7f && c != '"'; });
+  if (etag.size() > 256 || !visible)
+    return Status::InvalidArgument("expect_etag: not an ETag (1 to 256 visible ASCII characters, no quotes)");
+  return Status::OK();
+}
+
 constexpr size_t kMaxGrantIds = 1024;
 constexpr size_t kMaxFollowSources = 64;
 
@@ -110,7 +124,7 @@ Status CheckRequest(const v1::LookupRequest& r) {
 
 Status CheckRequest(const v1::ReadRangeRequest& r) {
   return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
-               [&] { return ValidatePath(r.path()); });
+               [&] { return ValidatePath(r.path()); }, [&] { return ExpectedObject(r); });
 }
 
 Status CheckRequest(const v1::ReleaseRequest& r) {

@@ -148,19 +148,25 @@ grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRan
     s = ranges_ ? ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into, wait)
                 : tce::Status::NotFound(req->path() + " is not in memory here");
   }
+  ObjectId object_id;  // read from the bucket: the object's identity
   if (s.code() == tce::Status::Code::kNotFound && object) {
     // Neither here nor in the ring: the range from the bucket (only the
-    // range moves, as from a peer).
+    // range moves, as from a peer); with the identity the load pinned, no
+    // look at the object first.
     tce::Status admitted = slot.held() ? tce::Status::OK() : AdmitPeerCall(req->session(), &slot);
+    object_id.etag = req->expect_etag();
+    object_id.size = req->expect_size();
     s = admitted.ok() ? cache_->ReadObjectRange(req->session(), req->job(), req->path(), req->offset(),
-                                                req->length(), &r.data, into, &r.file_size)
+                                                req->length(), &r.data, into, &object_id)
                       : admitted;
     r.source = v1::RANGE_SOURCE_STORAGE;
+    r.file_size = object_id.size;
   }
   if (!s.ok()) return ToGrpc(s);
   *resp->mutable_data() = std::move(r.data);
   resp->set_source(r.source);
   resp->set_file_size(r.file_size);
+  resp->set_etag(object_id.etag);
   return grpc::Status::OK;
 }
 
