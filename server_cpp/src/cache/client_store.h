@@ -26,7 +26,7 @@
 #include "cache/record.h"
 #include "common/clock.h"
 #include "common/status.h"
-#include "storage/object_store.h"  // ObjectId
+#include "storage/identity.h"  // ObjectId
 
 namespace tce {
 
