@@ -94,24 +94,32 @@ def test_bench_json(tmp_path):
 
 
 @pytest.mark.s3
-def test_bench_s3_boto3_half(tmp_path):
-    """`tce bench --s3 --skip tce`: boto3's upload and download against
-    moto, the bench's own, every download checked against the source."""
+def test_bench_s3_times_both_clients_in_rounds(tmp_path):
+    """`tce bench --s3`: boto3 (defaults, and with CRC-32 checked) and TCE
+    against moto, the bench's own, every download and load checked against
+    the source; `--skip tce` leaves TCE's half out."""
     from tce.tools import _moto
     try:
         _moto.require("tce bench --s3")
     except _moto.MissingDependency as e:
         pytest.skip(str(e))
-    p = _tce("bench", "--s3", "--size", "16MiB", "--repeats", "2", "--skip", "tce",
-             "--dir", str(tmp_path), "--json")
+    p = _tce("bench", "--s3", "--size", "16MiB", "--repeats", "2", "--dir", str(tmp_path), "--json")
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
     assert res["bytes"] == 16 << 20 and res["repeats"] == 2
-    for key in ("boto3_upload", "boto3_download"):
+    for key in ("boto3_upload", "boto3_crc32_upload", "boto3_download", "tce_save", "tce_persist",
+                "tce_durable", "tce_cold_load"):
         assert 0 < res[f"{key}_min_s"] <= res[f"{key}_s"] <= res[f"{key}_max_s"], key
         assert res[f"{key}_GBps"] > 0, key
-    assert not any(k.startswith("tce_") for k in res) and "error" not in res
+    for ratio in ("tce_upload_vs_boto3", "tce_upload_vs_boto3_crc32", "tce_download_vs_boto3"):
+        assert res[ratio] > 0, ratio
+    assert res["tce_file_bytes"] >= 16 << 20 and "error" not in res
     assert os.listdir(tmp_path) == []  # the bench cleans up after itself
+    p = _tce("bench", "--s3", "--size", "16MiB", "--repeats", "1", "--skip", "tce",
+             "--dir", str(tmp_path), "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert "boto3_upload_s" in res and not any(k.startswith("tce_") for k in res) and "error" not in res
     p = _tce("bench", "--s3", "--skip", "torch")
     assert p.returncode != 0 and "--skip takes boto3, tce, not torch" in p.stderr
 

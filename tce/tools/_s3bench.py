@@ -87,29 +87,28 @@ def _touch(t: torch.Tensor) -> None:
     flat[n:].sum()
 
 
-def _boto3(s3: Any, src: str, digest: str, directory: str, nbytes: int,
-           repeats: int) -> dict[str, Any]:
+def _boto3_upload(s3: Any, src: str, key: str, crc32: bool) -> float:
+    """One ``upload_file`` (``TransferConfig`` defaults; with ``crc32``,
+    ``ChecksumAlgorithm=CRC32``, the checks TCE has S3 make); its seconds."""
     from boto3.s3.transfer import TransferConfig
 
-    res: dict[str, Any] = {}
-    config = TransferConfig()
+    extra = {"ChecksumAlgorithm": "CRC32"} if crc32 else None
+    t0 = time.perf_counter()
+    s3.upload_file(src, BUCKET, key, Config=TransferConfig(), ExtraArgs=extra)
+    return time.perf_counter() - t0
+
+
+def _boto3_download(s3: Any, key: str, digest: str, directory: str) -> float:
+    from boto3.s3.transfer import TransferConfig
+
     dst = os.path.join(directory, "boto3-download.bin")
-    key = "boto3/x.bin"
-    up, down = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        s3.upload_file(src, BUCKET, key, Config=config)
-        up.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        s3.download_file(BUCKET, key, dst, Config=config)
-        down.append(time.perf_counter() - t0)
-        if _sha256_file(dst) != digest:
-            raise RuntimeError("tce bench --s3: boto3's download differs from what it uploaded")
-        os.unlink(dst)
-    s3.delete_object(Bucket=BUCKET, Key=key)
-    _stats(res, "boto3_upload", up, nbytes)
-    _stats(res, "boto3_download", down, nbytes)
-    return res
+    t0 = time.perf_counter()
+    s3.download_file(BUCKET, key, dst, Config=TransferConfig())
+    took = time.perf_counter() - t0
+    if _sha256_file(dst) != digest:
+        raise RuntimeError("tce bench --s3: boto3's download differs from what it uploaded")
+    os.unlink(dst)
+    return took
 
 
 def _server(root: str, moto: _moto.MotoServer, budget: int, extra: list[str]) -> LocalServer:
@@ -126,59 +125,101 @@ def _s3_object_bytes(s3: Any) -> int:
     return max((int(o["Size"]) for o in listing.get("Contents", [])), default=0)
 
 
-def _tce(s3: Any, moto: _moto.MotoServer, data: torch.Tensor, digest: str, directory: str,
-         repeats: int, server_args: list[str]) -> dict[str, Any]:
+def _tce_upload(data: torch.Tensor, path: str) -> tuple[float, float]:
+    """``tce.save`` of the tensor, then ``tce.wait`` until durable in S3:
+    (the save's seconds, the wait's)."""
+    t0 = time.perf_counter()
+    tce.save({"x": data}, path)
+    t1 = time.perf_counter()
+    tce.wait([path], timeout=3600)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def _uploads(s3: Any, moto: _moto.MotoServer, src: str, data: torch.Tensor, directory: str,
+             repeats: int, clients: tuple[str, ...], server_args: list[str]) -> dict[str, Any]:
+    """The uploads of every client, in rounds: one unmeasured upload each
+    first (connections, moto's first multipart), then `repeats` rounds, the
+    clients' order reversed every other round, each object deleted after
+    its round, so no client meets a moto the others left fuller."""
     res: dict[str, Any] = {}
     nbytes = data.numel()
     root = os.path.join(directory, "ckpt")
-    os.makedirs(root)
+    os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "x.pt")
-    budget = 3 * nbytes + (256 << 20)
-    save, persist, durable = [], [], []
-    server = _server(root, moto, budget, server_args)
+    times: dict[str, list[float]] = {k: [] for k in ("boto3_upload", "boto3_crc32_upload", "tce_save",
+                                                       "tce_persist", "tce_durable")}
+    server = _server(root, moto, 3 * nbytes + (256 << 20), server_args) if "tce" in clients else None
     try:
-        with client.override(socket=server.socket, on_unavailable="raise"):
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                tce.save({"x": data}, path)
-                t1 = time.perf_counter()
-                tce.wait([path], timeout=3600)
-                t2 = time.perf_counter()
-                save.append(t1 - t0)
-                persist.append(t2 - t1)
-                durable.append(t2 - t0)
-            res["tce_file_bytes"] = int(next(f.size for f in client.files("") if f.path == path))
-            api.close()
-    finally:
-        server.stop()
-        server.cleanup()
-    stored = _s3_object_bytes(s3)
-    if stored < nbytes:
-        raise RuntimeError(f"tce bench --s3: after tce.wait the bucket holds no object of "
-                           f"{nbytes} bytes under {PREFIX}/ (largest: {stored})")
-    if os.path.exists(path):
-        raise RuntimeError(f"tce bench --s3: {path} exists on local disk: the root is not in S3")
-    _stats(res, "tce_save", save, nbytes)
-    _stats(res, "tce_persist", persist, nbytes)
-    _stats(res, "tce_durable", durable, nbytes)
-
-    cold = []
-    for _ in range(repeats):  # each with a new server: nothing cached, no metadata
-        server = _server(root, moto, budget, server_args)
-        try:
-            with client.override(socket=server.socket, on_unavailable="raise"):
-                t0 = time.perf_counter()
-                loaded = tce.load(path, weights_only=True)
-                _touch(loaded["x"])
-                cold.append(time.perf_counter() - t0)
-                if _sha256_tensor(loaded["x"]) != digest:
-                    raise RuntimeError("tce bench --s3: the cold load differs from what was saved")
-                del loaded
+        with contextlib.ExitStack() as stack:
+            if server is not None:
+                stack.enter_context(client.override(socket=server.socket, on_unavailable="raise"))
+            for round_ in range(repeats + 1):
+                order = list(clients) if round_ % 2 else list(reversed(clients))
+                for who in order:
+                    if who == "tce":
+                        save, persist = _tce_upload(data, path)
+                        if round_:
+                            times["tce_save"].append(save)
+                            times["tce_persist"].append(persist)
+                            times["tce_durable"].append(save + persist)
+                        stored = _s3_object_bytes(s3)
+                        if stored < nbytes:
+                            raise RuntimeError(f"tce bench --s3: after tce.wait the bucket holds no object of "
+                                               f"{nbytes} bytes under {PREFIX}/ (largest: {stored})")
+                        if os.path.exists(path):
+                            raise RuntimeError(f"tce bench --s3: {path} exists on local disk: the root is not in S3")
+                        if round_ < repeats:  # the last one stays, for the loads
+                            client.delete_object(path)
+                    else:
+                        crc32 = who == "boto3_crc32"
+                        took = _boto3_upload(s3, src, f"boto3/{who}.bin", crc32)
+                        if round_:
+                            times[f"{who}_upload"].append(took)
+                        if round_ < repeats or crc32:
+                            s3.delete_object(Bucket=BUCKET, Key=f"boto3/{who}.bin")
+            if server is not None:
+                res["tce_file_bytes"] = int(next(f.size for f in client.files("") if f.path == path))
                 api.close()
-        finally:
+    finally:
+        if server is not None:
             server.stop()
             server.cleanup()
-    _stats(res, "tce_cold_load", cold, nbytes)
+    for key, seconds in times.items():
+        if seconds:
+            _stats(res, key, seconds, nbytes)
+    return res
+
+
+def _downloads(s3: Any, moto: _moto.MotoServer, digest: str, directory: str, nbytes: int, repeats: int,
+               clients: tuple[str, ...], server_args: list[str]) -> dict[str, Any]:
+    """boto3's ``download_file`` and TCE's cold load (each with a new server:
+    nothing cached, no metadata; every byte read and checked), in rounds."""
+    res: dict[str, Any] = {}
+    path = os.path.join(directory, "ckpt", "x.pt")
+    times: dict[str, list[float]] = {"boto3_download": [], "tce_cold_load": []}
+    for round_ in range(repeats):
+        order = list(clients) if round_ % 2 else list(reversed(clients))
+        for who in order:
+            if who == "boto3":
+                times["boto3_download"].append(_boto3_download(s3, "boto3/boto3.bin", digest, directory))
+            elif who == "tce":
+                server = _server(os.path.dirname(path), moto, 3 * nbytes + (256 << 20), server_args)
+                try:
+                    with client.override(socket=server.socket, on_unavailable="raise"):
+                        t0 = time.perf_counter()
+                        loaded = tce.load(path, weights_only=True)
+                        _touch(loaded["x"])
+                        times["tce_cold_load"].append(time.perf_counter() - t0)
+                        if _sha256_tensor(loaded["x"]) != digest:
+                            raise RuntimeError("tce bench --s3: the cold load differs from what was saved")
+                        del loaded
+                        api.close()
+                finally:
+                    server.stop()
+                    server.cleanup()
+    for key, seconds in times.items():
+        if seconds:
+            _stats(res, key, seconds, nbytes)
     return res
 
 
@@ -193,19 +234,21 @@ def run(size: int, *, repeats: int, directory: str, skip: tuple[str, ...] = (),
     digest = _sha256_tensor(data)
     src = os.path.join(directory, "source.bin")
     data.numpy().tofile(src)
-    with _moto.MotoServer(log_path=os.path.join(directory, "moto.log")) as moto:
+    clients = tuple(c for c in ("boto3", "boto3_crc32", "tce")
+                    if c.split("_")[0] not in skip)
+    # moto spools what it keeps to temp files: into the run's directory
+    # (tmpfs by default), so neither client waits on a disk.
+    with _moto.MotoServer(log_path=os.path.join(directory, "moto.log"), env={"TMPDIR": directory}) as moto:
         res["endpoint"] = moto.endpoint
         moto.make_bucket(BUCKET)
         s3 = moto.boto3()
         try:
-            if "boto3" not in skip:
-                with _part("boto3"):
-                    res.update(_boto3(s3, src, digest, directory, nbytes, repeats))
+            with _part("uploads"):
+                res.update(_uploads(s3, moto, src, data, directory, repeats, clients, list(server_args or ())))
             os.unlink(src)
-            if "tce" not in skip:
-                with _part("tce"):
-                    res.update(_tce(s3, moto, data, digest, directory, repeats,
-                                    list(server_args or ())))
+            with _part("downloads"):
+                res.update(_downloads(s3, moto, digest, directory, nbytes, repeats,
+                                      tuple(c for c in clients if c != "boto3_crc32"), list(server_args or ())))
         except Exception as e:
             res["error"] = f"{type(e).__name__}: {e}"
             tail = moto.log()[-2000:]
@@ -213,6 +256,8 @@ def run(size: int, *, repeats: int, directory: str, skip: tuple[str, ...] = (),
     if "boto3_upload_s" in res and "tce_persist_s" in res:
         res["tce_upload_vs_boto3"] = res["boto3_upload_s"] / res["tce_persist_s"]
         res["tce_durable_vs_boto3_upload"] = res["boto3_upload_s"] / res["tce_durable_s"]
+    if "boto3_crc32_upload_s" in res and "tce_persist_s" in res:
+        res["tce_upload_vs_boto3_crc32"] = res["boto3_crc32_upload_s"] / res["tce_persist_s"]
     if "boto3_download_s" in res and "tce_cold_load_s" in res:
         res["tce_download_vs_boto3"] = res["boto3_download_s"] / res["tce_cold_load_s"]
     return res
@@ -225,9 +270,11 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 
     out = [
         ("upload", "boto3 upload_file (defaults)", "boto3_upload", ""),
+        ("upload", "boto3 upload_file, CRC-32 checked", "boto3_crc32_upload", ""),
         ("upload", "tce.save (into the cache)", "tce_save", ""),
         ("upload", "tce: save's return -> durable in S3", "tce_persist",
-         vs("tce_upload_vs_boto3", "upload_file")),
+         ", ".join(x for x in (vs("tce_upload_vs_boto3", "upload_file"),
+                               vs("tce_upload_vs_boto3_crc32", "CRC-32")) if x)),
         ("upload", "tce.save + wait (durable in S3)", "tce_durable",
          vs("tce_durable_vs_boto3_upload", "upload_file")),
         ("download", "boto3 download_file (defaults)", "boto3_download", ""),
