@@ -39,21 +39,37 @@ class Ring:
     def __init__(self, tmp_path, nodes, bucket: str, proxy: FaultProxy) -> None:
         self.root = str(tmp_path / "ckpt")  # an object root: never a directory
         self.bucket, self.job = bucket, f"s3n-{uuid.uuid4().hex[:8]}"
-        self.servers = []
-        for i, name in enumerate(nodes.names):
-            state = tmp_path / f"node{i}"
-            state.mkdir()
-            self.servers.append(LocalServer(
-                memory_budget="256MiB", socket_path=str(state / "tce.sock"), netns=name,
-                storage_roots=[f"{self.root}=s3://{bucket}/run1"],
-                extra_args=["--peer-listen", f"{nodes.addresses[i]}:7070", "--peer-token", TOKEN,
-                            "--peer-timeout-ms", "5000", "--metadata-url", "none",
-                            "--s3-endpoint", proxy.endpoint, "--s3-path-style", "true",
-                            "--s3-backoff-ms", "10", "--persist-backoff-ms", "10"],
-                env={**os.environ, **credentials_env()}).start())
-        endpoints = [self.status(i)["peer_endpoint"] for i in range(len(self.servers))]
+        self.tmp_path, self.nodes, self.proxy = tmp_path, nodes, proxy
+        self.servers = [self._start(i) for i in range(len(nodes.names))]
+        self.endpoints = [self.status(i)["peer_endpoint"] for i in range(len(self.servers))]
         for i in range(len(self.servers)):
-            self.call(i, lambda i=i: _service.client().set_ring(self.job, i, endpoints))
+            self.join(i)
+
+    def _start(self, i: int) -> LocalServer:
+        state = self.tmp_path / f"node{i}"
+        state.mkdir(exist_ok=True)
+        return LocalServer(
+            memory_budget="256MiB", socket_path=str(state / "tce.sock"), netns=self.nodes.names[i],
+            storage_roots=[f"{self.root}=s3://{self.bucket}/run1"],
+            extra_args=["--peer-listen", f"{self.nodes.addresses[i]}:7070", "--peer-token", TOKEN,
+                        "--peer-timeout-ms", "5000", "--metadata-url", "none",
+                        "--s3-endpoint", self.proxy.endpoint, "--s3-path-style", "true",
+                        "--s3-backoff-ms", "10", "--persist-backoff-ms", "10"],
+            env={**os.environ, **credentials_env()}).start()
+
+    def join(self, i: int) -> None:
+        """Tells node i's server the job's ring (as tce.join_ring does)."""
+        self.call(i, lambda: _service.client().set_ring(self.job, i, self.endpoints))
+
+    def kill(self, i: int) -> None:
+        self.servers[i].proc.send_signal(signal.SIGKILL)
+        self.servers[i].proc.wait()
+
+    def restart(self, i: int) -> None:
+        """Node i's server again, empty, on the same endpoint, told the ring."""
+        self.servers[i].cleanup()
+        self.servers[i] = self._start(i)
+        self.join(i)
 
     def call(self, i: int, fn):
         with _knobs.override(socket=self.servers[i].socket, job=self.job, on_unavailable="raise"):
@@ -99,7 +115,7 @@ class Ring:
 def ring(tmp_path, nodes2, moto, s3_bucket):
     with FaultProxy(moto.endpoint, host=nodes2.host_address()) as proxy:
         r = Ring(tmp_path, nodes2, s3_bucket, proxy)
-        r.proxy, r.s3 = proxy, moto.boto3()
+        r.s3 = moto.boto3()
         try:
             yield r
         finally:
@@ -146,8 +162,7 @@ def test_a_marker_whose_tag_lost_a_file_on_another_node_never_reaches_the_bucket
     r.proxy.hold(lambda q: q.kind == "PutObject" and q.path.endswith("/step1/shard1.pt"))
     size1 = r.save(1, "step1/shard1.pt", rank=1)
     r.proxy.wait_held(1, timeout=60)
-    r.servers[1].proc.send_signal(signal.SIGKILL)  # node 1 dies with its file only in memory
-    r.servers[1].proc.wait()
+    r.kill(1)  # node 1 dies with its file only in memory
     r.proxy.drop_held()
     size0 = r.save(0, "step1/shard0.pt", rank=0)
     r.call(0, lambda: tce.wait([r.path("step1/shard0.pt")]))
@@ -157,3 +172,27 @@ def test_a_marker_whose_tag_lost_a_file_on_another_node_never_reaches_the_bucket
     assert int(r.status(0)["held_markers"]) == 1
     info = r.call(0, lambda: client.lookup(r.path("latest")))
     assert info.state in (pb.FILE_STATE_CACHED, pb.FILE_STATE_BACKED_UP)
+
+
+def test_a_file_a_killed_node_never_uploaded_is_uploaded_once_the_ring_gives_it_back(ring):
+    """Node 0 dies while its file is on its way to the bucket (the upload
+    held, then cut): nothing of it is in the bucket. Restarted empty on the
+    same endpoint, node 0 gets the file back from node 1's copy and uploads
+    it: the object then holds exactly the bytes that were saved."""
+    r = ring
+    r.proxy.hold(lambda q: q.kind == "PutObject" and q.path.endswith("/step1/shard0.pt"))
+    size = r.save(0, "step1/shard0.pt", rank=0)
+    saved = r.call(0, lambda: bytes(client.open_mapping(r.path("step1/shard0.pt"))[:size]))
+    until(lambda: int(r.status(1)["held_backups"]) == 1, what="node 1 to hold node 0's copy")
+    r.proxy.wait_held(1, timeout=60)
+    r.kill(0)
+    r.proxy.drop_held()
+    r.proxy.release()
+    assert not _exists(r, "step1/shard0.pt")
+    r.restart(0)
+    listed = r.call(0, lambda: [f.path for f in client.files(r.job, wait_for_restore=True)])
+    assert listed == [r.path("step1/shard0.pt")]  # back from node 1's copy
+    r.call(0, lambda: tce.wait([r.path("step1/shard0.pt")], timeout=120))
+    body = r.s3.get_object(Bucket=r.bucket, Key="run1/step1/shard0.pt")["Body"].read()
+    assert body == saved
+    assert int(r.status(0)["recovered_files"]) == 1
