@@ -385,6 +385,17 @@ def delete_object(path: str | os.PathLike, *, job: str | None = None) -> None:
     _objects.delete(norm(path), job_or_default(job))
 
 
+def stored_files(directory: str | os.PathLike, *, job: str | None = None) -> list[tuple[str, int]]:
+    """``(path, size)`` of each file object storage holds under
+    ``directory`` (under an object root), by path: what a job restarted on
+    empty nodes finds there.
+
+    Raises:
+        InvalidArgumentError: ``directory`` is not under an object root.
+    """
+    return _objects.stored(norm(directory), job_or_default(job))
+
+
 def read_bytes(path: str | os.PathLike, *, job: str | None = None) -> bytes | None:
     """The bytes of a (small) file through the cache: under an object root,
     fetched from the bucket on a miss. None when there is none."""

@@ -26,6 +26,7 @@ from tce import api, client
 from tce.core import _knobs
 from tce.tools._moto import credentials_env
 from tce.tools._server import LocalServer
+from tce.errors import InvalidArgumentError
 from tce.v1 import tce_pb2 as pb
 from helpers import until
 from s3_helpers import FaultProxy  # noqa: F401 (the type the proxy fixture gives)
@@ -138,6 +139,20 @@ def test_a_saved_file_is_persisted_as_an_object_holding_its_bytes(node, s3, buck
     out = torch.load(io.BytesIO(data), weights_only=True)  # an ordinary torch.save file
     assert torch.equal(out["w"], obj["w"]) and out["step"] == 3
     assert not os.path.exists(node.root)  # nothing on the local filesystem
+
+
+def test_stored_files_lists_what_the_bucket_holds_under_a_directory(node, s3, bucket):
+    """What a job restarted on empty nodes finds: the bucket's files under a
+    directory, with their sizes, whatever this server's cache and metadata
+    know; a directory outside the object roots is refused."""
+    s3.put_object(Bucket=bucket, Key=node.key("step7/a.pt"), Body=b"a" * 10)
+    s3.put_object(Bucket=bucket, Key=node.key("step7/sub/b.pt"), Body=b"b" * 3)
+    s3.put_object(Bucket=bucket, Key=node.key("step70/c.pt"), Body=b"c")  # another directory
+    assert client.stored_files(node.path("step7")) == [(node.path("step7/a.pt"), 10),
+                                                       (node.path("step7/sub/b.pt"), 3)]
+    assert client.stored_files(node.path("nothing-here")) == []
+    with pytest.raises(InvalidArgumentError, match="is not under an object storage root"):
+        client.stored_files("/not/an/object/root")
 
 
 def test_large_files_go_up_in_parallel_parts_and_come_back_by_ranges(tmp_path, bucket, proxy, s3):
@@ -480,7 +495,13 @@ def test_bad_object_roots_are_refused_at_start(root, why):
 
 
 @pytest.mark.deepspeed
-def test_deepspeed_saves_into_the_bucket_latest_last_and_resumes_from_it_alone(tmp_path, bucket, proxy, s3):
+@pytest.mark.parametrize("restart", ["same-node", "empty-node"])
+def test_deepspeed_saves_into_the_bucket_latest_last_and_resumes_from_it_alone(tmp_path, bucket, proxy, s3,
+                                                                               restart):
+    """Resumed with nothing but the bucket: the same node's server restarted
+    (its metadata knows the tag), or a new one on an empty node (no
+    metadata: the engine reads ``latest`` and lists the tag's files in the
+    bucket)."""
     import shutil
     from test_deepspeed import Run, _same_state
     n = Node(tmp_path, bucket, proxy).start()
@@ -496,6 +517,8 @@ def test_deepspeed_saves_into_the_bucket_latest_last_and_resumes_from_it_alone(t
         assert done.index(f"/{bucket}/{n.key('latest')}") > done.index(model)  # the marker last
         shutil.rmtree(n.root)  # DeepSpeed's own local latest and tag directory: gone
         n.stop()
+        if restart == "empty-node":
+            n.state = str(tmp_path / "empty-node-state")  # no metadata, no upload journal
         n.start()  # nothing cached: every file comes from the bucket
         resumed = Run(1, [*common, "--load"], socket_path=n.server.socket, out=tmp_path / "resumed").wait()
         _same_state(resumed[0]["at_load"], first[0]["saved"][2], "resumed from the bucket:")

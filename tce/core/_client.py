@@ -488,14 +488,15 @@ class Client(VersionCalls):
             "Retry", pb.RetryRequest(session=self.session, job=job, paths=paths)).files)
 
     def list(self, job: str = "", tag: str = "", *, check_storage: bool = False,
-             wait_for_restore: bool = False) -> list[pb.FileInfo]:
+             wait_for_restore: bool = False, storage_dir: str = "") -> list[pb.FileInfo]:
         """The job's files; with ``check_storage``, each cached one is first
         compared with storage, as a load would (docs/semantics.md); with
         ``wait_for_restore``, once the server has pulled the job's files back
         from the ring, if it is doing so (bounded by the server's
-        ``ring_restore_wait_ms``: DeadlineExceededError)."""
+        ``ring_restore_wait_ms``: DeadlineExceededError); with ``storage_dir``
+        (under an object root), the files object storage holds there instead."""
         request = pb.ListRequest(session=self.session, job=job, tag=tag, check_storage=check_storage,
-                                 wait_for_restore=wait_for_restore)
+                                 wait_for_restore=wait_for_restore, storage_dir=storage_dir)
         # A wait for a restore is bounded by the server (ring_restore_wait_ms),
         # which then says what it waited for: no client deadline cuts it short.
         return list(self._call("List", request, timeout=None if wait_for_restore else -1.0).files)

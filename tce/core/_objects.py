@@ -52,6 +52,13 @@ def delete(path: str, job: str) -> None:
             raise
 
 
+def stored(directory: str, job: str) -> list[tuple[str, int]]:
+    """(path, size) of each file object storage holds under ``directory``
+    (under an object root), by path."""
+    files = with_client(lambda c: c.list(job, storage_dir=os.path.abspath(directory)))
+    return sorted((f.path, f.size) for f in files)
+
+
 class ObjectPin:
     """The identity of one object (ETag, size) as one load first read a
     range of it from object storage. The load's later ranges of that file

@@ -318,7 +318,8 @@ def _engine_class():
             return chosen
 
         def _known_tags(self, load_dir: str) -> list[tuple[str, list[tuple[int, str, int]]]]:
-            """Complete tags in ``load_dir``, oldest first."""
+            """Complete tags in ``load_dir``, oldest first; none recorded under an object root (empty
+            nodes): the tag the bucket's ``latest`` names (written last) with the bucket's files of it."""
             try:
                 # A replaced node 0 gets the tags it recorded back from the ring.
                 tags = client.tags(self.job, wait_for_restore=True)
@@ -331,6 +332,12 @@ def _engine_class():
                 prefix = os.path.join(load_dir, t.tag) + os.sep
                 if files and all(p.startswith(prefix) for _, p, _ in files):
                     out.append((t.tag, files))
+            latest = os.path.join(load_dir, "latest")
+            if not out and client.is_object_path(latest):
+                tag = (client.read_bytes(latest, job=self.job) or b"").decode(errors="replace").strip()
+                ok = tag not in ("", ".", "..") and "/" not in tag  # one directory, the tag's
+                files = client.stored_files(os.path.join(load_dir, tag), job=self.job) if ok else []
+                out = [(tag, [(0, p, s) for p, s in files])] if files else []
             return out
 
         def _in_memory(self) -> set[str]:

@@ -232,6 +232,8 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) override
       EXCLUDES(mu_);
+  Status ListStored(const std::string& session, const std::string& job, const std::string& dir,
+                    std::vector<FileInfo>* out) override EXCLUDES(mu_);
   Status ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
                          uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
                          ObjectId* id) override EXCLUDES(mu_);

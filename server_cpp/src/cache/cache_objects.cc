@@ -211,6 +211,32 @@ void Cache::ForgetTag(const std::string& job, const std::string& tag) {
   TCE_LOG(kInfo, "cache") << "forgot tag job=" << job << " tag=" << tag << " (deleted from storage)";
 }
 
+Status Cache::ListStored(const std::string& session, const std::string& job, const std::string& dir,
+                         std::vector<FileInfo>* out) {
+  out->clear();
+  std::string key;  // the key a file in `dir` named "x" would have: its prefix is dir's
+  const ObjectRoot* root = ObjectRootOf(dir + "/x", &key);
+  if (!root) return Status::InvalidArgument(dir + " is not under an object storage root");
+  {
+    MutexLock lock(&mu_);
+    Status s = CheckAccess(session, job, "list " + dir + " for job '" + job + "'");
+    if (!s.ok()) return s;
+  }
+  std::vector<ListedObject> listed;
+  Status s = root->store->List(key.substr(0, key.size() - 1), &listed);
+  if (!s.ok()) return s;
+  for (const ListedObject& o : listed) {
+    if (o.key.compare(0, root->prefix.size(), root->prefix) != 0) continue;
+    FileInfo f;
+    f.job = job;
+    f.path = root->dir + "/" + o.key.substr(root->prefix.size());
+    f.size = o.size;
+    f.state = FileState::kPersisted;
+    out->push_back(std::move(f));
+  }
+  return Status::OK();
+}
+
 bool Cache::MarkerMustWait(const FileKey& key, const FileInfo& f) const {
   if (f.tag.empty() || !IsTagMarker(f.path) || !ObjectRootOf(f.path, nullptr)) return false;
   return LocalTagFilesPending(key, f) || PeersMustConfirm(key, f, nullptr);

@@ -151,6 +151,11 @@ class ClientStore {
                                  ObjectId* id) = 0;
   // Deletes the object at `path` (under an object root) from storage; absent: OK.
   virtual Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) = 0;
+  // The files object storage holds under the directory `dir` (under an
+  // object root), as PERSISTED files of `job` with their sizes, by path.
+  // INVALID_ARGUMENT when `dir` is not under an object root.
+  virtual Status ListStored(const std::string& session, const std::string& job, const std::string& dir,
+                            std::vector<FileInfo>* out) = 0;
 
   // Blocks until every named file is PERSISTED or FAILED (infos in `out`, in
   // order), or `timeout` passes (DEADLINE_EXCEEDED); <= 0 waits forever.

@@ -141,8 +141,9 @@ Status CheckRequest(const v1::RemoveRequest& r) {
 }
 
 Status CheckRequest(const v1::ListRequest& r) {
-  return First([&] { return Session(r.session()); }, [&] { return Job(r.job(), /*allow_empty=*/true); },
-               [&] { return Tag(r.tag()); });
+  return First([&] { return Session(r.session()); },
+               [&] { return Job(r.job(), /*allow_empty=*/r.storage_dir().empty()); }, [&] { return Tag(r.tag()); },
+               [&] { return r.storage_dir().empty() ? Status::OK() : ValidatePath(r.storage_dir(), "storage_dir"); });
 }
 
 Status CheckRequest(const v1::StatusRequest& r) { return Session(r.session()); }

@@ -206,7 +206,9 @@ grpc::Status CacheService::List(grpc::ServerContext* ctx, const v1::ListRequest*
     if (!s.ok()) return ToGrpc(s);
   }
   std::vector<FileInfo> files;
-  tce::Status s = cache_->List(req->session(), req->job(), req->tag(), &files, req->check_storage());
+  tce::Status s = req->storage_dir().empty()
+                      ? cache_->List(req->session(), req->job(), req->tag(), &files, req->check_storage())
+                      : cache_->ListStored(req->session(), req->job(), req->storage_dir(), &files);
   for (const FileInfo& f : files) ToProto(f, resp->add_files());
   return ToGrpc(s);
 }
