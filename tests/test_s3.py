@@ -141,6 +141,36 @@ def test_a_saved_file_is_persisted_as_an_object_holding_its_bytes(node, s3, buck
     assert not os.path.exists(node.root)  # nothing on the local filesystem
 
 
+def test_loads_of_one_object_that_miss_together_read_the_bucket_once(node, s3, bucket):
+    """Two loads of a file no node holds, at once: the server fetches the
+    object once, the second load waits for that fetch (counted in
+    object_fetches_shared) and both get its bytes."""
+    import threading
+    t = torch.arange(64 * 1024, dtype=torch.int32)
+    buf = io.BytesIO()
+    torch.save({"t": t}, buf)
+    s3.put_object(Bucket=bucket, Key=node.key("shared/w.pt"), Body=buf.getvalue())  # another writer's
+    path = node.path("shared/w.pt")
+    node.proxy.hold(lambda q: q.kind == "GetObject" and q.path.endswith("/shared/w.pt"))
+    out: list = [None, None]
+
+    def load(i: int) -> None:  # (client settings are the process's: the node fixture's)
+        out[i] = tce.load(path, weights_only=True)
+
+    first = threading.Thread(target=load, args=(0,))
+    first.start()
+    node.proxy.wait_held(1)  # the first load's fetch is reading the object
+    second = threading.Thread(target=load, args=(1,))
+    second.start()
+    until(lambda: int(api.status()["object_fetches_shared"]) == 1, what="the second load to join the fetch")
+    node.proxy.release()
+    first.join(60)
+    second.join(60)
+    assert torch.equal(out[0]["t"], t) and torch.equal(out[1]["t"], t)
+    gets = [q for q in node.proxy.requests() if q.kind == "GetObject" and q.path.endswith("/shared/w.pt")]
+    assert len(gets) == 1 and int(api.status()["objects_fetched"]) == 1
+
+
 def test_stored_files_lists_what_the_bucket_holds_under_a_directory(node, s3, bucket):
     """What a job restarted on empty nodes finds: the bucket's files under a
     directory, with their sizes, whatever this server's cache and metadata

@@ -403,6 +403,14 @@ class Cache : public PoolBudget,
   // durable (PeersMustConfirm; `remote` gets those files);
   // ReleaseMarkers queues the waiting markers of `job` that may go now.
   bool MarkerMustWait(const FileKey& key, const FileInfo& f) const REQUIRES(mu_);
+  // FetchObject's read of the bucket into a new cached file (one at a time
+  // per file: FetchObject lets other loads of it wait for this one).
+  Status FetchObjectOnce(const ObjectRoot& root, const std::string& key, const std::string& job,
+                         const std::string& path, uid_t uid, gid_t gid) EXCLUDES(mu_);
+  struct Fetching {
+    bool done = false;  // under mu_
+    Status result;
+  };
   bool LocalTagFilesPending(const FileKey& key, const FileInfo& f) const REQUIRES(mu_);
   bool PeersMustConfirm(const FileKey& key, const FileInfo& f, std::vector<std::string>* remote) const
       REQUIRES(mu_);
@@ -425,6 +433,9 @@ class Cache : public PoolBudget,
   std::set<FileKey> waiting_markers_ GUARDED_BY(mu_);
   std::map<FileKey, uint64_t> peers_durable_ GUARDED_BY(mu_);  // marker -> the version the ring confirmed
   uint64_t marker_rounds_ GUARDED_BY(mu_) = 0;
+  std::map<FileKey, std::shared_ptr<Fetching>> fetching_ GUARDED_BY(mu_);  // fetches of objects under way
+  uint64_t fetches_shared_ GUARDED_BY(mu_) = 0;
+  CondVar fetch_cv_;  // a fetch ended
   std::function<void(const std::string&)> tag_listener_;  // set before serving
   uint64_t fetched_objects_ GUARDED_BY(mu_) = 0;
   uint64_t fetched_bytes_ GUARDED_BY(mu_) = 0;

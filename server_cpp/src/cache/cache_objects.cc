@@ -75,6 +75,35 @@ Status Cache::FetchObject(const std::string& session, const std::string& job, co
     s = CheckAccess(session, job, "load " + path + " into job '" + job + "'", /*claim=*/true);
     if (!s.ok()) return s;
   }
+  // One read of the bucket per node: a load that misses while another one
+  // fetches the same file waits for that fetch and shares its outcome.
+  const FileKey fk{job, path};
+  std::shared_ptr<Fetching> mine;
+  {
+    MutexLock lock(&mu_);
+    auto it = fetching_.find(fk);
+    if (it != fetching_.end()) {
+      std::shared_ptr<Fetching> theirs = it->second;
+      ++fetches_shared_;
+      while (!theirs->done) fetch_cv_.Wait(&mu_);
+      return theirs->result;
+    }
+    mine = std::make_shared<Fetching>();
+    fetching_[fk] = mine;
+  }
+  s = FetchObjectOnce(*root, key, job, path, uid, gid);
+  MutexLock lock(&mu_);
+  mine->done = true;
+  mine->result = s;
+  fetching_.erase(fk);
+  fetch_cv_.SignalAll();
+  return s;
+}
+
+Status Cache::FetchObjectOnce(const ObjectRoot& object_root, const std::string& key, const std::string& job,
+                              const std::string& path, uid_t uid, gid_t gid) {
+  const ObjectRoot* root = &object_root;
+  Status s;
   ObjectId obj;
   s = root->store->Stat(key, &obj);
   if (!s.ok()) return s;
@@ -100,7 +129,7 @@ Status Cache::FetchObject(const std::string& session, const std::string& job, co
   const double secs = took.Seconds();
   MutexLock lock(&mu_);
   reserved_ -= mem->capacity();
-  FileKey fk{job, path};
+  const FileKey fk{job, path};
   auto it = files_.find(fk);
   if (it != files_.end() && it->second.buffer_id != 0) {  // saved or fetched meanwhile: that one stays
     lock.Unlock();

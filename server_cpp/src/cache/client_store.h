@@ -59,7 +59,7 @@ struct CacheStats {
   uint64_t replica_files = 0, version_ranges_served = 0;  // followed versions (docs/weights.md)
   std::vector<std::string> object_roots;  // "DIR=URL"
   uint64_t objects_fetched = 0, object_bytes_fetched = 0, object_retries = 0, object_ranges_read = 0;
-  uint64_t held_markers = 0, marker_rounds = 0;
+  uint64_t held_markers = 0, marker_rounds = 0, object_fetches_shared = 0;
   uint64_t buffers_created = 0, buffers_reused = 0;
   uint64_t persist_queue = 0, persisted_files = 0, persisted_bytes = 0, failed_files = 0;
   uint64_t evicted_files = 0;

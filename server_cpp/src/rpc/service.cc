@@ -251,6 +251,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_object_ranges_read(s.object_ranges_read);
   resp->set_held_markers(s.held_markers);
   resp->set_marker_rounds(s.marker_rounds);
+  resp->set_object_fetches_shared(s.object_fetches_shared);
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
