@@ -26,6 +26,7 @@ p.add_argument("--engine", default="tce",
                     "torch (DeepSpeed's default engine)")
 p.add_argument("--ckpt", required=True)
 p.add_argument("--load", action="store_true", help="load_checkpoint(--ckpt) before training")
+p.add_argument("--load-tag", default="", help="with --load: the tag to load (default: DeepSpeed's choice)")
 p.add_argument("--save-at", default="", help="comma-separated steps to save at")
 p.add_argument("--steps", type=int, default=5)
 p.add_argument("--out", required=True)
@@ -122,7 +123,7 @@ def snapshot() -> dict:
 dump: dict = {"losses": {}, "saved": {}}
 start = 0
 if args.load:
-    path, client_state = engine.load_checkpoint(args.ckpt)
+    path, client_state = engine.load_checkpoint(args.ckpt, tag=args.load_tag or None)
     assert path is not None, "load_checkpoint found nothing"
     dump["loaded_path"] = path
     dump["at_load"] = snapshot()

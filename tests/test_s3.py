@@ -525,33 +525,37 @@ def test_bad_object_roots_are_refused_at_start(root, why):
 
 
 @pytest.mark.deepspeed
-@pytest.mark.parametrize("restart", ["same-node", "empty-node"])
+@pytest.mark.parametrize("restart", ["same-node", "empty-node", "empty-node-older-tag"])
 def test_deepspeed_saves_into_the_bucket_latest_last_and_resumes_from_it_alone(tmp_path, bucket, proxy, s3,
                                                                                restart):
     """Resumed with nothing but the bucket: the same node's server restarted
     (its metadata knows the tag), or a new one on an empty node (no
     metadata: the engine reads ``latest`` and lists the tag's files in the
-    bucket)."""
+    bucket), or one loading an older tag than ``latest`` by name (its files
+    listed, not latest's)."""
     import shutil
     from test_deepspeed import Run, _same_state
     n = Node(tmp_path, bucket, proxy).start()
     try:
         common = ["--stage", "1", "--ckpt", n.root, "--steps", "3"]
-        first = Run(1, [*common, "--save-at", "2", "--wait-persisted"], socket_path=n.server.socket,
+        first = Run(1, [*common, "--save-at", "1,2", "--wait-persisted"], socket_path=n.server.socket,
                     out=tmp_path / "first").wait()
         until(lambda: _exists(s3, bucket, n.key("latest")), what="latest in the bucket")
         assert _object(s3, bucket, n.key("latest")) == b"global_step2"
         done = [r.path for r in proxy.requests()
                 if r.kind in ("PutObject", "CompleteMultipartUpload") and r.status == 200]
         model = f"/{bucket}/{n.key('global_step2/mp_rank_00_model_states.pt')}"
-        assert done.index(f"/{bucket}/{n.key('latest')}") > done.index(model)  # the marker last
+        last_latest = max(i for i, p in enumerate(done) if p == f"/{bucket}/{n.key('latest')}")
+        assert last_latest > done.index(model)  # the marker (naming global_step2) after its tag's files
         shutil.rmtree(n.root)  # DeepSpeed's own local latest and tag directory: gone
         n.stop()
-        if restart == "empty-node":
+        if restart.startswith("empty-node"):
             n.state = str(tmp_path / "empty-node-state")  # no metadata, no upload journal
         n.start()  # nothing cached: every file comes from the bucket
-        resumed = Run(1, [*common, "--load"], socket_path=n.server.socket, out=tmp_path / "resumed").wait()
-        _same_state(resumed[0]["at_load"], first[0]["saved"][2], "resumed from the bucket:")
+        step = 1 if restart == "empty-node-older-tag" else 2
+        load = ["--load", *(["--load-tag", "global_step1"] if step == 1 else [])]
+        resumed = Run(1, [*common, *load], socket_path=n.server.socket, out=tmp_path / "resumed").wait()
+        _same_state(resumed[0]["at_load"], first[0]["saved"][step], "resumed from the bucket:")
         assert resumed[0]["loads"]["cache"] >= 1  # fetched into the cache, then mapped
     finally:
         if n.server.proc.poll() is None:

@@ -240,14 +240,16 @@ def _engine_class():
                 api.wait(paths, timeout=timeout, job=self.job)
 
         # -- which tag to load ---------------------------------------------
-        def learn_tags(self, load_dir: str) -> list[tuple[str, list[tuple[int, str, int]]]]:
+        def learn_tags(self, load_dir: str,
+                       tag: str | None = None) -> list[tuple[str, list[tuple[int, str, int]]]]:
             """The complete tags TCE knows in ``load_dir``, oldest first, as
-            rank 0's server recorded them (collective). Their files count as
-            present for DeepSpeed's file discovery on every rank, wherever
-            they live: a load reads them from this node's cache, the ring or
-            storage."""
+            rank 0's server recorded them (collective); none recorded (empty
+            nodes) under an object root: ``tag`` (the one being loaded) with the
+            files the bucket holds of it. Their files count as present for
+            DeepSpeed's file discovery on every rank, wherever they live: a load
+            reads them from this node's cache, the ring or storage."""
             load_dir = os.path.abspath(load_dir)
-            known = self._known_tags(load_dir) if client.rank() == 0 else None
+            known = self._known_tags(load_dir, tag) if client.rank() == 0 else None
             known = client.broadcast(known) or []
             self._tag_files = {p for _, files in known for _, p, _ in files}
             return known
@@ -269,9 +271,9 @@ def _engine_class():
                 with open(latest_path) as fd:
                     latest = fd.read().strip() or None
             elif client.is_object_path(latest_path):  # in the bucket only
-                latest = (client.read_bytes(latest_path, job=self.job) or b"").decode().strip() or None
+                latest = (client.read_bytes(latest_path, job=self.job) or b"").decode(errors="replace").strip() or None
             rank, world = client.rank(), client.world_size()
-            known = self.learn_tags(load_dir)
+            known = self.learn_tags(load_dir, latest)
             if not known:
                 return None
             in_memory = self._in_memory()  # one call, not one per file
@@ -317,9 +319,8 @@ def _engine_class():
                 _ds_log(message, warning=True)
             return chosen
 
-        def _known_tags(self, load_dir: str) -> list[tuple[str, list[tuple[int, str, int]]]]:
-            """Complete tags in ``load_dir``, oldest first; none recorded under an object root (empty
-            nodes): the tag the bucket's ``latest`` names (written last) with the bucket's files of it."""
+        def _known_tags(self, load_dir: str, tag: str | None) -> list[tuple[str, list[tuple[int, str, int]]]]:
+            """Complete tags in ``load_dir``, oldest first (see learn_tags)."""
             try:
                 # A replaced node 0 gets the tags it recorded back from the ring.
                 tags = client.tags(self.job, wait_for_restore=True)
@@ -332,11 +333,10 @@ def _engine_class():
                 prefix = os.path.join(load_dir, t.tag) + os.sep
                 if files and all(p.startswith(prefix) for _, p, _ in files):
                     out.append((t.tag, files))
-            latest = os.path.join(load_dir, "latest")
-            if not out and client.is_object_path(latest):
-                tag = (client.read_bytes(latest, job=self.job) or b"").decode(errors="replace").strip()
-                ok = tag not in ("", ".", "..") and "/" not in tag  # one directory, the tag's
-                files = client.stored_files(os.path.join(load_dir, tag), job=self.job) if ok else []
+            one_dir = tag not in (None, "", ".", "..") and "/" not in tag  # the bucket's bytes: checked
+            tag_dir = os.path.join(load_dir, tag or ".")
+            if not out and one_dir and client.is_object_path(tag_dir):
+                files = client.stored_files(tag_dir, job=self.job)
                 out = [(tag, [(0, p, s) for p, s in files])] if files else []
             return out
 
@@ -439,7 +439,7 @@ def _wrap_load_checkpoint(original):
         if tag is None and not universal:
             tag = engine.resolve_tag(load_dir)
         else:
-            engine.learn_tags(load_dir)  # DeepSpeed's file discovery sees the tag's files
+            engine.learn_tags(load_dir, tag)  # DeepSpeed's file discovery sees the tag's files
         _loading.engine = engine
         try:
             return original(self, load_dir, tag, *args, **kwargs)
