@@ -176,8 +176,8 @@ class Cache : public PoolBudget,
   size_t InMemoryCount(const std::string& job) override EXCLUDES(mu_);
   std::vector<HeldMarker> MarkersAwaitingPeers() override EXCLUDES(mu_);
   void PeersDurable(const FileKey& marker, uint64_t version) override EXCLUDES(mu_);
-  void DurableStates(const std::string& job, const std::vector<std::string>& paths,
-                     std::vector<std::string>* durable, std::vector<std::string>* pending) override EXCLUDES(mu_);
+  std::vector<std::string> DurableOf(const std::string& job, const std::vector<std::string>& paths) override
+      EXCLUDES(mu_);
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
   Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait, uid_t reader,

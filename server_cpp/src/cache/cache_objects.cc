@@ -306,7 +306,6 @@ std::vector<RingStore::HeldMarker> Cache::MarkersAwaitingPeers() {
     HeldMarker m;
     m.key = key;
     m.version = f->second.version;
-    m.tag = f->second.tag;
     if (PeersMustConfirm(key, f->second, &m.remote) && !m.remote.empty()) out.push_back(std::move(m));
   }
   if (!out.empty()) ++marker_rounds_;
@@ -321,19 +320,15 @@ void Cache::PeersDurable(const FileKey& marker, uint64_t version) {
   ReleaseMarkers(marker.first);
 }
 
-void Cache::DurableStates(const std::string& job, const std::vector<std::string>& paths,
-                          std::vector<std::string>* durable, std::vector<std::string>* pending) {
+std::vector<std::string> Cache::DurableOf(const std::string& job, const std::vector<std::string>& paths) {
   MutexLock lock(&mu_);
+  std::vector<std::string> out;
   for (const std::string& path : paths) {
     auto f = files_.find({job, path});
-    if (f == files_.end()) continue;
-    const FileState st = f->second.state;
-    if (st == FileState::kPersisted || st == FileState::kEvicted)
-      durable->push_back(path);
-    else if (st == FileState::kCached || st == FileState::kBackedUp || st == FileState::kPending ||
-             st == FileState::kFailed)
-      pending->push_back(path);
+    if (f != files_.end() && (f->second.state == FileState::kPersisted || f->second.state == FileState::kEvicted))
+      out.push_back(path);
   }
+  return out;
 }
 
 void Cache::ReleaseMarkers(const std::string& job) {

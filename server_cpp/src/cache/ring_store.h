@@ -128,7 +128,6 @@ class RingStore {
   struct HeldMarker {
     FileKey key;
     uint64_t version = 0;
-    std::string tag;
     std::vector<std::string> remote;  // the tag's files that are not this node's
   };
   // The markers whose own node's files are durable and that wait for other
@@ -137,11 +136,9 @@ class RingStore {
   // Every node reported the other files of the marker's tag durable: the
   // marker (that version of it) is uploaded now.
   virtual void PeersDurable(const FileKey& marker, uint64_t version) = 0;
-  // For a ring member's question: which of `paths` (files of `job`) this
-  // node has persisted (PERSISTED, or EVICTED since), and which it holds
-  // not yet persisted. Paths it does not hold are in neither.
-  virtual void DurableStates(const std::string& job, const std::vector<std::string>& paths,
-                             std::vector<std::string>* durable, std::vector<std::string>* pending) = 0;
+  // For a ring member's question: those of `paths` (files of `job`) this
+  // node has persisted (PERSISTED, or EVICTED since).
+  virtual std::vector<std::string> DurableOf(const std::string& job, const std::vector<std::string>& paths) = 0;
 
   // ---- peer reads ----
   // How many committed files of `job` this node holds in memory.

@@ -69,6 +69,8 @@ class PeerServer {
   // The follower whose transfers in flight serve following nodes'
   // ranged reads (pipelined; set before they come, may stay null).
   void SetFollower(VersionFollower* follower) { follower_.store(follower); }
+  // The most paths one PeerDurable may ask about (a bounded answer).
+  static constexpr int kMaxDurablePaths = 10000;
 
  private:
   void AcceptLoop();
@@ -107,7 +109,6 @@ class PeerServer {
   // A ring member's question: which of these files of the job this server
   // has persisted (ring/tag_barrier.h); answers with a PeerDurableReply.
   Status ServeDurable(PeerLink* link, const v1::PeerDurable& req);
-  static constexpr int kMaxDurablePaths = 10000;
 
   const PeerServerOptions options_;
   Transport* const transport_;

@@ -120,11 +120,8 @@ Status PeerServer::ServeDurable(PeerLink* link, const v1::PeerDurable& req) {
     s = Status::InvalidArgument("asked about " + std::to_string(req.paths_size()) + " files (at most " +
                                 std::to_string(kMaxDurablePaths) + ")");
   if (s.ok()) {
-    const std::vector<std::string> paths(req.paths().begin(), req.paths().end());
-    std::vector<std::string> durable, pending;
-    cache_->DurableStates(req.job(), paths, &durable, &pending);
-    for (std::string& p : durable) reply.add_durable(std::move(p));
-    for (std::string& p : pending) reply.add_pending(std::move(p));
+    for (std::string& p : cache_->DurableOf(req.job(), {req.paths().begin(), req.paths().end()}))
+      reply.add_durable(std::move(p));
   } else {
     reply.set_code(static_cast<int>(s.code()));
     reply.set_message(s.message());

@@ -1,15 +1,14 @@
 #include "ring/tag_barrier.h"
 
+#include <algorithm>
 #include <map>
 
 #include "common/logging.h"
 #include "ring/peer_link.h"
+#include "ring/peer_server.h"
 #include "tce/v1/tce.pb.h"
 
 namespace tce {
-namespace {
-constexpr int kMaxPathsPerAsk = 10000;  // PeerServer refuses more (a bounded answer)
-}  // namespace
 
 TagBarrier::TagBarrier(RingStore* cache, TagBarrierOptions options) : cache_(cache), options_(std::move(options)) {}
 
@@ -43,22 +42,24 @@ Status TagBarrier::Ask(const std::string& peer, const std::string& job, const st
                        std::set<std::string>* durable) {
   std::unique_ptr<PeerLink> link;
   Status s = PeerLink::Connect(peer, options_.self, options_.key, options_.io_timeout, &link, options_.breaker);
-  for (size_t at = 0; s.ok() && at < paths.size(); at += kMaxPathsPerAsk) {
+  uid_t uid = 0;
+  const bool owned = cache_->JobUid(job, &uid);
+  const size_t per_ask = PeerServer::kMaxDurablePaths;
+  for (size_t at = 0; s.ok() && at < paths.size(); at += per_ask) {
+    const auto first = paths.begin() + at, last = paths.begin() + std::min(paths.size(), at + per_ask);
     v1::PeerRequest req;
     v1::PeerDurable* d = req.mutable_durable();
     d->set_job(job);
-    for (size_t i = at; i < paths.size() && i < at + kMaxPathsPerAsk; ++i) d->add_paths(paths[i]);
-    uid_t uid = 0;
-    if (cache_->JobUid(job, &uid)) d->set_job_uid(uid);
+    for (auto p = first; p != last; ++p) d->add_paths(*p);
+    if (owned) d->set_job_uid(uid);
     v1::PeerDurableReply reply;
     s = link->Send(req);
     if (s.ok()) s = link->Recv(&reply);
     if (s.ok() && reply.code() != 0)
       s = Status::FromCode(static_cast<Status::Code>(reply.code()), reply.message().substr(0, 1024));
     if (!s.ok()) break;
-    const std::set<std::string> asked(paths.begin() + at, paths.begin() + std::min(paths.size(), at + kMaxPathsPerAsk));
     for (const std::string& p : reply.durable())
-      if (asked.count(p)) durable->insert(p);  // only what was asked: a peer's answer is checked
+      if (std::binary_search(first, last, p)) durable->insert(p);  // only what was asked: a peer's answer is checked
   }
   return s;
 }

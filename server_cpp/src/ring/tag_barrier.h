@@ -45,7 +45,7 @@ class TagBarrier {
 
  private:
   void Loop();
-  // Adds to `durable` those of `paths` (files of `job`) that `peer` has persisted.
+  // Adds to `durable` those of `paths` (files of `job`, sorted) that `peer` has persisted.
   Status Ask(const std::string& peer, const std::string& job, const std::vector<std::string>& paths,
              std::set<std::string>* durable);
 
