@@ -100,14 +100,12 @@ Status Cache::FetchObject(const std::string& session, const std::string& job, co
   return s;
 }
 
-Status Cache::FetchObjectOnce(const ObjectRoot& object_root, const std::string& key, const std::string& job,
+Status Cache::FetchObjectOnce(const ObjectRoot& root, const std::string& key, const std::string& job,
                               const std::string& path, uid_t uid, gid_t gid) {
-  const ObjectRoot* root = &object_root;
-  Status s;
   ObjectId obj;
-  s = root->store->Stat(key, &obj);
+  Status s = root.store->Stat(key, &obj);
   if (!s.ok()) return s;
-  if (!obj.exists) return Status::NotFound(root->store->Url(key) + " does not exist");
+  if (!obj.exists) return Status::NotFound(root.store->Url(key) + " does not exist");
   std::unique_ptr<Buffer> mem;
   s = ReserveRecovery(obj.size, &mem);
   if (!s.ok()) return s;
@@ -120,7 +118,7 @@ Status Cache::FetchObjectOnce(const ObjectRoot& object_root, const std::string& 
   }
   if (fd >= 0) ::close(fd);
   const Stopwatch took(clock_);
-  if (s.ok() && obj.size > 0) s = root->store->Read(key, 0, obj.size, static_cast<char*>(map), obj.etag);
+  if (s.ok() && obj.size > 0) s = root.store->Read(key, 0, obj.size, static_cast<char*>(map), obj.etag);
   if (map != MAP_FAILED) munmap(map, obj.size);
   if (!s.ok()) {
     AbandonRecovery(std::move(mem));
@@ -158,7 +156,7 @@ Status Cache::FetchObjectOnce(const ObjectRoot& object_root, const std::string& 
   ++fetched_objects_;
   fetched_bytes_ += obj.size;
   Note(f, false);
-  TCE_LOG(kInfo, "cache") << "fetched job=" << job << " path=" << path << " from " << root->store->Url(key)
+  TCE_LOG(kInfo, "cache") << "fetched job=" << job << " path=" << path << " from " << root.store->Url(key)
                           << " size=" << obj.size << " seconds=" << secs
                           << " MBps=" << (secs > 0 ? obj.size / secs / 1e6 : 0);
   return Status::OK();

@@ -3,7 +3,6 @@
 #include <set>
 
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -11,8 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <deque>
-#include <system_error>
 #include <thread>
 #include <vector>
 

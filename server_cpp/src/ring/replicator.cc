@@ -23,9 +23,7 @@ namespace {
 constexpr int kRecoverFailuresBeforeLoadsGoOn = 3;
 // Attempts at telling a holder what the owner persisted (PeerPersisted).
 constexpr int kPersistedNoticeAttempts = 5;
-}  // namespace
 
-namespace {
 TagBarrierOptions BarrierOptions(const ReplicatorOptions& o) {
   TagBarrierOptions b;
   b.self = o.self;

@@ -88,7 +88,7 @@ Status OpenObjectStore(const std::string& url, const ObjectStoreOptions& options
                        std::shared_ptr<ObjectStore>* out, std::string* prefix) {
   if (url.compare(0, 7, "file://") == 0) {  // a directory root: file:///abs/dir
     const std::string dir = NormalDir(url.substr(7));
-    if (dir.empty() || dir[0] != '/' || dir.find("/../") != std::string::npos || !options.env)
+    if (dir.empty() || dir[0] != '/' || (dir + "/").find("/../") != std::string::npos || !options.env)
       return Status::InvalidArgument("'" + url + "' is not a directory root (want file:///ABSOLUTE/DIR)");
     prefix->clear();
     *out = std::make_shared<PosixStore>(dir, options);
