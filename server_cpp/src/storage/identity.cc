@@ -77,6 +77,15 @@ StorageCheck CheckEntry(Directory* dir, const std::string& path, const std::stri
   return {};
 }
 
+DiskIdentity IdentityOf(const ObjectId& o) {
+  DiskIdentity d;
+  d.known = true;
+  d.exists = o.exists;
+  d.size = o.exists ? o.size : 0;
+  d.etag = o.exists ? o.etag : "";
+  return d;
+}
+
 StorageCheck CompareObject(const std::string& url, const DiskIdentity& expected, const ObjectId& now) {
   if (!expected.exists && !now.exists) return {};
   if (expected.exists && !now.exists) return {Verdict::kChanged, url + " was deleted from object storage"};

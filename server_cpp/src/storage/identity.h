@@ -44,6 +44,9 @@ struct DiskIdentity {
   std::string etag;  // an object's (object storage roots; `size` is its size)
 };
 
+// What a save or a load records of an object key holding `o`.
+DiskIdentity IdentityOf(const ObjectId& o);
+
 // kSame: the name holds that identity (or still nothing, and its directory
 // is the same directory); kChanged: the user removed or replaced it (a
 // cached copy must not be served, a save not yet persisted is discarded);

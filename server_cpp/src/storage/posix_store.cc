@@ -1,6 +1,5 @@
 #include "storage/posix_store.h"
 
-#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "env/fs_identity.h"
 
 namespace tce {
 namespace {
@@ -109,30 +109,6 @@ bool ValidKey(const std::string& key) {
 }
 
 }  // namespace
-
-// Files are written with the committing client's filesystem identity, so the
-// kernel checks that client's permissions and the files belong to it. Only a
-// root server can (and needs to) switch; fsuid/fsgid are per thread.
-class FsIdentity {
- public:
-  FsIdentity(uid_t uid, gid_t gid) {
-    if (geteuid() != 0 || uid == 0 || uid == static_cast<uid_t>(-1)) return;
-    if (gid != static_cast<gid_t>(-1)) setfsgid(gid);
-    setfsuid(uid);
-    switched_ = true;
-  }
-  ~FsIdentity() {
-    if (!switched_) return;
-    setfsuid(0);
-    setfsgid(0);
-  }
-  bool ok(uid_t uid) const {
-    return !switched_ || static_cast<uid_t>(setfsuid(static_cast<uid_t>(-1))) == uid;
-  }
-
- private:
-  bool switched_ = false;
-};
 
 PosixStore::PosixStore(std::string root, const ObjectStoreOptions& options)
     : root_(std::move(root)), options_(options) {}
