@@ -153,7 +153,12 @@ class Cache : public PoolBudget,
   void StopPersistence() override EXCLUDES(mu_);
 
   // ---- RingStore (cache/ring_store.h) ----
+  bool UnderStorage(const std::string& path) override EXCLUDES(mu_);
+  Status LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) override EXCLUDES(mu_);
+  Status ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) override
+      EXCLUDES(mu_);
   std::vector<std::string> RingPeers(const std::string& job) override EXCLUDES(mu_);
+  std::vector<std::string> RingNodes(const std::string& job) override EXCLUDES(mu_);
   Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) override EXCLUDES(mu_);
   bool JobUid(const std::string& job, uid_t* uid) override EXCLUDES(mu_);
   Status CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
@@ -230,6 +235,8 @@ class Cache : public PoolBudget,
   // the file reached the cache meanwhile (look it up again).
   Status FetchObject(const std::string& session, const std::string& job, const std::string& path) override
       EXCLUDES(mu_);
+  std::vector<JobLoadSplit> LoadSplits(bool admin, uid_t uid) override EXCLUDES(mu_);
+  void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) override { loads_.Note(job, from, bytes); }
   Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) override
       EXCLUDES(mu_);
   Status ListStored(const std::string& session, const std::string& job, const std::string& dir,
@@ -403,10 +410,21 @@ class Cache : public PoolBudget,
   // durable (PeersMustConfirm; `remote` gets those files);
   // ReleaseMarkers queues the waiting markers of `job` that may go now.
   bool MarkerMustWait(const FileKey& key, const FileInfo& f) const REQUIRES(mu_);
-  // FetchObject's read of the bucket into a new cached file (one at a time
-  // per file: FetchObject lets other loads of it wait for this one).
+  // Storage into the cache (cache_fetch.cc): (job, path) read as uid/gid
+  // into a new PERSISTED file, once at a time per file (a second load waits
+  // for the read under way and shares its outcome); from an object root's
+  // store, else from the directory root the file's directory resolves under
+  // (opened beneath it as the user, OpenAsUser); *size: the bytes read.
+  Status FetchStored(const std::string& job, const std::string& path, uid_t uid, gid_t gid, bool for_peer)
+      EXCLUDES(mu_);
   Status FetchObjectOnce(const ObjectRoot& root, const std::string& key, const std::string& job,
-                         const std::string& path, uid_t uid, gid_t gid) EXCLUDES(mu_);
+                         const std::string& path, uid_t uid, gid_t gid, uint64_t* size) EXCLUDES(mu_);
+  Status FetchFileOnce(const std::string& job, const std::string& path, uid_t uid, gid_t gid, uint64_t* size)
+      EXCLUDES(mu_);
+  Status OpenAsUser(const std::string& dir, uid_t uid, gid_t gid, std::unique_ptr<Directory>* d);
+  Status InstallFetched(const std::string& job, const std::string& path, std::unique_ptr<Buffer> mem,
+                        uint64_t size, uid_t uid, gid_t gid, DiskIdentity disk, const std::string& from,
+                        double secs) EXCLUDES(mu_);
   struct Fetching {
     bool done = false;  // under mu_
     Status result;
@@ -437,6 +455,7 @@ class Cache : public PoolBudget,
   uint64_t fetches_shared_ GUARDED_BY(mu_) = 0;
   CondVar fetch_cv_;  // a fetch ended
   std::function<void(const std::string&)> tag_listener_;  // set before serving
+  LoadSplit loads_;
   uint64_t fetched_objects_ GUARDED_BY(mu_) = 0;
   uint64_t fetched_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t object_ranges_read_ GUARDED_BY(mu_) = 0;

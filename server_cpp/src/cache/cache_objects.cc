@@ -1,29 +1,12 @@
 // Cache: files under object storage roots (storage/object_store.h). Their
 // coherence compares an object's identity (ETag and size) where a file's is
 // its inode; a load that misses is served by fetching the object into the
-// cache; and a tag's completeness marker is written only after the tag's
-// other files are durable.
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <cerrno>
-
+// cache (cache_fetch.cc); and a tag's completeness marker is written only
+// after the tag's other files are durable.
 #include "cache/cache.h"
 #include "common/logging.h"
 
 namespace tce {
-namespace {
-
-DiskIdentity FromObject(const ObjectId& o) {
-  DiskIdentity d;
-  d.known = true;
-  d.exists = o.exists;
-  d.size = o.exists ? o.size : 0;
-  d.etag = o.exists ? o.etag : "";
-  return d;
-}
-
-}  // namespace
 
 void Cache::SetObjectRoots(std::shared_ptr<const ObjectRoots> roots) { objects_ = std::move(roots); }
 
@@ -50,7 +33,7 @@ Status Cache::SnapshotObject(const ObjectRoot& root, const std::string& key, con
     NoteStorageFallback(path, s.ToString() + "; the save goes on unchecked");
     return Status::OK();
   }
-  *out = FromObject(now);
+  *out = IdentityOf(now);
   out->seq = seq;
   return Status::OK();
 }
@@ -60,106 +43,6 @@ StorageCheck Cache::CheckObject(const ObjectRoot& root, const std::string& key, 
   Status s = ProbeObject(root, key, &now);
   if (!s.ok()) return {Verdict::kUnavailable, s.ToString()};
   return CompareObject(root.store->Url(key), expected, now);
-}
-
-Status Cache::FetchObject(const std::string& session, const std::string& job, const std::string& path) {
-  std::string key;
-  const ObjectRoot* root = ObjectRootOf(path, &key);
-  if (!root) return Status::NotFound(path + " is not under an object storage root");
-  uid_t uid = 0;
-  gid_t gid = 0;
-  Status s = CallerIds(session, &uid, &gid);
-  if (!s.ok()) return s;
-  {
-    MutexLock lock(&mu_);
-    s = CheckAccess(session, job, "load " + path + " into job '" + job + "'", /*claim=*/true);
-    if (!s.ok()) return s;
-  }
-  // One read of the bucket per node: a load that misses while another one
-  // fetches the same file waits for that fetch and shares its outcome.
-  const FileKey fk{job, path};
-  std::shared_ptr<Fetching> mine;
-  {
-    MutexLock lock(&mu_);
-    auto it = fetching_.find(fk);
-    if (it != fetching_.end()) {
-      std::shared_ptr<Fetching> theirs = it->second;
-      ++fetches_shared_;
-      while (!theirs->done) fetch_cv_.Wait(&mu_);
-      return theirs->result;
-    }
-    mine = std::make_shared<Fetching>();
-    fetching_[fk] = mine;
-  }
-  s = FetchObjectOnce(*root, key, job, path, uid, gid);
-  MutexLock lock(&mu_);
-  mine->done = true;
-  mine->result = s;
-  fetching_.erase(fk);
-  fetch_cv_.SignalAll();
-  return s;
-}
-
-Status Cache::FetchObjectOnce(const ObjectRoot& root, const std::string& key, const std::string& job,
-                              const std::string& path, uid_t uid, gid_t gid) {
-  ObjectId obj;
-  Status s = root.store->Stat(key, &obj);
-  if (!s.ok()) return s;
-  if (!obj.exists) return Status::NotFound(root.store->Url(key) + " does not exist");
-  std::unique_ptr<Buffer> mem;
-  s = ReserveRecovery(obj.size, &mem);
-  if (!s.ok()) return s;
-  int fd = -1;
-  void* map = MAP_FAILED;
-  s = mem->NewFd(/*writable=*/true, &fd);
-  if (s.ok() && obj.size > 0) {
-    map = mmap(nullptr, obj.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) s = Status::FromErrno(errno, "mmap a buffer for " + path);
-  }
-  if (fd >= 0) ::close(fd);
-  const Stopwatch took(clock_);
-  if (s.ok() && obj.size > 0) s = root.store->Read(key, 0, obj.size, static_cast<char*>(map), obj.etag);
-  if (map != MAP_FAILED) munmap(map, obj.size);
-  if (!s.ok()) {
-    AbandonRecovery(std::move(mem));
-    return s;
-  }
-  const double secs = took.Seconds();
-  MutexLock lock(&mu_);
-  reserved_ -= mem->capacity();
-  const FileKey fk{job, path};
-  auto it = files_.find(fk);
-  if (it != files_.end() && it->second.buffer_id != 0) {  // saved or fetched meanwhile: that one stays
-    lock.Unlock();
-    std::unique_ptr<Buffer> unused = std::move(mem);
-    return Status::FailedPrecondition(path + " reached the cache meanwhile");
-  }
-  Buf& buf = Install(std::move(mem));
-  buf.state = BufState::kCached;
-  buf.uid = uid;
-  FileInfo f;
-  f.job = job;
-  f.path = path;
-  f.size = obj.size;
-  f.owner_uid = uid;
-  f.owner_gid = gid;
-  f.buffer_id = buf.id;
-  f.capacity = buf.capacity;
-  f.state = FileState::kPersisted;
-  f.version = next_allocation_id_++;
-  f.created_unix_ns = f.committed_unix_ns = f.persisted_unix_ns = clock_->UnixNowNs();
-  f.disk = FromObject(obj);
-  f.disk.written = true;
-  f.disk.seq = ++disk_seq_;
-  if (it != files_.end()) f.tag = it->second.tag;
-  files_[fk] = f;
-  ++fetched_objects_;
-  fetched_bytes_ += obj.size;
-  Note(f, false);
-  TCE_LOG(kInfo, "cache") << "fetched job=" << job << " path=" << path << " from " << root.store->Url(key)
-                          << " size=" << obj.size << " seconds=" << secs
-                          << " MBps=" << (secs > 0 ? obj.size / secs / 1e6 : 0);
-  return Status::OK();
 }
 
 Status Cache::ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,

@@ -301,7 +301,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   // its metadata says.
   const bool written = f.disk.written || (it != files_.end() && (it->second.state == FileState::kPersisted ||
                                                                 it->second.state == FileState::kEvicted));
-  if (!roots_.empty()) {
+  if (persistence_enabled()) {
     std::string stale;
     if (it != files_.end() && it->second.state == FileState::kDiscarded)
       stale = "its save was discarded here (" + it->second.reason + ")";
@@ -341,8 +341,19 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
 }
 
 StorageCheck Cache::CheckRecovered(const FileInfo& f, DiskIdentity* here) {
-  if (roots_.empty() || !f.disk.known) return {Verdict::kElsewhere, "nothing to compare"};
-  if (ObjectRootOf(f.path, nullptr)) return {Verdict::kElsewhere, "object storage: persisted again if need be"};
+  if (!persistence_enabled() || !f.disk.known) return {Verdict::kElsewhere, "nothing to compare"};
+  std::string key;
+  if (const ObjectRoot* root = ObjectRootOf(f.path, &key)) {
+    // The object the copy's node read or wrote (its ETag): still the one
+    // in the bucket, and the copy is storage's, not persisted again.
+    if (f.disk.etag.empty()) return {Verdict::kElsewhere, "object storage: persisted again if need be"};
+    StorageCheck c = CheckObject(*root, key, f.disk);
+    if (c.verdict == Verdict::kSame) {
+      *here = f.disk;
+      here->from_peer = false;
+    }
+    return c;
+  }
   auto result = std::make_shared<std::pair<StorageCheck, DiskIdentity>>();
   Env* env = env_;
   std::vector<std::string> roots = roots_;
@@ -426,6 +437,12 @@ std::vector<std::string> Cache::RingPeers(const std::string& job) {
   MutexLock lock(&mu_);
   const Ring* ring = rings_.Find(job);
   return ring ? ring->Peers() : std::vector<std::string>();
+}
+
+std::vector<std::string> Cache::RingNodes(const std::string& job) {
+  MutexLock lock(&mu_);
+  const Ring* ring = rings_.Find(job);
+  return ring && ring->endpoints.size() > 1 ? ring->endpoints : std::vector<std::string>();
 }
 
 bool Cache::MayBeInRing(const std::string& job, const std::string& path) {

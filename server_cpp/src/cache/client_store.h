@@ -23,6 +23,7 @@
 #include "cache/buffer_pool.h"  // PoolStats
 #include "cache/cache_types.h"
 #include "cache/file_state.h"
+#include "cache/load_split.h"
 #include "cache/record.h"
 #include "common/clock.h"
 #include "common/status.h"
@@ -138,6 +139,11 @@ class ClientStore {
   // such a file into the cache for a load that missed (cache/cache.h).
   virtual bool IsObjectPath(const std::string& path) const = 0;
   virtual Status FetchObject(const std::string& session, const std::string& job, const std::string& path) = 0;
+  // A load of `job` took `bytes` from `from` (counted per job: Status'
+  // job_loads); where each job's loads took their bytes from so far: every
+  // job's for an administrator, else the jobs of `uid`.
+  virtual void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) = 0;
+  virtual std::vector<JobLoadSplit> LoadSplits(bool admin, uid_t uid) = 0;
   // Bytes [offset, offset + length) of the object at `path` (under an object
   // root), into `into` when given, else into `data`. `*id`: on entry, the
   // identity the caller pinned (etag and size; an empty etag: none), read

@@ -42,6 +42,7 @@ inline void DiskToProto(const DiskIdentity& d, v1::StorageIdentity* out) {
   out->set_mtime_ns(d.mtime_ns);
   out->set_dir_ino(d.dir_ino);
   out->set_parent_ino(d.parent_ino);
+  out->set_etag(d.etag);
 }
 
 inline DiskIdentity DiskFromProto(const v1::StorageIdentity& p) {
@@ -55,6 +56,7 @@ inline DiskIdentity DiskFromProto(const v1::StorageIdentity& p) {
   d.mtime_ns = p.mtime_ns();
   d.dir_ino = p.dir_ino();
   d.parent_ino = p.parent_ino();
+  d.etag = p.etag().substr(0, 1024);
   return d;
 }
 

@@ -29,7 +29,9 @@
 #include "cache/backup_feed.h"
 #include "cache/buffer.h"
 #include "cache/cache_types.h"
+#include "cache/load_split.h"
 #include "common/status.h"
+#include "storage/object_store.h"  // ListedObject
 
 namespace tce {
 
@@ -40,6 +42,8 @@ class RingStore {
   // ---- the ring and who may act for a job ----
   // The other members of the job's ring, the successor first (empty: no ring).
   virtual std::vector<std::string> RingPeers(const std::string& job) = 0;
+  // Every node of the job's ring, by node rank (empty: no ring, or one node).
+  virtual std::vector<std::string> RingNodes(const std::string& job) = 0;
   // OK when `peer` is node `node` of the job's ring as this server was told
   // it: only that node may hand it copies and tags as that node's.
   // PERMISSION_DENIED naming who is, or that no ring is known.
@@ -59,6 +63,20 @@ class RingStore {
   // unknown here, or lost from memory, but not evicted by us (the ring's
   // copy goes when the original is evicted).
   virtual bool MayBeInRing(const std::string& job, const std::string& path) = 0;
+
+  // ---- cooperative restore: a tag read from storage once (docs/ring.md) ----
+  // Whether `path` lies under a storage root (a directory or object root).
+  virtual bool UnderStorage(const std::string& path) = 0;
+  // Reads (job, path) from storage into the cache as the user that set the
+  // job's ring here (NOT_FOUND without one), unless it is in memory already
+  // (OK); once at a time per file, every other load waits for that read.
+  // `for_peer`: another node's plan named this one (counted apart).
+  virtual Status LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) = 0;
+  // The files directly in `dir` on storage, with their sizes (as the job's
+  // user, for a directory root).
+  virtual Status ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) = 0;
+  // A load of `job` took `bytes` from `from`.
+  virtual void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) = 0;
 
   // ---- backups ----
   // Where the ring's work is queued (ring/backup_queue.h; null: nowhere, no

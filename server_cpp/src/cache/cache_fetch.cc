@@ -1,0 +1,284 @@
+// Cache: a load that misses memory and the ring brings the file from storage
+// into the cache: an object root's object, or a directory root's file, read
+// as the job's user. One read per file at a time, however many loads ask
+// (ranks of this node, or other nodes whose restore plan names this one:
+// docs/ring.md), so a restore reads each byte of storage once per cluster.
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "cache/cache.h"
+#include "common/logging.h"
+#include "env/fs_identity.h"
+
+namespace tce {
+namespace {
+
+std::string DirOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+// A writable mapping of `mem`'s first `size` bytes (none for 0).
+Status MapBuffer(Buffer* mem, uint64_t size, const std::string& path, void** out) {
+  *out = MAP_FAILED;
+  int fd = -1;
+  Status s = mem->NewFd(/*writable=*/true, &fd);
+  if (s.ok() && size > 0) {
+    *out = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (*out == MAP_FAILED) s = Status::FromErrno(errno, "mmap a buffer for " + path);
+  }
+  if (fd >= 0) ::close(fd);
+  return s;
+}
+
+}  // namespace
+
+Status Cache::FetchObject(const std::string& session, const std::string& job, const std::string& path) {
+  if (!ObjectRootOf(path, nullptr)) return Status::NotFound(path + " is not under an object storage root");
+  uid_t uid = 0;
+  gid_t gid = 0;
+  Status s = CallerIds(session, &uid, &gid);
+  if (!s.ok()) return s;
+  {
+    MutexLock lock(&mu_);
+    s = CheckAccess(session, job, "load " + path + " into job '" + job + "'", /*claim=*/true);
+    if (!s.ok()) return s;
+  }
+  return FetchStored(job, path, uid, gid, /*for_peer=*/false);
+}
+
+std::vector<JobLoadSplit> Cache::LoadSplits(bool admin, uid_t uid) {
+  std::vector<JobLoadSplit> all = loads_.All();
+  if (admin) return all;
+  std::vector<JobLoadSplit> mine;
+  MutexLock lock(&mu_);
+  for (JobLoadSplit& j : all) {
+    uid_t owner = 0;
+    if (JobUidLocked(j.job, &owner) && owner == uid) mine.push_back(std::move(j));
+  }
+  return mine;
+}
+
+bool Cache::UnderStorage(const std::string& path) {
+  if (ObjectRootOf(path, nullptr)) return true;
+  return !roots_.empty() && CheckUnderRoots(path).ok();
+}
+
+Status Cache::LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  {
+    MutexLock lock(&mu_);
+    const Ring* ring = rings_.Find(job);
+    if (!ring || !ring->has_owner)
+      return Status::NotFound("job " + job + " has no ring set here by its user: nothing is read from storage for it");
+    uid = ring->owner_uid;
+    gid = ring->owner_gid;
+  }
+  return FetchStored(job, path, uid, gid, for_peer);
+}
+
+Status Cache::ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) {
+  out->clear();
+  std::string key;  // the key a file in `dir` named "x" would have: its prefix is dir's
+  if (const ObjectRoot* root = ObjectRootOf(dir + "/x", &key)) {
+    std::vector<ListedObject> listed;
+    Status s = root->store->List(key.substr(0, key.size() - 1), &listed);
+    if (!s.ok()) return s;
+    for (const ListedObject& o : listed) {
+      if (o.key.compare(0, root->prefix.size(), root->prefix) != 0) continue;
+      const std::string path = root->dir + "/" + o.key.substr(root->prefix.size());
+      if (DirOf(path) == dir) out->push_back({path, o.size});  // not a directory below
+    }
+    return Status::OK();
+  }
+  uid_t uid = 0;
+  gid_t gid = 0;
+  {
+    MutexLock lock(&mu_);
+    const Ring* ring = rings_.Find(job);
+    if (!ring || !ring->has_owner) return Status::NotFound("job " + job + " has no ring set here by its user");
+    uid = ring->owner_uid;
+    gid = ring->owner_gid;
+  }
+  std::unique_ptr<Directory> d;
+  Status s = OpenAsUser(dir, uid, gid, &d);
+  std::vector<std::pair<std::string, FileStat>> entries;
+  if (s.ok()) {
+    FsIdentity as_user(uid, gid);
+    s = d->List(&entries);
+  }
+  if (!s.ok()) return s;
+  for (const auto& [name, st] : entries)
+    if (S_ISREG(st.mode)) out->push_back({dir + "/" + name, st.size});
+  return Status::OK();
+}
+
+Status Cache::FetchStored(const std::string& job, const std::string& path, uid_t uid, gid_t gid, bool for_peer) {
+  // One read per node: a load that misses while another one reads the same
+  // file waits for that read and shares its outcome.
+  const FileKey fk{job, path};
+  std::shared_ptr<Fetching> mine;
+  {
+    MutexLock lock(&mu_);
+    auto it = fetching_.find(fk);
+    if (it != fetching_.end()) {
+      std::shared_ptr<Fetching> theirs = it->second;
+      ++fetches_shared_;
+      while (!theirs->done) fetch_cv_.Wait(&mu_);
+      return theirs->result;
+    }
+    auto f = files_.find(fk);
+    if (f != files_.end() && f->second.buffer_id != 0) return Status::OK();  // here already
+    mine = std::make_shared<Fetching>();
+    fetching_[fk] = mine;
+  }
+  std::string key;
+  uint64_t size = 0;
+  Status s;
+  if (const ObjectRoot* root = ObjectRootOf(path, &key))
+    s = FetchObjectOnce(*root, key, job, path, uid, gid, &size);
+  else
+    s = FetchFileOnce(job, path, uid, gid, &size);
+  if (s.ok()) loads_.Note(job, LoadFrom::kStorage, size, for_peer);
+  MutexLock lock(&mu_);
+  mine->done = true;
+  mine->result = s;
+  fetching_.erase(fk);
+  fetch_cv_.SignalAll();
+  return s;
+}
+
+Status Cache::FetchObjectOnce(const ObjectRoot& root, const std::string& key, const std::string& job,
+                              const std::string& path, uid_t uid, gid_t gid, uint64_t* size) {
+  ObjectId obj;
+  Status s = root.store->Stat(key, &obj);
+  if (!s.ok()) return s;
+  if (!obj.exists) return Status::NotFound(root.store->Url(key) + " does not exist");
+  std::unique_ptr<Buffer> mem;
+  s = ReserveRecovery(obj.size, &mem);
+  if (!s.ok()) return s;
+  void* map = MAP_FAILED;
+  s = MapBuffer(mem.get(), obj.size, path, &map);
+  const Stopwatch took(clock_);
+  if (s.ok() && obj.size > 0) s = root.store->Read(key, 0, obj.size, static_cast<char*>(map), obj.etag);
+  if (map != MAP_FAILED) munmap(map, obj.size);
+  if (!s.ok()) {
+    AbandonRecovery(std::move(mem));
+    return s;
+  }
+  DiskIdentity disk = IdentityOf(obj);
+  disk.written = true;
+  *size = obj.size;
+  return InstallFetched(job, path, std::move(mem), obj.size, uid, gid, disk, root.store->Url(key), took.Seconds());
+}
+
+Status Cache::FetchFileOnce(const std::string& job, const std::string& path, uid_t uid, gid_t gid,
+                            uint64_t* size) {
+  // As the job's user: the kernel checks that user's permissions on every
+  // directory on the way and on the file, as its own read would (the
+  // buffer is made as the server).
+  std::unique_ptr<Directory> d;
+  FileStat dst, st;
+  const std::string name = path.substr(path.rfind('/') + 1);
+  Status s = OpenAsUser(DirOf(path), uid, gid, &d);
+  if (s.ok()) s = d->Stat(&dst);
+  if (s.ok()) {
+    FsIdentity as_user(uid, gid);
+    s = d->StatAt(name, &st);
+  }
+  if (s.code() == Status::Code::kNotFound) return Status::NotFound("No such file or directory: " + path);
+  if (s.ok() && !S_ISREG(st.mode)) s = Status::FailedPrecondition(path + " is not a regular file");
+  if (!s.ok()) return s;
+  std::unique_ptr<Buffer> mem;
+  s = ReserveRecovery(st.size, &mem);
+  if (!s.ok()) return s;
+  void* map = MAP_FAILED;
+  s = MapBuffer(mem.get(), st.size, path, &map);
+  const Stopwatch took(clock_);
+  FileStat after, parent;
+  if (s.ok()) {
+    FsIdentity as_user(uid, gid);
+    if (!as_user.ok(uid)) s = Status::PermissionDenied("cannot read storage as uid " + std::to_string(uid));
+    if (s.ok() && st.size > 0) s = d->ReadAt(name, 0, st.size, static_cast<char*>(map));
+    // A file rewritten in place while it was read is no file at all.
+    if (s.ok() && (s = d->StatAt(name, &after)).ok() &&
+        (after.ino != st.ino || after.size != st.size || after.mtime_ns != st.mtime_ns))
+      s = Status::Unavailable(path + " changed on storage while it was read");
+    if (s.ok() && !d->StatParent(&parent).ok()) parent.ino = 0;
+  }
+  if (map != MAP_FAILED) munmap(map, st.size);
+  if (!s.ok()) {
+    AbandonRecovery(std::move(mem));
+    return s;
+  }
+  DiskIdentity disk;
+  disk.known = disk.exists = disk.written = true;
+  disk.dev = st.dev;
+  disk.ino = st.ino;
+  disk.size = st.size;
+  disk.mtime_ns = st.mtime_ns;
+  disk.mode = st.mode & 07777;
+  disk.dir_dev = dst.dev;
+  disk.dir_ino = dst.ino;
+  disk.parent_ino = parent.ino;
+  *size = st.size;
+  return InstallFetched(job, path, std::move(mem), st.size, uid, gid, disk, path, took.Seconds());
+}
+
+Status Cache::OpenAsUser(const std::string& dir, uid_t uid, gid_t gid, std::unique_ptr<Directory>* d) {
+  FsIdentity as_user(uid, gid);
+  if (!as_user.ok(uid)) return Status::PermissionDenied("cannot read storage as uid " + std::to_string(uid));
+  std::string resolved;
+  Status s = env_->ResolvePath(dir, &resolved);
+  const std::string* root = s.ok() ? RootOf(resolved, roots_) : nullptr;
+  if (s.ok() && !root)
+    return Status::PermissionDenied(dir + " resolves to " + resolved + ", which is not under a storage root");
+  if (s.ok()) s = env_->OpenDirectory(*root, resolved, /*create=*/false, d);
+  return s;
+}
+
+Status Cache::InstallFetched(const std::string& job, const std::string& path, std::unique_ptr<Buffer> mem,
+                             uint64_t size, uid_t uid, gid_t gid, DiskIdentity disk, const std::string& from,
+                             double secs) {
+  MutexLock lock(&mu_);
+  reserved_ -= mem->capacity();
+  const FileKey fk{job, path};
+  auto it = files_.find(fk);
+  if (it != files_.end() && it->second.buffer_id != 0) {  // saved or fetched meanwhile: that one stays
+    lock.Unlock();
+    std::unique_ptr<Buffer> unused = std::move(mem);
+    return Status::FailedPrecondition(path + " reached the cache meanwhile");
+  }
+  Buf& buf = Install(std::move(mem));
+  buf.state = BufState::kCached;
+  buf.uid = uid;
+  FileInfo f;
+  f.job = job;
+  f.path = path;
+  f.size = size;
+  f.owner_uid = uid;
+  f.owner_gid = gid;
+  f.buffer_id = buf.id;
+  f.capacity = buf.capacity;
+  f.state = FileState::kPersisted;
+  f.version = next_allocation_id_++;
+  f.created_unix_ns = f.committed_unix_ns = f.persisted_unix_ns = clock_->UnixNowNs();
+  f.disk = disk;
+  f.disk.seq = ++disk_seq_;
+  if (it != files_.end()) f.tag = it->second.tag;
+  files_[fk] = f;
+  if (!disk.etag.empty()) {
+    ++fetched_objects_;
+    fetched_bytes_ += size;
+  }
+  Note(f, false);
+  TCE_LOG(kInfo, "cache") << "fetched job=" << job << " path=" << path << " from " << from << " size=" << size
+                          << " seconds=" << secs << " MBps=" << (secs > 0 ? size / secs / 1e6 : 0);
+  return Status::OK();
+}
+
+}  // namespace tce
