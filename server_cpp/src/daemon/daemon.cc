@@ -358,13 +358,15 @@ int Daemon::StartRing() {
   ro.metrics = &backup_metrics_;
   ro.held = backups_.get();
   ro.breaker = &peer_links_;
+  ro.prefetch = opt_.restore_prefetch;
   replicator_ = std::make_unique<Replicator>(cache_.get(), transport_.get(), ro);
   replicator_->Start();
   cache_->SetSelfEndpoint(peers_->endpoint());
   Replicator* r = replicator_.get();
   ring_fetch_ = std::make_unique<RingFetch>(
       cache_.get(), cache_.get(),
-      [r](const std::string& job, const std::string& path) { return r->FetchForLoad(job, path); });
+      [r](const std::string& job, const std::string& path, LoadFrom* from) { return r->FetchForLoad(job, path, from); },
+      [r](const std::string& job, const std::string& path) { return r->LoadByPlan(job, path, /*stage=*/true); });
   cache_->RestoreRings(std::move(recorded_rings_));
   return 0;
 }
@@ -373,7 +375,12 @@ int Daemon::StartRing() {
 void Daemon::MakeService() {
   service_ = std::make_unique<CacheService>(cache_.get(), opt_.socket, meta_.get(), RedactUrl(meta_url_),
                                             backups_.get(), peers_ ? peers_->endpoint() : "");
-  if (ring_) service_->SetRing(ring_fetch_.get(), opt_.ring_transport);
+  if (ring_) {
+    service_->SetRing(ring_fetch_.get(), opt_.ring_transport);
+    Replicator* r = replicator_.get();
+    service_->SetPrefetcher([r](const std::string& job, const std::string& dir, std::vector<std::string> paths,
+                                bool only_if_empty) { return r->Prefetch(job, dir, std::move(paths), only_if_empty); });
+  }
   RangeReaderOptions rro;  // ranged reads: this cache, then (with a ring) the ring's
   if (ring_) {
     rro.self = peers_->endpoint();

@@ -318,6 +318,16 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
   m.Counter("tce_range_reads_held_total", "ranged reads served from a copy held for a peer", static_cast<double>(st.range_reads_held()));
   m.Counter("tce_range_reads_peer_total", "ranged reads served by a ring peer", static_cast<double>(st.range_reads_peer()));
   m.Counter("tce_range_peer_bytes_total", "bytes ranged reads brought from ring peers", static_cast<double>(st.range_peer_bytes()));
+  uint64_t by_source[3] = {0, 0, 0};  // cache, peer, storage: summed over jobs (no job names in labels)
+  for (const v1::JobLoads& j : st.job_loads()) {
+    by_source[0] += j.cache_bytes();
+    by_source[1] += j.peer_bytes();
+    by_source[2] += j.storage_bytes();
+  }
+  const char* kLoads = "bytes loads took from this node's memory, other nodes' memory, or storage";
+  m.Counter("tce_load_bytes_total", kLoads, static_cast<double>(by_source[0]), {{"source", "cache"}});
+  m.Counter("tce_load_bytes_total", kLoads, static_cast<double>(by_source[1]), {{"source", "peer"}});
+  m.Counter("tce_load_bytes_total", kLoads, static_cast<double>(by_source[2]), {{"source", "storage"}});
   const char* kFailures = "failures, by reason";
   m.Counter("tce_failures_total", kFailures, static_cast<double>(persist.failures.load()), {{"reason", "persist_write"}});
   m.Counter("tce_failures_total", kFailures, static_cast<double>(st.backup_failures()), {{"reason", "backup"}});

@@ -318,6 +318,8 @@ const std::vector<Setting> kSettings = {
     Int("backup_share", &Options::backup_share, {1, 90, "a percentage from 1 to 90"},
         "% of the memory budget for predecessors' backups", "PCT"),
     Int("backup_threads", &Options::backup_threads, {1, 64}, "backup workers"),
+    Bool("restore_prefetch", &Options::restore_prefetch,
+         "a ring set on a node holding none of the job's files starts reading its share of the newest tag"),
     Millis("peer_timeout_ms", &Options::peer_timeout_ms, 100, 3600000,
            "give up on a silent peer after N ms"),
     Millis("peer_handshake_timeout_ms", &Options::peer_handshake_timeout_ms, 100, 600000,

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <future>
 #include <system_error>
+#include <thread>
 
 #include "cache/record_proto.h"
 #include "cache/tag_proto.h"
@@ -454,6 +456,30 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
   return reserved.ok() ? s : reserved;
 }
 
+Status PeerServer::LoadForPeer(PeerLink* link, const std::string& job, const std::string& path) {
+  // Read on a thread of its own, so this one can tell the asker, within
+  // each of its timeouts, that the answer is coming. An asker that hangs up
+  // does not end the read: the file lands in the cache all the same.
+  auto done = std::make_shared<std::promise<Status>>();
+  std::future<Status> result = done->get_future();
+  RingStore* cache = cache_;
+  std::thread reader([cache, done, job, path] { done->set_value(cache->LoadFromStorage(job, path, /*for_peer=*/true)); });
+  const auto beat = std::max(std::chrono::milliseconds(50), options_.io_timeout / 3);
+  bool asker_there = true;
+  while (result.wait_for(beat) == std::future_status::timeout) {
+    if (!asker_there) continue;
+    v1::PeerReply loading;
+    loading.set_loading(true);
+    asker_there = link->Send(loading).ok();
+  }
+  reader.join();
+  Status s = result.get();
+  if (!s.ok())
+    TCE_LOG(kWarning, "ring") << "could not read job=" << job << " path=" << path << " from storage for "
+                              << link->peer() << ": " << s.ToString();
+  return s;
+}
+
 Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
   HeldBackup held;
   int fd = -1;
@@ -464,6 +490,10 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
   } else if (cache_) {  // this server's own file, for a member of the job's ring only
     Status member = MayRead(req.job(), link->peer(), "", req.has_job_uid(), req.job_uid(), nullptr);
     found = member.ok() ? cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd) : member;
+    if (found.code() == Status::Code::kNotFound && req.load()) {  // the restore plan names this node
+      found = LoadForPeer(link, req.job(), req.path());
+      if (found.ok()) found = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
+    }
     if (found.ok()) {
       pinned = held.file.buffer_id;
       if (held.file.records.empty()) {  // not a torch zip: ranges, so every byte is checked
@@ -491,6 +521,10 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
   reply.set_code(static_cast<int>(found.code()));
   reply.set_message(found.message());
   Status s = link->Send(reply);
+  if (found.ok() && req.stage()) {  // in memory here for the asker's ranged reads
+    ::close(fd);
+    return s;
+  }
   if (found.ok()) {
     v1::PeerBackup header;
     header.set_job(held.file.job);

@@ -96,6 +96,10 @@ class PeerServer {
   Status HoldTag(PeerLink* link, const v1::PeerTag& req);
   // A held copy, else (for a member of the job's ring) this server's own
   // file in memory. Sends the reply itself (header and bytes follow an OK).
+  // Reads (job, path) from storage into the cache for `link`'s peer (a
+  // PeerFetch with `load`), telling it every third of the I/O timeout that
+  // the answer is coming.
+  Status LoadForPeer(PeerLink* link, const std::string& job, const std::string& path);
   Status ServeFetch(PeerLink* link, const v1::PeerFetch& req);
   // Bytes of a held copy, else (for a member of the job's ring) of this
   // server's own file in memory, with their CRC-32; the reply says why not.

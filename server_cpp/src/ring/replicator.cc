@@ -37,7 +37,13 @@ TagBarrierOptions BarrierOptions(const ReplicatorOptions& o) {
 }  // namespace
 
 Replicator::Replicator(RingStore* cache, Transport* transport, ReplicatorOptions options)
-    : cache_(cache), transport_(transport), options_(std::move(options)), barrier_(cache, BarrierOptions(options_)) {
+    : cache_(cache),
+      transport_(transport),
+      options_(std::move(options)),
+      barrier_(cache, BarrierOptions(options_)),
+      plans_([cache](const std::string& job, const std::string& dir,
+                     std::vector<ListedObject>* out) { return cache->ListStorageDir(job, dir, out); },
+             options_.clock) {
   cache_->SetBackupFeed(&queue_);
 }
 
@@ -48,6 +54,7 @@ Replicator::~Replicator() {
 
 void Replicator::Start() {
   for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
+  if (options_.prefetch) threads_.emplace_back([this] { PrefetchLoop(); });
   barrier_.Start();
 }
 
@@ -301,18 +308,28 @@ void Replicator::ReportRecovery(const RecoverJob& job, int pulled, int listed, u
 }
 
 Status Replicator::Pull(PeerLink* link, const std::string& job, const std::string& peer,
-                        const std::string& path) {
+                        const std::string& path, PullMode mode) {
   v1::PeerRequest req;
   req.mutable_fetch()->set_job(job);
   req.mutable_fetch()->set_path(path);
+  req.mutable_fetch()->set_load(mode != PullMode::kCopy);
+  req.mutable_fetch()->set_stage(mode == PullMode::kStage);
   uid_t uid = 0;
   if (cache_->JobUid(job, &uid)) req.mutable_fetch()->set_job_uid(uid);
   v1::PeerReply reply;
   Status s = link->Send(req);
-  if (s.ok()) s = link->Recv(&reply);
+  do {  // while the peer reads storage for us, it says so (within each timeout)
+    if (s.ok()) s = link->Recv(&reply);
+  } while (s.ok() && reply.loading() && mode != PullMode::kCopy);
   if (!s.ok()) return s;
-  if (reply.code() != 0)
-    return Status::FromCode(static_cast<Status::Code>(reply.code()), reply.message());
+  if (reply.code() != 0) {
+    Status::Code code = static_cast<Status::Code>(reply.code());
+    // The peer answered: its own storage failing is no sign of it down.
+    if (mode != PullMode::kCopy && (code == Status::Code::kUnavailable || code == Status::Code::kDeadlineExceeded))
+      code = Status::Code::kAborted;
+    return Status::FromCode(code, reply.message());
+  }
+  if (mode == PullMode::kStage) return Status::OK();
   v1::PeerBackup header;
   if (!(s = link->Recv(&header)).ok()) return s;
   std::unique_ptr<Buffer> mem;
@@ -355,7 +372,10 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
     cache_->AbandonRecovery(std::move(mem));
     return s;
   }
-  return cache_->AdoptRecovered(std::move(f), std::move(mem));
+  const uint64_t size = f.size;
+  s = cache_->AdoptRecovered(std::move(f), std::move(mem));
+  if (s.ok()) cache_->NoteLoad(job, LoadFrom::kPeer, size);
+  return s;
 }
 
 Status Replicator::PullHeld(const std::string& job, const std::string& path) {
@@ -392,7 +412,8 @@ Status Replicator::PullHeld(const std::string& job, const std::string& path) {
   return cache_->AdoptRecovered(std::move(f), std::move(mem));
 }
 
-Status Replicator::FetchForLoad(const std::string& job, const std::string& path) {
+Status Replicator::FetchForLoad(const std::string& job, const std::string& path, LoadFrom* from) {
+  if (from) *from = LoadFrom::kPeer;
   Status here = PullHeld(job, path);
   if (here.ok() || here.code() == Status::Code::kFailedPrecondition) {
     TCE_LOG(kInfo, "ring") << "read job=" << job << " path=" << path << " from the copy held here";
@@ -419,7 +440,9 @@ Status Replicator::FetchForLoad(const std::string& job, const std::string& path)
       last = s;
     }
   }
-  return last;
+  // In no node's memory: read from storage once for the whole ring.
+  Status planned = LoadByPlan(job, path, /*stage=*/false, from);
+  return planned.code() == Status::Code::kNotFound ? last : planned;
 }
 
 Status Replicator::SendWithChecksums(PeerLink* link, const BackupJob& job) {

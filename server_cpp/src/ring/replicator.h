@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@
 #include "ring/backup_store.h"
 #include "ring/link_breaker.h"
 #include "ring/peer_link.h"
+#include "ring/restore_plan.h"
 #include "ring/tag_barrier.h"
 #include "ring/transport.h"
 
@@ -49,6 +51,9 @@ struct ReplicatorOptions {
   Clock* clock = Clock::Real();  // what backoff and timings are measured on
   // How often held tag markers' files are asked about (ring/tag_barrier.h).
   std::chrono::milliseconds marker_interval{500};
+  // Prefetch: a job's ring set on a node that holds none of its files, or a
+  // client's Prefetch, starts reading this node's share of a checkpoint.
+  bool prefetch = true;
 };
 
 class Replicator {
@@ -61,11 +66,39 @@ class Replicator {
   // keeps it: the copy this server holds for its predecessor, else a ring
   // member's copy or its own file in memory, the successor first. NOT_FOUND
   // if none has it; DATA_LOSS if the copy is corrupt or differs from
-  // metadata. Called by RPC threads.
-  Status FetchForLoad(const std::string& job, const std::string& path);
+  // metadata. Held nowhere, a file under a storage root is read from
+  // storage by the node the restore plan names (LoadByPlan) and pulled
+  // from there. `from`: where the bytes came from (a peer, or storage by
+  // this node). Called by RPC threads.
+  Status FetchForLoad(const std::string& job, const std::string& path, LoadFrom* from = nullptr);
+  // The cooperative restore (cooperative_load.cc, docs/ring.md): the node
+  // of the job's ring that RestorePlans names reads (job, path) from
+  // storage; this node pulls the file from it (or, with `stage`, only has
+  // it read there: ranged reads then find it in that node's memory). This
+  // node reads storage itself when the plan names it, when the copy from
+  // the owner arrives corrupt, or when every other node is down; a node
+  // that does not answer is left out and its share goes to the others.
+  // NOT_FOUND when the path is under no storage root or storage has no
+  // such file; the owner's storage error otherwise.
+  Status LoadByPlan(const std::string& job, const std::string& path, bool stage, LoadFrom* from = nullptr);
+  // Queues the read of this node's share (by the restore plan) of `paths`,
+  // or of the files of `dir` on storage, into the cache, on the prefetch
+  // thread; with `only_if_empty`, only while this node holds none of the
+  // job's files in memory (a restart). False when nothing was queued (no
+  // ring of several nodes, prefetch off, the same one queued already, or
+  // 64 queued).
+  bool Prefetch(const std::string& job, const std::string& dir, std::vector<std::string> paths,
+                bool only_if_empty = false);
 
  private:
   void Loop();
+  void PrefetchLoop();
+  struct PrefetchJob {
+    std::string job, dir;
+    std::vector<std::string> paths;
+    bool only_if_empty = false;
+  };
+  void RunPrefetch(const PrefetchJob& p);
   // One job of each kind: a file to the successor, a copy a peer lets go of.
   Status Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   Status Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links);
@@ -90,8 +123,12 @@ class Replicator {
   // Logs how a recovery went: at WARNING, with the tags metadata names,
   // when the ring gave back nothing or less than this node held.
   void ReportRecovery(const RecoverJob& job, int pulled, int listed, uint64_t peer_own);
-  // (job, path) as `peer` holds it, fetched into a new cache buffer and checked.
-  Status Pull(PeerLink* link, const std::string& job, const std::string& peer, const std::string& path);
+  // (job, path) as `peer` holds it, fetched into a new cache buffer and
+  // checked. kLoad: read from storage there if held nowhere (PeerFetch's
+  // `load`); kStage: that, and nothing is pulled.
+  enum class PullMode { kCopy, kLoad, kStage };
+  Status Pull(PeerLink* link, const std::string& job, const std::string& peer, const std::string& path,
+              PullMode mode = PullMode::kCopy);
   // (job, path) from this server's own BackupStore, if it holds a copy sent
   // by a member of the job's ring: copied into a new cache buffer, checked.
   Status PullHeld(const std::string& job, const std::string& path);
@@ -103,9 +140,11 @@ class Replicator {
   const ReplicatorOptions options_;
   std::vector<std::thread> threads_;
   TagBarrier barrier_;  // markers of object storage wait for the other nodes' files
+  RestorePlans plans_;  // who reads which file from storage in a cooperative restore
   Mutex mu_;
   CondVar cv_;
   bool stop_ GUARDED_BY(mu_) = false;
+  std::deque<PrefetchJob> prefetches_ GUARDED_BY(mu_);
 };
 
 }  // namespace tce

@@ -7,15 +7,16 @@ namespace {
 constexpr size_t kMaxRemembered = 4096;
 }  // namespace
 
-RingFetch::RingFetch(ClientStore* cache, RingStore* ring, Fetch fetch, std::chrono::milliseconds miss_ttl,
-                     Clock* clock)
-    : cache_(cache), ring_(ring), fetch_(std::move(fetch)), miss_ttl_(miss_ttl), clock_(clock) {}
+RingFetch::RingFetch(ClientStore* cache, RingStore* ring, Fetch fetch, Stage stage,
+                     std::chrono::milliseconds miss_ttl, Clock* clock)
+    : cache_(cache), ring_(ring), fetch_(std::move(fetch)), stage_(std::move(stage)), miss_ttl_(miss_ttl), clock_(clock) {}
 
 Status RingFetch::Lookup(const std::string& session, const std::string& job,
                          const std::string& path, bool lease, FileInfo* out, uint64_t* lease_id,
                          std::vector<uint64_t>* unmap_buffer_ids,
                          Clock::TimePoint call_deadline, bool ask_ring,
-                         const std::function<Status()>& admit) {
+                         const std::function<Status()>& admit, LoadFrom* from) {
+  if (from) *from = LoadFrom::kCache;
   Status s = cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
   if (s.code() != Status::Code::kNotFound || !lease) return s;
   bool admitted = !admit;
@@ -39,12 +40,52 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
   }
   if (!ask_ring || !ring_->MayBeInRing(job, path) || RecentlyMissed(job, path)) return s;
   if (Status a = may_wait(); !a.ok()) return a;
-  Status fetched = fetch_(job, path);
-  if (fetched.code() == Status::Code::kNotFound) NoteMiss(job, path);
+  LoadFrom fetched_from = LoadFrom::kPeer;
+  bool shared = false;
+  Status fetched = Once(job, path, [&] { return fetch_(job, path, &fetched_from); }, &shared);
+  if (fetched.code() == Status::Code::kNotFound && !shared) NoteMiss(job, path);
   if (!fetched.ok() && fetched.code() != Status::Code::kFailedPrecondition) return s;
-  if (fetched.ok()) ++remote_reads_;
+  if (fetched.ok() && !shared) {
+    ++remote_reads_;
+    if (from) *from = fetched_from;
+  }
   unmap_buffer_ids->clear();
   return cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
+}
+
+Status RingFetch::StageForRanges(const std::string& job, const std::string& path) {
+  if (!stage_ || !ring_->MayBeInRing(job, path) || RecentlyMissed(job, path))
+    return Status::NotFound(path + " is not read for the ring");
+  bool shared = false;
+  Status s = Once(job, path, [&] { return stage_(job, path); }, &shared);
+  if (s.code() == Status::Code::kNotFound && !shared) NoteMiss(job, path);
+  return s;
+}
+
+Status RingFetch::Once(const std::string& job, const std::string& path, const std::function<Status()>& fetch,
+                       bool* shared) {
+  const std::pair<std::string, std::string> key{job, path};
+  std::shared_ptr<Flight> mine;
+  {
+    MutexLock l(&mu_);
+    auto it = flights_.find(key);
+    if (it != flights_.end()) {
+      std::shared_ptr<Flight> theirs = it->second;
+      while (!theirs->done) landed_.Wait(&mu_);
+      *shared = true;
+      return theirs->result;
+    }
+    mine = std::make_shared<Flight>();
+    flights_[key] = mine;
+  }
+  *shared = false;
+  Status s = fetch();
+  MutexLock l(&mu_);
+  mine->done = true;
+  mine->result = s;
+  flights_.erase(key);
+  landed_.SignalAll();
+  return s;
 }
 
 bool RingFetch::RecentlyMissed(const std::string& job, const std::string& path) {

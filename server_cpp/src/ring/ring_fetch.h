@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,9 +33,14 @@ namespace tce {
 
 class RingFetch {
  public:
-  using Fetch = std::function<Status(const std::string& job, const std::string& path)>;
+  // Brings (job, path) into the cache from the ring (or, by the restore
+  // plan, from storage); `from` gets where its bytes came from.
+  using Fetch = std::function<Status(const std::string& job, const std::string& path, LoadFrom* from)>;
+  // Has (job, path) read from storage into the memory of the node the
+  // restore plan names, for ranged reads (Replicator::LoadByPlan, `stage`).
+  using Stage = std::function<Status(const std::string& job, const std::string& path)>;
 
-  RingFetch(ClientStore* cache, RingStore* ring, Fetch fetch,
+  RingFetch(ClientStore* cache, RingStore* ring, Fetch fetch, Stage stage = nullptr,
             std::chrono::milliseconds miss_ttl = std::chrono::seconds(5), Clock* clock = Clock::Real());
 
   // ClientStore::Lookup; on a miss while the job's files are being restored
@@ -48,11 +54,18 @@ class RingFetch {
   // `admit` (optional): asked once before the lookup waits on the ring (a
   // restore in flight, or a fetch); its failure is the answer, as a peer
   // that never answers would hold the caller's thread.
+  // `from` (optional): where the file's bytes came from for this lookup
+  // (kCache: in memory here already, or brought by another load).
+  // Loads of one file at once share one fetch.
   Status Lookup(const std::string& session, const std::string& job, const std::string& path,
                 bool lease, FileInfo* out, uint64_t* lease_id,
                 std::vector<uint64_t>* unmap_buffer_ids,
                 Clock::TimePoint call_deadline = Clock::TimePoint::max(),
-                bool ask_ring = true, const std::function<Status()>& admit = nullptr);
+                bool ask_ring = true, const std::function<Status()>& admit = nullptr, LoadFrom* from = nullptr);
+  // A ranged read missed (job, path) everywhere: has the restore plan's
+  // node read it from storage (OK: read the ranges again). NOT_FOUND when
+  // the ring cannot (no ring, not under storage, recently missed).
+  Status StageForRanges(const std::string& job, const std::string& path);
 
   uint64_t remote_reads() const { return remote_reads_.load(); }    // files the ring gave
   uint64_t remote_misses() const { return remote_misses_.load(); }  // fetches no peer answered
@@ -60,16 +73,27 @@ class RingFetch {
  private:
   bool RecentlyMissed(const std::string& job, const std::string& path);
   void NoteMiss(const std::string& job, const std::string& path);
+  // Runs `fetch` for (job, path) unless one runs already: then waits for
+  // that one and answers its outcome (*shared: true).
+  Status Once(const std::string& job, const std::string& path, const std::function<Status()>& fetch, bool* shared);
+
+  struct Flight {
+    bool done = false;  // under mu_
+    Status result;
+  };
 
   ClientStore* const cache_;
   RingStore* const ring_;
   const Fetch fetch_;
+  const Stage stage_;
   const std::chrono::milliseconds miss_ttl_;
   Clock* const clock_;
   std::atomic<uint64_t> remote_reads_{0};
   std::atomic<uint64_t> remote_misses_{0};
   Mutex mu_;
   std::map<std::pair<std::string, std::string>, Clock::TimePoint> misses_ GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<Flight>> flights_ GUARDED_BY(mu_);
+  CondVar landed_;  // a flight ended
 };
 
 }  // namespace tce

@@ -33,10 +33,10 @@ class RingFetchTest : public ::testing::Test {
 
 TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
   ManualClock clock;
-  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&) {
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*) {
     ++fetches_;
     return Status::NotFound("no peer holds it");
-  }, 50ms, &clock);
+  }, nullptr, 50ms, &clock);
   EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);
   clock.Advance(49ms);
   EXPECT_EQ(Load(r, "/c/x.pt").code(), Status::Code::kNotFound);
@@ -49,7 +49,7 @@ TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
 }
 
 TEST_F(RingFetchTest, OnlyLoadsOfFilesThatMayBeInTheRingAsk) {
-  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&) {
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*) {
     ++fetches_;
     return Status::Unavailable("peer down");
   });
@@ -69,7 +69,7 @@ TEST_F(RingFetchTest, OnlyLoadsOfFilesThatMayBeInTheRingAsk) {
 }
 
 TEST_F(RingFetchTest, AFetchThatFoundTheFileLooksAgain) {
-  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&) {
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*) {
     ++fetches_;
     return Status::OK();  // (nothing installed: the second lookup still misses)
   });

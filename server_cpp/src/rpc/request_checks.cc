@@ -181,4 +181,13 @@ Status CheckRequest(const v1::SetRingRequest& r) {
   return s;
 }
 
+Status CheckRequest(const v1::PrefetchRequest& r) {
+  Status s = First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+                   [&] { return Count("paths", r.paths_size(), kMaxPrefetchPaths); });
+  if (s.ok() && !r.dir().empty()) s = ValidatePath(r.dir(), "dir");
+  for (int i = 0; s.ok() && i < r.paths_size(); ++i) s = ValidatePath(r.paths(i), Nth("paths", i));
+  if (s.ok() && r.dir().empty() && r.paths_size() == 0) s = Status::InvalidArgument("a prefetch names a dir or paths");
+  return s;
+}
+
 }  // namespace tce

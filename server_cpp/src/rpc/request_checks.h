@@ -26,6 +26,8 @@ Status CheckRequest(const v1::WaitRequest& r, int64_t* timeout_ms);
 Status CheckRequest(const v1::CommitTagRequest& r);
 Status CheckRequest(const v1::ListTagsRequest& r);
 Status CheckRequest(const v1::SetRingRequest& r);
+Status CheckRequest(const v1::PrefetchRequest& r);
+constexpr int kMaxPrefetchPaths = 10000;
 Status CheckRequest(const v1::StatusRequest& r);
 Status CheckRequest(const v1::RetryRequest& r);
 // Also yield the wait / lease asked for in ms (0: none asked; see SecondsMs).

@@ -102,10 +102,11 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
   uint64_t lease = 0;
   std::vector<uint64_t> unmap;
   CallLimiter::Slot slot;  // held while the lookup waits on the ring
+  LoadFrom from = LoadFrom::kCache;
   tce::Status s =
       ring_fetch_ ? ring_fetch_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                         &lease, &unmap, AnswerBy(ctx, clock_), !req->local_only(),
-                                        [&] { return AdmitPeerCall(req->session(), &slot); })
+                                        [&] { return AdmitPeerCall(req->session(), &slot); }, &from)
                   : cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                    &lease, &unmap);
   if (s.code() == tce::Status::Code::kNotFound && req->lease() && !req->local_only() &&
@@ -116,6 +117,7 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
     tce::Status fetched = admitted.ok() ? cache_->FetchObject(req->session(), req->job(), req->path()) : admitted;
     if (fetched.ok() || fetched.code() == tce::Status::Code::kFailedPrecondition) {
       unmap.clear();
+      if (fetched.ok()) from = LoadFrom::kStorage;
       s = cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f, &lease, &unmap);
     } else if (fetched.code() != tce::Status::Code::kNotFound) {
       s = fetched;
@@ -125,6 +127,12 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
   if (!s.ok()) return ToGrpc(s);
   ToProto(f, resp->mutable_file());
   resp->set_lease_id(lease);
+  if (req->lease()) {  // a load: where its bytes came from
+    resp->set_source(from == LoadFrom::kCache     ? v1::LOAD_SOURCE_CACHE
+                     : from == LoadFrom::kPeer    ? v1::LOAD_SOURCE_PEER
+                                                  : v1::LOAD_SOURCE_STORAGE);
+    if (from == LoadFrom::kCache) cache_->NoteLoad(req->job(), LoadFrom::kCache, f.size);
+  }
   return grpc::Status::OK;
 }
 
@@ -147,6 +155,14 @@ grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRan
   if (s.ok()) {
     s = ranges_ ? ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into, wait)
                 : tce::Status::NotFound(req->path() + " is not in memory here");
+  }
+  if (s.code() == tce::Status::Code::kNotFound && ranges_ && ring_fetch_) {
+    // In no node's memory: the restore plan's node reads the whole file
+    // from storage once, and every reader's ranges come from its memory.
+    tce::Status admitted = slot.held() ? tce::Status::OK() : AdmitPeerCall(req->session(), &slot);
+    tce::Status staged = admitted.ok() ? ring_fetch_->StageForRanges(req->job(), req->path()) : admitted;
+    if (staged.ok() || staged.code() == tce::Status::Code::kFailedPrecondition)
+      s = ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into, wait);
   }
   ObjectId object_id;  // read from the bucket: the object's identity
   if (s.code() == tce::Status::Code::kNotFound && object) {
@@ -217,9 +233,10 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
                                   v1::StatusResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   bool admin = false;
-  tce::Status s = cache_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
+  uid_t uid = 0;
+  tce::Status s = cache_->CheckCaller(req->session(), &admin, &uid);
   if (!s.ok()) return ToGrpc(s);
-  FillStatus(resp);
+  FillStatus(resp, admin, uid);
   if (!admin) {  // they may name other users' jobs and paths
     resp->clear_backup_error();
     resp->clear_metadata_error();
@@ -227,7 +244,7 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   return grpc::Status::OK;
 }
 
-void CacheService::FillStatus(v1::StatusResponse* resp) {
+void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t loads_uid) {
   CacheStats s = cache_->Stats();
   resp->set_version(TCE_VERSION);
   resp->set_pid(getpid());
@@ -252,6 +269,16 @@ void CacheService::FillStatus(v1::StatusResponse* resp) {
   resp->set_held_markers(s.held_markers);
   resp->set_marker_rounds(s.marker_rounds);
   resp->set_object_fetches_shared(s.object_fetches_shared);
+  for (const JobLoadSplit& j : cache_->LoadSplits(loads_admin, loads_uid)) {
+    v1::JobLoads* out = resp->add_job_loads();
+    out->set_job(j.job);
+    out->set_cache_bytes(j.cache_bytes);
+    out->set_peer_bytes(j.peer_bytes);
+    out->set_storage_bytes(j.storage_bytes);
+    out->set_storage_files(j.storage_files);
+    out->set_peer_files(j.peer_files);
+    out->set_for_peers_bytes(j.for_peers_bytes);
+  }
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
@@ -361,7 +388,25 @@ grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingReques
   tce::Status s = cache_->SetRing(req->session(), req->job(), req->node_rank(), std::move(endpoints),
                                   &successor);
   if (s.ok()) resp->set_successor(successor);
+  if (s.ok() && prefetch_) {  // a restart: the newest complete tag this node knows of
+    std::vector<TagInfo> tags;  // oldest first
+    if (cache_->ListTags(req->session(), req->job(), &tags).ok() && !tags.empty()) {
+      std::vector<std::string> paths;
+      for (const TagFile& f : tags.back().files) paths.push_back(f.path);
+      prefetch_(req->job(), "", std::move(paths), /*only_if_empty=*/true);
+    }
+  }
   return ToGrpc(s);
+}
+
+grpc::Status CacheService::Prefetch(grpc::ServerContext*, const v1::PrefetchRequest* req,
+                                    v1::PrefetchResponse* resp) {
+  if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
+  tce::Status s = cache_->CheckRangeRead(req->session(), req->job());  // the job's own user, its ring joined
+  if (!s.ok()) return ToGrpc(s);
+  std::vector<std::string> paths(req->paths().begin(), req->paths().end());
+  resp->set_queued(prefetch_ && prefetch_(req->job(), req->dir(), std::move(paths), /*only_if_empty=*/false));
+  return grpc::Status::OK;
 }
 
 grpc::Status CacheService::Retry(grpc::ServerContext*, const v1::RetryRequest* req,

@@ -54,7 +54,10 @@ class CacheService final : public v1::Cache::Service {
   grpc::Status Wait(grpc::ServerContext*, const v1::WaitRequest*, v1::WaitResponse*) override;
   grpc::Status CommitTag(grpc::ServerContext*, const v1::CommitTagRequest*, v1::CommitTagResponse*) override;
   grpc::Status ListTags(grpc::ServerContext*, const v1::ListTagsRequest*, v1::ListTagsResponse*) override;
+  // A ring set on a node that holds none of the job's files prefetches the
+  // job's newest complete tag known here (the prefetcher's share of it).
   grpc::Status SetRing(grpc::ServerContext*, const v1::SetRingRequest*, v1::SetRingResponse*) override;
+  grpc::Status Prefetch(grpc::ServerContext*, const v1::PrefetchRequest*, v1::PrefetchResponse*) override;
   grpc::Status Retry(grpc::ServerContext*, const v1::RetryRequest*, v1::RetryResponse*) override;
   grpc::Status ReadRange(grpc::ServerContext*, const v1::ReadRangeRequest*, v1::ReadRangeResponse*) override;
   // Published versions (docs/weights.md). A GetVersion that waits counts
@@ -85,7 +88,9 @@ class CacheService final : public v1::Cache::Service {
   // with into_buffer is UNIMPLEMENTED).
   void SetRangeBuffers(RangeBuffers* buffers) { range_buffers_ = buffers; }
   // The whole server's status, unfiltered: for the daemon's own metrics.
-  void FillStatus(v1::StatusResponse* resp);
+  // `loads_admin` / `loads_uid`: whose jobs' load splits it shows (every
+  // job's for an administrator, else that uid's).
+  void FillStatus(v1::StatusResponse* resp, bool loads_admin = true, uid_t loads_uid = 0);
   // At most `n` Wait calls at once (set before serving).
   void SetMaxWaits(size_t n) { max_waits_ = n; }
   // At most `n` calls that wait on a peer at once, `per_uid` of them for
@@ -93,6 +98,10 @@ class CacheService final : public v1::Cache::Service {
   void SetMaxPeerCalls(size_t n, size_t per_uid) {
     peer_calls_ = std::make_unique<CallLimiter>(n, per_uid, "max_peer_calls", "max_peer_calls_per_uid");
   }
+  // Queues a cooperative prefetch (Replicator::Prefetch: job, dir, paths,
+  // only_if_empty); set before serving, none: Prefetch queues nothing.
+  using Prefetcher = std::function<bool(const std::string&, const std::string&, std::vector<std::string>, bool)>;
+  void SetPrefetcher(Prefetcher fn) { prefetch_ = std::move(fn); }
   // Where the operational endpoints listen (set before serving), for Status.
   void SetEndpoints(std::string metrics, std::string health) {
     metrics_endpoint_ = std::move(metrics);
@@ -107,6 +116,7 @@ class CacheService final : public v1::Cache::Service {
   BackupStore* const backups_;
   const std::string peer_endpoint_;
   RingFetch* ring_fetch_ = nullptr;
+  Prefetcher prefetch_;
   RangeReader* ranges_ = nullptr;
   RangeBuffers* range_buffers_ = nullptr;
   VersionFollower* follower_ = nullptr;

@@ -1,0 +1,112 @@
+// Replicator: the cooperative restore (docs/ring.md). A load that found a
+// file neither here nor in any node's memory asks the node the restore plan
+// names (ring/restore_plan.h) to read it from storage, and pulls it from
+// that node's memory; so a job restarted on empty nodes reads each file of
+// its checkpoint from storage once, whichever ranks of whichever nodes load
+// it.
+#include "common/logging.h"
+#include "ring/replicator.h"
+
+namespace tce {
+
+Status Replicator::LoadByPlan(const std::string& job, const std::string& path, bool stage, LoadFrom* from) {
+  if (!cache_->UnderStorage(path)) return Status::NotFound(path + " is not under a storage root");
+  const std::vector<std::string> nodes = cache_->RingNodes(job);
+  if (nodes.empty()) return Status::NotFound("job " + job + " has no ring of several nodes");
+  Status last;
+  for (size_t attempt = 0; attempt < nodes.size(); ++attempt) {
+    const std::string owner = plans_.OwnerOf(job, nodes, path);
+    if (owner.empty() || owner == options_.self) break;
+    std::unique_ptr<PeerLink> link;
+    Status s = Connect(owner, &link);
+    if (s.ok()) s = Pull(link.get(), job, owner, path, stage ? PullMode::kStage : PullMode::kLoad);
+    if (s.ok() || s.code() == Status::Code::kFailedPrecondition) {
+      TCE_LOG(kInfo, "ring") << (stage ? "had " : "read ") << "job=" << job << " path=" << path << " read from storage by "
+                             << owner << " (the restore plan's node for it)";
+      if (from) *from = LoadFrom::kPeer;
+      return s;
+    }
+    if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kDeadlineExceeded) {
+      plans_.MarkDown(job, owner);  // its share goes to the others
+      last = s;
+      continue;
+    }
+    if (s.code() == Status::Code::kDataLoss) {  // corrupt on the way: storage has the bytes
+      TCE_LOG(kWarning, "ring") << "the copy of " << path << " from " << owner << ": " << s.ToString()
+                                << "; reading it from storage here";
+      cache_->NoteBackupError("restore of " + path + " from " + owner + ": " + s.ToString());
+      break;
+    }
+    return s;  // storage has no such file, or the owner could not read it: the load sees why
+  }
+  if (!last.ok())
+    TCE_LOG(kInfo, "ring") << "no other node of job=" << job << " reads " << path << " (" << last.ToString()
+                           << "): reading it from storage here";
+  if (from) *from = LoadFrom::kStorage;
+  return cache_->LoadFromStorage(job, path, /*for_peer=*/false);
+}
+
+namespace {
+constexpr size_t kMaxPrefetches = 64;
+}  // namespace
+
+bool Replicator::Prefetch(const std::string& job, const std::string& dir, std::vector<std::string> paths,
+                          bool only_if_empty) {
+  if (!options_.prefetch || cache_->RingNodes(job).empty()) return false;
+  MutexLock l(&mu_);
+  if (stop_ || prefetches_.size() >= kMaxPrefetches) return false;
+  for (const PrefetchJob& p : prefetches_)
+    if (p.job == job && p.dir == dir && p.paths == paths) return false;
+  prefetches_.push_back({job, dir, std::move(paths), only_if_empty});
+  cv_.SignalAll();
+  return true;
+}
+
+void Replicator::PrefetchLoop() {
+  for (;;) {
+    PrefetchJob p;
+    {
+      MutexLock l(&mu_);
+      while (!stop_ && prefetches_.empty()) cv_.Wait(&mu_);
+      if (stop_) return;
+      p = std::move(prefetches_.front());
+      prefetches_.pop_front();
+    }
+    RunPrefetch(p);
+  }
+}
+
+void Replicator::RunPrefetch(const PrefetchJob& p) {
+  if (p.only_if_empty && cache_->InMemoryCount(p.job) > 0) return;  // not a restart
+  const std::vector<std::string> nodes = cache_->RingNodes(p.job);
+  if (nodes.empty()) return;
+  std::vector<std::string> paths = p.paths;
+  if (paths.empty()) {
+    std::vector<ListedObject> listed;
+    Status s = cache_->ListStorageDir(p.job, p.dir, &listed);
+    if (!s.ok()) {
+      TCE_LOG(kWarning, "ring") << "prefetch of " << p.dir << " for job=" << p.job << ": " << s.ToString();
+      return;
+    }
+    for (const ListedObject& o : listed) paths.push_back(o.key);
+  }
+  size_t mine = 0, read = 0;
+  for (const std::string& path : paths) {
+    {
+      MutexLock l(&mu_);
+      if (stop_) return;
+    }
+    if (!cache_->UnderStorage(path) || plans_.OwnerOf(p.job, nodes, path) != options_.self) continue;
+    ++mine;
+    Status s = cache_->LoadFromStorage(p.job, path, /*for_peer=*/false);
+    if (s.ok()) {
+      ++read;
+    } else {
+      TCE_LOG(kWarning, "ring") << "prefetch of job=" << p.job << " path=" << path << ": " << s.ToString();
+    }
+  }
+  TCE_LOG(kInfo, "ring") << "prefetched " << read << " of the " << mine << " file(s) this node reads of "
+                         << paths.size() << " for job=" << p.job << (p.dir.empty() ? "" : " in " + p.dir);
+}
+
+}  // namespace tce
