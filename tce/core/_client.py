@@ -26,6 +26,8 @@ import grpc
 import torch
 
 from tce.core import _layout, _mapping, _staging
+from tce.core import _client_loads
+from tce.core._client_loads import LoadCalls
 from tce.core._client_versions import VersionCalls
 from tce.core._files import current_umask
 from tce.errors import (
@@ -45,9 +47,8 @@ log = logging.getLogger(__name__)
 
 _CODE_NAMES = {sc.value[0]: sc.name for sc in grpc.StatusCode}
 _FD_PACKET = 4096
+MAX_RANGE = _client_loads.MAX_RANGE  # the most one ReadRange call returns (the server's kMaxRangeLength)
 
-
-MAX_RANGE = 16 << 20  # the most one ReadRange call returns (the server's kMaxRangeLength)
 
 
 def fd_socket_path(socket_path: str) -> str:
@@ -59,7 +60,7 @@ def fd_socket_path(socket_path: str) -> str:
 PWRITE_MIN_BYTES = 64 << 20
 
 
-class Client(VersionCalls):
+class Client(LoadCalls, VersionCalls):
     """One session with a tce-server."""
 
     def __init__(self, socket_path: str, *, rpc_timeout: float) -> None:
@@ -106,6 +107,9 @@ class Client(VersionCalls):
         self._released_versions: collections.deque[int] = collections.deque()  # by finalizers
         self._kept: dict[int, _mapping.ReadMapping] = {}  # leased buffers kept mapped (readers)
         self.fd_requests = 0  # fds received so far (a steady-state save needs none)
+        # Bytes this session's loads found, by where (LoadSource name): the
+        # node's memory, another node's over the ring, storage.
+        self.loaded: collections.Counter[str] = collections.Counter()
         self.closed = False
 
     # ---- plumbing -------------------------------------------------------
@@ -354,125 +358,6 @@ class Client(VersionCalls):
         except TCEError:
             pass
 
-    def open(self, job: str, path: str, *, local_only: bool = False) -> tuple[pb.FileInfo, mmap.mmap]:
-        """Map a cached file privately (copy-on-write) under a lease.
-
-        The lease is released once the returned mapping is garbage (all views
-        of it, e.g. loaded tensors, are gone). With ``local_only`` the server
-        does not bring the file here from the ring on a miss. Raises
-        NotCachedError.
-        """
-        self._flush()
-        resp = self._call(
-            "Lookup", pb.LookupRequest(session=self.session, job=job, path=path, lease=True,
-                                       local_only=local_only)
-        )
-        self._unmap(resp.unmap_buffer_ids)
-        info = resp.file
-        try:
-            fd = self._request_fd(info.buffer_id)
-            try:
-                mm, mapped = _mapping.map_private(fd, info.size)
-            finally:
-                os.close(fd)
-        except BaseException:
-            self._released.append(resp.lease_id)
-            raise
-        lease = resp.lease_id
-        if not mapped:  # a copy: the buffer is free for reuse at once
-            self._released.append(lease)
-            return info, mm
-        with self._lock:
-            self._leases[lease] = weakref.ref(mm)
-        weakref.finalize(mm, self._lease_done, lease)
-        return info, mm
-
-    def open_fd(self, job: str, path: str, *, local_only: bool = False) -> tuple[pb.FileInfo, int, int]:
-        """A cached file's buffer as a file descriptor, under a lease: (the
-        file, the fd, the lease). Nothing is mapped, so reading it with
-        ``os.preadv`` sets up no page tables. The caller closes the fd and
-        passes the lease to :meth:`release_lease`. Raises NotCachedError.
-        """
-        self._flush()
-        resp = self._call(
-            "Lookup", pb.LookupRequest(session=self.session, job=job, path=path, lease=True,
-                                       local_only=local_only)
-        )
-        self._unmap(resp.unmap_buffer_ids)
-        try:
-            fd = self._request_fd(resp.file.buffer_id)
-        except BaseException:
-            self._released.append(resp.lease_id)
-            raise
-        return resp.file, fd, resp.lease_id
-
-    def release_lease(self, lease: int) -> None:
-        """Give back a lease of :meth:`open_fd` (sent with the next call)."""
-        self._released.append(lease)
-
-    def _lease_done(self, lease: int) -> None:
-        # Runs in whichever thread drops the last view: no I/O, no blocking.
-        self._leases.pop(lease, None)
-        self._released.append(lease)
-
-    def detach_leases(self) -> int:
-        """Make every live load independent of the cache, then release its lease.
-
-        Loaded tensors view a private (copy-on-write) mapping of a cached
-        buffer, which keeps the buffer from being reused while they live (an
-        optimizer keeps its loaded state for the whole run). Writing one byte
-        per page forces the kernel to give each page its own copy; after that
-        the buffer may be reused. Returns the number of leases released.
-        """
-        with self._lock:
-            live = [(lease, ref()) for lease, ref in self._leases.items()]
-        released = 0
-        for lease, mm in live:
-            if mm is None:
-                continue
-            pages = torch.frombuffer(mm, dtype=torch.uint8)[:: mmap.PAGESIZE]
-            pages.copy_(pages.clone())
-            del pages
-            if self._leases.pop(lease, None) is not None:
-                self._released.append(lease)
-                released += 1
-        self._flush()
-        return released
-
-    def read_range(self, job: str, path: str, offset: int, length: int, *, buffer_offset: int | None = None,
-                   etag: str = "", size: int = 0) -> pb.ReadRangeResponse:
-        """Bytes ``[offset, offset + length)`` (at most :data:`MAX_RANGE`) of a file from this
-        server's cache, a copy it holds, a ring peer, or its object (``etag``, ``size``: the
-        identity a load pinned): in the reply's ``data``, or with ``buffer_offset`` at that
-        offset of this session's range buffer (:meth:`range_buffer`). Raises NotCachedError
-        when none has it."""
-        return self._call("ReadRange", pb.ReadRangeRequest(
-            session=self.session, job=job, path=path, offset=offset, length=length,
-            into_buffer=buffer_offset is not None, buffer_offset=buffer_offset or 0, expect_etag=etag,
-            expect_size=size))
-
-    def range_buffer(self) -> tuple[int, int] | None:
-        """This session's range buffer, where :meth:`read_range` can put the
-        bytes so they never travel inside a reply: (a read-only fd, its size
-        in bytes), got once per session and closed with the client. None when
-        the server has none to give (an older server, or too many sessions
-        hold one); read through the reply then."""
-        with self._lock:
-            if self._range_buffer is not None:
-                return self._range_buffer or None
-        try:
-            fd = self._request_fd(0, range_buffer=True)
-            got: tuple[int, int] | tuple[()] = (fd, os.fstat(fd).st_size)
-        except TCEError as e:
-            log.debug("no range buffer: %s", e)
-            got = ()
-        with self._lock:
-            if self._range_buffer is None:
-                self._range_buffer = got
-            elif got:  # another thread got it first
-                os.close(got[0])
-            return self._range_buffer or None
-
     def lookup(self, job: str, path: str) -> pb.FileInfo:
         return self._call(
             "Lookup", pb.LookupRequest(session=self.session, job=job, path=path)
@@ -519,6 +404,13 @@ class Client(VersionCalls):
         """Tell the server the job's ring; returns its successor ("" with one node)."""
         return self._call("SetRing", pb.SetRingRequest(
             session=self.session, job=job, node_rank=node_rank, endpoints=endpoints)).successor
+
+    def prefetch(self, job: str, *, dir: str = "", paths: list[str] | None = None) -> bool:
+        """Have the server start reading its share of a checkpoint the job is
+        about to load (the files of ``dir`` on storage, or ``paths``); returns
+        whether it queued anything."""
+        return self._call("Prefetch", pb.PrefetchRequest(
+            session=self.session, job=job, dir=dir, paths=paths or [])).queued
 
     def list_tags(self, job: str, *, wait_for_restore: bool = False) -> list[pb.TagInfo]:
         """The job's complete tags, oldest first; with ``wait_for_restore``,
