@@ -47,6 +47,7 @@ from tce.core._safetensors import (
     read_header as read_safetensors_header,
 )
 from tce.core._staging import StagedSave
+from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb
 
 __all__ = [
@@ -135,6 +136,19 @@ def mapped_buffers() -> int:
 # ---------------------------------------------------------------------------
 
 
+def loaded_bytes() -> dict[str, int]:
+    """Bytes this process's loads (``tce.load``, the torch patch, the
+    DeepSpeed engine, ...) found through its node's server, by where:
+    ``"cache"`` (that node's memory), ``"peer"`` (another node's, over the
+    ring), ``"storage"`` (read from storage into the cache for them). A load
+    that read a file itself (no server could give it) is not counted. {} when
+    the server is unreachable."""
+    try:
+        return dict(_service.with_client(lambda c: c.loaded))
+    except TCEError:
+        return {}
+
+
 def files(job: str | None = None, tag: str = "", *, check_storage: bool = False,
           wait_for_restore: bool = False) -> list[pb.FileInfo]:
     """The files the server knows, by job and path.
@@ -177,6 +191,21 @@ def tags(job: str | None = None, *, wait_for_restore: bool = False) -> list[pb.T
     first; ``wait_for_restore`` as for :func:`files`."""
     job = _service.job_or_default(job)
     return _service.with_client(lambda c: c.list_tags(job, wait_for_restore=wait_for_restore))
+
+
+def prefetch(dir: str | os.PathLike | None = None, *, paths: list[str | os.PathLike] | None = None,
+             job: str | None = None) -> bool:
+    """Before a job restarted on empty nodes loads a checkpoint: have every
+    node's server start reading its share of it (the files of ``dir`` on
+    storage, or ``paths``) into the cache, so the loads wait on transfers
+    already under way (docs/ring.md, "Cooperative restore"). Every rank may
+    call it; each server queues one prefetch of it. Returns whether this
+    node's server queued it (False: no ring of several nodes, the
+    ``restore_prefetch`` setting is off, or it is queued already)."""
+    job = _service.job_or_default(job)
+    d = _service.norm(dir) if dir is not None else ""
+    ps = [_service.norm(p) for p in paths or []]
+    return _service.with_client(lambda c: c.prefetch(job, dir=d, paths=ps))
 
 
 def commit_tag(tag: pb.TagInfo) -> pb.TagInfo:

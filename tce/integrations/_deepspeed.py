@@ -34,6 +34,7 @@ import threading
 from typing import Any
 
 from tce import api, client
+from tce.integrations import _deepspeed_loading as _loading
 from tce.integrations import _deepspeed_weights as _ds_weights
 from tce.errors import DeadlineExceededError, TCEError
 from tce.v1 import tce_pb2 as pb
@@ -44,7 +45,6 @@ ENGINE_NAME = "TCECheckpointEngine"
 _ENGINE_MODULE = "deepspeed.runtime.engine"
 _MARK = "__tce_original__"
 _install_lock = threading.RLock()
-_loading = threading.local()  # .engine: the TCE engine inside load_checkpoint
 _finder: _EngineFinder | None = None  # noqa: F821 (defined below)
 
 
@@ -133,6 +133,7 @@ def _engine_class():
             self._tag_files: set[str] = set()  # files of the complete tags (learn_tags)
             self.loads_from_cache = 0
             self.loads_from_storage = 0
+            self.bytes_read_directly = 0  # bytes of the files loads read from storage themselves
             self.ring = client.join_ring(self.job)  # every rank builds the engine: a collective
             rank = client.rank()
             message = (f"[TCE] checkpoint engine active: {ENGINE_NAME} "
@@ -205,6 +206,7 @@ def _engine_class():
                 self.loads_from_cache += 1
             else:
                 self.loads_from_storage += 1
+                self.bytes_read_directly += _loading.size_on_storage(path)
             return obj
 
         # -- the rest of the contract --------------------------------------
@@ -309,14 +311,14 @@ def _engine_class():
                     message = f"[TCE] no 'latest' in {load_dir}; loading {chosen!r}, the newest recoverable tag"
                 log.warning(message)
                 if rank == 0:
-                    _ds_log(message, warning=True)
+                    _loading.ds_log(message, warning=True)
             from_storage = sorted(p for p, cached in found[names.index(chosen)].items() if not cached)
             if from_storage and rank == 0:
                 message = (f"[TCE] tag {chosen!r}: {len(from_storage)} file(s) are in no node's cache "
                            f"and load from storage: {', '.join(from_storage[:8])}"
                            + (" ..." if len(from_storage) > 8 else ""))
                 log.warning(message)
-                _ds_log(message, warning=True)
+                _loading.ds_log(message, warning=True)
             return chosen
 
         def _known_tags(self, load_dir: str, tag: str | None) -> list[tuple[str, list[tuple[int, str, int]]]]:
@@ -377,15 +379,6 @@ def _on_storage(path: str, size: int) -> bool:
         return False
 
 
-def _ds_log(message: str, warning: bool = False) -> None:
-    """Log through DeepSpeed's logger too, so the line shows in its output."""
-    try:
-        from deepspeed.utils import logger
-    except ImportError:
-        return
-    (logger.warning if warning else logger.info)(message)
-
-
 _ENGINE_CLASS = None
 
 
@@ -440,11 +433,16 @@ def _wrap_load_checkpoint(original):
             tag = engine.resolve_tag(load_dir)
         else:
             engine.learn_tags(load_dir, tag)  # DeepSpeed's file discovery sees the tag's files
-        _loading.engine = engine
+        if tag and engine.ring:  # empty nodes: every node starts reading its share of the tag
+            _loading.prefetch(os.path.join(load_dir, str(tag)), engine.job)
+        _loading.loading.engine = engine
+        before = _loading.load_split(engine)
         try:
-            return original(self, load_dir, tag, *args, **kwargs)
+            result = original(self, load_dir, tag, *args, **kwargs)
         finally:
-            _loading.engine = None
+            _loading.loading.engine = None
+        _loading.log_load_split(engine, tag, before)
+        return result
 
     setattr(load_checkpoint, _MARK, original)
     return load_checkpoint
@@ -480,38 +478,6 @@ def _wrap_ckpt_names(original):
     return _get_all_ckpt_names
 
 
-class _CacheAwarePath:
-    """os.path for DeepSpeed's state_dict_factory: exists() also sees files
-    that are only in the cache, while a TCE engine loads."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os.path, name)
-
-    @staticmethod
-    def exists(path: Any) -> bool:
-        if os.path.exists(path):
-            return True
-        engine = getattr(_loading, "engine", None)
-        return engine is not None and (engine.knows(path) or api.cached(path, job=engine.job))
-
-
-class _CacheAwareOs:
-    path = _CacheAwarePath()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
-
-
-def _patch_state_dict_factory() -> None:
-    try:
-        import deepspeed.runtime.state_dict_factory as factory
-    except ImportError:
-        return
-    if isinstance(getattr(factory, "os", None), _CacheAwareOs) or getattr(factory, "os", None) is not os:
-        return
-    factory.os = _CacheAwareOs()
-
-
 def _wrapped(fn: Any) -> bool:
     return getattr(fn, _MARK, None) is not None
 
@@ -532,7 +498,7 @@ def _patch_engine_module(module: Any) -> None:
             fn = cls.__dict__.get(name)
             if fn is not None and not _wrapped(fn):
                 setattr(cls, name, wrap(fn))
-        _patch_state_dict_factory()
+        _loading.patch_state_dict_factory()
         log.debug("TCE hooked into %s", module.__name__)
 
 
@@ -593,7 +559,7 @@ def attach(engine: Any, **options: Any) -> Any:
     if current is not None and not _is_tce(current):
         message = f"[TCE] replacing {type(current).__name__} with {ENGINE_NAME}"
         log.info(message)
-        _ds_log(message)
+        _loading.ds_log(message)
     engine.checkpoint_engine = new
     return new
 

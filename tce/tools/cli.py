@@ -79,6 +79,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{st.get('remote_misses', 0)} held by no peer")
     else:
         print("ring      off (no peer_listen)")
+    for j in st.get("job_loads", []):
+        print(f"loads     job {j['job']}: {_human(int(j.get('cache_bytes', 0)))} from this node's memory, "
+              f"{_human(int(j.get('peer_bytes', 0)))} from other nodes', "
+              f"{_human(int(j.get('storage_bytes', 0)))} read from storage "
+              f"({_human(int(j.get('for_peers_bytes', 0)))} of it for other nodes)")
     ops = [f"metrics http://{st['metrics_endpoint']}/metrics" if st.get("metrics_endpoint") else "",
            f"gRPC health {st['health_endpoint']}" if st.get("health_endpoint") else ""]
     print("ops       " + ("; ".join(o for o in ops if o) or "no metrics or health endpoint"))
