@@ -130,6 +130,9 @@ if args.load:
     ce = engine.checkpoint_engine
     dump["loads"] = {"cache": getattr(ce, "loads_from_cache", -1),
                      "storage": getattr(ce, "loads_from_storage", -1)}
+    if args.engine != "torch":  # where the bytes the node's server gave came from
+        from tce import client as tce_client
+        dump["split"] = tce_client.loaded_bytes()
     start = engine.global_steps
 save_at = {int(x) for x in args.save_at.split(",") if x}
 for step in range(start + 1, args.steps + 1):

@@ -1,0 +1,231 @@
+"""Cooperative restore (docs/ring.md): a job restarted on empty nodes reads
+each byte of its checkpoint from storage once. Three "nodes" (network
+namespaces, tce.tools._netns), a tce-server in each with one shared storage
+root, in one job's ring; a DeepSpeed-like tag on storage that no server has
+in memory: a model file every rank loads, and one shard per rank. Two rank
+processes per node (tests/restore_rank.py) load what a ZeRO-2 restart loads.
+The storage read counters of the servers (tce status: job_loads) prove the
+one-read property; the ranks prove the bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+import torch
+
+from tce import _service, api
+from tce.core import _knobs
+from tce.tools._server import LocalServer
+
+from helpers import faulty_server_binary
+
+pytestmark = [pytest.mark.multinode]
+
+TOKEN = "restore-token"
+RANK_SCRIPT = os.path.join(os.path.dirname(__file__), "restore_rank.py")
+
+
+def _digest(state) -> str:
+    h = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        h.update(name.encode())
+        h.update(value.numpy().tobytes() if isinstance(value, torch.Tensor) else repr(value).encode())
+    return h.hexdigest()
+
+
+class Cluster:
+    """A server per node on its node's address, storage root `store`, in
+    the ring of job `job` (told by the test, as tce.join_ring would)."""
+
+    def __init__(self, tmp_path, nodes, store, *, faulty: dict[int, str] | None = None) -> None:
+        self.tmp_path, self.nodes, self.store = tmp_path, nodes, store
+        self.job = f"restore-{uuid.uuid4().hex[:8]}"
+        self.servers = [self._start(i, (faulty or {}).get(i)) for i in range(len(nodes.names))]
+        self.endpoints = [self.status(i)["peer_endpoint"] for i in range(len(self.servers))]
+        for i in range(len(self.servers)):
+            self.call(i, lambda i=i: _service.client().set_ring(self.job, i, self.endpoints))
+        self.ranks: list[subprocess.Popen] = []
+
+    def _start(self, i: int, fault: str | None) -> LocalServer:
+        state = self.tmp_path / f"node{i}"
+        state.mkdir(exist_ok=True)
+        extra = ["--ring-fault", fault] if fault else []
+        return LocalServer(
+            memory_budget="256MiB", socket_path=str(state / "tce.sock"), netns=self.nodes.names[i],
+            storage_roots=[str(self.store)], binary=faulty_server_binary() if fault else None,
+            extra_args=["--peer-listen", f"{self.nodes.addresses[i]}:7070", "--peer-token", TOKEN,
+                        "--peer-timeout-ms", "5000", "--metadata-url", "none", *extra]).start()
+
+    def call(self, i: int, fn):
+        with _knobs.override(socket=self.servers[i].socket, job=self.job, on_unavailable="raise"):
+            try:
+                return fn()
+            finally:
+                api.close()
+
+    def status(self, i: int) -> dict:
+        return self.call(i, api.status)
+
+    def storage_reads(self, i: int) -> int:
+        """Bytes node i's server read from storage for this job."""
+        with _knobs.override(socket=self.servers[i].socket):
+            st = _service.client().status()
+            api.close()
+        return sum(j.storage_bytes for j in st.job_loads if j.job == self.job)
+
+    def start_rank(self, i: int) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, RANK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "TCE_SOCKET": self.servers[i].socket,
+                                             "TCE_JOB": self.job, "TCE_ON_UNAVAILABLE": "raise"})
+        self.ranks.append(p)
+        assert p.stdout.readline().strip() == "ready"
+        return p
+
+    def close(self) -> None:
+        for p in self.ranks:
+            p.kill()
+            p.wait()
+        for s in self.servers:
+            s.stop()
+            s.cleanup()
+
+
+def _ask(rank: subprocess.Popen, paths: list[str]) -> None:
+    rank.stdin.write(json.dumps(paths) + "\n")
+    rank.stdin.flush()
+
+
+def _answer(rank: subprocess.Popen) -> dict:
+    line = rank.stdout.readline()
+    assert line, f"rank exited ({rank.wait()})"
+    return json.loads(line)
+
+
+def _write_tag(store, ranks: int) -> dict[str, str]:
+    """A ZeRO-2-like tag on storage, written as plain torch.save would
+    (never cached): path -> digest."""
+    tag = store / "step7"
+    tag.mkdir(parents=True)
+    files = {str(tag / "mp_rank_00_model_states.pt"): {"w": torch.randn(1 << 20), "step": 7}}
+    for r in range(ranks):
+        files[str(tag / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")] = {"m": torch.randn(1 << 19) + r}
+    for path, state in files.items():
+        torch.save(state, path)
+    return {path: _digest(state) for path, state in files.items()}
+
+
+def _unique_bytes(digests: dict[str, str]) -> int:
+    return sum(os.path.getsize(p) for p in digests)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = tmp_path / "store"
+    s.mkdir()
+    return s
+
+
+def test_a_restart_on_empty_nodes_reads_each_byte_from_storage_once(tmp_path, nodes3, store):
+    digests = _write_tag(store, ranks=6)
+    model = next(p for p in digests if "model_states" in p)
+    cluster = Cluster(tmp_path, nodes3, store)
+    try:
+        ranks = [cluster.start_rank(node) for node in range(3) for _ in range(2)]
+        for r, rank in enumerate(ranks):  # every rank: the model file and its own shard, at once
+            _ask(rank, [model, str(store / "step7" / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")])
+        answers = [_answer(rank) for rank in ranks]
+        for r, a in enumerate(answers):
+            for path, digest in a["digests"].items():
+                assert digest == digests[path], (r, path)
+            # Every byte came through the node's server: none read storage itself.
+            mine = os.path.getsize(model) + os.path.getsize(
+                store / "step7" / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+            assert sum(a["loaded"].values()) == mine, a["loaded"]
+        reads = [cluster.storage_reads(i) for i in range(3)]
+        assert sum(reads) == _unique_bytes(digests), reads  # each byte from storage once
+        assert all(reads), reads  # and the work was shared
+        assert sum(int(a["loaded"].get("peer", 0)) for a in answers) > 0
+        # The split is in tce status (per job) and in the metrics.
+        st = cluster.status(0)
+        assert any(j["job"] == cluster.job for j in st["job_loads"]), st["job_loads"]
+    finally:
+        cluster.close()
+
+
+def test_an_owner_that_dies_mid_restore_has_its_share_read_by_another_node(tmp_path, nodes3, store):
+    """Node 2's server dies after the model file was restored: the shards
+    the plan gave it are read by nodes 0 and 1, once each."""
+    digests = _write_tag(store, ranks=6)
+    model = next(p for p in digests if "model_states" in p)
+    shards = sorted(p for p in digests if p != model)
+    cluster = Cluster(tmp_path, nodes3, store)
+    try:
+        ranks = [cluster.start_rank(node) for node in range(3)]
+        for rank in ranks:
+            _ask(rank, [model])
+        for rank in ranks:
+            assert _answer(rank)["digests"] == {model: digests[model]}
+        before = [cluster.storage_reads(i) for i in range(3)]
+        assert sum(before) == os.path.getsize(model)
+        cluster.servers[2].kill()
+        for rank, half in zip(ranks[:2], (shards[:3], shards[3:])):
+            _ask(rank, half)
+        for rank, half in zip(ranks[:2], (shards[:3], shards[3:])):
+            got = _answer(rank)["digests"]
+            assert got == {p: digests[p] for p in half}
+        after = [cluster.storage_reads(i) for i in range(2)]
+        assert sum(after) - sum(before[:2]) == sum(os.path.getsize(p) for p in shards), (before, after)
+        assert "did not answer for job=" + cluster.job in cluster.servers[0].log() + cluster.servers[1].log()
+    finally:
+        cluster.servers[2].cleanup()
+        cluster.servers = cluster.servers[:2]
+        cluster.close()
+
+
+def test_a_corrupt_transfer_from_the_owner_is_read_again_from_storage(tmp_path, nodes2, store):
+    """Node 1's transport corrupts everything it sends (the test build's
+    fault): node 0's CRC check refuses each file node 1 read for it, and node
+    0 reads those from storage itself; every load is bitwise the saved one."""
+    digests = _write_tag(store, ranks=4)
+    cluster = Cluster(tmp_path, nodes2, store, faulty={1: "corrupt"})
+    try:
+        rank = cluster.start_rank(0)
+        _ask(rank, sorted(digests))
+        a = _answer(rank)
+        assert a["digests"] == digests
+        assert "loaded" in a and "peer" not in a["loaded"], a["loaded"]  # nothing corrupt was taken
+        node1 = cluster.storage_reads(1)
+        assert node1 > 0  # node 1 was the owner of some files, and read them
+        assert cluster.storage_reads(0) == _unique_bytes(digests)
+        assert "corrupt" in cluster.status(0)["backup_error"]
+    finally:
+        cluster.close()
+
+
+def test_a_file_storage_cannot_give_fails_alone_with_its_path(tmp_path, nodes2, store):
+    """A shard missing from storage fails that load alone, naming the path;
+    the others load, each read once."""
+    digests = _write_tag(store, ranks=2)
+    gone = sorted(digests)[-1]
+    os.unlink(gone)
+    cluster = Cluster(tmp_path, nodes2, store)
+    try:
+        ranks = [cluster.start_rank(0), cluster.start_rank(1)]
+        ok = [p for p in sorted(digests) if p != gone]
+        for rank in ranks:
+            _ask(rank, [gone])
+        for rank in ranks:
+            err = _answer(rank)["error"]
+            assert err.startswith("FileNotFoundError") and gone in err, err
+        _ask(ranks[0], ok)
+        assert _answer(ranks[0])["digests"] == {p: digests[p] for p in ok}
+        assert cluster.storage_reads(0) + cluster.storage_reads(1) == sum(os.path.getsize(p) for p in ok)
+    finally:
+        cluster.close()
