@@ -22,14 +22,16 @@ Mixed-precision Adam keeps 2 bytes per parameter in the model states and
 tag (``--model-share``) and each shard ``6/7 / ranks`` of it.
 
 Each measured run starts fresh servers (new state directories, nothing
-cached), starts the ranks and lets them import and connect; then, released
-at once (a line on stdin), each rank ``tce.load``\\ s the model states and
-its shard and says when it is done. Measured:
+cached), starts the ranks and lets them import and connect; then, as a job
+does once its ranks are up, it tells every server the job's ring (what
+``tce.join_ring`` does) and releases the ranks at once (a line on stdin):
+each loads the model states and its shard with ``tce.load`` and says when
+it is done. Measured:
 
-* bytes read from storage: the filesystem's counter over the run (from the
-  release to the servers' stop), against the tag's unique bytes (each byte
-  read once: 1.00);
-* load time: from the release to the last rank done, against the floor
+* bytes read from storage: the filesystem's counter over the run (from
+  before the servers start to after they stop), against the tag's unique
+  bytes (each byte read once: 1.00);
+* load time: from setting the ring to the last rank done, against the floor
   ``unique bytes / storage rate`` (the time to read each byte once);
 * the same load from a plain directory (no FUSE, no pacing, the page cache
   warm): what a restore costs when storage is not what it waits for.
@@ -178,6 +180,9 @@ def _restore(nodes, root: str, files: list[dict], rpn: int, work: str, size: int
     servers: list[LocalServer] = []
     procs: list[subprocess.Popen] = []
     try:
+        # Counted from before the servers start: whatever they read for the
+        # restart, at start, at set_ring or behind the loads, is the run's.
+        before = mount.stats() if mount else None
         for i in range(n):
             d = os.path.join(work, f"n{i}")
             os.makedirs(d)
@@ -186,10 +191,6 @@ def _restore(nodes, root: str, files: list[dict], rpn: int, work: str, size: int
                 storage_roots=[root],
                 extra_args=["--peer-listen", f"{nodes.addresses[i]}:7070", "--peer-token", "bench",
                             "--metadata-url", "none", "--log-level", "warning"]).start())
-        endpoints = [f"{a}:7070" for a in nodes.addresses]
-        for i, s in enumerate(servers):
-            with client.session(s.socket):
-                client.set_ring(JOB, i, endpoints)
         tag_dir = os.path.join(root, JOB, TAG)
         for r in range(n * rpn):
             mine = [dict(f, path=os.path.join(tag_dir, f["name"])) for f in files if r in f["ranks"]]
@@ -202,8 +203,14 @@ def _restore(nodes, root: str, files: list[dict], rpn: int, work: str, size: int
                  json.dumps(cfg)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env))
         q = _lines(procs)
         _collect(q, procs, "ready")
-        before = mount.stats() if mount else None
+        # The restart as a job does it once its ranks are up: it tells every
+        # server the ring (tce.join_ring), then the ranks load. Timed from
+        # the ring, so no server starts on the tag before the clock does.
         t0 = time.monotonic()
+        endpoints = [f"{a}:7070" for a in nodes.addresses]
+        for i, s in enumerate(servers):
+            with client.session(s.socket):
+                client.set_ring(JOB, i, endpoints)
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
