@@ -460,7 +460,8 @@ def plot(res: dict[str, Any], path: str) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--size", default="1GiB", help="state dict size (default 1GiB)")
+    p.add_argument("--size", default=None,
+                   help="state dict size (default 1GiB; with --restore: the tag's, 512MiB)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timed runs per figure (median; default 5, 3 with --s3)")
     p.add_argument("--persist-repeats", type=int, default=5,
@@ -496,7 +497,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "against a plain TCP stream (root)")
     p.add_argument("--nodes", type=int, default=0, metavar="N",
                    help="with --weights: spread each version to N inference nodes (network "
-                        "namespaces, links limited with tc; root) instead of one node's readers")
+                        "namespaces, links limited with tc; root) instead of one node's readers; "
+                        "with --restore: the job's nodes (default 3)")
     p.add_argument("--link-rate", default="1gbit",
                    help="with --weights --nodes: each node's link, each way (tc rate; default 1gbit)")
     _s3bench.add_arguments(p)
@@ -504,9 +506,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead: published versions read by inference processes: publish to "
                         "reader latency, read bandwidth against memcpy, save-to-served against "
                         "the storage path (docs/weights.md)")
+    p.add_argument("--restore", action="store_true",
+                   help="instead: a whole job restarting on --nodes nodes with empty caches, "
+                        "from storage paced by a FUSE filesystem: bytes read from storage against "
+                        "the tag's unique bytes, load time against unique bytes / --storage-rate "
+                        "(root)")
+    p.add_argument("--ranks-per-node", type=int, default=2,
+                   help="with --restore: rank processes on each node (default 2)")
+    p.add_argument("--storage-rate", default="200MB",
+                   help="with --restore: the storage's read bandwidth, shared by all readers, "
+                        "per second (default 200MB)")
+    p.add_argument("--model-share", type=float, default=None,
+                   help="with --restore: the model states' share of the tag, the file every rank "
+                        "loads (default 1/7, mixed-precision Adam: 2 of 14 bytes per parameter)")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.size is None:
+        args.size = "512MiB" if args.restore else "1GiB"
     if args.s3:
         repeats = 3 if args.repeats is None else args.repeats
         return _s3bench.main(parse_size(args.size), repeats, args.json, args.dir, args.skip,
@@ -515,6 +532,11 @@ def main(args: argparse.Namespace) -> int:
         args.repeats = 5
     if args.ring:
         return _ringbench.main(parse_size(args.size), args.repeats, args.json)
+    if args.restore:
+        from tce.tools import _restorebench
+        return _restorebench.main(parse_size(args.size), args.repeats, args.json, args.nodes or 3,
+                                  args.ranks_per_node, parse_size(args.storage_rate),
+                                  args.model_share or _restorebench.MODEL_SHARE)
     if args.weights and args.nodes:
         from tce.tools import _weightsnodes
         return _weightsnodes.main(parse_size(args.size), args.repeats, args.json, args.nodes, args.link_rate)
