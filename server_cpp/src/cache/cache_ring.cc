@@ -329,6 +329,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   f.disk = storage.verdict == Verdict::kSame && f.disk.known ? here : DiskIdentity();
   if (written && storage.verdict == Verdict::kSame) {
     f.state = FileState::kPersisted;  // storage holds these very bytes
+    f.disk.written = true;  // and says so to a node that pulls them from here (never writes them again)
     if (f.persisted_unix_ns == 0) f.persisted_unix_ns = f.committed_unix_ns;
   }
   files_[key] = f;
