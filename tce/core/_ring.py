@@ -75,4 +75,7 @@ def join_ring(job: str | None = None) -> list[str]:
     if local_rank == 0:
         successor = _session.with_client(lambda c: c.set_ring(job, node, endpoints))
         log.info("TCE: job %s, node %d of %d, backing up to %s", job, node, len(endpoints), successor)
+    # No rank goes on (to a load that asks another node) before every node's
+    # server knows the ring.
+    _dist.all_gather(None)
     return endpoints
