@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 
@@ -46,6 +47,8 @@ if args.engine == "tce-late":
 
 rank = int(os.environ["RANK"])
 torch.manual_seed(1234)
+logging.basicConfig(level=logging.WARNING)
+logging.getLogger("tce.deepspeed").setLevel(logging.INFO)  # the engine's line per load
 
 
 class Net(torch.nn.Module):

@@ -44,18 +44,27 @@ class Cluster:
     """A server per node on its node's address, storage root `store`, in
     the ring of job `job` (told by the test, as tce.join_ring would)."""
 
-    def __init__(self, tmp_path, nodes, store, *, faulty: dict[int, str] | None = None) -> None:
+    def __init__(self, tmp_path, nodes, store, *, faulty: dict[int, str] | None = None, job: str = "",
+                 join: bool = True) -> None:
         self.tmp_path, self.nodes, self.store = tmp_path, nodes, store
-        self.job = f"restore-{uuid.uuid4().hex[:8]}"
+        self.job = job or f"restore-{uuid.uuid4().hex[:8]}"
+        self.started = 0
         self.servers = [self._start(i, (faulty or {}).get(i)) for i in range(len(nodes.names))]
         self.endpoints = [self.status(i)["peer_endpoint"] for i in range(len(self.servers))]
-        for i in range(len(self.servers)):
+        for i in range(len(self.servers) if join else 0):
             self.call(i, lambda i=i: _service.client().set_ring(self.job, i, self.endpoints))
         self.ranks: list[subprocess.Popen] = []
 
+    def replace(self, i: int) -> None:
+        """Node i's server killed and started again, empty (the ranks join the ring)."""
+        self.servers[i].kill()
+        self.servers[i].cleanup()
+        self.servers[i] = self._start(i, None)
+
     def _start(self, i: int, fault: str | None) -> LocalServer:
-        state = self.tmp_path / f"node{i}"
-        state.mkdir(exist_ok=True)
+        self.started += 1
+        state = self.tmp_path / f"server{self.started}-node{i}"
+        state.mkdir()
         extra = ["--ring-fault", fault] if fault else []
         return LocalServer(
             memory_budget="256MiB", socket_path=str(state / "tce.sock"), netns=self.nodes.names[i],
@@ -227,5 +236,69 @@ def test_a_file_storage_cannot_give_fails_alone_with_its_path(tmp_path, nodes2, 
         _ask(ranks[0], ok)
         assert _answer(ranks[0])["digests"] == {p: digests[p] for p in ok}
         assert cluster.storage_reads(0) + cluster.storage_reads(1) == sum(os.path.getsize(p) for p in ok)
+    finally:
+        cluster.close()
+
+
+def _job_storage_reads(socket: str, job: str) -> int:
+    with _knobs.override(socket=socket):
+        st = _service.client().status()
+        api.close()
+    return sum(j.storage_bytes for j in st.job_loads if j.job == job)
+
+
+def _dir_bytes(d) -> int:
+    return sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+
+
+@pytest.mark.deepspeed
+@pytest.mark.slow
+def test_deepspeed_zero2_resumes_on_three_empty_nodes_reading_each_byte_once(tmp_path, nodes3, store):
+    """ZeRO-2 saved to storage; then every node's server is replaced (empty
+    caches, as on a new allocation). The resumed job is bitwise the one
+    that saved, no rank read storage itself, and the servers together read
+    each byte of the tag once (the model file every rank loads included)."""
+    from test_node_loss import JOB, RESUME_AT, Cluster as DsCluster, _assert_resumed, _first_run, _run
+
+    ckpt = store / "ckpt"
+    cluster = DsCluster(tmp_path, nodes3, storage=store)
+    try:
+        reference = _first_run(cluster, 2, ckpt, tmp_path, ["--wait-persisted"])
+        cluster.lose(0, 1, 2)
+        run = _run(cluster, 2, ckpt, tmp_path / "resumed", ["--load"])
+        resumed = run.wait()
+        _assert_resumed(reference, resumed)
+        assert [r["loads"]["storage"] for r in resumed] == [0, 0, 0]
+        reads = [_job_storage_reads(s, JOB) for s in cluster.sockets]
+        assert sum(reads) == _dir_bytes(ckpt / f"global_step{RESUME_AT}"), reads
+        logs = "\n".join(p.read_text() for p in run.log_paths)  # one line per rank's load
+        assert logs.count(f"[TCE] loaded tag global_step{RESUME_AT}: ") == 3, logs
+        assert logs.count("0.0 MiB read from storage by this rank") == 3, logs
+    finally:
+        cluster.close()
+
+
+@pytest.mark.slow
+def test_dcp_replicated_items_are_read_from_storage_once_on_empty_nodes(tmp_path, nodes2, store):
+    """A DCP checkpoint (sharded and replicated tensors) saved to storage by
+    four ranks on two nodes; both servers replaced. Four ranks load it: their
+    ranged reads come from the memory of the node that read each file, and
+    the servers read each byte of the checkpoint once."""
+    from test_dcp_ring import JOB, run, sources
+
+    cluster = Cluster(tmp_path, nodes2, store, job=JOB, join=False)
+    try:
+        ckpt = store / "ckpt" / "step1"
+        os.environ["TCE_TEST_DURABLE"] = "1"
+        try:
+            run(cluster, [0, 0, 1, 1], "save", str(ckpt))
+        finally:
+            del os.environ["TCE_TEST_DURABLE"]
+        for i in range(2):
+            cluster.replace(i)
+        outs = run(cluster, [0, 0, 1, 1], "load", str(ckpt))  # every tensor checked by each rank
+        assert all(sources(out) for out in outs)
+        reads = [cluster.storage_reads(i) for i in range(2)]
+        assert sum(reads) == _dir_bytes(ckpt), reads
     finally:
         cluster.close()

@@ -433,15 +433,16 @@ def _wrap_load_checkpoint(original):
             tag = engine.resolve_tag(load_dir)
         else:
             engine.learn_tags(load_dir, tag)  # DeepSpeed's file discovery sees the tag's files
-        if tag and engine.ring:  # empty nodes: every node starts reading its share of the tag
-            _loading.prefetch(os.path.join(load_dir, str(tag)), engine.job)
+        loading_tag = tag if tag is not None else _loading.latest_tag(load_dir)  # as DeepSpeed reads it
+        if loading_tag and engine.ring:  # empty nodes: every node starts reading its share of the tag
+            _loading.prefetch(os.path.join(load_dir, str(loading_tag)), engine.job)
         _loading.loading.engine = engine
         before = _loading.load_split(engine)
         try:
             result = original(self, load_dir, tag, *args, **kwargs)
         finally:
             _loading.loading.engine = None
-        _loading.log_load_split(engine, tag, before)
+        _loading.log_load_split(engine, loading_tag, before)
         return result
 
     setattr(load_checkpoint, _MARK, original)

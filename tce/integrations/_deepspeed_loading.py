@@ -61,6 +61,16 @@ def size_on_storage(path: str) -> int:
 
 
 
+def latest_tag(load_dir: str) -> str | None:
+    """The tag DeepSpeed's ``latest`` names, as DeepSpeed reads it (None
+    without one)."""
+    try:
+        with open(os.path.join(load_dir, "latest")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def prefetch(tag_dir: str, job: str) -> None:
     try:
         client.prefetch(tag_dir, job=job)
