@@ -10,6 +10,7 @@ it.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import uuid
@@ -196,3 +197,28 @@ def test_a_file_a_killed_node_never_uploaded_is_uploaded_once_the_ring_gives_it_
     body = r.s3.get_object(Bucket=r.bucket, Key="run1/step1/shard0.pt")["Body"].read()
     assert body == saved
     assert int(r.status(0)["recovered_files"]) == 1
+
+
+def test_a_restart_on_empty_nodes_reads_each_object_from_the_bucket_once(ring):
+    """A checkpoint another job left in the bucket (a model file both nodes
+    load, a shard each); both servers fresh. Every load is served, each
+    object is read from the bucket by one node only (the restore plan's),
+    the other node pulls it over the ring, and nothing is uploaded again."""
+    r = ring
+    objects = {"step9/model.pt": {"w": torch.randn(1 << 16)}, "step9/shard0.pt": {"m": torch.randn(1 << 15)},
+               "step9/shard1.pt": {"m": torch.randn(1 << 15) + 1}}
+    blobs = {}
+    for rel, state in objects.items():
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        blobs[rel] = buf.getvalue()
+        r.s3.put_object(Bucket=r.bucket, Key="run1/" + rel, Body=blobs[rel])
+    before = len(r.proxy.requests())
+    for i, shard in ((0, "step9/shard0.pt"), (1, "step9/shard1.pt")):
+        for rel in ("step9/model.pt", shard):
+            got = r.call(i, lambda rel=rel: tce.load(r.path(rel), weights_only=True))
+            assert all(torch.equal(got[k], objects[rel][k]) for k in objects[rel])
+    reads = [sum(j.storage_bytes for j in r.call(i, lambda: _service.client().status()).job_loads
+                 if j.job == r.job) for i in range(2)]
+    assert sum(reads) == sum(len(b) for b in blobs.values()), reads
+    assert not [q for q in r.proxy.requests()[before:] if q.kind in ("PutObject", "CreateMultipartUpload")]

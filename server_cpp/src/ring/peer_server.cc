@@ -491,7 +491,9 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     Status member = MayRead(req.job(), link->peer(), "", req.has_job_uid(), req.job_uid(), nullptr);
     found = member.ok() ? cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd) : member;
     if (found.code() == Status::Code::kNotFound && req.load()) {  // the restore plan names this node
-      found = LoadForPeer(link, req.job(), req.path());
+      found = ValidateName("job", req.job(), /*allow_empty=*/false, /*allow_slash=*/true);
+      if (found.ok()) found = ValidatePath(req.path());  // a name storage is read at: checked as a client's
+      if (found.ok()) found = LoadForPeer(link, req.job(), req.path());
       if (found.ok()) found = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
     }
     if (found.ok()) {
