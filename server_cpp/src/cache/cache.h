@@ -157,6 +157,8 @@ class Cache : public PoolBudget,
   Status LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) override EXCLUDES(mu_);
   Status ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) override
       EXCLUDES(mu_);
+  std::string ClaimRead(const std::string& job, const std::string& path, const std::string& node) override
+      EXCLUDES(mu_);
   std::vector<std::string> RingPeers(const std::string& job) override EXCLUDES(mu_);
   std::vector<std::string> RingNodes(const std::string& job) override EXCLUDES(mu_);
   Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) override EXCLUDES(mu_);
@@ -456,6 +458,11 @@ class Cache : public PoolBudget,
   CondVar fetch_cv_;  // a fetch ended
   std::function<void(const std::string&)> tag_listener_;  // set before serving
   LoadSplit loads_;
+  struct ReadClaim {
+    std::string node;
+    Clock::TimePoint at;
+  };
+  std::map<FileKey, ReadClaim> read_claims_ GUARDED_BY(mu_);  // ClaimRead
   uint64_t fetched_objects_ GUARDED_BY(mu_) = 0;
   uint64_t fetched_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t object_ranges_read_ GUARDED_BY(mu_) = 0;

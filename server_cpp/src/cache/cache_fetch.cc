@@ -62,6 +62,18 @@ std::vector<JobLoadSplit> Cache::LoadSplits(bool admin, uid_t uid) {
   return mine;
 }
 
+std::string Cache::ClaimRead(const std::string& job, const std::string& path, const std::string& node) {
+  constexpr size_t kMaxClaims = 65536;
+  constexpr auto kClaimFor = std::chrono::minutes(10);
+  MutexLock lock(&mu_);
+  const Clock::TimePoint now = clock_->Now();
+  auto it = read_claims_.find({job, path});
+  if (it != read_claims_.end() && now - it->second.at < kClaimFor) return it->second.node;
+  if (read_claims_.size() >= kMaxClaims) read_claims_.clear();  // forgetting one costs at most a read
+  read_claims_[{job, path}] = {node, now};
+  return node;
+}
+
 bool Cache::UnderStorage(const std::string& path) {
   if (ObjectRootOf(path, nullptr)) return true;
   return !roots_.empty() && CheckUnderRoots(path).ok();

@@ -77,6 +77,10 @@ class RingStore {
   virtual Status ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) = 0;
   // A load of `job` took `bytes` from `from`.
   virtual void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) = 0;
+  // As the file's node in the restore plan: the node that reads (job,
+  // path) from storage for the ring, the first one named (for a while),
+  // else `node` from now on.
+  virtual std::string ClaimRead(const std::string& job, const std::string& path, const std::string& node) = 0;
 
   // ---- backups ----
   // Where the ring's work is queued (ring/backup_queue.h; null: nowhere, no

@@ -493,6 +493,14 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     if (found.code() == Status::Code::kNotFound && req.load()) {  // the restore plan names this node
       found = ValidateName("job", req.job(), /*allow_empty=*/false, /*allow_slash=*/true);
       if (found.ok()) found = ValidatePath(req.path());  // a name storage is read at: checked as a client's
+      // Not begun here: the first node that asks reads it (it needs it).
+      const std::string reader = found.ok() && req.claim() ? cache_->ClaimRead(req.job(), req.path(), link->peer())
+                                                           : endpoint();
+      if (found.ok() && reader != endpoint()) {
+        v1::PeerReply redirect;
+        redirect.set_reader(reader);
+        return link->Send(redirect);
+      }
       if (found.ok()) found = LoadForPeer(link, req.job(), req.path());
       if (found.ok()) found = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
     }

@@ -54,7 +54,7 @@ Replicator::~Replicator() {
 
 void Replicator::Start() {
   for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
-  if (options_.prefetch) threads_.emplace_back([this] { PrefetchLoop(); });
+  if (options_.prefetch && options_.cooperative) threads_.emplace_back([this] { PrefetchLoop(); });
   barrier_.Start();
 }
 
@@ -308,12 +308,13 @@ void Replicator::ReportRecovery(const RecoverJob& job, int pulled, int listed, u
 }
 
 Status Replicator::Pull(PeerLink* link, const std::string& job, const std::string& peer,
-                        const std::string& path, PullMode mode) {
+                        const std::string& path, PullMode mode, std::string* reader) {
   v1::PeerRequest req;
   req.mutable_fetch()->set_job(job);
   req.mutable_fetch()->set_path(path);
   req.mutable_fetch()->set_load(mode != PullMode::kCopy);
   req.mutable_fetch()->set_stage(mode == PullMode::kStage);
+  req.mutable_fetch()->set_claim(reader != nullptr && mode != PullMode::kCopy);
   uid_t uid = 0;
   if (cache_->JobUid(job, &uid)) req.mutable_fetch()->set_job_uid(uid);
   v1::PeerReply reply;
@@ -328,6 +329,14 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
     if (mode != PullMode::kCopy && (code == Status::Code::kUnavailable || code == Status::Code::kDeadlineExceeded))
       code = Status::Code::kAborted;
     return Status::FromCode(code, reply.message());
+  }
+  if (!reply.reader().empty()) {  // another node reads it: a ring member, or nothing
+    const std::vector<std::string> nodes = cache_->RingNodes(job);
+    if (!reader || std::find(nodes.begin(), nodes.end(), reply.reader()) == nodes.end())
+      return Status::DataLoss(peer + " named " + reply.reader().substr(0, 256) + " as the reader of " + path +
+                              ", which is no node of job " + job + "'s ring");
+    *reader = reply.reader();
+    return Status::OK();
   }
   if (mode == PullMode::kStage) return Status::OK();
   v1::PeerBackup header;
@@ -423,18 +432,14 @@ Status Replicator::FetchForLoad(const std::string& job, const std::string& path,
     TCE_LOG(kWarning, "ring") << "the copy of " << path << " held here: " << here.ToString();
   Status last = Status::NotFound(path + " is held by no peer of job " + job);
   for (const std::string& peer : cache_->RingPeers(job)) {
-    std::unique_ptr<PeerLink> link;
-    Status s = Connect(peer, &link);
-    if (!s.ok()) {
-      TCE_LOG(kWarning, "ring") << "remote read of " << path << ": " << s.ToString();
-      continue;
-    }
-    s = Pull(link.get(), job, peer, path);
+    Status s = OnLink(peer, [&](PeerLink* link) { return Pull(link, job, peer, path); });
     if (s.ok() || s.code() == Status::Code::kFailedPrecondition) {
       TCE_LOG(kInfo, "ring") << "remote read of job=" << job << " path=" << path << " from " << peer;
       return s;
     }
-    if (s.code() != Status::Code::kNotFound) {
+    if (s.code() == Status::Code::kUnavailable) {  // unreachable, or the link failed: the next one
+      TCE_LOG(kWarning, "ring") << "remote read of " << path << " from " << peer << ": " << s.ToString();
+    } else if (s.code() != Status::Code::kNotFound) {
       TCE_LOG(kWarning, "ring") << "remote read of " << path << " from " << peer << ": " << s.ToString();
       cache_->NoteBackupError("remote read of " + path + ": " + s.ToString());
       last = s;

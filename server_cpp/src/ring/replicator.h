@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,9 @@ struct ReplicatorOptions {
   // Prefetch: a job's ring set on a node that holds none of its files, or a
   // client's Prefetch, starts reading this node's share of a checkpoint.
   bool prefetch = true;
+  // Cooperative restore itself (false: a load that no node's memory serves
+  // reads storage on its own node, and nothing is prefetched).
+  bool cooperative = true;
 };
 
 class Replicator {
@@ -125,10 +129,21 @@ class Replicator {
   void ReportRecovery(const RecoverJob& job, int pulled, int listed, uint64_t peer_own);
   // (job, path) as `peer` holds it, fetched into a new cache buffer and
   // checked. kLoad: read from storage there if held nowhere (PeerFetch's
-  // `load`); kStage: that, and nothing is pulled.
+  // `load`); kStage: that, and nothing is pulled. With `reader`, the peer
+  // may answer instead which node reads the file (PeerFetch's `claim`):
+  // OK with *reader set, nothing pulled.
   enum class PullMode { kCopy, kLoad, kStage };
   Status Pull(PeerLink* link, const std::string& job, const std::string& peer, const std::string& path,
-              PullMode mode = PullMode::kCopy);
+              PullMode mode = PullMode::kCopy, std::string* reader = nullptr);
+  // Runs `fn` on a link to `peer` kept for loads (RPC threads) between
+  // exchanges, so a load costs no handshake; a new one when none is idle.
+  // The link goes back to the pool when `fn` ended in step with the peer
+  // (OK, NOT_FOUND, FAILED_PRECONDITION); a kept link that fails at once is
+  // made again once (the peer may have restarted).
+  Status OnLink(const std::string& peer, const std::function<Status(PeerLink*)>& fn);
+  // Pull (kLoad or kStage) from `node` on a link of the pool.
+  Status PullFrom(const std::string& node, const std::string& job, const std::string& path, bool stage,
+                  std::string* reader = nullptr);
   // (job, path) from this server's own BackupStore, if it holds a copy sent
   // by a member of the job's ring: copied into a new cache buffer, checked.
   Status PullHeld(const std::string& job, const std::string& path);
@@ -145,6 +160,8 @@ class Replicator {
   CondVar cv_;
   bool stop_ GUARDED_BY(mu_) = false;
   std::deque<PrefetchJob> prefetches_ GUARDED_BY(mu_);
+  Mutex pool_mu_;
+  std::map<std::string, std::vector<std::unique_ptr<PeerLink>>> pool_ GUARDED_BY(pool_mu_);  // OnLink
 };
 
 }  // namespace tce
