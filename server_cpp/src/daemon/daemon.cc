@@ -359,6 +359,7 @@ int Daemon::StartRing() {
   ro.held = backups_.get();
   ro.breaker = &peer_links_;
   ro.prefetch = opt_.restore_prefetch;
+  ro.cooperative = opt_.cooperative_restore;
   replicator_ = std::make_unique<Replicator>(cache_.get(), transport_.get(), ro);
   replicator_->Start();
   cache_->SetSelfEndpoint(peers_->endpoint());
@@ -375,12 +376,7 @@ int Daemon::StartRing() {
 void Daemon::MakeService() {
   service_ = std::make_unique<CacheService>(cache_.get(), opt_.socket, meta_.get(), RedactUrl(meta_url_),
                                             backups_.get(), peers_ ? peers_->endpoint() : "");
-  if (ring_) {
-    service_->SetRing(ring_fetch_.get(), opt_.ring_transport);
-    Replicator* r = replicator_.get();
-    service_->SetPrefetcher([r](const std::string& job, const std::string& dir, std::vector<std::string> paths,
-                                bool only_if_empty) { return r->Prefetch(job, dir, std::move(paths), only_if_empty); });
-  }
+  if (ring_) service_->SetRing(ring_fetch_.get(), opt_.ring_transport, replicator_.get());
   RangeReaderOptions rro;  // ranged reads: this cache, then (with a ring) the ring's
   if (ring_) {
     rro.self = peers_->endpoint();

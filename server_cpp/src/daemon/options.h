@@ -95,6 +95,7 @@ struct Options {
   std::string ofi_provider;
   int backup_share = 50;
   int backup_threads = 1;
+  bool cooperative_restore = true;  // a file in no node's memory is read from storage once per ring
   bool restore_prefetch = true;  // a restart on empty nodes reads the newest tag before the ranks ask
   int peer_timeout_ms = 30000;
   int peer_handshake_timeout_ms = 5000;

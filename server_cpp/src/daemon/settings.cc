@@ -318,6 +318,8 @@ const std::vector<Setting> kSettings = {
     Int("backup_share", &Options::backup_share, {1, 90, "a percentage from 1 to 90"},
         "% of the memory budget for predecessors' backups", "PCT"),
     Int("backup_threads", &Options::backup_threads, {1, 64}, "backup workers"),
+    Bool("cooperative_restore", &Options::cooperative_restore,
+         "a file in no node's memory is read from storage by one node of the job's ring, the others pull it"),
     Bool("restore_prefetch", &Options::restore_prefetch,
          "a ring set on a node holding none of the job's files starts reading its share of the newest tag"),
     Millis("peer_timeout_ms", &Options::peer_timeout_ms, 100, 3600000,

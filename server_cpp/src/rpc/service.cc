@@ -393,7 +393,7 @@ grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingReques
     if (cache_->ListTags(req->session(), req->job(), &tags).ok() && !tags.empty()) {
       std::vector<std::string> paths;
       for (const TagFile& f : tags.back().files) paths.push_back(f.path);
-      prefetch_(req->job(), "", std::move(paths), /*only_if_empty=*/true);
+      prefetch_->Prefetch(req->job(), "", std::move(paths), /*only_if_empty=*/true);
     }
   }
   return ToGrpc(s);
@@ -405,7 +405,7 @@ grpc::Status CacheService::Prefetch(grpc::ServerContext*, const v1::PrefetchRequ
   tce::Status s = cache_->CheckRangeRead(req->session(), req->job());  // the job's own user, its ring joined
   if (!s.ok()) return ToGrpc(s);
   std::vector<std::string> paths(req->paths().begin(), req->paths().end());
-  resp->set_queued(prefetch_ && prefetch_(req->job(), req->dir(), std::move(paths), /*only_if_empty=*/false));
+  resp->set_queued(prefetch_ && prefetch_->Prefetch(req->job(), req->dir(), std::move(paths), /*only_if_empty=*/false));
   return grpc::Status::OK;
 }
 

@@ -28,6 +28,7 @@
 #include "rpc/range_buffers.h"
 #include "ring/backup_store.h"
 #include "ring/range_reader.h"
+#include "ring/replicator.h"
 #include "ring/ring_fetch.h"
 #include "ring/version_follower.h"
 #include "tce/v1/tce.grpc.pb.h"
@@ -76,10 +77,12 @@ class CacheService final : public v1::Cache::Service {
   void SetFollower(VersionFollower* follower) { follower_ = follower; }
 
   // The ring's part (set before serving): a load that misses asks the ring
-  // through `fetch` (ring/ring_fetch.h); `transport` is shown in Status.
-  void SetRing(RingFetch* fetch, std::string transport) {
+  // through `fetch` (ring/ring_fetch.h); `transport` is shown in Status;
+  // `prefetch` queues cooperative prefetches (Prefetch, and SetRing).
+  void SetRing(RingFetch* fetch, std::string transport, Replicator* prefetch = nullptr) {
     ring_fetch_ = fetch;
     ring_transport_ = std::move(transport);
+    prefetch_ = prefetch;
   }
   // Where ranged reads come from (set before serving; without it ReadRange
   // is UNIMPLEMENTED).
@@ -98,10 +101,6 @@ class CacheService final : public v1::Cache::Service {
   void SetMaxPeerCalls(size_t n, size_t per_uid) {
     peer_calls_ = std::make_unique<CallLimiter>(n, per_uid, "max_peer_calls", "max_peer_calls_per_uid");
   }
-  // Queues a cooperative prefetch (Replicator::Prefetch: job, dir, paths,
-  // only_if_empty); set before serving, none: Prefetch queues nothing.
-  using Prefetcher = std::function<bool(const std::string&, const std::string&, std::vector<std::string>, bool)>;
-  void SetPrefetcher(Prefetcher fn) { prefetch_ = std::move(fn); }
   // Where the operational endpoints listen (set before serving), for Status.
   void SetEndpoints(std::string metrics, std::string health) {
     metrics_endpoint_ = std::move(metrics);
@@ -116,7 +115,7 @@ class CacheService final : public v1::Cache::Service {
   BackupStore* const backups_;
   const std::string peer_endpoint_;
   RingFetch* ring_fetch_ = nullptr;
-  Prefetcher prefetch_;
+  Replicator* prefetch_ = nullptr;  // queues cooperative prefetches (none: Prefetch queues nothing)
   RangeReader* ranges_ = nullptr;
   RangeBuffers* range_buffers_ = nullptr;
   VersionFollower* follower_ = nullptr;
