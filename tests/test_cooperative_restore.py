@@ -198,20 +198,24 @@ def test_an_owner_that_dies_mid_restore_has_its_share_read_by_another_node(tmp_p
         cluster.close()
 
 
-def test_a_corrupt_transfer_from_the_owner_is_read_again_from_storage(tmp_path, nodes2, store):
+def test_a_corrupt_transfer_is_refused_and_read_again_from_storage(tmp_path, nodes2, store):
     """Node 1's transport corrupts everything it sends (the test build's
-    fault): node 0's CRC check refuses each file node 1 read for it, and node
-    0 reads those from storage itself; every load is bitwise the saved one."""
+    fault). A rank on node 1 loads the tag first (node 1 reads each file
+    from storage); then a rank on node 0: each copy node 1 sends fails node
+    0's CRC check, and node 0 reads that file from storage itself. Every load
+    is bitwise the saved one."""
     digests = _write_tag(store, ranks=4)
     cluster = Cluster(tmp_path, nodes2, store, faulty={1: "corrupt"})
     try:
+        first = cluster.start_rank(1)
+        _ask(first, sorted(digests))
+        assert _answer(first)["digests"] == digests
+        assert cluster.storage_reads(1) == _unique_bytes(digests)
         rank = cluster.start_rank(0)
         _ask(rank, sorted(digests))
         a = _answer(rank)
         assert a["digests"] == digests
-        assert "loaded" in a and "peer" not in a["loaded"], a["loaded"]  # nothing corrupt was taken
-        node1 = cluster.storage_reads(1)
-        assert node1 > 0  # node 1 was the owner of some files, and read them
+        assert "peer" not in a["loaded"], a["loaded"]  # nothing corrupt was taken
         assert cluster.storage_reads(0) == _unique_bytes(digests)
         assert "corrupt" in cluster.status(0)["backup_error"]
     finally:
