@@ -160,6 +160,8 @@ def _collect(q: queue.Queue, procs: list[subprocess.Popen], key: str) -> list[di
             raise TimeoutError(f"ranks {sorted(set(range(len(procs))) - set(got))} did not "
                                f"report {key!r} in {_TIMEOUT:.0f} s") from None
         if msg is None:
+            if i in got:  # it reported, then exited
+                continue
             raise RuntimeError(f"rank {i} exited (code {procs[i].wait()}) before reporting {key!r}")
         if key in msg:
             got[i] = msg
@@ -167,7 +169,7 @@ def _collect(q: queue.Queue, procs: list[subprocess.Popen], key: str) -> list[di
 
 
 def _restore(nodes, root: str, files: list[dict], rpn: int, work: str, size: int,
-             mount=None) -> dict[str, Any]:
+             mount=None, cooperative: bool = True) -> dict[str, Any]:
     """One cold restart: fresh servers with storage root `root`, the ranks
     released at once; the load time and (with a paced `mount`) the bytes
     the storage served."""
@@ -190,7 +192,8 @@ def _restore(nodes, root: str, files: list[dict], rpn: int, work: str, size: int
                 socket_path=os.path.join(d, "tce.sock"), memory_budget=budget, netns=nodes.names[i],
                 storage_roots=[root],
                 extra_args=["--peer-listen", f"{nodes.addresses[i]}:7070", "--peer-token", "bench",
-                            "--metadata-url", "none", "--log-level", "warning"]).start())
+                            "--metadata-url", "none", "--log-level", "warning",
+                            "--cooperative-restore", "true" if cooperative else "false"]).start())
         tag_dir = os.path.join(root, JOB, TAG)
         for r in range(n * rpn):
             mine = [dict(f, path=os.path.join(tag_dir, f["name"])) for f in files if r in f["ranks"]]
@@ -264,20 +267,32 @@ def run(size: int, repeats: int, n: int = 3, rpn: int = 2, rate: float = 200e6,
             "rank_bytes": sum(f["bytes"] * len(f["ranks"]) for f in files),
             "storage_rate_Bps": rate, "floor_s": unique / rate}
         nodes = Nodes(n)
-        paced = []
+        # Both ways in one run, interleaved: each node reading for itself
+        # (cooperative_restore off: a rank reads its files from storage),
+        # and the cooperative restore.
+        modes = {"independent": False, "cooperative": True}
+        paced: dict[str, list] = {m: [] for m in modes}
+        plain: dict[str, list] = {m: [] for m in modes}
         with PacedMount(backing, os.path.join(work, "mnt"), rate=rate) as mount:
             for _ in range(repeats):
-                paced.append(_restore(nodes, mount.mountpoint, files, rpn, work, size, mount))
-        plain = [_restore(nodes, backing, files, rpn, work, size) for _ in range(repeats)]
-        res["bytes_read"] = statistics.median(r["bytes_read"] for r in paced)
-        res["reads"] = statistics.median(r["reads"] for r in paced)
-        res["read_ratio"] = res["bytes_read"] / unique
-        res["load_s"] = statistics.median(r["load_s"] for r in paced)
-        res["load_vs_floor"] = res["load_s"] / res["floor_s"]
-        res["load_s_runs"] = [r["load_s"] for r in paced]
-        res["read_ratio_runs"] = [r["bytes_read"] / unique for r in paced]
-        res["plain_load_s"] = statistics.median(r["load_s"] for r in plain)
-        res["plain_load_s_runs"] = [r["load_s"] for r in plain]
+                for m, coop in modes.items():
+                    paced[m].append(_restore(nodes, mount.mountpoint, files, rpn, work, size, mount, coop))
+        for _ in range(repeats):
+            for m, coop in modes.items():
+                plain[m].append(_restore(nodes, backing, files, rpn, work, size, None, coop))
+        for m in modes:
+            out = res[m] = {}
+            out["bytes_read"] = statistics.median(r["bytes_read"] for r in paced[m])
+            out["reads"] = statistics.median(r["reads"] for r in paced[m])
+            out["read_ratio"] = out["bytes_read"] / unique
+            out["load_s"] = statistics.median(r["load_s"] for r in paced[m])
+            out["load_vs_floor"] = out["load_s"] / res["floor_s"]
+            out["load_s_runs"] = [r["load_s"] for r in paced[m]]
+            out["read_ratio_runs"] = [r["bytes_read"] / unique for r in paced[m]]
+            out["plain_load_s"] = statistics.median(r["load_s"] for r in plain[m])
+            out["plain_load_s_runs"] = [r["load_s"] for r in plain[m]]
+        res["paced_speedup"] = res["independent"]["load_s"] / res["cooperative"]["load_s"]
+        res["plain_speedup"] = res["independent"]["plain_load_s"] / res["cooperative"]["plain_load_s"]
         return res
     finally:
         if nodes is not None:
@@ -294,14 +309,20 @@ def render(res: dict[str, Any]) -> str:
             f"{res['model_states_bytes'] / mb:.0f} MB (every rank loads it) + {res['ranks']} optimizer "
             f"shards of {res['optim_shard_bytes'] / mb:.0f} MB (one rank each); the ranks load "
             f"{res['rank_bytes'] / mb:.0f} MB in all")
-    cols = f"{'storage':34s} {'read from storage':>18s} {'x unique':>9s} {'floor s':>8s} " \
+    cols = f"{'storage':28s} {'restore':12s} {'read from storage':>18s} {'x unique':>9s} {'floor s':>8s} " \
            f"{'load s':>7s} {'x floor':>8s}"
-    paced = (f"{'paced FUSE, ' + format(res['storage_rate_Bps'] / mb, '.0f') + ' MB/s':34s} "
-             f"{res['bytes_read'] / mb:15.0f} MB {res['read_ratio']:8.2f}x {res['floor_s']:8.2f} "
-             f"{res['load_s']:7.2f} {res['load_vs_floor']:7.2f}x")
-    plain = (f"{'plain directory (not paced)':34s} {'-':>18s} {'-':>9s} {'-':>8s} "
-             f"{res['plain_load_s']:7.2f} {'-':>8s}")
-    return "\n".join([head, cols, paced, plain])
+    rows = [head, cols]
+    paced_name = "paced FUSE, " + format(res["storage_rate_Bps"] / mb, ".0f") + " MB/s"
+    for m in ("independent", "cooperative"):
+        r = res[m]
+        rows.append(f"{paced_name:28s} {m:12s} {r['bytes_read'] / mb:15.0f} MB {r['read_ratio']:8.2f}x "
+                    f"{res['floor_s']:8.2f} {r['load_s']:7.2f} {r['load_vs_floor']:7.2f}x")
+    for m in ("independent", "cooperative"):
+        rows.append(f"{'plain directory (not paced)':28s} {m:12s} {'-':>18s} {'-':>9s} {'-':>8s} "
+                    f"{res[m]['plain_load_s']:7.2f} {'-':>8s}")
+    rows.append(f"cooperative vs independent: {res['paced_speedup']:.2f}x faster paced, "
+                f"{res['plain_speedup']:.2f}x plain")
+    return "\n".join(rows)
 
 
 def main(size: int, repeats: int, as_json: bool, n: int, rpn: int, rate: float,
