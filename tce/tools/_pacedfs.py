@@ -31,16 +31,14 @@ import sys
 import threading
 import time
 
+from tce.tools._passthrough import fuse, passthrough_class
+
 STATS = ".pacedfs-stats"
 _STATS_SIZE = 4096  # what getattr says of the stats file; its reads return the JSON
 
 
 def _fuse():
-    try:
-        from fuse import FUSE, FuseOSError, Operations  # fusepy
-    except (ImportError, OSError) as e:  # OSError: fusepy found no libfuse
-        raise SystemExit(f"the paced filesystem needs fusepy and libfuse2 ({e})") from None
-    return FUSE, FuseOSError, Operations
+    return fuse()
 
 
 class Bucket:
@@ -67,126 +65,60 @@ class Bucket:
 def make_operations(backing: str, rate: float, burst: int):
     """The fusepy Operations of the paced passthrough (built on demand, so
     importing this module needs no fusepy)."""
-    _, FuseOSError, Operations = _fuse()
+    _, FuseOSError, _ = _fuse()
 
-    class Paced(Operations):
+    class Paced(passthrough_class()):
         def __init__(self) -> None:
-            self.backing = os.path.realpath(backing)
+            super().__init__(backing)
             self.bucket = Bucket(rate, burst)
-            self.lock = threading.Lock()
+            self._mu = threading.Lock()
             self.counts = {"bytes_read": 0, "reads": 0, "bytes_written": 0, "writes": 0}
-
-        def _real(self, path: str) -> str:
-            return os.path.join(self.backing, path.lstrip("/"))
 
         def __call__(self, op, path, *args):
             if path == "/" + STATS and op not in ("getattr", "open", "read", "release", "access",
                                                    "flush"):
                 raise FuseOSError(errno.EACCES)
-            try:
-                return super().__call__(op, path, *args)
-            except OSError as e:
-                if isinstance(e, FuseOSError):
-                    raise
-                raise FuseOSError(e.errno or errno.EIO) from None
+            return super().__call__(op, path, *args)
 
         def _stats(self) -> bytes:
-            with self.lock:
+            with self._mu:
                 d = dict(self.counts, rate=rate, burst=burst)
             return json.dumps(d).encode().ljust(_STATS_SIZE)[:_STATS_SIZE]
 
-        # ---- metadata ----
         def getattr(self, path, fh=None):
             if path == "/" + STATS:
                 now = time.time()
                 return {"st_mode": 0o100444, "st_nlink": 1, "st_size": _STATS_SIZE, "st_uid": 0,
                         "st_gid": 0, "st_atime": now, "st_mtime": now, "st_ctime": now}
-            st = os.lstat(self._real(path)) if fh is None else os.fstat(fh)
-            return {k: getattr(st, k) for k in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_size",
-                                                "st_atime", "st_mtime", "st_ctime", "st_ino")}
+            return super().getattr(path, fh)
 
         def access(self, path, amode):
-            if path != "/" + STATS and not os.access(self._real(path), amode):
-                raise FuseOSError(errno.EACCES)
+            if path != "/" + STATS:
+                super().access(path, amode)
 
-        def readdir(self, path, fh):
-            return [".", "..", *os.listdir(self._real(path))]
-
-        def readlink(self, path):
-            return os.readlink(self._real(path))
-
-        def statfs(self, path):
-            s = os.statvfs(self._real(path))
-            return {k: getattr(s, k) for k in ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail",
-                                               "f_ffree", "f_files", "f_flag", "f_frsize", "f_namemax")}
-
-        def chmod(self, path, mode):
-            os.chmod(self._real(path), mode)
-
-        def chown(self, path, uid, gid):
-            os.lchown(self._real(path), uid, gid)
-
-        def utimens(self, path, times=None):
-            os.utime(self._real(path), times, follow_symlinks=False)
-
-        # ---- names ----
-        def mkdir(self, path, mode):
-            os.mkdir(self._real(path), mode)
-
-        def rmdir(self, path):
-            os.rmdir(self._real(path))
-
-        def unlink(self, path):
-            os.unlink(self._real(path))
-
-        def rename(self, old, new):
-            os.rename(self._real(old), self._real(new))
-
-        def symlink(self, target, source):
-            os.symlink(source, self._real(target))
-
-        def link(self, target, source):
-            os.link(self._real(source), self._real(target))
-
-        # ---- data ----
         def open(self, path, flags):
             if path == "/" + STATS:
                 if flags & (os.O_WRONLY | os.O_RDWR):
                     raise FuseOSError(errno.EACCES)
                 return 0  # no descriptor: read() answers from the counters
-            return os.open(self._real(path), flags)
-
-        def create(self, path, mode, fi=None):
-            return os.open(self._real(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            return super().open(path, flags)
 
         def read(self, path, size, offset, fh):
             if path == "/" + STATS:
                 return self._stats()[offset:offset + size]
             data = os.pread(fh, size, offset)
             self.bucket.take(len(data))
-            with self.lock:
+            with self._mu:
                 self.counts["bytes_read"] += len(data)
                 self.counts["reads"] += 1
             return data
 
         def write(self, path, data, offset, fh):
             n = os.pwrite(fh, data, offset)
-            with self.lock:
+            with self._mu:
                 self.counts["bytes_written"] += n
                 self.counts["writes"] += 1
             return n
-
-        def truncate(self, path, length, fh=None):
-            if fh is None:
-                os.truncate(self._real(path), length)
-            else:
-                os.ftruncate(fh, length)
-
-        def flush(self, path, fh):
-            return 0
-
-        def fsync(self, path, datasync, fh):
-            (os.fdatasync if datasync else os.fsync)(fh)
 
         def release(self, path, fh):
             if path != "/" + STATS:
@@ -216,15 +148,19 @@ class PacedMount:
     def start(self, timeout: float = 30.0) -> "PacedMount":
         _fuse()  # says what is missing here rather than in the child
         os.makedirs(self.mountpoint, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tce.tools._pacedfs", self.backing, self.mountpoint,
-             "--rate", str(self.rate), "--burst", str(self.burst)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        # Its messages go to a file beside the mount: a pipe nobody reads
+        # would stall the filesystem once full.
+        self.log_path = self.mountpoint.rstrip("/") + ".log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tce.tools._pacedfs", self.backing, self.mountpoint,
+                 "--rate", str(self.rate), "--burst", str(self.burst)],
+                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         deadline = time.monotonic() + timeout
         while not os.path.ismount(self.mountpoint):
             if self.proc.poll() is not None:
-                raise RuntimeError("the paced filesystem did not mount: "
-                                   + self.proc.stderr.read().decode(errors="replace"))
+                with open(self.log_path, errors="replace") as log:
+                    raise RuntimeError("the paced filesystem did not mount: " + log.read()[-4000:])
             if time.monotonic() > deadline:
                 self.close()
                 raise TimeoutError(f"the paced filesystem did not mount in {timeout} s")
@@ -246,8 +182,6 @@ class PacedMount:
                 self.proc.kill()
                 self.proc.wait()
                 _umount(self.mountpoint)
-            if self.proc.stderr:
-                self.proc.stderr.close()
 
     def __enter__(self) -> "PacedMount":
         return self.start()
