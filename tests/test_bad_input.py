@@ -209,6 +209,7 @@ def _requests(session):
         "ListTags": lambda j, t, p: pb.ListTagsRequest(job=j),
         "SetRing": lambda j, t, p: pb.SetRingRequest(session=session, job=j, node_rank=0,
                                                      endpoints=["127.0.0.1:1"]),
+        "Prefetch": lambda j, t, p: pb.PrefetchRequest(session=session, job=j, paths=[p]),
     }
 
 
@@ -223,10 +224,10 @@ _BAD = [
     ("long-tag", "j", "t" * 256, "/ckpt/a.pt", "tag: is 256 bytes, longer than 255"),
 ]
 # Where each RPC carries the field (a field an RPC lacks is not tested on it).
-_FIELD_PREFIX = {"Wait": {"path": "paths[1]"}, "CommitTag": {"path": "tag.files[0].path",
+_FIELD_PREFIX = {"Wait": {"path": "paths[1]"}, "Prefetch": {"path": "paths[0]"}, "CommitTag": {"path": "tag.files[0].path",
                                                              "job": "tag.job", "tag": "tag.tag"}}
 _HAS = {"Allocate": "jtp", "Lookup": "jp", "Remove": "jp", "Wait": "jp", "CommitTag": "jtp",
-        "List": "jt", "ListTags": "j", "SetRing": "j"}
+        "List": "jt", "ListTags": "j", "SetRing": "j", "Prefetch": "jp"}
 
 
 @pytest.mark.parametrize("what,job,tag,path,message", _BAD, ids=[b[0] for b in _BAD])
@@ -265,6 +266,7 @@ def _raw_call(srv, rpc, request, placeholder: bytes, bad: bytes):
     ("Wait", "tce.v1.WaitRequest.paths"), ("CommitTag", "tce.v1.TagFile.path"),
     ("CommitTag", "tce.v1.TagInfo.tag"), ("List", "tce.v1.ListRequest.job"),
     ("ListTags", "tce.v1.ListTagsRequest.job"), ("SetRing", "tce.v1.SetRingRequest.job"),
+    ("Prefetch", "tce.v1.PrefetchRequest.paths"),
 ])
 def test_non_utf8_strings_are_refused_naming_the_field(srv, client, tmp_path, rpc, field):
     name = field.rsplit(".", 1)[1]
@@ -312,6 +314,8 @@ def test_unparseable_request_is_invalid_argument(srv, tmp_path):
      "session: is 200 bytes, longer than 128"),
     ("Wait", lambda s: pb.WaitRequest(session=s, job="j", paths=["/a.pt"], timeout_s=float("nan")),
      "timeout_s: is NaN"),
+    ("Prefetch", lambda s: pb.PrefetchRequest(session=s, job="j"), "a prefetch names a dir or paths"),
+    ("Prefetch", lambda s: pb.PrefetchRequest(session=s, job="j", dir="/a\x00b"), "dir: contains NUL"),
 ])
 def test_bad_numbers_and_other_fields(srv, client, tmp_path, rpc, request_, message):
     _expect("INVALID_ARGUMENT", message, lambda: client._call(rpc, request_(client.session)))
