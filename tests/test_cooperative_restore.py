@@ -45,8 +45,9 @@ class Cluster:
     the ring of job `job` (told by the test, as tce.join_ring would)."""
 
     def __init__(self, tmp_path, nodes, store, *, faulty: dict[int, str] | None = None, job: str = "",
-                 join: bool = True) -> None:
+                 join: bool = True, extra: list[str] | None = None) -> None:
         self.tmp_path, self.nodes, self.store = tmp_path, nodes, store
+        self.extra = ["--peer-timeout-ms", "5000", *(extra or [])]
         self.job = job or f"restore-{uuid.uuid4().hex[:8]}"
         self.started = 0
         self.servers = [self._start(i, (faulty or {}).get(i)) for i in range(len(nodes.names))]
@@ -70,7 +71,7 @@ class Cluster:
             memory_budget="256MiB", socket_path=str(state / "tce.sock"), netns=self.nodes.names[i],
             storage_roots=[str(self.store)], binary=faulty_server_binary() if fault else None,
             extra_args=["--peer-listen", f"{self.nodes.addresses[i]}:7070", "--peer-token", TOKEN,
-                        "--peer-timeout-ms", "5000", "--metadata-url", "none", *extra]).start()
+                        *self.extra, "--metadata-url", "none", *extra]).start()
 
     def call(self, i: int, fn):
         with _knobs.override(socket=self.servers[i].socket, job=self.job, on_unavailable="raise"):
@@ -306,3 +307,35 @@ def test_dcp_replicated_items_are_read_from_storage_once_on_empty_nodes(tmp_path
         assert sum(reads) == _dir_bytes(ckpt), reads
     finally:
         cluster.close()
+
+
+def test_an_asker_waits_out_a_storage_read_longer_than_the_peer_timeout(tmp_path, nodes2):
+    """Storage paced so one file takes about 2 s to read, the peer timeout
+    500 ms: node 1 reads the file for its rank; node 0's rank asks while
+    that read is under way and waits for it (node 1 says it is at storage
+    within each timeout) instead of taking node 1 for dead. The file is
+    read from storage once."""
+    from tce.tools._pacedfs import PacedMount
+    from helpers import until
+
+    backing = tmp_path / "backing"
+    (backing / "step1").mkdir(parents=True)
+    state = {"w": torch.randn(1 << 19)}  # 2 MiB
+    path_in = backing / "step1" / "model.pt"
+    torch.save(state, path_in)
+    size = os.path.getsize(path_in)
+    with PacedMount(str(backing), str(tmp_path / "store"), rate=size / 2, burst=4096) as mount:
+        store = tmp_path / "store"
+        cluster = Cluster(tmp_path, nodes2, store, extra=["--peer-timeout-ms", "500"])
+        try:
+            path = str(store / "step1" / "model.pt")
+            first, second = cluster.start_rank(1), cluster.start_rank(0)
+            _ask(first, [path])
+            until(lambda: mount.stats()["bytes_read"] > 0, what="node 1's read to begin")
+            _ask(second, [path])
+            for rank in (first, second):
+                assert _answer(rank)["digests"] == {path: _digest(state)}
+            assert mount.stats()["bytes_read"] == size
+            assert cluster.storage_reads(0) == 0 and cluster.storage_reads(1) == size
+        finally:
+            cluster.close()

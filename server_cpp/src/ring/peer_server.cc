@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <future>
 #include <system_error>
 #include <thread>
 
@@ -460,20 +459,40 @@ Status PeerServer::LoadForPeer(PeerLink* link, const std::string& job, const std
   // Read on a thread of its own, so this one can tell the asker, within
   // each of its timeouts, that the answer is coming. An asker that hangs up
   // does not end the read: the file lands in the cache all the same.
-  auto done = std::make_shared<std::promise<Status>>();
-  std::future<Status> result = done->get_future();
+  struct Read {
+    Mutex mu;
+    CondVar cv;
+    bool done GUARDED_BY(mu) = false;
+    Status result GUARDED_BY(mu);
+  };
+  auto read = std::make_shared<Read>();
   RingStore* cache = cache_;
-  std::thread reader([cache, done, job, path] { done->set_value(cache->LoadFromStorage(job, path, /*for_peer=*/true)); });
-  const auto beat = std::max(std::chrono::milliseconds(50), options_.io_timeout / 3);
+  std::thread reader([cache, read, job, path] {
+    Status s = cache->LoadFromStorage(job, path, /*for_peer=*/true);
+    MutexLock l(&read->mu);
+    read->done = true;
+    read->result = s;
+    read->cv.SignalAll();
+  });
+  const auto beat = std::max<Clock::Duration>(std::chrono::milliseconds(50), options_.io_timeout / 3);
   bool asker_there = true;
-  while (result.wait_for(beat) == std::future_status::timeout) {
-    if (!asker_there) continue;
-    v1::PeerReply loading;
-    loading.set_loading(true);
-    asker_there = link->Send(loading).ok();
+  Status s;
+  {
+    MutexLock l(&read->mu);
+    while (!read->done) {
+      const Clock::TimePoint until = options_.clock->Now() + beat;
+      while (!read->done && options_.clock->WaitUntil(&read->cv, &read->mu, until)) {
+      }
+      if (read->done || !asker_there) continue;
+      l.Unlock();
+      v1::PeerReply loading;
+      loading.set_loading(true);
+      asker_there = link->Send(loading).ok();
+      l.Lock();
+    }
+    s = read->result;
   }
   reader.join();
-  Status s = result.get();
   if (!s.ok())
     TCE_LOG(kWarning, "ring") << "could not read job=" << job << " path=" << path << " from storage for "
                               << link->peer() << ": " << s.ToString();
