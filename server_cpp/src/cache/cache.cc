@@ -96,7 +96,7 @@ CacheStats Cache::TallyLocked() const {
   s.object_ranges_read = object_ranges_read_;
   s.held_markers = waiting_markers_.size();
   s.marker_rounds = marker_rounds_;
-  s.object_fetches_shared = fetches_shared_;
+  s.object_fetches_shared = fetches_shared_.load();
   if (objects_) {
     for (const ObjectRoot& r : objects_->all()) {
       s.object_roots.push_back(r.dir + "=" + r.url);

@@ -53,6 +53,7 @@
 #include "cache/session_table.h"
 #include "common/log_limiter.h"
 #include "common/mutex.h"
+#include "common/single_flight.h"
 #include "common/status.h"
 #include "env/env.h"
 #include "storage/object_store.h"
@@ -424,13 +425,16 @@ class Cache : public PoolBudget,
   Status FetchFileOnce(const std::string& job, const std::string& path, uid_t uid, gid_t gid, uint64_t* size)
       EXCLUDES(mu_);
   Status OpenAsUser(const std::string& dir, uid_t uid, gid_t gid, std::unique_ptr<Directory>* d);
+  // A new buffer of `size` bytes (ReserveRecovery) filled by `read` through
+  // a mapping of it; given back when anything fails. *secs: the read's time.
+  Status ReadIntoBuffer(uint64_t size, const std::string& path, const std::function<Status(char*)>& read,
+                        std::unique_ptr<Buffer>* mem, double* secs) EXCLUDES(mu_);
+  // The uid and gid of whoever set the job's ring here (storage is read as
+  // them); NOT_FOUND when no client did.
+  Status RingOwnerIds(const std::string& job, uid_t* uid, gid_t* gid) EXCLUDES(mu_);
   Status InstallFetched(const std::string& job, const std::string& path, std::unique_ptr<Buffer> mem,
                         uint64_t size, uid_t uid, gid_t gid, DiskIdentity disk, const std::string& from,
                         double secs) EXCLUDES(mu_);
-  struct Fetching {
-    bool done = false;  // under mu_
-    Status result;
-  };
   bool LocalTagFilesPending(const FileKey& key, const FileInfo& f) const REQUIRES(mu_);
   bool PeersMustConfirm(const FileKey& key, const FileInfo& f, std::vector<std::string>* remote) const
       REQUIRES(mu_);
@@ -453,9 +457,8 @@ class Cache : public PoolBudget,
   std::set<FileKey> waiting_markers_ GUARDED_BY(mu_);
   std::map<FileKey, uint64_t> peers_durable_ GUARDED_BY(mu_);  // marker -> the version the ring confirmed
   uint64_t marker_rounds_ GUARDED_BY(mu_) = 0;
-  std::map<FileKey, std::shared_ptr<Fetching>> fetching_ GUARDED_BY(mu_);  // fetches of objects under way
-  uint64_t fetches_shared_ GUARDED_BY(mu_) = 0;
-  CondVar fetch_cv_;  // a fetch ended
+  SingleFlight<FileKey> fetching_;  // reads of storage under way (FetchStored)
+  std::atomic<uint64_t> fetches_shared_{0};
   std::function<void(const std::string&)> tag_listener_;  // set before serving
   LoadSplit loads_;
   struct ReadClaim {

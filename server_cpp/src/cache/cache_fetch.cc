@@ -14,27 +14,6 @@
 #include "env/fs_identity.h"
 
 namespace tce {
-namespace {
-
-std::string DirOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-}
-
-// A writable mapping of `mem`'s first `size` bytes (none for 0).
-Status MapBuffer(Buffer* mem, uint64_t size, const std::string& path, void** out) {
-  *out = MAP_FAILED;
-  int fd = -1;
-  Status s = mem->NewFd(/*writable=*/true, &fd);
-  if (s.ok() && size > 0) {
-    *out = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (*out == MAP_FAILED) s = Status::FromErrno(errno, "mmap a buffer for " + path);
-  }
-  if (fd >= 0) ::close(fd);
-  return s;
-}
-
-}  // namespace
 
 Status Cache::FetchObject(const std::string& session, const std::string& job, const std::string& path) {
   if (!ObjectRootOf(path, nullptr)) return Status::NotFound(path + " is not under an object storage root");
@@ -82,15 +61,8 @@ bool Cache::UnderStorage(const std::string& path) {
 Status Cache::LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) {
   uid_t uid = 0;
   gid_t gid = 0;
-  {
-    MutexLock lock(&mu_);
-    const Ring* ring = rings_.Find(job);
-    if (!ring || !ring->has_owner)
-      return Status::NotFound("job " + job + " has no ring set here by its user: nothing is read from storage for it");
-    uid = ring->owner_uid;
-    gid = ring->owner_gid;
-  }
-  return FetchStored(job, path, uid, gid, for_peer);
+  Status s = RingOwnerIds(job, &uid, &gid);
+  return s.ok() ? FetchStored(job, path, uid, gid, for_peer) : s;
 }
 
 Status Cache::ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) {
@@ -103,21 +75,15 @@ Status Cache::ListStorageDir(const std::string& job, const std::string& dir, std
     for (const ListedObject& o : listed) {
       if (o.key.compare(0, root->prefix.size(), root->prefix) != 0) continue;
       const std::string path = root->dir + "/" + o.key.substr(root->prefix.size());
-      if (DirOf(path) == dir) out->push_back({path, o.size});  // not a directory below
+      if (Dirname(path) == dir) out->push_back({path, o.size});  // not a directory below
     }
     return Status::OK();
   }
   uid_t uid = 0;
   gid_t gid = 0;
-  {
-    MutexLock lock(&mu_);
-    const Ring* ring = rings_.Find(job);
-    if (!ring || !ring->has_owner) return Status::NotFound("job " + job + " has no ring set here by its user");
-    uid = ring->owner_uid;
-    gid = ring->owner_gid;
-  }
+  Status s = RingOwnerIds(job, &uid, &gid);
   std::unique_ptr<Directory> d;
-  Status s = OpenAsUser(dir, uid, gid, &d);
+  if (s.ok()) s = OpenAsUser(dir, uid, gid, &d);
   std::vector<std::pair<std::string, FileStat>> entries;
   if (s.ok()) {
     FsIdentity as_user(uid, gid);
@@ -132,35 +98,20 @@ Status Cache::ListStorageDir(const std::string& job, const std::string& dir, std
 Status Cache::FetchStored(const std::string& job, const std::string& path, uid_t uid, gid_t gid, bool for_peer) {
   // One read per node: a load that misses while another one reads the same
   // file waits for that read and shares its outcome.
-  const FileKey fk{job, path};
-  std::shared_ptr<Fetching> mine;
-  {
-    MutexLock lock(&mu_);
-    auto it = fetching_.find(fk);
-    if (it != fetching_.end()) {
-      std::shared_ptr<Fetching> theirs = it->second;
-      ++fetches_shared_;
-      while (!theirs->done) fetch_cv_.Wait(&mu_);
-      return theirs->result;
+  bool shared = false;
+  Status s = fetching_.Do({job, path}, [&] {
+    {
+      MutexLock lock(&mu_);
+      auto f = files_.find({job, path});
+      if (f != files_.end() && f->second.buffer_id != 0) return Status::OK();  // here already
     }
-    auto f = files_.find(fk);
-    if (f != files_.end() && f->second.buffer_id != 0) return Status::OK();  // here already
-    mine = std::make_shared<Fetching>();
-    fetching_[fk] = mine;
-  }
-  std::string key;
-  uint64_t size = 0;
-  Status s;
-  if (const ObjectRoot* root = ObjectRootOf(path, &key))
-    s = FetchObjectOnce(*root, key, job, path, uid, gid, &size);
-  else
-    s = FetchFileOnce(job, path, uid, gid, &size);
-  if (s.ok()) loads_.Note(job, LoadFrom::kStorage, size, for_peer);
-  MutexLock lock(&mu_);
-  mine->done = true;
-  mine->result = s;
-  fetching_.erase(fk);
-  fetch_cv_.SignalAll();
+    std::string key;
+    uint64_t size = 0;
+    const ObjectRoot* root = ObjectRootOf(path, &key);
+    Status r = root ? FetchObjectOnce(*root, key, job, path, uid, gid, &size) : FetchFileOnce(job, path, uid, gid, &size);
+    if (r.ok()) loads_.Note(job, LoadFrom::kStorage, size, for_peer);
+    return r;
+  }, &shared, [this] { ++fetches_shared_; });
   return s;
 }
 
@@ -171,21 +122,14 @@ Status Cache::FetchObjectOnce(const ObjectRoot& root, const std::string& key, co
   if (!s.ok()) return s;
   if (!obj.exists) return Status::NotFound(root.store->Url(key) + " does not exist");
   std::unique_ptr<Buffer> mem;
-  s = ReserveRecovery(obj.size, &mem);
+  double secs = 0;
+  s = ReadIntoBuffer(obj.size, path, [&](char* into) { return root.store->Read(key, 0, obj.size, into, obj.etag); },
+                     &mem, &secs);
   if (!s.ok()) return s;
-  void* map = MAP_FAILED;
-  s = MapBuffer(mem.get(), obj.size, path, &map);
-  const Stopwatch took(clock_);
-  if (s.ok() && obj.size > 0) s = root.store->Read(key, 0, obj.size, static_cast<char*>(map), obj.etag);
-  if (map != MAP_FAILED) munmap(map, obj.size);
-  if (!s.ok()) {
-    AbandonRecovery(std::move(mem));
-    return s;
-  }
   DiskIdentity disk = IdentityOf(obj);
   disk.written = true;
   *size = obj.size;
-  return InstallFetched(job, path, std::move(mem), obj.size, uid, gid, disk, root.store->Url(key), took.Seconds());
+  return InstallFetched(job, path, std::move(mem), obj.size, uid, gid, disk, root.store->Url(key), secs);
 }
 
 Status Cache::FetchFileOnce(const std::string& job, const std::string& path, uid_t uid, gid_t gid,
@@ -196,7 +140,7 @@ Status Cache::FetchFileOnce(const std::string& job, const std::string& path, uid
   std::unique_ptr<Directory> d;
   FileStat dst, st;
   const std::string name = path.substr(path.rfind('/') + 1);
-  Status s = OpenAsUser(DirOf(path), uid, gid, &d);
+  Status s = OpenAsUser(Dirname(path), uid, gid, &d);
   if (s.ok()) s = d->Stat(&dst);
   if (s.ok()) {
     FsIdentity as_user(uid, gid);
@@ -206,39 +150,58 @@ Status Cache::FetchFileOnce(const std::string& job, const std::string& path, uid
   if (s.ok() && !S_ISREG(st.mode)) s = Status::FailedPrecondition(path + " is not a regular file");
   if (!s.ok()) return s;
   std::unique_ptr<Buffer> mem;
-  s = ReserveRecovery(st.size, &mem);
-  if (!s.ok()) return s;
-  void* map = MAP_FAILED;
-  s = MapBuffer(mem.get(), st.size, path, &map);
-  const Stopwatch took(clock_);
-  FileStat after, parent;
-  if (s.ok()) {
+  double secs = 0;
+  FileStat parent;
+  s = ReadIntoBuffer(st.size, path, [&](char* into) {
     FsIdentity as_user(uid, gid);
-    if (!as_user.ok(uid)) s = Status::PermissionDenied("cannot read storage as uid " + std::to_string(uid));
-    if (s.ok() && st.size > 0) s = d->ReadAt(name, 0, st.size, static_cast<char*>(map));
+    if (!as_user.ok(uid)) return Status::PermissionDenied("cannot read storage as uid " + std::to_string(uid));
+    Status r = d->ReadAt(name, 0, st.size, into);
     // A file rewritten in place while it was read is no file at all.
-    if (s.ok() && (s = d->StatAt(name, &after)).ok() &&
+    FileStat after;
+    if (r.ok() && (r = d->StatAt(name, &after)).ok() &&
         (after.ino != st.ino || after.size != st.size || after.mtime_ns != st.mtime_ns))
-      s = Status::Unavailable(path + " changed on storage while it was read");
-    if (s.ok() && !d->StatParent(&parent).ok()) parent.ino = 0;
-  }
-  if (map != MAP_FAILED) munmap(map, st.size);
-  if (!s.ok()) {
-    AbandonRecovery(std::move(mem));
-    return s;
-  }
-  DiskIdentity disk;
-  disk.known = disk.exists = disk.written = true;
-  disk.dev = st.dev;
-  disk.ino = st.ino;
-  disk.size = st.size;
-  disk.mtime_ns = st.mtime_ns;
-  disk.mode = st.mode & 07777;
-  disk.dir_dev = dst.dev;
-  disk.dir_ino = dst.ino;
-  disk.parent_ino = parent.ino;
+      r = Status::Unavailable(path + " changed on storage while it was read");
+    if (r.ok() && !d->StatParent(&parent).ok()) parent.ino = 0;
+    return r;
+  }, &mem, &secs);
+  if (!s.ok()) return s;
+  DiskIdentity dir;  // the directory it was read from; Written adds the file
+  dir.known = true;
+  dir.dir_dev = dst.dev;
+  dir.dir_ino = dst.ino;
+  dir.parent_ino = parent.ino;
   *size = st.size;
-  return InstallFetched(job, path, std::move(mem), st.size, uid, gid, disk, path, took.Seconds());
+  return InstallFetched(job, path, std::move(mem), st.size, uid, gid, Written(dir, st), path, secs);
+}
+
+Status Cache::ReadIntoBuffer(uint64_t size, const std::string& path, const std::function<Status(char*)>& read,
+                             std::unique_ptr<Buffer>* mem, double* secs) {
+  Status s = ReserveRecovery(size, mem);
+  if (!s.ok()) return s;
+  int fd = -1;
+  void* map = MAP_FAILED;
+  s = (*mem)->NewFd(/*writable=*/true, &fd);
+  if (s.ok() && size > 0) {
+    map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) s = Status::FromErrno(errno, "mmap a buffer for " + path);
+  }
+  if (fd >= 0) ::close(fd);
+  const Stopwatch took(clock_);
+  if (s.ok() && size > 0) s = read(static_cast<char*>(map));
+  *secs = took.Seconds();
+  if (map != MAP_FAILED) munmap(map, size);
+  if (!s.ok()) AbandonRecovery(std::move(*mem));
+  return s;
+}
+
+Status Cache::RingOwnerIds(const std::string& job, uid_t* uid, gid_t* gid) {
+  MutexLock lock(&mu_);
+  const Ring* ring = rings_.Find(job);
+  if (!ring || !ring->has_owner)
+    return Status::NotFound("job " + job + " has no ring set here by its user: nothing is read from storage for it");
+  *uid = ring->owner_uid;
+  *gid = ring->owner_gid;
+  return Status::OK();
 }
 
 Status Cache::OpenAsUser(const std::string& dir, uid_t uid, gid_t gid, std::unique_ptr<Directory>* d) {

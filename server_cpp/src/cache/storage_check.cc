@@ -11,11 +11,6 @@
 namespace tce {
 namespace {
 
-std::string Dirname(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-}
-
 std::string Basename(const std::string& path) { return path.substr(path.rfind('/') + 1); }
 
 StorageCheck Changed(std::string why) { return {Verdict::kChanged, std::move(why)}; }

@@ -23,10 +23,6 @@ namespace {
 constexpr uint64_t kBlock = 4096;  // O_DIRECT alignment: files are mapped in whole blocks
 uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
-std::string Dirname(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
 }  // namespace
 
 Persister::Persister(PersistSource* cache, Env* env, PersistOptions options)

@@ -4,16 +4,12 @@
 #include <numeric>
 
 #include "common/logging.h"
+#include "storage/identity.h"
 
 namespace tce {
 namespace {
 
 constexpr size_t kMaxPlans = 1024;  // (job, directory) pairs kept; past it, all are made again
-
-std::string DirOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-}
 
 // FNV-1a: the same on every node (std::hash need not be).
 uint64_t StableHash(const std::string& s) {
@@ -65,7 +61,7 @@ std::vector<std::string> RestorePlans::LiveNodes(const std::string& job, const s
 
 std::string RestorePlans::OwnerOf(const std::string& job, const std::vector<std::string>& nodes,
                                   const std::string& path) {
-  const std::string dir = DirOf(path);
+  const std::string dir = Dirname(path);
   std::vector<std::string> live;
   {
     MutexLock l(&mu_);

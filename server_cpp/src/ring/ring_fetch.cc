@@ -42,7 +42,7 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
   if (Status a = may_wait(); !a.ok()) return a;
   LoadFrom fetched_from = LoadFrom::kPeer;
   bool shared = false;
-  Status fetched = Once(job, path, [&] { return fetch_(job, path, &fetched_from); }, &shared);
+  Status fetched = flights_.Do({job, path}, [&] { return fetch_(job, path, &fetched_from); }, &shared);
   if (fetched.code() == Status::Code::kNotFound && !shared) NoteMiss(job, path);
   if (!fetched.ok() && fetched.code() != Status::Code::kFailedPrecondition) return s;
   if (fetched.ok() && !shared) {
@@ -57,34 +57,8 @@ Status RingFetch::StageForRanges(const std::string& job, const std::string& path
   if (!stage_ || !ring_->MayBeInRing(job, path) || RecentlyMissed(job, path))
     return Status::NotFound(path + " is not read for the ring");
   bool shared = false;
-  Status s = Once(job, path, [&] { return stage_(job, path); }, &shared);
+  Status s = flights_.Do({job, path}, [&] { return stage_(job, path); }, &shared);
   if (s.code() == Status::Code::kNotFound && !shared) NoteMiss(job, path);
-  return s;
-}
-
-Status RingFetch::Once(const std::string& job, const std::string& path, const std::function<Status()>& fetch,
-                       bool* shared) {
-  const std::pair<std::string, std::string> key{job, path};
-  std::shared_ptr<Flight> mine;
-  {
-    MutexLock l(&mu_);
-    auto it = flights_.find(key);
-    if (it != flights_.end()) {
-      std::shared_ptr<Flight> theirs = it->second;
-      while (!theirs->done) landed_.Wait(&mu_);
-      *shared = true;
-      return theirs->result;
-    }
-    mine = std::make_shared<Flight>();
-    flights_[key] = mine;
-  }
-  *shared = false;
-  Status s = fetch();
-  MutexLock l(&mu_);
-  mine->done = true;
-  mine->result = s;
-  flights_.erase(key);
-  landed_.SignalAll();
   return s;
 }
 

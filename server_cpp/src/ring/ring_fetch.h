@@ -27,6 +27,7 @@
 #include "cache/ring_store.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/single_flight.h"
 #include "common/status.h"
 
 namespace tce {
@@ -73,14 +74,6 @@ class RingFetch {
  private:
   bool RecentlyMissed(const std::string& job, const std::string& path);
   void NoteMiss(const std::string& job, const std::string& path);
-  // Runs `fetch` for (job, path) unless one runs already: then waits for
-  // that one and answers its outcome (*shared: true).
-  Status Once(const std::string& job, const std::string& path, const std::function<Status()>& fetch, bool* shared);
-
-  struct Flight {
-    bool done = false;  // under mu_
-    Status result;
-  };
 
   ClientStore* const cache_;
   RingStore* const ring_;
@@ -92,8 +85,7 @@ class RingFetch {
   std::atomic<uint64_t> remote_misses_{0};
   Mutex mu_;
   std::map<std::pair<std::string, std::string>, Clock::TimePoint> misses_ GUARDED_BY(mu_);
-  std::map<std::pair<std::string, std::string>, std::shared_ptr<Flight>> flights_ GUARDED_BY(mu_);
-  CondVar landed_;  // a flight ended
+  SingleFlight<std::pair<std::string, std::string>> flights_;  // one fetch of a file at a time
 };
 
 }  // namespace tce

@@ -3,15 +3,15 @@
 namespace tce {
 namespace {
 
-std::string Dirname(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
-}
-
 StorageCheck Changed(std::string why) { return {Verdict::kChanged, std::move(why)}; }
 StorageCheck Unavailable(std::string why) { return {Verdict::kUnavailable, std::move(why)}; }
 
 }  // namespace
+
+std::string Dirname(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
 
 const std::string* RootOf(const std::string& resolved, const std::vector<std::string>& roots) {
   const std::string* best = nullptr;

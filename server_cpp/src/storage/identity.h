@@ -78,6 +78,9 @@ StorageCheck ClassifyOpenFailure(Env* env, const std::string& dir, const Status&
 // `url` names it in the verdict.
 StorageCheck CompareObject(const std::string& url, const DiskIdentity& expected, const ObjectId& now);
 
+// The directory of an absolute `path` ("/" for a file at the root).
+std::string Dirname(const std::string& path);
+
 // The longest of `roots` that `resolved` lies under, or null.
 const std::string* RootOf(const std::string& resolved, const std::vector<std::string>& roots);
 
