@@ -134,6 +134,7 @@ def _engine_class():
             self.loads_from_cache = 0
             self.loads_from_storage = 0
             self.bytes_read_directly = 0  # bytes of the files loads read from storage themselves
+            self.latest_named: str | None = None  # what 'latest' named at the last resolve_tag
             self.ring = client.join_ring(self.job)  # every rank builds the engine: a collective
             rank = client.rank()
             message = (f"[TCE] checkpoint engine active: {ENGINE_NAME} "
@@ -267,13 +268,7 @@ def _engine_class():
             none is recoverable, naming the files that are missing.
             """
             load_dir = os.path.abspath(load_dir)
-            latest_path = os.path.join(load_dir, "latest")
-            latest = None
-            if os.path.isfile(latest_path):
-                with open(latest_path) as fd:
-                    latest = fd.read().strip() or None
-            elif client.is_object_path(latest_path):  # in the bucket only
-                latest = (client.read_bytes(latest_path, job=self.job) or b"").decode(errors="replace").strip() or None
+            latest = self.latest_named = _loading.latest_tag(load_dir, self.job)
             rank, world = client.rank(), client.world_size()
             known = self.learn_tags(load_dir, latest)
             if not known:
@@ -429,11 +424,12 @@ def _wrap_load_checkpoint(original):
         if not _is_tce(engine):
             return original(self, load_dir, tag, *args, **kwargs)
         universal = getattr(self, "load_universal_checkpoint", lambda: False)()
+        loading_tag = tag
         if tag is None and not universal:
             tag = engine.resolve_tag(load_dir)
+            loading_tag = tag if tag is not None else engine.latest_named  # DeepSpeed reads 'latest' then
         else:
             engine.learn_tags(load_dir, tag)  # DeepSpeed's file discovery sees the tag's files
-        loading_tag = tag if tag is not None else _loading.latest_tag(load_dir)  # as DeepSpeed reads it
         if loading_tag and engine.ring:  # empty nodes: every node starts reading its share of the tag
             _loading.prefetch(os.path.join(load_dir, str(loading_tag)), engine.job)
         _loading.loading.engine = engine

@@ -61,14 +61,16 @@ def size_on_storage(path: str) -> int:
 
 
 
-def latest_tag(load_dir: str) -> str | None:
-    """The tag DeepSpeed's ``latest`` names, as DeepSpeed reads it (None
-    without one)."""
-    try:
-        with open(os.path.join(load_dir, "latest")) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
+def latest_tag(load_dir: str, job: str) -> str | None:
+    """The tag DeepSpeed's ``latest`` in ``load_dir`` names: the file, else
+    (under an object root) the object; None without one."""
+    path = os.path.join(os.path.abspath(load_dir), "latest")
+    if os.path.isfile(path):
+        with open(path) as fd:
+            return fd.read().strip() or None
+    if client.is_object_path(path):  # in the bucket only
+        return (client.read_bytes(path, job=job) or b"").decode(errors="replace").strip() or None
+    return None
 
 
 def prefetch(tag_dir: str, job: str) -> None:
