@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import ctypes
 import glob
+import hashlib
 import os
 import socket
 import subprocess
@@ -286,3 +287,28 @@ def end_processes(procs, files=()) -> None:
             p.wait()
     for f in files:
         f.close()
+
+
+def state_digest(state: dict) -> str:
+    """SHA-256 of a flat state dict: each key, then its tensor's bytes (or
+    repr), in key order; the same for the same state whoever loaded it."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        h.update(name.encode())
+        h.update(value.numpy().tobytes() if isinstance(value, torch.Tensor) else repr(value).encode())
+    return h.hexdigest()
+
+
+def call_on(socket: str, job: str, fn):
+    """fn() as a client of the server at `socket`, for `job` (an unreachable
+    server raises); the session is closed after."""
+    from tce import api
+    from tce.core import _knobs
+
+    with _knobs.override(socket=socket, job=job, on_unavailable="raise"):
+        try:
+            return fn()
+        finally:
+            api.close()
+

@@ -5,23 +5,13 @@ with tce.load and answers a JSON line: a SHA-256 of each file's tensors and
 where this session's loads found their bytes (the node's memory, another
 node's, storage), or the error a load raised. An empty line ends it."""
 
-import hashlib
 import json
 import sys
-
-import torch
 
 import tce
 from tce import _service
 
-
-def digest(state) -> str:
-    h = hashlib.sha256()
-    for name in sorted(state):
-        value = state[name]
-        h.update(name.encode())
-        h.update(value.numpy().tobytes() if isinstance(value, torch.Tensor) else repr(value).encode())
-    return h.hexdigest()
+from helpers import state_digest as digest
 
 
 _service.with_client(lambda c: c.status())  # connected before the test says go

@@ -9,7 +9,6 @@ one-read property; the ranks prove the bytes."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -20,24 +19,14 @@ import pytest
 import torch
 
 from tce import _service, api
-from tce.core import _knobs
 from tce.tools._server import LocalServer
 
-from helpers import faulty_server_binary
+from helpers import call_on, faulty_server_binary, state_digest
 
 pytestmark = [pytest.mark.multinode]
 
 TOKEN = "restore-token"
 RANK_SCRIPT = os.path.join(os.path.dirname(__file__), "restore_rank.py")
-
-
-def _digest(state) -> str:
-    h = hashlib.sha256()
-    for name in sorted(state):
-        value = state[name]
-        h.update(name.encode())
-        h.update(value.numpy().tobytes() if isinstance(value, torch.Tensor) else repr(value).encode())
-    return h.hexdigest()
 
 
 class Cluster:
@@ -74,21 +63,14 @@ class Cluster:
                         *self.extra, "--metadata-url", "none", *extra]).start()
 
     def call(self, i: int, fn):
-        with _knobs.override(socket=self.servers[i].socket, job=self.job, on_unavailable="raise"):
-            try:
-                return fn()
-            finally:
-                api.close()
+        return call_on(self.servers[i].socket, self.job, fn)
 
     def status(self, i: int) -> dict:
         return self.call(i, api.status)
 
     def storage_reads(self, i: int) -> int:
         """Bytes node i's server read from storage for this job."""
-        with _knobs.override(socket=self.servers[i].socket):
-            st = _service.client().status()
-            api.close()
-        return sum(j.storage_bytes for j in st.job_loads if j.job == self.job)
+        return _job_storage_reads(self.servers[i].socket, self.job)
 
     def start_rank(self, i: int) -> subprocess.Popen:
         p = subprocess.Popen([sys.executable, RANK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -128,7 +110,7 @@ def _write_tag(store, ranks: int) -> dict[str, str]:
         files[str(tag / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")] = {"m": torch.randn(1 << 19) + r}
     for path, state in files.items():
         torch.save(state, path)
-    return {path: _digest(state) for path, state in files.items()}
+    return {path: state_digest(state) for path, state in files.items()}
 
 
 def _unique_bytes(digests: dict[str, str]) -> int:
@@ -246,9 +228,8 @@ def test_a_file_storage_cannot_give_fails_alone_with_its_path(tmp_path, nodes2, 
 
 
 def _job_storage_reads(socket: str, job: str) -> int:
-    with _knobs.override(socket=socket):
-        st = _service.client().status()
-        api.close()
+    """Bytes the server at `socket` read from storage for `job`."""
+    st = call_on(socket, job, lambda: _service.client().status())
     return sum(j.storage_bytes for j in st.job_loads if j.job == job)
 
 
@@ -334,7 +315,7 @@ def test_an_asker_waits_out_a_storage_read_longer_than_the_peer_timeout(tmp_path
             until(lambda: mount.stats()["bytes_read"] > 0, what="node 1's read to begin")
             _ask(second, [path])
             for rank in (first, second):
-                assert _answer(rank)["digests"] == {path: _digest(state)}
+                assert _answer(rank)["digests"] == {path: state_digest(state)}
             assert mount.stats()["bytes_read"] == size
             assert cluster.storage_reads(0) == 0 and cluster.storage_reads(1) == size
         finally:

@@ -20,12 +20,11 @@ import torch
 
 import tce
 from tce import _service, api, client
-from tce.core import _knobs
 from tce.tools._moto import credentials_env
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
 
-from helpers import until
+from helpers import call_on, until
 from s3_helpers import FaultProxy
 
 pytestmark = [pytest.mark.s3, pytest.mark.multinode]
@@ -73,11 +72,7 @@ class Ring:
         self.join(i)
 
     def call(self, i: int, fn):
-        with _knobs.override(socket=self.servers[i].socket, job=self.job, on_unavailable="raise"):
-            try:
-                return fn()
-            finally:
-                api.close()
+        return call_on(self.servers[i].socket, self.job, fn)
 
     def status(self, i: int) -> dict:
         return self.call(i, api.status)
