@@ -147,6 +147,12 @@ def test_a_restart_on_empty_nodes_reads_each_byte_from_storage_once(tmp_path, no
         # The split is in tce status (per job) and in the metrics.
         st = cluster.status(0)
         assert any(j["job"] == cluster.job for j in st["job_loads"]), st["job_loads"]
+        # What a node read from storage or pulled needs no backup: a
+        # shutdown has nothing to wait for (with drain_timeout_ms = 0, a
+        # file it waited for would be named as unfinished).
+        for s in cluster.servers:
+            s.stop()
+            assert "drained: 0 file(s) unfinished" in s.log(), s.log()[-2000:]
     finally:
         cluster.close()
 

@@ -486,8 +486,10 @@ std::vector<std::string> Cache::Unfinished(bool* allocations_in_flight) {
   for (const auto& [key, f] : files_) {
     if (f.state == FileState::kPending) continue;  // counted in pending_
     const bool persists = persistence_enabled() && (f.state == FileState::kCached || f.state == FileState::kBackedUp);
-    const bool backs_up = !rings_.Successor(key.first).empty() &&
-                          f.backup_holder.empty() && f.buffer_id != 0 && f.state != FileState::kEvicted;
+    // A file storage holds (persisted, or read from there) needs no copy
+    // at the successor to survive.
+    const bool backs_up = !rings_.Successor(key.first).empty() && f.backup_holder.empty() && f.buffer_id != 0 &&
+                          f.state != FileState::kEvicted && f.state != FileState::kPersisted;
     if (persists || backs_up)
       out.push_back("job=" + key.first + " path=" + key.second + ":" + (persists ? " not persisted" : "") +
                     (backs_up ? " not backed up" : ""));
