@@ -73,11 +73,8 @@ class Cluster:
         return _job_storage_reads(self.servers[i].socket, self.job)
 
     def start_rank(self, i: int) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, RANK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "TCE_SOCKET": self.servers[i].socket,
-                                             "TCE_JOB": self.job, "TCE_ON_UNAVAILABLE": "raise"})
+        p = _start_rank(self.servers[i].socket, self.job)
         self.ranks.append(p)
-        assert p.stdout.readline().strip() == "ready"
         return p
 
     def close(self) -> None:
@@ -87,6 +84,15 @@ class Cluster:
         for s in self.servers:
             s.stop()
             s.cleanup()
+
+
+def _start_rank(socket: str, job: str) -> subprocess.Popen:
+    """A rank process (tests/restore_rank.py) connected to the server at `socket`."""
+    p = subprocess.Popen([sys.executable, RANK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env={**os.environ, "TCE_SOCKET": socket, "TCE_JOB": job,
+                                         "TCE_ON_UNAVAILABLE": "raise"})
+    assert p.stdout.readline().strip() == "ready"
+    return p
 
 
 def _ask(rank: subprocess.Popen, paths: list[str]) -> None:
@@ -155,6 +161,43 @@ def test_a_restart_on_empty_nodes_reads_each_byte_from_storage_once(tmp_path, no
             assert "drained: 0 file(s) unfinished" in s.log(), s.log()[-2000:]
     finally:
         cluster.close()
+
+
+@pytest.mark.parametrize("cooperative", [True, False])
+def test_the_ranks_of_one_node_share_one_read_of_each_file(tmp_path, store, cooperative):
+    """One node, no ring: two ranks load the same files at once. Their
+    server reads each file from storage once and both ranks map that copy
+    (one found it read for it, the other in the cache). With
+    cooperative_restore off, each rank reads storage itself."""
+    digests = _write_tag(store, ranks=2)
+    unique = _unique_bytes(digests)
+    job = "one-node"
+    server = LocalServer(memory_budget="256MiB", socket_path=str(tmp_path / "tce.sock"),
+                         storage_roots=[str(store)],
+                         extra_args=["--metadata-url", "none",
+                                     "--cooperative-restore", "true" if cooperative else "false"]).start()
+    ranks = []
+    try:
+        ranks = [_start_rank(server.socket, job) for _ in range(2)]
+        for rank in ranks:
+            _ask(rank, sorted(digests))
+        answers = [_answer(rank) for rank in ranks]
+        assert [a["digests"] for a in answers] == [digests, digests]
+        if not cooperative:
+            assert [a["loaded"] for a in answers] == [{}, {}]
+            assert _job_storage_reads(server.socket, job) == 0
+            return
+        assert _job_storage_reads(server.socket, job) == unique
+        for a in answers:  # every byte through the server
+            assert sum(a["loaded"].values()) == unique, a["loaded"]
+        assert sum(a["loaded"].get("storage", 0) for a in answers) == unique
+        assert sum(a["loaded"].get("cache", 0) for a in answers) == unique
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
+        server.stop()
+        server.cleanup()
 
 
 def test_an_owner_that_dies_mid_restore_has_its_share_read_by_another_node(tmp_path, nodes3, store):

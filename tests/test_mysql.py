@@ -75,7 +75,7 @@ def test_rows_restart_and_ls(tmp_path, mariadb):
                             "--job", "mysql-job", "--json"], capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
         assert [(r["tag"], r["state"]) for r in json.loads(p.stdout)] == [
-            ("step1", "EVICTED"), ("step2", "EVICTED")]
+            ("step1", "EVICTED"), ("step2", "PERSISTED")]  # the load read step2 back into the cache
     finally:
         s.stop()
         s.cleanup()

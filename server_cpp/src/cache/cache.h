@@ -232,12 +232,20 @@ class Cache : public PoolBudget,
   bool persistence_enabled() const { return !roots_.empty() || (objects_ && !objects_->empty()); }
   // The object storage roots (storage/object_store.h). Set before serving.
   void SetObjectRoots(std::shared_ptr<const ObjectRoots> roots);
-  // A load that missed: brings the object at `path` (under an object root)
-  // into the cache as a PERSISTED file of `job`, owned by the session's
-  // uid. NOT_FOUND when there is no such object; FAILED_PRECONDITION when
-  // the file reached the cache meanwhile (look it up again).
-  Status FetchObject(const std::string& session, const std::string& job, const std::string& path) override
+  // A load that missed: brings the file at `path` (an object root's, or a
+  // directory root's read as the session's user) into the cache as a
+  // PERSISTED file of `job`, owned by the session's uid; one read at a
+  // time per file, shared by the loads that ask meanwhile. NOT_FOUND when
+  // storage has no such file, or this server reads no such path
+  // (FetchesOnMiss); FAILED_PRECONDITION when the file reached the cache
+  // meanwhile (look it up again).
+  Status FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) override
       EXCLUDES(mu_);
+  bool FetchesOnMiss(const std::string& path) override EXCLUDES(mu_);
+  // Whether a directory root's file a load missed is read into the cache
+  // here, so the ranks of a node share one read (cooperative_restore).
+  // Set before serving.
+  void SetFetchFiles(bool on) EXCLUDES(mu_);
   std::vector<JobLoadSplit> LoadSplits(bool admin, uid_t uid) override EXCLUDES(mu_);
   void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) override { loads_.Note(job, from, bytes); }
   Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) override
@@ -418,8 +426,10 @@ class Cache : public PoolBudget,
   // for the read under way and shares its outcome); from an object root's
   // store, else from the directory root the file's directory resolves under
   // (opened beneath it as the user, OpenAsUser); *size: the bytes read.
-  Status FetchStored(const std::string& job, const std::string& path, uid_t uid, gid_t gid, bool for_peer)
-      EXCLUDES(mu_);
+  // `read_here` (optional) is set when this call read it (not another
+  // load's read, nor a file here already).
+  Status FetchStored(const std::string& job, const std::string& path, uid_t uid, gid_t gid, bool for_peer,
+                     bool* read_here = nullptr) EXCLUDES(mu_);
   Status FetchObjectOnce(const ObjectRoot& root, const std::string& key, const std::string& job,
                          const std::string& path, uid_t uid, gid_t gid, uint64_t* size) EXCLUDES(mu_);
   Status FetchFileOnce(const std::string& job, const std::string& path, uid_t uid, gid_t gid, uint64_t* size)
@@ -466,6 +476,7 @@ class Cache : public PoolBudget,
     Clock::TimePoint at;
   };
   std::map<FileKey, ReadClaim> read_claims_ GUARDED_BY(mu_);  // ClaimRead
+  bool fetch_files_ GUARDED_BY(mu_) = false;                   // SetFetchFiles
   uint64_t fetched_objects_ GUARDED_BY(mu_) = 0;
   uint64_t fetched_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t object_ranges_read_ GUARDED_BY(mu_) = 0;

@@ -15,8 +15,22 @@
 
 namespace tce {
 
-Status Cache::FetchObject(const std::string& session, const std::string& job, const std::string& path) {
-  if (!ObjectRootOf(path, nullptr)) return Status::NotFound(path + " is not under an object storage root");
+void Cache::SetFetchFiles(bool on) {
+  MutexLock lock(&mu_);
+  fetch_files_ = on;
+}
+
+bool Cache::FetchesOnMiss(const std::string& path) {
+  if (ObjectRootOf(path, nullptr)) return true;
+  {
+    MutexLock lock(&mu_);
+    if (!fetch_files_) return false;
+  }
+  return UnderStorage(path);
+}
+
+Status Cache::FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) {
+  if (!FetchesOnMiss(path)) return Status::NotFound(path + " is not read from storage by this server");
   uid_t uid = 0;
   gid_t gid = 0;
   Status s = CallerIds(session, &uid, &gid);
@@ -26,7 +40,10 @@ Status Cache::FetchObject(const std::string& session, const std::string& job, co
     s = CheckAccess(session, job, "load " + path + " into job '" + job + "'", /*claim=*/true);
     if (!s.ok()) return s;
   }
-  return FetchStored(job, path, uid, gid, /*for_peer=*/false);
+  bool read_here = false;
+  s = FetchStored(job, path, uid, gid, /*for_peer=*/false, &read_here);
+  // Read by another load, or here already: this load's bytes come from the cache.
+  return s.ok() && !read_here ? Status::FailedPrecondition(path + " reached the cache meanwhile") : s;
 }
 
 std::vector<JobLoadSplit> Cache::LoadSplits(bool admin, uid_t uid) {
@@ -95,7 +112,8 @@ Status Cache::ListStorageDir(const std::string& job, const std::string& dir, std
   return Status::OK();
 }
 
-Status Cache::FetchStored(const std::string& job, const std::string& path, uid_t uid, gid_t gid, bool for_peer) {
+Status Cache::FetchStored(const std::string& job, const std::string& path, uid_t uid, gid_t gid, bool for_peer,
+                          bool* read_here) {
   // One read per node: a load that misses while another one reads the same
   // file waits for that read and shares its outcome.
   bool shared = false;
@@ -110,6 +128,7 @@ Status Cache::FetchStored(const std::string& job, const std::string& path, uid_t
     const ObjectRoot* root = ObjectRootOf(path, &key);
     Status r = root ? FetchObjectOnce(*root, key, job, path, uid, gid, &size) : FetchFileOnce(job, path, uid, gid, &size);
     if (r.ok()) loads_.Note(job, LoadFrom::kStorage, size, for_peer);
+    if (r.ok() && read_here) *read_here = true;  // only the call that reads runs this
     return r;
   }, &shared, [this] { ++fetches_shared_; });
   return s;

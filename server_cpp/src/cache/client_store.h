@@ -135,10 +135,14 @@ class ClientStore {
   virtual CacheStats Stats() = 0;
   // As PersistSource::storage_roots (cache/persist_source.h).
   virtual const std::vector<std::string>& storage_roots() const = 0;
-  // Whether `path` lies under an object storage root; FetchObject brings
-  // such a file into the cache for a load that missed (cache/cache.h).
+  // Whether `path` lies under an object storage root (a client cannot
+  // read it itself).
   virtual bool IsObjectPath(const std::string& path) const = 0;
-  virtual Status FetchObject(const std::string& session, const std::string& job, const std::string& path) = 0;
+  // Whether a load of `path` that missed memory and the ring is read from
+  // storage into the cache by this server (FetchFromStorage): an object
+  // root's file always, a directory root's when SetFetchFiles said so.
+  virtual bool FetchesOnMiss(const std::string& path) = 0;
+  virtual Status FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) = 0;
   // A load of `job` took `bytes` from `from` (counted per job: Status'
   // job_loads); where each job's loads took their bytes from so far: every
   // job's for an administrator, else the jobs of `uid`.

@@ -281,6 +281,7 @@ int Daemon::MakeCache() {
                              << prealloc_why << ")";
   cache_->SetStorageCheckTimeout(std::chrono::milliseconds(opt_.storage_check_timeout_ms));
   cache_->SetRestoreWait(std::chrono::milliseconds(opt_.ring_restore_wait_ms));
+  cache_->SetFetchFiles(opt_.cooperative_restore);  // a node's ranks share one read of a file
   SessionLimits limits;
   limits.root_is_admin = opt_.root_is_admin;
   limits.max_leases_per_session = static_cast<size_t>(opt_.max_leases_per_session);

@@ -7,6 +7,7 @@
 #include "cache/file_state_proto.h"
 #include "cache/record_proto.h"
 #include "cache/tag_proto.h"
+#include "common/logging.h"
 #include "rpc/request_checks.h"
 
 namespace tce {
@@ -110,17 +111,22 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
                   : cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                    &lease, &unmap);
   if (s.code() == tce::Status::Code::kNotFound && req->lease() && !req->local_only() &&
-      cache_->IsObjectPath(req->path())) {
-    // Not in memory, nor in the ring: a file under an object storage root
-    // is fetched into the cache (the client cannot read the bucket itself).
+      cache_->FetchesOnMiss(req->path())) {
+    // Not in memory, nor in the ring: read from storage into the cache, once
+    // for all the ranks of this node that load it. A directory root's file
+    // this server cannot read, the client still can try to (with its own
+    // rights); an object root's, it cannot.
     tce::Status admitted = slot.held() ? tce::Status::OK() : AdmitPeerCall(req->session(), &slot);
-    tce::Status fetched = admitted.ok() ? cache_->FetchObject(req->session(), req->job(), req->path()) : admitted;
+    tce::Status fetched =
+        admitted.ok() ? cache_->FetchFromStorage(req->session(), req->job(), req->path()) : admitted;
     if (fetched.ok() || fetched.code() == tce::Status::Code::kFailedPrecondition) {
       unmap.clear();
       if (fetched.ok()) from = LoadFrom::kStorage;
       s = cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f, &lease, &unmap);
-    } else if (fetched.code() != tce::Status::Code::kNotFound) {
+    } else if (fetched.code() != tce::Status::Code::kNotFound && cache_->IsObjectPath(req->path())) {
       s = fetched;
+    } else if (fetched.code() != tce::Status::Code::kNotFound) {
+      TCE_LOG(kInfo, "cache") << "load of " << req->path() << " left to the client: " << fetched.ToString();
     }
   }
   for (uint64_t id : unmap) resp->add_unmap_buffer_ids(id);
