@@ -807,3 +807,29 @@ result["bytes"] = os.pread(fd, 100000, 0) == data[1000:101000]
             assert b["read"] == ["OK", ""] and b["bytes"]
     finally:
         node.close()
+
+
+def test_a_load_the_server_reads_is_checked_against_the_users_rights_alone(users):
+    """A load that misses has the (root) server read the file from storage
+    as the loading user: its fsuid and fsgid, and none of the server's own
+    supplementary groups. Started in group 0 (as a container's root often
+    is, with more), the server still does not read for uid a a file that
+    only group 0 may read; a's own file it reads."""
+    node = Node(users, prefix=["setpriv", "--groups", "0", "--"])
+    try:
+        secret, mine = node.path("a", "secret.pt"), node.path("a", "mine.pt")
+        for path, owner, mode in ((secret, (0, 0), 0o640), (mine, (users["a"], -1), 0o600)):
+            with open(path, "wb") as f:
+                f.write(b"PK\x05\x06" + bytes(18))  # any bytes: the server does not parse them
+            os.chown(path, *owner)
+            os.chmod(path, mode)
+        r = node.run("a", f"""
+s = Session(SOCK)
+for name, path in (("secret", {secret!r}), ("mine", {mine!r})):
+    code, msg, look = s.call("Lookup", pb.LookupRequest(session=s.id, job="ja", path=path, lease=True))
+    result[name] = [code, look.file.size if look else 0]
+""")
+        assert (r["secret"], r["mine"]) == (["NOT_FOUND", 0], ["OK", 22]), r
+        assert "Permission denied" in node.server.log()  # the read it refused, left to the user
+    finally:
+        node.close()

@@ -160,7 +160,7 @@ int Daemon::ReadSettings() {
   s = ParseUids(opt_.allowed_uids, getuid(), &uids_);
   if (!s.ok()) return Fail("allowed_uids: " + s.message(), 2);
   if (!(s = ResolveGroup(opt_.socket_group, &socket_gid_)).ok()) return Fail("socket_group: " + s.message(), 2);
-  RaiseFdLimit();
+  PrepareProcess();
   return 0;
 }
 

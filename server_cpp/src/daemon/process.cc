@@ -95,13 +95,29 @@ Status ResolveGroup(const std::string& name, gid_t* out) {
 }
 
 // Every connection and memfd costs an fd: use all the kernel allows us.
-void RaiseFdLimit() {
+static void RaiseFdLimit() {
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
   const rlim_t was = rl.rlim_cur;
   rl.rlim_cur = rl.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
     TCE_LOG(kInfo, "daemon") << "raised the open-file limit from " << was << " to " << rl.rlim_cur;
+}
+
+// A root server reads and writes storage for its clients as their fsuid and
+// fsgid (env/fs_identity.h); the kernel then checks its supplementary groups
+// too, which would lend every client the server's own groups (root's, in a
+// container often several more). A root server keeps none.
+static void DropSupplementaryGroups() {
+  if (geteuid() != 0 || getgroups(0, nullptr) == 0) return;
+  if (setgroups(0, nullptr) != 0)
+    TCE_LOG(kWarning, "daemon") << "cannot drop the supplementary groups (" << std::strerror(errno)
+                                << "): storage access for clients is also checked against them";
+}
+
+void PrepareProcess() {
+  RaiseFdLimit();
+  DropSupplementaryGroups();
 }
 
 // Removes a stale socket file; refuses if a live server answers on it.

@@ -32,8 +32,9 @@ int Fail(const std::string& msg, int code);
 Status MkdirP(const std::string& dir, mode_t mode = 0755, bool* created = nullptr);
 // "" -> -1 (keep the server's own group); a group name or a numeric gid.
 Status ResolveGroup(const std::string& name, gid_t* out);
-// Raises the open-file limit to the hard limit.
-void RaiseFdLimit();
+// Raises the open-file limit to the hard limit, and has a root server drop
+// its supplementary groups (see process.cc).
+void PrepareProcess();
 // Removes a stale socket file; refuses if a live server answers on it.
 Status ClaimSocket(const std::string& path, int type);
 // Graceful shutdown: refuse new saves, then wait until what is cached is
