@@ -229,6 +229,37 @@ def map_storage(path: str, f: Any) -> tuple[Any, int]:
                              f"({why})") from None
 
 
+def through_cache(client: Any, job: str, path: str, f: Any) -> tuple[Any, int] | None:
+    """A file of the version this server evicted, brought back into its
+    cache as a load brings it (from a node's memory over the ring, else
+    from storage: one read for all this node's readers, and by one node of
+    the job's ring), still the version's (the server knows the file it
+    wrote there): a private mapping and its size, under a lease its mapping
+    holds. None for a file this server never held (another node's) or
+    does not bring back: the reader reads storage itself.
+
+    Raises:
+        FailedPreconditionError: what the cache has is not the version's
+            file (its size or record checksums differ: saved again since).
+    """
+    from tce.v1 import tce_pb2 as pb
+
+    if f.state != pb.FILE_STATE_EVICTED:
+        return None
+    try:
+        info, mm = client.open(job, path)
+    except NotCachedError:
+        return None
+    differs = info.size != f.size or (
+        info.records and f.records and
+        [(r.name, r.crc32) for r in info.records] != [(r.name, r.crc32) for r in f.records])
+    if differs:
+        raise FailedPreconditionError(
+            f"{path} in the cache is not the version's file ({info.size} bytes, the version's has "
+            f"{f.size}; it was saved again since): read a newer version")
+    return mm, info.size
+
+
 def from_storage(path: str, f: Any, names: set[str] | None) -> Iterator[tuple[str, torch.Tensor]]:
     """A file of the version this server does not hold in memory (evicted,
     or another node's): mapped from storage with the reader's own rights."""

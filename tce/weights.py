@@ -52,6 +52,7 @@ from tce._weight_files import (
     mapped_tensors,
     part,
     region_of,
+    through_cache,
     weight_entries,
     weight_files,
 )
@@ -285,14 +286,18 @@ class Weights:
     # ---- reading ---------------------------------------------------------
 
     def _mapping(self, path: str) -> tuple[Any, int] | None:
-        """The file's private mapping and size, or None when this server does
-        not hold its bytes (then it is read from storage)."""
+        """The file's private mapping and size, or None when this server
+        neither holds its bytes nor brings them (then it is read from
+        storage)."""
         m = self._mappings.get(path)
         if m is not None:
             return m
         f = self._files[path]
         if f.buffer_id == 0:
-            return None
+            got = through_cache(self._client, self.info.job, path, f)
+            if got is not None:
+                self._mappings[path] = got
+            return got
         mm, mapped = self._client.map_leased(f.buffer_id, f.size)
         if mapped:
             with self._lock:

@@ -253,6 +253,34 @@ def test_load_into_a_gpu_module_copies_from_the_registered_mapping(server, tmp_p
         assert torch.equal(a, b.cpu()), n
 
 
+def test_an_evicted_version_comes_back_into_the_cache_once_for_every_reader(tmp_path):
+    """Evicted for real (other saves need the memory): the first reader of
+    the version has the server read the file back into its cache, still
+    the version's; the next reader maps that copy. Storage is read once."""
+    srv = LocalServer(memory_budget="40MiB", storage_roots=[str(tmp_path)],
+                      extra_args=["--memory-backing", "4k"]).start()
+    path = tmp_path / "m.pt"
+    try:
+        with _knobs.override(socket=srv.socket, job="evicted-once", on_unavailable="raise"):
+            sd = {"w": torch.arange(3 << 20, dtype=torch.float32)}  # 12 MiB
+            tce.save(sd, path, tag="v1")
+            weights.publish("v1")
+            tce.wait([path])
+            with _knobs.override(job="filler"):  # 4 x 12 MiB more into 40 MiB
+                for i in range(4):
+                    tce.save({"x": torch.full((3 << 20,), float(i))}, tmp_path / f"f{i}.pt")
+                    tce.wait()
+            for reader in range(2):
+                with weights.open() as w:
+                    held = w._files[str(path)].buffer_id != 0
+                    assert held == (reader == 1), reader  # evicted, then back in the cache
+                    assert torch.equal(w.state_dict()["w"], sd["w"])
+            loads = [j for j in client().status().job_loads if j.job == "evicted-once"]
+            assert [j.storage_bytes for j in loads] == [os.path.getsize(path)]
+    finally:
+        api_close_and_stop(srv)
+
+
 def test_an_evicted_file_is_read_from_storage_unless_it_changed_there(tmp_path):
     srv = LocalServer(memory_budget="256MiB", storage_roots=[str(tmp_path)],
                       extra_args=["--memory-backing", "4k"]).start()

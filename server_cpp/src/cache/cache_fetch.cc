@@ -15,6 +15,19 @@
 
 namespace tce {
 
+namespace {
+
+// Whether `now`, what a fetch read, is the very file `was` recorded as
+// on storage (the save wrote it, or a load read it): the same object
+// (ETag), or the same inode, size and modification time.
+bool SameStoredFile(const DiskIdentity& was, const DiskIdentity& now) {
+  if (!was.known || !was.exists || !was.written || was.size != now.size) return false;
+  if (!was.etag.empty() || !now.etag.empty()) return was.etag == now.etag;
+  return was.ino == now.ino && was.mtime_ns == now.mtime_ns && (was.dev == 0 || was.dev == now.dev);
+}
+
+}  // namespace
+
 void Cache::SetFetchFiles(bool on) {
   MutexLock lock(&mu_);
   fetch_files_ = on;
@@ -263,7 +276,17 @@ Status Cache::InstallFetched(const std::string& job, const std::string& path, st
   f.created_unix_ns = f.committed_unix_ns = f.persisted_unix_ns = clock_->UnixNowNs();
   f.disk = disk;
   f.disk.seq = ++disk_seq_;
-  if (it != files_.end()) f.tag = it->second.tag;
+  if (it != files_.end()) {
+    const FileInfo& was = it->second;
+    f.tag = was.tag;
+    if (SameStoredFile(was.disk, disk)) {  // the version this server wrote (or knew), brought back
+      f.version = was.version;
+      f.rank = was.rank;
+      f.records = was.records;
+      f.created_unix_ns = was.created_unix_ns;
+      f.committed_unix_ns = was.committed_unix_ns;
+    }
+  }
   files_[fk] = f;
   if (!disk.etag.empty()) {
     ++fetched_objects_;
