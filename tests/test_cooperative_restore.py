@@ -230,6 +230,38 @@ def test_an_owner_that_dies_mid_restore_has_its_share_read_by_another_node(tmp_p
         cluster.close()
 
 
+def test_a_reader_that_dies_costs_one_more_read_not_one_per_node(tmp_path, nodes3, store):
+    """One file: node 0 is its plan's node. Node 1 asks first and reads it,
+    then its server dies. Node 2, told node 1 reads it, finds node 1 dead
+    and reads the file itself; node 0's own load then finds it in node 2's
+    memory instead of reading storage a third time."""
+    d = store / "step3"
+    d.mkdir()
+    path = str(d / "mp_rank_00_model_states.pt")
+    state = {"w": torch.randn(1 << 18)}
+    torch.save(state, path)
+    size = os.path.getsize(path)
+    cluster = Cluster(tmp_path, nodes3, store)
+    try:
+        ranks = [cluster.start_rank(node) for node in range(3)]
+        _ask(ranks[1], [path])
+        assert _answer(ranks[1])["digests"] == {path: state_digest(state)}
+        assert cluster.storage_reads(1) == size
+        cluster.servers[1].kill()
+        loaded = {}
+        for node in (2, 0):
+            _ask(ranks[node], [path])
+            a = _answer(ranks[node])
+            assert a["digests"] == {path: state_digest(state)}, a
+            loaded[node] = a["loaded"]
+        assert [cluster.storage_reads(0), cluster.storage_reads(2)] == [0, size]
+        assert loaded == {2: {"storage": size}, 0: {"peer": size}}, loaded
+    finally:
+        cluster.servers[1].cleanup()
+        cluster.servers = [cluster.servers[0], cluster.servers[2]]
+        cluster.close()
+
+
 def test_a_corrupt_transfer_is_refused_and_read_again_from_storage(tmp_path, nodes2, store):
     """Node 1's transport corrupts everything it sends (the test build's
     fault). A rank on node 1 loads the tag first (node 1 reads each file
