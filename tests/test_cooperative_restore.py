@@ -200,6 +200,32 @@ def test_the_ranks_of_one_node_share_one_read_of_each_file(tmp_path, store, coop
         server.cleanup()
 
 
+def test_a_file_larger_than_the_cache_is_read_by_the_rank_and_evicts_nothing(tmp_path, store):
+    """A load of a file the whole memory budget cannot hold is left to the
+    rank (as torch.load reads it); what the cache holds stays."""
+    import tce
+    from tce import client
+    from tce.core import _knobs
+
+    big = str(store / "big.pt")
+    torch.save({"w": torch.ones(6 << 20)}, big)  # 24 MiB, for a 16 MiB cache
+    server = LocalServer(memory_budget="16MiB", socket_path=str(tmp_path / "tce.sock"),
+                         storage_roots=[str(store)], extra_args=["--metadata-url", "none"]).start()
+    try:
+        with _knobs.override(socket=server.socket, job="small-cache", on_unavailable="raise"):
+            small = store / "small.pt"
+            tce.save({"s": torch.arange(1000)}, small)
+            tce.wait([small])  # persisted: evictable
+            assert torch.equal(tce.load(big, weights_only=True)["w"], torch.ones(6 << 20))
+            assert client.loaded_bytes() == {}  # read by the rank itself
+            assert tce.cached(small)
+            assert "does not fit in the memory budget" in server.log()
+            api.close()
+    finally:
+        server.stop()
+        server.cleanup()
+
+
 def test_an_owner_that_dies_mid_restore_has_its_share_read_by_another_node(tmp_path, nodes3, store):
     """Node 2's server dies after the model file was restored: the shards
     the plan gave it are read by nodes 0 and 1, once each."""

@@ -221,6 +221,9 @@ void Cache::TellHolderPersisted(const FileInfo& f) {
 Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
   MutexLock lock(&mu_);
   const uint64_t capacity = RoundForBacking(Buffer::CapacityFor(size), backing_);
+  if (capacity > budget_)  // never fits: evicting everything first would not help
+    return Status::ResourceExhausted("a file of " + std::to_string(size) + " bytes does not fit in the memory budget (" +
+                                     std::to_string(budget_) + " bytes)");
   std::vector<uint64_t> ignored;
   while (Held() + capacity > budget_) {
     Reclaim("", capacity, &ignored);
