@@ -311,4 +311,3 @@ def call_on(socket: str, job: str, fn):
             return fn()
         finally:
             api.close()
-

@@ -245,7 +245,7 @@ class Cache : public PoolBudget,
   // Whether a directory root's file a load missed is read into the cache
   // here, so the ranks of a node share one read (cooperative_restore).
   // Set before serving.
-  void SetFetchFiles(bool on) EXCLUDES(mu_);
+  void SetFetchFiles(bool on) { fetch_files_ = on; }
   std::vector<JobLoadSplit> LoadSplits(bool admin, uid_t uid) override EXCLUDES(mu_);
   void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) override { loads_.Note(job, from, bytes); }
   Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) override
@@ -476,7 +476,7 @@ class Cache : public PoolBudget,
     Clock::TimePoint at;
   };
   std::map<FileKey, ReadClaim> read_claims_ GUARDED_BY(mu_);  // ClaimRead
-  bool fetch_files_ GUARDED_BY(mu_) = false;                   // SetFetchFiles
+  std::atomic<bool> fetch_files_{false};                       // SetFetchFiles
   uint64_t fetched_objects_ GUARDED_BY(mu_) = 0;
   uint64_t fetched_bytes_ GUARDED_BY(mu_) = 0;
   uint64_t object_ranges_read_ GUARDED_BY(mu_) = 0;

@@ -15,35 +15,16 @@
 
 namespace tce {
 
-namespace {
-
-// Whether `now`, what a fetch read, is the very file `was` recorded as
-// on storage (the save wrote it, or a load read it): the same object
-// (ETag), or the same inode, size and modification time.
-bool SameStoredFile(const DiskIdentity& was, const DiskIdentity& now) {
-  if (!was.known || !was.exists || !was.written || was.size != now.size) return false;
-  if (!was.etag.empty() || !now.etag.empty()) return was.etag == now.etag;
-  return was.ino == now.ino && was.mtime_ns == now.mtime_ns && (was.dev == 0 || was.dev == now.dev);
-}
-
-}  // namespace
-
-void Cache::SetFetchFiles(bool on) {
-  MutexLock lock(&mu_);
-  fetch_files_ = on;
-}
-
 bool Cache::FetchesOnMiss(const std::string& path) {
   if (ObjectRootOf(path, nullptr)) return true;
-  {
-    MutexLock lock(&mu_);
-    if (!fetch_files_) return false;
-  }
-  return UnderStorage(path);
+  return fetch_files_ && UnderStorage(path);
 }
 
 Status Cache::FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) {
-  if (!FetchesOnMiss(path)) return Status::NotFound(path + " is not read from storage by this server");
+  // Whether the path lies under a root is the caller's question
+  // (FetchesOnMiss); the read itself opens nothing outside one (OpenAsUser).
+  if (!fetch_files_ && !ObjectRootOf(path, nullptr))
+    return Status::NotFound(path + " is not read from storage by this server");
   uid_t uid = 0;
   gid_t gid = 0;
   Status s = CallerIds(session, &uid, &gid);

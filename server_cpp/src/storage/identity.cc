@@ -77,6 +77,12 @@ StorageCheck CheckEntry(Directory* dir, const std::string& path, const std::stri
   return {};
 }
 
+bool SameStoredFile(const DiskIdentity& was, const DiskIdentity& now) {
+  if (!was.known || !was.exists || !was.written || was.size != now.size) return false;
+  if (!was.etag.empty() || !now.etag.empty()) return was.etag == now.etag;
+  return was.ino == now.ino && was.mtime_ns == now.mtime_ns && (was.dev == 0 || was.dev == now.dev);
+}
+
 DiskIdentity IdentityOf(const ObjectId& o) {
   DiskIdentity d;
   d.known = true;

@@ -78,6 +78,12 @@ StorageCheck ClassifyOpenFailure(Env* env, const std::string& dir, const Status&
 // `url` names it in the verdict.
 StorageCheck CompareObject(const std::string& url, const DiskIdentity& expected, const ObjectId& now);
 
+// Whether `now` (what a read of the path found) is the very file `was`
+// recorded as on storage (a save wrote it, or a load read it): the same
+// object (ETag and size), or the same inode, size and modification time
+// (and device, where `was` knows it: a peer's identity leaves it 0).
+bool SameStoredFile(const DiskIdentity& was, const DiskIdentity& now);
+
 // The directory of an absolute `path` ("/" for a file at the root).
 std::string Dirname(const std::string& path);
 
