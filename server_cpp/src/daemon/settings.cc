@@ -319,7 +319,8 @@ const std::vector<Setting> kSettings = {
         "% of the memory budget for predecessors' backups", "PCT"),
     Int("backup_threads", &Options::backup_threads, {1, 64}, "backup workers"),
     Bool("cooperative_restore", &Options::cooperative_restore,
-         "a file in no node's memory is read from storage by one node of the job's ring, the others pull it"),
+         "a file a load misses is read from storage once: by one node of the job's ring (the others "
+         "pull it), and once per node for its ranks"),
     Bool("restore_prefetch", &Options::restore_prefetch,
          "a ring set on a node holding none of the job's files starts reading its share of the newest tag"),
     Millis("peer_timeout_ms", &Options::peer_timeout_ms, 100, 3600000,
