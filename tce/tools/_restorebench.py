@@ -37,8 +37,9 @@ it is done. Measured:
   warm): what a restore costs when storage is not what it waits for.
 
 Every rank checks what it loaded bitwise (a CRC-32 of every tensor's bytes
-against the one taken when the tag was saved), after its done time; a
-mismatch fails the bench. Figures are medians over ``--repeats`` runs.
+against the one taken when the tag was saved) once every rank is done, so
+no rank's check takes the CPU from another's load; a mismatch fails the
+bench. Figures are medians over ``--repeats`` runs.
 """
 
 from __future__ import annotations
@@ -128,9 +129,14 @@ def _rank(cfg: dict) -> None:
         return
     loaded = [tce.load(f["path"], weights_only=True) for f in cfg["files"]]
     done = time.monotonic()
-    bad = [f["path"] for f, obj in zip(cfg["files"], loaded) if digest(obj) != f["digest"]]
-    print(json.dumps({"rank": cfg["rank"], "done": done, "bad": bad,
+    print(json.dumps({"rank": cfg["rank"], "done": done,
                       "bytes": sum(f["bytes"] for f in cfg["files"])}), flush=True)
+    # Checked once every rank is done, so no rank's check takes CPU from
+    # another's load.
+    if sys.stdin.readline().strip() != "check":
+        return
+    bad = [f["path"] for f, obj in zip(cfg["files"], loaded) if digest(obj) != f["digest"]]
+    print(json.dumps({"rank": cfg["rank"], "bad": bad}), flush=True)
 
 
 def _lines(procs: list[subprocess.Popen]) -> queue.Queue:
@@ -220,11 +226,15 @@ def _restore(nodes, root: str, files: list[dict], rpn: int, work: str, size: int
         done = _collect(q, procs, "done")
         seconds = max(d["done"] for d in done) - t0
         for p in procs:
+            p.stdin.write("check\n")
+            p.stdin.flush()
+        checked = _collect(q, procs, "bad")
+        for p in procs:
             p.stdin.close()
             p.wait(60)
         for s in servers:
             s.stop()
-        bad = [(d["rank"], path) for d in done for path in d["bad"]]
+        bad = [(d["rank"], path) for d in checked for path in d["bad"]]
         if bad:
             raise RuntimeError(f"ranks loaded bytes that differ from the saved tag: {bad}")
         out = {"load_s": seconds, "rank_bytes": sum(d["bytes"] for d in done)}
