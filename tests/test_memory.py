@@ -99,6 +99,35 @@ def test_a_hugetlb_server_saves_and_loads_bitwise_on_huge_pages(huge_pages, tmp_
         s.cleanup()
 
 
+def test_a_file_read_from_storage_lands_in_a_huge_page_buffer(huge_pages, tmp_path):
+    """A load that misses the cache has the server read the file from
+    storage into a buffer: on a hugetlb server that buffer is on huge pages
+    and is filled through a mapping (a 4 KiB one is written with pwrite,
+    which hugetlbfs lacks); the rank maps the server's copy."""
+    huge_pages(32)
+    store = tmp_path / "store"
+    store.mkdir()
+    want = _state(7, 9 * MiB + 4321)
+    path = str(store / "w.pt")
+    torch.save(want, path)
+    s = LocalServer(memory_budget="48MiB", storage_roots=[str(store)],
+                    extra_args=["--memory-backing", "hugetlb", "--metadata-url", "none"]).start()
+    try:
+        with _knobs.override(socket=s.socket, job="huge-read", on_unavailable="raise"):
+            got = tce.load(path, weights_only=True)
+            assert _same(got, want)
+            from tce import client
+            assert client.loaded_bytes() == {"storage": os.path.getsize(path)}
+            st = api.status()
+            assert int(st["huge_page_buffers"]) == 1
+            assert int(st["hugetlb_fallbacks"]) == 0
+            del got
+            api.close()
+    finally:
+        assert s.stop() == 0, s.log()
+        s.cleanup()
+
+
 def test_without_free_huge_pages_saves_use_4k_pages_and_loads_copy(huge_pages, tmp_path):
     huge_pages(12)  # 24 MiB: one 22 MiB buffer, nothing left for a second or for copy-on-write
     s = LocalServer(memory_budget="256MiB", extra_args=["--memory-backing", "auto"]).start()

@@ -439,6 +439,13 @@ class Cache : public PoolBudget,
   // a mapping of it; given back when anything fails. *secs: the read's time.
   Status ReadIntoBuffer(uint64_t size, const std::string& path, const std::function<Status(char*)>& read,
                         std::unique_ptr<Buffer>* mem, double* secs) EXCLUDES(mu_);
+  // The same for a reader that hands its bytes over in pieces (a file's):
+  // they are written into the buffer's memfd, which costs about 60% of
+  // faulting in a mapping of new shmem pages (hugetlb: through a mapping).
+  Status FillBuffer(uint64_t size, const std::string& path, const std::function<Status(const Directory::Sink&)>& read,
+                    std::unique_ptr<Buffer>* mem, double* secs) EXCLUDES(mu_);
+  Status ReadThroughMapping(const Buffer& mem, uint64_t size, const std::string& path,
+                            const std::function<Status(char*)>& read, double* secs);
   // The uid and gid of whoever set the job's ring here (storage is read as
   // them); NOT_FOUND when no client did.
   Status RingOwnerIds(const std::string& job, uid_t* uid, gid_t* gid) EXCLUDES(mu_);

@@ -8,12 +8,18 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "cache/cache.h"
 #include "common/logging.h"
 #include "env/fs_identity.h"
 
 namespace tce {
+namespace {
+// A file is read into a buffer this much at a time: small enough to stay in
+// the CPU's cache between the read and the write into the buffer.
+constexpr size_t kFillPiece = 256 << 10;
+}  // namespace
 
 bool Cache::FetchesOnMiss(const std::string& path) {
   if (ObjectRootOf(path, nullptr)) return true;
@@ -165,10 +171,10 @@ Status Cache::FetchFileOnce(const std::string& job, const std::string& path, uid
   std::unique_ptr<Buffer> mem;
   double secs = 0;
   FileStat parent;
-  s = ReadIntoBuffer(st.size, path, [&](char* into) {
+  s = FillBuffer(st.size, path, [&](const Directory::Sink& into) {
     FsIdentity as_user(uid, gid);
     if (!as_user.ok(uid)) return Status::PermissionDenied("cannot read storage as uid " + std::to_string(uid));
-    Status r = d->ReadAt(name, 0, st.size, into);
+    Status r = d->ReadPieces(name, 0, st.size, kFillPiece, into);
     // A file rewritten in place while it was read is no file at all.
     FileStat after;
     if (r.ok() && (r = d->StatAt(name, &after)).ok() &&
@@ -191,9 +197,58 @@ Status Cache::ReadIntoBuffer(uint64_t size, const std::string& path, const std::
                              std::unique_ptr<Buffer>* mem, double* secs) {
   Status s = ReserveRecovery(size, mem);
   if (!s.ok()) return s;
+  s = ReadThroughMapping(**mem, size, path, read, secs);
+  if (!s.ok()) AbandonRecovery(std::move(*mem));
+  return s;
+}
+
+Status Cache::FillBuffer(uint64_t size, const std::string& path,
+                         const std::function<Status(const Directory::Sink&)>& read, std::unique_ptr<Buffer>* mem,
+                         double* secs) {
+  Status s = ReserveRecovery(size, mem);
+  if (!s.ok()) return s;
+  auto inside = [&](uint64_t off, size_t n) {
+    return off <= size && n <= size - off ? Status::OK()
+                                          : Status::Internal("a piece of " + path + " lies beyond its size");
+  };
+  if ((*mem)->backing() == Backing::kHugetlb) {  // hugetlbfs has no write(2): through a mapping
+    s = ReadThroughMapping(**mem, size, path, [&](char* into) {
+      return read([&](uint64_t off, const char* data, size_t n) {
+        Status in = inside(off, n);
+        if (in.ok()) memcpy(into + off, data, n);
+        return in;
+      });
+    }, secs);
+  } else {
+    int fd = -1;
+    s = (*mem)->NewFd(/*writable=*/true, &fd);
+    const Stopwatch took(clock_);
+    if (s.ok()) {
+      s = read([&](uint64_t off, const char* data, size_t n) {
+        Status w = inside(off, n);
+        while (w.ok() && n > 0) {
+          ssize_t r = ::pwrite(fd, data, n, static_cast<off_t>(off));
+          if (r < 0 && errno == EINTR) continue;
+          if (r <= 0) return Status::FromErrno(r < 0 ? errno : EIO, "write a buffer for " + path);
+          data += r;
+          off += static_cast<uint64_t>(r);
+          n -= static_cast<size_t>(r);
+        }
+        return w;
+      });
+    }
+    *secs = took.Seconds();
+    if (fd >= 0) ::close(fd);
+  }
+  if (!s.ok()) AbandonRecovery(std::move(*mem));
+  return s;
+}
+
+Status Cache::ReadThroughMapping(const Buffer& mem, uint64_t size, const std::string& path,
+                                 const std::function<Status(char*)>& read, double* secs) {
   int fd = -1;
   void* map = MAP_FAILED;
-  s = (*mem)->NewFd(/*writable=*/true, &fd);
+  Status s = mem.NewFd(/*writable=*/true, &fd);
   if (s.ok() && size > 0) {
     map = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) s = Status::FromErrno(errno, "mmap a buffer for " + path);
@@ -203,7 +258,6 @@ Status Cache::ReadIntoBuffer(uint64_t size, const std::string& path, const std::
   if (s.ok() && size > 0) s = read(static_cast<char*>(map));
   *secs = took.Seconds();
   if (map != MAP_FAILED) munmap(map, size);
-  if (!s.ok()) AbandonRecovery(std::move(*mem));
   return s;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -88,6 +89,13 @@ class Directory {
   // when it ends before offset + n, PERMISSION_DENIED for a symlink or
   // anything but a regular file.
   virtual Status ReadAt(const std::string& name, uint64_t offset, uint64_t n, char* into) = 0;
+  // The same read, through one open of the file, handed to `sink` in pieces
+  // of at most `piece` bytes, in order (each with its offset in the file):
+  // for a reader that writes the bytes on (a cache buffer's memfd) rather
+  // than into memory of its own. A sink's error ends the read.
+  using Sink = std::function<Status(uint64_t offset, const char* data, size_t n)>;
+  virtual Status ReadPieces(const std::string& name, uint64_t offset, uint64_t n, size_t piece,
+                            const Sink& sink) = 0;
   // The entries of this directory (not "." or ".."), each with its lstat.
   virtual Status List(std::vector<std::pair<std::string, FileStat>>* out) = 0;
   // Removes the file (or symlink) `name`; NOT_FOUND when there is none.

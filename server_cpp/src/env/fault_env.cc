@@ -67,6 +67,9 @@ class FaultDirectory final : public Directory {
   Status ReadAt(const std::string& name, uint64_t offset, uint64_t n, char* into) override {
     return base_->ReadAt(name, offset, n, into);
   }
+  Status ReadPieces(const std::string& name, uint64_t offset, uint64_t n, size_t piece, const Sink& sink) override {
+    return base_->ReadPieces(name, offset, n, piece, sink);
+  }
   Status List(std::vector<std::pair<std::string, FileStat>>* out) override { return base_->List(out); }
   Status Remove(const std::string& name) override { return base_->Remove(name); }
 

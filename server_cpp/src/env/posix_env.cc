@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <cctype>
 #include <vector>
 
@@ -245,28 +247,29 @@ class PosixDirectory final : public Directory {
     return Status::OK();
   }
   Status ReadAt(const std::string& name, uint64_t offset, uint64_t n, char* into) override {
-    if (!IsName(name)) return Status::InvalidArgument("not a file name: " + name);
-    const std::string what = path_ + "/" + name;
-    int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) {
-      if (errno == ENOENT) return Status::NotFound(what + " does not exist");
-      if (errno == ELOOP) return Status::PermissionDenied(what + " is a symlink");
-      return Status::FromErrno(errno, "open " + what);
-    }
-    struct stat st;
-    Status s;
-    if (::fstat(fd, &st) != 0) s = Status::FromErrno(errno, "fstat " + what);
-    else if (!S_ISREG(st.st_mode)) s = Status::PermissionDenied(what + " is not a regular file");
-    for (uint64_t done = 0; s.ok() && done < n;) {
-      ssize_t r = ::pread(fd, into + done, n - done, static_cast<off_t>(offset + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) s = Status::FromErrno(errno, "read " + what);
-      else if (r == 0) s = Status::FromCode(Status::Code::kOutOfRange, what + " ends before byte " +
-                                                                           std::to_string(offset + n));
-      else done += static_cast<uint64_t>(r);
-    }
-    ::close(fd);
-    return s;
+    return Read(name, [&](int fd, const std::string& what) {
+      Status s;
+      for (uint64_t done = 0; s.ok() && done < n;) {
+        const size_t got = PreadSome(fd, what, into + done, n - done, offset + done, offset + n, &s);
+        done += got;
+      }
+      return s;
+    });
+  }
+  Status ReadPieces(const std::string& name, uint64_t offset, uint64_t n, size_t piece, const Sink& sink) override {
+    if (piece == 0) return Status::InvalidArgument("a read in pieces of 0 bytes");
+    return Read(name, [&](int fd, const std::string& what) {
+      std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(piece, n)));
+      Status s;
+      for (uint64_t done = 0; s.ok() && done < n;) {
+        const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), n - done));
+        size_t have = 0;
+        while (s.ok() && have < want) have += PreadSome(fd, what, buf.data() + have, want - have, offset + done + have, offset + n, &s);
+        if (s.ok()) s = sink(offset + done, buf.data(), have);
+        done += have;
+      }
+      return s;
+    });
   }
   Status List(std::vector<std::pair<std::string, FileStat>>* out) override {
     out->clear();
@@ -292,6 +295,36 @@ class PosixDirectory final : public Directory {
   }
 
  private:
+  // Opens the regular file `name` (no symlink) and runs `read` on it.
+  Status Read(const std::string& name, const std::function<Status(int fd, const std::string& what)>& read) {
+    if (!IsName(name)) return Status::InvalidArgument("not a file name: " + name);
+    const std::string what = path_ + "/" + name;
+    int fd = ::openat(fd_, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+      if (errno == ENOENT) return Status::NotFound(what + " does not exist");
+      if (errno == ELOOP) return Status::PermissionDenied(what + " is a symlink");
+      return Status::FromErrno(errno, "open " + what);
+    }
+    struct stat st;
+    Status s;
+    if (::fstat(fd, &st) != 0) s = Status::FromErrno(errno, "fstat " + what);
+    else if (!S_ISREG(st.st_mode)) s = Status::PermissionDenied(what + " is not a regular file");
+    if (s.ok()) s = read(fd, what);
+    ::close(fd);
+    return s;
+  }
+  // One pread of up to `n` bytes at `at`: the bytes read (0 and *s set on an
+  // error, or OUT_OF_RANGE when the file ends before `end`, the read's end).
+  static size_t PreadSome(int fd, const std::string& what, char* into, uint64_t n, uint64_t at, uint64_t end,
+                          Status* s) {
+    for (;;) {
+      ssize_t r = ::pread(fd, into, n, static_cast<off_t>(at));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) *s = Status::FromErrno(errno, "read " + what);
+      else if (r == 0) *s = Status::FromCode(Status::Code::kOutOfRange, what + " ends before byte " + std::to_string(end));
+      return r > 0 ? static_cast<size_t>(r) : 0;
+    }
+  }
   // The names in this directory, but "." and "..".
   Status Names(std::vector<std::string>* out) {
     int dup = ::openat(fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);

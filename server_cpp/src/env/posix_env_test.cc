@@ -84,4 +84,43 @@ TEST(PosixEnv, OpenDirectoryStaysBeneathItsRootAndFollowsNoSymlink) {
   fs::remove_all(outside);
 }
 
+TEST(PosixEnv, ReadPiecesHandsOverTheBytesInOrderThroughOneOpen) {
+  std::string dir = MakeTempDir("tce-envp");
+  std::string bytes(1000, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 3);
+  std::ofstream(dir + "/f", std::ios::binary) << bytes;
+  fs::create_symlink(dir + "/f", dir + "/link");
+  std::unique_ptr<Directory> d;
+  ASSERT_TRUE(Env::Default()->OpenDirectory(dir, dir, /*create=*/false, &d).ok());
+
+  std::string got;
+  std::vector<std::pair<uint64_t, size_t>> pieces;
+  Status s = d->ReadPieces("f", 100, 850, 256, [&](uint64_t off, const char* data, size_t n) {
+    pieces.emplace_back(off, n);
+    got.append(data, n);
+    return Status::OK();
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(got, bytes.substr(100, 850));
+  EXPECT_EQ(pieces, (std::vector<std::pair<uint64_t, size_t>>{{100, 256}, {356, 256}, {612, 256}, {868, 82}}));
+
+  // A read past the end, a symlink, a sink that fails: each ends the read.
+  size_t calls = 0;
+  auto count = [&](uint64_t, const char*, size_t) { ++calls; return Status::OK(); };
+  s = d->ReadPieces("f", 900, 200, 64, count);
+  EXPECT_EQ(s.code(), Status::Code::kOutOfRange) << s.ToString();
+  EXPECT_NE(s.message().find("ends before byte 1100"), std::string::npos) << s.message();
+  EXPECT_EQ(d->ReadPieces("link", 0, 10, 64, count).code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(d->ReadPieces("none", 0, 10, 64, count).code(), Status::Code::kNotFound);
+  EXPECT_EQ(d->ReadPieces("f", 0, 10, 0, count).code(), Status::Code::kInvalidArgument);
+  calls = 0;
+  s = d->ReadPieces("f", 0, 1000, 100, [&](uint64_t, const char*, size_t) {
+    return ++calls == 2 ? Status::ResourceExhausted("full") : Status::OK();
+  });
+  EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
+  EXPECT_EQ(calls, 2u);
+  fs::remove_all(dir);
+}
+
+
 }  // namespace tce
