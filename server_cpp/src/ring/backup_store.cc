@@ -237,10 +237,15 @@ Status CompareCrcs(const std::vector<Record>& records, const std::vector<uint32_
   return Status::OK();
 }
 
-Status VerifyRecords(const unsigned char* data, uint64_t size, const std::vector<Record>& records) {
+Status CheckRecordBounds(uint64_t size, const std::vector<Record>& records) {
   for (const Record& r : records)
     if (r.data_offset > size || r.size > size - r.data_offset)
       return Status::InvalidArgument("record " + r.name + " ends past the file");
+  return Status::OK();
+}
+
+Status VerifyRecords(const unsigned char* data, uint64_t size, const std::vector<Record>& records) {
+  if (Status s = CheckRecordBounds(size, records); !s.ok()) return s;
   RecordCrcs crcs(records);
   crcs.Feed(0, data, static_cast<size_t>(size));
   return CompareCrcs(records, crcs.crcs());

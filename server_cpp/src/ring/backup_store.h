@@ -122,7 +122,9 @@ class BackupStore {
 // Checks every record's payload in `data` against its CRC-32. Names the first
 // record that differs.
 Status VerifyRecords(const unsigned char* data, uint64_t size, const std::vector<Record>& records);
-// The same, for CRCs already computed (one per record, in order).
+// The same, for CRCs already computed (one per record, in order), of records
+// found inside the file by CheckRecordBounds (INVALID_ARGUMENT otherwise).
+Status CheckRecordBounds(uint64_t size, const std::vector<Record>& records);
 Status CompareCrcs(const std::vector<Record>& records, const std::vector<uint32_t>& computed);
 
 }  // namespace tce

@@ -36,7 +36,7 @@ class CorruptingTransport final : public Transport {
     return s;
   }
 
-  Status Recv(PeerLink* link, unsigned char* dst, uint64_t size, const ChunkFn& landed) override {
+  Status Recv(PeerLink* link, const RecvDest& dst, uint64_t size, const LandedFn& landed) override {
     return inner_->Recv(link, dst, size, landed);
   }
   Status Refuse(PeerLink* link, uint64_t size, const Status& why) override {

@@ -239,8 +239,9 @@ class OfiTransport final : public Transport {
     return Status::OK();
   }
 
-  Status Recv(PeerLink* link, unsigned char* dst, uint64_t size, const ChunkFn& landed) override {
+  Status Recv(PeerLink* link, const RecvDest& into, uint64_t size, const LandedFn& landed) override {
     if (size == 0) return Status::OK();
+    unsigned char* const dst = into.map;  // the peer writes the mapping
     fid_mr* mr = nullptr;
     uint64_t key = 0;  // ignored by providers that choose their own (FI_MR_PROV_KEY)
     // The key guards the buffer: from the CSPRNG, as the handshake's nonces.
@@ -275,7 +276,7 @@ class OfiTransport final : public Transport {
         break;
       }
       for (uint64_t off = have; landed && off < p.landed(); off += kTransferChunk)
-        landed(off, std::min(kTransferChunk, p.landed() - off));
+        landed(off, std::min(kTransferChunk, p.landed() - off), dst + off);
       have = p.landed();
     }
     fi_close(&mr->fid);  // the peer can no longer write here

@@ -410,9 +410,10 @@ Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
   Status s;
   RecordCrcs crcs(records);
   if (reserved.ok()) {  // checksummed chunk by chunk as they land (the next is on its way)
-    unsigned char* map = buffer->data();
-    s = transport_->Recv(link, map, req.size(),
-                         [&](uint64_t off, uint64_t n) { crcs.Feed(off, map + off, static_cast<size_t>(n)); });
+    s = transport_->Recv(link, RecvDest{buffer->data(), buffer->buffer().fd()}, req.size(),
+                         [&](uint64_t off, uint64_t n, const unsigned char* data) {
+                           crcs.Feed(off, data, static_cast<size_t>(n));
+                         });
   } else {
     s = transport_->Refuse(link, req.size(), reserved);
     if (!s.ok() && s.code() != Status::Code::kUnavailable) return reserved;  // refused, link in step

@@ -361,7 +361,14 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
     cache_->AbandonRecovery(std::move(mem));
     return s.ok() ? room : s;
   }
-  s = transport_->Recv(link, static_cast<unsigned char*>(map), header.size(), nullptr);
+  // Checksummed as the bytes land, while they are in the CPU's cache.
+  std::vector<Record> records = RecordsFromProto(header.records());
+  RecordCrcs crcs(records);
+  const int fd = mem->backing() == Backing::kHugetlb ? -1 : mem->fd();
+  s = transport_->Recv(link, RecvDest{static_cast<unsigned char*>(map), fd}, header.size(),
+                       [&](uint64_t off, uint64_t n, const unsigned char* data) {
+                         crcs.Feed(off, data, static_cast<size_t>(n));
+                       });
   FileInfo f;
   f.job = header.job();
   f.tag = header.tag();
@@ -369,10 +376,11 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
   f.path = header.path();
   f.size = header.size();
   f.backup_holder = peer;
-  f.records = RecordsFromProto(header.records());
+  f.records = std::move(records);
   if (header.has_storage()) f.disk = DiskFromProto(header.storage());
   if (s.ok()) {
-    s = VerifyRecords(static_cast<unsigned char*>(map), f.size, f.records);
+    s = CheckRecordBounds(f.size, f.records);
+    if (s.ok()) s = CompareCrcs(f.records, crcs.crcs());
     if (!s.ok()) s = Status::DataLoss("the copy from " + peer + " is corrupt: " + s.message());
   }
   if (header.check_ranges()) f.records.clear();  // the transfer's, not the file's

@@ -194,32 +194,57 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<PeerLink> c_, s_;
 };
 
+// Into memory, and into a memfd (what the server's buffers are: tcp writes
+// it through a buffer of its own, ofi the mapping); `landed` sees each byte
+// once, in order, as it landed.
 TEST_P(TransportTest, MovesEveryByteAndReportsChunksInOrder) {
-  for (uint64_t size : {uint64_t{0}, uint64_t{1}, kTransferChunk, 5 * kTransferChunk + 12345}) {
-    int fd = PatternFd(size);
-    std::vector<unsigned char> dst(size + 1, 0xee);
-    std::vector<std::pair<uint64_t, uint64_t>> before, landed;
-    Status rs;
-    std::thread rx([&] {
-      rs = receiver_->Recv(s_.get(), dst.data(), size, [&](uint64_t o, uint64_t n) { landed.push_back({o, n}); });
-    });
-    Status ss = sender_->Send(c_.get(), SendSource{fd, size}, [&](uint64_t o, uint64_t n) { before.push_back({o, n}); });
-    rx.join();
-    ASSERT_TRUE(ss.ok()) << ss.ToString();
-    ASSERT_TRUE(rs.ok()) << rs.ToString();
-    std::vector<unsigned char> want(size);
-    ASSERT_EQ(pread(fd, want.data(), size, 0), static_cast<ssize_t>(size));
-    EXPECT_TRUE(std::equal(want.begin(), want.end(), dst.begin())) << "size " << size;
-    EXPECT_EQ(dst[size], 0xee);  // nothing past the end
-    for (auto* seen : {&before, &landed}) {
-      uint64_t next = 0;
-      for (auto [o, n] : *seen) {
-        EXPECT_EQ(o, next);
-        next += n;
+  for (bool into_memfd : {false, true}) {
+    for (uint64_t size : {uint64_t{0}, uint64_t{1}, kTransferChunk, 5 * kTransferChunk + 12345}) {
+      int fd = PatternFd(size);
+      std::vector<unsigned char> want(size);
+      ASSERT_EQ(pread(fd, want.data(), size, 0), static_cast<ssize_t>(size));
+      std::vector<unsigned char> mem(size + 1, 0xee);
+      int dst_fd = -1;
+      unsigned char* map = mem.data();
+      if (into_memfd) {
+        dst_fd = memfd_create("dst", MFD_CLOEXEC);
+        ASSERT_GE(dst_fd, 0);
+        ASSERT_EQ(pwrite(dst_fd, mem.data(), size + 1, 0), static_cast<ssize_t>(size + 1));
+        void* m = mmap(nullptr, size + 1, PROT_READ | PROT_WRITE, MAP_SHARED, dst_fd, 0);
+        ASSERT_NE(m, MAP_FAILED);
+        map = static_cast<unsigned char*>(m);
       }
-      EXPECT_EQ(next, size);
+      std::vector<std::pair<uint64_t, uint64_t>> before, landed;
+      size_t landed_wrong = 0;
+      Status rs;
+      std::thread rx([&] {
+        rs = receiver_->Recv(s_.get(), RecvDest{map, dst_fd}, size, [&](uint64_t o, uint64_t n, const unsigned char* d) {
+          landed.push_back({o, n});
+          landed_wrong += o + n > size || memcmp(d, want.data() + o, n) != 0;
+        });
+      });
+      Status ss = sender_->Send(c_.get(), SendSource{fd, size}, [&](uint64_t o, uint64_t n) { before.push_back({o, n}); });
+      rx.join();
+      ASSERT_TRUE(ss.ok()) << ss.ToString();
+      ASSERT_TRUE(rs.ok()) << rs.ToString();
+      if (into_memfd) {
+        ASSERT_EQ(pread(dst_fd, mem.data(), size + 1, 0), static_cast<ssize_t>(size + 1));
+        munmap(map, size + 1);
+        close(dst_fd);
+      }
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), mem.begin())) << "size " << size << " memfd " << into_memfd;
+      EXPECT_EQ(mem[size], 0xee);  // nothing past the end
+      EXPECT_EQ(landed_wrong, 0u);
+      for (auto* seen : {&before, &landed}) {
+        uint64_t next = 0;
+        for (auto [o, n] : *seen) {
+          EXPECT_EQ(o, next);
+          next += n;
+        }
+        EXPECT_EQ(next, size);
+      }
+      close(fd);
     }
-    close(fd);
   }
 }
 
@@ -253,7 +278,7 @@ TEST_P(TransportTest, TheCorruptingTransportFlipsOneByte) {
   std::vector<unsigned char> dst(size), want(size);
   ASSERT_EQ(pread(fd, want.data(), size, 0), static_cast<ssize_t>(size));
   Status rs;
-  std::thread rx([&] { rs = receiver_->Recv(s_.get(), dst.data(), size, nullptr); });
+  std::thread rx([&] { rs = receiver_->Recv(s_.get(), RecvDest{dst.data()}, size, nullptr); });
   ASSERT_TRUE(bad->Send(c_.get(), SendSource{fd, size}, nullptr).ok());
   rx.join();
   ASSERT_TRUE(rs.ok());
@@ -269,7 +294,7 @@ TEST_P(TransportTest, ALinkThatBreaksMidTransferFailsBothSidesPromptly) {
   int fd = PatternFd(size);
   std::vector<unsigned char> dst(size);
   Status rs;
-  std::thread rx([&] { rs = receiver_->Recv(s_.get(), dst.data(), size, nullptr); });
+  std::thread rx([&] { rs = receiver_->Recv(s_.get(), RecvDest{dst.data()}, size, nullptr); });
   auto t0 = std::chrono::steady_clock::now();
   // The sender's last lane breaks before chunk 2 goes. A chunk moves only
   // after its `before` ran, so that lane still has chunks to move whatever

@@ -1,6 +1,9 @@
 #include "ring/tcp_transport.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <functional>
 #include <string>
 #include <system_error>
@@ -50,27 +53,42 @@ class Striped {
     return Join(&lanes);
   }
 
-  // Runs move(lane, offset, n) for every chunk on its lane thread, and
-  // `landed` here for each chunk in order once it has moved.
-  Status Recv(const ChunkFn& landed, const std::function<Status(PeerLink*, uint64_t, uint64_t)>& move) {
+  // Runs move(lane index, lane, offset, n, &data) for every chunk on its
+  // lane thread, and `landed` here for each chunk in order once it has
+  // moved, with the `data` its move set. With `hold`, data is the lane's
+  // own buffer: the lane waits for `landed` to be done with a chunk before
+  // it moves its next one.
+  using Move = std::function<Status(size_t j, PeerLink*, uint64_t, uint64_t, const unsigned char** data)>;
+  Status Recv(const LandedFn& landed, bool hold, const Move& move) {
+    hold = hold && landed;
+    std::vector<const unsigned char*> data(chunks_, nullptr);
     std::vector<std::thread> lanes;
     for (size_t j = 0; j < link_->lanes(); ++j)
       StartLane(&lanes, [&, j] {
         for (uint64_t c = j; c < chunks_; c += link_->lanes()) {
-          Status s = move(link_->lane(j), Offset(c), Size(c));
+          const unsigned char* at = nullptr;
+          Status s = move(j, link_->lane(j), Offset(c), Size(c), &at);
           if (!s.ok()) return Fail(s);
           MutexLock l(&mu_);
+          data[c] = at;
           done_[c] = true;
           cv_.SignalAll();
+          while (hold && landed_ <= c && error_.ok()) cv_.Wait(&mu_);
+          if (!error_.ok()) return;
         }
       });
     for (uint64_t c = 0; landed && c < chunks_; ++c) {
+      const unsigned char* at;
       {
         MutexLock l(&mu_);
         while (!done_[c] && error_.ok()) cv_.Wait(&mu_);
         if (!error_.ok()) break;
+        at = data[c];
       }
-      landed(Offset(c), Size(c));
+      landed(Offset(c), Size(c), at);
+      MutexLock l(&mu_);
+      landed_ = c + 1;
+      cv_.SignalAll();
     }
     return Join(&lanes);
   }
@@ -111,6 +129,7 @@ class Striped {
   Mutex mu_;
   CondVar cv_;
   std::vector<bool> done_ GUARDED_BY(mu_);
+  uint64_t landed_ GUARDED_BY(mu_) = 0;  // chunks `landed` is done with
   Status error_ GUARDED_BY(mu_);
 };
 
@@ -132,14 +151,24 @@ class TcpTransport final : public Transport {
     return Status::OK();
   }
 
-  Status Recv(PeerLink* link, unsigned char* dst, uint64_t size, const ChunkFn& landed) override {
-    auto move = [&](PeerLink* lane, uint64_t off, uint64_t n) { return lane->RecvAll(dst + off, static_cast<size_t>(n)); };
-    if (Striping(link, size)) return Striped(link, size).Recv(landed, move);
-    for (uint64_t off = 0; off < size; off += kTransferChunk) {
-      const uint64_t n = std::min(kTransferChunk, size - off);
-      Status s = move(link, off, n);
+  Status Recv(PeerLink* link, const RecvDest& dst, uint64_t size, const LandedFn& landed) override {
+    const bool through = dst.fd >= 0;  // the bytes go through a buffer of our own into the memfd
+    if (Striping(link, size)) {
+      std::vector<std::vector<unsigned char>> own(through ? link->lanes() : 0,
+                                                  std::vector<unsigned char>(kTransferChunk));
+      return Striped(link, size).Recv(landed, through, [&](size_t j, PeerLink* lane, uint64_t off, uint64_t n,
+                                                          const unsigned char** data) {
+        *data = through ? own[j].data() : dst.map + off;
+        return Land(lane, dst, off, n, own.empty() ? nullptr : own[j].data());
+      });
+    }
+    std::vector<unsigned char> own(through ? std::min(kPiece, size) : 0);
+    for (uint64_t off = 0; off < size;) {
+      const uint64_t n = std::min(through ? kPiece : kTransferChunk, size - off);
+      Status s = Land(link, dst, off, n, own.data());
       if (!s.ok()) return s;
-      if (landed) landed(off, n);
+      if (landed) landed(off, n, through ? own.data() : dst.map + off);
+      off += n;
     }
     return Status::OK();
   }
@@ -147,12 +176,33 @@ class TcpTransport final : public Transport {
   Status Refuse(PeerLink* link, uint64_t size, const Status&) override {
     // The sender sends regardless: drain every lane to stay in step.
     if (!Striping(link, size)) return link->Discard(size);
-    return Striped(link, size).Recv(nullptr, [](PeerLink* lane, uint64_t, uint64_t n) { return lane->Discard(n); });
+    return Striped(link, size).Recv(nullptr, false, [](size_t, PeerLink* lane, uint64_t, uint64_t n,
+                                                       const unsigned char**) { return lane->Discard(n); });
   }
 
  private:
   // Both ends decide alike: the link's lanes and the size are all they use.
   static bool Striping(PeerLink* link, uint64_t size) { return link->lanes() > 1 && size > kTransferChunk; }
+
+  // Without lanes, what a receive takes from the socket at a time on its way
+  // into a memfd: small enough to stay in the CPU's cache until written.
+  static constexpr uint64_t kPiece = 256 << 10;
+
+  // Bytes [off, off + n) of a transfer from `lane`: into the mapping, or
+  // into `own` (n bytes at least) and from there into the memfd.
+  static Status Land(PeerLink* lane, const RecvDest& dst, uint64_t off, uint64_t n, unsigned char* own) {
+    if (dst.fd < 0) return lane->RecvAll(dst.map + off, static_cast<size_t>(n));
+    Status s = lane->RecvAll(own, static_cast<size_t>(n));
+    while (s.ok() && n > 0) {
+      ssize_t w = ::pwrite(dst.fd, own, static_cast<size_t>(n), static_cast<off_t>(off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return Status::FromErrno(w < 0 ? errno : EIO, "write a received buffer");
+      own += w;
+      off += static_cast<uint64_t>(w);
+      n -= static_cast<uint64_t>(w);
+    }
+    return s;
+  }
 
   const int streams_;
 };

@@ -28,6 +28,20 @@ constexpr uint64_t kTransferChunk = 2 << 20;
 
 // (offset, size) of one chunk of a transfer.
 using ChunkFn = std::function<void(uint64_t offset, uint64_t n)>;
+// (offset, size, bytes) of a piece of a transfer that landed; the bytes are
+// the receiver's to read during the call only.
+using LandedFn = std::function<void(uint64_t offset, uint64_t n, const unsigned char* data)>;
+
+// Where a receiver puts the bytes: `map`, a writable mapping of a buffer,
+// and `fd`, that buffer's memfd (-1: none; hugetlbfs has no write(2)). A
+// transport that copies the bytes out of a socket writes them to the memfd
+// (pwrite through a small buffer: about half the CPU of faulting in new
+// shmem pages of the mapping); one whose data path writes memory (RDMA)
+// writes the mapping.
+struct RecvDest {
+  unsigned char* map = nullptr;
+  int fd = -1;
+};
 
 // What a sender sends: bytes [0, size) of memfd `fd`.
 struct SendSource {
@@ -42,9 +56,10 @@ class Transport {
   // Sender: moves all of `src` to the peer. `before` (may be empty) runs just
   // before each chunk goes, in order.
   virtual Status Send(PeerLink* link, const SendSource& src, const ChunkFn& before) = 0;
-  // Receiver: places the `size` bytes the peer sends at `dst` (a writable
-  // mapping). `landed` (may be empty) runs as each chunk arrives, in order.
-  virtual Status Recv(PeerLink* link, unsigned char* dst, uint64_t size, const ChunkFn& landed) = 0;
+  // Receiver: places the `size` bytes the peer sends in `dst`. `landed` (may
+  // be empty) runs on the calling thread as the bytes arrive, in order, each
+  // byte once.
+  virtual Status Recv(PeerLink* link, const RecvDest& dst, uint64_t size, const LandedFn& landed) = 0;
   // Receiver with nowhere to put the bytes: refuses or drains them, so the
   // link stays usable or is reported broken (UNAVAILABLE). `why` is sent to
   // the sender where the transport can say it.
