@@ -139,17 +139,64 @@ def test_persisted_checkpoint_reads_without_tce(storage_server):
     assert "PLAIN OK" in out
 
 
-@pytest.mark.slow
-def test_storage_serves_after_the_cache_lost_the_files(storage_server, tmp_path):
-    """Files no longer cached are read from storage, and reported so."""
-    ckpt = str(storage_server.storage / "step30")
-    run_ranks(2, "save", ckpt, storage_server, job="s", extra_env={"TCE_TEST_DURABLE": "1"})
-    with _knobs.override(socket=storage_server.socket, job="s"):
+def _forget(server: LocalServer, ckpt: str, job: str) -> None:
+    """Drop the checkpoint's files from the cache (storage keeps them)."""
+    with _knobs.override(socket=server.socket, job=job):
         for name in os.listdir(ckpt):
             tce.remove(os.path.join(ckpt, name))
         tce.close()
+
+
+def _server_storage_reads(server: LocalServer, job: str) -> int:
+    """Bytes the server read from storage for `job`'s loads."""
+    with _knobs.override(socket=server.socket, job=job):
+        st = _service.with_client(lambda c: c.status())
+        tce.close()
+    return sum(j.storage_bytes for j in st.job_loads if j.job == job)
+
+
+@pytest.mark.slow
+def test_storage_serves_after_the_cache_lost_the_files(storage_server, tmp_path):
+    """Files no longer cached are read from storage, and reported so (the
+    file both ranks read, by one of them through the server: below)."""
+    ckpt = str(storage_server.storage / "step30")
+    run_ranks(2, "save", ckpt, storage_server, job="s", extra_env={"TCE_TEST_DURABLE": "1"})
+    _forget(storage_server, ckpt, "s")
     got = sources(run_ranks(2, "load", ckpt, storage_server, job="s"))
-    assert set(got) == {"storage"}, got
+    assert set(got) <= {"storage", "local"} and got["storage"] > 0, got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cooperative", [True, False], ids=["cooperative", "independent"])
+def test_ranks_of_one_node_read_a_file_they_share_from_storage_once(tmp_path, cooperative):
+    """Saved by one rank (one data file), loaded by two ranks of one node,
+    no ring: both plans read that file. The global plan finds it shared, the
+    server reads it from storage once and both ranks read its copy (one
+    reports storage, the other its node's cache). With cooperative_restore
+    off, each rank reads it itself."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    server = LocalServer(memory_budget="512MiB", storage_roots=[str(storage)],
+                         state_dir=str(tmp_path / "state"),
+                         extra_args=["--cooperative-restore", "true" if cooperative else "false"]).start()
+    try:
+        ckpt = str(storage / "step40")
+        run_ranks(1, "save", ckpt, server, job="shared", extra_env={"TCE_TEST_DURABLE": "1"})
+        assert sorted(os.listdir(ckpt)) == [".metadata", "__0_0.distcp"]
+        _forget(server, ckpt, "shared")
+        got = sources(run_ranks(2, "load", ckpt, server, job="shared"))
+        if not cooperative:
+            assert set(got) == {"storage"}, got
+            assert _server_storage_reads(server, "shared") == 0
+            return
+        assert set(got) == {"storage", "local"}, got
+        # Each file once: the data file and the metadata both ranks read.
+        sizes = sum(os.path.getsize(os.path.join(ckpt, n)) for n in os.listdir(ckpt))
+        assert _server_storage_reads(server, "shared") == sizes
+    finally:
+        tce.close()
+        assert server.stop() == 0, server.log()
+        server.cleanup()
 
 
 @pytest.mark.slow

@@ -4,10 +4,12 @@ storage (see :mod:`tce.integrations.dcp`)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import io
 import mmap
 import os
+import socket
 import uuid
 from typing import Any, NamedTuple
 
@@ -18,8 +20,8 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from tce import client
-from tce.errors import CorruptCheckpointError
+from tce import api, client
+from tce.errors import CorruptCheckpointError, TCEError
 from tce.integrations._dcp_format import METADATA, CheckpointDir
 from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, load_tensor,
                                         read_tensor, tensor_layout)
@@ -49,7 +51,9 @@ class StorageReader(CheckpointDir, _DCPReader):
     moving (under an object storage root, ranges of the object in the
     bucket, all from the object the load's first range of the file read:
     one replaced meanwhile fails the load); else the file is read from
-    storage. Only the planned byte ranges are touched, and each tensor's
+    storage: by the node's server into its cache, once, when other ranks of
+    the node read it too (the global plan finds those) or it is an object;
+    by the rank itself otherwise. Only the planned byte ranges are touched, and each tensor's
     planned region is copied once, straight into its destination. :attr:`reads` lists every read with its source,
     :attr:`copies` how the tensors' regions were copied.
 
@@ -134,17 +138,31 @@ class StorageReader(CheckpointDir, _DCPReader):
         self._pins = {}
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        """The plan as DCP made it (each rank reads what it needs)."""
-        return plan
+        """The plan as DCP made it (each rank reads what it needs), with the
+        node it reads on (its server) for :meth:`prepare_global_plan`."""
+        return dataclasses.replace(plan, storage_data=_NodeOf(_node()))
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        """The plans as DCP made them."""
-        return plans
+        """The plans as DCP made them, each with the data files another rank
+        of its node reads too: a file not in any memory, the node's server
+        reads from storage once for all of them (identical reads merged)."""
+        readers: collections.Counter[tuple[str, str]] = collections.Counter()
+        files = []
+        for plan in plans:
+            node = plan.storage_data.node if isinstance(plan.storage_data, _NodeOf) else None
+            names = {self._info(req).relative_path for req in plan.items}
+            files.append((node, names))
+            if node is not None:
+                readers.update((node, name) for name in names)
+        return [dataclasses.replace(plan, storage_data=_Shared(frozenset(
+                    name for name in names if node is not None and readers[(node, name)] > 1)))
+                for plan, (node, names) in zip(plans, files)]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Read the planned items, file by file, in offset order; each file
         from this node's cache, else ranges of it through the ring, else
-        storage. The future is already done.
+        storage (through the server when the file is shared, see the
+        class). The future is already done.
 
         A tensor's planned region is copied once, from the file straight
         into the destination tensor (see :mod:`._dcp_item`).
@@ -164,6 +182,7 @@ class StorageReader(CheckpointDir, _DCPReader):
                 item uses a stream transform.
         """
         self._queued, self._commits = Reads(), []  # nothing left from a failed read
+        shared = plan.storage_data.files if isinstance(plan.storage_data, _Shared) else frozenset()
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self._info(req).relative_path, []).append(req)
@@ -177,10 +196,17 @@ class StorageReader(CheckpointDir, _DCPReader):
                 continue
             if self._read_from_ring(path, name, reqs, planner):
                 continue
-            fetched = client.open_fd(path, job=self.job) if client.is_object_path(path) else None
-            if fetched is not None:  # under an object root: the server fetched it from the bucket
+            # Under an object root, or read by other ranks of this node too:
+            # the server reads it from storage into its cache, once.
+            fetched = None
+            if name in shared or client.is_object_path(path):
+                before = client.loaded_bytes().get("storage", 0)
+                fetched = client.open_fd(path, job=self.job)
+            if fetched is not None:
+                read_here = client.loaded_bytes().get("storage", 0) > before
                 with fetched:
-                    self._read_file(FdSource(fetched.fd, fetched.size), name, "storage", reqs, planner)
+                    self._read_file(FdSource(fetched.fd, fetched.size), name,
+                                    "storage" if read_here else "local", reqs, planner)
                 continue
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -339,3 +365,26 @@ def _check_region(item: str, size: tuple[int, ...], req: Any) -> None:
             for start, length, n in zip(req.storage_offsets, req.lengths, size)):
         raise CorruptCheckpointError(f"{item} has size {size}, the plan wants "
                                      f"{tuple(req.lengths)} at {tuple(req.storage_offsets)}")
+
+
+class _NodeOf(NamedTuple):
+    """A local plan's ``storage_data``: the node the rank reads on."""
+
+    node: str
+
+
+class _Shared(NamedTuple):
+    """A global plan's ``storage_data``: the data files other ranks of the
+    rank's node read too."""
+
+    files: frozenset[str]
+
+
+def _node() -> str | None:
+    """This rank's node as its server knows it (its ring endpoint, else the
+    host, its socket and pid); None without a server."""
+    try:
+        st = api.status()
+    except (TCEError, OSError):  # no server: each rank reads for itself
+        return None
+    return st.get("peer_endpoint") or f"{socket.gethostname()}|{st.get('socket')}|{st.get('pid')}"
