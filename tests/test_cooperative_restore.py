@@ -18,10 +18,11 @@ import uuid
 import pytest
 import torch
 
-from tce import _service, api
+from tce import _service, api, client
 from tce.tools._server import LocalServer
+from tce.v1 import tce_pb2 as pb
 
-from helpers import call_on, faulty_server_binary, state_digest
+from helpers import call_on, faulty_server_binary, state_digest, until, wait_metadata_written
 
 pytestmark = [pytest.mark.multinode]
 
@@ -34,8 +35,9 @@ class Cluster:
     the ring of job `job` (told by the test, as tce.join_ring would)."""
 
     def __init__(self, tmp_path, nodes, store, *, faulty: dict[int, str] | None = None, job: str = "",
-                 join: bool = True, extra: list[str] | None = None) -> None:
+                 join: bool = True, extra: list[str] | None = None, sqlite: bool = False) -> None:
         self.tmp_path, self.nodes, self.store = tmp_path, nodes, store
+        self.sqlite = sqlite  # metadata in each server's state directory (kept across a restart)
         self.extra = ["--peer-timeout-ms", "5000", *(extra or [])]
         self.job = job or f"restore-{uuid.uuid4().hex[:8]}"
         self.started = 0
@@ -60,7 +62,8 @@ class Cluster:
             memory_budget="256MiB", socket_path=str(state / "tce.sock"), netns=self.nodes.names[i],
             storage_roots=[str(self.store)], binary=faulty_server_binary() if fault else None,
             extra_args=["--peer-listen", f"{self.nodes.addresses[i]}:7070", "--peer-token", TOKEN,
-                        *self.extra, "--metadata-url", "none", *extra]).start()
+                        *self.extra, "--metadata-url", f"sqlite://{state / 'tce.db'}" if self.sqlite else "none",
+                        *extra]).start()
 
     def call(self, i: int, fn):
         return call_on(self.servers[i].socket, self.job, fn)
@@ -159,6 +162,77 @@ def test_a_restart_on_empty_nodes_reads_each_byte_from_storage_once(tmp_path, no
         for s in cluster.servers:
             s.stop()
             assert "drained: 0 file(s) unfinished" in s.log(), s.log()[-2000:]
+    finally:
+        cluster.close()
+
+
+def test_a_prefetch_has_each_node_read_its_share_before_the_ranks_ask(tmp_path, nodes3, store):
+    """tce.client.prefetch(the tag's directory) on every node, what the
+    DeepSpeed engine calls before it loads: each server reads its share of
+    the tag from storage at once, with no load asking; the loads that follow
+    read nothing more from storage, every byte from a node's memory."""
+    digests = _write_tag(store, ranks=6)
+    unique = _unique_bytes(digests)
+    model = next(p for p in digests if "model_states" in p)
+    cluster = Cluster(tmp_path, nodes3, store)
+    try:
+        tag = str(store / "step7")
+        for i in range(3):
+            assert cluster.call(i, lambda: client.prefetch(tag)) is True
+        until(lambda: sum(cluster.storage_reads(i) for i in range(3)) == unique, what="every share read")
+        reads = [cluster.storage_reads(i) for i in range(3)]
+        assert all(reads), reads  # each node read its share, once
+        ranks = [cluster.start_rank(node) for node in range(3) for _ in range(2)]
+        for r, rank in enumerate(ranks):
+            _ask(rank, [model, str(store / "step7" / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")])
+        for r, rank in enumerate(ranks):
+            a = _answer(rank)
+            assert all(digest == digests[path] for path, digest in a["digests"].items()), r
+            assert set(a["loaded"]) <= {"cache", "peer"}, (r, a["loaded"])
+        assert [cluster.storage_reads(i) for i in range(3)] == reads
+        # With the tag in memory, a prefetch of it reads nothing.
+        assert cluster.call(0, lambda: client.prefetch(tag)) is True
+        until(lambda: cluster.servers[0].log().count(f"for job={cluster.job} in {tag}") == 2,
+              what="the second prefetch")
+        assert [cluster.storage_reads(i) for i in range(3)] == reads
+    finally:
+        cluster.close()
+
+
+def test_a_ring_set_on_restarted_servers_prefetches_the_newest_tag_they_know(tmp_path, nodes2, store):
+    """The job's servers restart (their memory empty, their metadata kept in
+    SQLite beside them). Setting the job's ring again, as tce.join_ring does
+    after a restart, has each server read its share of the newest complete
+    tag it knows from storage at once, before any load: each byte once."""
+    digests = _write_tag(store, ranks=2)
+    unique = _unique_bytes(digests)
+    cluster = Cluster(tmp_path, nodes2, store, sqlite=True)
+    try:
+        files = [pb.TagFile(rank=r, path=p, size=os.path.getsize(p)) for r, p in enumerate(sorted(digests))]
+        old = [pb.TagFile(rank=0, path=str(store / "gone.pt"), size=1)]  # an older tag: not read
+        for i in range(2):
+            def commit():
+                c = _service.client()
+                c.commit_tag(pb.TagInfo(job=cluster.job, tag="step6", world_size=2, files=old))
+                c.commit_tag(pb.TagInfo(job=cluster.job, tag="step7", world_size=len(files), files=files))
+                wait_metadata_written()
+            cluster.call(i, commit)
+        for s in cluster.servers:
+            s.kill()
+            s.start()
+        assert sum(cluster.storage_reads(i) for i in range(2)) == 0
+        for i in range(2):
+            cluster.call(i, lambda i=i: _service.client().set_ring(cluster.job, i, cluster.endpoints))
+        until(lambda: sum(cluster.storage_reads(i) for i in range(2)) == unique, what="the newest tag read")
+        reads = [cluster.storage_reads(i) for i in range(2)]
+        assert all(reads), reads  # each node its share
+        assert not any("gone.pt" in s.log() for s in cluster.servers)  # the older tag: not asked for
+        rank = cluster.start_rank(1)
+        _ask(rank, sorted(digests))
+        a = _answer(rank)
+        assert a["digests"] == digests
+        assert set(a["loaded"]) <= {"cache", "peer"}, a["loaded"]
+        assert [cluster.storage_reads(i) for i in range(2)] == reads
     finally:
         cluster.close()
 
