@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <cctype>
 #include <vector>
 
@@ -259,13 +260,14 @@ class PosixDirectory final : public Directory {
   Status ReadPieces(const std::string& name, uint64_t offset, uint64_t n, size_t piece, const Sink& sink) override {
     if (piece == 0) return Status::InvalidArgument("a read in pieces of 0 bytes");
     return Read(name, [&](int fd, const std::string& what) {
-      std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(piece, n)));
+      const size_t size = static_cast<size_t>(std::min<uint64_t>(piece, n));
+      std::unique_ptr<char[]> buf(size > 0 ? new char[size] : nullptr);
       Status s;
       for (uint64_t done = 0; s.ok() && done < n;) {
-        const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), n - done));
+        const size_t want = static_cast<size_t>(std::min<uint64_t>(size, n - done));
         size_t have = 0;
-        while (s.ok() && have < want) have += PreadSome(fd, what, buf.data() + have, want - have, offset + done + have, offset + n, &s);
-        if (s.ok()) s = sink(offset + done, buf.data(), have);
+        while (s.ok() && have < want) have += PreadSome(fd, what, buf.get() + have, want - have, offset + done + have, offset + n, &s);
+        if (s.ok()) s = sink(offset + done, buf.get(), have);
         done += have;
       }
       return s;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <functional>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -154,20 +155,22 @@ class TcpTransport final : public Transport {
   Status Recv(PeerLink* link, const RecvDest& dst, uint64_t size, const LandedFn& landed) override {
     const bool through = dst.fd >= 0;  // the bytes go through a buffer of our own into the memfd
     if (Striping(link, size)) {
-      std::vector<std::vector<unsigned char>> own(through ? link->lanes() : 0,
-                                                  std::vector<unsigned char>(kTransferChunk));
+      // A chunk per lane (not zero-filled: only what a chunk fills is touched).
+      std::vector<std::unique_ptr<unsigned char[]>> own;
+      for (size_t j = 0; through && j < link->lanes(); ++j)
+        own.emplace_back(new unsigned char[std::min(kTransferChunk, size)]);
       return Striped(link, size).Recv(landed, through, [&](size_t j, PeerLink* lane, uint64_t off, uint64_t n,
                                                           const unsigned char** data) {
-        *data = through ? own[j].data() : dst.map + off;
-        return Land(lane, dst, off, n, own.empty() ? nullptr : own[j].data());
+        *data = through ? own[j].get() : dst.map + off;
+        return Land(lane, dst, off, n, through ? own[j].get() : nullptr);
       });
     }
-    std::vector<unsigned char> own(through ? std::min(kPiece, size) : 0);
+    std::unique_ptr<unsigned char[]> own(through && size > 0 ? new unsigned char[std::min(kPiece, size)] : nullptr);
     for (uint64_t off = 0; off < size;) {
       const uint64_t n = std::min(through ? kPiece : kTransferChunk, size - off);
-      Status s = Land(link, dst, off, n, own.data());
+      Status s = Land(link, dst, off, n, own.get());
       if (!s.ok()) return s;
-      if (landed) landed(off, n, through ? own.data() : dst.map + off);
+      if (landed) landed(off, n, through ? own.get() : dst.map + off);
       off += n;
     }
     return Status::OK();
