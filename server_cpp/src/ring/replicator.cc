@@ -404,20 +404,19 @@ Status Replicator::PullHeld(const std::string& job, const std::string& path) {
   const uint64_t size = held.file.size;
   std::unique_ptr<Buffer> mem;
   s = cache_->ReserveRecovery(size, &mem);
-  void* dst = MAP_FAILED;
   void* src = MAP_FAILED;
   if (s.ok() && size > 0) {
-    dst = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
     src = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    if (dst == MAP_FAILED || src == MAP_FAILED) s = Status::FromErrno(errno, "mmap a held copy");
+    if (src == MAP_FAILED) s = Status::FromErrno(errno, "mmap a held copy");
   }
   if (s.ok() && size > 0) {
-    std::memcpy(dst, src, size);
-    s = VerifyRecords(static_cast<unsigned char*>(dst), size, held.file.records);
-    if (!s.ok()) s = Status::DataLoss("the copy of " + path + " held here is corrupt: " + s.message());
+    RecordCrcs crcs(held.file.records);
+    Status intact = CheckRecordBounds(size, held.file.records);
+    if (intact.ok()) s = CopyInto(*mem, static_cast<const unsigned char*>(src), size, &crcs);
+    if (intact.ok() && s.ok()) intact = CompareCrcs(held.file.records, crcs.crcs());
+    if (!intact.ok()) s = Status::DataLoss("the copy of " + path + " held here is corrupt: " + intact.message());
   }
   if (src != MAP_FAILED) munmap(src, size);
-  if (dst != MAP_FAILED) munmap(dst, mem->capacity());
   ::close(fd);
   if (!s.ok()) {
     cache_->AbandonRecovery(std::move(mem));
@@ -427,6 +426,35 @@ Status Replicator::PullHeld(const std::string& job, const std::string& path) {
   if (held.check_ranges) f.records.clear();  // the transfer's, not the file's
   f.backup_holder = options_.self;  // the copy stays held here too
   return cache_->AdoptRecovered(std::move(f), std::move(mem));
+}
+
+Status Replicator::CopyInto(const Buffer& mem, const unsigned char* src, uint64_t size, RecordCrcs* crcs) {
+  // Piece by piece, each checksummed while it is in the CPU's cache, and
+  // written into the memfd (no page faults of a mapping); hugetlbfs has no
+  // write(2): through a mapping there.
+  constexpr uint64_t kPiece = 1 << 20;
+  void* dst = MAP_FAILED;
+  if (mem.backing() == Backing::kHugetlb) {
+    dst = mmap(nullptr, mem.capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem.fd(), 0);
+    if (dst == MAP_FAILED) return Status::FromErrno(errno, "mmap a recovery buffer");
+  }
+  Status s;
+  for (uint64_t off = 0; s.ok() && off < size; off += kPiece) {
+    const uint64_t n = std::min(kPiece, size - off);
+    crcs->Feed(off, src + off, static_cast<size_t>(n));
+    if (dst != MAP_FAILED) {
+      std::memcpy(static_cast<unsigned char*>(dst) + off, src + off, n);
+      continue;
+    }
+    for (uint64_t done = 0; s.ok() && done < n;) {
+      ssize_t w = ::pwrite(mem.fd(), src + off + done, static_cast<size_t>(n - done), static_cast<off_t>(off + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) s = Status::FromErrno(w < 0 ? errno : EIO, "write a recovery buffer");
+      else done += static_cast<uint64_t>(w);
+    }
+  }
+  if (dst != MAP_FAILED) munmap(dst, mem.capacity());
+  return s;
 }
 
 Status Replicator::FetchForLoad(const std::string& job, const std::string& path, LoadFrom* from) {

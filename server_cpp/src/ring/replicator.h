@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
+#include "persist/crc.h"
 #include "ring/backup_queue.h"
 #include "ring/backup_store.h"
 #include "ring/link_breaker.h"
@@ -147,6 +148,8 @@ class Replicator {
   // (job, path) from this server's own BackupStore, if it holds a copy sent
   // by a member of the job's ring: copied into a new cache buffer, checked.
   Status PullHeld(const std::string& job, const std::string& path);
+  // Copies `size` bytes from `src` into `mem`, feeding them to `crcs`.
+  static Status CopyInto(const Buffer& mem, const unsigned char* src, uint64_t size, RecordCrcs* crcs);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   RingStore* const cache_;
