@@ -104,6 +104,19 @@ Status Buffer::Prefault(uint64_t capacity, Backing backing, int* out, const std:
   return Status::OK();
 }
 
+Status Buffer::WriteAt(int fd, uint64_t offset, const void* data, size_t n, const char* what) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::FromErrno(w < 0 ? errno : EIO, std::string("write ") + what);
+    p += w;
+    offset += static_cast<uint64_t>(w);
+    n -= static_cast<size_t>(w);
+  }
+  return Status::OK();
+}
+
 Status Buffer::Resize(int fd, uint64_t from, uint64_t to, Backing backing) {
   if (ftruncate(fd, static_cast<off_t>(to)) != 0) return Status::FromErrno(errno, "ftruncate of a cache buffer");
   if (to <= from) return Status::OK();

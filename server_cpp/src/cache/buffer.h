@@ -40,6 +40,10 @@ class Buffer {
   // Resizes an unsealed memfd of `from` bytes to `to`: shrinking frees the
   // tail, growing pre-faults the new (zero-filled) pages.
   static Status Resize(int fd, uint64_t from, uint64_t to, Backing backing);
+  // Writes all `n` bytes of `data` at `offset` of memfd `fd` (pwrite: no
+  // page faults of a mapping; hugetlbfs has no write(2), its buffers take
+  // a mapping). `what` names the buffer in an error.
+  static Status WriteAt(int fd, uint64_t offset, const void* data, size_t n, const char* what);
   // Seals a memfd of `capacity` bytes made by Prefault and wraps it; takes
   // ownership of `fd` (closed on error).
   static Status Adopt(uint64_t id, int fd, uint64_t capacity, Backing backing,

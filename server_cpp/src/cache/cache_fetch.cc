@@ -225,16 +225,8 @@ Status Cache::FillBuffer(uint64_t size, const std::string& path,
     const Stopwatch took(clock_);
     if (s.ok()) {
       s = read([&](uint64_t off, const char* data, size_t n) {
-        Status w = inside(off, n);
-        while (w.ok() && n > 0) {
-          ssize_t r = ::pwrite(fd, data, n, static_cast<off_t>(off));
-          if (r < 0 && errno == EINTR) continue;
-          if (r <= 0) return Status::FromErrno(r < 0 ? errno : EIO, "write a buffer for " + path);
-          data += r;
-          off += static_cast<uint64_t>(r);
-          n -= static_cast<size_t>(r);
-        }
-        return w;
+        Status in = inside(off, n);
+        return in.ok() ? Buffer::WriteAt(fd, off, data, n, "a buffer read from storage") : in;
       });
     }
     *secs = took.Seconds();

@@ -446,12 +446,7 @@ Status Replicator::CopyInto(const Buffer& mem, const unsigned char* src, uint64_
       std::memcpy(static_cast<unsigned char*>(dst) + off, src + off, n);
       continue;
     }
-    for (uint64_t done = 0; s.ok() && done < n;) {
-      ssize_t w = ::pwrite(mem.fd(), src + off + done, static_cast<size_t>(n - done), static_cast<off_t>(off + done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) s = Status::FromErrno(w < 0 ? errno : EIO, "write a recovery buffer");
-      else done += static_cast<uint64_t>(w);
-    }
+    s = Buffer::WriteAt(mem.fd(), off, src + off, static_cast<size_t>(n), "a recovery buffer");
   }
   if (dst != MAP_FAILED) munmap(dst, mem.capacity());
   return s;

@@ -1,9 +1,6 @@
 #include "ring/tcp_transport.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <functional>
 #include <memory>
 #include <string>
@@ -11,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "cache/buffer.h"
 #include "common/mutex.h"
 
 namespace tce {
@@ -196,15 +194,7 @@ class TcpTransport final : public Transport {
   static Status Land(PeerLink* lane, const RecvDest& dst, uint64_t off, uint64_t n, unsigned char* own) {
     if (dst.fd < 0) return lane->RecvAll(dst.map + off, static_cast<size_t>(n));
     Status s = lane->RecvAll(own, static_cast<size_t>(n));
-    while (s.ok() && n > 0) {
-      ssize_t w = ::pwrite(dst.fd, own, static_cast<size_t>(n), static_cast<off_t>(off));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return Status::FromErrno(w < 0 ? errno : EIO, "write a received buffer");
-      own += w;
-      off += static_cast<uint64_t>(w);
-      n -= static_cast<uint64_t>(w);
-    }
-    return s;
+    return s.ok() ? Buffer::WriteAt(dst.fd, off, own, static_cast<size_t>(n), "a received buffer") : s;
   }
 
   const int streams_;
