@@ -165,9 +165,10 @@ def test_bench_dcp(tmp_path):
 
 
 @pytest.mark.deepspeed
+@pytest.mark.timeout(1800)  # a hang bound: three DeepSpeed processes on a loaded machine
 def test_demo_resumes_bitwise(tmp_path):
     p = _tce("demo", "--steps", "16", "--every", "2", "--crash-at", "9", "--dim", "64",
-             "--layers", "2", "--vocab", "256", "--memory-budget", "256MiB", timeout=600)
+             "--layers", "2", "--vocab", "256", "--memory-budget", "256MiB", timeout=1500)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "simulated crash" in p.stdout
     assert "(identical)" in p.stdout
@@ -181,11 +182,12 @@ def test_demo_resumes_bitwise(tmp_path):
 @pytest.mark.deepspeed
 @pytest.mark.multinode
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang bound: nine DeepSpeed processes on a loaded machine
 def test_demo_loses_a_node_and_resumes_from_the_ring(tmp_path):
     if os.geteuid() != 0:
         pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
     p = _tce("demo", "--nodes", "3", "--steps", "8", "--every", "2", "--crash-at", "3", "--dim", "64",
-             "--layers", "2", "--vocab", "256", "--memory-budget", "256MiB", timeout=600)
+             "--layers", "2", "--vocab", "256", "--memory-budget", "256MiB", timeout=1500)
     assert p.returncode == 0, p.stdout + p.stderr
     out = p.stdout
     assert "(identical)" in out
@@ -217,11 +219,12 @@ def test_demo_shows_how_a_training_process_failed(tmp_path, capsys):
 
 @pytest.mark.multinode
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang bound
 def test_demo_weights_serves_each_version_on_two_other_nodes_bitwise(tmp_path):
     if os.geteuid() != 0:
         pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
     p = _tce("demo", "--weights", "--versions", "3", "--every", "1", "--dim", "64", "--layers", "2",
-             "--vocab", "256", timeout=600)
+             "--vocab", "256", timeout=1500)
     assert p.returncode == 0, p.stdout + p.stderr
     out = p.stdout
     rows = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0].isdigit()]
