@@ -298,7 +298,7 @@ int Daemon::OpenMetadata() {
   meta_url_ = EffectiveMetadataUrl(opt_);
   if (meta_url_.empty()) return 0;
   Status s;
-  if (!(s = MkdirP(opt_.state_dir)).ok()) return Fail("state_dir: " + s.message(), 2);
+  if (!(s = MkdirP(opt_.state_dir, 0700)).ok()) return Fail("state_dir: " + s.message(), 2);  // the server's own
   std::unique_ptr<MetaStore> store;
   const std::string server_id = EffectiveServerId(opt_);
   if (!(s = OpenMetaStore(meta_url_, &store, server_id)).ok()) return Fail("metadata_url: " + s.ToString(), 2);

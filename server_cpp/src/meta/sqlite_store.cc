@@ -85,6 +85,11 @@ class SqliteStore final : public MetaStore, private schema::Connection {
     if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
         SQLITE_OK)
       return Fail("open " + path);
+    // Every user's job names, paths and tags: the server's alone (SQLite
+    // gives its WAL file the database's mode; a WAL left by an earlier run
+    // is tightened too).
+    for (const std::string& f : {path, path + "-wal"})
+      if (::chmod(f.c_str(), 0600) != 0 && errno != ENOENT) return Status::FromErrno(errno, "chmod " + f);
     sqlite3_busy_timeout(db_, 5000);
     // Exclusive locking before WAL: SQLite keeps the WAL index in heap memory
     // instead of an mmap'ed -shm file, which would SIGBUS the server when it
