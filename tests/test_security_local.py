@@ -571,7 +571,7 @@ result["again"] = s.call("Lookup", pb.LookupRequest(session=s.id, job="ja", path
 """)
         assert r["save"] == "OK"
         assert r["third"] == ["RESOURCE_EXHAUSTED",
-                              "too many Wait calls blocked at once (max_waits=2): try again later"]
+                              "the server already runs 2 blocked calls (max_waits=2): try again later"]
         # Each blocking Wait ended at its timeout (one refused while the third
         # held a slot, if any, was retried).
         assert all("DEADLINE_EXCEEDED" in codes and set(codes) <= {"DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"}

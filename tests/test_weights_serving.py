@@ -322,7 +322,7 @@ def test_a_frozen_reader_s_lease_runs_out_and_its_memory_comes_back(tmp_path):
             out, err = reader.communicate("renew\n", timeout=60)
             assert reader.returncode == 0, out + err
             gone, seen = out.strip().splitlines()[-2:]
-            assert "no version lease 1 in this session (released, expired, or never granted)" in gone
+            assert "no version lease 1 in this session (released, expired, revoked, or never granted)" in gone
             # Its pages went with the buffer, mapped by the frozen reader or not (that is how
             # the memory came back), and were never reused: it reads zeros, never version 3.
             assert seen == "VIEW [0.0] COPY [1.0]", out

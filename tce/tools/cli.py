@@ -48,7 +48,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if int(st.get("pool_target_bytes", 0)):
         print(f"pool      {_human(int(st['pool_bytes']))} pre-faulted of {_human(int(st['pool_target_bytes']))}; "
               f"{st['pool_taken']} new buffer(s) from it, {st['pool_missed']} while it was empty")
-    print(f"files     {st['files']}   sessions {st['sessions']}   leases {st['leases']}")
+    print(f"files     {st['files']}   sessions {st['sessions']}   leases {st['leases']}   "
+          f"version leases {st.get('version_leases', 0)}")
+    print(f"records   {_human(int(st.get('metadata_bytes', 0)))} of {_human(int(st.get('metadata_budget', 0)))} "
+          "(metadata_budget): tags, job names, read grants, version leases")
     if st.get("metadata_url"):
         health = "healthy" if st.get("metadata_healthy") else f"DEGRADED: {st.get('metadata_error')}"
         print(f"metadata  {st['metadata_url']} ({health}, {st.get('metadata_queue', 0)} queued)")

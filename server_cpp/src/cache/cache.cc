@@ -1,6 +1,6 @@
 // Cache: files. Allocate, commit, abort, look up, remove and list files;
-// tags; the state as a whole (stats, restore, metadata). Sessions, memory,
-// storage coherence, persistence and the ring are in cache_*.cc.
+// the state as a whole (stats, restore, metadata). Sessions, memory,
+// tags, storage coherence, persistence and the ring are in cache_*.cc.
 #include "cache/cache.h"
 
 #include "cache/storage_check.h"
@@ -45,7 +45,7 @@ void Cache::Restore(std::vector<FileInfo> files) {
     f.buffer_id = 0;
     f.capacity = 0;
     next_allocation_id_ = std::max(next_allocation_id_, f.version + 1);
-    owners_.Restore(f.job, f.owner_uid);
+    RestoreOwner(f.job, f.owner_uid);
     Note(f, false);
     files_[{f.job, f.path}] = std::move(f);
   }
@@ -89,6 +89,8 @@ CacheStats Cache::TallyLocked() const {
   s.sessions = sessions_.size();
   s.leases = sessions_.leases();
   s.version_leases = version_leases_.size();
+  s.metadata_bytes = quota_.used();
+  s.metadata_budget = quota_.limits().budget;
   s.replica_files = replicas_.size();
   s.version_ranges_served = version_ranges_served_;
   s.objects_fetched = fetched_objects_;
@@ -388,51 +390,6 @@ Status Cache::Remove(const std::string& session, const std::string& job, const s
   return Status::OK();
 }
 
-Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
-  const std::string why = TagRegistry::Check(&tag);
-  MutexLock lock(&mu_);
-  Status s = sessions_.Check(session);
-  if (s.ok() && why.empty())
-    s = CheckAccess(session, tag.job, "commit tag '" + tag.tag + "' into job '" + tag.job + "'",
-                    /*claim=*/true);
-  if (!s.ok()) return s;
-  if (!why.empty()) {
-    TCE_LOG(kWarning, "cache") << "refused tag job=" << tag.job << " tag=" << tag.tag << ": " << why;
-    return Status::InvalidArgument(why);
-  }
-  TCE_LOG(kInfo, "cache") << "tag complete job=" << tag.job << " tag=" << tag.tag
-                          << " files=" << tag.files.size() << " world_size=" << tag.world_size;
-  // Under mu_, so that RecordAll sees a tag either recorded here or in the registry.
-  *out = tags_.Complete(std::move(tag), clock_->UnixNowNs());
-  std::map<std::string, uint64_t>& held = published_[{out->job, out->tag}];
-  held.clear();
-  for (const TagFile& tf : out->files) {
-    auto f = files_.find({out->job, tf.path});
-    if (f != files_.end()) held[tf.path] = f->second.version;
-  }
-  versions_cv_.SignalAll();  // readers waiting for a newer version
-  TCE_LOG(kInfo, "cache") << "published job=" << out->job << " tag=" << out->tag
-                          << " version=" << out->version;
-  if (meta_) meta_->RecordTag(*out);
-  if (!waiting_markers_.empty()) ReleaseMarkers(out->job);  // a marker may have waited for this record
-  if (!rings_.Successor(out->job).empty() && backups_) backups_->SendTag(TagCopy{out->job, out->tag});
-  if (tag_listener_) tag_listener_(out->job);
-  return Status::OK();
-}
-
-std::vector<TagInfo> Cache::ListTags(const std::string& job) { return tags_.List(job); }
-
-Status Cache::ListTags(const std::string& session, const std::string& job,
-                       std::vector<TagInfo>* out) {
-  {
-    MutexLock lock(&mu_);
-    Status s = CheckAccess(session, job, "list the tags of job '" + job + "'");
-    if (!s.ok()) return s;
-  }
-  *out = ListTags(job);  // (ownership never changes once set)
-  return Status::OK();
-}
-
 Status Cache::List(const std::string& session, const std::string& job, const std::string& tag,
                    std::vector<FileInfo>* out, bool check_storage) {
   if (check_storage) {
@@ -451,11 +408,6 @@ Status Cache::List(const std::string& session, const std::string& job, const std
   for (FileInfo& f : all)
     if (owners_.Visible(uid, f.job)) out->push_back(std::move(f));
   return Status::OK();
-}
-
-void Cache::RestoreTags(std::vector<TagInfo> tags) {
-  const size_t n = tags_.Restore(std::move(tags));
-  TCE_LOG(kInfo, "cache") << "re-indexed " << n << " complete tag(s) from metadata";
 }
 
 std::vector<FileInfo> Cache::List(const std::string& job, const std::string& tag) {

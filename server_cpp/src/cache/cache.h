@@ -44,6 +44,7 @@
 #include "cache/client_store.h"
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
+#include "cache/metadata_quota.h"
 #include "cache/persist_feed.h"
 #include "cache/persist_source.h"
 #include "cache/read_grants.h"
@@ -72,6 +73,7 @@ struct SessionLimits {
   std::chrono::milliseconds version_lease{std::chrono::seconds(300)};
   std::chrono::milliseconds version_lease_max{std::chrono::seconds(3600)};
   ReadGrants::Ids read_grants;  // readers of every job's published versions
+  MetadataLimits metadata;      // tags, job names, grants and version leases
 };
 
 class Cache : public PoolBudget,
@@ -122,7 +124,7 @@ class Cache : public PoolBudget,
   CacheStats Stats() override EXCLUDES(mu_);
   Status Wait(const std::string& session, const std::string& job,
               const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
-              std::vector<FileInfo>* out) override EXCLUDES(mu_);
+              std::vector<FileInfo>* out, const CallerGone& gone = {}) override EXCLUDES(mu_);
   Status RetryFailed(const std::string& session, const std::string& job,
                      const std::vector<std::string>& paths, std::vector<FileInfo>* out) override EXCLUDES(mu_);
   Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
@@ -133,7 +135,7 @@ class Cache : public PoolBudget,
                         Clock::TimePoint call_deadline) override EXCLUDES(mu_);
   Status GetVersion(const std::string& session, const std::string& job, uint64_t after,
                     std::chrono::milliseconds wait, Clock::TimePoint call_deadline,
-                    TagInfo* out) override EXCLUDES(mu_);
+                    TagInfo* out, const CallerGone& gone = {}) override EXCLUDES(mu_);
   Status AcquireVersion(const std::string& session, const std::string& job, uint64_t version,
                         std::chrono::milliseconds lease, VersionGrant* out) override EXCLUDES(mu_);
   Status RenewVersion(const std::string& session, uint64_t lease_id, std::chrono::milliseconds lease,
@@ -219,7 +221,9 @@ class Cache : public PoolBudget,
   std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
   // ClientStore::ListTags unchecked. For the daemon itself and tests.
   std::vector<TagInfo> ListTags(const std::string& job) override EXCLUDES(mu_);
-  // Tags recorded before a restart (from metadata).
+  // Tags recorded before a restart (from metadata); the oldest beyond
+  // max_tags_per_job are forgotten. After Restore (the files tell the jobs'
+  // owners) and SetMetaSink (what is forgotten is recorded).
   void RestoreTags(std::vector<TagInfo> tags) EXCLUDES(mu_);
   // Every later state change is reported to `sink` (null: none). Set before serving.
   void SetMetaSink(MetaSink* sink) EXCLUDES(mu_);
@@ -343,10 +347,42 @@ class Cache : public PoolBudget,
   // (a replica of another version is not it).
   const FileInfo* VersionFile(const std::string& job, const std::string& path, const std::string& tag) const
       REQUIRES(mu_);
-  // Ends a version lease: its file leases are dropped; `expired` also
-  // marks their buffers no_reuse.
-  void EndVersionLease(uint64_t id, bool expired) REQUIRES(mu_);
+  // Ends a version lease: its file leases are dropped; with a reason `why`
+  // (it did not end by its reader's choice: expired, revoked) its buffers
+  // are also marked no_reuse, and it is logged.
+  void EndVersionLease(uint64_t id, const char* why) REQUIRES(mu_);
+  // What MetadataQuota counts for a version lease holding `file_leases`.
+  static uint64_t LeaseBytes(size_t file_leases);
+  // Ends the leases on the job's versions whose readers may not read it
+  // any more (a grant was revoked).
+  void EndRevokedLeases(const std::string& job) REQUIRES(mu_);
+  // ReaderAllowed's rule, quietly: *why says why not.
+  bool MayRead(uid_t uid, gid_t gid, const std::string& job, bool admin_ok, std::string* why) const
+      REQUIRES(mu_);
+  // Tags (cache_tags.cc). A tag a client records names only files its job
+  // holds here, or of ranks that saved none of the tag here (another node's):
+  // NOT_FOUND naming the file otherwise.
+  Status CheckTagFiles(const TagInfo& tag) const REQUIRES(mu_);
+  // Forgets the job's oldest other tags while it would hold more than
+  // max_tags_per_job, or while `tag`'s record does not fit its owner's share
+  // of metadata_budget; RESOURCE_EXHAUSTED when it cannot fit at all.
+  Status MakeRoomForTag(const TagInfo& tag) REQUIRES(mu_);
+  // Forgets the job's oldest tags beyond max_tags_per_job.
+  void TrimTags(const std::string& job) REQUIRES(mu_);
+  // Forgets a tag (neither listed nor published, here or after a restart).
+  void DropTag(const std::string& job, const std::string& tag, const std::string& why) REQUIRES(mu_);
+  // A tag adopted from elsewhere replaced `before` (null: none): counted.
+  void CountTag(const TagInfo* before, const std::string& job, const std::string& tag) REQUIRES(mu_);
+  // The uid MetadataQuota counts a job's tags against (0 when none owns it).
+  uid_t TagOwner(const std::string& job) const REQUIRES(mu_);
+  // JobOwners::Restore, counting a job new here against MetadataQuota.
+  void RestoreOwner(const std::string& job, uid_t uid) REQUIRES(mu_);
   std::chrono::milliseconds LeaseLength(std::chrono::milliseconds asked) const REQUIRES(mu_);
+  // One wait of a blocked call on `cv` until `deadline`: false once the
+  // deadline passed. With `gone`, it wakes at least every kCallerGonePoll
+  // and *status is CANCELLED when the caller went away.
+  bool BlockedWait(CondVar* cv, Clock::TimePoint deadline, const CallerGone& gone, Status* status)
+      REQUIRES(mu_);
   // Whether `f` is the file `tag` published as `tf`: the same commit when
   // the publication saw it here (or the replica brought for it), else one
   // committed before it, of the same size.
@@ -523,6 +559,7 @@ class Cache : public PoolBudget,
   std::map<FileKey, FileInfo> files_ GUARDED_BY(mu_);
   SessionTable sessions_ GUARDED_BY(mu_);  // sessions and their leases
   JobOwners owners_ GUARDED_BY(mu_);
+  MetadataQuota quota_ GUARDED_BY(mu_);  // tags, job names, grants, version leases
   ReadGrants grants_ GUARDED_BY(mu_);
   VersionLeases version_leases_ GUARDED_BY(mu_);
   std::chrono::milliseconds version_lease_ GUARDED_BY(mu_){std::chrono::seconds(300)};

@@ -64,13 +64,20 @@ Status Cache::AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) {
   if (owners_.Owner(tag.job, &here) && here != owner)
     return Status::FailedPrecondition("job '" + tag.job + "' belongs to uid " + std::to_string(here) +
                                       " here, to uid " + std::to_string(owner) + " on the source");
-  owners_.Restore(tag.job, owner);
-  if (reader != owner) grants_.Change(tag.job, ReadGrants::Ids{{reader}, {}}, /*revoke=*/false);
+  RestoreOwner(tag.job, owner);
+  if (reader != owner) {
+    Status granted = grants_.Change(tag.job, ReadGrants::Ids{{reader}, {}}, /*revoke=*/false, nullptr);
+    if (!granted.ok()) return granted;
+  }
   TagInfo known;
   if (tags_.FindVersion(tag.job, tag.version, &known) && known.tag == tag.tag) return Status::OK();
   const std::string job = tag.job, name = tag.tag;
   const uint64_t version = tag.version;
+  TagInfo before;
+  const bool had = tags_.Find(job, name, &before);
   if (!tags_.Adopt(std::move(tag))) return Status::OK();  // a newer record of that tag is here
+  CountTag(had ? &before : nullptr, job, name);
+  TrimTags(job);
   TagInfo recorded;
   if (tags_.Find(job, name, &recorded) && recorded.version != version)
     TCE_LOG(kWarning, "weights") << "followed job=" << job << " tag=" << name << ": version " << version

@@ -112,13 +112,7 @@ Status Cache::DeleteObject(const std::string& session, const std::string& job, c
 
 void Cache::ForgetTag(const std::string& job, const std::string& tag) {
   MutexLock lock(&mu_);
-  if (!tags_.Remove(job, tag)) return;
-  published_.erase({job, tag});
-  TagInfo gone;  // recorded as never completed: a restart does not load it
-  gone.job = job;
-  gone.tag = tag;
-  if (meta_) meta_->RecordTag(gone);
-  TCE_LOG(kInfo, "cache") << "forgot tag job=" << job << " tag=" << tag << " (deleted from storage)";
+  DropTag(job, tag, "deleted from storage");
 }
 
 Status Cache::ListStored(const std::string& session, const std::string& job, const std::string& dir,

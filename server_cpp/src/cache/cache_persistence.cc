@@ -11,14 +11,14 @@ namespace tce {
 
 Status Cache::Wait(const std::string& session, const std::string& job,
                    const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
-                   std::vector<FileInfo>* out) {
+                   std::vector<FileInfo>* out, const CallerGone& gone) {
   MutexLock lock(&mu_);
   Status s = CheckAccess(session, job, "wait for files of job '" + job + "'");
   if (!s.ok()) return s;
   if (!persistence_enabled())
     return Status::FailedPrecondition(
         "persistence is off (the server has no storage_roots): files live in memory only");
-  const auto deadline = clock_->Now() + timeout;
+  const auto deadline = timeout.count() <= 0 ? Clock::TimePoint::max() : clock_->Now() + timeout;
   while (true) {
     out->clear();
     std::vector<std::string> unfinished;
@@ -31,13 +31,32 @@ Status Cache::Wait(const std::string& session, const std::string& job,
     }
     if (unfinished.empty()) return Status::OK();
     if (stopping_) return Status::Unavailable("the server is shutting down");
-    if (timeout.count() <= 0) {
-      done_cv_.Wait(&mu_);
-    } else if (!clock_->WaitUntil(&done_cv_, &mu_, deadline)) {
+    if (!(s = sessions_.Check(session)).ok()) return s;  // the session closed meanwhile
+    if (!BlockedWait(&done_cv_, deadline, gone, &s)) {
+      if (!s.ok()) return s;
       return Status::DeadlineExceeded(std::to_string(unfinished.size()) + " of " + std::to_string(paths.size()) +
-                        " file(s) not persisted yet, e.g. " + unfinished[0]);
+                                      " file(s) not persisted yet, e.g. " + unfinished[0]);
     }
   }
+}
+
+bool Cache::BlockedWait(CondVar* cv, Clock::TimePoint deadline, const CallerGone& gone, Status* status) {
+  if (gone && gone()) {
+    *status = Status::Cancelled("the caller went away");
+    return false;
+  }
+  Clock::TimePoint until = deadline;
+  if (gone) until = std::min(deadline, clock_->Now() + kCallerGonePoll);
+  if (until == Clock::TimePoint::max()) {
+    cv->Wait(&mu_);
+    return true;
+  }
+  clock_->WaitUntil(cv, &mu_, until);
+  if (gone && gone()) {
+    *status = Status::Cancelled("the caller went away");
+    return false;
+  }
+  return clock_->Now() < deadline;
 }
 
 void Cache::SetPersistFeed(PersistFeed* feed) {

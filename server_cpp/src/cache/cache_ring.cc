@@ -42,11 +42,15 @@ size_t Cache::AdoptTags(const std::string& job, std::vector<TagInfo> tags) {
   for (TagInfo& t : tags) {
     if (t.job != job) continue;
     const std::string name = t.tag;
+    TagInfo before;
+    const bool had = tags_.Find(job, name, &before);
     if (!tags_.Adopt(std::move(t))) continue;
+    CountTag(had ? &before : nullptr, job, name);
     ++kept;
     TagInfo recorded;  // with the version it got here
     if (meta_ && tags_.Find(job, name, &recorded)) meta_->RecordTag(recorded);
   }
+  if (kept) TrimTags(job);
   if (kept) versions_cv_.SignalAll();
   return kept;
 }
@@ -427,7 +431,7 @@ Status Cache::CheckPeerUid(const std::string& job, bool named, uid_t uid, const 
   if (!JobUidLocked(job, &here)) {
     if (!claim)
       return Status::PermissionDenied("job " + job + " belongs to no uid here yet: " + peer + " may not " + what);
-    owners_.Restore(job, uid);  // the ring's node vouches for its job's uid
+    RestoreOwner(job, uid);  // the ring's node vouches for its job's uid
     return Status::OK();
   }
   if (here != uid)

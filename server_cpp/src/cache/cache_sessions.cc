@@ -31,7 +31,7 @@ void Cache::CloseSession(const std::string& session) {
       ++it;
     }
   }
-  for (uint64_t id : version_leases_.OfSession(session)) EndVersionLease(id, /*expired=*/false);
+  for (uint64_t id : version_leases_.OfSession(session)) EndVersionLease(id, nullptr);
   const std::vector<uint64_t> leases = sessions_.LeasesOf(session);
   for (uint64_t id : leases) DropLease(id);
   std::vector<uint64_t> ids;
@@ -42,6 +42,8 @@ void Cache::CloseSession(const std::string& session) {
   }
   for (auto& [id, readers] : lent_readers_) readers.erase(session);
   if (pending_.empty()) quiet_cv_.SignalAll();
+  done_cv_.SignalAll();      // its blocked calls end (Wait,
+  versions_cv_.SignalAll();  // GetVersion)
   TCE_LOG(kInfo, "session") << "closed session=" << session.substr(0, 8) << " pid=" << pid
                             << " aborted=" << aborted << " leases_dropped=" << leases.size();
   sessions_.Erase(session);
@@ -52,7 +54,12 @@ Status Cache::CheckAccess(const std::string& session, const std::string& job,
   Status s = sessions_.Check(session);
   if (!s.ok()) return s;
   const uid_t uid = sessions_.Find(session)->uid;
-  s = claim ? owners_.Claim(uid, job, what) : owners_.Check(uid, job, what);
+  bool created = false;
+  s = claim ? owners_.Claim(uid, job, what, &created) : owners_.Check(uid, job, what);
+  if (created) {
+    s = quota_.Charge(uid, MetadataQuota::JobBytes(job), "job '" + job + "'");
+    if (!s.ok()) owners_.Unclaim(job);
+  }
   uint64_t dropped = 0;
   if (!s.ok() && refused_log_.Allow(&dropped))
     TCE_LOG(kWarning, "access") << "refused: " << s.message() << Suppressed(dropped);
@@ -86,6 +93,9 @@ void Cache::SetSessionLimits(const SessionLimits& limits) {
   version_lease_ = limits.version_lease;
   version_lease_max_ = limits.version_lease_max;
   grants_.SetServerWide(limits.read_grants);
+  owners_.set_max_jobs_per_uid(limits.metadata.max_jobs_per_uid);
+  grants_.set_max_per_job(limits.metadata.max_grants_per_job);
+  quota_.SetLimits(limits.metadata);
 }
 
 std::vector<std::string> Cache::IdleSessions(std::chrono::milliseconds idle) {
@@ -161,6 +171,14 @@ Status Cache::FdFor(const std::string& session, uint64_t buffer_id, int* fd, boo
   *writable = owns;
   *capacity = b.capacity;
   return Status::OK();
+}
+
+}  // namespace tce
+
+namespace tce {
+
+void Cache::RestoreOwner(const std::string& job, uid_t uid) {
+  if (owners_.Restore(job, uid)) quota_.Force(uid, MetadataQuota::JobBytes(job));
 }
 
 }  // namespace tce

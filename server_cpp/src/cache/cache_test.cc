@@ -23,8 +23,8 @@ class CacheTest : public ::testing::Test {
                manual_clock ? static_cast<Clock*>(&clock_) : Clock::Real()) {}
 
   AllocateResult Alloc(const std::string& session, const std::string& path, uint64_t size,
-                       Status* status = nullptr) {
-    AllocateRequest r{session, "job", "tag", path, 0, size};
+                       Status* status = nullptr, const std::string& job = "job") {
+    AllocateRequest r{session, job, "tag", path, 0, size};
     AllocateResult out;
     Status s = cache_.Allocate(r, &out);
     if (status) *status = s;
@@ -47,8 +47,8 @@ class CacheTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.ToString();
     return f;
   }
-  void Save(const std::string& session, const std::string& path, uint64_t size) {
-    AllocateResult a = Alloc(session, path, size);
+  void Save(const std::string& session, const std::string& path, uint64_t size, const std::string& job = "job") {
+    AllocateResult a = Alloc(session, path, size, nullptr, job);
     close(Fd(session, a.buffer_id));
     Commit(session, a.allocation_id);
   }
@@ -357,6 +357,8 @@ TEST_F(CacheTest, CommitTagValidatesAndSorts) {
             Status::Code::kUnauthenticated);
   EXPECT_TRUE(cache_.ListTags("job").empty());  // nothing refused was recorded
 
+  Save(s, "/c/a", 4);
+  Save(s, "/c/b", 3);
   ASSERT_TRUE(cache_.CommitTag(s, Tag("step2", {{1, "/c/z", 5}, {0, "/c/b", 3}, {0, "/c/a", 4}}), &out).ok());
   ASSERT_EQ(out.files.size(), 3u);
   EXPECT_EQ(out.files[0].path, "/c/a");
@@ -368,6 +370,9 @@ TEST_F(CacheTest, CommitTagValidatesAndSorts) {
 TEST_F(CacheTest, ListTagsIsPerJobOldestFirstAndReRecordingReplaces) {
   std::string s = cache_.OpenSession(getuid(), getpid());
   TagInfo out;
+  Save(s, "/c/9", 1);
+  Save(s, "/c/10", 1);
+  Save(s, "/c/o", 1, "other");
   ASSERT_TRUE(cache_.CommitTag(s, Tag("step9", {{0, "/c/9", 1}}), &out).ok());
   ASSERT_TRUE(cache_.CommitTag(s, Tag("step10", {{0, "/c/10", 1}}), &out).ok());
   TagInfo other = Tag("step1", {{0, "/c/o", 1}});
@@ -435,13 +440,21 @@ TEST_F(CacheAccessTest, TagsAndRingsBelongToTheJobsOwner) {
   ASSERT_TRUE(cache_.CommitTag(alice_, Tag("t", {{0, "/c/a.pt", 1000}}), &out).ok());
   ASSERT_TRUE(cache_.ListTags(alice_, "job", &tags).ok());
   EXPECT_EQ(tags.size(), 1u);
-  // A tag is a write: it claims a job nobody owns yet.
+  // A tag names files its job holds: a job nobody owns holds none, and a
+  // refused tag claims nothing.
   TagInfo first = Tag("t", {{0, "/c/b.pt", 1}});
   first.job = "bobs";
+  s = cache_.CommitTag(bob_, first, &out);
+  EXPECT_EQ(s.code(), Status::Code::kNotFound);
+  EXPECT_EQ(s.message(), "tag 't' names no file job 'bobs' holds on this server: a tag is recorded on a node "
+                         "that saved files of it");
+  uid_t owner = 0;
+  EXPECT_FALSE(cache_.JobUid("bobs", &owner));
+  Save(bob_, "/c/b.pt", 1, "bobs");
   ASSERT_TRUE(cache_.CommitTag(bob_, first, &out).ok());
   AllocateResult a;
-  s = cache_.Allocate({alice_, "bobs", "t", "/c/b.pt", 0, 100}, &a);
-  EXPECT_EQ(s.message(), "uid 1001 may not write /c/b.pt in job 'bobs': job 'bobs' belongs to uid 1002");
+  s = cache_.Allocate({alice_, "bobs", "t", "/c/b2.pt", 0, 100}, &a);
+  EXPECT_EQ(s.message(), "uid 1001 may not write /c/b2.pt in job 'bobs': job 'bobs' belongs to uid 1002");
   std::string successor;
   s = cache_.SetRing(alice_, "bobs", 0, {"h:1"}, &successor);
   EXPECT_EQ(s.message(), "uid 1001 may not set the ring of job 'bobs': job 'bobs' belongs to uid 1002");

@@ -22,11 +22,17 @@ Status Cache::CheckReader(const std::string& session, const std::string& job) {
   return ReaderAllowed(sess->uid, sess->gid, job, /*admin_ok=*/true);
 }
 
-Status Cache::ReaderAllowed(uid_t uid, gid_t gid, const std::string& job, bool admin_ok) {
+bool Cache::MayRead(uid_t uid, gid_t gid, const std::string& job, bool admin_ok, std::string* why) const {
   uid_t owner = 0;
-  if (!owners_.Owner(job, &owner) || owner == uid || (admin_ok && owners_.IsAdmin(uid))) return Status::OK();
+  if (!owners_.Owner(job, &owner) || owner == uid || (admin_ok && owners_.IsAdmin(uid))) return true;
+  return grants_.Allows(job, uid, gid, why);
+}
+
+Status Cache::ReaderAllowed(uid_t uid, gid_t gid, const std::string& job, bool admin_ok) {
   std::string why;
-  if (grants_.Allows(job, uid, gid, &why)) return Status::OK();
+  if (MayRead(uid, gid, job, admin_ok, &why)) return Status::OK();
+  uid_t owner = 0;
+  owners_.Owner(job, &owner);
   uint64_t dropped = 0;
   const std::string msg = "uid " + std::to_string(uid) + " may not read the published versions of job '" +
                           job + "' (it belongs to uid " + std::to_string(owner) + "): " + why;
@@ -35,7 +41,8 @@ Status Cache::ReaderAllowed(uid_t uid, gid_t gid, const std::string& job, bool a
 }
 
 Status Cache::GetVersion(const std::string& session, const std::string& job, uint64_t after,
-                         std::chrono::milliseconds wait, Clock::TimePoint call_deadline, TagInfo* out) {
+                         std::chrono::milliseconds wait, Clock::TimePoint call_deadline, TagInfo* out,
+                         const CallerGone& gone) {
   MutexLock lock(&mu_);
   const Clock::TimePoint start = clock_->Now();
   const Clock::TimePoint deadline =
@@ -47,11 +54,12 @@ Status Cache::GetVersion(const std::string& session, const std::string& job, uin
     const std::string what = after ? "newer than " + std::to_string(after) : "published";
     if (wait.count() <= 0) return Status::NotFound("job '" + job + "' has no version " + what);
     if (versions_stopped_) return Status::Unavailable("the server is shutting down");
-    if (clock_->Now() >= deadline)
+    if (clock_->Now() >= deadline || !BlockedWait(&versions_cv_, deadline, gone, &s)) {
+      if (!s.ok()) return s;
       return Status::DeadlineExceeded("no version of job '" + job + "' " + what + " within " +
                                       Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(
                                           clock_->Now() - start)));
-    clock_->WaitUntil(&versions_cv_, &mu_, deadline);
+    }
   }
 }
 
@@ -101,13 +109,23 @@ Status Cache::AcquireVersion(const std::string& session, const std::string& job,
     held.push_back(in_memory);
     leases += in_memory;
   }
-  if (leases) {
-    s = sessions_.CanLease(session, leases);
-    if (!s.ok()) return s;
-  }
+  // Every version lease counts against the session's leases (one, beside
+  // the files it holds in memory) and the uid's version leases, whatever
+  // the version holds here.
+  s = sessions_.CanLease(session, leases + 1 + version_leases_.CountOfSession(session));
+  if (!s.ok()) return s;
+  const uid_t uid = sessions_.Find(session)->uid;
+  if (version_leases_.CountOfUid(uid) >= quota_.limits().max_version_leases_per_uid)
+    return Status::ResourceExhausted("uid " + std::to_string(uid) + " holds " +
+                                     std::to_string(version_leases_.CountOfUid(uid)) +
+                                     " version leases (max_version_leases_per_uid): release one first");
+  const uint64_t bytes = LeaseBytes(leases);
+  s = quota_.Charge(uid, bytes, "a lease on version " + std::to_string(tag.version) + " of job '" + job + "'");
+  if (!s.ok()) return s;
   VersionLease vl;
   vl.session = session;
   vl.job = job;
+  vl.uid = uid;
   vl.version = tag.version;
   out->files.clear();
   for (size_t i = 0; i < tag.files.size(); ++i) {
@@ -152,7 +170,12 @@ Status Cache::RenewVersion(const std::string& session, uint64_t lease_id, std::c
   VersionLease* vl = version_leases_.Find(session, lease_id);
   if (!vl)
     return Status::NotFound("no version lease " + std::to_string(lease_id) +
-                            " in this session (released, expired, or never granted)");
+                            " in this session (released, expired, revoked, or never granted)");
+  s = CheckReader(session, vl->job);  // a revoked grant renews nothing
+  if (!s.ok()) {
+    EndVersionLease(lease_id, "its reader may not read the job any more");
+    return s;
+  }
   *granted = LeaseLength(lease);
   vl->expires = clock_->Now() + *granted;
   return Status::OK();
@@ -164,31 +187,36 @@ Status Cache::ReleaseVersion(const std::string& session, uint64_t lease_id) {
   if (!s.ok()) return s;
   if (!version_leases_.Find(session, lease_id))
     return Status::NotFound("no version lease " + std::to_string(lease_id) +
-                            " in this session (released, expired, or never granted)");
-  EndVersionLease(lease_id, /*expired=*/false);
+                            " in this session (released, expired, revoked, or never granted)");
+  EndVersionLease(lease_id, nullptr);
   return Status::OK();
 }
 
-void Cache::EndVersionLease(uint64_t id, bool expired) {
+uint64_t Cache::LeaseBytes(size_t file_leases) {
+  return MetadataQuota::kLeaseBytes + file_leases * MetadataQuota::kFileLeaseBytes;
+}
+
+void Cache::EndVersionLease(uint64_t id, const char* why) {
   VersionLease vl;
   if (!version_leases_.Take(id, &vl)) return;
+  quota_.Credit(vl.uid, LeaseBytes(vl.file_leases.size()));
   for (uint64_t lease : vl.file_leases) {
-    if (expired) {
+    if (why) {
       auto b = buffers_.find(sessions_.BufferOf(lease));
       if (b != buffers_.end()) b->second.no_reuse = true;  // the reader may still map it
     }
     DropLease(lease);
   }
-  if (expired)
+  if (why)
     TCE_LOG(kWarning, "weights") << "version lease " << id << " of job=" << vl.job << " version=" << vl.version
-                                 << " (session " << vl.session.substr(0, 8)
-                                 << ") expired unrenewed: its memory may be evicted, its buffers are not reused";
+                                 << " (session " << vl.session.substr(0, 8) << ") ended: " << why
+                                 << "; its memory may be evicted, its buffers are not reused";
 }
 
 size_t Cache::ExpireVersionLeases() {
   MutexLock lock(&mu_);
   const std::vector<uint64_t> ended = version_leases_.Expired(clock_->Now());
-  for (uint64_t id : ended) EndVersionLease(id, /*expired=*/true);
+  for (uint64_t id : ended) EndVersionLease(id, "it expired unrenewed");
   return ended.size();
 }
 
@@ -199,12 +227,33 @@ Status Cache::GrantRead(const std::string& session, const std::string& job, std:
                          /*claim=*/true);
   if (!s.ok()) return s;
   ReadGrants::Ids change{{uids->begin(), uids->end()}, {gids->begin(), gids->end()}};
-  ReadGrants::Ids now = grants_.Change(job, change, revoke);
+  uid_t owner = sessions_.Find(session)->uid;
+  owners_.Owner(job, &owner);  // an administrator's grant counts against the job's owner
+  const size_t added = grants_.Unknown(job, change);
+  s = grants_.CanChange(job, change);
+  if (s.ok())
+    s = quota_.Charge(owner, added * MetadataQuota::kGrantBytes,
+                      std::to_string(added) + " read grant(s) of job '" + job + "'");
+  if (!s.ok()) return s;
+  ReadGrants::Ids now;
+  s = grants_.Change(job, change, revoke, &now);  // (checked above)
+  if (!s.ok()) return s;
   TCE_LOG(kInfo, "weights") << (revoke ? "revoked" : "granted") << " read of job=" << job << " uids="
                             << change.uids.size() << " gids=" << change.gids.size();
+  if (revoke) EndRevokedLeases(job);
   uids->assign(now.uids.begin(), now.uids.end());
   gids->assign(now.gids.begin(), now.gids.end());
   return Status::OK();
+}
+
+void Cache::EndRevokedLeases(const std::string& job) {
+  for (uint64_t id : version_leases_.OfJob(job)) {
+    const VersionLease* vl = version_leases_.Get(id);
+    const SessionTable::Session* sess = sessions_.Find(vl->session);
+    std::string why;
+    if (sess && MayRead(sess->uid, sess->gid, job, /*admin_ok=*/true, &why)) continue;
+    EndVersionLease(id, "its reader's grant was revoked");
+  }
 }
 
 }  // namespace tce

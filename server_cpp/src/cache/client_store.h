@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -58,6 +59,7 @@ struct CacheStats {
   uint64_t budget = 0, used = 0, cached = 0, pending = 0, free = 0, retiring = 0;
   uint64_t buffers = 0, files = 0, sessions = 0, leases = 0, version_leases = 0;
   uint64_t replica_files = 0, version_ranges_served = 0;  // followed versions (docs/weights.md)
+  uint64_t metadata_bytes = 0, metadata_budget = 0;        // MetadataQuota (cache/metadata_quota.h)
   std::vector<std::string> object_roots;  // "DIR=URL"
   uint64_t objects_fetched = 0, object_bytes_fetched = 0, object_retries = 0, object_ranges_read = 0;
   uint64_t held_markers = 0, marker_rounds = 0, object_fetches_shared = 0;
@@ -77,6 +79,12 @@ struct CacheStats {
   uint64_t hugetlb_fallbacks = 0;     // buffers made with 4 KiB pages: no huge page was left
   PoolStats pool;                     // all zero without a pool
 };
+
+// Whether the caller of a blocked call went away (its RPC was cancelled:
+// the client closed its channel or died). Empty: never asked.
+using CallerGone = std::function<bool()>;
+// How often a blocked call asks it, on the Cache's clock.
+constexpr std::chrono::milliseconds kCallerGonePoll{500};
 
 class ClientStore {
  public:
@@ -168,10 +176,13 @@ class ClientStore {
                             std::vector<FileInfo>* out) = 0;
 
   // Blocks until every named file is PERSISTED or FAILED (infos in `out`, in
-  // order), or `timeout` passes (DEADLINE_EXCEEDED); <= 0 waits forever.
+  // order), or `timeout` passes (DEADLINE_EXCEEDED); <= 0 waits forever. A
+  // blocked call ends when its caller goes: its session closes
+  // (UNAUTHENTICATED) or `gone` says so (CANCELLED; asked at least every
+  // kCallerGonePoll).
   virtual Status Wait(const std::string& session, const std::string& job,
                       const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
-                      std::vector<FileInfo>* out) = 0;
+                      std::vector<FileInfo>* out, const CallerGone& gone) = 0;
   // Persists FAILED files of `job` again now, whatever they failed of: the
   // named `paths` (each must be FAILED with its memory, else NOT_FOUND or
   // FAILED_PRECONDITION and nothing is queued), or with none every such file
@@ -208,10 +219,11 @@ class ClientStore {
   //
   // The job's newest version above `after`; when there is none, waits until
   // one is published, up to `wait` and `call_deadline` (DEADLINE_EXCEEDED),
-  // or with `wait` <= 0 answers NOT_FOUND at once.
+  // or with `wait` <= 0 answers NOT_FOUND at once. It ends when its caller
+  // goes, as Wait does.
   virtual Status GetVersion(const std::string& session, const std::string& job, uint64_t after,
                             std::chrono::milliseconds wait, Clock::TimePoint call_deadline,
-                            TagInfo* out) = 0;
+                            TagInfo* out, const CallerGone& gone) = 0;
   // A lease on version `version` (0: the newest) for `lease` (<= 0: the
   // default; capped): each file of it in memory here is leased (neither
   // reused nor evicted, keep_last included). FAILED_PRECONDITION when a

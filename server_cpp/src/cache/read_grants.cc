@@ -2,7 +2,41 @@
 
 namespace tce {
 
-ReadGrants::Ids ReadGrants::Change(const std::string& job, const Ids& ids, bool revoke) {
+namespace {
+
+size_t Count(const std::map<std::string, ReadGrants::Ids>& m, const std::string& job) {
+  auto it = m.find(job);
+  return it == m.end() ? 0 : it->second.uids.size() + it->second.gids.size();
+}
+
+}  // namespace
+
+size_t ReadGrants::Entries(const std::string& job) const { return Count(jobs_, job) + Count(revoked_, job); }
+
+size_t ReadGrants::Unknown(const std::string& job, const Ids& ids) const {
+  auto g = jobs_.find(job), r = revoked_.find(job);
+  auto known = [&](auto member, auto id) {
+    return (g != jobs_.end() && (g->second.*member).count(id)) ||
+           (r != revoked_.end() && (r->second.*member).count(id));
+  };
+  size_t n = 0;
+  for (uid_t u : ids.uids) n += !known(&Ids::uids, u);
+  for (gid_t gid : ids.gids) n += !known(&Ids::gids, gid);
+  return n;
+}
+
+Status ReadGrants::CanChange(const std::string& job, const Ids& ids) const {
+  const size_t more = Unknown(job, ids);
+  if (Entries(job) + more <= max_per_job_) return Status::OK();
+  return Status::ResourceExhausted("job '" + job + "' may hold at most " + std::to_string(max_per_job_) +
+                                   " granted or revoked uids and gids (max_grants_per_job); it holds " +
+                                   std::to_string(Entries(job)) + " and this call names " + std::to_string(more) +
+                                   " more");
+}
+
+Status ReadGrants::Change(const std::string& job, const Ids& ids, bool revoke, Ids* result) {
+  Status s = CanChange(job, ids);
+  if (!s.ok()) return s;
   Ids& now = jobs_[job];
   Ids& gone = revoked_[job];
   for (uid_t u : ids.uids) {
@@ -23,7 +57,8 @@ ReadGrants::Ids ReadGrants::Change(const std::string& job, const Ids& ids, bool 
       gone.gids.erase(g);
     }
   }
-  return now;
+  if (result) *result = now;
+  return Status::OK();
 }
 
 bool ReadGrants::Allows(const std::string& job, uid_t uid, gid_t gid, std::string* why) const {

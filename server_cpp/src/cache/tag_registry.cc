@@ -46,9 +46,32 @@ TagInfo TagRegistry::Complete(TagInfo tag, int64_t complete_unix_ns) {
   return tags_[{tag.job, tag.tag}] = std::move(tag);
 }
 
-bool TagRegistry::Remove(const std::string& job, const std::string& tag) {
+bool TagRegistry::Remove(const std::string& job, const std::string& tag, TagInfo* out) {
   MutexLock lock(&mu_);
-  return tags_.erase({job, tag}) > 0;
+  auto it = tags_.find({job, tag});
+  if (it == tags_.end()) return false;
+  if (out) *out = std::move(it->second);
+  tags_.erase(it);
+  return true;
+}
+
+size_t TagRegistry::Count(const std::string& job) const {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (auto it = tags_.lower_bound({job, ""}); it != tags_.end() && it->first.first == job; ++it) ++n;
+  return n;
+}
+
+bool TagRegistry::Oldest(const std::string& job, const std::string& except, std::string* tag) const {
+  MutexLock lock(&mu_);
+  const TagInfo* oldest = nullptr;
+  for (auto it = tags_.lower_bound({job, ""}); it != tags_.end() && it->first.first == job; ++it)
+    if (it->first.second == except) continue;
+    else if (!oldest || std::tie(it->second.complete_unix_ns, it->second.tag) <
+                       std::tie(oldest->complete_unix_ns, oldest->tag))
+      oldest = &it->second;
+  if (oldest) *tag = oldest->tag;
+  return oldest != nullptr;
 }
 
 bool TagRegistry::Adopt(TagInfo tag) {

@@ -53,8 +53,13 @@ class TagRegistry {
   // The job's tag numbered `version`; false if none.
   bool FindVersion(const std::string& job, uint64_t version, TagInfo* out) const;
   size_t size() const;
-  // Forgets the (job, tag) record; false if there was none.
-  bool Remove(const std::string& job, const std::string& tag);
+  // How many tags the job has; the name of its oldest other than `except`
+  // (false: none).
+  size_t Count(const std::string& job) const;
+  bool Oldest(const std::string& job, const std::string& except, std::string* tag) const;
+  // Forgets the (job, tag) record, moved to *out if not null; false if
+  // there was none.
+  bool Remove(const std::string& job, const std::string& tag, TagInfo* out = nullptr);
 
  private:
   // The number after the job's highest version.

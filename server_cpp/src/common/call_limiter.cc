@@ -20,23 +20,25 @@ void CallLimiter::Slot::Leave() {
   limiter_ = nullptr;
 }
 
-CallLimiter::CallLimiter(size_t total, size_t per_key, std::string setting, std::string per_key_setting)
+CallLimiter::CallLimiter(size_t total, size_t per_key, std::string setting, std::string per_key_setting,
+                         std::string what)
     : total_(total),
       per_key_(per_key == 0 || per_key > total ? total : per_key),
       setting_(std::move(setting)),
-      per_key_setting_(std::move(per_key_setting)) {}
+      per_key_setting_(std::move(per_key_setting)),
+      what_(std::move(what)) {}
 
 Status CallLimiter::Enter(uint64_t key, Slot* slot) {
   MutexLock l(&mu_);
   if (running_ >= total_)
     return Status::ResourceExhausted("the server already runs " + std::to_string(running_) +
-                                     " calls that wait on a peer (" + setting_ + "=" +
+                                     " " + what_ + " (" + setting_ + "=" +
                                      std::to_string(total_) + "): try again later");
   auto it = by_key_.find(key);
   const size_t mine = it == by_key_.end() ? 0 : it->second;
   if (mine >= per_key_)
     return Status::ResourceExhausted("this user already runs " + std::to_string(mine) +
-                                     " calls that wait on a peer (" + per_key_setting_ + "=" +
+                                     " " + what_ + " (" + per_key_setting_ + "=" +
                                      std::to_string(per_key_) + "): try again later");
   ++by_key_[key];
   ++running_;

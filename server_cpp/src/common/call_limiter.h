@@ -1,5 +1,5 @@
-// CallLimiter: how many calls of one kind (those that wait on a peer) may run
-// at once: at most `total` in the whole server, and at most `per_key` for any
+// CallLimiter: how many calls of one kind (those that wait on a peer, those
+// that block until something happens) may run at once: at most `total` in the whole server, and at most `per_key` for any
 // one key (a uid), so one user cannot take every slot from the others. A call
 // beyond either bound is refused at once, never queued: a queued call would
 // hold its RPC thread, which is what the bound is there to save.
@@ -39,9 +39,10 @@ class CallLimiter {
   };
 
   // `setting` and `per_key_setting` name what sets `total` and `per_key`
-  // (a refusal names the bound it met). A `per_key` of 0 or above `total`
-  // is `total`.
-  CallLimiter(size_t total, size_t per_key, std::string setting, std::string per_key_setting);
+  // (a refusal names the bound it met), `what` the calls it counts. A
+  // `per_key` of 0 or above `total` is `total`.
+  CallLimiter(size_t total, size_t per_key, std::string setting, std::string per_key_setting,
+              std::string what = "calls that wait on a peer");
 
   // Takes a place for `key` in *slot (which must be empty), or returns
   // RESOURCE_EXHAUSTED, saying which bound was reached and naming the
@@ -59,6 +60,7 @@ class CallLimiter {
   const size_t per_key_;
   const std::string setting_;
   const std::string per_key_setting_;
+  const std::string what_;
   mutable Mutex mu_;
   size_t running_ GUARDED_BY(mu_) = 0;
   std::map<uint64_t, size_t> by_key_ GUARDED_BY(mu_);  // keys with a place only

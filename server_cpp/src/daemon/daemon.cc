@@ -1,4 +1,5 @@
 #include "daemon/daemon.h"
+#include "daemon/limits.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grp.h>
@@ -283,11 +284,10 @@ int Daemon::MakeCache() {
   cache_->SetRestoreWait(std::chrono::milliseconds(opt_.ring_restore_wait_ms));
   cache_->SetFetchFiles(opt_.cooperative_restore);  // a node's ranks share one read of a file
   SessionLimits limits;
-  limits.root_is_admin = opt_.root_is_admin;
-  limits.max_leases_per_session = static_cast<size_t>(opt_.max_leases_per_session);
-  limits.version_lease = std::chrono::seconds(opt_.version_lease_s);
-  limits.version_lease_max = std::chrono::seconds(std::max(opt_.version_lease_s, opt_.version_lease_max_s));
-  (void)ParseReadGrants(opt_.read_grants, &limits.read_grants);  // checked with the settings
+  std::string metadata_why;
+  if (!(s = MakeSessionLimits(opt_, budget_ + backup_budget, limits_, &limits, &metadata_why)).ok())
+    return Fail(s.message(), 2);
+  TCE_LOG(kInfo, "daemon") << "metadata_budget=" << HumanBytes(limits.metadata.budget) << " (" << metadata_why << ")";
   cache_->SetSessionLimits(limits);
   return 0;
 }
@@ -306,7 +306,6 @@ int Daemon::OpenMetadata() {
   if (!(s = store->LoadFiles(&recorded)).ok()) return Fail("metadata: " + s.ToString(), 1);
   std::vector<TagInfo> tags;
   if (!(s = store->LoadTags(&tags)).ok()) return Fail("metadata: " + s.ToString(), 1);
-  cache_->RestoreTags(std::move(tags));
   // The rings this server was told before a restart (found by its peer
   // endpoint, so only a fixed one finds them).
   if (ring_ && !(s = store->LoadRings(opt_.peer_advertise.empty() ? opt_.peer_listen : opt_.peer_advertise,
@@ -323,6 +322,7 @@ int Daemon::OpenMetadata() {
   meta_->SetResync([cache] { cache->RecordAll(); });
   cache_->SetMetaSink(meta_.get());
   cache_->Restore(std::move(recorded));
+  cache_->RestoreTags(std::move(tags));
   meta_->Start();
   return 0;
 }
@@ -402,7 +402,7 @@ void Daemon::MakeService() {
   // bytes within the cache's budget.
   range_buffers_ = std::make_unique<RangeBuffers>(cache_.get(), static_cast<size_t>(opt_.max_range_buffers_per_uid));
   service_->SetRangeBuffers(range_buffers_.get());
-  service_->SetMaxWaits(static_cast<size_t>(opt_.max_waits));
+  service_->SetMaxWaits(static_cast<size_t>(opt_.max_waits), static_cast<size_t>(opt_.max_waits_per_uid));
   service_->SetMaxPeerCalls(static_cast<size_t>(opt_.max_peer_calls),
                             static_cast<size_t>(opt_.max_peer_calls_per_uid));
 }

@@ -291,6 +291,10 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
   m.Gauge("tce_held_backups", "predecessor files this server holds", static_cast<double>(st.held_backups()));
   m.Gauge("tce_held_backup_bytes", "bytes of predecessor backups held", static_cast<double>(st.held_backup_bytes()));
   m.Gauge("tce_held_tags", "predecessor complete tags held", static_cast<double>(st.held_tags()));
+  m.Gauge("tce_metadata_bytes", "records clients made the server keep (tags, job names, grants, version leases)",
+          static_cast<double>(st.metadata_bytes()));
+  m.Gauge("tce_metadata_budget_bytes", "the most those records may take (metadata_budget)",
+          static_cast<double>(st.metadata_budget()));
   m.Counter("tce_saves_total", "memfd buffers created and reused for saves",
             static_cast<double>(st.buffers_created() + st.buffers_reused()));
   m.Counter("tce_persisted_files_total", "files persisted", static_cast<double>(st.persisted_files()));

@@ -133,6 +133,22 @@ Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64
   return Status::OK();
 }
 
+Status ResolveMetadataBudget(const std::string& text, uint64_t memory_budget, const MemoryLimits& limits,
+                             uint64_t* out, std::string* why) {
+  constexpr uint64_t kMin = uint64_t{16} << 20, kMax = uint64_t{1} << 30;
+  if (text != "auto") {
+    if (!ParseSize(text, out) || *out == 0) return Status::InvalidArgument("bad size " + text);
+    *why = "as set";
+    return Status::OK();
+  }
+  const uint64_t memory = limits.cgroup_limit ? limits.cgroup_limit : limits.mem_total;
+  const uint64_t headroom = memory > memory_budget ? memory - memory_budget : 0;
+  *out = std::min(kMax, std::max(kMin, headroom / 4));
+  *why = std::string("a quarter of the ") + (limits.cgroup_limit ? "cgroup limit" : "memory") +
+         " beside memory_budget (" + HumanBytes(headroom) + "), from 16 MiB to 1 GiB";
+  return Status::OK();
+}
+
 Status ResolvePrealloc(const std::string& text, uint64_t budget, const MemoryLimits& limits,
                        bool hugetlb, uint64_t* out, std::string* why) {
   const uint64_t cgroup_room = limits.cgroup_limit / 10 * 9;

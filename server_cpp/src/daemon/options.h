@@ -46,6 +46,14 @@ struct Options {
   int max_peer_calls = 64;
   int max_peer_calls_per_uid = 32;
   int max_leases_per_session = 4096;
+  int max_waits_per_uid = 64;
+  // What one client can make the server remember (cache/metadata_quota.h).
+  std::string metadata_budget = "auto";
+  int metadata_share_per_uid = 25;
+  int max_jobs_per_uid = 4096;
+  int max_tags_per_job = 1024;
+  int max_grants_per_job = 256;
+  int max_version_leases_per_uid = 4096;
   std::string read_grants;
   int version_lease_s = 300;
   int version_lease_max_s = 3600;
@@ -131,6 +139,12 @@ Status ResolveBudget(const std::string& text, const MemoryLimits& limits, uint64
 // how auto was bounded.
 Status ResolvePrealloc(const std::string& text, uint64_t budget, const MemoryLimits& limits,
                        bool hugetlb, uint64_t* out, std::string* why);
+
+// "auto" or a size -> metadata_budget's bytes. auto: a quarter of the
+// memory the server has beside `memory_budget` (the cgroup limit, else RAM,
+// less the budget), from 16 MiB to 1 GiB. `why` says how auto was reached.
+Status ResolveMetadataBudget(const std::string& text, uint64_t memory_budget, const MemoryLimits& limits,
+                             uint64_t* out, std::string* why);
 
 // The metadata URL in effect ("" for none).
 std::string EffectiveMetadataUrl(const Options& o);

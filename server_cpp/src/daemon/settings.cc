@@ -38,6 +38,11 @@ std::string Budget(const std::string& v) {
              : "a size like 8GiB, a percentage like 50%, or auto";
 }
 
+std::string MetadataSize(const std::string& v) {
+  uint64_t ignored;
+  return v == "auto" || (ParseSize(v, &ignored) && ignored > 0) ? "" : "a size like 256MiB, or auto";
+}
+
 std::string BackingKind(const std::string& v) {
   return ValidBackingSetting(v) ? "" : "auto, hugetlb, thp or 4k";
 }
@@ -218,6 +223,21 @@ const std::vector<Setting> kSettings = {
         "of those, the calls of one uid (root included); more are refused at once"),
     Int("max_leases_per_session", &Options::max_leases_per_session, {1, 1000000},
         "loads one session may hold at once"),
+    Int("max_waits_per_uid", &Options::max_waits_per_uid, {1, 65536},
+        "of max_waits, the blocked calls of one uid (root included); more are refused at once"),
+    Text("metadata_budget", &Options::metadata_budget, "SIZE", MetadataSize,
+         "bytes of the server's records outside its buffers (tags, job names, read grants, version "
+         "leases): a size, or auto (a quarter of the memory beside memory_budget, 16 MiB to 1 GiB)"),
+    Int("metadata_share_per_uid", &Options::metadata_share_per_uid, {1, 100, "a percentage, 1 to 100"},
+        "of metadata_budget, the percent one uid's records may take (root included)"),
+    Int("max_jobs_per_uid", &Options::max_jobs_per_uid, {1, 1000000},
+        "job names one uid (root included) may own on this server"),
+    Int("max_tags_per_job", &Options::max_tags_per_job, {1, 1000000},
+        "complete tags kept per job; recording one more forgets the oldest"),
+    Int("max_grants_per_job", &Options::max_grants_per_job, {1, 1000000},
+        "uids and gids one job's read grants may name, revoked ones included"),
+    Int("max_version_leases_per_uid", &Options::max_version_leases_per_uid, {1, 1000000},
+        "leases on published versions the sessions of one uid (root included) hold at once"),
     Text("read_grants", &Options::read_grants, "LIST", Grants,
          "uid:N and gid:N that may read every job's published versions (docs/weights.md); "
          "they must also be allowed to connect (allowed_uids, socket_group)")

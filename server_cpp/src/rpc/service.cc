@@ -265,6 +265,8 @@ void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t 
   resp->set_sessions(s.sessions);
   resp->set_leases(s.leases);
   resp->set_version_leases(s.version_leases);
+  resp->set_metadata_bytes(s.metadata_bytes);
+  resp->set_metadata_budget(s.metadata_budget);
   resp->set_replica_files(s.replica_files);
   resp->set_version_ranges_served(s.version_ranges_served);
   for (const std::string& r : s.object_roots) resp->add_object_roots(r);
@@ -341,16 +343,17 @@ void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t 
   }
 }
 
-grpc::Status CacheService::Wait(grpc::ServerContext*, const v1::WaitRequest* req,
+grpc::Status CacheService::Wait(grpc::ServerContext* ctx, const v1::WaitRequest* req,
                                 v1::WaitResponse* resp) {
   int64_t timeout_ms = 0;
   if (tce::Status bad = CheckRequest(*req, &timeout_ms); !bad.ok()) return ToGrpc(bad);
-  WaitSlot slot;
-  if (tce::Status busy = AdmitWait("Wait", &slot); !busy.ok()) return ToGrpc(busy);
+  CallLimiter::Slot slot;
+  if (tce::Status busy = AdmitWait(req->session(), &slot); !busy.ok()) return ToGrpc(busy);
   std::vector<std::string> paths(req->paths().begin(), req->paths().end());
   std::vector<FileInfo> files;
   auto timeout = std::chrono::milliseconds(timeout_ms);
-  tce::Status s = cache_->Wait(req->session(), req->job(), paths, timeout, &files);
+  tce::Status s =
+      cache_->Wait(req->session(), req->job(), paths, timeout, &files, [ctx] { return ctx->IsCancelled(); });
   for (const FileInfo& f : files) ToProto(f, resp->add_files());
   return ToGrpc(s);
 }
@@ -425,28 +428,25 @@ grpc::Status CacheService::Retry(grpc::ServerContext*, const v1::RetryRequest* r
   return ToGrpc(s);
 }
 
-tce::Status CacheService::AdmitWait(const char* call, WaitSlot* slot) {
-  if (waits_.fetch_add(1) >= max_waits_) {
-    --waits_;
-    return tce::Status::ResourceExhausted(std::string("too many ") + call +
-                                          " calls blocked at once (max_waits=" + std::to_string(max_waits_) +
-                                          "): try again later");
-  }
-  slot->n = &waits_;
-  return tce::Status::OK();
+tce::Status CacheService::AdmitWait(const std::string& session, CallLimiter::Slot* slot) {
+  bool admin = false;
+  uid_t uid = 0;
+  tce::Status s = cache_->CheckCaller(session, &admin, &uid);
+  if (!s.ok()) return s;
+  return waits_->Enter(uid, slot);
 }
 
 grpc::Status CacheService::GetVersion(grpc::ServerContext* ctx, const v1::GetVersionRequest* req,
                                       v1::GetVersionResponse* resp) {
   int64_t wait_ms = 0;
   if (tce::Status bad = CheckRequest(*req, &wait_ms); !bad.ok()) return ToGrpc(bad);
-  WaitSlot slot;
+  CallLimiter::Slot slot;
   if (wait_ms > 0) {
-    if (tce::Status busy = AdmitWait("GetVersion", &slot); !busy.ok()) return ToGrpc(busy);
+    if (tce::Status busy = AdmitWait(req->session(), &slot); !busy.ok()) return ToGrpc(busy);
   }
   TagInfo tag;
-  tce::Status s = cache_->GetVersion(req->session(), req->job(), req->after(),
-                                     std::chrono::milliseconds(wait_ms), AnswerBy(ctx, clock_), &tag);
+  tce::Status s = cache_->GetVersion(req->session(), req->job(), req->after(), std::chrono::milliseconds(wait_ms),
+                                     AnswerBy(ctx, clock_), &tag, [ctx] { return ctx->IsCancelled(); });
   if (s.ok()) ToProto(tag, resp->mutable_tag());
   return ToGrpc(s);
 }

@@ -94,8 +94,12 @@ class CacheService final : public v1::Cache::Service {
   // `loads_admin` / `loads_uid`: whose jobs' load splits it shows (every
   // job's for an administrator, else that uid's).
   void FillStatus(v1::StatusResponse* resp, bool loads_admin = true, uid_t loads_uid = 0);
-  // At most `n` Wait calls at once (set before serving).
-  void SetMaxWaits(size_t n) { max_waits_ = n; }
+  // At most `n` calls that block until something happens (Wait, a
+  // GetVersion that waits) at once, `per_uid` of them for one uid (set
+  // before serving).
+  void SetMaxWaits(size_t n, size_t per_uid) {
+    waits_ = std::make_unique<CallLimiter>(n, per_uid, "max_waits", "max_waits_per_uid", "blocked calls");
+  }
   // At most `n` calls that wait on a peer at once, `per_uid` of them for
   // one uid (set before serving).
   void SetMaxPeerCalls(size_t n, size_t per_uid) {
@@ -124,19 +128,13 @@ class CacheService final : public v1::Cache::Service {
   // A refusal of `session` (or its uid's place in *slot): may its call wait
   // on a peer now?
   tce::Status AdmitPeerCall(const std::string& session, CallLimiter::Slot* slot);
-  // A slot among the max_waits blocked calls (RESOURCE_EXHAUSTED when none
-  // is left); `slot` gives it back when it goes.
-  struct WaitSlot {
-    std::atomic<size_t>* n = nullptr;
-    ~WaitSlot() {
-      if (n) --*n;
-    }
-  };
-  tce::Status AdmitWait(const char* call, WaitSlot* slot);
+  // A refusal of `session` (or its uid's place in *slot among the blocked
+  // calls, which it gives back when it goes).
+  tce::Status AdmitWait(const std::string& session, CallLimiter::Slot* slot);
 
-  size_t max_waits_ = 256;
+  std::unique_ptr<CallLimiter> waits_ =
+      std::make_unique<CallLimiter>(256, 64, "max_waits", "max_waits_per_uid", "blocked calls");
   std::unique_ptr<CallLimiter> peer_calls_;  // none: every such call runs
-  std::atomic<size_t> waits_{0};  // Wait calls running now
   Clock* const clock_;
   const Clock::TimePoint started_;
 };
