@@ -205,16 +205,25 @@ def test_a_ring_set_on_restarted_servers_prefetches_the_newest_tag_they_know(tmp
     after a restart, has each server read its share of the newest complete
     tag it knows from storage at once, before any load: each byte once."""
     digests = _write_tag(store, ranks=2)
-    unique = _unique_bytes(digests)
     cluster = Cluster(tmp_path, nodes2, store, sqlite=True)
     try:
+        # A tag names files its job holds where it is recorded: each node
+        # saves one small file of the tag's through TCE (of another tag, so
+        # that the others count as other nodes' ranks).
+        extra = [str(store / "step7" / f"extra_{i}.pt") for i in range(2)]
+        for i in range(2):
+            cluster.call(i, lambda i=i: (api.save({"n": torch.full((8,), float(i))}, extra[i]),
+                                         api.wait([extra[i]])))
+        unique = _unique_bytes(digests) + sum(os.path.getsize(p) for p in extra)
         files = [pb.TagFile(rank=r, path=p, size=os.path.getsize(p)) for r, p in enumerate(sorted(digests))]
-        old = [pb.TagFile(rank=0, path=str(store / "gone.pt"), size=1)]  # an older tag: not read
+        files += [pb.TagFile(rank=i, path=p, size=os.path.getsize(p)) for i, p in enumerate(extra)]
+        old = [pb.TagFile(rank=i, path=p, size=1) for i, p in enumerate(extra)]
+        old.append(pb.TagFile(rank=0, path=str(store / "gone.pt"), size=1))  # an older tag: not read
         for i in range(2):
             def commit():
                 c = _service.client()
                 c.commit_tag(pb.TagInfo(job=cluster.job, tag="step6", world_size=2, files=old))
-                c.commit_tag(pb.TagInfo(job=cluster.job, tag="step7", world_size=len(files), files=files))
+                c.commit_tag(pb.TagInfo(job=cluster.job, tag="step7", world_size=len(digests), files=files))
                 wait_metadata_written()
             cluster.call(i, commit)
         for s in cluster.servers:

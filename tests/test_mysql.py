@@ -140,6 +140,8 @@ def test_complete_tags_survive_a_restart(tmp_path, mariadb):
         with _knobs.override(socket=s.socket, on_unavailable="raise", job="tag-job"):
             c = _service.client()
             odd = str(storage / "we ird: 3 name 3:x.pt")  # the column format's separators
+            for name in ("a", "b"):  # a tag names files its job holds (the odd one: another node's rank)
+                tce.save({"w": torch.ones(1)}, storage / f"{name}.pt")
             c.commit_tag(_tag("tag-job", "global_step2", [(1, odd, 7), (0, str(storage / "a.pt"), 5)]))
             c.commit_tag(_tag("tag-job", "global_step4", [(0, str(storage / "b.pt"), 9)]))
             wait_metadata_written()
@@ -174,7 +176,8 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
     for _ in range(2):  # migrating, then starting again on the migrated database
         s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url]).start()
         try:
-            with _knobs.override(socket=s.socket, on_unavailable="raise"):
+            with _knobs.override(socket=s.socket, on_unavailable="raise", job="old-job"):
+                tce.save({"w": torch.ones(1)}, "/x/a.pt")  # memory only: any path; a tag names a file held
                 c = _service.client()
                 c.commit_tag(_tag("old-job", "step1", [(0, "/x/a.pt", 1)]))
                 wait_metadata_written()
