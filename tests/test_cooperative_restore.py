@@ -217,7 +217,7 @@ def test_a_ring_set_on_restarted_servers_prefetches_the_newest_tag_they_know(tmp
         unique = _unique_bytes(digests) + sum(os.path.getsize(p) for p in extra)
         files = [pb.TagFile(rank=r, path=p, size=os.path.getsize(p)) for r, p in enumerate(sorted(digests))]
         files += [pb.TagFile(rank=i, path=p, size=os.path.getsize(p)) for i, p in enumerate(extra)]
-        old = [pb.TagFile(rank=i, path=p, size=1) for i, p in enumerate(extra)]
+        old = [pb.TagFile(rank=i, path=p, size=os.path.getsize(p)) for i, p in enumerate(extra)]
         old.append(pb.TagFile(rank=0, path=str(store / "gone.pt"), size=1))  # an older tag: not read
         for i in range(2):
             def commit():
@@ -226,8 +226,9 @@ def test_a_ring_set_on_restarted_servers_prefetches_the_newest_tag_they_know(tmp
                 c.commit_tag(pb.TagInfo(job=cluster.job, tag="step7", world_size=len(digests), files=files))
                 wait_metadata_written()
             cluster.call(i, commit)
-        for s in cluster.servers:
+        for s in cluster.servers:  # all down before any starts: no node holds another's copies
             s.kill()
+        for s in cluster.servers:
             s.start()
         assert sum(cluster.storage_reads(i) for i in range(2)) == 0
         for i in range(2):
