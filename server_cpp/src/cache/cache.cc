@@ -45,7 +45,7 @@ void Cache::Restore(std::vector<FileInfo> files) {
     f.buffer_id = 0;
     f.capacity = 0;
     next_allocation_id_ = std::max(next_allocation_id_, f.version + 1);
-    RestoreOwner(f.job, f.owner_uid);
+    RestoreOwner(f.job, f.owner_uid, f.owner_gid);
     Note(f, false);
     files_[{f.job, f.path}] = std::move(f);
   }

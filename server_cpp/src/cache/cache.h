@@ -376,7 +376,7 @@ class Cache : public PoolBudget,
   // The uid MetadataQuota counts a job's tags against (0 when none owns it).
   uid_t TagOwner(const std::string& job) const REQUIRES(mu_);
   // JobOwners::Restore, counting a job new here against MetadataQuota.
-  void RestoreOwner(const std::string& job, uid_t uid) REQUIRES(mu_);
+  void RestoreOwner(const std::string& job, uid_t uid, gid_t gid = JobOwners::kNoGid) REQUIRES(mu_);
   std::chrono::milliseconds LeaseLength(std::chrono::milliseconds asked) const REQUIRES(mu_);
   // One wait of a blocked call on `cv` until `deadline`: false once the
   // deadline passed. With `gone`, it wakes at least every kCallerGonePoll
@@ -482,9 +482,12 @@ class Cache : public PoolBudget,
                     std::unique_ptr<Buffer>* mem, double* secs) EXCLUDES(mu_);
   Status ReadThroughMapping(const Buffer& mem, uint64_t size, const std::string& path,
                             const std::function<Status(char*)>& read, double* secs);
-  // The uid and gid of whoever set the job's ring here (storage is read as
-  // them); NOT_FOUND when no client did.
-  Status RingOwnerIds(const std::string& job, uid_t* uid, gid_t* gid) EXCLUDES(mu_);
+  // Whom the server reads storage as for `job` when no client of it asks
+  // (the ring's reads, prefetches; a recovered file's owner): the job's
+  // owner (JobOwners), whoever set its ring. NOT_FOUND when no client set
+  // the job's ring here; PERMISSION_DENIED when the owner's group is unknown.
+  Status JobOwnerIds(const std::string& job, uid_t* uid, gid_t* gid) EXCLUDES(mu_);
+  Status JobOwnerIdsLocked(const std::string& job, uid_t* uid, gid_t* gid) const REQUIRES(mu_);
   Status InstallFetched(const std::string& job, const std::string& path, std::unique_ptr<Buffer> mem,
                         uint64_t size, uid_t uid, gid_t gid, DiskIdentity disk, const std::string& from,
                         double secs) EXCLUDES(mu_);

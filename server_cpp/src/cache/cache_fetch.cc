@@ -78,7 +78,7 @@ bool Cache::UnderStorage(const std::string& path) {
 Status Cache::LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) {
   uid_t uid = 0;
   gid_t gid = 0;
-  Status s = RingOwnerIds(job, &uid, &gid);
+  Status s = JobOwnerIds(job, &uid, &gid);
   return s.ok() ? FetchStored(job, path, uid, gid, for_peer) : s;
 }
 
@@ -98,7 +98,7 @@ Status Cache::ListStorageDir(const std::string& job, const std::string& dir, std
   }
   uid_t uid = 0;
   gid_t gid = 0;
-  Status s = RingOwnerIds(job, &uid, &gid);
+  Status s = JobOwnerIds(job, &uid, &gid);
   std::unique_ptr<Directory> d;
   if (s.ok()) s = OpenAsUser(dir, uid, gid, &d);
   std::vector<std::pair<std::string, FileStat>> entries;
@@ -253,13 +253,29 @@ Status Cache::ReadThroughMapping(const Buffer& mem, uint64_t size, const std::st
   return s;
 }
 
-Status Cache::RingOwnerIds(const std::string& job, uid_t* uid, gid_t* gid) {
+Status Cache::JobOwnerIds(const std::string& job, uid_t* uid, gid_t* gid) {
   MutexLock lock(&mu_);
+  return JobOwnerIdsLocked(job, uid, gid);
+}
+
+Status Cache::JobOwnerIdsLocked(const std::string& job, uid_t* uid, gid_t* gid) const {
+  // As the job's owner, never as whoever set the ring (root, for a user's
+  // job): the kernel checks the owner's rights, as its own ranks' reads.
   const Ring* ring = rings_.Find(job);
   if (!ring || !ring->has_owner)
     return Status::NotFound("job " + job + " has no ring set here by its user: nothing is read from storage for it");
-  *uid = ring->owner_uid;
-  *gid = ring->owner_gid;
+  gid_t group = JobOwners::kNoGid;
+  if (!owners_.Owner(job, uid, &group)) {  // SetRing claims the job: not seen
+    *uid = ring->owner_uid;
+    group = ring->owner_gid;
+  } else if (group == JobOwners::kNoGid && ring->owner_uid == *uid) {
+    group = ring->owner_gid;
+  }
+  if (group == JobOwners::kNoGid)
+    return Status::PermissionDenied("job " + job + " belongs to uid " + std::to_string(*uid) +
+                                    ", whose group this server does not know (no session of it here): nothing "
+                                    "is read from storage for it");
+  *gid = group;
   return Status::OK();
 }
 

@@ -295,14 +295,13 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
     }
     f.owner_uid = known.owner_uid;
     f.owner_gid = known.owner_gid;
-  } else {  // unknown here: it belongs to whoever told us the job's ring
-    const Ring* ring = rings_.Find(f.job);
-    if (!ring || !ring->has_owner)
-      return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: job " + f.job +
-                                      " has no owner on this server (its ring came from metadata, "
-                                      "which does not know the file)");
-    f.owner_uid = ring->owner_uid;
-    f.owner_gid = ring->owner_gid;
+  } else {  // unknown here: it belongs to the job's owner, who set its ring (or let root set it)
+    Status owner = JobOwnerIdsLocked(f.job, &f.owner_uid, &f.owner_gid);
+    if (!owner.ok())
+      return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: " + owner.message() +
+                                      (owner.code() == Status::Code::kNotFound
+                                           ? " (its ring came from metadata, which does not know the file)"
+                                           : ""));
   }
   // Written to storage: by the owner as the copy says, or by this server as
   // its metadata says.

@@ -53,11 +53,11 @@ Status Cache::CheckAccess(const std::string& session, const std::string& job,
                           const std::string& what, bool claim) {
   Status s = sessions_.Check(session);
   if (!s.ok()) return s;
-  const uid_t uid = sessions_.Find(session)->uid;
+  const SessionTable::Session* who = sessions_.Find(session);
   bool created = false;
-  s = claim ? owners_.Claim(uid, job, what, &created) : owners_.Check(uid, job, what);
+  s = claim ? owners_.Claim(who->uid, job, what, who->gid, &created) : owners_.Check(who->uid, job, what);
   if (created) {
-    s = quota_.Charge(uid, MetadataQuota::JobBytes(job), "job '" + job + "'");
+    s = quota_.Charge(who->uid, MetadataQuota::JobBytes(job), "job '" + job + "'");
     if (!s.ok()) owners_.Unclaim(job);
   }
   uint64_t dropped = 0;
@@ -177,8 +177,8 @@ Status Cache::FdFor(const std::string& session, uint64_t buffer_id, int* fd, boo
 
 namespace tce {
 
-void Cache::RestoreOwner(const std::string& job, uid_t uid) {
-  if (owners_.Restore(job, uid)) quota_.Force(uid, MetadataQuota::JobBytes(job));
+void Cache::RestoreOwner(const std::string& job, uid_t uid, gid_t gid) {
+  if (owners_.Restore(job, uid, gid)) quota_.Force(uid, MetadataQuota::JobBytes(job));
 }
 
 }  // namespace tce

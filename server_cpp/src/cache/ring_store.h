@@ -67,13 +67,13 @@ class RingStore {
   // ---- cooperative restore: a tag read from storage once (docs/ring.md) ----
   // Whether `path` lies under a storage root (a directory or object root).
   virtual bool UnderStorage(const std::string& path) = 0;
-  // Reads (job, path) from storage into the cache as the user that set the
-  // job's ring here (NOT_FOUND without one), unless it is in memory already
+  // Reads (job, path) from storage into the cache as the job's owner (once
+  // a client set its ring here: NOT_FOUND before), unless it is in memory already
   // (OK); once at a time per file, every other load waits for that read.
   // `for_peer`: another node's plan named this one (counted apart).
   virtual Status LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) = 0;
   // The files directly in `dir` on storage, with their sizes (as the job's
-  // user, for a directory root).
+  // owner, for a directory root).
   virtual Status ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) = 0;
   // A load of `job` took `bytes` from `from`.
   virtual void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) = 0;
@@ -116,8 +116,8 @@ class RingStore {
   // the copy is not the file metadata knows, and storage serves it instead).
   // Nothing the peer says is taken on trust: the job, tag and path must be
   // valid names under the storage roots (else PERMISSION_DENIED), and the
-  // owner is metadata's, or the uid that set the job's ring here; a file
-  // with neither is refused (PERMISSION_DENIED).
+  // owner is metadata's, or the job's owner once a client set its ring
+  // here; a file with neither is refused (PERMISSION_DENIED).
   virtual Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) = 0;
   virtual void AbandonRecovery(std::unique_ptr<Buffer> mem) = 0;
   // Complete tags of `job` this node recorded before it was replaced, as
