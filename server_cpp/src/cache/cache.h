@@ -431,11 +431,14 @@ class Cache : public PoolBudget,
   // goes on unchecked) when storage does not answer.
   Status SnapshotFor(const std::string& path, DiskIdentity* out);
   // A ring copy's storage identity against storage now (filesystem calls,
-  // through the prober; no lock). kElsewhere when there is nothing to compare.
+  // through the prober; no lock); *here: what the path holds now. kElsewhere
+  // when there is nothing to compare (no identity, another disk).
   StorageCheck CheckRecovered(const FileInfo& f, DiskIdentity* here);
-  // Refuses a ring copy that storage has moved past, and records the file
-  // as storage's (EVICTED with the reason). FAILED_PRECONDITION.
-  Status RefuseStaleCopy(const FileKey& key, const FileInfo& copy, const std::string& why) REQUIRES(mu_);
+  // Refuses a ring copy that storage has moved past (or that would be
+  // written over a file it does not record: `what` says which), and
+  // records the file as storage's (EVICTED with the reason). FAILED_PRECONDITION.
+  Status RefuseStaleCopy(const FileKey& key, const FileInfo& copy, const std::string& why,
+                         const std::string& what = "is older than storage") REQUIRES(mu_);
   // Compares a file with memory with storage and applies the verdict: a
   // persisted file that changed there loses its copy (EVICTED), an
   // unpersisted one is DISCARDED; storage unavailable: counted and logged.
