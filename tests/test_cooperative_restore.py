@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -89,11 +90,13 @@ class Cluster:
             s.cleanup()
 
 
-def _start_rank(socket: str, job: str) -> subprocess.Popen:
+def _start_rank(socket: str, job: str, *, rpc_timeout: float | None = None) -> subprocess.Popen:
     """A rank process (tests/restore_rank.py) connected to the server at `socket`."""
+    env = {**os.environ, "TCE_SOCKET": socket, "TCE_JOB": job, "TCE_ON_UNAVAILABLE": "raise"}
+    if rpc_timeout is not None:
+        env["TCE_RPC_TIMEOUT"] = str(rpc_timeout)
     p = subprocess.Popen([sys.executable, RANK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True, env={**os.environ, "TCE_SOCKET": socket, "TCE_JOB": job,
-                                         "TCE_ON_UNAVAILABLE": "raise"})
+                         text=True, env=env)
     assert p.stdout.readline().strip() == "ready"
     return p
 
@@ -511,3 +514,80 @@ def test_an_asker_waits_out_a_storage_read_longer_than_the_peer_timeout(tmp_path
             assert cluster.storage_reads(0) == 0 and cluster.storage_reads(1) == size
         finally:
             cluster.close()
+
+
+def _single_file_dirs(store, n: int) -> dict[str, str]:
+    """n directories holding one file each: the restore plan of each names
+    node 0 (a directory's one file goes to its first live node). path -> digest."""
+    out = {}
+    for i in range(n):
+        d = store / f"d{i}"
+        d.mkdir()
+        state = {"w": torch.randn(1 << 16) + i}
+        torch.save(state, d / "model.pt")
+        out[str(d / "model.pt")] = state_digest(state)
+    return out
+
+
+def _stopped(server: LocalServer) -> None:
+    """SIGSTOP: the server hangs, its sockets open (not dead)."""
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    until(lambda: open(f"/proc/{server.proc.pid}/stat").read().split(") ")[1][0] == "T",
+          what="the server to stop")
+
+
+def test_a_claimer_that_hangs_costs_one_timeout_and_its_claims_go(tmp_path, nodes3, store):
+    """Node 2 loads three files first: node 0, the plan's node of each,
+    records node 2's claims, and node 2 reads them. Then node 2's server
+    hangs (SIGSTOP). A rank on node 1 loads the three files: it waits for
+    node 2 once (one peer timeout), marks it down for the job, tells node 0,
+    which drops node 2's claims, and reads the files from storage itself;
+    no later load waits for node 2 again."""
+    digests = _single_file_dirs(store, 3)
+    cluster = Cluster(tmp_path, nodes3, store, extra=["--peer-timeout-ms", "2000"])
+    hung = cluster.endpoints[2]
+    try:
+        claimer = cluster.start_rank(2)
+        _ask(claimer, sorted(digests))
+        assert _answer(claimer)["digests"] == digests
+        assert cluster.storage_reads(2) == _unique_bytes(digests)
+        _stopped(cluster.servers[2])
+        rank = cluster.start_rank(1)
+        _ask(rank, sorted(digests))
+        a = _answer(rank)
+        assert a["digests"] == digests
+        assert a["loaded"] == {"storage": _unique_bytes(digests)}, a["loaded"]
+        log = cluster.servers[1].log()
+        waits = [ln for ln in log.splitlines()
+                 if hung in ln and ("too slow to authenticate" in ln or "said nothing for" in ln)]
+        assert len(waits) == 1, waits  # one timeout, then node 2 is asked nothing
+        assert log.count(f"{hung} did not answer for job={cluster.job}") == 1, log
+        assert f"dropped 3 claim(s) of {hung} on files of job={cluster.job}" in cluster.servers[0].log()
+        assert cluster.storage_reads(0) == 0
+    finally:
+        os.kill(cluster.servers[2].proc.pid, signal.SIGCONT)
+        cluster.close()
+
+
+def test_a_load_waiting_on_a_hung_node_answers_by_its_callers_deadline(tmp_path, nodes3, store):
+    """The peer timeout is a minute, the rank's RPC deadline 4 s: a load on
+    node 1 that must wait for node 2 (hung, SIGSTOP) gets the server's
+    DEADLINE_EXCEEDED naming node 2 before its own deadline passes, not its
+    own timeout."""
+    digests = _single_file_dirs(store, 1)
+    cluster = Cluster(tmp_path, nodes3, store, extra=["--peer-timeout-ms", "60000"])
+    hung = cluster.endpoints[2]
+    try:
+        claimer = cluster.start_rank(2)
+        _ask(claimer, sorted(digests))
+        assert _answer(claimer)["digests"] == digests
+        _stopped(cluster.servers[2])
+        rank = _start_rank(cluster.servers[1].socket, cluster.job, rpc_timeout=4)
+        cluster.ranks.append(rank)
+        _ask(rank, sorted(digests))
+        err = _answer(rank)["error"]
+        assert err.startswith("DeadlineExceededError"), err
+        assert f"waited for {hung}" in err and "until the caller's deadline" in err, err
+    finally:
+        os.kill(cluster.servers[2].proc.pid, signal.SIGCONT)
+        cluster.close()

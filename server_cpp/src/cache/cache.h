@@ -162,6 +162,7 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   std::string ClaimRead(const std::string& job, const std::string& path, const std::string& node) override
       EXCLUDES(mu_);
+  size_t DropClaims(const std::string& job, const std::string& node) override EXCLUDES(mu_);
   std::vector<std::string> RingPeers(const std::string& job) override EXCLUDES(mu_);
   std::vector<std::string> RingNodes(const std::string& job) override EXCLUDES(mu_);
   Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) override EXCLUDES(mu_);

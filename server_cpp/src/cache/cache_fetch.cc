@@ -70,6 +70,20 @@ std::string Cache::ClaimRead(const std::string& job, const std::string& path, co
   return node;
 }
 
+size_t Cache::DropClaims(const std::string& job, const std::string& node) {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (auto it = read_claims_.begin(); it != read_claims_.end();) {
+    if (it->first.first == job && it->second.node == node) {
+      it = read_claims_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
 bool Cache::UnderStorage(const std::string& path) {
   if (ObjectRootOf(path, nullptr)) return true;
   return !roots_.empty() && CheckUnderRoots(path).ok();

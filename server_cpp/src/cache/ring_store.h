@@ -81,6 +81,9 @@ class RingStore {
   // path) from storage for the ring, the first one named (for a while),
   // else `node` from now on.
   virtual std::string ClaimRead(const std::string& job, const std::string& path, const std::string& node) = 0;
+  // `node` stopped answering: its claims on the job's files are dropped
+  // (the next node that asks reads them). Returns how many.
+  virtual size_t DropClaims(const std::string& job, const std::string& node) = 0;
 
   // ---- backups ----
   // Where the ring's work is queued (ring/backup_queue.h; null: nowhere, no

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/status.h"
 
@@ -18,9 +19,11 @@ class SingleFlight {
  public:
   // Runs `work` for `key`, unless it runs already: then waits for that run
   // and returns its outcome (*shared: true); `joined` (optional) is called
-  // as such a caller begins to wait.
+  // as such a caller begins to wait. With `clock`, that wait ends at
+  // `deadline` (the caller's), with DEADLINE_EXCEEDED; the run goes on.
   Status Do(const Key& key, const std::function<Status()>& work, bool* shared,
-            const std::function<void()>& joined = nullptr) {
+            const std::function<void()>& joined = nullptr, Clock* clock = nullptr,
+            Clock::TimePoint deadline = Clock::TimePoint::max()) {
     std::shared_ptr<Flight> mine;
     {
       MutexLock l(&mu_);
@@ -28,8 +31,14 @@ class SingleFlight {
       if (it != flights_.end()) {
         std::shared_ptr<Flight> theirs = it->second;
         if (joined) joined();
-        while (!theirs->done) landed_.Wait(&mu_);
         *shared = true;
+        while (!theirs->done) {
+          if (!clock) {
+            landed_.Wait(&mu_);
+          } else if (!clock->WaitUntil(&landed_, &mu_, deadline) && !theirs->done) {
+            return Status::DeadlineExceeded("the caller's deadline passed while another call did the same work");
+          }
+        }
         return theirs->result;
       }
       mine = std::make_shared<Flight>();

@@ -367,8 +367,12 @@ int Daemon::StartRing() {
   Replicator* r = replicator_.get();
   ring_fetch_ = std::make_unique<RingFetch>(
       cache_.get(), cache_.get(),
-      [r](const std::string& job, const std::string& path, LoadFrom* from) { return r->FetchForLoad(job, path, from); },
-      [r](const std::string& job, const std::string& path) { return r->LoadByPlan(job, path, /*stage=*/true); });
+      [r](const std::string& job, const std::string& path, LoadFrom* from, Clock::TimePoint deadline) {
+        return r->FetchForLoad(job, path, from, deadline);
+      },
+      [r](const std::string& job, const std::string& path, Clock::TimePoint deadline) {
+        return r->LoadByPlan(job, path, /*stage=*/true, nullptr, deadline);
+      });
   cache_->RestoreRings(std::move(recorded_rings_));
   return 0;
 }

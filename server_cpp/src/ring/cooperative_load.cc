@@ -3,20 +3,70 @@
 // names (ring/restore_plan.h) to read it from storage, and pulls it from
 // that node's memory; so a job restarted on empty nodes reads each file of
 // its checkpoint from storage once, whichever ranks of whichever nodes load
-// it.
+// it. A node that stops answering is marked down for the job and its claims
+// dropped, and no load waits on a peer past its caller's deadline.
 #include "common/logging.h"
 #include "ring/replicator.h"
 
 namespace tce {
 
-Status Replicator::LoadByPlan(const std::string& job, const std::string& path, bool stage, LoadFrom* from) {
+Status Replicator::FetchForLoad(const std::string& job, const std::string& path, LoadFrom* from,
+                                Clock::TimePoint deadline) {
+  if (from) *from = LoadFrom::kPeer;
+  Status here = PullHeld(job, path);
+  if (here.ok() || here.code() == Status::Code::kFailedPrecondition) {
+    TCE_LOG(kInfo, "ring") << "read job=" << job << " path=" << path << " from the copy held here";
+    return here;
+  }
+  if (here.code() != Status::Code::kNotFound)
+    TCE_LOG(kWarning, "ring") << "the copy of " << path << " held here: " << here.ToString();
+  Status last = Status::NotFound(path + " is held by no peer of job " + job);
+  for (const std::string& peer : cache_->RingPeers(job)) {
+    if (plans_.IsDown(job, peer)) continue;  // it did not answer a moment ago
+    Status s = OnLink(peer, [&](PeerLink* link) { return Pull(link, job, peer, path); }, deadline);
+    if (s.ok() || s.code() == Status::Code::kFailedPrecondition) {
+      TCE_LOG(kInfo, "ring") << "remote read of job=" << job << " path=" << path << " from " << peer;
+      return s;
+    }
+    if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kDeadlineExceeded) {
+      TCE_LOG(kWarning, "ring") << "remote read of " << path << " from " << peer << ": " << s.ToString();
+      Status gone = PeerFailedLoad(job, path, peer, "a ring member", s, deadline);
+      if (!gone.ok()) return gone;  // unreachable, or silent: the next one
+    } else if (s.code() != Status::Code::kNotFound) {
+      TCE_LOG(kWarning, "ring") << "remote read of " << path << " from " << peer << ": " << s.ToString();
+      cache_->NoteBackupError("remote read of " + path + ": " + s.ToString());
+      last = s;
+    }
+  }
+  // In no node's memory: read from storage once for the whole ring.
+  Status planned = LoadByPlan(job, path, /*stage=*/false, from, deadline);
+  return planned.code() == Status::Code::kNotFound ? last : planned;
+}
+
+Status Replicator::PeerFailedLoad(const std::string& job, const std::string& path, const std::string& peer,
+                                  const std::string& as, const Status& s, Clock::TimePoint deadline) {
+  if (options_.clock->Now() >= deadline)  // cut short by the caller: it may only be slow
+    return Status::DeadlineExceeded("the load of " + path + " waited for " + peer + " (" + as + " of job " + job +
+                                    ") until the caller's deadline: " + s.message());
+  plans_.MarkDown(job, peer);  // asked nothing for a while, its share read by the others
+  const size_t dropped = cache_->DropClaims(job, peer);
+  if (dropped > 0)
+    TCE_LOG(kWarning, "ring") << "dropped " << dropped << " claim(s) of " << peer << " on files of job=" << job
+                              << ": it stopped answering; the next node that asks reads them";
+  return Status::OK();
+}
+
+Status Replicator::LoadByPlan(const std::string& job, const std::string& path, bool stage, LoadFrom* from,
+                              Clock::TimePoint deadline) {
   if (!options_.cooperative) return Status::NotFound("cooperative restore is off");
   if (!cache_->UnderStorage(path)) return Status::NotFound(path + " is not under a storage root");
   const std::vector<std::string> nodes = cache_->RingNodes(job);
   if (nodes.empty()) return Status::NotFound("job " + job + " has no ring of several nodes");
   if (from) *from = LoadFrom::kPeer;
   Status last;
-  for (size_t attempt = 0; attempt < nodes.size(); ++attempt) {
+  std::string down;  // a reader found down, told to the plan's node with the next question
+  // Each node at most once as the plan's node or as the reader found down.
+  for (size_t attempt = 0; attempt < 2 * nodes.size(); ++attempt) {
     const std::string owner = plans_.OwnerOf(job, nodes, path);
     if (owner.empty()) break;
     // The plan's node answers who reads the file: itself (it began, or
@@ -24,18 +74,31 @@ Status Replicator::LoadByPlan(const std::string& job, const std::string& path, b
     std::string reader;
     Status s;
     if (owner == options_.self) {
+      if (!down.empty()) cache_->DropClaims(job, down);
       reader = cache_->ClaimRead(job, path, options_.self);
     } else {
-      s = PullFrom(owner, job, path, stage, &reader);
+      s = PullFrom(owner, job, path, stage, &reader, deadline, down);
       if (s.ok() && reader.empty()) {
         TCE_LOG(kInfo, "ring") << (stage ? "had " : "read ") << "job=" << job << " path=" << path
                                << " read from storage by " << owner << " (the restore plan's node for it)";
         return s;
       }
     }
+    down.clear();
+    if (s.ok() && reader != options_.self && plans_.IsDown(job, reader)) {
+      down = reader;  // a claim of a node that stopped answering: ask again, saying so
+      continue;
+    }
     if (s.ok() && reader != options_.self) {  // another node reads it: from there
-      s = PullFrom(reader, job, path, stage);
+      s = PullFrom(reader, job, path, stage, nullptr, deadline);
       if (s.ok() || s.code() == Status::Code::kFailedPrecondition) return s;
+      if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kDeadlineExceeded) {
+        Status gone = PeerFailedLoad(job, path, reader, "the node that reads it", s, deadline);
+        if (!gone.ok()) return gone;
+        down = reader;  // its claims go at the plan's node too; someone else reads it
+        last = s;
+        continue;
+      }
       TCE_LOG(kWarning, "ring") << "the copy of " << path << " from " << reader << ", which read it: " << s.ToString()
                                 << "; reading it from storage here";
       break;
@@ -43,8 +106,9 @@ Status Replicator::LoadByPlan(const std::string& job, const std::string& path, b
     if (s.ok()) break;  // this node reads it
     if (s.code() == Status::Code::kFailedPrecondition) return s;
     if (s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kDeadlineExceeded) {
-      plans_.MarkDown(job, owner);  // its share goes to the others
-      last = s;
+      Status gone = PeerFailedLoad(job, path, owner, "the restore plan's node for it", s, deadline);
+      if (!gone.ok()) return gone;
+      last = s;  // its share goes to the others
       continue;
     }
     if (s.code() == Status::Code::kDataLoss) {  // corrupt on the way: storage has the bytes
@@ -62,7 +126,8 @@ Status Replicator::LoadByPlan(const std::string& job, const std::string& path, b
   return cache_->LoadFromStorage(job, path, /*for_peer=*/false);
 }
 
-Status Replicator::OnLink(const std::string& peer, const std::function<Status(PeerLink*)>& fn) {
+Status Replicator::OnLink(const std::string& peer, const std::function<Status(PeerLink*)>& fn,
+                          Clock::TimePoint deadline) {
   // Few: each kept link holds its lanes' connections on the peer, within
   // the peer's peer_max_connections that its backups need too.
   constexpr size_t kIdlePerPeer = 2, kIdle = 16;
@@ -78,10 +143,13 @@ Status Replicator::OnLink(const std::string& peer, const std::function<Status(Pe
     }
     const bool kept = link != nullptr;
     if (!kept) {
-      Status c = Connect(peer, &link);
+      Status c = Connect(peer, &link, deadline);
       if (!c.ok()) return c;
     }
+    if (deadline != Clock::TimePoint::max())  // the link's clock is the real one
+      link->SetDeadline(Clock::Real()->Now() + (deadline - options_.clock->Now()));
     Status s = fn(link.get());
+    link->ClearDeadline();
     const bool in_step = s.ok() || s.code() == Status::Code::kNotFound || s.code() == Status::Code::kFailedPrecondition;
     if (in_step) {
       MutexLock l(&pool_mu_);
@@ -91,15 +159,19 @@ Status Replicator::OnLink(const std::string& peer, const std::function<Status(Pe
       if (idle.size() < kIdlePerPeer && total < kIdle) idle.push_back(std::move(link));
       return s;
     }
-    if (!kept || attempt > 0 || s.code() != Status::Code::kUnavailable) return s;
+    // A kept link that failed at once: the peer may have restarted. One
+    // that waited out a timeout: the peer stopped answering.
+    if (!kept || attempt > 0 || s.code() != Status::Code::kUnavailable || link->timed_out() ||
+        options_.clock->Now() >= deadline)
+      return s;
   }
 }
 
 Status Replicator::PullFrom(const std::string& node, const std::string& job, const std::string& path, bool stage,
-                            std::string* reader) {
+                            std::string* reader, Clock::TimePoint deadline, const std::string& down) {
   Status s = OnLink(node, [&](PeerLink* link) {
-    return Pull(link, job, node, path, stage ? PullMode::kStage : PullMode::kLoad, reader);
-  });
+    return Pull(link, job, node, path, stage ? PullMode::kStage : PullMode::kLoad, reader, down);
+  }, deadline);
   if (s.code() == Status::Code::kDataLoss)
     cache_->NoteBackupError("restore of " + path + " from " + node + ": " + s.ToString());
   return s;

@@ -180,8 +180,11 @@ Status PeerLink::HandshakeSteps(bool connecting, const std::string& self, const 
   // The connector speaks first; the acceptor answers only a well-formed hello.
   Status s;
   if (connecting && !(s = Send(mine)).ok()) return s;
-  if (!(s = Recv(&theirs)).ok())
+  if (!(s = Recv(&theirs)).ok()) {
+    if (connecting && s.code() == Status::Code::kDeadlineExceeded)  // silent: not answering (a hung server)
+      return Status::DeadlineExceeded("peer " + address_ + " did not answer the handshake: " + s.message());
     return Status::Unauthenticated("peer " + address_ + " did not complete the handshake: " + s.message());
+  }
   if (theirs.version() != kPeerProtocolVersion || theirs.nonce().size() != 32)
     return Status::Unauthenticated("peer " + address_ + " speaks protocol version " +
                                    std::to_string(theirs.version()) + ", not " +
@@ -287,6 +290,33 @@ Status PeerLink::ProveNode(bool connecting, const NodeCert& cert, const std::str
   return Status::OK();
 }
 
+void PeerLink::SetDeadline(Clock::TimePoint deadline) {
+  for (size_t i = 0; i < lanes(); ++i) lane(i)->call_deadline_ = deadline;
+}
+
+void PeerLink::ClearDeadline() {
+  for (size_t i = 0; i < lanes(); ++i) {
+    PeerLink* l = lane(i);
+    if (l->call_deadline_ == Clock::TimePoint{}) continue;
+    l->call_deadline_ = {};
+    SetIoTimeouts(l->fd_, l->io_timeout_);  // the deadline shortened them
+  }
+}
+
+void PeerLink::SetIoTimeout(std::chrono::milliseconds timeout) {
+  for (size_t i = 0; i < lanes(); ++i) {
+    lane(i)->io_timeout_ = timeout;
+    SetIoTimeouts(lane(i)->fd_, timeout);
+  }
+}
+
+bool PeerLink::timed_out() const {
+  if (timed_out_) return true;
+  for (const auto& l : lanes_)
+    if (l->timed_out_) return true;
+  return false;
+}
+
 void PeerLink::Break() {
   for (size_t i = 0; i < lanes(); ++i) shutdown(lane(i)->fd(), SHUT_RDWR);
 }
@@ -381,13 +411,24 @@ Status PeerLink::RecvAll(void* data, size_t n) {
       if (left.count() <= 0)
         return Status::DeadlineExceeded("peer " + address_ + " was too slow to authenticate");
       SetIoTimeouts(fd_, left);
+    } else if (call_deadline_ != Clock::TimePoint{}) {  // the caller's: the I/O timeout, or less
+      const auto left = Clock::Real()->Left(call_deadline_);
+      if (left.count() <= 0)
+        return Status::DeadlineExceeded("the caller's deadline passed while waiting for peer " + address_);
+      SetIoTimeouts(fd_, std::min(left, io_timeout_));
     }
     ssize_t r = ::recv(fd_, p, n, MSG_WAITALL);
     if (r < 0 && errno == EINTR) continue;
     if (r == 0) return Status::Unavailable("peer " + address_ + " closed the connection");
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) &&
-        deadline_ != Clock::TimePoint{})
-      continue;  // the deadline check above ends it
+    const bool silent = r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    if (silent && deadline_ != Clock::TimePoint{}) continue;  // the deadline check above ends it
+    if (silent && call_deadline_ != Clock::TimePoint{} && Clock::Real()->Left(call_deadline_).count() <= 0)
+      continue;  // the caller's deadline, above
+    if (silent) {
+      timed_out_ = true;
+      return Status::Unavailable("peer " + address_ + " said nothing for " + std::to_string(io_timeout_.count()) +
+                                 " ms (peer_timeout_ms)");
+    }
     if (r < 0) return Status::Unavailable("receive from peer " + address_ + ": " + std::strerror(errno));
     p += r;
     n -= static_cast<size_t>(r);

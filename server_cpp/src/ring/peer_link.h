@@ -75,6 +75,17 @@ class PeerLink {
   // Receives and throws away `n` bytes (data that has nowhere to go).
   Status Discard(uint64_t n);
 
+  // Until ClearDeadline, every receive on the link and its lanes ends by
+  // `deadline` (Clock::Real's time: a caller's own deadline) with
+  // DEADLINE_EXCEEDED; each wait is still bounded by the I/O timeout.
+  void SetDeadline(Clock::TimePoint deadline);
+  void ClearDeadline();
+  // The I/O timeout of the link and its lanes from now on.
+  void SetIoTimeout(std::chrono::milliseconds timeout);
+  // Whether a receive on the link or a lane failed because the peer said
+  // nothing within the I/O timeout (it stopped answering; it did not close).
+  bool timed_out() const;
+
   int fd() const { return fd_; }
   const std::string& peer() const { return peer_; }  // the endpoint the peer announced
   const std::string& address() const { return address_; }  // the socket's remote address
@@ -114,6 +125,8 @@ class PeerLink {
   bool authenticated_ = false;
   // While set (the handshake), every receive ends by this time.
   Clock::TimePoint deadline_{};
+  Clock::TimePoint call_deadline_{};  // SetDeadline's (zero: none)
+  bool timed_out_ = false;
   std::chrono::milliseconds io_timeout_{0};
   std::vector<std::unique_ptr<PeerLink>> lanes_;
 };

@@ -500,6 +500,20 @@ Status PeerServer::LoadForPeer(PeerLink* link, const std::string& job, const std
   return s;
 }
 
+void PeerServer::DropClaimsOfDown(const v1::PeerFetch& req, const std::string& asker) {
+  if (req.down().empty()) return;
+  const std::vector<std::string> nodes = cache_->RingNodes(req.job());
+  int seen = 0;
+  for (const std::string& node : req.down()) {
+    if (++seen > 16) break;  // a ring member reports the reader it found down: one
+    if (node == endpoint() || std::find(nodes.begin(), nodes.end(), node) == nodes.end()) continue;
+    const size_t n = cache_->DropClaims(req.job(), node);
+    if (n > 0)
+      TCE_LOG(kWarning, "ring") << "dropped " << n << " claim(s) of " << node << " on files of job=" << req.job()
+                                << ": " << asker << " found it not answering; the next node that asks reads them";
+  }
+}
+
 Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
   HeldBackup held;
   int fd = -1;
@@ -513,6 +527,7 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     if (found.code() == Status::Code::kNotFound && req.load()) {  // the restore plan names this node
       found = ValidateName("job", req.job(), /*allow_empty=*/false, /*allow_slash=*/true);
       if (found.ok()) found = ValidatePath(req.path());  // a name storage is read at: checked as a client's
+      if (found.ok() && req.claim()) DropClaimsOfDown(req, link->peer());
       // Not begun here: the first node that asks reads it (it needs it).
       const std::string reader = found.ok() && req.claim() ? cache_->ClaimRead(req.job(), req.path(), link->peer())
                                                            : endpoint();

@@ -101,6 +101,9 @@ class PeerServer {
   // the answer is coming.
   Status LoadForPeer(PeerLink* link, const std::string& job, const std::string& path);
   Status ServeFetch(PeerLink* link, const v1::PeerFetch& req);
+  // A claiming asker's `down` (PeerFetch): the claims of those nodes of the
+  // job's ring (not this one) are dropped, so their files are read again.
+  void DropClaimsOfDown(const v1::PeerFetch& req, const std::string& asker);
   // Bytes of a held copy, else (for a member of the job's ring) of this
   // server's own file in memory, with their CRC-32; the reply says why not.
   // A raw read gets the reply, then the bytes with sendfile. Returns the

@@ -191,13 +191,14 @@ Status Replicator::Link(const std::string& peer,
   return Status::OK();
 }
 
-Status Replicator::Connect(const std::string& peer, std::unique_ptr<PeerLink>* out) {
+Status Replicator::Connect(const std::string& peer, std::unique_ptr<PeerLink>* out, Clock::TimePoint deadline) {
+  const auto timeout = std::max(std::chrono::milliseconds(1),
+                                std::min(options_.io_timeout, options_.clock->Left(deadline)));
   std::unique_ptr<PeerLink> link;
-  Status s = PeerLink::Connect(peer, options_.self, options_.key, options_.io_timeout, &link,
-                               options_.breaker);
+  Status s = PeerLink::Connect(peer, options_.self, options_.key, timeout, &link, options_.breaker);
   if (s.ok() && transport_->lanes() > 1)
-    s = OpenLanes(link.get(), peer, options_.self, options_.key, options_.io_timeout, transport_->lanes(),
-                  options_.breaker);
+    s = OpenLanes(link.get(), peer, options_.self, options_.key, timeout, transport_->lanes(), options_.breaker);
+  if (s.ok() && timeout != options_.io_timeout) link->SetIoTimeout(options_.io_timeout);  // up by the deadline
   if (s.ok()) *out = std::move(link);
   return s;
 }
@@ -308,13 +309,14 @@ void Replicator::ReportRecovery(const RecoverJob& job, int pulled, int listed, u
 }
 
 Status Replicator::Pull(PeerLink* link, const std::string& job, const std::string& peer,
-                        const std::string& path, PullMode mode, std::string* reader) {
+                        const std::string& path, PullMode mode, std::string* reader, const std::string& down) {
   v1::PeerRequest req;
   req.mutable_fetch()->set_job(job);
   req.mutable_fetch()->set_path(path);
   req.mutable_fetch()->set_load(mode != PullMode::kCopy);
   req.mutable_fetch()->set_stage(mode == PullMode::kStage);
   req.mutable_fetch()->set_claim(reader != nullptr && mode != PullMode::kCopy);
+  if (req.fetch().claim() && !down.empty()) req.mutable_fetch()->add_down(down);
   uid_t uid = 0;
   if (cache_->JobUid(job, &uid)) req.mutable_fetch()->set_job_uid(uid);
   v1::PeerReply reply;
@@ -450,35 +452,6 @@ Status Replicator::CopyInto(const Buffer& mem, const unsigned char* src, uint64_
   }
   if (dst != MAP_FAILED) munmap(dst, mem.capacity());
   return s;
-}
-
-Status Replicator::FetchForLoad(const std::string& job, const std::string& path, LoadFrom* from) {
-  if (from) *from = LoadFrom::kPeer;
-  Status here = PullHeld(job, path);
-  if (here.ok() || here.code() == Status::Code::kFailedPrecondition) {
-    TCE_LOG(kInfo, "ring") << "read job=" << job << " path=" << path << " from the copy held here";
-    return here;
-  }
-  if (here.code() != Status::Code::kNotFound)
-    TCE_LOG(kWarning, "ring") << "the copy of " << path << " held here: " << here.ToString();
-  Status last = Status::NotFound(path + " is held by no peer of job " + job);
-  for (const std::string& peer : cache_->RingPeers(job)) {
-    Status s = OnLink(peer, [&](PeerLink* link) { return Pull(link, job, peer, path); });
-    if (s.ok() || s.code() == Status::Code::kFailedPrecondition) {
-      TCE_LOG(kInfo, "ring") << "remote read of job=" << job << " path=" << path << " from " << peer;
-      return s;
-    }
-    if (s.code() == Status::Code::kUnavailable) {  // unreachable, or the link failed: the next one
-      TCE_LOG(kWarning, "ring") << "remote read of " << path << " from " << peer << ": " << s.ToString();
-    } else if (s.code() != Status::Code::kNotFound) {
-      TCE_LOG(kWarning, "ring") << "remote read of " << path << " from " << peer << ": " << s.ToString();
-      cache_->NoteBackupError("remote read of " + path + ": " + s.ToString());
-      last = s;
-    }
-  }
-  // In no node's memory: read from storage once for the whole ring.
-  Status planned = LoadByPlan(job, path, /*stage=*/false, from);
-  return planned.code() == Status::Code::kNotFound ? last : planned;
 }
 
 Status Replicator::SendWithChecksums(PeerLink* link, const BackupJob& job) {

@@ -74,18 +74,26 @@ class Replicator {
   // metadata. Held nowhere, a file under a storage root is read from
   // storage by the node the restore plan names (LoadByPlan) and pulled
   // from there. `from`: where the bytes came from (a peer, or storage by
-  // this node). Called by RPC threads.
-  Status FetchForLoad(const std::string& job, const std::string& path, LoadFrom* from = nullptr);
+  // this node). A peer that does not answer is marked down for the job
+  // (RestorePlans::MarkDown: asked nothing for a while); no wait on a peer
+  // lasts past `deadline` (the caller's: DEADLINE_EXCEEDED naming the peer).
+  // Called by RPC threads.
+  Status FetchForLoad(const std::string& job, const std::string& path, LoadFrom* from = nullptr,
+                      Clock::TimePoint deadline = Clock::TimePoint::max());
   // The cooperative restore (cooperative_load.cc, docs/ring.md): the node
   // of the job's ring that RestorePlans names reads (job, path) from
   // storage; this node pulls the file from it (or, with `stage`, only has
   // it read there: ranged reads then find it in that node's memory). This
   // node reads storage itself when the plan names it, when the copy from
   // the owner arrives corrupt, or when every other node is down; a node
-  // that does not answer is left out and its share goes to the others.
-  // NOT_FOUND when the path is under no storage root or storage has no
-  // such file; the owner's storage error otherwise.
-  Status LoadByPlan(const std::string& job, const std::string& path, bool stage, LoadFrom* from = nullptr);
+  // that does not answer is left out and its share goes to the others; a
+  // reader that stops answering is marked down too, and its claims dropped
+  // here and at the plan's node (PeerFetch's `down`), so its files are read
+  // by the others. NOT_FOUND when the path is under no storage root or
+  // storage has no such file; the owner's storage error otherwise;
+  // DEADLINE_EXCEEDED when `deadline` passed while a peer was awaited.
+  Status LoadByPlan(const std::string& job, const std::string& path, bool stage, LoadFrom* from = nullptr,
+                    Clock::TimePoint deadline = Clock::TimePoint::max());
   // Queues the read of this node's share (by the restore plan) of `paths`,
   // or of the files of `dir` on storage, into the cache, on the prefetch
   // thread; with `only_if_empty`, only while this node holds none of the
@@ -118,8 +126,10 @@ class Replicator {
   Status Verdict(PeerLink* link, const std::string& peer);
   // The bytes, checksummed chunk by chunk as they go, then the CRCs.
   Status SendWithChecksums(PeerLink* link, const BackupJob& job);
-  // An authenticated link to `peer`, with the transport's lanes.
-  Status Connect(const std::string& peer, std::unique_ptr<PeerLink>* out);
+  // An authenticated link to `peer`, with the transport's lanes (up by
+  // `deadline`, when one is given).
+  Status Connect(const std::string& peer, std::unique_ptr<PeerLink>* out,
+                 Clock::TimePoint deadline = Clock::TimePoint::max());
   Status Link(const std::string& peer, std::map<std::string, std::unique_ptr<PeerLink>>* links,
               PeerLink** out);
   // Pulls this node's copies back from the successor, then asks the
@@ -132,19 +142,29 @@ class Replicator {
   // checked. kLoad: read from storage there if held nowhere (PeerFetch's
   // `load`); kStage: that, and nothing is pulled. With `reader`, the peer
   // may answer instead which node reads the file (PeerFetch's `claim`):
-  // OK with *reader set, nothing pulled.
+  // OK with *reader set, nothing pulled; `down`: a node the peer is told
+  // this one found not answering (its claims are dropped there first).
   enum class PullMode { kCopy, kLoad, kStage };
   Status Pull(PeerLink* link, const std::string& job, const std::string& peer, const std::string& path,
-              PullMode mode = PullMode::kCopy, std::string* reader = nullptr);
+              PullMode mode = PullMode::kCopy, std::string* reader = nullptr, const std::string& down = "");
   // Runs `fn` on a link to `peer` kept for loads (RPC threads) between
   // exchanges, so a load costs no handshake; a new one when none is idle.
   // The link goes back to the pool when `fn` ended in step with the peer
   // (OK, NOT_FOUND, FAILED_PRECONDITION); a kept link that fails at once is
-  // made again once (the peer may have restarted).
-  Status OnLink(const std::string& peer, const std::function<Status(PeerLink*)>& fn);
+  // made again once (the peer may have restarted; not one that timed
+  // out). Every wait on the link ends by `deadline`.
+  Status OnLink(const std::string& peer, const std::function<Status(PeerLink*)>& fn,
+                Clock::TimePoint deadline = Clock::TimePoint::max());
   // Pull (kLoad or kStage) from `node` on a link of the pool.
   Status PullFrom(const std::string& node, const std::string& job, const std::string& path, bool stage,
-                  std::string* reader = nullptr);
+                  std::string* reader = nullptr, Clock::TimePoint deadline = Clock::TimePoint::max(),
+                  const std::string& down = "");
+  // A load's wait on `peer` failed with `s` (UNAVAILABLE or
+  // DEADLINE_EXCEEDED): DEADLINE_EXCEEDED naming it when the caller's
+  // deadline passed (it may only be slow); else it is marked down for the
+  // job, its claims here dropped, and OK returned (the load goes on).
+  Status PeerFailedLoad(const std::string& job, const std::string& path, const std::string& peer,
+                        const std::string& as, const Status& s, Clock::TimePoint deadline);
   // (job, path) from this server's own BackupStore, if it holds a copy sent
   // by a member of the job's ring: copied into a new cache buffer, checked.
   Status PullHeld(const std::string& job, const std::string& path);

@@ -98,9 +98,20 @@ std::string RestorePlans::OwnerOf(const std::string& job, const std::vector<std:
 
 void RestorePlans::MarkDown(const std::string& job, const std::string& node) {
   MutexLock l(&mu_);
-  down_[{job, node}] = clock_->Now();
-  TCE_LOG(kWarning, "ring") << node << " did not answer for job=" << job
-                            << ": the files it was to read from storage go to the other nodes";
+  const Clock::TimePoint now = clock_->Now();
+  auto [it, added] = down_.emplace(std::make_pair(job, node), now);
+  const bool was_down = !added && now - it->second < down_for_;
+  it->second = now;
+  if (was_down) return;  // another load found it so a moment ago
+  TCE_LOG(kWarning, "ring") << node << " did not answer for job=" << job << ": for "
+                            << down_for_.count() / 1000 << " s its files are read by the other nodes, "
+                            << "and loads ask it nothing";
+}
+
+bool RestorePlans::IsDown(const std::string& job, const std::string& node) {
+  MutexLock l(&mu_);
+  auto d = down_.find({job, node});
+  return d != down_.end() && clock_->Now() - d->second < down_for_;
 }
 
 }  // namespace tce

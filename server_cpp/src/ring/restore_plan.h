@@ -44,8 +44,11 @@ class RestorePlans {
   // down; a file storage did not list is placed by a hash of its path. ""
   // when every node is down.
   std::string OwnerOf(const std::string& job, const std::vector<std::string>& nodes, const std::string& path);
-  // `node` did not answer for `job`: its share goes to the others.
+  // `node` did not answer for `job`: its share goes to the others, and
+  // loads of the job ask it nothing, for `down_for` (logged once).
   void MarkDown(const std::string& job, const std::string& node);
+  // Whether `node` is down for `job` now.
+  bool IsDown(const std::string& job, const std::string& node);
 
  private:
   struct Plan {

@@ -81,6 +81,19 @@ TEST_F(RestorePlansTest, ANodeDownHasItsShareGoToTheOthersForAWhile) {
   EXPECT_EQ(plans_.OwnerOf("job", nodes_, "/t/big"), "n0:1");  // back in the plans
 }
 
+TEST_F(RestorePlansTest, ANodeThatStoppedAnsweringIsAskedNothingUntilItsTimeIsUp) {
+  EXPECT_FALSE(plans_.IsDown("job", "n2:1"));
+  plans_.MarkDown("job", "n2:1");
+  EXPECT_TRUE(plans_.IsDown("job", "n2:1"));
+  EXPECT_FALSE(plans_.IsDown("other", "n2:1"));  // for that job only
+  clock_.Advance(9s);
+  plans_.MarkDown("job", "n2:1");  // another load found it silent too: from now on
+  clock_.Advance(9s);
+  EXPECT_TRUE(plans_.IsDown("job", "n2:1"));
+  clock_.Advance(1s);
+  EXPECT_FALSE(plans_.IsDown("job", "n2:1"));
+}
+
 TEST_F(RestorePlansTest, AFileTheListingMissesIsPlacedByItsNameTheSameEverywhere) {
   RestorePlans other([](const std::string&, const std::string&, std::vector<ListedObject>*) {
     return Status::Unavailable("storage down");

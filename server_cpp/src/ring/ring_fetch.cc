@@ -42,7 +42,9 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
   if (Status a = may_wait(); !a.ok()) return a;
   LoadFrom fetched_from = LoadFrom::kPeer;
   bool shared = false;
-  Status fetched = flights_.Do({job, path}, [&] { return fetch_(job, path, &fetched_from); }, &shared);
+  Status fetched = flights_.Do({job, path}, [&] { return fetch_(job, path, &fetched_from, call_deadline); },
+                                &shared, nullptr, clock_, call_deadline);
+  if (fetched.code() == Status::Code::kDeadlineExceeded && clock_->Now() >= call_deadline) return fetched;
   if (fetched.code() == Status::Code::kNotFound && !shared) NoteMiss(job, path);
   if (!fetched.ok() && fetched.code() != Status::Code::kFailedPrecondition) return s;
   if (fetched.ok() && !shared) {
@@ -53,11 +55,12 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
   return cache_->Lookup(session, job, path, lease, out, lease_id, unmap_buffer_ids);
 }
 
-Status RingFetch::StageForRanges(const std::string& job, const std::string& path) {
+Status RingFetch::StageForRanges(const std::string& job, const std::string& path, Clock::TimePoint call_deadline) {
   if (!stage_ || !ring_->MayBeInRing(job, path) || RecentlyMissed(job, path))
     return Status::NotFound(path + " is not read for the ring");
   bool shared = false;
-  Status s = flights_.Do({job, path}, [&] { return stage_(job, path); }, &shared);
+  Status s = flights_.Do({job, path}, [&] { return stage_(job, path, call_deadline); }, &shared, nullptr, clock_,
+                         call_deadline);
   if (s.code() == Status::Code::kNotFound && !shared) NoteMiss(job, path);
   return s;
 }

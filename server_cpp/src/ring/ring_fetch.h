@@ -35,11 +35,13 @@ namespace tce {
 class RingFetch {
  public:
   // Brings (job, path) into the cache from the ring (or, by the restore
-  // plan, from storage); `from` gets where its bytes came from.
-  using Fetch = std::function<Status(const std::string& job, const std::string& path, LoadFrom* from)>;
+  // plan, from storage); `from` gets where its bytes came from. No wait on
+  // a peer lasts past `deadline` (DEADLINE_EXCEEDED).
+  using Fetch = std::function<Status(const std::string& job, const std::string& path, LoadFrom* from,
+                                     Clock::TimePoint deadline)>;
   // Has (job, path) read from storage into the memory of the node the
   // restore plan names, for ranged reads (Replicator::LoadByPlan, `stage`).
-  using Stage = std::function<Status(const std::string& job, const std::string& path)>;
+  using Stage = std::function<Status(const std::string& job, const std::string& path, Clock::TimePoint deadline)>;
 
   RingFetch(ClientStore* cache, RingStore* ring, Fetch fetch, Stage stage = nullptr,
             std::chrono::milliseconds miss_ttl = std::chrono::seconds(5), Clock* clock = Clock::Real());
@@ -49,7 +51,9 @@ class RingFetch {
   // DEADLINE_EXCEEDED naming it) and looks again; then the ring as above. A fetch that found the
   // file (OK), or found a newer save already here (FAILED_PRECONDITION),
   // is followed by a second lookup, whose answer is returned.
-  // `call_deadline`: the caller's, which bounds the restore wait too.
+  // `call_deadline`: the caller's, which bounds the restore wait, the waits
+  // on peers and the wait for another load's fetch of the file too (then
+  // DEADLINE_EXCEEDED, naming what it waited for).
   // Without `ask_ring`, a miss after the restore wait is the answer (the
   // caller reads ranges instead of pulling the whole file).
   // `admit` (optional): asked once before the lookup waits on the ring (a
@@ -65,8 +69,10 @@ class RingFetch {
                 bool ask_ring = true, const std::function<Status()>& admit = nullptr, LoadFrom* from = nullptr);
   // A ranged read missed (job, path) everywhere: has the restore plan's
   // node read it from storage (OK: read the ranges again). NOT_FOUND when
-  // the ring cannot (no ring, not under storage, recently missed).
-  Status StageForRanges(const std::string& job, const std::string& path);
+  // the ring cannot (no ring, not under storage, recently missed);
+  // DEADLINE_EXCEEDED as Lookup's.
+  Status StageForRanges(const std::string& job, const std::string& path,
+                        Clock::TimePoint call_deadline = Clock::TimePoint::max());
 
   uint64_t remote_reads() const { return remote_reads_.load(); }    // files the ring gave
   uint64_t remote_misses() const { return remote_misses_.load(); }  // fetches no peer answered

@@ -33,7 +33,7 @@ class RingFetchTest : public ::testing::Test {
 
 TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
   ManualClock clock;
-  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*) {
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint) {
     ++fetches_;
     return Status::NotFound("no peer holds it");
   }, nullptr, 50ms, &clock);
@@ -49,7 +49,7 @@ TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
 }
 
 TEST_F(RingFetchTest, OnlyLoadsOfFilesThatMayBeInTheRingAsk) {
-  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*) {
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint) {
     ++fetches_;
     return Status::Unavailable("peer down");
   });
@@ -68,8 +68,52 @@ TEST_F(RingFetchTest, OnlyLoadsOfFilesThatMayBeInTheRingAsk) {
   EXPECT_EQ(r.remote_misses(), 0u);
 }
 
+TEST_F(RingFetchTest, ALoadWaitsForAnotherLoadsFetchOnlyUntilItsOwnDeadline) {
+  ManualClock clock;
+  Mutex mu;
+  CondVar cv;
+  bool started = false, release = false;
+  Clock::TimePoint passed;  // the deadline the fetch was given
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint d) {
+    MutexLock l(&mu);
+    passed = d;
+    started = true;
+    cv.SignalAll();
+    while (!release) cv.Wait(&mu);  // a peer that does not answer
+    return Status::NotFound("no peer holds it");
+  }, nullptr, 5s, &clock);
+  std::thread first([&] {
+    FileInfo f;
+    uint64_t lease_id = 0;
+    std::vector<uint64_t> unmap;
+    EXPECT_EQ(r.Lookup(session_, "job", "/c/x.pt", true, &f, &lease_id, &unmap, clock.Now() + 60s).code(),
+              Status::Code::kNotFound);
+  });
+  {
+    MutexLock l(&mu);
+    while (!started) cv.Wait(&mu);
+  }
+  EXPECT_EQ(passed, clock.Now() + 60s);  // the fetch itself is bounded by its caller's deadline
+  FileInfo f;
+  uint64_t lease_id = 0;
+  std::vector<uint64_t> unmap;
+  Status second;
+  const uint64_t waits = clock.waits();
+  std::thread joiner([&] { second = r.Lookup(session_, "job", "/c/x.pt", true, &f, &lease_id, &unmap, clock.Now() + 2s); });
+  while (clock.waits() == waits) std::this_thread::sleep_for(1ms);  // waiting on the first load's fetch
+  clock.Advance(2s);
+  joiner.join();
+  EXPECT_EQ(second.code(), Status::Code::kDeadlineExceeded) << second.ToString();
+  {
+    MutexLock l(&mu);
+    release = true;
+    cv.SignalAll();
+  }
+  first.join();
+}
+
 TEST_F(RingFetchTest, AFetchThatFoundTheFileLooksAgain) {
-  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*) {
+  RingFetch r(&cache_, &cache_, [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint) {
     ++fetches_;
     return Status::OK();  // (nothing installed: the second lookup still misses)
   });

@@ -75,6 +75,31 @@ TEST(PeerLink, ConnectingToNobodyFailsQuickly) {
   EXPECT_EQ(PeerLink::Connect("nocolon", "127.0.0.1:1", "t", 1000ms, &c).code(), Status::Code::kInvalidArgument);
 }
 
+TEST(PeerLink, APeerThatStopsAnsweringTimesOutAndACallersDeadlineEndsTheWaitFirst) {
+  Status cs, ss;
+  std::unique_ptr<PeerLink> c, s;
+  Pair("token", "token", &cs, &ss, &c, &s);
+  ASSERT_TRUE(cs.ok() && ss.ok()) << cs.ToString() << " " << ss.ToString();
+  c->SetIoTimeout(200ms);
+  v1::PeerReply reply;
+  Status silent = c->Recv(&reply);  // the peer says nothing (alive, its socket open)
+  EXPECT_EQ(silent.code(), Status::Code::kUnavailable) << silent.ToString();
+  EXPECT_NE(silent.message().find("said nothing for 200 ms"), std::string::npos) << silent.message();
+  EXPECT_TRUE(c->timed_out());
+  c->SetIoTimeout(std::chrono::minutes(10));
+  c->SetDeadline(Clock::Real()->Now() + 50ms);  // the caller's: long before the timeout
+  Status cut = c->Recv(&reply);
+  EXPECT_EQ(cut.code(), Status::Code::kDeadlineExceeded) << cut.ToString();
+  EXPECT_NE(cut.message().find("the caller's deadline"), std::string::npos) << cut.message();
+  c->ClearDeadline();
+  v1::PeerDrop out;
+  out.set_job("j");
+  ASSERT_TRUE(s->Send(out).ok());
+  v1::PeerDrop in;
+  ASSERT_TRUE(c->Recv(&in).ok());  // the link still carries messages
+  EXPECT_EQ(in.job(), "j");
+}
+
 TEST(BackupStore, BudgetRecyclingAndDrop) {
   const uint64_t cap = Buffer::CapacityFor(1 << 20);
   BackupStore store(cap * 2);

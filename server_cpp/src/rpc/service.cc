@@ -166,9 +166,11 @@ grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRan
     // In no node's memory: the restore plan's node reads the whole file
     // from storage once, and every reader's ranges come from its memory.
     tce::Status admitted = slot.held() ? tce::Status::OK() : AdmitPeerCall(req->session(), &slot);
-    tce::Status staged = admitted.ok() ? ring_fetch_->StageForRanges(req->job(), req->path()) : admitted;
+    tce::Status staged = admitted.ok() ? ring_fetch_->StageForRanges(req->job(), req->path(), wait.deadline) : admitted;
     if (staged.ok() || staged.code() == tce::Status::Code::kFailedPrecondition)
       s = ranges_->Read(req->job(), req->path(), req->offset(), req->length(), &r, into, wait);
+    else if (staged.code() == tce::Status::Code::kDeadlineExceeded)  // a peer held it up: the caller hears why
+      s = staged;
   }
   ObjectId object_id;  // read from the bucket: the object's identity
   if (s.code() == tce::Status::Code::kNotFound && object) {
