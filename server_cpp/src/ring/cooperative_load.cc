@@ -177,68 +177,71 @@ Status Replicator::PullFrom(const std::string& node, const std::string& job, con
   return s;
 }
 
-namespace {
-constexpr size_t kMaxPrefetches = 64;
-}  // namespace
-
 bool Replicator::Prefetch(const std::string& job, const std::string& dir, std::vector<std::string> paths,
                           bool only_if_empty) {
   if (!options_.prefetch || !options_.cooperative || cache_->RingNodes(job).empty()) return false;
-  MutexLock l(&mu_);
-  if (stop_ || prefetches_.size() >= kMaxPrefetches) return false;
-  for (const PrefetchJob& p : prefetches_)
-    if (p.job == job && p.dir == dir && p.paths == paths) return false;
-  prefetches_.push_back({job, dir, std::move(paths), only_if_empty});
-  cv_.SignalAll();
-  return true;
+  uid_t uid = 0;  // the job's owner's share of the queue
+  if (!cache_->JobUid(job, &uid)) return false;
+  PrefetchJob p;
+  p.job = job;
+  p.dir = dir;
+  p.paths = std::move(paths);
+  p.only_if_empty = only_if_empty;
+  return prefetches_.Add(uid, std::move(p));
 }
 
 void Replicator::PrefetchLoop() {
-  for (;;) {
-    PrefetchJob p;
-    {
-      MutexLock l(&mu_);
-      while (!stop_ && prefetches_.empty()) cv_.Wait(&mu_);
-      if (stop_) return;
-      p = std::move(prefetches_.front());
-      prefetches_.pop_front();
-    }
-    RunPrefetch(p);
+  uid_t uid = 0;
+  PrefetchJob p;
+  while (prefetches_.Take(&uid, &p)) {
+    const bool finished = PrefetchStep(&p);
+    prefetches_.Done(uid, &p, finished);
   }
 }
 
-void Replicator::RunPrefetch(const PrefetchJob& p) {
-  if (p.only_if_empty && cache_->InMemoryCount(p.job) > 0) return;  // not a restart
-  const std::vector<std::string> nodes = cache_->RingNodes(p.job);
-  if (nodes.empty()) return;
-  std::vector<std::string> paths = p.paths;
-  if (paths.empty()) {
-    std::vector<ListedObject> listed;
-    Status s = cache_->ListStorageDir(p.job, p.dir, &listed);
-    if (!s.ok()) {
-      TCE_LOG(kWarning, "ring") << "prefetch of " << p.dir << " for job=" << p.job << ": " << s.ToString();
-      return;
+bool Replicator::PrefetchStep(PrefetchJob* p) {
+  if (!p->started) {
+    p->started = true;
+    if (p->only_if_empty && cache_->InMemoryCount(p->job) > 0) return true;  // not a restart
+    if (p->paths.empty()) {
+      std::vector<ListedObject> listed;
+      Status s = cache_->ListStorageDir(p->job, p->dir, &listed);
+      uint64_t dropped = 0;
+      if (!s.ok() && prefetch_log_.Allow(&dropped))
+        TCE_LOG(kWarning, "ring") << "prefetch of " << p->dir << " for job=" << p->job << ": " << s.ToString()
+                                  << Suppressed(dropped);
+      if (!s.ok()) return true;
+      for (const ListedObject& o : listed) p->paths.push_back(o.key);
     }
-    for (const ListedObject& o : listed) paths.push_back(o.key);
+    return false;  // the files, from the next step on
   }
-  size_t mine = 0, read = 0;
-  for (const std::string& path : paths) {
-    {
-      MutexLock l(&mu_);
-      if (stop_) return;
-    }
-    if (!cache_->UnderStorage(path) || plans_.OwnerOf(p.job, nodes, path) != options_.self) continue;
-    ++mine;
-    if (cache_->ClaimRead(p.job, path, options_.self) != options_.self) continue;  // a node that needs it reads it
-    Status s = cache_->LoadFromStorage(p.job, path, /*for_peer=*/false);
+  const std::vector<std::string> nodes = cache_->RingNodes(p->job);
+  if (nodes.empty()) return true;
+  while (p->next < p->paths.size()) {  // the next file of this node's share; one read per step
+    if (prefetches_.stopped()) return true;
+    const std::string& path = p->paths[p->next++];
+    if (!cache_->UnderStorage(path) || plans_.OwnerOf(p->job, nodes, path) != options_.self) continue;
+    ++p->mine;
+    if (cache_->ClaimRead(p->job, path, options_.self) != options_.self) continue;  // a node that needs it reads it
+    Status s = cache_->LoadFromStorage(p->job, path, /*for_peer=*/false);
     if (s.ok()) {
-      ++read;
-    } else {
-      TCE_LOG(kWarning, "ring") << "prefetch of job=" << p.job << " path=" << path << ": " << s.ToString();
+      ++p->read;
+    } else if (p->failed++ == 0) {
+      p->first_error = path + ": " + s.ToString();
     }
+    if (p->next < p->paths.size()) return false;
   }
-  TCE_LOG(kInfo, "ring") << "prefetched " << read << " of the " << mine << " file(s) this node reads of "
-                         << paths.size() << " for job=" << p.job << (p.dir.empty() ? "" : " in " + p.dir);
+  const std::string what = "prefetched " + std::to_string(p->read) + " of the " + std::to_string(p->mine) +
+                           " file(s) this node reads of " + std::to_string(p->paths.size()) + " for job=" + p->job +
+                           (p->dir.empty() ? "" : " in " + p->dir);
+  uint64_t dropped = 0;  // one line for all it could not read, and a few lines however many prefetches
+  if (!prefetch_log_.Allow(&dropped)) return true;
+  if (p->failed == 0)
+    TCE_LOG(kInfo, "ring") << what << Suppressed(dropped);
+  else
+    TCE_LOG(kWarning, "ring") << what << "; " << p->failed << " could not be read (the first: " << p->first_error
+                              << ")" << Suppressed(dropped);
+  return true;
 }
 
 }  // namespace tce

@@ -43,7 +43,8 @@ Replicator::Replicator(RingStore* cache, Transport* transport, ReplicatorOptions
       barrier_(cache, BarrierOptions(options_)),
       plans_([cache](const std::string& job, const std::string& dir,
                      std::vector<ListedObject>* out) { return cache->ListStorageDir(job, dir, out); },
-             options_.clock) {
+             options_.clock),
+      prefetch_log_(10, std::chrono::seconds(10), options_.clock) {
   cache_->SetBackupFeed(&queue_);
 }
 
@@ -54,7 +55,8 @@ Replicator::~Replicator() {
 
 void Replicator::Start() {
   for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
-  if (options_.prefetch && options_.cooperative) threads_.emplace_back([this] { PrefetchLoop(); });
+  if (options_.prefetch && options_.cooperative)
+    for (int i = 0; i < kPrefetchThreads; ++i) threads_.emplace_back([this] { PrefetchLoop(); });
   barrier_.Start();
 }
 
@@ -65,6 +67,7 @@ void Replicator::Stop() {
   }
   cv_.SignalAll();
   queue_.Stop();
+  prefetches_.Stop();
   barrier_.Stop();
   for (auto& t : threads_) t.join();
   threads_.clear();

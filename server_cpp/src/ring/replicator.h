@@ -21,6 +21,7 @@
 
 #include "cache/ring_store.h"
 #include "common/clock.h"
+#include "common/log_limiter.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "persist/crc.h"
@@ -28,6 +29,7 @@
 #include "ring/backup_store.h"
 #include "ring/link_breaker.h"
 #include "ring/peer_link.h"
+#include "ring/prefetch_queue.h"
 #include "ring/restore_plan.h"
 #include "ring/tag_barrier.h"
 #include "ring/transport.h"
@@ -95,23 +97,23 @@ class Replicator {
   Status LoadByPlan(const std::string& job, const std::string& path, bool stage, LoadFrom* from = nullptr,
                     Clock::TimePoint deadline = Clock::TimePoint::max());
   // Queues the read of this node's share (by the restore plan) of `paths`,
-  // or of the files of `dir` on storage, into the cache, on the prefetch
-  // thread; with `only_if_empty`, only while this node holds none of the
-  // job's files in memory (a restart). False when nothing was queued (no
-  // ring of several nodes, prefetch off, the same one queued already, or
-  // 64 queued).
+  // or of the files of `dir` on storage, into the cache, for the prefetch
+  // workers (kPrefetchThreads), fair between the uids owning the jobs
+  // (ring/prefetch_queue.h); with `only_if_empty`, only while this node
+  // holds none of the job's files in memory (a restart). False when
+  // nothing was queued (no ring of several nodes, prefetch off, the same
+  // one queued already, or the queue's share of the job's uid, or the
+  // queue, full).
   bool Prefetch(const std::string& job, const std::string& dir, std::vector<std::string> paths,
                 bool only_if_empty = false);
+  static constexpr int kPrefetchThreads = 2;
 
  private:
   void Loop();
   void PrefetchLoop();
-  struct PrefetchJob {
-    std::string job, dir;
-    std::vector<std::string> paths;
-    bool only_if_empty = false;
-  };
-  void RunPrefetch(const PrefetchJob& p);
+  // One step of `p`: its listing, or its next file of this node's share;
+  // true when it is finished.
+  bool PrefetchStep(PrefetchJob* p);
   // One job of each kind: a file to the successor, a copy a peer lets go of.
   Status Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   Status Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links);
@@ -182,7 +184,8 @@ class Replicator {
   Mutex mu_;
   CondVar cv_;
   bool stop_ GUARDED_BY(mu_) = false;
-  std::deque<PrefetchJob> prefetches_ GUARDED_BY(mu_);
+  PrefetchQueue prefetches_;
+  LogLimiter prefetch_log_;  // prefetches' lines: one user's flood of them stays a few lines
   Mutex pool_mu_;
   std::map<std::string, std::vector<std::unique_ptr<PeerLink>>> pool_ GUARDED_BY(pool_mu_);  // OnLink
 };

@@ -43,7 +43,11 @@ std::vector<size_t> AssignByBytes(const std::vector<ListedObject>& files, size_t
 
 RestorePlans::RestorePlans(Lister list, Clock* clock, std::chrono::milliseconds ttl,
                            std::chrono::milliseconds down_for)
-    : list_(std::move(list)), clock_(clock), ttl_(ttl), down_for_(down_for) {}
+    : list_(std::move(list)),
+      clock_(clock),
+      ttl_(ttl),
+      down_for_(down_for),
+      list_log_(5, std::chrono::seconds(10), clock) {}
 
 std::vector<std::string> RestorePlans::LiveNodes(const std::string& job, const std::vector<std::string>& nodes) {
   std::vector<std::string> live;
@@ -79,8 +83,10 @@ std::string RestorePlans::OwnerOf(const std::string& job, const std::vector<std:
   std::vector<ListedObject> files;
   Status s = list_(job, dir, &files);
   if (!s.ok()) {
-    TCE_LOG(kWarning, "ring") << "cannot list " << dir << " to plan the restore of job=" << job << ": "
-                              << s.ToString() << "; its files are placed by name";
+    uint64_t dropped = 0;  // a job naming many missing directories logs a few lines
+    if (list_log_.Allow(&dropped))
+      TCE_LOG(kWarning, "ring") << "cannot list " << dir << " to plan the restore of job=" << job << ": "
+                                << s.ToString() << "; its files are placed by name" << Suppressed(dropped);
     files.clear();
   }
   Plan plan;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "common/status.h"
 #include "storage/object_store.h"  // ListedObject
@@ -61,6 +62,7 @@ class RestorePlans {
   const Lister list_;
   Clock* const clock_;
   const std::chrono::milliseconds ttl_, down_for_;
+  LogLimiter list_log_;  // listings that failed
   Mutex mu_;
   std::map<std::pair<std::string, std::string>, Plan> plans_ GUARDED_BY(mu_);  // (job, dir)
   std::map<std::pair<std::string, std::string>, Clock::TimePoint> down_ GUARDED_BY(mu_);  // (job, node) -> since

@@ -99,7 +99,8 @@ TEST_F(RingFetchTest, ALoadWaitsForAnotherLoadsFetchOnlyUntilItsOwnDeadline) {
   std::vector<uint64_t> unmap;
   Status second;
   const uint64_t waits = clock.waits();
-  std::thread joiner([&] { second = r.Lookup(session_, "job", "/c/x.pt", true, &f, &lease_id, &unmap, clock.Now() + 2s); });
+  const Clock::TimePoint deadline = clock.Now() + 2s;
+  std::thread joiner([&] { second = r.Lookup(session_, "job", "/c/x.pt", true, &f, &lease_id, &unmap, deadline); });
   while (clock.waits() == waits) std::this_thread::sleep_for(1ms);  // waiting on the first load's fetch
   clock.Advance(2s);
   joiner.join();
