@@ -591,3 +591,31 @@ def test_a_load_waiting_on_a_hung_node_answers_by_its_callers_deadline(tmp_path,
     finally:
         os.kill(cluster.servers[2].proc.pid, signal.SIGCONT)
         cluster.close()
+
+
+def test_ranged_reads_ask_a_hung_node_once(tmp_path, nodes3, store):
+    """Node 2 loads two files (node 0 records its claims, as their plan's
+    node); then node 2's server hangs (SIGSTOP). Ranged reads on node 0 of
+    both files wait for node 2 once: it is marked down, its claims dropped,
+    and node 0 reads the files from storage itself."""
+    digests = _single_file_dirs(store, 2)
+    cluster = Cluster(tmp_path, nodes3, store, extra=["--peer-timeout-ms", "2000"])
+    hung = cluster.endpoints[2]
+    try:
+        claimer = cluster.start_rank(2)
+        _ask(claimer, sorted(digests))
+        assert _answer(claimer)["digests"] == digests
+        _stopped(cluster.servers[2])
+        for path in sorted(digests):
+            got = cluster.call(0, lambda path=path: _service.with_client(
+                lambda c: c.read_range(cluster.job, path, 0, 64)))
+            with open(path, "rb") as f:
+                assert got.data == f.read(64)
+        log = cluster.servers[0].log()
+        waits = [ln for ln in log.splitlines()
+                 if hung in ln and ("too slow to authenticate" in ln or "said nothing for" in ln)]
+        assert len(waits) == 1, waits
+        assert cluster.storage_reads(0) == _unique_bytes(digests)
+    finally:
+        os.kill(cluster.servers[2].proc.pid, signal.SIGCONT)
+        cluster.close()

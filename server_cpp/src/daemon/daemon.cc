@@ -389,6 +389,9 @@ void Daemon::MakeService() {
     rro.io_timeout = std::chrono::milliseconds(opt_.peer_timeout_ms);
     rro.held = backups_.get();
     rro.breaker = &peer_links_;
+    Replicator* r = replicator_.get();  // which peers stopped answering: one view for loads and ranges
+    rro.is_down = [r](const std::string& job, const std::string& peer) { return r->PeerDown(job, peer); };
+    rro.mark_down = [r](const std::string& job, const std::string& peer) { r->MarkPeerDown(job, peer); };
   }
   ranges_ = std::make_unique<RangeReader>(cache_.get(), rro);
   service_->SetRangeReader(ranges_.get());

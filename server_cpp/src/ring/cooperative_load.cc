@@ -48,12 +48,16 @@ Status Replicator::PeerFailedLoad(const std::string& job, const std::string& pat
   if (options_.clock->Now() >= deadline)  // cut short by the caller: it may only be slow
     return Status::DeadlineExceeded("the load of " + path + " waited for " + peer + " (" + as + " of job " + job +
                                     ") until the caller's deadline: " + s.message());
+  MarkPeerDown(job, peer);
+  return Status::OK();
+}
+
+void Replicator::MarkPeerDown(const std::string& job, const std::string& peer) {
   plans_.MarkDown(job, peer);  // asked nothing for a while, its share read by the others
   const size_t dropped = cache_->DropClaims(job, peer);
   if (dropped > 0)
     TCE_LOG(kWarning, "ring") << "dropped " << dropped << " claim(s) of " << peer << " on files of job=" << job
                               << ": it stopped answering; the next node that asks reads them";
-  return Status::OK();
 }
 
 Status Replicator::LoadByPlan(const std::string& job, const std::string& path, bool stage, LoadFrom* from,

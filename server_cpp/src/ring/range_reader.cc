@@ -59,12 +59,15 @@ Status RangeReader::ReadInto(const std::string& job, const std::string& path, ui
   if (wait.admit && !(s = wait.admit()).ok()) return s;
   size_t asked = 0;
   for (const std::string& peer : peers) {
+    if (options_.is_down && options_.is_down(job, peer)) continue;  // it did not answer a moment ago
     if (asked > 0 && options_.clock->Now() >= wait.deadline)
       return Status::DeadlineExceeded("the call's deadline passed after asking " + std::to_string(asked) +
                                       " of " + std::to_string(peers.size()) + " ring members for " + path +
                                       " (last: " + last.message() + ")");
     ++asked;
-    s = ReadPeer(peer, job, path, offset, length, out, to, wait.deadline);
+    bool silent = false;
+    s = ReadPeer(peer, job, path, offset, length, out, to, wait.deadline, nullptr, 0, "", &silent);
+    if (silent && options_.mark_down && options_.clock->Now() < wait.deadline) options_.mark_down(job, peer);
     if (s.ok()) {
       ++peer_reads_;
       peer_bytes_ += length;
@@ -144,7 +147,7 @@ Status RangeReader::ReadVersionFile(const std::string& peer, const std::string& 
 Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
                              uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to,
                              Clock::TimePoint deadline, const uid_t* reader, gid_t gid,
-                             const std::string& tag) {
+                             const std::string& tag, bool* silent) {
   v1::PeerRequest req;
   v1::PeerReadRange* r = req.mutable_read_range();
   r->set_job(job);
@@ -170,12 +173,20 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
     s = Status::OK();
     if (!link) s = PeerLink::Connect(peer, options_.self, options_.key, ConnectTimeout(deadline), &link,
                                      options_.breaker);
-    if (!s.ok()) return Status::Unavailable(s.message());
+    if (!s.ok()) {
+      if (silent) *silent = s.code() == Status::Code::kDeadlineExceeded;  // it accepted, and said nothing
+      return Status::Unavailable(s.message());
+    }
+    if (deadline != Clock::TimePoint::max())  // the link's clock is the real one
+      link->SetDeadline(Clock::Real()->Now() + (deadline - options_.clock->Now()));
     reply.Clear();
     s = link->Send(req);
     if (s.ok()) s = link->Recv(&reply);
     if (s.ok()) break;
-    if (!kept) return Status::Unavailable(s.message());  // the link is dropped
+    if (silent) *silent = link->timed_out();
+    // A kept link that failed at once: the peer may have restarted. One that
+    // waited out the timeout: the peer stopped answering.
+    if (!kept || link->timed_out()) return Status::Unavailable(s.message());  // the link is dropped
   }
   if (!s.ok()) return Status::Unavailable(s.message());
   if (reply.code() != 0) {
@@ -223,6 +234,7 @@ std::unique_ptr<PeerLink> RangeReader::TakeLink(const std::string& peer) {
 }
 
 void RangeReader::ReturnLink(const std::string& peer, std::unique_ptr<PeerLink> link) {
+  link->ClearDeadline();
   MutexLock l(&mu_);
   std::vector<std::unique_ptr<PeerLink>>& idle = idle_[peer];
   if (idle.size() < kIdleLinks) idle.push_back(std::move(link));

@@ -39,6 +39,11 @@ struct RangeReaderOptions {
   BackupStore* held = nullptr;  // the copies this server keeps (optional)
   LinkBreaker* breaker = nullptr;  // ends the peer waits when the server stops (optional)
   Clock* clock = Clock::Real();     // what deadlines are measured on
+  // Peers found not answering, for a job (the Replicator's RestorePlans;
+  // optional): one that is down is not asked; one that says nothing for
+  // io_timeout is marked down.
+  std::function<bool(const std::string& job, const std::string& peer)> is_down;
+  std::function<void(const std::string& job, const std::string& peer)> mark_down;
 };
 
 // How one read may wait on the ring's peers: the caller's limits.
@@ -97,11 +102,12 @@ class RangeReader {
   Status ReadHeld(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
                   RangeRead* out, unsigned char* to);
   // One PeerReadRange to `peer`, its reply checked; with `reader`, for a
-  // follower's reader of that uid (and `gid`).
+  // follower's reader of that uid (and `gid`). No wait lasts past
+  // `deadline`; *silent (optional): the peer said nothing for io_timeout.
   Status ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
                   uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to,
                   Clock::TimePoint deadline, const uid_t* reader = nullptr, gid_t gid = 0,
-                  const std::string& tag = "") EXCLUDES(mu_);
+                  const std::string& tag = "", bool* silent = nullptr) EXCLUDES(mu_);
   // The handshake's bound: io_timeout, or less to end by `deadline`.
   std::chrono::milliseconds ConnectTimeout(Clock::TimePoint deadline) const;
   std::unique_ptr<PeerLink> TakeLink(const std::string& peer) EXCLUDES(mu_);

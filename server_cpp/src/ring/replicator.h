@@ -107,6 +107,10 @@ class Replicator {
   bool Prefetch(const std::string& job, const std::string& dir, std::vector<std::string> paths,
                 bool only_if_empty = false);
   static constexpr int kPrefetchThreads = 2;
+  // Whether `peer` is marked down for `job` (loads ask it nothing for a while).
+  bool PeerDown(const std::string& job, const std::string& peer) { return plans_.IsDown(job, peer); }
+  // `peer` stopped answering a load of `job`: marked down, its claims here dropped.
+  void MarkPeerDown(const std::string& job, const std::string& peer);
 
  private:
   void Loop();
