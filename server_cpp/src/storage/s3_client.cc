@@ -135,14 +135,20 @@ std::string S3Client::Url(const std::string& bucket, const std::string& key, con
 
 std::string S3Client::Redact(std::string message) const {
   // Nothing puts them in a message on purpose; a server echoing a header
-  // back (the token travels in one) must not leak them either.
-  for (const std::string* secret : {&config_.credentials.secret_key, &config_.credentials.session_token}) {
+  // back (the token travels in one, the access key id in Authorization's
+  // Credential) must not leak them either.
+  const S3Credentials& cred = config_.credentials;
+  for (const std::string* secret : {&cred.access_key, &cred.secret_key, &cred.session_token}) {
     if (secret->size() < 8) continue;
     for (size_t at = message.find(*secret); at != std::string::npos; at = message.find(*secret, at)) {
       message.replace(at, secret->size(), "<redacted>");
     }
   }
   return message;
+}
+
+Status S3Client::Redacted(const Status& s) const {
+  return s.ok() ? s : Status::FromCode(s.code(), Redact(s.message()));
 }
 
 std::chrono::milliseconds S3Client::Backoff(int attempt) const {
@@ -194,10 +200,10 @@ Status S3Client::Head(const std::string& bucket, const std::string& key, S3Objec
   if (s.code() == Status::Code::kNotFound) return Status::OK();
   if (!s.ok()) return s;
   if (!ParseDecimal(reply.content_length, &out->size)) {
-    return Status::Internal(req.what + ": bad Content-Length '" + Printable(reply.content_length, 32) + "'");
+    return Redacted(Status::Internal(req.what + ": bad Content-Length '" + Printable(reply.content_length, 32) + "'"));
   }
   if (!CleanEtag(reply.etag, &out->etag)) {
-    return Status::Internal(req.what + ": bad ETag '" + Printable(reply.etag, 64) + "'");
+    return Redacted(Status::Internal(req.what + ": bad ETag '" + Printable(reply.etag, 64) + "'"));
   }
   out->exists = true;
   return Status::OK();
@@ -249,8 +255,8 @@ Status S3Client::GetRange(const std::string& bucket, const std::string& key, uin
       return Status::FromCode(Status::Code::kOutOfRange, req.what + ": asked for " + range + " of an object of " +
                                                              std::to_string(total) + " bytes");
     }
-    return Status::Internal(req.what + ": asked for " + range + ", got Content-Range '" +
-                            Printable(reply.content_range, 64) + "'");
+    return Redacted(Status::Internal(req.what + ": asked for " + range + ", got Content-Range '" +
+                                     Printable(reply.content_range, 64) + "'"));
   }
   // A server that ignores Range answers 200 with the whole object: right
   // only when that is the range asked for.
@@ -302,7 +308,7 @@ Status S3Client::List(const std::string& bucket, const std::string& prefix, std:
       std::string size, etag;
       if (!XmlField(entry, "Key", &listed.key) || !XmlField(entry, "Size", &size) ||
           !ParseDecimal(size, &listed.size) || !XmlField(entry, "ETag", &etag) || !CleanEtag(etag, &listed.etag)) {
-        return Status::Internal(what + ": malformed entry '" + Printable(entry, 128) + "'");
+        return Redacted(Status::Internal(what + ": malformed entry '" + Printable(entry, 128) + "'"));
       }
       out->push_back(std::move(listed));
     }
@@ -337,7 +343,7 @@ Status S3Client::ListUploads(const std::string& bucket, const std::string& prefi
       S3Upload upload;
       if (!XmlField(entry, "Key", &upload.key) || !XmlField(entry, "UploadId", &upload.upload_id) ||
           upload.upload_id.empty() || HasControl(upload.upload_id)) {
-        return Status::Internal(what + ": malformed entry '" + Printable(entry, 128) + "'");
+        return Redacted(Status::Internal(what + ": malformed entry '" + Printable(entry, 128) + "'"));
       }
       if (!XmlField(entry, "Initiated", &upload.initiated)) upload.initiated.clear();
       upload.initiated = Printable(upload.initiated, 64);

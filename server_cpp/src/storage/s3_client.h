@@ -137,8 +137,10 @@ class S3Client {
   // null) S3 would refuse or that would change the request's meaning.
   Status Check(const std::string& bucket, const std::string* key) const;
   std::string Url(const std::string& bucket, const std::string& key, const std::string& query) const;
-  // `message` with the secret key and session token blotted out.
+  // `message` with the access key id, secret key and session token blotted out.
   std::string Redact(std::string message) const;
+  // `s` with its message redacted (every error that quotes what S3 sent).
+  Status Redacted(const Status& s) const;
   std::chrono::milliseconds Backoff(int attempt) const;
   Status ListPage(const std::string& bucket, const std::string& query, std::string* body);
   // The body's checksum header (config_.checksum); `checksum` gets a crc32's value.

@@ -309,15 +309,28 @@ TEST(S3Signing, ErrorsNeverHoldTheSecrets) {
   EXPECT_EQ(denied.code(), Status::Code::kPermissionDenied) << denied.ToString();
   const Status exhausted = client.Delete("bkt", "k");
   EXPECT_EQ(exhausted.code(), Status::Code::kUnavailable) << exhausted.ToString();
+  // A 200 whose body is no answer but the request echoed back: quoted in the error.
+  TestHttpServer echo(
+      [](const SeenRequest& r) { return Answer::Xml(200, "<Echo>" + r.Header("authorization") + "</Echo>"); });
+  ASSERT_TRUE(echo.ok());
+  S3Config echoed = TestConfig(echo.endpoint());
+  echoed.credentials.session_token = token;
+  S3Client echoing(echoed);
+  std::string upload_id;
+  const Status malformed = echoing.CreateMultipart("bkt", "k", &upload_id);
+  EXPECT_EQ(malformed.code(), Status::Code::kInternal) << malformed.ToString();
   config.endpoint = "http://127.0.0.1:1";  // nothing listens there
   S3Client unreachable(config);
   const Status refused = unreachable.Delete("bkt", "k");
   EXPECT_EQ(refused.code(), Status::Code::kUnavailable) << refused.ToString();
-  for (const Status& s : {denied, exhausted, refused}) {
+  for (const Status& s : {denied, exhausted, refused, malformed}) {
     EXPECT_EQ(s.message().find(token), std::string::npos) << s.message();
     EXPECT_EQ(s.message().find(kSecret), std::string::npos) << s.message();
+    // Authorization's Credential=<access key id>/<date>/... came back too.
+    EXPECT_EQ(s.message().find(kAccess), std::string::npos) << s.message();
   }
   EXPECT_NE(denied.message().find("<redacted>"), std::string::npos) << denied.message();
+  EXPECT_NE(malformed.message().find("<redacted>"), std::string::npos) << malformed.message();
 }
 
 // ---- credentials ----

@@ -96,7 +96,7 @@ Status S3Client::Put(const std::string& bucket, const std::string& key, const ch
   Reply reply;
   s = Run(&req, &reply);
   if (!s.ok()) return s;
-  return EtagFrom(req.what, reply.etag, etag);
+  return Redacted(EtagFrom(req.what, reply.etag, etag));
 }
 
 void S3Client::AddChecksum(const char* data, size_t n, std::vector<std::string>* headers,
@@ -123,7 +123,7 @@ Status S3Client::CreateMultipart(const std::string& bucket, const std::string& k
   if (!s.ok()) return s;
   if (!XmlField(reply.body, "UploadId", upload_id) || upload_id->empty() || upload_id->size() > 1024 ||
       Printable(*upload_id, 1024) != *upload_id) {
-    return Status::Internal(req.what + ": no valid UploadId in '" + Printable(reply.body, 128) + "'");
+    return Redacted(Status::Internal(req.what + ": no valid UploadId in '" + Printable(reply.body, 128) + "'"));
   }
   return Status::OK();
 }
@@ -145,7 +145,7 @@ Status S3Client::UploadPart(const std::string& bucket, const std::string& key, c
   Reply reply;
   s = Run(&req, &reply);
   if (!s.ok()) return s;
-  return EtagFrom(req.what, reply.etag, etag);
+  return Redacted(EtagFrom(req.what, reply.etag, etag));
 }
 
 Status S3Client::CompleteMultipart(const std::string& bucket, const std::string& key, const std::string& upload_id,
@@ -193,9 +193,9 @@ Status S3Client::CompleteMultipart(const std::string& bucket, const std::string&
   if (!s.ok()) return s;
   std::string raw;
   if (!XmlField(reply.body, "ETag", &raw)) {
-    return Status::Internal(what + ": no ETag in '" + Printable(reply.body, 128) + "'");
+    return Redacted(Status::Internal(what + ": no ETag in '" + Printable(reply.body, 128) + "'"));
   }
-  return EtagFrom(what, raw, etag);
+  return Redacted(EtagFrom(what, raw, etag));
 }
 
 Status S3Client::AbortMultipart(const std::string& bucket, const std::string& key, const std::string& upload_id) {
