@@ -561,3 +561,36 @@ def test_deepspeed_saves_into_the_bucket_latest_last_and_resumes_from_it_alone(t
         if n.server.proc.poll() is None:
             n.stop()
         n.server.cleanup()
+
+
+def _path_with_key_of(node: Node, n: int) -> str:
+    """A path under the node's root whose object key is exactly n bytes."""
+    rest = n - len(node.key(""))
+    parts = []
+    while rest > 255:
+        parts.append("d" * 200)
+        rest -= 201
+    parts.append("f" * (rest - 3) + ".pt")
+    path = node.path("/".join(parts))
+    assert len(node.key(path[len(node.root) + 1:]).encode()) == n
+    return path
+
+
+@pytest.mark.parametrize("on_unavailable", ["raise", "fallback"])
+def test_a_save_whose_key_s3_cannot_hold_is_refused_when_it_begins(node, s3, bucket, on_unavailable):
+    """A key over S3's 1024 bytes could never be persisted: the save raises
+    at once, naming the key's length and the limit, with nothing cached and
+    nothing written anywhere (no fallback either: the caller still has the
+    state); a key of exactly 1024 bytes is saved and persisted."""
+    longest = _path_with_key_of(node, 1024)
+    tce.save({"v": torch.arange(3)}, longest)
+    tce.wait([longest])
+    assert _state(longest) == pb.FILE_STATE_PERSISTED
+    assert _exists(s3, bucket, node.key(longest[len(node.root) + 1:]))
+    too_long = _path_with_key_of(node, 1025)
+    with _knobs.override(on_unavailable=on_unavailable):
+        with pytest.raises(InvalidArgumentError, match=re.escape(
+                f"path: {too_long}: its object key would be 1025 bytes, longer than the 1024 S3 allows")):
+            tce.save({"v": torch.arange(3)}, too_long)
+    assert all(f.path != too_long for f in client.files())
+    assert not os.path.exists(node.root)  # no direct write under the root either

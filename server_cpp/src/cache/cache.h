@@ -404,6 +404,8 @@ class Cache : public PoolBudget,
   void Evict(FileInfo& f, const char* why) REQUIRES(mu_);
   void EnforceKeepLast(const std::string& job) REQUIRES(mu_);
   void Note(const FileInfo& f, bool removed) REQUIRES(mu_);
+  // PERMISSION_DENIED unless `path` lies under a storage root; under an
+  // object root, INVALID_ARGUMENT when its store cannot hold its key.
   Status CheckUnderRoots(const std::string& path);  // filesystem calls; no lock
   // Makes room for `need` more bytes; appends ids this session must unmap.
   // `passes`: 1 destroys only free buffers nobody maps; 2 also the ones only

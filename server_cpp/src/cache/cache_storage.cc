@@ -10,7 +10,11 @@ namespace tce {
 
 Status Cache::CheckUnderRoots(const std::string& path) {
   if (!persistence_enabled()) return Status::OK();
-  if (ObjectRootOf(path, nullptr)) return Status::OK();
+  std::string key;
+  if (const ObjectRoot* root = ObjectRootOf(path, &key)) {
+    Status s = root->store->CheckKey(key);
+    return s.ok() ? s : Status::InvalidArgument("path: " + path + ": " + s.message());
+  }
   std::string resolved;
   Status s = env_->ResolvePath(path, &resolved);
   if (!s.ok()) return Status::PermissionDenied("cannot resolve " + path + ": " + s.message());

@@ -59,6 +59,10 @@ class ObjectStore {
   virtual ~ObjectStore() = default;
   // "s3://bucket/key", for messages and logs (never credentials).
   virtual std::string Url(const std::string& key) const = 0;
+  // Whether the store can hold `key` at all (S3: at most 1024 bytes), so a
+  // save it could never persist is refused when it begins (INVALID_ARGUMENT
+  // naming the limit).
+  virtual Status CheckKey(const std::string& key) const = 0;
   // Writes data[0, n) at `key` durably, visible only once complete (never
   // a partial file or object), as `options` says. `out`: what the key holds
   // now (a file's stat; an object's size and ETag).

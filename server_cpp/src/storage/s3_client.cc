@@ -115,8 +115,9 @@ Status S3Client::Check(const std::string& bucket, const std::string* key) const 
       bucket.front() == '.' || bucket.back() == '.') {
     return Status::InvalidArgument("S3 bucket name '" + Printable(bucket, 64) + "' is not valid");
   }
-  if (key != nullptr && (key->empty() || key->size() > 1024)) {
-    return Status::InvalidArgument("S3 key must be 1 to 1024 bytes: '" + Printable(*key) + "'");
+  if (key != nullptr && (key->empty() || key->size() > kS3MaxKey)) {
+    return Status::InvalidArgument("S3 key must be 1 to " + std::to_string(kS3MaxKey) + " bytes: '" +
+                                   Printable(*key) + "'");
   }
   return Status::OK();
 }

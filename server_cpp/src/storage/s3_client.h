@@ -23,6 +23,9 @@
 
 namespace tce {
 
+// The longest key S3 takes, in bytes (of its UTF-8).
+constexpr size_t kS3MaxKey = 1024;
+
 struct S3Credentials {
   std::string access_key, secret_key, session_token;
 };

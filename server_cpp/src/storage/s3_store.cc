@@ -154,6 +154,13 @@ Status S3Store::Write(const std::string& key, const char* data, uint64_t n, cons
   return Status::OK();
 }
 
+Status S3Store::CheckKey(const std::string& key) const {
+  if (key.size() <= kS3MaxKey) return Status::OK();
+  return Status::InvalidArgument("its object key would be " + std::to_string(key.size()) + " bytes, longer than the " +
+                                 std::to_string(kS3MaxKey) + " S3 allows (" + Url(key.substr(0, 64)) +
+                                 "...): S3 cannot hold it");
+}
+
 bool S3Store::Retryable(const Status& s) const {
   // The client retried throttling, 5xx and timeouts itself; a refusal
   // (403, a bad request) will not clear by waiting.

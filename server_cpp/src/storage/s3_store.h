@@ -22,6 +22,7 @@ class S3Store : public ObjectStore {
                      std::shared_ptr<ObjectStore>* out);
 
   std::string Url(const std::string& key) const override { return "s3://" + bucket_ + "/" + key; }
+  Status CheckKey(const std::string& key) const override;
   Status Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
                FileStat* out) override;
   bool Retryable(const Status& s) const override;
