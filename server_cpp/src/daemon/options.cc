@@ -204,6 +204,7 @@ ObjectStoreOptions ObjectStoreSettings(const Options& o) {
   s.parallel = o.s3_parallel;
   s.retries = o.s3_retries;
   s.backoff_ms = o.s3_backoff_ms;
+  s.request_timeout_ms = o.s3_request_timeout_ms;
   s.checksum = o.s3_checksum;
   s.journal = o.state_dir;  // a directory: each store journals in a file of its own there
   return s;

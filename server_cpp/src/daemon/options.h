@@ -79,6 +79,7 @@ struct Options {
   int s3_parallel = 10;
   int s3_retries = 8;
   int s3_backoff_ms = 100;
+  int s3_request_timeout_ms = 120000;
   std::string s3_checksum = "crc32";
   // Metadata.
   std::string state_dir = "/var/lib/tce";

@@ -279,6 +279,9 @@ const std::vector<Setting> kSettings = {
         "retries of an S3 request that failed for a reason that may clear (5xx, SlowDown, timeouts)"),
     Int("s3_backoff_ms", &Options::s3_backoff_ms, {1, 600000},
         "first S3 retry's delay bound: full jitter, doubled per retry, at most 20 s"),
+    Millis("s3_request_timeout_ms", &Options::s3_request_timeout_ms, 1, 86400000,
+           "the most one S3 request may take, its retries and their backoff included; then it fails "
+           "and the file is persisted again after persist_failed_retry_ms"),
     Text("s3_checksum", &Options::s3_checksum, "C", S3Checksum,
          "how the store checks each body it receives: crc32 (x-amz-checksum-crc32), md5 (Content-MD5, "
          "for stores without checksums) or none"),

@@ -68,8 +68,9 @@ class ObjectStore {
   // now (a file's stat; an object's size and ETag).
   virtual Status Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
                        FileStat* out) = 0;
-  // Whether a failed Write may succeed if tried again later (the store has
-  // retried what clears quickly itself).
+  // Whether a failed Write is worth trying again at once (the store has
+  // retried what clears quickly itself); false leaves the file FAILED, to
+  // be persisted again later when the failure may clear (a deadline).
   virtual bool Retryable(const Status& s) const = 0;
   // Reads [offset, offset + n) of `key` into `into` (large reads as ranged
   // reads in parallel). A non-empty `etag` must still be the object's
@@ -95,6 +96,7 @@ struct ObjectStoreOptions {
   uint64_t range_size = 32 << 20;  // ranged reads of this size
   int parallel = 10, retries = 8;
   int backoff_ms = 100;
+  int request_timeout_ms = 120000;  // one request, its retries included
   std::string checksum = "crc32";  // what the store checks each body with: crc32, md5 or none
   // The directory where unfinished writes are journaled (a file per store),
   // so a restart abandons them (empty: not journaled).

@@ -94,7 +94,8 @@ S3Client::S3Client(S3Config config) : config_(std::move(config)) {
   } else if (!cred.access_key.empty() && cred.secret_key.empty()) {
     config_error_ = Status::InvalidArgument("S3 credentials have an access key but no secret key");
   } else if (config_.retries < 0 || config_.backoff.count() < 0 || config_.max_backoff.count() < 0 ||
-             config_.connect_timeout.count() <= 0 || config_.stall_timeout.count() <= 0 || config_.clock == nullptr) {
+             config_.connect_timeout.count() <= 0 || config_.stall_timeout.count() <= 0 ||
+             config_.request_timeout.count() <= 0 || config_.clock == nullptr) {
     config_error_ = Status::InvalidArgument("S3 retries, backoff and timeouts must not be negative");
   }
   http_ = std::make_unique<S3Http>(config_);
@@ -163,6 +164,14 @@ std::chrono::milliseconds S3Client::Backoff(int attempt) const {
 
 Status S3Client::Run(Request* req, Reply* reply) {
   const S3Credentials& cred = config_.credentials;
+  Clock* clock = config_.clock;
+  const Clock::TimePoint deadline = clock->Now() + config_.request_timeout;
+  std::string failure;  // the last attempt's, when it may clear
+  auto too_late = [&] {
+    return Status::DeadlineExceeded(
+        Redact(req->what + ": not done within " + std::to_string(config_.request_timeout.count()) +
+               " ms (s3_request_timeout_ms)" + (failure.empty() ? "" : "; the last attempt: " + failure)));
+  };
   for (int attempt = 0;; ++attempt) {
     S3HttpRequest http = req->http;
     // curl 7.88 signs this header's value as the payload hash.
@@ -171,8 +180,9 @@ Status S3Client::Run(Request* req, Reply* reply) {
     if (config_.amz_date) http.headers.push_back("x-amz-date: " + config_.amz_date());
     if (!cred.session_token.empty()) http.headers.push_back("x-amz-security-token: " + cred.session_token);
     *reply = Reply();
-    Status s = http_->Perform(http, reply);
-    std::string failure;
+    Status s = http_->Perform(http, reply, deadline);
+    if (s.code() == Status::Code::kDeadlineExceeded) return too_late();
+    failure.clear();
     if (s.ok()) {
       s = Judge(req->what, req->xml, *reply, &failure);
     } else if (s.code() == Status::Code::kUnavailable) {
@@ -187,7 +197,9 @@ Status S3Client::Run(Request* req, Reply* reply) {
     }
     retries_made_.fetch_add(1);
     TCE_LOG(kDebug, "s3") << "retrying " << Redact(req->what + " after " + failure);
-    if (!http_->Sleep(Backoff(attempt))) return Status::Cancelled(req->what + ": S3 client cancelled");
+    const Clock::Duration pause = std::min<Clock::Duration>(Backoff(attempt), deadline - clock->Now());
+    if (!http_->Sleep(pause)) return Status::Cancelled(req->what + ": S3 client cancelled");
+    if (clock->Now() >= deadline) return too_late();
   }
 }
 

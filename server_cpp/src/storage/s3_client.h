@@ -49,6 +49,10 @@ struct S3Config {
   std::chrono::milliseconds max_backoff{20000};
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds stall_timeout{30000};  // a transfer with no progress this long fails, then is retried
+  // The most one call may take, its retries and their backoff included: at
+  // it the exchange in flight is cut off and the call fails with
+  // DEADLINE_EXCEEDED (measured on `clock`).
+  std::chrono::milliseconds request_timeout{120000};
   std::vector<std::string> resolve;  // CURLOPT_RESOLVE entries "host:port:addr" (pin an endpoint's address)
   // How the store checks each body it receives: "crc32" (x-amz-checksum-crc32
   // on every PUT and part, the upload created with that algorithm), "md5"
@@ -89,11 +93,12 @@ class S3Client {
   // 500/502/503/504/429 and the S3 error codes SlowDown, InternalError,
   // RequestTimeout, ServiceUnavailable (also when a 200 response body is an
   // <Error>, as CompleteMultipartUpload can answer), with jittered
-  // exponential backoff. Errors: 404/NoSuchKey/NoSuchUpload -> NOT_FOUND;
-  // 403 -> PERMISSION_DENIED; 412 -> FAILED_PRECONDITION; retries exhausted
-  // -> UNAVAILABLE naming the last failure; other 4xx -> INVALID_ARGUMENT
-  // with S3's Code and Message (bounded, control characters escaped); a
-  // malformed response -> INTERNAL.
+  // exponential backoff, all within the config's request_timeout. Errors:
+  // 404/NoSuchKey/NoSuchUpload -> NOT_FOUND; 403 -> PERMISSION_DENIED; 412
+  // -> FAILED_PRECONDITION; retries exhausted -> UNAVAILABLE naming the last
+  // failure; request_timeout reached -> DEADLINE_EXCEEDED naming it and the
+  // last failure; other 4xx -> INVALID_ARGUMENT with S3's Code and Message
+  // (bounded, control characters escaped); a malformed response -> INTERNAL.
 
   // Absent: OK with exists=false.
   Status Head(const std::string& bucket, const std::string& key, S3Object* out);

@@ -214,6 +214,7 @@ TEST(S3Client, BackoffIsMeasuredOnTheConfiguredClock) {
   ManualClock clock;
   S3Config config = Config(server);
   config.backoff = config.max_backoff = std::chrono::hours(1);
+  config.request_timeout = std::chrono::hours(2);
   config.clock = &clock;
   S3Client client(config);
   S3Object obj;
@@ -244,6 +245,59 @@ TEST(S3Client, StalledTransferFailsAndIsRetried) {
   S3Object obj;
   ASSERT_TRUE(client.Head("b", "k", &obj).ok());
   EXPECT_EQ(client.retries_made(), 1u);
+}
+
+TEST(S3Client, ARequestEndsAtItsDeadlineOnTheConfiguredClock) {
+  // An endpoint that takes the body and never answers: without a deadline
+  // only the stall timer (minutes here) would end each attempt.
+  TestHttpServer server([](const SeenRequest&) {
+    Answer a;
+    a.hang = true;
+    return a;
+  });
+  ASSERT_TRUE(server.ok());
+  ManualClock clock;
+  S3Config config = Config(server);
+  config.stall_timeout = std::chrono::minutes(10);
+  config.request_timeout = std::chrono::minutes(2);
+  config.clock = &clock;
+  S3Client client(config);
+  const std::string body(4096, 'x');
+  std::string etag;
+  auto call = std::async(std::launch::async, [&] { return client.Put("b", "k", body.data(), body.size(), &etag); });
+  ASSERT_TRUE(server.WaitForRequests(1));
+  EXPECT_EQ(server.requests().at(0).body, body);  // the body went; no answer comes
+  clock.Advance(std::chrono::minutes(1));
+  EXPECT_EQ(call.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);  // not due yet
+  clock.Advance(std::chrono::minutes(1));
+  ASSERT_EQ(call.wait_for(std::chrono::seconds(60)), std::future_status::ready);  // a bound against hangs only
+  const Status s = call.get();
+  EXPECT_EQ(s.code(), Code::kDeadlineExceeded) << s.ToString();
+  EXPECT_EQ(s.message(), "S3 PUT b/k: not done within 120000 ms (s3_request_timeout_ms)");
+  EXPECT_EQ(server.request_count(), 1u);
+}
+
+TEST(S3Client, RetriesAndTheirBackoffEndAtTheDeadlineToo) {
+  TestHttpServer server([](const SeenRequest&) { return Answer::Error(503, "SlowDown", "Reduce your request rate."); });
+  ASSERT_TRUE(server.ok());
+  ManualClock clock;
+  S3Config config = Config(server);
+  config.retries = 100;
+  config.backoff = config.max_backoff = std::chrono::hours(1);
+  config.request_timeout = std::chrono::minutes(2);
+  config.clock = &clock;
+  S3Client client(config);
+  S3Object obj;
+  auto call = std::async(std::launch::async, [&] { return client.Head("b", "k", &obj); });
+  auto done = [&] { return call.wait_for(std::chrono::seconds(0)) == std::future_status::ready; };
+  // Asleep between attempts (unless the jitter drew no sleep: then the
+  // next attempt came), on a clock that does not move.
+  ASSERT_TRUE(Eventually([&] { return clock.waits() >= 1 || done(); }));
+  clock.Advance(std::chrono::minutes(2));  // the sleep is cut to the deadline
+  ASSERT_EQ(call.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  const Status s = call.get();
+  EXPECT_EQ(s.code(), Code::kDeadlineExceeded) << s.ToString();
+  EXPECT_EQ(s.message(), "S3 HEAD b/k: not done within 120000 ms (s3_request_timeout_ms); the last attempt: HTTP 503");
 }
 
 Answer Range(int status, const std::string& content_range, const std::string& body) {

@@ -257,34 +257,41 @@ Status S3Http::Configure(Handle* h, Transfer* t) {
   return Status::OK();
 }
 
-bool S3Http::Drive(Handle* h, int* result) {
+S3Http::Driven S3Http::Drive(Handle* h, Clock::TimePoint deadline, int* result) {
   if (curl_multi_add_handle(h->multi, h->easy) != CURLM_OK) {
     *result = CURLE_FAILED_INIT;
-    return true;
+    return Driven::kFinished;
   }
-  bool finished = false;
+  Driven how = Driven::kCancelled;
   while (!cancelled_.load()) {
     int running = 0;
     if (curl_multi_perform(h->multi, &running) != CURLM_OK) {
       *result = CURLE_FAILED_INIT;
-      finished = true;
+      how = Driven::kFinished;
       break;
     }
     if (running == 0) {
       int left = 0;
       CURLMsg* msg = curl_multi_info_read(h->multi, &left);
       *result = msg != nullptr && msg->msg == CURLMSG_DONE ? msg->data.result : CURLE_FAILED_INIT;
-      finished = true;
+      how = Driven::kFinished;
       break;
     }
     if (cancelled_.load()) break;
+    // The deadline is the config's clock's (a test moves it), so it is
+    // looked at here rather than left to curl's own timers.
+    const std::chrono::milliseconds left = config_.clock->Left(deadline);
+    if (left.count() == 0) {
+      how = Driven::kDeadline;
+      break;
+    }
     // Woken early by the socket, or by Cancel (curl_multi_wakeup); the
-    // timeout only bounds curl's own timers.
-    curl_multi_poll(h->multi, nullptr, 0, 1000, nullptr);
+    // timeout only bounds curl's own timers and the look at the deadline.
+    curl_multi_poll(h->multi, nullptr, 0, static_cast<int>(std::min<int64_t>(1000, left.count())), nullptr);
   }
   // Removed mid-transfer, the connection is closed, not kept.
   curl_multi_remove_handle(h->multi, h->easy);
-  return finished;
+  return how;
 }
 
 Status S3Http::Outcome(int result, const Transfer& t) const {
@@ -315,7 +322,7 @@ Status S3Http::Outcome(int result, const Transfer& t) const {
   }
 }
 
-Status S3Http::Perform(const S3HttpRequest& req, S3HttpReply* reply) {
+Status S3Http::Perform(const S3HttpRequest& req, S3HttpReply* reply, Clock::TimePoint deadline) {
   if (cancelled_.load()) return Status::Cancelled("S3 client cancelled");
   Handle* h = Acquire();
   if (h == nullptr) return Status::ResourceExhausted("S3: cannot create a curl handle");
@@ -325,8 +332,19 @@ Status S3Http::Perform(const S3HttpRequest& req, S3HttpReply* reply) {
   t.easy = h->easy;
   Status s = Configure(h, &t);
   int result = CURLE_OK;
-  if (s.ok() && !Drive(h, &result)) s = Status::Cancelled("S3 client cancelled");
-  if (s.ok()) s = Outcome(result, t);
+  if (s.ok()) {
+    switch (Drive(h, deadline, &result)) {
+      case Driven::kFinished:
+        s = Outcome(result, t);
+        break;
+      case Driven::kCancelled:
+        s = Status::Cancelled("S3 client cancelled");
+        break;
+      case Driven::kDeadline:
+        s = Status::DeadlineExceeded("cut off at the request's deadline");
+        break;
+    }
+  }
   if (s.ok()) curl_easy_getinfo(h->easy, CURLINFO_RESPONSE_CODE, &reply->status);
   curl_slist_free_all(t.headers);
   Release(h);

@@ -70,9 +70,11 @@ class S3Http {
   // Sends `req` once. OK with `reply` filled when an HTTP response came
   // (whatever its status); UNAVAILABLE for a failure a retry may cure (no
   // connection, a timeout, a reset, a truncated body); CANCELLED after
-  // Cancel; INTERNAL when the server sent more than the sink or kS3MaxBody
-  // holds; INVALID_ARGUMENT for what curl refuses to send.
-  Status Perform(const S3HttpRequest& req, S3HttpReply* reply) EXCLUDES(mu_);
+  // Cancel; DEADLINE_EXCEEDED once the config's clock reaches `deadline`
+  // (the exchange is cut off, whatever it was doing); INTERNAL when the
+  // server sent more than the sink or kS3MaxBody holds; INVALID_ARGUMENT
+  // for what curl refuses to send.
+  Status Perform(const S3HttpRequest& req, S3HttpReply* reply, Clock::TimePoint deadline) EXCLUDES(mu_);
   // Sleeps `d` on the config's clock; false when Cancel ended it (or came before).
   bool Sleep(Clock::Duration d) EXCLUDES(mu_);
   void Cancel() EXCLUDES(mu_);
@@ -84,8 +86,9 @@ class S3Http {
   Handle* Acquire() EXCLUDES(mu_);
   void Release(Handle* h) EXCLUDES(mu_);
   Status Configure(Handle* h, Transfer* t);
-  // Runs the configured transfer to its end; false when Cancel ended it.
-  bool Drive(Handle* h, int* result);
+  enum class Driven { kFinished, kCancelled, kDeadline };
+  // Runs the configured transfer to its end, Cancel or the deadline.
+  Driven Drive(Handle* h, Clock::TimePoint deadline, int* result);
   Status Outcome(int result, const Transfer& t) const;
 
   const S3Config& config_;

@@ -37,6 +37,7 @@ Status S3Store::Open(const std::string& bucket, const ObjectStoreOptions& option
   c.ca_file = options.ca_file;
   c.retries = options.retries;
   c.backoff = std::chrono::milliseconds(options.backoff_ms);
+  c.request_timeout = std::chrono::milliseconds(options.request_timeout_ms);
   c.checksum = options.checksum;
   Status s = LoadS3Credentials(options.credentials_file, options.profile, &c.credentials);
   if (!s.ok()) return s;
@@ -163,8 +164,12 @@ Status S3Store::CheckKey(const std::string& key) const {
 
 bool S3Store::Retryable(const Status& s) const {
   // The client retried throttling, 5xx and timeouts itself; a refusal
-  // (403, a bad request) will not clear by waiting.
-  return s.code() != Status::Code::kPermissionDenied && s.code() != Status::Code::kInvalidArgument;
+  // (403, a bad request) will not clear by waiting; a request that ran to
+  // its deadline met an endpoint that does not answer: trying again at once
+  // would hold this root's workers as long again, so the file is FAILED and
+  // persisted again after persist_failed_retry_ms.
+  return s.code() != Status::Code::kPermissionDenied && s.code() != Status::Code::kInvalidArgument &&
+         s.code() != Status::Code::kDeadlineExceeded;
 }
 
 Status S3Store::Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag) {
