@@ -59,12 +59,13 @@ class Node:
         self.root = str(tmp_path / "ckpt")  # never created: an object root has no directory
         self.state = str(tmp_path / "state")
         self.bucket, self.proxy, self.extra = bucket, proxy, list(extra)
+        self.dirs: list[str] = []  # directory roots beside the object root
         self.server: LocalServer | None = None
 
     def start(self) -> "Node":
         self.server = LocalServer(
             memory_budget="512MiB", state_dir=self.state,
-            storage_roots=[f"{self.root}=s3://{self.bucket}/run1"],
+            storage_roots=[f"{self.root}=s3://{self.bucket}/run1", *self.dirs],
             extra_args=["--s3-endpoint", self.proxy.endpoint, "--s3-path-style", "true",
                         "--s3-backoff-ms", "10", "--persist-backoff-ms", "10",
                         "--memory-backing", "4k", *self.extra],
@@ -279,6 +280,59 @@ def test_an_endpoint_down_then_back_persists_once_it_answers(tmp_path, bucket, p
             assert _exists(s3, bucket, n.key("x.pt"))
             api.close()
     finally:
+        n.stop()
+        n.server.cleanup()
+
+
+def test_a_request_the_endpoint_never_answers_ends_at_its_deadline(tmp_path, bucket, proxy, s3):
+    """The endpoint takes the PutObject (its body included) and never
+    answers: the upload ends at s3_request_timeout_ms, whatever the retries
+    left, and the file is FAILED naming the deadline."""
+    n = Node(tmp_path, bucket, proxy, "--s3-request-timeout-ms", "1000", "--s3-retries", "100",
+             "--persist-failed-retry-ms", "100").start()
+    try:
+        with _knobs.override(socket=n.server.socket, job="hung", on_unavailable="raise"):
+            proxy.hold("PutObject")
+            path = n.path("h.pt")
+            tce.save({"v": torch.arange(5)}, path)
+            until(lambda: _state(path) == pb.FILE_STATE_FAILED, what="the upload to end at its deadline")
+            assert "not done within 1000 ms (s3_request_timeout_ms)" in _file(path).reason
+            assert proxy.counts().get("PutObject", 0) >= 1
+            api.close()
+    finally:
+        proxy.release()
+        n.stop()
+        n.server.cleanup()
+
+
+def test_a_hung_endpoint_holds_no_other_roots_files(tmp_path, bucket, proxy, s3):
+    """Both persistence workers' uploads wait on an endpoint that took their
+    bodies and does not answer; a file saved under a directory root
+    meanwhile is persisted all the same (each root has workers of its own),
+    while the uploads are still held."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    n = Node(tmp_path, bucket, proxy, "--persist-threads", "2")
+    n.dirs = [str(disk)]
+    n.start()
+    try:
+        with _knobs.override(socket=n.server.socket, job="lanes", on_unavailable="raise"):
+            proxy.hold("PutObject")
+            stuck = [n.path(f"s{i}.pt") for i in range(2)]
+            for p in stuck:
+                tce.save({"v": torch.arange(4)}, p)
+            proxy.wait_held(2)  # every worker a shared pool would have is taken
+            local = str(disk / "local.pt")
+            tce.save({"v": torch.arange(6)}, local)
+            until(lambda: _state(local) == pb.FILE_STATE_PERSISTED, what="the directory root's file persisted")
+            assert torch.equal(torch.load(local, weights_only=True)["v"], torch.arange(6))
+            assert len(proxy.held()) == 2  # the uploads still wait
+            assert all(_state(p) == pb.FILE_STATE_CACHED for p in stuck)
+            proxy.release()
+            tce.wait(stuck)
+            api.close()
+    finally:
+        proxy.release()
         n.stop()
         n.server.cleanup()
 

@@ -285,7 +285,8 @@ const std::vector<Setting> kSettings = {
     Text("s3_checksum", &Options::s3_checksum, "C", S3Checksum,
          "how the store checks each body it receives: crc32 (x-amz-checksum-crc32), md5 (Content-MD5, "
          "for stores without checksums) or none"),
-    Int("persist_threads", &Options::persist_threads, {1, 64}, "persistence workers"),
+    Int("persist_threads", &Options::persist_threads, {1, 64},
+        "persistence workers for the directory roots, and as many for each object root"),
     Int("persist_retries", &Options::persist_retries, {0, 100}, "retries of a failed write"),
     Millis("persist_backoff_ms", &Options::persist_backoff_ms, 1, 600000,
            "first retry delay, doubled each time"),

@@ -4,13 +4,22 @@
 
 namespace tce {
 
-PersistQueue::PersistQueue(std::chrono::milliseconds retry_interval, Clock* clock)
-    : retry_interval_(retry_interval), clock_(clock) {}
+PersistQueue::PersistQueue(std::chrono::milliseconds retry_interval, Clock* clock, size_t lanes, LaneOf lane_of)
+    : retry_interval_(retry_interval),
+      clock_(clock),
+      lanes_(std::max<size_t>(lanes, 1)),
+      lane_of_(std::move(lane_of)),
+      items_(lanes_) {}
+
+size_t PersistQueue::LaneOfKey(const FileKey& key) const {
+  const size_t lane = lane_of_ ? lane_of_(key) : 0;
+  return lane < lanes_ ? lane : 0;
+}
 
 void PersistQueue::Queue(const FileKey& key) {
   MutexLock lock(&mu_);
-  items_.push_back(Item{key, false});
-  cv_.Signal();
+  items_[LaneOfKey(key)].push_back(Item{key, false});
+  cv_.SignalAll();  // the workers of every lane wait on it
 }
 
 std::chrono::milliseconds PersistQueue::RetryLater(const FileKey& key) {
@@ -28,27 +37,31 @@ void PersistQueue::CancelRetry(const FileKey& key) {
 
 size_t PersistQueue::Queued() const {
   MutexLock lock(&mu_);
-  return items_.size();
+  size_t n = 0;
+  for (const auto& lane : items_) n += lane.size();
+  return n;
 }
 
-bool PersistQueue::Next(Item* out) {
+bool PersistQueue::Next(Item* out, size_t lane) {
   MutexLock lock(&mu_);
+  if (lane >= lanes_) return false;
+  std::deque<Item>& mine = items_[lane];
   while (!stopping_) {
-    // Due retries join the queue behind what is already there.
+    // Due retries join their lane's queue behind what is already there.
     const auto now = clock_->Now();
     auto next_retry = Clock::TimePoint::max();
     for (auto it = retry_at_.begin(); it != retry_at_.end();) {
       if (it->second > now) {
-        next_retry = std::min(next_retry, it->second);
+        if (LaneOfKey(it->first) == lane) next_retry = std::min(next_retry, it->second);
         ++it;
       } else {
-        items_.push_back(Item{it->first, true});
+        items_[LaneOfKey(it->first)].push_back(Item{it->first, true});
         it = retry_at_.erase(it);
       }
     }
-    if (!items_.empty()) {
-      *out = std::move(items_.front());
-      items_.pop_front();
+    if (!mine.empty()) {
+      *out = std::move(mine.front());
+      mine.pop_front();
       return true;
     }
     if (next_retry == Clock::TimePoint::max())

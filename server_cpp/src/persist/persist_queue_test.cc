@@ -72,6 +72,36 @@ TEST(PersistQueue, NoRetriesWithoutAnInterval) {
   EXPECT_FALSE(q.Next(&item));
 }
 
+TEST(PersistQueue, EachLaneHandsOutOnlyItsOwnFiles) {
+  ManualClock clock;
+  // Lane 1: the files under /s3; lane 0: the rest.
+  PersistQueue q(30ms, &clock, 2, [](const FileKey& k) -> size_t { return k.second.rfind("/s3/", 0) == 0 ? 1 : 0; });
+  q.Queue({"j", "/s3/a"});
+  q.Queue({"j", "/s3/b"});
+  q.Queue({"j", "/disk/c"});
+  PersistQueue::Item item;
+  ASSERT_TRUE(q.Next(&item, 0));  // not behind the object root's files
+  EXPECT_EQ(item.key.second, "/disk/c");
+  q.RetryLater({"j", "/disk/failed"});
+  std::atomic<bool> got{false};
+  std::thread disk([&] {
+    PersistQueue::Item retried;
+    ASSERT_TRUE(q.Next(&retried, 0));
+    EXPECT_EQ(retried.key.second, "/disk/failed");
+    EXPECT_TRUE(retried.retry);
+    got = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return clock.waits() >= 1; }));
+  EXPECT_FALSE(got);  // lane 0 holds no other file: it waits for the retry
+  ASSERT_TRUE(q.Next(&item, 1));
+  EXPECT_EQ(item.key.second, "/s3/a");
+  clock.Advance(30ms);
+  disk.join();
+  ASSERT_TRUE(q.Next(&item, 1));
+  EXPECT_EQ(item.key.second, "/s3/b");
+  EXPECT_EQ(q.Queued(), 0u);
+}
+
 TEST(PersistQueue, StopWakesAWaitingWorker) {
   PersistQueue q;
   std::thread worker([&] {

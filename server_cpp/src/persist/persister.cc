@@ -25,8 +25,24 @@ uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 }  // namespace
 
+namespace {
+// Lane 0: the directory roots; lane i: object root i - 1.
+size_t Lanes(const PersistOptions& o) { return 1 + (o.objects ? o.objects->all().size() : 0); }
+PersistQueue::LaneOf LaneOf(const PersistOptions& o) {
+  std::shared_ptr<const ObjectRoots> objects = o.objects;
+  if (!objects || objects->empty()) return nullptr;
+  return [objects](const FileKey& key) -> size_t {
+    const ObjectRoot* root = objects->Find(key.second, nullptr);
+    return root ? 1 + static_cast<size_t>(root - objects->all().data()) : 0;
+  };
+}
+}  // namespace
+
 Persister::Persister(PersistSource* cache, Env* env, PersistOptions options)
-    : cache_(cache), queue_(options.failed_retry, options.clock), env_(env), options_(options) {
+    : cache_(cache),
+      queue_(options.failed_retry, options.clock, Lanes(options), LaneOf(options)),
+      env_(env),
+      options_(options) {
   cache_->SetPersistFeed(&queue_);
 }
 
@@ -56,7 +72,8 @@ int Persister::RemoveStaleTemps(Env* env, const std::vector<std::string>& roots,
 }
 
 void Persister::Start() {
-  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
+  for (size_t lane = 0; lane < queue_.lanes(); ++lane)
+    for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this, lane] { Loop(lane); });
 }
 
 void Persister::Stop() {
@@ -79,7 +96,7 @@ bool Persister::SleepUnlessStopping(std::chrono::milliseconds d) {
   return !stop_;
 }
 
-void Persister::Loop() {
+void Persister::Loop(size_t lane) {
   // Persistence is background work: on a busy node the training ranks'
   // copies come first (nice applies per thread on Linux).
   if (options_.nice > 0) {
@@ -89,7 +106,7 @@ void Persister::Loop() {
   }
   PersistQueue::Item item;
   PersistJob job;
-  while (queue_.Next(&item)) {
+  while (queue_.Next(&item, lane)) {
     if (!cache_->StartPersist(item.key, item.retry, &job)) continue;
     std::vector<Record> records = job.records;
     FileStat written;

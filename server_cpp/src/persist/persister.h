@@ -11,6 +11,10 @@
 // with exponential backoff; after the retries the file is FAILED with the
 // reason (and stays in memory).
 //
+// Each object root has workers of its own (`threads` of them), and the
+// directory roots theirs: a root whose storage stops answering holds only
+// its own workers, and the files of the other roots go on persisting.
+//
 // Deletes are honoured: a file is written only into the directory its save
 // found (never created; only a file recovered from the ring, whose save this
 // server never saw, may create directories below the root), and only while
@@ -51,7 +55,7 @@ namespace tce {
 
 struct PersistOptions {
   TransferMetrics* metrics = nullptr;  // observes each file persisted or failed attempt (optional)
-  int threads = 2;
+  int threads = 2;  // per lane: the directory roots, and each object root
   int retries = 5;  // attempts after the first
   std::chrono::milliseconds backoff{200};  // doubled per attempt
   size_t chunk = 16 << 20;                 // bytes per write()
@@ -90,7 +94,7 @@ class Persister {
                               const std::vector<std::string>& paths, const std::string& temp_prefix);
 
  private:
-  void Loop();
+  void Loop(size_t lane);  // a worker of the queue's lane
   // The store and key `job`'s path is written to now: its object root's,
   // else the directory root its directory resolves under at this moment.
   Status StoreOf(const PersistJob& job, ObjectStore** store, std::string* key);
