@@ -175,7 +175,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   if (s.ok() && req.size == 0) s = Status::InvalidArgument("size must be > 0");
   if (s.ok()) s = CheckUnderRoots(req.path);
   DiskIdentity disk;
-  if (s.ok()) s = SnapshotFor(req.path, &disk);
+  if (s.ok()) s = SnapshotFor(req.session, req.path, &disk);
   if (s.ok() && req.size > budget_)
     s = Status::ResourceExhausted("file of " + std::to_string(req.size) + " bytes (" +
                                   HumanBytes(req.size) + ") exceeds the cache budget of " +

@@ -429,10 +429,11 @@ class Cache : public PoolBudget,
   // the pool, else made now; the pool sheds what no longer fits the budget.
   Status NewBuffer(uint64_t id, uint64_t capacity, std::unique_ptr<Buffer>* out) EXCLUDES(mu_);
   // ---- coherence with storage (cache/storage_check.h); no lock held ----
-  // What the path of a save holds now: NOT_FOUND / PERMISSION_DENIED /
-  // FAILED_PRECONDITION when torch.save would fail there; unknown (the save
-  // goes on unchecked) when storage does not answer.
-  Status SnapshotFor(const std::string& path, DiskIdentity* out);
+  // What the path of a save in `session` holds now: NOT_FOUND /
+  // PERMISSION_DENIED / FAILED_PRECONDITION when torch.save would fail there
+  // (under an object root: another uid's object is there); unknown (the
+  // save goes on unchecked) when storage does not answer.
+  Status SnapshotFor(const std::string& session, const std::string& path, DiskIdentity* out) EXCLUDES(mu_);
   // A ring copy's storage identity against storage now (filesystem calls,
   // through the prober; no lock); *here: what the path holds now. kElsewhere
   // when there is nothing to compare (no identity, another disk).
@@ -454,7 +455,13 @@ class Cache : public PoolBudget,
   // timeout: UNAVAILABLE past it).
   Status ProbeObject(const ObjectRoot& root, const std::string& key, ObjectId* out);
   Status SnapshotObject(const ObjectRoot& root, const std::string& key, const std::string& path,
-                        DiskIdentity* out);
+                        const Requester& who, DiskIdentity* out);
+  // Whom an object call is for (storage/object_owner.h): the session's
+  // uid, `uid`, or the owner of `job` (none: a requester no object's owner
+  // is); an administrator when that is root and root_is_admin.
+  Status SessionRequester(const std::string& session, Requester* out) EXCLUDES(mu_);
+  Requester RequesterOf(uid_t uid) EXCLUDES(mu_);
+  Requester JobRequester(const std::string& job) override EXCLUDES(mu_);
   StorageCheck CheckObject(const ObjectRoot& root, const std::string& key, const DiskIdentity& expected);
   // A tag's completeness marker (`.metadata`, `latest`) under an object
   // root waits while another file of its tag is not yet on storage: one of

@@ -100,8 +100,8 @@ Status Cache::ListStorageDir(const std::string& job, const std::string& dir, std
   out->clear();
   std::string key;  // the key a file in `dir` named "x" would have: its prefix is dir's
   if (const ObjectRoot* root = ObjectRootOf(dir + "/x", &key)) {
-    std::vector<ListedObject> listed;
-    Status s = root->store->List(key.substr(0, key.size() - 1), &listed);
+    std::vector<ListedObject> listed;  // the job's owner's (and unowned) objects
+    Status s = root->store->List(key.substr(0, key.size() - 1), JobRequester(job), &listed);
     if (!s.ok()) return s;
     for (const ListedObject& o : listed) {
       if (o.key.compare(0, root->prefix.size(), root->prefix) != 0) continue;
@@ -151,13 +151,15 @@ Status Cache::FetchStored(const std::string& job, const std::string& path, uid_t
 Status Cache::FetchObjectOnce(const ObjectRoot& root, const std::string& key, const std::string& job,
                               const std::string& path, uid_t uid, gid_t gid, uint64_t* size) {
   ObjectId obj;
+  const Requester who = RequesterOf(uid);  // another uid's object is not read for this one
   Status s = root.store->Stat(key, &obj);
+  if (s.ok() && !obj.exists) return Status::NotFound(root.store->Url(key) + " does not exist");
+  if (s.ok()) s = MayUse(who, obj, root.store->Url(key), "read");
   if (!s.ok()) return s;
-  if (!obj.exists) return Status::NotFound(root.store->Url(key) + " does not exist");
   std::unique_ptr<Buffer> mem;
   double secs = 0;
-  s = ReadIntoBuffer(obj.size, path, [&](char* into) { return root.store->Read(key, 0, obj.size, into, obj.etag); },
-                     &mem, &secs);
+  s = ReadIntoBuffer(obj.size, path,
+                     [&](char* into) { return root.store->Read(key, 0, obj.size, into, obj.etag, who); }, &mem, &secs);
   if (!s.ok()) return s;
   DiskIdentity disk = IdentityOf(obj);
   disk.written = true;

@@ -24,8 +24,29 @@ Status Cache::ProbeObject(const ObjectRoot& root, const std::string& key, Object
   return result->first;
 }
 
+Status Cache::SessionRequester(const std::string& session, Requester* out) {
+  MutexLock lock(&mu_);
+  Status s = sessions_.Check(session);
+  if (!s.ok()) return s;
+  const uid_t uid = sessions_.Find(session)->uid;
+  *out = {uid, owners_.IsAdmin(uid)};
+  return s;
+}
+
+Requester Cache::RequesterOf(uid_t uid) {
+  MutexLock lock(&mu_);
+  return {uid, owners_.IsAdmin(uid)};
+}
+
+Requester Cache::JobRequester(const std::string& job) {
+  MutexLock lock(&mu_);
+  uid_t uid = 0;
+  if (!owners_.Owner(job, &uid)) return Requester();
+  return {uid, owners_.IsAdmin(uid)};
+}
+
 Status Cache::SnapshotObject(const ObjectRoot& root, const std::string& key, const std::string& path,
-                             DiskIdentity* out) {
+                             const Requester& who, DiskIdentity* out) {
   const uint64_t seq = ++disk_seq_;
   ObjectId now;
   Status s = ProbeObject(root, key, &now);
@@ -33,6 +54,8 @@ Status Cache::SnapshotObject(const ObjectRoot& root, const std::string& key, con
     NoteStorageFallback(path, s.ToString() + "; the save goes on unchecked");
     return Status::OK();
   }
+  s = MayUse(who, now, root.store->Url(key), "replace");  // another uid's object: refused, as its file would be
+  if (!s.ok()) return s;
   *out = IdentityOf(now);
   out->seq = seq;
   return Status::OK();
@@ -51,10 +74,13 @@ Status Cache::ReadObjectRange(const std::string& session, const std::string& job
   std::string key;
   const ObjectRoot* root = ObjectRootOf(path, &key);
   if (!root) return Status::NotFound(path + " is not under an object storage root");
+  Requester who;
   {
     MutexLock lock(&mu_);
     Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
     if (!s.ok()) return s;
+    const uid_t uid = sessions_.Find(session)->uid;
+    who = {uid, owners_.IsAdmin(uid)};
   }
   const std::string url = root->store->Url(key);
   // Pinned: the load saw this identity at its first range; no look now,
@@ -66,6 +92,8 @@ Status Cache::ReadObjectRange(const std::string& session, const std::string& job
     Status s = root->store->Stat(key, &obj);
     if (!s.ok()) return s;
     if (!obj.exists) return Status::NotFound(url + " does not exist");
+    s = MayUse(who, obj, url, "read");
+    if (!s.ok()) return s;
   }
   if (offset > obj.size || length > obj.size - offset)
     return Status::FromCode(Status::Code::kOutOfRange, "bytes " + std::to_string(offset) + "+" +
@@ -77,7 +105,7 @@ Status Cache::ReadObjectRange(const std::string& session, const std::string& job
       data->resize(length);
       into = reinterpret_cast<unsigned char*>(&(*data)[0]);
     }
-    s = root->store->Read(key, offset, length, reinterpret_cast<char*>(into), obj.etag);
+    s = root->store->Read(key, offset, length, reinterpret_cast<char*>(into), obj.etag, who);  // owner checked again
   }
   if (pinned && (s.code() == Status::Code::kFailedPrecondition || s.code() == Status::Code::kNotFound ||
                  s.code() == Status::Code::kOutOfRange)) {
@@ -100,12 +128,15 @@ Status Cache::DeleteObject(const std::string& session, const std::string& job, c
   std::string key;
   const ObjectRoot* root = ObjectRootOf(path, &key);
   if (!root) return Status::InvalidArgument(path + " is not under an object storage root");
+  Requester who;
   {
     MutexLock lock(&mu_);
     Status s = CheckAccess(session, job, "delete " + path + " of job '" + job + "'");
     if (!s.ok()) return s;
+    const uid_t uid = sessions_.Find(session)->uid;
+    who = {uid, owners_.IsAdmin(uid)};
   }
-  Status s = root->store->Delete(key);
+  Status s = root->store->Delete(key, who);
   if (s.ok()) TCE_LOG(kInfo, "cache") << "deleted " << root->store->Url(key) << " (job=" << job << ")";
   return s;
 }
@@ -121,13 +152,16 @@ Status Cache::ListStored(const std::string& session, const std::string& job, con
   std::string key;  // the key a file in `dir` named "x" would have: its prefix is dir's
   const ObjectRoot* root = ObjectRootOf(dir + "/x", &key);
   if (!root) return Status::InvalidArgument(dir + " is not under an object storage root");
+  Requester who;
   {
     MutexLock lock(&mu_);
     Status s = CheckAccess(session, job, "list " + dir + " for job '" + job + "'");
     if (!s.ok()) return s;
+    const uid_t uid = sessions_.Find(session)->uid;
+    who = {uid, owners_.IsAdmin(uid)};
   }
-  std::vector<ListedObject> listed;
-  Status s = root->store->List(key.substr(0, key.size() - 1), &listed);
+  std::vector<ListedObject> listed;  // another uid's objects left out
+  Status s = root->store->List(key.substr(0, key.size() - 1), who, &listed);
   if (!s.ok()) return s;
   for (const ListedObject& o : listed) {
     if (o.key.compare(0, root->prefix.size(), root->prefix) != 0) continue;

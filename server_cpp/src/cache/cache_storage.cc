@@ -32,10 +32,14 @@ Status Cache::CheckUnderRoots(const std::string& path) {
                                   " is not under a storage root (" + list + ")");
 }
 
-Status Cache::SnapshotFor(const std::string& path, DiskIdentity* out) {
+Status Cache::SnapshotFor(const std::string& session, const std::string& path, DiskIdentity* out) {
   if (!persistence_enabled()) return Status::OK();  // memory only: a path is a name
   std::string key;
-  if (const ObjectRoot* root = ObjectRootOf(path, &key)) return SnapshotObject(*root, key, path, out);
+  if (const ObjectRoot* root = ObjectRootOf(path, &key)) {
+    Requester who;
+    Status s = SessionRequester(session, &who);
+    return s.ok() ? SnapshotObject(*root, key, path, who, out) : s;
+  }
   // Numbered before looking, so an identity this server records later (a
   // write that lands meanwhile) is known to be newer.
   const uint64_t seq = ++disk_seq_;

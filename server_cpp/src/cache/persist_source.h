@@ -16,6 +16,7 @@
 #include "cache/record.h"
 #include "common/status.h"
 #include "env/env.h"
+#include "storage/object_owner.h"
 
 namespace tce {
 
@@ -59,6 +60,9 @@ class PersistSource {
   // tags, oldest first; forgetting one whose files were deleted.
   virtual std::vector<TagInfo> ListTags(const std::string& job) = 0;
   virtual void ForgetTag(const std::string& job, const std::string& tag) = 0;
+  // Whom retention's deletes of the job's objects are for: the job's owner
+  // (storage/object_owner.h), so a tag never deletes another uid's object.
+  virtual Requester JobRequester(const std::string& job) = 0;
 };
 
 }  // namespace tce

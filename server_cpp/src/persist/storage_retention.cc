@@ -62,6 +62,7 @@ void StorageRetention::Apply(const std::string& job) {
   std::set<std::string> kept;
   for (size_t i = 0; i < keep_last_; ++i)
     for (const TagFile& f : tags[i].files) kept.insert(f.path);
+  const Requester who = cache_->JobRequester(job);  // a tag deletes none of another uid's objects
   for (size_t i = keep_last_; i < tags.size(); ++i) {
     const TagInfo& tag = tags[i];
     bool all = true, any = false;
@@ -72,7 +73,12 @@ void StorageRetention::Apply(const std::string& job) {
       if (!root) continue;  // not on object storage
       any = true;
       if (kept.count(path)) continue;  // still a kept tag's
-      Status s = root->store->Delete(key);
+      Status s = root->store->Delete(key, who);
+      if (s.code() == Status::Code::kPermissionDenied) {  // not the job's to delete: left as it is
+        TCE_LOG(kWarning, "retention") << "left " << root->store->Url(key) << " of job=" << job << " tag=" << tag.tag
+                                       << ": " << s.message();
+        continue;
+      }
       if (!s.ok()) {
         TCE_LOG(kWarning, "retention") << "cannot delete " << root->store->Url(key) << " of job=" << job
                                        << " tag=" << tag.tag << ": " << s.ToString()

@@ -22,6 +22,10 @@ struct ObjectId {
   bool exists = false;
   uint64_t size = 0;
   std::string etag;
+  // The uid recorded as the object's owner (storage/object_owner.h); owned
+  // false: none recorded.
+  bool owned = false;
+  uint32_t owner = 0;
 };
 
 // What a file's path held on storage, as this server last saw it: what was

@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "env/env.h"
 #include "storage/identity.h"
+#include "storage/object_owner.h"
 
 namespace tce {
 
@@ -44,8 +45,11 @@ struct WriteOptions {
   // CANCELLED with the reason (UNAVAILABLE when storage cannot say). Null
   // or not known: nothing is compared.
   const DiskIdentity* expected = nullptr;
-  // Filesystems: the identity the file is written as (a root server only;
-  // -1: the server's own), a new file's permission bits (a replaced file
+  // The uid that saved the file: filesystems write as it (a root server
+  // only; -1: the server's own), object stores record it as the object's
+  // owner and write over only an object of its own or with no owner (uid 0
+  // over any: the save's own check applied root_is_admin). Filesystems
+  // also: the gid written as, a new file's permission bits (a replaced file
   // keeps its own), whether missing directories are made, and how many
   // bytes of `data` may be read (>= n, a multiple of 4096 for O_DIRECT).
   uint32_t uid = static_cast<uint32_t>(-1), gid = static_cast<uint32_t>(-1);
@@ -74,12 +78,19 @@ class ObjectStore {
   virtual bool Retryable(const Status& s) const = 0;
   // Reads [offset, offset + n) of `key` into `into` (large reads as ranged
   // reads in parallel). A non-empty `etag` must still be the object's
-  // (FAILED_PRECONDITION when it was replaced meanwhile).
-  virtual Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into,
-                      const std::string& etag) = 0;
-  virtual Status Stat(const std::string& key, ObjectId* out) = 0;  // absent: OK, exists = false
-  virtual Status List(const std::string& prefix, std::vector<ListedObject>* out) = 0;
-  virtual Status Delete(const std::string& key) = 0;  // absent: OK
+  // (FAILED_PRECONDITION when it was replaced meanwhile). Object stores
+  // write no byte of another owner's object into `into` (MayUse: refused
+  // on the answer's metadata, before its body); directory roots' reads go
+  // through the kernel as the user instead (cache/cache_fetch.cc).
+  virtual Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag,
+                      const Requester& who) = 0;
+  // Absent: OK, exists = false; an object's owner is in `out`.
+  virtual Status Stat(const std::string& key, ObjectId* out) = 0;
+  // The keys under `prefix` that `who` may read (object stores: another
+  // owner's are left out).
+  virtual Status List(const std::string& prefix, const Requester& who, std::vector<ListedObject>* out) = 0;
+  // Absent: OK; another owner's object: PERMISSION_DENIED (object stores).
+  virtual Status Delete(const std::string& key, const Requester& who) = 0;
   // At start: abandons the unfinished writes a crashed run of this server
   // left (only its own); returns how many.
   virtual int AbandonUnfinished() = 0;

@@ -228,7 +228,8 @@ Status PosixStore::WriteOnce(const std::string& key, const char* data, uint64_t 
   return dir->Sync();
 }
 
-Status PosixStore::Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag) {
+Status PosixStore::Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag,
+                        const Requester&) {
   std::unique_ptr<Directory> dir;
   std::string name, dir_path;
   Status s = OpenDir(key, /*create=*/false, &dir, &name, &dir_path);
@@ -261,7 +262,7 @@ Status PosixStore::Stat(const std::string& key, ObjectId* out) {
   return Status::OK();
 }
 
-Status PosixStore::List(const std::string& prefix, std::vector<ListedObject>* out) {
+Status PosixStore::List(const std::string& prefix, const Requester&, std::vector<ListedObject>* out) {
   out->clear();
   // Walk from the deepest directory the prefix names whole; keep the
   // regular files whose keys start with it (no symlink is followed, temp
@@ -297,7 +298,7 @@ Status PosixStore::List(const std::string& prefix, std::vector<ListedObject>* ou
   return Status::OK();
 }
 
-Status PosixStore::Delete(const std::string& key) {
+Status PosixStore::Delete(const std::string& key, const Requester&) {
   std::unique_ptr<Directory> dir;
   std::string name, dir_path;
   Status s = OpenDir(key, /*create=*/false, &dir, &name, &dir_path);

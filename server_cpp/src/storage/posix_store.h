@@ -44,11 +44,13 @@ class PosixStore : public ObjectStore {
   Status Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
                FileStat* out) override;
   bool Retryable(const Status&) const override { return true; }  // disk full, EIO: may clear
-  Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into,
-              const std::string& etag) override;
+  // `who` is not looked at: the kernel checks a directory root's files
+  // (the server reads and lists them as the user, cache/cache_fetch.cc).
+  Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag,
+              const Requester& who) override;
   Status Stat(const std::string& key, ObjectId* out) override;
-  Status List(const std::string& prefix, std::vector<ListedObject>* out) override;
-  Status Delete(const std::string& key) override;
+  Status List(const std::string& prefix, const Requester& who, std::vector<ListedObject>* out) override;
+  Status Delete(const std::string& key, const Requester& who) override;
   // Temp files are named per server and found per directory by
   // Persister::RemoveStaleTemps; a filesystem keeps no other unfinished write.
   int AbandonUnfinished() override { return 0; }

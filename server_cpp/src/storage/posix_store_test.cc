@@ -80,25 +80,25 @@ TEST_F(PosixStoreTest, WritesReadsStatsListsAndDeletesBytesExactly) {
   EXPECT_EQ(id.size, bytes.size());
   EXPECT_EQ(id.etag, PosixStore::EtagOf(written));
   std::string part(100, '\0');
-  ASSERT_TRUE(store_->Read("run/step1/x.pt", 4000, part.size(), &part[0], id.etag).ok());
+  ASSERT_TRUE(store_->Read("run/step1/x.pt", 4000, part.size(), &part[0], id.etag, Requester()).ok());
   EXPECT_EQ(part, bytes.substr(4000, 100));
-  s = store_->Read("run/step1/x.pt", bytes.size() - 10, 20, &part[0], "");
+  s = store_->Read("run/step1/x.pt", bytes.size() - 10, 20, &part[0], "", Requester());
   EXPECT_EQ(s.code(), Status::Code::kOutOfRange) << s.ToString();
 
   std::vector<ListedObject> listed;
-  ASSERT_TRUE(store_->List("run/step1/", &listed).ok());
+  ASSERT_TRUE(store_->List("run/step1/", Requester(), &listed).ok());
   ASSERT_EQ(listed.size(), 2u);
   EXPECT_EQ(listed[0].key, "run/step1/x.pt");
   EXPECT_EQ(listed[0].size, bytes.size());
   EXPECT_EQ(listed[1].key, "run/step1/y.pt");
-  ASSERT_TRUE(store_->List("run/step", &listed).ok());
+  ASSERT_TRUE(store_->List("run/step", Requester(), &listed).ok());
   EXPECT_EQ(listed.size(), 3u);
 
-  ASSERT_TRUE(store_->Delete("run/step1/x.pt").ok());
-  ASSERT_TRUE(store_->Delete("run/step1/x.pt").ok());  // absent: OK
+  ASSERT_TRUE(store_->Delete("run/step1/x.pt", Requester()).ok());
+  ASSERT_TRUE(store_->Delete("run/step1/x.pt", Requester()).ok());  // absent: OK
   ASSERT_TRUE(store_->Stat("run/step1/x.pt", &id).ok());
   EXPECT_FALSE(id.exists);
-  s = store_->Read("run/step1/x.pt", 0, 1, &part[0], "");
+  s = store_->Read("run/step1/x.pt", 0, 1, &part[0], "", Requester());
   EXPECT_EQ(s.code(), Status::Code::kNotFound) << s.ToString();
 }
 
@@ -108,7 +108,7 @@ TEST_F(PosixStoreTest, AReplacedFileFailsAReadPinnedToTheOldOne) {
   ASSERT_TRUE(Put("x.pt", "first", w, &first).ok());
   ASSERT_TRUE(Put("x.pt", "second!", w).ok());
   char buf[5];
-  Status s = store_->Read("x.pt", 0, 5, buf, PosixStore::EtagOf(first));
+  Status s = store_->Read("x.pt", 0, 5, buf, PosixStore::EtagOf(first), Requester());
   EXPECT_EQ(s.code(), Status::Code::kFailedPrecondition) << s.ToString();
   EXPECT_EQ(ReadAll(root_ + "/x.pt"), "second!");
 }
@@ -123,11 +123,11 @@ TEST_F(PosixStoreTest, NothingGoesThroughASymlinkOrAboveTheRoot) {
   EXPECT_EQ(s.code(), Status::Code::kPermissionDenied) << s.ToString();
   EXPECT_FALSE(fs::exists(outside + "/x.pt"));
   char c;
-  EXPECT_EQ(store_->Read("link/secret", 0, 1, &c, "").code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(store_->Read("link/secret", 0, 1, &c, "", Requester()).code(), Status::Code::kPermissionDenied);
   fs::create_symlink(outside + "/secret", root_ + "/file-link");
-  EXPECT_EQ(store_->Read("file-link", 0, 1, &c, "").code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(store_->Read("file-link", 0, 1, &c, "", Requester()).code(), Status::Code::kPermissionDenied);
   std::vector<ListedObject> listed;
-  ASSERT_TRUE(store_->List("", &listed).ok());
+  ASSERT_TRUE(store_->List("", Requester(), &listed).ok());
   EXPECT_TRUE(listed.empty());  // symlinks are not files of the root
   for (const char* bad : {"../x.pt", "a/../../x.pt", "/etc/passwd", "a//b", ""})
     EXPECT_EQ(Put(bad, "data", w).code(), Status::Code::kInvalidArgument) << bad;
@@ -166,7 +166,7 @@ TEST_F(PosixStoreTest, AWriteGoesAheadOnlyWhileTheNameHoldsWhatTheSaveFound) {
   EXPECT_EQ(s.code(), Status::Code::kAborted);
   EXPECT_EQ(ReadAll(root_ + "/x.pt"), "theirs");
   std::vector<ListedObject> listed;
-  ASSERT_TRUE(store_->List("", &listed).ok());
+  ASSERT_TRUE(store_->List("", Requester(), &listed).ok());
   ASSERT_EQ(listed.size(), 1u);  // no temp file left behind
 }
 

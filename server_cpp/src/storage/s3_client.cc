@@ -218,6 +218,7 @@ Status S3Client::Head(const std::string& bucket, const std::string& key, S3Objec
   if (!CleanEtag(reply.etag, &out->etag)) {
     return Redacted(Status::Internal(req.what + ": bad ETag '" + Printable(reply.etag, 64) + "'"));
   }
+  out->metadata = std::move(reply.metadata);
   out->exists = true;
   return Status::OK();
 }
@@ -244,7 +245,7 @@ bool RangeIs(const std::string& value, uint64_t first, uint64_t last, uint64_t* 
 }  // namespace
 
 Status S3Client::GetRange(const std::string& bucket, const std::string& key, uint64_t offset, uint64_t n,
-                          char* into, const std::string& if_match) {
+                          char* into, const std::string& if_match, const Admit& admit) {
   Status s = Check(bucket, &key);
   if (!s.ok() || n == 0) return s;  // HTTP has no empty range
   const uint64_t last = offset + n - 1;
@@ -258,8 +259,16 @@ Status S3Client::GetRange(const std::string& bucket, const std::string& key, uin
   }
   req.http.sink = into;
   req.http.sink_size = n;
+  Status refused;
+  if (admit) {
+    req.http.admit_sink = [&](const S3HttpReply& r) {
+      refused = admit(r.metadata);
+      return refused.ok();
+    };
+  }
   Reply reply;
   s = Run(&req, &reply);
+  if (!refused.ok()) return refused;
   if (!s.ok()) return s;
   const std::string range = "[" + std::to_string(offset) + ", " + std::to_string(offset + n) + ")";
   uint64_t total = 0, length = 0;

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,10 +64,14 @@ struct S3Config {
   Clock* clock = Clock::Real();  // backoff sleeps are measured on it
 };
 
+// An object's user metadata (x-amz-meta-NAME: value), NAME in lower case.
+using S3Metadata = std::map<std::string, std::string>;
+
 struct S3Object {
   bool exists = false;
   uint64_t size = 0;
   std::string etag;  // without quotes
+  S3Metadata metadata;  // as the store sent it: hostile until checked
 };
 struct S3Listed {
   std::string key;
@@ -105,11 +110,19 @@ class S3Client {
   // Reads [offset, offset+n) into `into`: exactly n bytes or an error; more
   // or fewer bytes from the server is an error, never a write past `into`.
   // `if_match` non-empty: If-Match header (a replaced object ->
-  // FAILED_PRECONDITION).
+  // FAILED_PRECONDITION). `admit` (optional) is shown the metadata of the
+  // object the bytes come from before the first of them is written: a
+  // non-OK status ends the read with it, nothing written to `into`.
+  using Admit = std::function<Status(const S3Metadata&)>;
   Status GetRange(const std::string& bucket, const std::string& key, uint64_t offset, uint64_t n, char* into,
-                  const std::string& if_match = "");
-  Status Put(const std::string& bucket, const std::string& key, const char* data, size_t n, std::string* etag);
-  Status CreateMultipart(const std::string& bucket, const std::string& key, std::string* upload_id);
+                  const std::string& if_match = "", const Admit& admit = nullptr);
+  // `metadata`: the new object's user metadata (names of a-z, 0-9 and '-',
+  // values of printable ASCII; INVALID_ARGUMENT otherwise). A multipart
+  // upload's is given when it is created.
+  Status Put(const std::string& bucket, const std::string& key, const char* data, size_t n, std::string* etag,
+             const S3Metadata& metadata = {});
+  Status CreateMultipart(const std::string& bucket, const std::string& key, std::string* upload_id,
+                         const S3Metadata& metadata = {});
   // `checksum` (optional): the part's checksum as sent (crc32: base64), for CompleteMultipart.
   Status UploadPart(const std::string& bucket, const std::string& key, const std::string& upload_id, int part_number,
                     const char* data, size_t n, std::string* etag, std::string* checksum = nullptr);
@@ -153,6 +166,8 @@ class S3Client {
   Status ListPage(const std::string& bucket, const std::string& query, std::string* body);
   // The body's checksum header (config_.checksum); `checksum` gets a crc32's value.
   void AddChecksum(const char* data, size_t n, std::vector<std::string>* headers, std::string* checksum) const;
+  // x-amz-meta-* headers for `metadata`, or INVALID_ARGUMENT naming what S3 would not keep as given.
+  static Status AddMetadata(const std::string& what, const S3Metadata& metadata, std::vector<std::string>* headers);
 
   const S3Config config_;
   Status config_error_;
@@ -164,6 +179,7 @@ class S3Client {
 struct S3PutOptions {
   uint64_t part_size = 16 << 20;  // multipart above this size; S3's minimum part is 5 MiB
   int parallel = 8;               // parts in flight
+  S3Metadata metadata;            // the object's user metadata
   // Called with the upload id right after CreateMultipart and again
   // (started=false) once it is completed or aborted, so the caller can
   // journal unfinished uploads and abort them after a crash.

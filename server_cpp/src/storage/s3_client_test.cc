@@ -336,6 +336,46 @@ TEST(S3Client, GetRangeTakesExactlyTheBytesAskedFor) {
   EXPECT_EQ(client.retries_made(), 0u);
 }
 
+TEST(S3Client, MetadataGoesUpWithTheObjectAndComesBackWithItsAnswers) {
+  TestHttpServer server([](const SeenRequest& r) {
+    if (r.method == "PUT") {
+      Answer a;
+      a.headers = {{"ETag", "\"e\""}};
+      return a;
+    }
+    Answer a = r.method == "HEAD" ? HeadOk() : Range(206, "bytes 0-3/42", "abcd");
+    a.headers.emplace_back("X-Amz-Meta-TCE-UID", "1001");  // names come back in any case
+    a.headers.emplace_back("x-amz-meta-other", "x");
+    return a;
+  });
+  ASSERT_TRUE(server.ok());
+  S3Client client(Config(server));
+  std::string etag;
+  ASSERT_TRUE(client.Put("b", "k", "data", 4, &etag, {{"tce-uid", "1001"}}).ok());
+  EXPECT_EQ(server.requests().at(0).Header("x-amz-meta-tce-uid"), "1001");
+  for (const S3Metadata& bad :
+       {S3Metadata{{"Tce-Uid", "1"}}, S3Metadata{{"tce-uid", "a\r\nb"}}, S3Metadata{{"x", ""}}}) {
+    EXPECT_EQ(client.Put("b", "k", "data", 4, &etag, bad).code(), Code::kInvalidArgument);
+  }
+  EXPECT_EQ(server.request_count(), 1u);  // refused before anything was sent
+  S3Object obj;
+  ASSERT_TRUE(client.Head("b", "k", &obj).ok());
+  EXPECT_EQ(obj.metadata, (S3Metadata{{"tce-uid", "1001"}, {"other", "x"}}));
+  // A read shows its answer's metadata before a byte is written: refused, nothing lands.
+  char buf[4] = {'-', '-', '-', '-'};
+  S3Metadata seen;
+  const Status refused = client.GetRange("b", "k", 0, 4, buf, "", [&](const S3Metadata& m) {
+    seen = m;
+    return Status::PermissionDenied("not yours");
+  });
+  EXPECT_EQ(refused.code(), Code::kPermissionDenied) << refused.ToString();
+  EXPECT_EQ(refused.message(), "not yours");
+  EXPECT_EQ(seen.at("tce-uid"), "1001");
+  EXPECT_EQ(std::string(buf, 4), "----");
+  ASSERT_TRUE(client.GetRange("b", "k", 0, 4, buf, "", [](const S3Metadata&) { return Status::OK(); }).ok());
+  EXPECT_EQ(std::string(buf, 4), "abcd");
+}
+
 TEST(S3Client, ListReadsEveryPage) {
   TestHttpServer server(Scripted([](int n, const SeenRequest&) {
     if (n == 0) {

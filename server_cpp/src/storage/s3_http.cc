@@ -4,6 +4,7 @@
 #include <strings.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -57,6 +58,7 @@ struct S3Transfer {
   size_t read_pos = 0;      // of the request body
   int to_sink = -1;         // whether the response body goes to the sink; -1 until it starts
   bool overflow = false;    // the server sent more than the sink or kS3MaxBody holds
+  bool refused = false;     // admit_sink said no
   char error[CURL_ERROR_SIZE] = {};
 };
 
@@ -79,6 +81,7 @@ bool NameIs(std::string_view name, const char* want) {
 // Header values are kept only as far as any valid one reaches, so a hostile
 // header costs little and still fails the strict parsing later.
 constexpr size_t kMaxHeaderValue = 1024;
+constexpr std::string_view kMetaPrefix = "x-amz-meta-";
 
 }  // namespace
 
@@ -93,6 +96,7 @@ static size_t S3OnHeader(char* data, size_t size, size_t n, void* user) {
     reply->etag.clear();
     reply->content_length.clear();
     reply->content_range.clear();
+    reply->metadata.clear();
     return total;
   }
   const size_t colon = line.find(':');
@@ -105,6 +109,12 @@ static size_t S3OnHeader(char* data, size_t size, size_t n, void* user) {
     reply->content_length.assign(value.data(), value.size());
   } else if (NameIs(name, "content-range")) {
     reply->content_range.assign(value.data(), value.size());
+  } else if (name.size() > kMetaPrefix.size() &&
+             strncasecmp(name.data(), kMetaPrefix.data(), kMetaPrefix.size()) == 0 &&
+             reply->metadata.size() < kS3MaxMetadata) {
+    std::string meta(name.substr(kMetaPrefix.size()));
+    for (char& c : meta) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (reply->metadata.find(meta) == reply->metadata.end()) reply->metadata.emplace(meta, std::string(value));
   }
   return total;
 }
@@ -116,6 +126,10 @@ static size_t S3OnWrite(char* data, size_t size, size_t n, void* user) {
     long code = 0;
     curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &code);
     t->to_sink = t->req->sink != nullptr && code >= 200 && code < 300;
+    if (t->to_sink && t->req->admit_sink && !t->req->admit_sink(*t->reply)) {
+      t->refused = true;
+      return 0;  // ends the transfer: nothing reaches the sink
+    }
   }
   S3HttpReply* reply = t->reply;
   if (t->to_sink) {
@@ -297,6 +311,7 @@ S3Http::Driven S3Http::Drive(Handle* h, Clock::TimePoint deadline, int* result) 
 Status S3Http::Outcome(int result, const Transfer& t) const {
   const auto code = static_cast<CURLcode>(result);
   if (code == CURLE_OK) return Status::OK();
+  if (t.refused) return Status::Aborted("the answer was refused before its body");
   if (t.overflow) {
     return Status::Internal(t.req->sink != nullptr && t.to_sink == 1
                                 ? "S3 sent more than the " + std::to_string(t.req->sink_size) + " bytes asked for"

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -36,6 +37,8 @@ std::string S3Query(std::vector<std::pair<std::string, std::string>> params);
 // listing page, is a few hundred KiB.
 constexpr size_t kS3MaxBody = 16 << 20;
 
+struct S3HttpReply;
+
 struct S3HttpRequest {
   const char* method = "GET";  // GET HEAD PUT POST DELETE
   std::string url;
@@ -49,12 +52,23 @@ struct S3HttpRequest {
   // goes to the reply's `body`.
   char* sink = nullptr;
   uint64_t sink_size = 0;
+  // Asked once a 2xx GET's headers are in, before its first byte goes to
+  // `sink`: false ends the exchange with nothing written there (Perform
+  // answers ABORTED). Optional.
+  std::function<bool(const S3HttpReply&)> admit_sink;
 };
+
+// The most user-metadata headers (x-amz-meta-*) a reply keeps: S3 allows
+// 2 KiB of them in all.
+constexpr size_t kS3MaxMetadata = 32;
 
 struct S3HttpReply {
   long status = 0;
   std::string body;  // at most kS3MaxBody
   std::string etag, content_length, content_range;  // those headers, raw (empty when absent)
+  // x-amz-meta-NAME headers: NAME in lower case, the value raw (at most
+  // kS3MaxMetadata of them; a name twice keeps the first).
+  S3Metadata metadata;
   uint64_t sink_bytes = 0;  // bytes written to the request's sink
 };
 
@@ -70,7 +84,7 @@ class S3Http {
   // Sends `req` once. OK with `reply` filled when an HTTP response came
   // (whatever its status); UNAVAILABLE for a failure a retry may cure (no
   // connection, a timeout, a reset, a truncated body); CANCELLED after
-  // Cancel; DEADLINE_EXCEEDED once the config's clock reaches `deadline`
+  // Cancel; ABORTED when `admit_sink` refused the body; DEADLINE_EXCEEDED once the config's clock reaches `deadline`
   // (the exchange is cut off, whatever it was doing); INTERNAL when the
   // server sent more than the sink or kS3MaxBody holds; INVALID_ARGUMENT
   // for what curl refuses to send.

@@ -113,7 +113,7 @@ Status PutObject(S3Client* client, const std::string& bucket, const std::string&
       Status s = options.before_commit();
       if (!s.ok()) return s;
     }
-    return client->Put(bucket, key, data, n, etag);
+    return client->Put(bucket, key, data, n, etag, options.metadata);
   }
   const uint64_t part_size = S3PartSize(n, options.part_size);
   const uint64_t parts = part_size == 0 ? 0 : (n - 1) / part_size + 1;
@@ -122,7 +122,7 @@ Status PutObject(S3Client* client, const std::string& bucket, const std::string&
                                    std::to_string(part_size) + " needs more than 10000 parts");
   }
   std::string upload_id;
-  Status s = client->CreateMultipart(bucket, key, &upload_id);
+  Status s = client->CreateMultipart(bucket, key, &upload_id, options.metadata);
   if (!s.ok()) return s;
   if (options.journal) options.journal(upload_id, true);
   const Upload upload{client, bucket, key, upload_id, data, n, part_size, options.prepare};

@@ -115,28 +115,76 @@ int S3Store::AbandonUnfinished() {
   return aborted;
 }
 
+namespace {
+
+// The identity and owner an object's HEAD (or GET) says.
+void OwnerFrom(const S3Metadata& metadata, ObjectId* out) {
+  auto it = metadata.find(kOwnerMetadata);
+  out->owned = it != metadata.end();
+  out->owner = out->owned ? ParseOwner(it->second) : 0;
+}
+
+// Runs fn(0..n-1) on up to `width` threads; the first failure stops the rest.
+Status ForEach(size_t n, int width, const std::function<Status(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  Mutex mu;
+  Status first;
+  auto run = [&] {
+    for (size_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
+      Status s = fn(i);
+      if (!s.ok() && !failed.exchange(true)) {
+        MutexLock l(&mu);
+        first = s;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  const size_t extra = std::min<size_t>(static_cast<size_t>(std::max(1, width)), n);
+  for (size_t t = 1; t < extra; ++t) {
+    try {
+      threads.emplace_back(run);
+    } catch (const std::system_error&) {
+      break;  // out of threads: fewer in flight
+    }
+  }
+  run();
+  for (auto& t : threads) t.join();
+  MutexLock l(&mu);
+  return first;
+}
+
+}  // namespace
+
 Status S3Store::Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
                       FileStat* out) {
   S3PutOptions po;
   po.part_size = options_.part_size;
   po.parallel = options_.parallel;
+  const bool saver_known = options.uid != kNoUid;
+  if (saver_known) po.metadata[kOwnerMetadata] = std::to_string(options.uid);
   po.journal = [this, &key](const std::string& id, bool started) { Journal(key, id, started); };
   // CANCELLED is coherence's verdict (the caller's check refused the write);
   // the client's own CANCELLED only means the server is stopping.
   bool refused = false;
   po.prepare = options.prepare;
-  // The last look: the caller's, then the key must still hold what the save
-  // found (no lock is held across the commit: S3 has no rename to order
-  // against; a save of the same key meanwhile writes its own version after
-  // this one).
+  // The last look: the caller's, then the key must hold no other owner's
+  // object and still hold what the save found (no lock is held across the
+  // commit: S3 has no rename to order against; a save of the same key
+  // meanwhile writes its own version after this one).
   po.before_commit = [&]() {
     Status c = options.before_commit ? options.before_commit() : Status::OK();
-    if (c.ok() && options.expected && options.expected->known) {
+    const bool compare = options.expected && options.expected->known;
+    if (c.ok() && (compare || saver_known)) {
       ObjectId now;
       Status st = Stat(key, &now);
       if (!st.ok()) {
         c = Status::Unavailable("cannot check " + Url(key) + " before writing it: " + st.message());
-      } else if (StorageCheck k = CompareObject(Url(key), *options.expected, now); k.verdict == Verdict::kChanged) {
+      } else if (Status may = MayUse({options.uid, options.uid == 0 || !saver_known}, now, Url(key), "replace");
+                 !may.ok()) {
+        c = may;
+      } else if (StorageCheck k = compare ? CompareObject(Url(key), *options.expected, now) : StorageCheck();
+                 k.verdict == Verdict::kChanged) {
         c = Status::Cancelled(k.why);
       }
     }
@@ -172,37 +220,24 @@ bool S3Store::Retryable(const Status& s) const {
          s.code() != Status::Code::kDeadlineExceeded;
 }
 
-Status S3Store::Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag) {
+Status S3Store::Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag,
+                     const Requester& who) {
+  // Each answer's metadata names the owner of the object its bytes come
+  // from: checked before any of them is written into `into`.
+  const std::string url = Url(key);
+  const S3Client::Admit admit = [&who, &url](const S3Metadata& metadata) {
+    ObjectId o;
+    o.exists = true;
+    OwnerFrom(metadata, &o);
+    return MayUse(who, o, url, "read");
+  };
   const uint64_t piece = std::max<uint64_t>(options_.range_size, 1 << 20);
   const uint64_t pieces = (n + piece - 1) / piece;
-  if (pieces <= 1) return n == 0 ? Status::OK() : client_->GetRange(bucket_, key, offset, n, into, etag);
-  std::atomic<uint64_t> next{0};
-  std::atomic<bool> failed{false};
-  Mutex mu;
-  Status first;
-  auto run = [&] {
-    for (uint64_t i; !failed.load() && (i = next.fetch_add(1)) < pieces;) {
-      const uint64_t at = i * piece, len = std::min(piece, n - at);
-      Status s = client_->GetRange(bucket_, key, offset + at, len, into + at, etag);
-      if (!s.ok() && !failed.exchange(true)) {
-        MutexLock l(&mu);
-        first = s;
-      }
-    }
-  };
-  std::vector<std::thread> threads;
-  const int width = static_cast<int>(std::min<uint64_t>(std::max(1, options_.parallel), pieces));
-  for (int t = 1; t < width; ++t) {
-    try {
-      threads.emplace_back(run);
-    } catch (const std::system_error&) {
-      break;  // out of threads: fewer reads in flight
-    }
-  }
-  run();
-  for (auto& t : threads) t.join();
-  MutexLock l(&mu);
-  return first;
+  if (pieces <= 1) return n == 0 ? Status::OK() : client_->GetRange(bucket_, key, offset, n, into, etag, admit);
+  return ForEach(pieces, options_.parallel, [&](size_t i) {
+    const uint64_t at = i * piece, len = std::min(piece, n - at);
+    return client_->GetRange(bucket_, key, offset + at, len, into + at, etag, admit);
+  });
 }
 
 Status S3Store::Stat(const std::string& key, ObjectId* out) {
@@ -212,18 +247,41 @@ Status S3Store::Stat(const std::string& key, ObjectId* out) {
   out->exists = o.exists;
   out->size = o.size;
   out->etag = o.etag;
+  OwnerFrom(o.metadata, out);
   return Status::OK();
 }
 
-Status S3Store::List(const std::string& prefix, std::vector<ListedObject>* out) {
+Status S3Store::List(const std::string& prefix, const Requester& who, std::vector<ListedObject>* out) {
+  out->clear();
   std::vector<S3Listed> listed;
   Status s = client_->List(bucket_, prefix, &listed);
   if (!s.ok()) return s;
-  out->clear();
-  for (const S3Listed& l : listed) out->push_back({l.key, l.size});
+  // A listing carries no metadata: each object's owner takes a look.
+  std::vector<char> keep(listed.size(), who.admin ? 1 : 0);
+  if (!who.admin) {
+    s = ForEach(listed.size(), options_.parallel, [&](size_t i) {
+      ObjectId o;
+      Status st = Stat(listed[i].key, &o);
+      if (st.ok()) keep[i] = o.exists && MayUse(who, o, Url(listed[i].key), "list").ok();  // gone meanwhile: left out
+      return st;
+    });
+    if (!s.ok()) return s;
+  }
+  for (size_t i = 0; i < listed.size(); ++i)
+    if (keep[i]) out->push_back({listed[i].key, listed[i].size});
   return Status::OK();
 }
 
-Status S3Store::Delete(const std::string& key) { return client_->Delete(bucket_, key); }
+Status S3Store::Delete(const std::string& key, const Requester& who) {
+  if (!who.admin) {
+    // (The look and the delete are two requests: an object written by its
+    // owner between them is deleted all the same.)
+    ObjectId o;
+    Status s = Stat(key, &o);
+    if (s.ok()) s = MayUse(who, o, Url(key), "delete");
+    if (!s.ok()) return s;
+  }
+  return client_->Delete(bucket_, key);
+}
 
 }  // namespace tce

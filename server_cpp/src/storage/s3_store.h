@@ -3,7 +3,9 @@
 // as parallel ranged GETs. Every multipart upload is journaled (upload id
 // and key, synced before the first part) and struck from the journal when
 // completed or aborted, so a restart aborts exactly the uploads a crashed
-// run of this server left, never another writer's.
+// run of this server left, never another writer's. Every object it writes
+// records its saver's uid, and reads, listings, deletes and writes are
+// refused on another owner's object (storage/object_owner.h).
 #pragma once
 
 #include <memory>
@@ -26,11 +28,13 @@ class S3Store : public ObjectStore {
   Status Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
                FileStat* out) override;
   bool Retryable(const Status& s) const override;
-  Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into,
-              const std::string& etag) override;
+  Status Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag,
+              const Requester& who) override;
   Status Stat(const std::string& key, ObjectId* out) override;
-  Status List(const std::string& prefix, std::vector<ListedObject>* out) override;
-  Status Delete(const std::string& key) override;
+  // Not for an administrator: each listed object is looked at (HeadObject,
+  // `parallel` at a time) for its owner.
+  Status List(const std::string& prefix, const Requester& who, std::vector<ListedObject>* out) override;
+  Status Delete(const std::string& key, const Requester& who) override;
   int AbandonUnfinished() override;
   void Cancel() override { client_->Cancel(); }
   uint64_t retries() const override { return client_->retries_made(); }

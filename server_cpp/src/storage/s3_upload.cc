@@ -2,6 +2,8 @@
 #include <openssl/evp.h>
 #include <zlib.h>
 
+#include <algorithm>
+
 #include "storage/s3_client.h"
 #include "storage/s3_http.h"
 #include "storage/s3_xml.h"
@@ -85,13 +87,31 @@ Status CheckUploadId(const std::string& what, const std::string& upload_id) {
 
 }  // namespace
 
+Status S3Client::AddMetadata(const std::string& what, const S3Metadata& metadata,
+                             std::vector<std::string>* headers) {
+  for (const auto& [name, value] : metadata) {
+    const bool name_ok = !name.empty() && name.size() <= 64 &&
+                         name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string::npos;
+    const bool value_ok = !value.empty() && value.size() <= 256 && value.front() != ' ' && value.back() != ' ' &&
+                          std::all_of(value.begin(), value.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+    if (!name_ok || !value_ok) {
+      return Status::InvalidArgument(what + ": metadata '" + Printable(name, 64) +
+                                     "' is not a header S3 keeps as given");
+    }
+    headers->push_back("x-amz-meta-" + name + ": " + value);
+  }
+  return Status::OK();
+}
+
 Status S3Client::Put(const std::string& bucket, const std::string& key, const char* data, size_t n,
-                     std::string* etag) {
+                     std::string* etag, const S3Metadata& metadata) {
   Status s = Check(bucket, &key);
   if (!s.ok()) return s;
   Request req("PUT", Url(bucket, key, ""), S3What("PUT", bucket, key));
   req.http.body = data;
   req.http.body_size = n;
+  s = AddMetadata(req.what, metadata, &req.http.headers);
+  if (!s.ok()) return s;
   AddChecksum(data, n, &req.http.headers, nullptr);
   Reply reply;
   s = Run(&req, &reply);
@@ -111,11 +131,14 @@ void S3Client::AddChecksum(const char* data, size_t n, std::vector<std::string>*
   }
 }
 
-Status S3Client::CreateMultipart(const std::string& bucket, const std::string& key, std::string* upload_id) {
+Status S3Client::CreateMultipart(const std::string& bucket, const std::string& key, std::string* upload_id,
+                                 const S3Metadata& metadata) {
   Status s = Check(bucket, &key);
   if (!s.ok()) return s;
   Request req("POST", Url(bucket, key, S3Query({{"uploads", ""}})), S3What("POST", bucket, key + "?uploads"));
   req.http.headers.push_back("Content-Type: application/octet-stream");  // the object's, once completed
+  s = AddMetadata(req.what, metadata, &req.http.headers);
+  if (!s.ok()) return s;
   if (config_.checksum == "crc32") req.http.headers.push_back("x-amz-checksum-algorithm: CRC32");
   req.xml = true;
   Reply reply;
