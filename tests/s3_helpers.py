@@ -217,6 +217,16 @@ def _client_gone(sock: socket.socket) -> bool:
     return bool(p.poll(0))
 
 
+class _Buffer:
+    """Collects what would be sent (an answer held back): ``sendall`` appends."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def sendall(self, data) -> None:
+        self.data += data
+
+
 class _Held:
     def __init__(self, request: Request, sock: socket.socket) -> None:
         self.request, self.sock = request, sock
@@ -241,6 +251,12 @@ class FaultProxy:
       requests are held and returns them (``held()``: those held now);
       ``drop_held()`` resets their
       connections without forwarding (the hold stays: a retry is held too);
+    * ``hold_replies(predicate)``: a request for which ``predicate(Request)``
+      is true (or whose kind is the string given) is forwarded and done
+      upstream, and its answer waits until ``release_replies()`` (which
+      also ends the hold) or ``drop_replies()``, which resets its client's
+      connection instead: the request took effect, its client never learns
+      (``wait_held_replies(n, timeout)``: until n answers wait);
     * ``counts()``: requests seen by kind (:func:`classify`), the answered
       503s under ``"SlowDown"`` as well; ``requests()``: each seen, with
       the status its client got.
@@ -254,6 +270,8 @@ class FaultProxy:
         self._refusing = False
         self._predicate: Callable[[Request], bool] | None = None
         self._held: list[_Held] = []
+        self._reply_predicate: Callable[[Request], bool] | None = None
+        self._held_replies: list[_Held] = []
         self._seen: list[Request] = []
         self._counts: dict[str, int] = {}
         self._conns: set[socket.socket] = set()
@@ -323,6 +341,37 @@ class FaultProxy:
             self._lock.wait_for(lambda: not any(h.verdict == "drop" for h in self._held), 30)
             return n
 
+    def hold_replies(self, predicate: Callable[[Request], bool] | str) -> None:
+        if isinstance(predicate, str):
+            kind = predicate
+            predicate = lambda r: r.kind == kind  # noqa: E731
+        with self._lock:
+            self._reply_predicate = predicate
+
+    def wait_held_replies(self, n: int = 1, timeout: float = 60.0) -> list[Request]:
+        with self._lock:
+            if not self._lock.wait_for(lambda: len(self._held_replies) >= n, timeout):
+                raise TimeoutError(f"{len(self._held_replies)} answer(s) held, not {n}, after {timeout}s; "
+                                   f"seen: {self._counts}")
+            return [h.request for h in self._held_replies]
+
+    def release_replies(self) -> None:
+        with self._lock:
+            self._reply_predicate = None
+            for h in self._held_replies:
+                h.verdict = "release"
+            self._lock.notify_all()
+
+    def drop_replies(self) -> int:
+        """Resets the connections of the answers held now (the hold stays)."""
+        with self._lock:
+            n = len(self._held_replies)
+            for h in self._held_replies:
+                h.verdict = "drop"
+            self._lock.notify_all()
+            self._lock.wait_for(lambda: not any(h.verdict == "drop" for h in self._held_replies), 30)
+            return n
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             return dict(self._counts)
@@ -334,8 +383,8 @@ class FaultProxy:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._predicate = None
-            for h in self._held:
+            self._predicate = self._reply_predicate = None
+            for h in self._held + self._held_replies:
                 h.verdict = "drop"
             conns = list(self._conns)
             self._lock.notify_all()
@@ -424,7 +473,16 @@ class FaultProxy:
                     upstream_stream = _Stream(upstream)
                 upstream.sendall(raw)
                 _copy_body(stream, headers, upstream, scratch)
-                if not self._relay_response(upstream_stream, client, req, scratch):
+                if action == "hold_reply":
+                    answer = _Buffer()
+                    keeps = self._relay_response(upstream_stream, answer, req, scratch)
+                    if not self._wait_reply_released(req, client):
+                        reset = True
+                        return
+                    client.sendall(answer.data)
+                else:
+                    keeps = self._relay_response(upstream_stream, client, req, scratch)
+                if not keeps:
                     upstream.close()  # moto closes: the next request opens another
                     upstream = None
                 if "close" in headers.get("connection", "").lower():
@@ -456,6 +514,8 @@ class FaultProxy:
                 return "throttle"
             if self._predicate is not None and self._predicate(req):
                 return "hold"
+            if self._reply_predicate is not None and self._reply_predicate(req):
+                return "hold_reply"
             return "forward"
 
     def _answer_slow_down(self, stream: _Stream, req: Request) -> bool:
@@ -501,6 +561,23 @@ class FaultProxy:
                 return held.verdict == "release"
             finally:
                 self._held.remove(held)
+                self._lock.notify_all()
+
+    def _wait_reply_released(self, req: Request, client: socket.socket) -> bool:
+        """Holds the answer to ``req`` until released (True) or dropped, or
+        its client went away (False)."""
+        held = _Held(req, client)
+        with self._lock:
+            self._held_replies.append(held)
+            self._lock.notify_all()
+            try:
+                while held.verdict is None:
+                    self._lock.wait(0.05)
+                    if held.verdict is None and _client_gone(client):
+                        held.verdict = "gone"
+                return held.verdict == "release"
+            finally:
+                self._held_replies.remove(held)
                 self._lock.notify_all()
 
     def _relay_response(self, upstream: _Stream, client: socket.socket, req: Request,

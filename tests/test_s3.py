@@ -287,7 +287,9 @@ def test_an_endpoint_down_then_back_persists_once_it_answers(tmp_path, bucket, p
 def test_a_request_the_endpoint_never_answers_ends_at_its_deadline(tmp_path, bucket, proxy, s3):
     """The endpoint takes the PutObject (its body included) and never
     answers: the upload ends at s3_request_timeout_ms, whatever the retries
-    left, and the file is FAILED naming the deadline."""
+    left, and the file is FAILED naming the deadline; once the endpoint
+    answers again it is persisted (an attempt it let through late is
+    recognised as this write's)."""
     n = Node(tmp_path, bucket, proxy, "--s3-request-timeout-ms", "1000", "--s3-retries", "100",
              "--persist-failed-retry-ms", "100").start()
     try:
@@ -298,9 +300,45 @@ def test_a_request_the_endpoint_never_answers_ends_at_its_deadline(tmp_path, buc
             until(lambda: _state(path) == pb.FILE_STATE_FAILED, what="the upload to end at its deadline")
             assert "not done within 1000 ms (s3_request_timeout_ms)" in _file(path).reason
             assert proxy.counts().get("PutObject", 0) >= 1
+            proxy.release()
+            until(lambda: _state(path) == pb.FILE_STATE_PERSISTED, what="persisted once it answers")
+            assert _exists(s3, bucket, n.key("h.pt"))
             api.close()
     finally:
         proxy.release()
+        n.stop()
+        n.server.cleanup()
+
+
+@pytest.mark.parametrize("lost", ["PutObject", "CompleteMultipartUpload"])
+def test_an_upload_that_landed_unanswered_is_this_writes_not_another_writers(tmp_path, bucket, proxy, s3, lost):
+    """The request that makes the object visible is done upstream, and its
+    answer never comes (cut off at the request's deadline): the next
+    attempt finds the object its own write left, by the marker that write
+    recorded, and the file is PERSISTED, not DISCARDED as created by another
+    writer; nothing is uploaded over it again."""
+    n = Node(tmp_path, bucket, proxy, "--s3-request-timeout-ms", "1000", "--s3-retries", "0",
+             "--persist-retries", "0", "--persist-failed-retry-ms", "100", "--s3-part-size", "5MiB").start()
+    try:
+        with _knobs.override(socket=n.server.socket, job="lost", on_unavailable="raise"):
+            proxy.hold_replies(lost)
+            path = n.path("l.pt")
+            t = torch.arange((6 if lost == "CompleteMultipartUpload" else 1) * MiB // 4, dtype=torch.int32)
+            tce.save({"t": t}, path)
+            proxy.wait_held_replies(1)  # done upstream: the object is there, its answer waits
+            assert _exists(s3, bucket, n.key("l.pt"))
+            until(lambda: _state(path) != pb.FILE_STATE_CACHED, what="the attempt to end")
+            proxy.drop_replies()
+            proxy.release_replies()
+            until(lambda: _state(path) in (pb.FILE_STATE_PERSISTED, pb.FILE_STATE_DISCARDED),
+                  what="the file persisted again")
+            assert _state(path) == pb.FILE_STATE_PERSISTED, _file(path).reason
+            assert proxy.counts()[lost] == 1  # found, not uploaded again
+            assert torch.equal(torch.load(io.BytesIO(_object(s3, bucket, n.key("l.pt"))))["t"], t)
+            assert not _uploads(s3, bucket)
+            api.close()
+    finally:
+        proxy.release_replies()
         n.stop()
         n.server.cleanup()
 

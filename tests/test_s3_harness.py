@@ -202,6 +202,27 @@ def test_a_held_request_whose_client_goes_away_is_not_forwarded(moto, s3_bucket,
         moto.boto3().head_object(Bucket=s3_bucket, Key="gone")
 
 
+def test_a_held_answer_comes_after_its_request_took_effect(moto, s3_bucket, fault_proxy):
+    """hold_replies: the request is done upstream while its answer waits;
+    released, the client gets it; dropped, the client's connection is reset
+    and the request stays done all the same."""
+    s3 = _no_retries(moto, fault_proxy)
+    fault_proxy.hold_replies("PutObject")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        put = pool.submit(s3.put_object, Bucket=s3_bucket, Key="landed", Body=b"v")
+        fault_proxy.wait_held_replies(1)
+        assert moto.boto3().get_object(Bucket=s3_bucket, Key="landed")["Body"].read() == b"v"
+        assert not put.done()
+        fault_proxy.drop_replies()
+        with pytest.raises(CUT):
+            put.result(timeout=60)
+        put = pool.submit(s3.put_object, Bucket=s3_bucket, Key="landed", Body=b"w")
+        fault_proxy.wait_held_replies(1)
+        fault_proxy.release_replies()
+        assert put.result(timeout=60)["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert moto.boto3().get_object(Bucket=s3_bucket, Key="landed")["Body"].read() == b"w"
+
+
 def test_refuse_takes_the_endpoint_down_and_accept_brings_it_back(moto, s3_bucket, fault_proxy):
     s3 = _no_retries(moto, fault_proxy)
     s3.put_object(Bucket=s3_bucket, Key="k", Body=b"1")  # a connection now pooled

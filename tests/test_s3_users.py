@@ -112,7 +112,7 @@ result["wait"] = s.call("Wait", pb.WaitRequest(session=s.id, job="ja", paths=[{p
     assert r == {"uid": users["a"], "save": "OK", "wait": "OK"}
     s3 = moto.boto3()
     head = s3.head_object(Bucket=s3_bucket, Key=key)
-    assert head["Metadata"] == {"tce-uid": str(users["a"])}  # recorded with the object
+    assert head["Metadata"]["tce-uid"] == str(users["a"])  # recorded with the object
     a, b = users["a"], users["b"]
     denied = f"uid {b} may not %s {url}: it belongs to uid {a}"
     for start in range(2):  # then on a restarted server with no state: the owner comes from the bucket
@@ -163,7 +163,7 @@ result["save"] = s.save("jb", {path!r}, {BOB!r})["code"]
 result["wait"] = s.call("Wait", pb.WaitRequest(session=s.id, job="jb", paths=[{path!r}], timeout_s=60))[0]
 """)
     assert r["save"] == "OK" and r["wait"] == "OK", r
-    assert s3.head_object(Bucket=s3_bucket, Key="run1/old/w.pt")["Metadata"] == {"tce-uid": str(users["b"])}
+    assert s3.head_object(Bucket=s3_bucket, Key="run1/old/w.pt")["Metadata"]["tce-uid"] == str(users["b"])
     r = node.run("a", f"""
 s = Session(SOCK)
 s.call("Remove", pb.RemoveRequest(session=s.id, job="ja", path={path!r}))

@@ -209,6 +209,7 @@ Status Persister::Persist(const PersistJob& job, std::vector<Record>* records, F
     return cache_->IsCurrent(job) ? Status::OK() : Status::Aborted("superseded by a newer version");
   };
   w.expected = &job.expected;
+  w.write_id = std::to_string(job.version);  // an attempt that landed unanswered is this write's
   w.uid = job.uid;
   w.gid = job.gid;
   w.new_mode = job.new_mode;

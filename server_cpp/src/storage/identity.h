@@ -26,6 +26,7 @@ struct ObjectId {
   // false: none recorded.
   bool owned = false;
   uint32_t owner = 0;
+  std::string written_by;  // the write that made it, as its store recorded it (empty: none)
 };
 
 // What a file's path held on storage, as this server last saw it: what was

@@ -22,6 +22,8 @@ namespace tce {
 
 // The user-metadata name the owner's uid is recorded under (x-amz-meta-tce-uid).
 constexpr char kOwnerMetadata[] = "tce-uid";
+// The one the write that made the object is recorded under (x-amz-meta-tce-write).
+constexpr char kWriteMetadata[] = "tce-write";
 // A uid no process has: what an owner the server cannot read stands for.
 constexpr uint32_t kNoUid = static_cast<uint32_t>(-1);
 

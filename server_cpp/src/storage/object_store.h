@@ -45,6 +45,11 @@ struct WriteOptions {
   // CANCELLED with the reason (UNAVAILABLE when storage cannot say). Null
   // or not known: nothing is compared.
   const DiskIdentity* expected = nullptr;
+  // Names this version of the file (the persister: its version number):
+  // object stores record it with the object, and an object found at the key
+  // that carries it is this very write, landed by an earlier attempt whose
+  // answer was lost: the write is done, not a change by another writer.
+  std::string write_id;
   // The uid that saved the file: filesystems write as it (a root server
   // only; -1: the server's own), object stores record it as the object's
   // owner and write over only an object of its own or with no owner (uid 0

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <system_error>
 #include <map>
+#include <random>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -18,6 +19,18 @@
 namespace tce {
 namespace {
 constexpr size_t kMaxJournal = 16 << 20;  // a journal larger than this is not read (and is reset)
+
+// 16 random hex digits.
+std::string NewToken() {
+  std::random_device random;
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 4; ++i) {
+    const unsigned v = random();
+    for (int shift = 0; shift < 16; shift += 4) out += kHex[(v >> shift) & 15];
+  }
+  return out;
+}
 
 bool SafeToken(const std::string& s) {  // an upload id or key as journaled: one line, no NUL
   if (s.empty() || s.size() > 4096) return false;
@@ -46,7 +59,7 @@ Status S3Store::Open(const std::string& bucket, const ObjectStoreOptions& option
 }
 
 S3Store::S3Store(std::string bucket, ObjectStoreOptions options, std::unique_ptr<S3Client> client)
-    : bucket_(std::move(bucket)), options_(std::move(options)), client_(std::move(client)) {}
+    : bucket_(std::move(bucket)), options_(std::move(options)), run_(NewToken()), client_(std::move(client)) {}
 
 void S3Store::Journal(const std::string& key, const std::string& upload_id, bool started) {
   if (options_.journal.empty()) return;
@@ -117,11 +130,13 @@ int S3Store::AbandonUnfinished() {
 
 namespace {
 
-// The identity and owner an object's HEAD (or GET) says.
+// The owner and the write an object's HEAD (or GET) says.
 void OwnerFrom(const S3Metadata& metadata, ObjectId* out) {
   auto it = metadata.find(kOwnerMetadata);
   out->owned = it != metadata.end();
   out->owner = out->owned ? ParseOwner(it->second) : 0;
+  it = metadata.find(kWriteMetadata);
+  out->written_by = it != metadata.end() ? it->second : "";
 }
 
 // Runs fn(0..n-1) on up to `width` threads; the first failure stops the rest.
@@ -163,6 +178,8 @@ Status S3Store::Write(const std::string& key, const char* data, uint64_t n, cons
   po.parallel = options_.parallel;
   const bool saver_known = options.uid != kNoUid;
   if (saver_known) po.metadata[kOwnerMetadata] = std::to_string(options.uid);
+  const std::string marker = options.write_id.empty() ? "" : run_ + "." + options.write_id;
+  if (!marker.empty()) po.metadata[kWriteMetadata] = marker;
   po.journal = [this, &key](const std::string& id, bool started) { Journal(key, id, started); };
   // CANCELLED is coherence's verdict (the caller's check refused the write);
   // the client's own CANCELLED only means the server is stopping.
@@ -172,14 +189,21 @@ Status S3Store::Write(const std::string& key, const char* data, uint64_t n, cons
   // object and still hold what the save found (no lock is held across the
   // commit: S3 has no rename to order against; a save of the same key
   // meanwhile writes its own version after this one).
+  // An earlier attempt of this very write may have landed (its answer
+  // lost, or cut off at the deadline): the key then holds its marker, and
+  // the write is done.
+  ObjectId landed;
   po.before_commit = [&]() {
     Status c = options.before_commit ? options.before_commit() : Status::OK();
     const bool compare = options.expected && options.expected->known;
-    if (c.ok() && (compare || saver_known)) {
+    if (c.ok() && (compare || saver_known || !marker.empty())) {
       ObjectId now;
       Status st = Stat(key, &now);
       if (!st.ok()) {
         c = Status::Unavailable("cannot check " + Url(key) + " before writing it: " + st.message());
+      } else if (!marker.empty() && now.exists && now.written_by == marker && now.size == n) {
+        landed = now;
+        return Status::FromCode(Status::Code::kAlreadyExists, Url(key) + " holds this write already");
       } else if (Status may = MayUse({options.uid, options.uid == 0 || !saver_known}, now, Url(key), "replace");
                  !may.ok()) {
         c = may;
@@ -193,6 +217,11 @@ Status S3Store::Write(const std::string& key, const char* data, uint64_t n, cons
   };
   std::string etag;
   Status s = PutObject(client_.get(), bucket_, key, data, n, po, &etag);
+  if (landed.exists) {
+    TCE_LOG(kInfo, "s3") << Url(key) << " was written by an earlier attempt whose answer was lost";
+    s = Status::OK();
+    etag = landed.etag;
+  }
   if (s.code() == Status::Code::kCancelled && !refused)
     return Status::Unavailable("the upload of " + Url(key) + " was stopped: the server is stopping");
   if (!s.ok()) return s;

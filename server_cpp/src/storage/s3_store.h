@@ -46,6 +46,7 @@ class S3Store : public ObjectStore {
 
   const std::string bucket_;
   const ObjectStoreOptions options_;
+  const std::string run_;  // random, per store: what a write's marker (tce-write) starts with
   const std::unique_ptr<S3Client> client_;
   Mutex journal_mu_;  // one journal line at a time
 };
