@@ -9,6 +9,8 @@ until it says so, and counts the requests of each kind that came by.
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import re
 import select
 import socket
 import struct
@@ -217,6 +219,15 @@ def _client_gone(sock: socket.socket) -> bool:
     return bool(p.poll(0))
 
 
+_RETIMED = ("CreateMultipartUpload", "ListMultipartUploads")
+
+
+def _with_length(head: bytes, n: int) -> bytes:
+    """A response head with its Content-Length set to n."""
+    return b"".join(b"Content-Length: %d\r\n" % n if line.lower().startswith(b"content-length:") else line
+                    for line in head.splitlines(keepends=True))
+
+
 class _Buffer:
     """Collects what would be sent (an answer held back): ``sendall`` appends."""
 
@@ -257,6 +268,10 @@ class FaultProxy:
       also ends the hold) or ``drop_replies()``, which resets its client's
       connection instead: the request took effect, its client never learns
       (``wait_held_replies(n, timeout)``: until n answers wait);
+    * initiation times: moto lists every multipart upload as initiated at
+      one fixed time (2010); the proxy lists an upload created through it
+      with the time it passed on that creation's answer, as S3 gives the
+      time it created the upload;
     * ``counts()``: requests seen by kind (:func:`classify`), the answered
       503s under ``"SlowDown"`` as well; ``requests()``: each seen, with
       the status its client got.
@@ -272,6 +287,7 @@ class FaultProxy:
         self._held: list[_Held] = []
         self._reply_predicate: Callable[[Request], bool] | None = None
         self._held_replies: list[_Held] = []
+        self._initiated: dict[str, str] = {}  # upload id -> when its creation was answered (ISO 8601)
         self._seen: list[Request] = []
         self._counts: dict[str, int] = {}
         self._conns: set[socket.socket] = set()
@@ -605,7 +621,35 @@ class FaultProxy:
         if not upstream_keeps:  # the client's connection stays: only the upstream one ends
             raw = b"".join(line for line in raw.splitlines(keepends=True)
                            if not line.lower().startswith(b"connection:"))
+        if not bodiless and status == 200 and req.kind in _RETIMED and "content-length" in headers:
+            body = _Buffer()
+            _copy_body(upstream, headers, body, scratch)
+            data = self._retime(req.kind, bytes(body.data))
+            client.sendall(_with_length(raw, len(data)) + data)
+            return upstream_keeps
         client.sendall(raw)
         if not bodiless:
             _copy_body(upstream, headers, client, scratch)
         return upstream_keeps
+
+    def _retime(self, kind: str, body: bytes) -> bytes:
+        """Records when a creation was answered; lists uploads with those times."""
+        if kind == "CreateMultipartUpload":
+            m = re.search(rb"<UploadId>([^<]+)</UploadId>", body)
+            if m:
+                now = datetime.datetime.now(datetime.timezone.utc)
+                with self._lock:
+                    self._initiated[m.group(1).decode()] = now.strftime("%Y-%m-%dT%H:%M:%S.") + \
+                        "%03dZ" % (now.microsecond // 1000)
+            return body
+
+        def retime(upload: re.Match) -> bytes:
+            text = upload.group(0)
+            m = re.search(rb"<UploadId>([^<]+)</UploadId>", text)
+            with self._lock:
+                when = self._initiated.get(m.group(1).decode()) if m else None
+            if when is None:
+                return text
+            return re.sub(rb"<Initiated>[^<]*</Initiated>", b"<Initiated>" + when.encode() + b"</Initiated>", text)
+
+        return re.sub(rb"<Upload>.*?</Upload>", retime, body, flags=re.S)

@@ -573,6 +573,35 @@ def test_kill_9_mid_upload_leaves_no_object_and_the_restart_aborts_the_upload(
         n.server.cleanup()
 
 
+def test_kill_9_before_a_creation_is_answered_the_restart_aborts_that_upload_and_no_other(
+        tmp_path, bucket, proxy, s3):
+    """The server is killed once S3 created its multipart upload but before
+    the answer (the upload id) reached it: its journal names the creation,
+    not the upload. The restart finds it by its key and the time S3
+    initiated it, and aborts it; another writer's upload in the same bucket
+    stays."""
+    theirs = s3.create_multipart_upload(Bucket=bucket, Key="run2/theirs.pt")["UploadId"]
+    n = Node(tmp_path, bucket, proxy, "--s3-part-size", "5MiB").start()
+    proxy.hold_replies("CreateMultipartUpload")
+    try:
+        with _knobs.override(socket=n.server.socket, job="kill", on_unavailable="raise"):
+            tce.save({"t": torch.zeros(4 * MiB, dtype=torch.int32)}, n.path("k.pt"))
+            proxy.wait_held_replies(1)  # the upload exists; its id is still on its way
+            n.kill()
+        proxy.drop_replies()
+        proxy.release_replies()
+        assert sorted(u["Key"] for u in _uploads(s3, bucket)) == [n.key("k.pt"), "run2/theirs.pt"]
+        n.start()  # the same state dir: its journal names the creation
+        until(lambda: [u["Key"] for u in _uploads(s3, bucket)] == ["run2/theirs.pt"],
+              what="the unanswered creation's upload aborted")
+        assert _uploads(s3, bucket)[0]["UploadId"] == theirs
+        assert not _exists(s3, bucket, n.key("k.pt"))
+    finally:
+        if n.server.proc.poll() is None:
+            n.stop()
+        n.server.cleanup()
+
+
 def test_kill_9_before_the_data_is_durable_leaves_no_marker(tmp_path, bucket, proxy, s3):
     n = Node(tmp_path, bucket, proxy).start()
     proxy.hold(lambda r: r.kind == "PutObject" and r.path.endswith(".distcp"))

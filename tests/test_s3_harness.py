@@ -223,6 +223,20 @@ def test_a_held_answer_comes_after_its_request_took_effect(moto, s3_bucket, faul
     assert moto.boto3().get_object(Bucket=s3_bucket, Key="landed")["Body"].read() == b"w"
 
 
+def test_uploads_created_through_the_proxy_are_listed_with_their_creation_time(moto, s3_bucket, fault_proxy):
+    """moto lists every upload as initiated at one fixed time; the proxy
+    gives those created through it the time their creation was answered."""
+    import datetime
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    s3 = moto.boto3(fault_proxy.endpoint)
+    mine = s3.create_multipart_upload(Bucket=s3_bucket, Key="k")["UploadId"]
+    direct = moto.boto3().create_multipart_upload(Bucket=s3_bucket, Key="k")["UploadId"]
+    after = datetime.datetime.now(datetime.timezone.utc)
+    listed = {u["UploadId"]: u["Initiated"] for u in s3.list_multipart_uploads(Bucket=s3_bucket)["Uploads"]}
+    assert before <= listed[mine] <= after
+    assert listed[direct].year == 2010  # moto's own
+
+
 def test_refuse_takes_the_endpoint_down_and_accept_brings_it_back(moto, s3_bucket, fault_proxy):
     s3 = _no_retries(moto, fault_proxy)
     s3.put_object(Bucket=s3_bucket, Key="k", Body=b"1")  # a connection now pooled

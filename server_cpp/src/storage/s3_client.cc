@@ -107,6 +107,17 @@ void S3Client::Cancel() { http_->Cancel(); }
 
 uint64_t S3Client::retries_made() const { return retries_made_.load(); }
 
+namespace {
+int64_t WallSeconds(Clock* clock) {
+  return std::chrono::duration_cast<std::chrono::seconds>(clock->WallNow().time_since_epoch()).count();
+}
+}  // namespace
+
+bool S3Client::StoreTime(int64_t* unix_s) const {
+  *unix_s = WallSeconds(config_.clock) + store_time_offset_s_.load();
+  return store_time_known_.load();
+}
+
 Status S3Client::Check(const std::string& bucket, const std::string* key) const {
   if (!config_error_.ok()) return config_error_;
   // Virtual-hosted, the bucket is part of a host name.
@@ -182,6 +193,10 @@ Status S3Client::Run(Request* req, Reply* reply) {
     *reply = Reply();
     Status s = http_->Perform(http, reply, deadline);
     if (s.code() == Status::Code::kDeadlineExceeded) return too_late();
+    if (int64_t date = 0; s.ok() && ParseHttpDate(reply->date, &date)) {
+      store_time_offset_s_.store(date - WallSeconds(clock));
+      store_time_known_.store(true);
+    }
     failure.clear();
     if (s.ok()) {
       s = Judge(req->what, req->xml, *reply, &failure);

@@ -148,6 +148,12 @@ class S3Client {
   void Cancel();
   // Retried requests so far (for Status/metrics).
   uint64_t retries_made() const;
+  // The store's time now, in seconds since the Unix epoch: the config's
+  // clock's wall time, corrected by how far the Date of the store's last
+  // answer was from it. False (and the clock's own time) before any answer
+  // carried a Date.
+  bool StoreTime(int64_t* unix_s) const;
+  const S3Config& config() const { return config_; }
 
  private:
   struct Request;
@@ -174,16 +180,23 @@ class S3Client {
   std::string scheme_, host_;  // from the endpoint: "https", "s3.us-east-1.amazonaws.com[:port]"
   std::unique_ptr<S3Http> http_;
   std::atomic<uint64_t> retries_made_{0};
+  std::atomic<bool> store_time_known_{false};
+  std::atomic<int64_t> store_time_offset_s_{0};  // the store's Date minus the clock's wall time
 };
+
+enum class UploadEvent { kCreating, kCreated, kEnded };
 
 struct S3PutOptions {
   uint64_t part_size = 16 << 20;  // multipart above this size; S3's minimum part is 5 MiB
   int parallel = 8;               // parts in flight
   S3Metadata metadata;            // the object's user metadata
-  // Called with the upload id right after CreateMultipart and again
-  // (started=false) once it is completed or aborted, so the caller can
-  // journal unfinished uploads and abort them after a crash.
-  std::function<void(const std::string& upload_id, bool started)> journal;
+  // Called just before CreateMultipart (kCreating, no id yet: an upload
+  // may exist from then on, its answer not yet seen), right after it with
+  // the upload id (kCreated), and once it is completed or aborted (kEnded),
+  // so the caller can journal unfinished uploads and abort them after a
+  // crash. A failed CreateMultipart is followed by nothing: whether it
+  // created an upload is unknown.
+  std::function<void(UploadEvent event, const std::string& upload_id)> journal;
   // Called just before CompleteMultipart (or the single Put): a non-OK
   // status aborts the upload and is returned (the caller's last check that
   // the object may still be written).

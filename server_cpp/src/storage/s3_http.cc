@@ -96,6 +96,7 @@ static size_t S3OnHeader(char* data, size_t size, size_t n, void* user) {
     reply->etag.clear();
     reply->content_length.clear();
     reply->content_range.clear();
+    reply->date.clear();
     reply->metadata.clear();
     return total;
   }
@@ -109,6 +110,8 @@ static size_t S3OnHeader(char* data, size_t size, size_t n, void* user) {
     reply->content_length.assign(value.data(), value.size());
   } else if (NameIs(name, "content-range")) {
     reply->content_range.assign(value.data(), value.size());
+  } else if (NameIs(name, "date")) {
+    reply->date.assign(value.data(), value.size());
   } else if (name.size() > kMetaPrefix.size() &&
              strncasecmp(name.data(), kMetaPrefix.data(), kMetaPrefix.size()) == 0 &&
              reply->metadata.size() < kS3MaxMetadata) {

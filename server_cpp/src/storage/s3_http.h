@@ -65,7 +65,7 @@ constexpr size_t kS3MaxMetadata = 32;
 struct S3HttpReply {
   long status = 0;
   std::string body;  // at most kS3MaxBody
-  std::string etag, content_length, content_range;  // those headers, raw (empty when absent)
+  std::string etag, content_length, content_range, date;  // those headers, raw (empty when absent)
   // x-amz-meta-NAME headers: NAME in lower case, the value raw (at most
   // kS3MaxMetadata of them; a name twice keeps the first).
   S3Metadata metadata;

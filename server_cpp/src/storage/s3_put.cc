@@ -122,23 +122,24 @@ Status PutObject(S3Client* client, const std::string& bucket, const std::string&
                                    std::to_string(part_size) + " needs more than 10000 parts");
   }
   std::string upload_id;
+  if (options.journal) options.journal(UploadEvent::kCreating, "");
   Status s = client->CreateMultipart(bucket, key, &upload_id, options.metadata);
   if (!s.ok()) return s;
-  if (options.journal) options.journal(upload_id, true);
+  if (options.journal) options.journal(UploadEvent::kCreated, upload_id);
   const Upload upload{client, bucket, key, upload_id, data, n, part_size, options.prepare};
   std::vector<std::string> etags, checksums;
   s = SendAllParts(upload, parts, options.parallel, &etags, &checksums);
   if (s.ok() && options.before_commit) s = options.before_commit();
   if (s.ok()) s = client->CompleteMultipart(bucket, key, upload_id, etags, etag, checksums);
   if (s.ok()) {
-    if (options.journal) options.journal(upload_id, false);
+    if (options.journal) options.journal(UploadEvent::kEnded, upload_id);
     return s;
   }
   // Parts of an upload never completed are invisible, but S3 keeps (and
   // bills) them until it is aborted.
   Status aborted = client->AbortMultipart(bucket, key, upload_id);
   if (aborted.ok()) {
-    if (options.journal) options.journal(upload_id, false);
+    if (options.journal) options.journal(UploadEvent::kEnded, upload_id);
   } else {
     TCE_LOG(kWarning, "s3") << "upload " << Printable(upload_id, 128) << " of " << Printable(key)
                             << " left unfinished (the journal keeps it): " << aborted.ToString();

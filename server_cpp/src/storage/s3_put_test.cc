@@ -154,7 +154,13 @@ S3PutOptions Options(Journal* journal) {
   S3PutOptions options;
   options.part_size = 1000;
   options.parallel = 3;
-  options.journal = [journal](const std::string& id, bool started) { journal->Record(id, started); };
+  options.journal = [journal](UploadEvent event, const std::string& id) {
+    if (event == UploadEvent::kCreating) {
+      journal->Record("?", true);  // before any request of the upload
+    } else {
+      journal->Record(id, event == UploadEvent::kCreated);
+    }
+  };
   return options;
 }
 
@@ -210,7 +216,7 @@ TEST(S3PutObject, MultipartSendsEveryPartAndCompletesInOrder) {
   }
   EXPECT_EQ(f.bucket->completes, 1);
   EXPECT_EQ(f.bucket->aborts, 0);
-  EXPECT_EQ(journal.Calls(), (std::vector<std::string>{"up-1+", "up-1-"}));
+  EXPECT_EQ(journal.Calls(), (std::vector<std::string>{"?+", "up-1+", "up-1-"}));
 }
 
 TEST(S3PutObject, PartFailingPermanentlyAbortsTheUpload) {
@@ -229,7 +235,7 @@ TEST(S3PutObject, PartFailingPermanentlyAbortsTheUpload) {
   EXPECT_EQ(f.server.requests().back().method, "DELETE");
   EXPECT_EQ(f.server.requests().back().query, "uploadId=up-1");
   EXPECT_FALSE(f.bucket->objects.count("k"));
-  EXPECT_EQ(journal.Calls(), (std::vector<std::string>{"up-1+", "up-1-"}));
+  EXPECT_EQ(journal.Calls(), (std::vector<std::string>{"?+", "up-1+", "up-1-"}));
 }
 
 TEST(S3PutObject, FailedLastCheckAbortsAndIsReturned) {
@@ -247,7 +253,7 @@ TEST(S3PutObject, FailedLastCheckAbortsAndIsReturned) {
   EXPECT_EQ(f.bucket->completes, 0);
   EXPECT_EQ(f.bucket->aborts, 1);
   EXPECT_FALSE(f.bucket->objects.count("k"));
-  EXPECT_EQ(journal.Calls(), (std::vector<std::string>{"up-1+", "up-1-"}));
+  EXPECT_EQ(journal.Calls(), (std::vector<std::string>{"?+", "up-1+", "up-1-"}));
 
   const Status single = PutObject(&client, "b", "k", data.data(), 10, options, &etag);
   EXPECT_EQ(single.code(), Code::kAborted);
@@ -273,7 +279,7 @@ TEST(S3PutObject, CancelEndsTheUploadLeavingItJournaled) {
   EXPECT_EQ(put.get().code(), Code::kCancelled);
   EXPECT_EQ(f.bucket->completes, 0);
   EXPECT_FALSE(f.bucket->objects.count("k"));
-  EXPECT_EQ(journal.Calls(), (std::vector<std::string>{"up-1+"}));  // for the caller to abort later
+  EXPECT_EQ(journal.Calls(), (std::vector<std::string>{"?+", "up-1+"}));  // for the caller to abort later
 }
 
 TEST(S3PutObject, LostCompleteReplyIsRecognisedByTheObjectsEtag) {

@@ -1,43 +1,23 @@
 #include "storage/s3_store.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <atomic>
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
+#include <atomic>
 #include <system_error>
-#include <map>
-#include <random>
-#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "common/logging.h"
+#include "storage/s3_xml.h"
 
 namespace tce {
 namespace {
-constexpr size_t kMaxJournal = 16 << 20;  // a journal larger than this is not read (and is reset)
 
-// 16 random hex digits.
-std::string NewToken() {
-  std::random_device random;
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (int i = 0; i < 4; ++i) {
-    const unsigned v = random();
-    for (int shift = 0; shift < 16; shift += 4) out += kHex[(v >> shift) & 15];
-  }
-  return out;
-}
+// How far the store's time a creation is journaled with may be off: one
+// second of Date's resolution and of Initiated's, and some; without a Date
+// seen yet, SigV4's own bound on a client's clock (15 minutes).
+constexpr int64_t kKnownSlackS = 5;
+constexpr int64_t kUnknownSlackS = 15 * 60;
 
-bool SafeToken(const std::string& s) {  // an upload id or key as journaled: one line, no NUL
-  if (s.empty() || s.size() > 4096) return false;
-  for (char c : s)
-    if (c == '\n' || c == '\r' || c == '\0') return false;
-  return true;
-}
 }  // namespace
 
 Status S3Store::Open(const std::string& bucket, const ObjectStoreOptions& options,
@@ -59,72 +39,83 @@ Status S3Store::Open(const std::string& bucket, const ObjectStoreOptions& option
 }
 
 S3Store::S3Store(std::string bucket, ObjectStoreOptions options, std::unique_ptr<S3Client> client)
-    : bucket_(std::move(bucket)), options_(std::move(options)), run_(NewToken()), client_(std::move(client)) {}
+    : bucket_(std::move(bucket)),
+      options_(std::move(options)),
+      run_(UploadJournal::NewToken()),
+      client_(std::move(client)),
+      journal_(options_.journal) {}
 
-void S3Store::Journal(const std::string& key, const std::string& upload_id, bool started) {
-  if (options_.journal.empty()) return;
-  if (!SafeToken(key) || !SafeToken(upload_id) || upload_id.find(' ') != std::string::npos) {
-    TCE_LOG(kWarning, "s3") << "not journaling an upload with an unusual id or key: " << Url(key);
-    return;
+void S3Store::Journal(const std::string& key, UploadEvent event, const std::string& upload_id, std::string* token) {
+  switch (event) {
+    case UploadEvent::kCreating: {
+      int64_t now = 0;
+      const bool known = client_->StoreTime(&now);
+      *token = journal_.Creating(key, now, known ? kKnownSlackS : kUnknownSlackS);
+      break;
+    }
+    case UploadEvent::kCreated:
+      journal_.Created(*token, upload_id, key);
+      break;
+    case UploadEvent::kEnded:
+      journal_.Ended(upload_id);
+      break;
   }
-  const std::string line = (started ? "+ " + upload_id + " " + key : "- " + upload_id) + "\n";
-  MutexLock l(&journal_mu_);
-  int fd = ::open(options_.journal.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) {
-    TCE_LOG(kWarning, "s3") << "cannot journal uploads in " << options_.journal << ": " << std::strerror(errno);
-    return;
+}
+
+bool S3Store::Abort(const std::string& key, const std::string& id, const char* how) {
+  Status s = client_->AbortMultipart(bucket_, key, id);
+  if (s.ok() || s.code() == Status::Code::kNotFound) {
+    TCE_LOG(kInfo, "s3") << "aborted the unfinished upload of " << Url(key) << " a crash left (" << how << ")";
+    return true;
   }
-  ssize_t n = ::write(fd, line.data(), line.size());
-  if (n != static_cast<ssize_t>(line.size()) || (started && ::fdatasync(fd) != 0))
-    TCE_LOG(kWarning, "s3") << "journal " << options_.journal << ": " << std::strerror(errno);
-  ::close(fd);
+  TCE_LOG(kWarning, "s3") << "cannot abort the unfinished upload of " << Url(key) << ": " << s.ToString()
+                          << " (tried again at the next start)";
+  return false;
 }
 
 int S3Store::AbandonUnfinished() {
-  if (options_.journal.empty()) return 0;
-  std::string text;
-  {
-    MutexLock l(&journal_mu_);
-    int fd = ::open(options_.journal.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return 0;
-    char buf[65536];
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0 && text.size() <= kMaxJournal) text.append(buf, n);
-    ::close(fd);
+  UploadJournal::Open open;
+  if (!journal_.Read(&open)) {
+    if (open.read_bytes > 0) journal_.Rewrite(open, "");  // unreadable: started anew
+    return 0;
   }
-  std::map<std::string, std::string> open;  // upload id -> key
-  std::istringstream lines(text.size() <= kMaxJournal ? text : "");
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.size() > 2 && line.compare(0, 2, "+ ") == 0) {
-      const size_t sp = line.find(' ', 2);
-      if (sp != std::string::npos) open[line.substr(2, sp - 2)] = line.substr(sp + 1);
-    } else if (line.size() > 2 && line.compare(0, 2, "- ") == 0) {
-      open.erase(line.substr(2));
-    }
-  }
-  int aborted = 0, left = 0;
-  std::string keep;
-  for (const auto& [id, key] : open) {
-    Status s = client_->AbortMultipart(bucket_, key, id);
-    if (s.ok() || s.code() == Status::Code::kNotFound) {
+  int aborted = 0;
+  std::string keep;  // what is left, for the next start
+  for (const auto& [id, key] : open.uploads) {
+    if (Abort(key, id, "journaled"))
       ++aborted;
-      TCE_LOG(kInfo, "s3") << "aborted the unfinished upload of " << Url(key) << " a crash left";
-    } else {
-      ++left;
-      keep += "+ " + id + " " + key + "\n";
-      TCE_LOG(kWarning, "s3") << "cannot abort the unfinished upload of " << Url(key) << ": " << s.ToString()
+    else
+      keep += UploadJournal::UploadLine(id, key);
+  }
+  // Creations whose answer the crashed run never saw: their uploads are
+  // those of the key that S3 says were initiated while the request could
+  // have been in flight (from its journaling to its deadline), give or take
+  // the time's slack, and before this start; this run's own are known.
+  int64_t now = 0;
+  const int64_t now_slack = client_->StoreTime(&now) ? kKnownSlackS : kUnknownSlackS;
+  const int64_t in_flight_s = (options_.request_timeout_ms + 999) / 1000;
+  for (const UploadJournal::Creation& c : open.creations) {
+    std::vector<S3Upload> uploads;
+    Status s = client_->ListUploads(bucket_, c.key, &uploads);
+    if (!s.ok()) {
+      TCE_LOG(kWarning, "s3") << "cannot list the uploads of " << Url(c.key) << ": " << s.ToString()
                               << " (tried again at the next start)";
+      keep += UploadJournal::CreationLine(c);
+      continue;
+    }
+    for (const S3Upload& u : uploads) {
+      int64_t initiated = 0;
+      if (u.key != c.key || open.uploads.count(u.upload_id) || journal_.CreatedHere(u.upload_id) ||
+          !ParseIsoTime(u.initiated, &initiated) || initiated < c.at_s - c.slack_s ||
+          initiated > c.at_s + in_flight_s + c.slack_s || initiated > now + now_slack)
+        continue;  // another writer's (or this run's)
+      if (Abort(c.key, u.upload_id, "its creation's answer never came"))
+        ++aborted;
+      else
+        keep += UploadJournal::UploadLine(u.upload_id, c.key);
     }
   }
-  MutexLock l(&journal_mu_);  // what is left, for the next start
-  const std::string tmp = options_.journal + ".new";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd >= 0) {
-    bool ok = ::write(fd, keep.data(), keep.size()) == static_cast<ssize_t>(keep.size()) && ::fsync(fd) == 0;
-    ::close(fd);
-    if (ok) ::rename(tmp.c_str(), options_.journal.c_str());
-  }
+  journal_.Rewrite(open, keep);
   return aborted;
 }
 
@@ -180,7 +171,8 @@ Status S3Store::Write(const std::string& key, const char* data, uint64_t n, cons
   if (saver_known) po.metadata[kOwnerMetadata] = std::to_string(options.uid);
   const std::string marker = options.write_id.empty() ? "" : run_ + "." + options.write_id;
   if (!marker.empty()) po.metadata[kWriteMetadata] = marker;
-  po.journal = [this, &key](const std::string& id, bool started) { Journal(key, id, started); };
+  std::string token;  // this upload's creation in the journal
+  po.journal = [this, &key, &token](UploadEvent event, const std::string& id) { Journal(key, event, id, &token); };
   // CANCELLED is coherence's verdict (the caller's check refused the write);
   // the client's own CANCELLED only means the server is stopping.
   bool refused = false;

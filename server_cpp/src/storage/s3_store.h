@@ -1,9 +1,10 @@
 // S3Store: an ObjectStore over one S3 bucket (storage/s3_client.h). Large
 // objects go up as multipart uploads with parts in parallel and come down
-// as parallel ranged GETs. Every multipart upload is journaled (upload id
-// and key, synced before the first part) and struck from the journal when
-// completed or aborted, so a restart aborts exactly the uploads a crashed
-// run of this server left, never another writer's. Every object it writes
+// as parallel ranged GETs. Every multipart upload is journaled
+// (storage/s3_journal.h: its creation before it is sent, its id once
+// answered, its end), so a restart aborts the uploads a crashed run of this
+// server left, those whose creation it never saw answered included (found
+// by key and initiation time), never another writer's. Every object it writes
 // records its saver's uid, and reads, listings, deletes and writes are
 // refused on another owner's object (storage/object_owner.h).
 #pragma once
@@ -11,9 +12,9 @@
 #include <memory>
 #include <string>
 
-#include "common/mutex.h"
 #include "storage/object_store.h"
 #include "storage/s3_client.h"
+#include "storage/s3_journal.h"
 
 namespace tce {
 
@@ -42,13 +43,16 @@ class S3Store : public ObjectStore {
   S3Store(std::string bucket, ObjectStoreOptions options, std::unique_ptr<S3Client> client);
 
  private:
-  void Journal(const std::string& key, const std::string& upload_id, bool started);
+  // PutObject's journal events for `key`; `token` names its creation.
+  void Journal(const std::string& key, UploadEvent event, const std::string& upload_id, std::string* token);
+  // Aborts a crashed run's upload (`how` it was found, for the log); false when it stays.
+  bool Abort(const std::string& key, const std::string& id, const char* how);
 
   const std::string bucket_;
   const ObjectStoreOptions options_;
   const std::string run_;  // random, per store: what a write's marker (tce-write) starts with
   const std::unique_ptr<S3Client> client_;
-  Mutex journal_mu_;  // one journal line at a time
+  UploadJournal journal_;
 };
 
 }  // namespace tce

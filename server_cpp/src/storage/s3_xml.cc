@@ -231,4 +231,69 @@ std::string Printable(std::string_view text, size_t max) {
   return out;
 }
 
+namespace {
+
+// Days from 1970-01-01 to y-m-d (proleptic Gregorian; Howard Hinnant's
+// days_from_civil).
+int64_t DaysFromCivil(int64_t y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const unsigned yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<int64_t>(doe) - 719468;
+}
+
+// `n` digits at text[at..] as a number; false unless all are digits.
+bool Digits(std::string_view text, size_t at, size_t n, unsigned* out) {
+  if (at + n > text.size()) return false;
+  unsigned v = 0;
+  for (size_t i = at; i < at + n; ++i) {
+    if (text[i] < '0' || text[i] > '9') return false;
+    v = v * 10 + static_cast<unsigned>(text[i] - '0');
+  }
+  *out = v;
+  return true;
+}
+
+bool Civil(unsigned y, unsigned mo, unsigned d, unsigned h, unsigned mi, unsigned s, int64_t* unix_s) {
+  static const unsigned kDays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  if (y < 1970 || mo < 1 || mo > 12 || d < 1 || d > kDays[mo - 1] || h > 23 || mi > 59 || s > 60) return false;
+  *unix_s = DaysFromCivil(y, mo, d) * 86400 + h * 3600 + mi * 60 + s;
+  return true;
+}
+
+}  // namespace
+
+bool ParseHttpDate(std::string_view text, int64_t* unix_s) {
+  // "Sun, 06 Nov 1994 08:49:37 GMT"
+  static const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                  "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  if (text.size() != 29 || text.substr(3, 2) != ", " || text[7] != ' ' || text[11] != ' ' || text[16] != ' ' ||
+      text[19] != ':' || text[22] != ':' || text.substr(25) != " GMT")
+    return false;
+  unsigned mo = 0;
+  for (unsigned i = 0; i < 12; ++i)
+    if (text.substr(8, 3) == kMonths[i]) mo = i + 1;
+  unsigned d, y, h, mi, s;
+  return mo != 0 && Digits(text, 5, 2, &d) && Digits(text, 12, 4, &y) && Digits(text, 17, 2, &h) &&
+         Digits(text, 20, 2, &mi) && Digits(text, 23, 2, &s) && Civil(y, mo, d, h, mi, s, unix_s);
+}
+
+bool ParseIsoTime(std::string_view text, int64_t* unix_s) {
+  // "2024-05-01T10:00:00.000Z"
+  if (text.size() < 20 || text.size() > 40 || text[4] != '-' || text[7] != '-' || text[10] != 'T' ||
+      text[13] != ':' || text[16] != ':' || text.back() != 'Z')
+    return false;
+  if (text.size() > 20) {  // a fraction of a second
+    unsigned ignored;
+    if (text[19] != '.' || text.size() == 21 || !Digits(text, 20, text.size() - 21, &ignored) ||
+        text.size() - 21 > 9)
+      return false;
+  }
+  unsigned y, mo, d, h, mi, s;
+  return Digits(text, 0, 4, &y) && Digits(text, 5, 2, &mo) && Digits(text, 8, 2, &d) && Digits(text, 11, 2, &h) &&
+         Digits(text, 14, 2, &mi) && Digits(text, 17, 2, &s) && Civil(y, mo, d, h, mi, s, unix_s);
+}
+
 }  // namespace tce

@@ -50,4 +50,11 @@ bool CleanEtag(std::string_view raw, std::string* out);
 // printable ASCII written as \xNN, "..." where it was cut.
 std::string Printable(std::string_view text, size_t max = 256);
 
+// Seconds since the Unix epoch of an HTTP date ("Sun, 06 Nov 1994 08:49:37
+// GMT", RFC 9110's IMF-fixdate, the one S3 sends) or of an ISO-8601 UTC
+// time as S3 lists it ("2024-05-01T10:00:00.000Z", fraction optional).
+// False for anything else (a date before 1970 or after 9999 included).
+bool ParseHttpDate(std::string_view text, int64_t* unix_s);
+bool ParseIsoTime(std::string_view text, int64_t* unix_s);
+
 }  // namespace tce

@@ -81,6 +81,23 @@ TEST(S3Xml, PrintableEscapesAndBounds) {
   EXPECT_EQ(Printable(std::string(10, 'x'), 4), "xxxx...");
 }
 
+TEST(S3Xml, ReadsTheTimesS3Sends) {
+  int64_t t = 0;
+  ASSERT_TRUE(ParseHttpDate("Sun, 06 Nov 1994 08:49:37 GMT", &t));
+  EXPECT_EQ(t, 784111777);
+  ASSERT_TRUE(ParseIsoTime("2024-02-29T23:59:59.123Z", &t));
+  EXPECT_EQ(t, 1709251199);
+  ASSERT_TRUE(ParseIsoTime("1994-11-06T08:49:37Z", &t));
+  EXPECT_EQ(t, 784111777);
+  for (const char* bad : {"", "Sun, 06 Nov 1994 08:49:37 UTC", "Sun, 06 Foo 1994 08:49:37 GMT",
+                          "Sun, 32 Nov 1994 08:49:37 GMT", "Sun,  6 Nov 1994 08:49:37 GMT"})
+    EXPECT_FALSE(ParseHttpDate(bad, &t)) << bad;
+  for (const char* bad : {"2024-02-29T23:59:59", "2024-13-01T00:00:00Z", "1969-12-31T23:59:59Z",
+                          "2024-02-29T24:00:00Z", "2024-02-29T23:59:59.Z", "2024-02-29T23:59:59.1234567890Z",
+                          "2024-02-29 23:59:59Z", "20x4-02-29T23:59:59Z"})
+    EXPECT_FALSE(ParseIsoTime(bad, &t)) << bad;
+}
+
 TEST(S3Url, EncodesAsSigV4Wants) {
   EXPECT_EQ(S3UriEncode("a b/c~d_e.f-g", true), "a%20b/c~d_e.f-g");
   EXPECT_EQ(S3UriEncode("a b/c", false), "a%20b%2Fc");
