@@ -29,8 +29,8 @@ class Node:
     bob (b) are allowed. Restartable on a new, empty state dir: what it
     knows of owners then comes from the bucket alone."""
 
-    def __init__(self, users: dict, moto, bucket: str) -> None:
-        self.users, self.moto, self.bucket = users, moto, bucket
+    def __init__(self, users: dict, moto, bucket: str, *extra: str) -> None:
+        self.users, self.moto, self.bucket, self.extra = users, moto, bucket, list(extra)
         self.base = tempfile.mkdtemp(prefix="tce-s3u-")
         os.chmod(self.base, 0o755)  # users traverse it; the socket dir inside is the gate
         self.socket = os.path.join(self.base, "run", "tce.sock")
@@ -46,7 +46,7 @@ class Node:
             state_dir=os.path.join(self.base, f"state{self.starts}"),
             log_path=os.path.join(self.base, f"tce-server{self.starts}.log"),
             extra_args=["--allowed-uids", allowed, "--socket-group", GROUP,
-                        "--s3-endpoint", self.moto.endpoint, "--s3-path-style", "true"],
+                        "--s3-endpoint", self.moto.endpoint, "--s3-path-style", "true", *self.extra],
             env={**os.environ, **credentials_env()}).start()
         return self
 
@@ -171,3 +171,38 @@ result["load"] = list(s.read("ja", {path!r})[:2])
 """)
     url = f"s3://{s3_bucket}/run1/old/w.pt"
     assert r["load"] == ["PERMISSION_DENIED", f"uid {users['a']} may not read {url}: it belongs to uid {users['b']}"]
+
+
+def test_a_tag_naming_another_users_object_does_not_get_it_deleted(users, moto, s3_bucket):  # noqa: F811
+    """storage_keep_last deletes an old tag's objects as the tag's job's
+    owner: bob's tag that names alice's object leaves it where it is."""
+    node = Node(users, moto, s3_bucket, "--storage-keep-last", "1").start()
+    try:
+        hers, his = f"{ROOT}/a/model.pt", f"{ROOT}/b/own.pt"
+        r = node.run("a", f"""
+s = Session(SOCK)
+result["save"] = s.save("ja", {hers!r}, {ALICE!r})["code"]
+result["wait"] = s.call("Wait", pb.WaitRequest(session=s.id, job="ja", paths=[{hers!r}], timeout_s=60))[0]
+""")
+        assert r["save"] == "OK" and r["wait"] == "OK", r
+        r = node.run("b", f"""
+import time
+s = Session(SOCK)
+result["save"] = s.save("jb", {his!r}, {BOB!r})["code"]
+result["wait"] = s.call("Wait", pb.WaitRequest(session=s.id, job="jb", paths=[{his!r}], timeout_s=60))[0]
+for tag, path, size in (("t1", {hers!r}, {len(ALICE)}), ("t2", {his!r}, {len(BOB)})):
+    info = pb.TagInfo(job="jb", tag=tag, world_size=1, files=[pb.TagFile(rank=0, path=path, size=size)])
+    result[tag] = s.call("CommitTag", pb.CommitTagRequest(session=s.id, tag=info))[0]
+for _ in range(3000):  # retention runs on a thread of its own: until it forgot t1
+    code, _, tags = s.call("ListTags", pb.ListTagsRequest(session=s.id, job="jb"))
+    result["tags"] = [t.tag for t in tags.tags] if tags else code
+    if result["tags"] == ["t2"]:
+        break
+    time.sleep(0.02)
+""")
+        assert r == {"uid": users["b"], "save": "OK", "wait": "OK", "t1": "OK", "t2": "OK", "tags": ["t2"]}, r
+        s3 = moto.boto3()
+        assert s3.get_object(Bucket=s3_bucket, Key="run1/a/model.pt")["Body"].read() == ALICE
+        assert "left s3://" in node.server.log() and f"it belongs to uid {users['a']}" in node.server.log()
+    finally:
+        node.close()

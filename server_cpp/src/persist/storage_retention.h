@@ -2,8 +2,10 @@
 // recorded complete, the job's tags older than the newest N have their
 // files under object roots deleted, the tag's completeness marker
 // (`.metadata`, `latest`) first, so a tag half deleted never looks complete;
-// then the tag is forgotten. A file a kept tag also names stays. Deletes
-// that fail are tried again after the job's next tag. One thread of its own
+// then the tag is forgotten. A file a kept tag also names stays, and so does
+// an object of another uid than the job's owner (a tag may name any path:
+// deletes are made as the owner, storage/object_owner.h). Deletes that fail
+// are tried again after the job's next tag. One thread of its own
 // (deletes are network calls; CommitTag only queues the job).
 #pragma once
 
