@@ -1,5 +1,6 @@
 """S3 on loopback for the s3 tests: moto's server (tce.tools._moto) and a
-fault-injecting HTTP/1.1 proxy in front of it.
+fault-injecting HTTP/1.1 proxy in front of it (its message plumbing:
+tests/s3_wire.py).
 
 The server under test is given the proxy's endpoint; the test then makes
 the endpoint slow down (503 SlowDown), go away, or hold chosen requests
@@ -8,24 +9,21 @@ until it says so, and counts the requests of each kind that came by.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import re
-import select
 import socket
-import struct
 import threading
 import time
 from typing import Callable
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from s3_wire import (Buffer, BadMessage, ClientDone, Request, Stream, classify, client_gone, copy_body,
+                     read_head, reset_connection, with_length)
 from tce.tools._moto import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, credentials_env
 
 __all__ = ["ACCESS_KEY", "SECRET_KEY", "REGION", "MotoServer", "credentials_env", "FaultProxy",
            "Request", "classify"]
 
-_MAX_LINE = 64 << 10  # a request or header line
-_MAX_HEADERS = 200
 _CHUNK = 1 << 20  # bodies are copied through in pieces of up to this
 _IO_TIMEOUT = 300.0  # one socket read or write (a large CompleteMultipartUpload takes moto a while)
 _IDLE_TIMEOUT = 120.0  # a keep-alive connection with no request
@@ -36,206 +34,7 @@ SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Co
              b"<RequestId>TCEFAULTPROXY</RequestId><HostId>tce-fault-proxy</HostId></Error>")
 
 
-class _BadMessage(Exception):
-    pass
-
-
-class _ClientDone(Exception):
-    """The response ended with its connection: close the client's too."""
-
-
-@dataclasses.dataclass
-class Request:
-    """What a hold predicate sees. ``query``: each parameter's first value
-    ("" for a bare ``?uploads``); ``headers``: names lowercased."""
-    method: str
-    path: str  # decoded, no query
-    query: dict[str, str]
-    headers: dict[str, str]
-    kind: str
-    status: int | None = None  # the status the client got; None: none (dropped, refused)
-
-
-def classify(method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> str:
-    """The S3 operation a path-style request is (``PutObject``,
-    ``UploadPart``, ...), from its method, path and query."""
-    parts = path.lstrip("/").split("/", 1)
-    bucket, key = parts[0], (parts[1] if len(parts) > 1 else "")
-    copy = "x-amz-copy-source" in headers
-    if not bucket:
-        return "ListBuckets" if method == "GET" else f"{method} /"
-    if not key:
-        table = {"PUT": "CreateBucket", "DELETE": "DeleteBucket", "HEAD": "HeadBucket"}
-        if method == "GET":
-            if "uploads" in query:
-                return "ListMultipartUploads"
-            if "versions" in query:
-                return "ListObjectVersions"
-            if "location" in query:
-                return "GetBucketLocation"
-            return "ListObjectsV2" if query.get("list-type") == "2" else "ListObjects"
-        if method == "POST" and "delete" in query:
-            return "DeleteObjects"
-        return table.get(method, f"{method} bucket")
-    if "uploads" in query and method == "POST":
-        return "CreateMultipartUpload"
-    if "uploadId" in query:
-        if method == "PUT" and "partNumber" in query:
-            return "UploadPartCopy" if copy else "UploadPart"
-        return {"POST": "CompleteMultipartUpload", "DELETE": "AbortMultipartUpload",
-                "GET": "ListParts"}.get(method, f"{method} upload")
-    if "tagging" in query:
-        return {"GET": "GetObjectTagging", "PUT": "PutObjectTagging",
-                "DELETE": "DeleteObjectTagging"}.get(method, f"{method} tagging")
-    if method == "PUT":
-        return "CopyObject" if copy else "PutObject"
-    return {"GET": "GetObject", "HEAD": "HeadObject", "DELETE": "DeleteObject"}.get(
-        method, f"{method} object")
-
-
-class _Stream:
-    """A socket read through a small buffer: lines for heads, then bodies
-    copied straight from the socket in large pieces."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = bytearray()
-
-    def readline(self) -> bytes:
-        """One line with its end; b"" at a clean end of stream."""
-        while True:
-            i = self.buf.find(b"\n")
-            if i >= 0:
-                line = bytes(self.buf[:i + 1])
-                del self.buf[:i + 1]
-                return line
-            if len(self.buf) > _MAX_LINE:
-                raise _BadMessage("line too long")
-            got = self.sock.recv(64 << 10)
-            if not got:
-                if self.buf:
-                    raise _BadMessage("stream ended mid-line")
-                return b""
-            self.buf += got
-
-    def copy(self, n: int, out: socket.socket | None, scratch: memoryview) -> None:
-        """Moves exactly n bytes to ``out`` (None: discards them)."""
-        if self.buf:
-            take = min(n, len(self.buf))
-            if out is not None:
-                out.sendall(self.buf[:take])
-            del self.buf[:take]
-            n -= take
-        while n:
-            got = self.sock.recv_into(scratch, min(n, len(scratch)))
-            if not got:
-                raise _BadMessage("stream ended mid-body")
-            if out is not None:
-                out.sendall(scratch[:got])
-            n -= got
-
-
-def _read_head(stream: _Stream) -> tuple[str, list[tuple[str, str]], bytes] | None:
-    """(first line, headers, raw head bytes), or None at a clean end."""
-    first = stream.readline()
-    while first in (b"\r\n", b"\n"):  # tolerated before a request (RFC 9112 2.2)
-        first = stream.readline()
-    if not first:
-        return None
-    raw = [first]
-    headers = []
-    while True:
-        line = stream.readline()
-        if not line:
-            raise _BadMessage("stream ended in the head")
-        raw.append(line)
-        if line in (b"\r\n", b"\n"):
-            break
-        if len(headers) >= _MAX_HEADERS:
-            raise _BadMessage("too many headers")
-        name, sep, value = line.decode("latin-1").partition(":")
-        if not sep:
-            raise _BadMessage(f"bad header line {line[:80]!r}")
-        headers.append((name.strip().lower(), value.strip()))
-    return first.decode("latin-1").strip(), headers, b"".join(raw)
-
-
-def _copy_body(stream: _Stream, headers: dict[str, str], out: socket.socket | None,
-               scratch: memoryview, *, until_close: bool = False) -> None:
-    """Copies one message body as framed (chunked, Content-Length, or to the
-    end of the stream)."""
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        while True:
-            line = stream.readline()
-            if not line:
-                raise _BadMessage("stream ended in a chunk size")
-            if out is not None:
-                out.sendall(line)
-            try:
-                size = int(line.split(b";")[0].strip(), 16)
-            except ValueError:
-                raise _BadMessage(f"bad chunk size {line[:40]!r}") from None
-            if size == 0:
-                while True:  # trailers, then the empty line
-                    line = stream.readline()
-                    if not line:
-                        raise _BadMessage("stream ended in the trailers")
-                    if out is not None:
-                        out.sendall(line)
-                    if line in (b"\r\n", b"\n"):
-                        return
-            stream.copy(size + 2, out, scratch)  # the data and its CRLF
-    elif "content-length" in headers:
-        try:
-            n = int(headers["content-length"])
-        except ValueError:
-            raise _BadMessage("bad Content-Length") from None
-        stream.copy(n, out, scratch)
-    elif until_close:
-        if stream.buf and out is not None:
-            out.sendall(stream.buf)
-        stream.buf.clear()
-        while True:
-            got = stream.sock.recv_into(scratch)
-            if not got:
-                return
-            if out is not None:
-                out.sendall(scratch[:got])
-
-
-def _reset(sock: socket.socket) -> None:
-    """Closes with a reset (an endpoint that went away), not a FIN."""
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass
-    sock.close()
-
-
-def _client_gone(sock: socket.socket) -> bool:
-    """The peer closed or reset its side (seen even with unread data)."""
-    p = select.poll()
-    p.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
-    return bool(p.poll(0))
-
-
-_RETIMED = ("CreateMultipartUpload", "ListMultipartUploads")
-
-
-def _with_length(head: bytes, n: int) -> bytes:
-    """A response head with its Content-Length set to n."""
-    return b"".join(b"Content-Length: %d\r\n" % n if line.lower().startswith(b"content-length:") else line
-                    for line in head.splitlines(keepends=True))
-
-
-class _Buffer:
-    """Collects what would be sent (an answer held back): ``sendall`` appends."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def sendall(self, data) -> None:
-        self.data += data
+RETIMED = ("CreateMultipartUpload", "ListMultipartUploads")
 
 
 class _Held:
@@ -436,7 +235,7 @@ class FaultProxy:
                     self._conns.add(sock)
                     self._threads = [t for t in self._threads if t.is_alive()]
             if refuse:
-                _reset(sock)
+                reset_connection(sock)
                 continue
             t = threading.Thread(target=self._serve, args=(sock,), name="fault-proxy-conn",
                                  daemon=True)
@@ -447,13 +246,13 @@ class FaultProxy:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         upstream: socket.socket | None = None
         scratch = memoryview(bytearray(_CHUNK))
-        stream = _Stream(client)
+        stream = Stream(client)
         reset = False
         try:
             while True:
                 client.settimeout(_IDLE_TIMEOUT)
                 try:
-                    head = _read_head(stream)
+                    head = read_head(stream)
                 except socket.timeout:
                     if stream.buf:
                         raise
@@ -486,11 +285,11 @@ class FaultProxy:
                 if upstream is None:
                     upstream = socket.create_connection(self.upstream, timeout=_IO_TIMEOUT)
                     upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    upstream_stream = _Stream(upstream)
+                    upstream_stream = Stream(upstream)
                 upstream.sendall(raw)
-                _copy_body(stream, headers, upstream, scratch)
+                copy_body(stream, headers, upstream, scratch)
                 if action == "hold_reply":
-                    answer = _Buffer()
+                    answer = Buffer()
                     keeps = self._relay_response(upstream_stream, answer, req, scratch)
                     if not self._wait_reply_released(req, client):
                         reset = True
@@ -503,9 +302,9 @@ class FaultProxy:
                     upstream = None
                 if "close" in headers.get("connection", "").lower():
                     return
-        except _ClientDone:
+        except ClientDone:
             pass
-        except (OSError, _BadMessage):
+        except (OSError, BadMessage):
             reset = True
         finally:
             if upstream is not None:
@@ -513,7 +312,7 @@ class FaultProxy:
             with self._lock:
                 self._conns.discard(client)
             if reset:
-                _reset(client)
+                reset_connection(client)
             else:
                 client.close()
 
@@ -534,14 +333,14 @@ class FaultProxy:
                 return "hold_reply"
             return "forward"
 
-    def _answer_slow_down(self, stream: _Stream, req: Request) -> bool:
+    def _answer_slow_down(self, stream: Stream, req: Request) -> bool:
         """503 SlowDown; True when the connection stays open. A client that
         waits for 100-continue never sends the body: the connection is
         closed after the answer, gently (what it sends meanwhile is read
         and thrown away, so the answer is not lost to a reset)."""
         expects = "100-continue" in req.headers.get("expect", "").lower()
         if not expects:
-            _copy_body(stream, req.headers, None, memoryview(bytearray(_CHUNK)))
+            copy_body(stream, req.headers, None, memoryview(bytearray(_CHUNK)))
         body = b"" if req.method == "HEAD" else SLOW_DOWN
         lines = ["HTTP/1.1 503 Slow Down", "Content-Type: application/xml",
                  f"Content-Length: {len(SLOW_DOWN)}", "x-amz-request-id: TCEFAULTPROXY"]
@@ -572,7 +371,7 @@ class FaultProxy:
             try:
                 while held.verdict is None:
                     self._lock.wait(0.05)
-                    if held.verdict is None and _client_gone(client):
+                    if held.verdict is None and client_gone(client):
                         held.verdict = "gone"
                 return held.verdict == "release"
             finally:
@@ -589,21 +388,21 @@ class FaultProxy:
             try:
                 while held.verdict is None:
                     self._lock.wait(0.05)
-                    if held.verdict is None and _client_gone(client):
+                    if held.verdict is None and client_gone(client):
                         held.verdict = "gone"
                 return held.verdict == "release"
             finally:
                 self._held_replies.remove(held)
                 self._lock.notify_all()
 
-    def _relay_response(self, upstream: _Stream, client: socket.socket, req: Request,
+    def _relay_response(self, upstream: Stream, client: socket.socket, req: Request,
                         scratch: memoryview) -> bool:
         """Copies the response to ``req``; False when the upstream
         connection ends with it."""
         while True:
-            head = _read_head(upstream)
+            head = read_head(upstream)
             if head is None:
-                raise _BadMessage("upstream closed before its response")
+                raise BadMessage("upstream closed before its response")
             first, header_list, raw = head
             status = int(first.split(" ", 2)[1])
             if status >= 200:  # a 1xx: forwarded, the real answer follows
@@ -616,20 +415,20 @@ class FaultProxy:
         upstream_keeps = "close" not in headers.get("connection", "").lower()
         if not bodiless and not framed:  # its end is the connection's: so for the client's too
             client.sendall(raw)
-            _copy_body(upstream, headers, client, scratch, until_close=True)
-            raise _ClientDone
+            copy_body(upstream, headers, client, scratch, until_close=True)
+            raise ClientDone
         if not upstream_keeps:  # the client's connection stays: only the upstream one ends
             raw = b"".join(line for line in raw.splitlines(keepends=True)
                            if not line.lower().startswith(b"connection:"))
-        if not bodiless and status == 200 and req.kind in _RETIMED and "content-length" in headers:
-            body = _Buffer()
-            _copy_body(upstream, headers, body, scratch)
+        if not bodiless and status == 200 and req.kind in RETIMED and "content-length" in headers:
+            body = Buffer()
+            copy_body(upstream, headers, body, scratch)
             data = self._retime(req.kind, bytes(body.data))
-            client.sendall(_with_length(raw, len(data)) + data)
+            client.sendall(with_length(raw, len(data)) + data)
             return upstream_keeps
         client.sendall(raw)
         if not bodiless:
-            _copy_body(upstream, headers, client, scratch)
+            copy_body(upstream, headers, client, scratch)
         return upstream_keeps
 
     def _retime(self, kind: str, body: bytes) -> bytes:
