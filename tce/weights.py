@@ -13,7 +13,9 @@ cached bytes: nothing is copied until the reader copies them into its model
 memory.
 
 Readers may be other users: the job's owner calls :func:`grant` (or the
-server's ``read_grants`` setting names them).
+server's ``read_grants`` setting names them). Readers on other nodes: the
+owner grants their nodes (:func:`grant` with ``nodes``), and each such node
+follows the job (:func:`follow`).
 
 ::
 
@@ -36,7 +38,7 @@ import os
 import threading
 import warnings
 import weakref
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 
@@ -62,10 +64,18 @@ from tce.errors import (
     NotCachedError,
 )
 
-__all__ = ["Region", "Shard", "VersionInfo", "Weights", "follow", "grant", "latest", "open", "part",
+__all__ = ["Grants", "Region", "Shard", "VersionInfo", "Weights", "follow", "grant", "latest", "open", "part",
            "publish", "revoke", "wait_newer", "weight_entries", "weight_files"]
 
 log = logging.getLogger("tce.weights")
+
+
+class Grants(NamedTuple):
+    """A job's read grants in force (the server's ``read_grants`` aside)."""
+
+    uids: list[int]
+    gids: list[int]
+    nodes: list[str]  # peer endpoints of the nodes that may follow the job
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,18 +150,19 @@ def follow(job: str | None = None, *, sources: Iterable[str]) -> VersionInfo | N
     This node's server learns each new version from ``sources`` (the peer
     endpoints, ``host:port``, of nodes that publish or hold the job's
     versions, asked in order: for a chain of inference nodes, the previous
-    node first), as this process's user, whom the sources check as they
-    check a local reader (the job's owner, or granted read there). Then
-    :func:`latest`, :func:`wait_newer` and :func:`open` work here as on the
-    trainer's node; :func:`open` brings the version's weight files from the
-    sources when this node does not hold them, once for all its readers.
-    Needs a server that takes part in rings (``peer_listen``). Returns the
-    newest version the sources have, or None.
+    node first), as this node: a source answers a node the job's owner
+    granted (:func:`grant` with ``nodes``). Here the job is the server's
+    own, and this process's user (and every user that follows it too) may
+    read its versions. Then :func:`latest`, :func:`wait_newer` and
+    :func:`open` work here as on the trainer's node; :func:`open` brings the
+    version's weight files from the sources when this node does not hold
+    them, once for all its readers. Needs a server that takes part in rings
+    (``peer_listen``). Returns the newest version the sources have, or None.
 
     Raises:
-        PermissionDeniedError: the source refused this user (its reason).
-        FailedPreconditionError: this server has no peer port, or the job
-            belongs to another user here.
+        PermissionDeniedError: the source refused this node (its reason).
+        FailedPreconditionError: this server has no peer port, or a local
+            user's job has that name here.
     """
     job = _service.job_or_default(job)
     srcs = list(sources)
@@ -182,23 +193,27 @@ def wait_newer(job: str | None = None, after: int = 0, timeout: float | None = N
     return _info(with_client(lambda c: c.get_version(job, after=after, timeout=wait)))
 
 
-def grant(job: str | None = None, *, uids: Iterable[int] = (), gids: Iterable[int] = ()
-          ) -> tuple[list[int], list[int]]:
-    """Let other users (uids, or members of gids by their primary group)
-    read the job's published versions, and nothing else of it. Only the
-    job's owner may; returns the job's grants now (uids, gids). Grants last
-    while the server runs: state them at the trainer's start."""
+def grant(job: str | None = None, *, uids: Iterable[int] = (), gids: Iterable[int] = (),
+          nodes: Iterable[str] = ()) -> Grants:
+    """Let other users of this node (uids, or members of gids by their
+    primary group) read the job's published versions, and nothing else of
+    it; and let other nodes (their peer endpoints, ``host:port``, as the
+    ring's handshake proves them) follow the job (:func:`follow`) and be
+    given its versions' weight files. Only the job's owner may; returns the
+    job's grants now. Grants last while the server runs: state them at the
+    trainer's start."""
     job = _service.job_or_default(job)
-    r = with_client(lambda c: c.grant_read(job, list(uids), list(gids)))
-    return list(r.uids), list(r.gids)
+    r = with_client(lambda c: c.grant_read(job, list(uids), list(gids), list(nodes)))
+    return Grants(list(r.uids), list(r.gids), list(r.nodes))
 
 
-def revoke(job: str | None = None, *, uids: Iterable[int] = (), gids: Iterable[int] = ()
-           ) -> tuple[list[int], list[int]]:
-    """Take grants back: the next read by those users is refused, saying so."""
+def revoke(job: str | None = None, *, uids: Iterable[int] = (), gids: Iterable[int] = (),
+           nodes: Iterable[str] = ()) -> Grants:
+    """Take grants back: the next read by those users, or those nodes'
+    next question, is refused, saying so."""
     job = _service.job_or_default(job)
-    r = with_client(lambda c: c.grant_read(job, list(uids), list(gids), revoke=True))
-    return list(r.uids), list(r.gids)
+    r = with_client(lambda c: c.grant_read(job, list(uids), list(gids), list(nodes), revoke=True))
+    return Grants(list(r.uids), list(r.gids), list(r.nodes))
 
 
 def open(job: str | None = None, version: int = 0, *, lease_s: float | None = None,

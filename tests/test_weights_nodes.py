@@ -104,9 +104,13 @@ class Chain:
         self.infer2 = _node_server(tmp_path, "tcp", nodes, 2, "infer2")
         self.src = _status(self.trainer)["peer_endpoint"]
         self.e1 = _status(self.infer1)["peer_endpoint"]
+        self.e2 = _status(self.infer2)["peer_endpoint"]
         self.ckpt = tmp_path / "ckpt"
         self.ckpt.mkdir()
         self.lost: list = []
+        with _on(self.trainer):  # the trainer's user lets the inference nodes follow its job
+            assert weights.grant(nodes=[self.e1, self.e2]).nodes == sorted([self.e1, self.e2])
+            tce.close()
 
     def follow(self):
         """Node 1 follows node 0, node 2 follows node 1 then node 0; node 1's newest."""

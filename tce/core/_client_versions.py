@@ -90,7 +90,7 @@ class VersionCalls:
         resp = self._call("Follow", pb.FollowRequest(session=self.session, job=job, sources=sources))
         return resp.newest if resp.HasField("newest") else None
 
-    def grant_read(self, job: str, uids: list[int], gids: list[int], *,
+    def grant_read(self, job: str, uids: list[int], gids: list[int], nodes: list[str] | None = None, *,
                    revoke: bool = False) -> pb.GrantReadResponse:
         return self._call("GrantRead", pb.GrantReadRequest(
-            session=self.session, job=job, uids=uids, gids=gids, revoke=revoke))
+            session=self.session, job=job, uids=uids, gids=gids, nodes=nodes or [], revoke=revoke))

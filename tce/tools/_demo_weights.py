@@ -121,6 +121,7 @@ def main(args: argparse.Namespace) -> int:
               f"(node 2 follows node 1, then node 0)\n", flush=True)
         with client.override(socket=servers[0].socket, job=JOB, on_unavailable="raise"):
             tce.patch_torch([os.path.dirname(ckpt)])
+            weights.grant(nodes=endpoints[1:])  # the inference nodes may follow the job
             model.save_pretrained(ckpt)
             weights.publish("step0", [ckpt])
             tce.api.close()

@@ -115,16 +115,19 @@ def _tc(nodes: Nodes, rate: str) -> None:
         limit_link(nodes, i, rate)
 
 
-def _publish(trainer: LocalServer, job: str, directory: str, version: int, size: int) -> float:
+def _publish(trainer: LocalServer, job: str, directory: str, version: int, size: int,
+             nodes: list[str] = ()) -> float:
     """A new version of the job: one `size`-byte safetensors file, saved over
     the last one as a reinforcement learning loop saves; returns when it was
-    published."""
+    published. `nodes`: the inference nodes the trainer grants the job to."""
     from tce import weights
     from tce.integrations import safetensors
     d = os.path.join(directory, job)
     os.makedirs(d, exist_ok=True)
     sd = {"w": torch.full((size // 4,), float(version))}
     with client.override(socket=trainer.socket, job=job, on_unavailable="raise"):
+        if nodes:
+            weights.grant(nodes=nodes)
         safetensors.save_file(sd, os.path.join(d, "model.safetensors"), tag=f"v{version}")
         t0 = time.monotonic()
         info = weights.publish(f"v{version}", [d])
@@ -138,7 +141,8 @@ def _spread(servers: list[LocalServer], endpoints: list[str], followers: list[in
             directory: str, size: int, repeats: int) -> list[float]:
     """Each layout follows a job of its own: its nodes hold none of it yet."""
     job = f"{JOB}-{layout}-{len(followers)}"
-    _publish(servers[0], job, directory, 1, 4096)  # the job exists before anyone follows it
+    # The job exists, granted to the inference nodes, before anyone follows it.
+    _publish(servers[0], job, directory, 1, 4096, [endpoints[i] for i in followers])
     readers = []
     try:
         for k, i in enumerate(followers):

@@ -141,8 +141,8 @@ class Cache : public PoolBudget,
   Status RenewVersion(const std::string& session, uint64_t lease_id, std::chrono::milliseconds lease,
                       std::chrono::milliseconds* granted) override EXCLUDES(mu_);
   Status ReleaseVersion(const std::string& session, uint64_t lease_id) override EXCLUDES(mu_);
-  Status GrantRead(const std::string& session, const std::string& job, std::vector<uid_t>* uids,
-                   std::vector<gid_t>* gids, bool revoke) override EXCLUDES(mu_);
+  Status GrantRead(const std::string& session, const std::string& job, ReadGrants::Ids* ids, bool revoke) override
+      EXCLUDES(mu_);
   size_t ExpireVersionLeases() override EXCLUDES(mu_);
 
   // ---- PersistSource (cache/persist_source.h) ----
@@ -191,11 +191,14 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
-  Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait, uid_t reader,
-                        gid_t gid, TagInfo* out, uid_t* owner) override EXCLUDES(mu_);
-  Status CheckPeerVersionRead(const std::string& job, const std::string& path, uid_t reader,
-                              gid_t gid) override EXCLUDES(mu_);
-  Status AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) override EXCLUDES(mu_);
+  Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
+                        const std::string& node, TagInfo* out, std::vector<std::string>* nodes) override
+      EXCLUDES(mu_);
+  Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
+                              const std::string& node) override EXCLUDES(mu_);
+  Status AddFollower(const std::string& job, uid_t owner, uid_t reader) override EXCLUDES(mu_);
+  Status AdoptFollowed(TagInfo tag) override EXCLUDES(mu_);
+  void PassOnGrants(const std::string& job, const std::vector<std::string>& nodes) override EXCLUDES(mu_);
   Status ReserveReplica(const std::string& job, uint64_t size, std::unique_ptr<Buffer>* out) override
       EXCLUDES(mu_);
   Status AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);

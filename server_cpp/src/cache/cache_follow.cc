@@ -1,7 +1,8 @@
 // Cache: published versions across nodes (docs/weights.md). The side of a
-// node whose versions others follow (a peer's reader, checked as a local
-// one), and the side of a node that follows them (the versions it learns,
-// the replicas of their files it is brought).
+// node whose versions others follow (a following node, checked against the
+// nodes the job's owner granted), and the side of a node that follows them
+// (its local followers, the versions it learns, the replicas of their files
+// it is brought).
 #include <algorithm>
 
 #include "cache/cache.h"
@@ -22,36 +23,71 @@ const FileInfo* Cache::VersionFile(const std::string& job, const std::string& pa
   return at != snapshot->second.end() && at->second == replica->second.version ? &replica->second : nullptr;
 }
 
-Status Cache::PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
-                             uid_t reader, gid_t gid, TagInfo* out, uid_t* owner) {
-  MutexLock lock(&mu_);
-  const Clock::TimePoint deadline = clock_->Now() + wait;
-  for (;;) {
-    if (!owners_.Owner(job, owner))
-      return Status::NotFound("job '" + job + "' has no published version here");
-    Status s = ReaderAllowed(reader, gid, job, /*admin_ok=*/false);
-    if (!s.ok()) return s;
-    if (tags_.Newest(job, after, out)) return Status::OK();
-    if (versions_stopped_) return Status::Unavailable("the server is shutting down");
-    if (clock_->Now() >= deadline)
-      return Status::NotFound("job '" + job + "' has no version newer than " + std::to_string(after) + " here");
-    clock_->WaitUntil(&versions_cv_, &mu_, deadline);
-  }
+namespace {
+
+// A following node's refusal: why, and never whose the job is.
+Status NodeRefused(const std::string& job, const std::string& node, const std::string& why) {
+  return Status::PermissionDenied("node " + node + " may not follow job '" + job + "' here: " + why);
 }
 
-Status Cache::CheckPeerVersionRead(const std::string& job, const std::string& path, uid_t reader, gid_t gid) {
+}  // namespace
+
+Status Cache::PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
+                             const std::string& node, TagInfo* out, std::vector<std::string>* nodes) {
+  MutexLock lock(&mu_);
+  const Clock::TimePoint deadline = clock_->Now() + wait;
+  for (;;) {  // the grant again after each wait: it may be gone
+    uid_t owner = 0;
+    if (!owners_.Owner(job, &owner)) return Status::NotFound("job '" + job + "' has no published version here");
+    std::string why;
+    if (!grants_.AllowsNode(job, node, &why)) return NodeRefused(job, node, why);
+    if (tags_.Newest(job, after, out)) break;
+    if (versions_stopped_) return Status::Unavailable("the server is shutting down");
+    if (clock_->Now() >= deadline)
+      return Status::DeadlineExceeded("job '" + job + "' has no version newer than " + std::to_string(after) +
+                                      " here");
+    clock_->WaitUntil(&versions_cv_, &mu_, deadline);
+  }
+  const std::set<std::string> granted = grants_.Nodes(job);
+  nodes->assign(granted.begin(), granted.end());
+  return Status::OK();
+}
+
+Status Cache::CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
+                                   const std::string& node) {
   MutexLock lock(&mu_);
   uid_t owner = 0;
   if (!owners_.Owner(job, &owner)) return Status::NotFound("job '" + job + "' has no published version here");
-  Status s = ReaderAllowed(reader, gid, job, /*admin_ok=*/false);
-  if (!s.ok()) return s;
-  for (const TagInfo& t : tags_.List(job))
-    for (const TagFile& f : t.files)
-      if (f.path == path) return Status::OK();
-  return Status::PermissionDenied(path + " is in no published version of job '" + job + "' here");
+  std::string why;
+  if (!grants_.AllowsNode(job, node, &why)) return NodeRefused(job, node, why);
+  TagInfo t;
+  if (!tags_.Find(job, tag, &t)) return Status::NotFound("no version " + tag + " of job '" + job + "' here");
+  for (const TagFile& f : t.files)
+    if (f.path == path) return Status::OK();
+  return Status::PermissionDenied(path + " is not a file of version " + std::to_string(t.version) + " (" + tag +
+                                  ") of job '" + job + "' here");
 }
 
-Status Cache::AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) {
+Status Cache::AddFollower(const std::string& job, uid_t owner, uid_t reader) {
+  Status s = ValidateName("job", job, /*allow_empty=*/false, /*allow_slash=*/true);
+  if (!s.ok()) return s;
+  MutexLock lock(&mu_);
+  uid_t here = 0;
+  if (owners_.Owner(job, &here) && here != owner)
+    return Status::FailedPrecondition("job '" + job + "' belongs to uid " + std::to_string(here) +
+                                      " here: a followed job is this server's own (uid " + std::to_string(owner) +
+                                      "), so it cannot follow a job of that name");
+  RestoreOwner(job, owner);
+  if (reader != owner) return grants_.Change(job, ReadGrants::Ids{{reader}, {}, {}}, /*revoke=*/false, nullptr);
+  return Status::OK();
+}
+
+void Cache::PassOnGrants(const std::string& job, const std::vector<std::string>& nodes) {
+  MutexLock lock(&mu_);
+  grants_.PassOn(job, {nodes.begin(), nodes.end()});
+}
+
+Status Cache::AdoptFollowed(TagInfo tag) {
   Status s = ValidateName("job", tag.job, /*allow_empty=*/false, /*allow_slash=*/true);
   if (s.ok()) {
     const std::string why = TagRegistry::Check(&tag);
@@ -60,15 +96,9 @@ Status Cache::AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) {
   if (s.ok() && tag.version == 0) s = Status::InvalidArgument("the source's tag " + tag.tag + " has no version");
   if (!s.ok()) return s;
   MutexLock lock(&mu_);
-  uid_t here = 0;
-  if (owners_.Owner(tag.job, &here) && here != owner)
-    return Status::FailedPrecondition("job '" + tag.job + "' belongs to uid " + std::to_string(here) +
-                                      " here, to uid " + std::to_string(owner) + " on the source");
-  RestoreOwner(tag.job, owner);
-  if (reader != owner) {
-    Status granted = grants_.Change(tag.job, ReadGrants::Ids{{reader}, {}}, /*revoke=*/false, nullptr);
-    if (!granted.ok()) return granted;
-  }
+  uid_t owner = 0;
+  if (!owners_.Owner(tag.job, &owner))
+    return Status::FailedPrecondition("job '" + tag.job + "' is not followed here");
   TagInfo known;
   if (tags_.FindVersion(tag.job, tag.version, &known) && known.tag == tag.tag) return Status::OK();
   const std::string job = tag.job, name = tag.tag;

@@ -220,29 +220,24 @@ size_t Cache::ExpireVersionLeases() {
   return ended.size();
 }
 
-Status Cache::GrantRead(const std::string& session, const std::string& job, std::vector<uid_t>* uids,
-                        std::vector<gid_t>* gids, bool revoke) {
+Status Cache::GrantRead(const std::string& session, const std::string& job, ReadGrants::Ids* ids, bool revoke) {
   MutexLock lock(&mu_);
   Status s = CheckAccess(session, job, std::string(revoke ? "revoke" : "grant") + " read of job '" + job + "'",
                          /*claim=*/true);
   if (!s.ok()) return s;
-  ReadGrants::Ids change{{uids->begin(), uids->end()}, {gids->begin(), gids->end()}};
   uid_t owner = sessions_.Find(session)->uid;
   owners_.Owner(job, &owner);  // an administrator's grant counts against the job's owner
-  const size_t added = grants_.Unknown(job, change);
-  s = grants_.CanChange(job, change);
+  const size_t added = grants_.Unknown(job, *ids);
+  s = grants_.CanChange(job, *ids);
   if (s.ok())
     s = quota_.Charge(owner, added * MetadataQuota::kGrantBytes,
                       std::to_string(added) + " read grant(s) of job '" + job + "'");
   if (!s.ok()) return s;
-  ReadGrants::Ids now;
-  s = grants_.Change(job, change, revoke, &now);  // (checked above)
-  if (!s.ok()) return s;
   TCE_LOG(kInfo, "weights") << (revoke ? "revoked" : "granted") << " read of job=" << job << " uids="
-                            << change.uids.size() << " gids=" << change.gids.size();
+                            << ids->uids.size() << " gids=" << ids->gids.size() << " nodes=" << ids->nodes.size();
+  s = grants_.Change(job, *ids, revoke, ids);  // (checked above)
+  if (!s.ok()) return s;
   if (revoke) EndRevokedLeases(job);
-  uids->assign(now.uids.begin(), now.uids.end());
-  gids->assign(now.gids.begin(), now.gids.end());
   return Status::OK();
 }
 

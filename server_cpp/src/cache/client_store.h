@@ -25,6 +25,7 @@
 #include "cache/cache_types.h"
 #include "cache/file_state.h"
 #include "cache/load_split.h"
+#include "cache/read_grants.h"
 #include "cache/record.h"
 #include "common/clock.h"
 #include "common/status.h"
@@ -236,10 +237,10 @@ class ClientStore {
                               std::chrono::milliseconds lease, std::chrono::milliseconds* granted) = 0;
   virtual Status ReleaseVersion(const std::string& session, uint64_t lease_id) = 0;
   // The owner (or an administrator) grants read of the job's published
-  // versions to uids/gids, or revokes it; `uids`/`gids` become the job's
-  // grants now in force.
-  virtual Status GrantRead(const std::string& session, const std::string& job,
-                           std::vector<uid_t>* uids, std::vector<gid_t>* gids, bool revoke) = 0;
+  // versions to uids/gids, or to following nodes (peer endpoints), or
+  // revokes it; `ids` becomes the job's grants now in force.
+  virtual Status GrantRead(const std::string& session, const std::string& job, ReadGrants::Ids* ids,
+                           bool revoke) = 0;
   // Ends the version leases whose time ran out (called periodically): their
   // files can be evicted again, and their buffers are never reused (the
   // reader may still map them). Returns how many ended.

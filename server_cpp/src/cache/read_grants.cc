@@ -4,9 +4,22 @@ namespace tce {
 
 namespace {
 
+template <class T>
+void Move(const std::set<T>& ids, bool revoke, std::set<T>* now, std::set<T>* gone) {
+  for (const T& id : ids) {
+    if (revoke) {
+      now->erase(id);
+      gone->insert(id);
+    } else {
+      now->insert(id);
+      gone->erase(id);
+    }
+  }
+}
+
 size_t Count(const std::map<std::string, ReadGrants::Ids>& m, const std::string& job) {
   auto it = m.find(job);
-  return it == m.end() ? 0 : it->second.uids.size() + it->second.gids.size();
+  return it == m.end() ? 0 : it->second.uids.size() + it->second.gids.size() + it->second.nodes.size();
 }
 
 }  // namespace
@@ -15,13 +28,14 @@ size_t ReadGrants::Entries(const std::string& job) const { return Count(jobs_, j
 
 size_t ReadGrants::Unknown(const std::string& job, const Ids& ids) const {
   auto g = jobs_.find(job), r = revoked_.find(job);
-  auto known = [&](auto member, auto id) {
+  auto known = [&](auto member, const auto& id) {
     return (g != jobs_.end() && (g->second.*member).count(id)) ||
            (r != revoked_.end() && (r->second.*member).count(id));
   };
   size_t n = 0;
   for (uid_t u : ids.uids) n += !known(&Ids::uids, u);
   for (gid_t gid : ids.gids) n += !known(&Ids::gids, gid);
+  for (const std::string& node : ids.nodes) n += !known(&Ids::nodes, node);
   return n;
 }
 
@@ -29,7 +43,7 @@ Status ReadGrants::CanChange(const std::string& job, const Ids& ids) const {
   const size_t more = Unknown(job, ids);
   if (Entries(job) + more <= max_per_job_) return Status::OK();
   return Status::ResourceExhausted("job '" + job + "' may hold at most " + std::to_string(max_per_job_) +
-                                   " granted or revoked uids and gids (max_grants_per_job); it holds " +
+                                   " granted or revoked uids, gids and nodes (max_grants_per_job); it holds " +
                                    std::to_string(Entries(job)) + " and this call names " + std::to_string(more) +
                                    " more");
 }
@@ -39,24 +53,9 @@ Status ReadGrants::Change(const std::string& job, const Ids& ids, bool revoke, I
   if (!s.ok()) return s;
   Ids& now = jobs_[job];
   Ids& gone = revoked_[job];
-  for (uid_t u : ids.uids) {
-    if (revoke) {
-      now.uids.erase(u);
-      gone.uids.insert(u);
-    } else {
-      now.uids.insert(u);
-      gone.uids.erase(u);
-    }
-  }
-  for (gid_t g : ids.gids) {
-    if (revoke) {
-      now.gids.erase(g);
-      gone.gids.insert(g);
-    } else {
-      now.gids.insert(g);
-      gone.gids.erase(g);
-    }
-  }
+  Move(ids.uids, revoke, &now.uids, &gone.uids);
+  Move(ids.gids, revoke, &now.gids, &gone.gids);
+  Move(ids.nodes, revoke, &now.nodes, &gone.nodes);
   if (result) *result = now;
   return Status::OK();
 }
@@ -78,6 +77,25 @@ bool ReadGrants::Allows(const std::string& job, uid_t uid, gid_t gid, std::strin
            (known_gid ? " or gid " + std::to_string(gid) : std::string());
   }
   return false;
+}
+
+bool ReadGrants::AllowsNode(const std::string& job, const std::string& endpoint, std::string* why) const {
+  auto it = jobs_.find(job);
+  if (it != jobs_.end() && it->second.nodes.count(endpoint)) return true;
+  auto passed = passed_on_.find(job);
+  if (passed != passed_on_.end() && passed->second.count(endpoint)) return true;
+  auto gone = revoked_.find(job);
+  *why = gone != revoked_.end() && gone->second.nodes.count(endpoint)
+             ? "the owner revoked the read grant of node " + endpoint
+             : "no read grant for node " + endpoint;
+  return false;
+}
+
+std::set<std::string> ReadGrants::Nodes(const std::string& job) const {
+  std::set<std::string> out;
+  if (auto it = jobs_.find(job); it != jobs_.end()) out = it->second.nodes;
+  if (auto it = passed_on_.find(job); it != passed_on_.end()) out.insert(it->second.begin(), it->second.end());
+  return out;
 }
 
 }  // namespace tce

@@ -176,27 +176,36 @@ class RingStore {
   virtual void EndPeerRead(uint64_t buffer_id) = 0;
 
   // ---- published versions for nodes that follow a job (docs/weights.md) ----
-  // For a reader of uid/gid on another node (PeerVersion): OK when it may
-  // read the job's published versions here as a local reader would (the
-  // owner, or granted; never an administrator by proxy), then the newest
-  // version above `after`, waiting up to `wait` (NOT_FOUND when none).
-  // *owner: the uid the job belongs to here.
+  // For a following node (`node`: the endpoint its link authenticated,
+  // never a request's field): OK when the job's owner granted that node
+  // read of its versions (GrantRead, or as the source of a job this node
+  // follows passed the grants on), then the newest version above `after`,
+  // waiting up to `wait` (DEADLINE_EXCEEDED when none came). NOT_FOUND when
+  // the job is not here; PERMISSION_DENIED, naming no uid, when the node is
+  // not granted. *nodes: the nodes granted the job.
   virtual Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
-                                uid_t reader, gid_t gid, TagInfo* out, uid_t* owner) = 0;
-  // For such a reader's ranged read: OK when `path` is a file of one of the
-  // job's published versions here and the reader may read them.
-  virtual Status CheckPeerVersionRead(const std::string& job, const std::string& path, uid_t reader,
-                                      gid_t gid) = 0;
+                                const std::string& node, TagInfo* out, std::vector<std::string>* nodes) = 0;
+  // For such a node's ranged read: OK when the node is granted and `path`
+  // is a file of the version recorded here as `tag`.
+  virtual Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
+                                      const std::string& node) = 0;
   // A buffer for a replica of `size` bytes of `job`'s version: a FREE buffer
   // of the job's owner that fits, reused (its id, and the sessions that keep
   // it mapped, stay: a reader's mapping of it is current again once the
   // replica is adopted), else a new one as ReserveRecovery makes. Give it
   // to AdoptReplica or AbandonRecovery.
   virtual Status ReserveReplica(const std::string& job, uint64_t size, std::unique_ptr<Buffer>* out) = 0;
-  // A version of a job this node follows, as a source gave it: recorded with
-  // its number; the job belongs to `owner` here (FAILED_PRECONDITION when it
-  // belongs to another uid already) and `reader` may read its versions.
-  virtual Status AdoptFollowed(TagInfo tag, uid_t owner, uid_t reader) = 0;
+  // A local user of uid `reader` follows `job`: the job belongs here to
+  // `owner` (this server's own uid, never a uid a source names;
+  // FAILED_PRECONDITION when another uid's job has the name) and `reader`
+  // may read its versions.
+  virtual Status AddFollower(const std::string& job, uid_t owner, uid_t reader) = 0;
+  // A version of a job this node follows (AddFollower first), as a source
+  // gave it: recorded with its number.
+  virtual Status AdoptFollowed(TagInfo tag) = 0;
+  // The nodes a source of a job this node follows says the owner granted:
+  // this node serves them the versions it holds (a chain of nodes).
+  virtual void PassOnGrants(const std::string& job, const std::vector<std::string>& nodes) = 0;
   // A file of a followed version, brought here into `mem` (from
   // ReserveRecovery): held as a replica of that version (never persisted,
   // backed up or recorded; evictable once no lease holds it).

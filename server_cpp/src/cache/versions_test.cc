@@ -259,12 +259,11 @@ TEST_F(VersionsTest, OtherUsersReadOnlyWithAGrantAndOnlyPublishedVersions) {
   EXPECT_EQ(s.message(), "uid 1001 may not read the published versions of job 'job' (it belongs to uid 1000): "
                          "no read grant for uid 1001 or gid 1002");
   // Only the owner grants.
-  std::vector<uid_t> uids{kReader};
-  std::vector<gid_t> gids;
-  EXPECT_EQ(cache_.GrantRead(stranger, "job", &uids, &gids, false).code(), Status::Code::kPermissionDenied);
-  uids = {kReader};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, false).ok());
-  EXPECT_EQ(uids, std::vector<uid_t>{kReader});
+  ReadGrants::Ids ids{{kReader}, {}, {}};
+  EXPECT_EQ(cache_.GrantRead(stranger, "job", &ids, false).code(), Status::Code::kPermissionDenied);
+  ids = {{kReader}, {}, {}};
+  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
+  EXPECT_EQ(ids.uids, std::set<uid_t>{kReader});
   ASSERT_TRUE(cache_.GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
   ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   int fd = -1;
@@ -288,9 +287,9 @@ TEST_F(VersionsTest, OtherUsersReadOnlyWithAGrantAndOnlyPublishedVersions) {
             Status::Code::kPermissionDenied);
   // Revoked: the next read is refused, saying so.
   ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
-  uids = {kReader};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, true).ok());
-  EXPECT_TRUE(uids.empty());
+  ids = {{kReader}, {}, {}};
+  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, true).ok());
+  EXPECT_TRUE(ids.uids.empty());
   s = cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g);
   EXPECT_EQ(s.message(), "uid 1001 may not read the published versions of job 'job' (it belongs to uid 1000): "
                          "the owner revoked the read grant of uid 1001");
@@ -305,9 +304,8 @@ TEST_F(VersionsTest, AGroupGrantAndTheServersGrantsLetReadersIn) {
   Save("s1", "/c/model.pt", 4096);
   Publish("s1", {{0, "/c/model.pt", 4096}});
   std::string reader = cache_.OpenSession(kReader, 3, kReaders);
-  std::vector<uid_t> uids;
-  std::vector<gid_t> gids{kReaders};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, false).ok());
+  ReadGrants::Ids ids{{}, {kReaders}, {}};
+  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
   TagInfo t;
   EXPECT_TRUE(cache_.GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
   std::string other = cache_.OpenSession(kStranger, 4, kStranger);
@@ -353,36 +351,69 @@ class FollowTest : public VersionsTest {
   }
 };
 
-TEST_F(FollowTest, APeersReaderIsCheckedAsALocalOneButNeverAsAnAdministrator) {
+TEST_F(FollowTest, AFollowingNodeIsCheckedAgainstTheNodesTheOwnerGranted) {
   Save("s1", "/c/m.pt", 4096);
   Publish("s1", {{0, "/c/m.pt", 4096}});
+  const std::string granted = "10.0.0.2:7070", other = "10.0.0.3:7070";
   TagInfo t;
-  uid_t owner = 0;
-  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, std::chrono::milliseconds(0), kOwner, kOwner, &t, &owner).ok());
+  std::vector<std::string> nodes;
+  const auto now = std::chrono::milliseconds(0);
+  Status s = cache_.PeerGetVersion("job", 0, now, granted, &t, &nodes);
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(s.message(), "node 10.0.0.2:7070 may not follow job 'job' here: no read grant for node 10.0.0.2:7070");
+  EXPECT_EQ(s.message().find(std::to_string(kOwner)), std::string::npos) << "a peer is not told whose the job is";
+  ReadGrants::Ids ids{{}, {}, {granted}};
+  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
+  EXPECT_EQ(ids.nodes, std::set<std::string>{granted});
+  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, now, granted, &t, &nodes).ok());
   EXPECT_EQ(t.version, 1u);
-  EXPECT_EQ(owner, kOwner);
-  Status s = cache_.PeerGetVersion("job", 0, std::chrono::milliseconds(0), 0, 0, &t, &owner);
-  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied) << "root elsewhere is no administrator here";
-  EXPECT_EQ(cache_.PeerGetVersion("job", 1, std::chrono::milliseconds(0), kOwner, kOwner, &t, &owner).code(),
-            Status::Code::kNotFound);
-  EXPECT_EQ(cache_.PeerGetVersion("nojob", 0, std::chrono::milliseconds(0), kOwner, kOwner, &t, &owner).code(),
-            Status::Code::kNotFound);
-  EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "/c/m.pt", kOwner, kOwner).ok());
-  EXPECT_EQ(cache_.CheckPeerVersionRead("job", "/c/other.pt", kOwner, kOwner).message(),
-            "/c/other.pt is in no published version of job 'job' here");
-  EXPECT_EQ(cache_.CheckPeerVersionRead("job", "/c/m.pt", kReader, kReader).code(),
+  EXPECT_EQ(nodes, std::vector<std::string>{granted});
+  EXPECT_EQ(cache_.PeerGetVersion("job", 0, now, other, &t, &nodes).code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(cache_.PeerGetVersion("job", 1, now, granted, &t, &nodes).code(), Status::Code::kDeadlineExceeded);
+  EXPECT_EQ(cache_.PeerGetVersion("nojob", 0, now, granted, &t, &nodes).code(), Status::Code::kNotFound);
+  EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "s1", "/c/m.pt", granted).ok());
+  EXPECT_EQ(cache_.CheckPeerVersionRead("job", "s1", "/c/other.pt", granted).message(),
+            "/c/other.pt is not a file of version 1 (s1) of job 'job' here");
+  EXPECT_EQ(cache_.CheckPeerVersionRead("job", "s1", "/c/m.pt", other).code(), Status::Code::kPermissionDenied);
+  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, /*revoke=*/true).ok());
+  s = cache_.CheckPeerVersionRead("job", "s1", "/c/m.pt", granted);
+  EXPECT_EQ(s.message(),
+            "node 10.0.0.2:7070 may not follow job 'job' here: the owner revoked the read grant of node 10.0.0.2:7070");
+}
+
+TEST_F(FollowTest, AFollowedJobIsThisServersAndItsFollowersRead) {
+  constexpr uid_t kServer = 500;
+  TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});
+  v1.complete_unix_ns = 100, v1.version = 1;
+  EXPECT_EQ(cache_.AdoptFollowed(v1).code(), Status::Code::kFailedPrecondition) << "not followed here";
+  ASSERT_TRUE(cache_.AddFollower("fj", kServer, kReader).ok());
+  ASSERT_TRUE(cache_.AdoptFollowed(v1).ok());
+  uid_t owner = 0;
+  ASSERT_TRUE(cache_.JobUid("fj", &owner));
+  EXPECT_EQ(owner, kServer) << "never a uid a source names";
+  TagInfo got;
+  const std::string reader = cache_.OpenSession(kReader, 9, kReader);
+  EXPECT_TRUE(cache_.GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  const std::string stranger = cache_.OpenSession(kStranger, 10, kStranger);
+  EXPECT_EQ(cache_.GetVersion(stranger, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).code(),
             Status::Code::kPermissionDenied);
-  std::vector<uid_t> uids{kReader};
-  std::vector<gid_t> gids;
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, false).ok());
-  EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "/c/m.pt", kReader, kReader).ok());
+  AllocateResult a;
+  EXPECT_EQ(cache_.Allocate({reader, "fj", "t", "/c/x.pt", 0, 10}, &a).code(), Status::Code::kPermissionDenied)
+      << "a follower reads the versions, nothing else";
+  // A local user's job of that name is not followed over.
+  Save("s1", "/c/m.pt", 4096);
+  Status s = cache_.AddFollower("job", kServer, kReader);
+  EXPECT_EQ(s.code(), Status::Code::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "job 'job' belongs to uid 1000 here: a followed job is this server's own (uid 500), so "
+                         "it cannot follow a job of that name");
 }
 
 TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   // This cache follows "fj", owned by kOwner at the source; kReader reads.
   TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});
   v1.complete_unix_ns = 100, v1.version = 1;
-  ASSERT_TRUE(cache_.AdoptFollowed(v1, kOwner, kReader).ok());
+  ASSERT_TRUE(cache_.AddFollower("fj", kOwner, kReader).ok());
+  ASSERT_TRUE(cache_.AdoptFollowed(v1).ok());
   std::string reader = cache_.OpenSession(kReader, 9, kReader);
   TagInfo got;
   ASSERT_TRUE(cache_.GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
@@ -400,7 +431,7 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   // Version 2 names the same path: the replica is version 1's, not its.
   TagInfo v2 = Tag("fj", "step2", {{0, "/c/w.safetensors", 5}});
   v2.complete_unix_ns = 200, v2.version = 2;
-  ASSERT_TRUE(cache_.AdoptFollowed(v2, kOwner, kReader).ok());
+  ASSERT_TRUE(cache_.AdoptFollowed(v2).ok());
   EXPECT_FALSE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step2"));
   ASSERT_TRUE(cache_.AcquireVersion(reader, "fj", 2, std::chrono::milliseconds(0), &g).ok());
   EXPECT_EQ(g.files[0].buffer_id, 0u);
@@ -412,7 +443,7 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   close(fd);
   cache_.EndPeerRead(out.buffer_id);
   // A replica of a size the version does not list, or of a version not
-  // here, is refused; the job's owner here must be the source's.
+  // here, is refused.
   f.size = 6;
   EXPECT_EQ(cache_.AdoptReplica(f, 2, Filled("hello!")).code(), Status::Code::kInvalidArgument);
   f.size = 5;
@@ -425,7 +456,7 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   ASSERT_TRUE(cache_.AdoptReplica(f, 2, std::move(mem2)).ok());
   TagInfo v3 = Tag("fj", "step3", {{0, "/c/w.safetensors", 5}});
   v3.complete_unix_ns = 300, v3.version = 3;
-  ASSERT_TRUE(cache_.AdoptFollowed(v3, kOwner, kReader).ok());
+  ASSERT_TRUE(cache_.AdoptFollowed(v3).ok());
   const uint64_t reused_before = cache_.Stats().buffers_reused;
   std::unique_ptr<Buffer> mem3;
   ASSERT_TRUE(cache_.ReserveReplica("fj", 5, &mem3).ok());
@@ -434,10 +465,6 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   ASSERT_EQ(pwrite(mem3->fd(), "third", 5, 0), 5);
   ASSERT_TRUE(cache_.AdoptReplica(f, 3, std::move(mem3)).ok());
   EXPECT_TRUE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step3"));
-  TagInfo other = Tag("job", "x", {{0, "/c/x.pt", 1}});
-  other.complete_unix_ns = 1, other.version = 1;
-  Save("s1", "/c/m.pt", 4096);  // "job" belongs to kOwner here
-  EXPECT_EQ(cache_.AdoptFollowed(other, kStranger, kReader).code(), Status::Code::kFailedPrecondition);
 }
 
 }  // namespace

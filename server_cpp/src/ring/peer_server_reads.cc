@@ -1,6 +1,6 @@
 // PeerServer: the reads it serves: ranges of a held copy or of this node's
-// own file (a ring member's, or a following node's reader's, of a published
-// version, served as it lands when this node is bringing it), and the
+// own file (for a ring member; or, for a following node, a published
+// version's, served as it lands when this node is bringing it), and the
 // published versions a following node asks for. See ring/peer_server.h.
 #include <unistd.h>
 
@@ -24,13 +24,13 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
   int fd = -1;
   uint64_t pinned = 0;  // a buffer of the cache, when the file is this server's own
   VersionFollower* transfer = nullptr;  // a transfer in flight here, when the bytes are its
-  Status s = req.has_reader_uid() ? Status::NotFound("") : store_->Open(req.job(), req.path(), &held, &fd);
+  const bool following = !req.version_tag().empty();  // a following node's read of a version's file
+  Status s = following ? Status::NotFound("") : store_->Open(req.job(), req.path(), &held, &fd);
   if (s.ok()) {
     s = MayRead(held.file.job, peer, held.owner, req.has_job_uid(), req.job_uid(), &held.job_uid);
     reply.set_held(true);
-  } else if (cache_ && req.has_reader_uid()) {  // a follower's reader: a published version's file
-    s = cache_->CheckPeerVersionRead(req.job(), req.path(), req.reader_uid(),
-                                     req.has_reader_gid() ? req.reader_gid() : static_cast<gid_t>(-1));
+  } else if (cache_ && following) {  // granted to the node its link authenticated
+    s = cache_->CheckPeerVersionRead(req.job(), req.version_tag(), req.path(), peer);
     VersionFollower* follower = follower_.load();
     if (s.ok()) {
       s = cache_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
@@ -81,7 +81,7 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
     // The bytes go from the buffer the CRC was computed on (a held copy
     // replaced meanwhile fails the asker's check of that CRC).
     if (sent.ok() && req.raw()) sent = link->SendFile(fd, req.offset(), req.length());
-    if (sent.ok() && req.has_reader_uid()) cache_->NoteVersionRangeServed();
+    if (sent.ok() && following) cache_->NoteVersionRangeServed();
   }
   if (fd >= 0) ::close(fd);
   if (pinned) cache_->EndPeerRead(pinned);
@@ -92,13 +92,12 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
 Status PeerServer::ServeVersion(PeerLink* link, const v1::PeerVersion& req) {
   v1::PeerVersionReply reply;
   TagInfo tag;
-  uid_t owner = 0;
+  std::vector<std::string> nodes;
   Status s = cache_ ? ValidateName("job", req.job(), /*allow_empty=*/false, /*allow_slash=*/true)
                     : Status::NotFound("this server holds no published versions");
-  if (s.ok()) {
+  if (s.ok()) {  // asked as the node the link authenticated, whatever uid asked there
     const auto wait = std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), kMaxVersionWaitMs));
-    s = cache_->PeerGetVersion(req.job(), req.after(), wait, req.reader_uid(),
-                               req.has_reader_gid() ? req.reader_gid() : static_cast<gid_t>(-1), &tag, &owner);
+    s = cache_->PeerGetVersion(req.job(), req.after(), wait, link->peer(), &tag, &nodes);
   }
   if (s.code() == Status::Code::kPermissionDenied)
     TCE_LOG(kWarning, "ring") << "refused the versions of job=" << req.job() << " to " << link->peer() << ": "
@@ -107,7 +106,7 @@ Status PeerServer::ServeVersion(PeerLink* link, const v1::PeerVersion& req) {
   reply.set_message(s.message());
   if (s.ok()) {
     TagToProto(tag, reply.mutable_tag());
-    reply.set_job_uid(owner);
+    for (std::string& n : nodes) reply.add_nodes(std::move(n));
   }
   return link->Send(reply);
 }

@@ -66,7 +66,7 @@ Status RangeReader::ReadInto(const std::string& job, const std::string& path, ui
                                       " (last: " + last.message() + ")");
     ++asked;
     bool silent = false;
-    s = ReadPeer(peer, job, path, offset, length, out, to, wait.deadline, nullptr, 0, "", &silent);
+    s = ReadPeer(peer, job, path, offset, length, out, to, wait.deadline, "", &silent);
     if (silent && options_.mark_down && options_.clock->Now() < wait.deadline) options_.mark_down(job, peer);
     if (s.ok()) {
       ++peer_reads_;
@@ -131,11 +131,10 @@ Status RangeReader::ReadHeld(const std::string& job, const std::string& path, ui
 }
 
 Status RangeReader::ReadVersionFile(const std::string& peer, const std::string& job, const std::string& tag,
-                                    const std::string& path, uint64_t offset, uint64_t length, uid_t reader,
-                                    gid_t gid, unsigned char* to, uint64_t* file_size,
-                                    Clock::TimePoint deadline) {
+                                    const std::string& path, uint64_t offset, uint64_t length, unsigned char* to,
+                                    uint64_t* file_size, Clock::TimePoint deadline) {
   RangeRead out;
-  Status s = ReadPeer(peer, job, path, offset, length, &out, to, deadline, &reader, gid, tag);
+  Status s = ReadPeer(peer, job, path, offset, length, &out, to, deadline, tag);
   if (s.ok()) {
     ++peer_reads_;
     peer_bytes_ += length;
@@ -146,8 +145,7 @@ Status RangeReader::ReadVersionFile(const std::string& peer, const std::string& 
 
 Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
                              uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to,
-                             Clock::TimePoint deadline, const uid_t* reader, gid_t gid,
-                             const std::string& tag, bool* silent) {
+                             Clock::TimePoint deadline, const std::string& tag, bool* silent) {
   v1::PeerRequest req;
   v1::PeerReadRange* r = req.mutable_read_range();
   r->set_job(job);
@@ -156,9 +154,7 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
   r->set_length(length);
   r->set_raw(true);  // the bytes after the reply, on the data path
   uid_t uid = 0;
-  if (reader) {
-    r->set_reader_uid(*reader);
-    if (gid != static_cast<gid_t>(-1)) r->set_reader_gid(gid);
+  if (!tag.empty()) {
     r->set_version_tag(tag);
   } else if (cache_->JobUid(job, &uid)) {
     r->set_job_uid(uid);

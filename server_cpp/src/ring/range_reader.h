@@ -81,12 +81,12 @@ class RangeReader {
       EXCLUDES(mu_);
 
   // For a node following a job's published versions (ring/version_follower.h):
-  // bytes [offset, offset + length) of (job, path) from `peer` alone, read
-  // for a reader of uid/gid here (PeerReadRange.reader_uid), into `to`; the
-  // reply checked as any peer's (size, CRC-32).
+  // bytes [offset, offset + length) of (job, path) of the version recorded
+  // as `tag`, from `peer` alone, asked as this node (PeerReadRange's
+  // version_tag), into `to`; the reply checked as any peer's (size, CRC-32).
   Status ReadVersionFile(const std::string& peer, const std::string& job, const std::string& tag,
-                         const std::string& path, uint64_t offset, uint64_t length, uid_t reader, gid_t gid,
-                         unsigned char* to, uint64_t* file_size, Clock::TimePoint deadline) EXCLUDES(mu_);
+                         const std::string& path, uint64_t offset, uint64_t length, unsigned char* to,
+                         uint64_t* file_size, Clock::TimePoint deadline) EXCLUDES(mu_);
 
   uint64_t local_reads() const { return local_reads_.load(); }
   uint64_t held_reads() const { return held_reads_.load(); }
@@ -101,13 +101,12 @@ class RangeReader {
                  RangeRead* out, unsigned char* to);
   Status ReadHeld(const std::string& job, const std::string& path, uint64_t offset, uint64_t length,
                   RangeRead* out, unsigned char* to);
-  // One PeerReadRange to `peer`, its reply checked; with `reader`, for a
-  // follower's reader of that uid (and `gid`). No wait lasts past
+  // One PeerReadRange to `peer`, its reply checked; with `tag`, a
+  // following node's read of that version's file. No wait lasts past
   // `deadline`; *silent (optional): the peer said nothing for io_timeout.
   Status ReadPeer(const std::string& peer, const std::string& job, const std::string& path,
                   uint64_t offset, uint64_t length, RangeRead* out, unsigned char* to,
-                  Clock::TimePoint deadline, const uid_t* reader = nullptr, gid_t gid = 0,
-                  const std::string& tag = "", bool* silent = nullptr) EXCLUDES(mu_);
+                  Clock::TimePoint deadline, const std::string& tag = "", bool* silent = nullptr) EXCLUDES(mu_);
   // The handshake's bound: io_timeout, or less to end by `deadline`.
   std::chrono::milliseconds ConnectTimeout(Clock::TimePoint deadline) const;
   std::unique_ptr<PeerLink> TakeLink(const std::string& peer) EXCLUDES(mu_);

@@ -13,6 +13,27 @@
 
 namespace tce {
 
+namespace {
+
+constexpr size_t kMaxGrantedNodes = 1024;  // as many as one GrantRead may name
+
+// The nodes a source says the job's owner granted, checked as any peer's
+// words are (bounded, each an endpoint).
+Status GrantedNodes(const std::string& source, const v1::PeerVersionReply& reply, std::vector<std::string>* out) {
+  if (static_cast<size_t>(reply.nodes_size()) > kMaxGrantedNodes)
+    return Status::DataLoss(source + " named " + std::to_string(reply.nodes_size()) + " granted nodes (at most " +
+                            std::to_string(kMaxGrantedNodes) + ")");
+  out->clear();
+  for (const std::string& n : reply.nodes()) {
+    Status s = ValidateText("nodes", n, kMaxEndpointBytes, false);
+    if (!s.ok()) return Status::DataLoss(source + " named a bad granted node: " + s.message());
+    out->push_back(n);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 VersionFollower::VersionFollower(RingStore* cache, RangeReader* ranges, VersionFollowerOptions options)
     : cache_(cache), ranges_(ranges), options_(std::move(options)) {}
 
@@ -38,7 +59,7 @@ bool VersionFollower::Follows(const std::string& job) {
 }
 
 Status VersionFollower::Ask(const std::string& source, const std::string& job, uint64_t after,
-                            std::chrono::milliseconds hold, uid_t uid, gid_t gid, TagInfo* out, uid_t* owner) {
+                            std::chrono::milliseconds hold, TagInfo* out, std::vector<std::string>* nodes) {
   std::unique_ptr<PeerLink> link;
   Status s = PeerLink::Connect(source, options_.self, options_.key, options_.io_timeout, &link, options_.breaker);
   if (!s.ok()) return Status::Unavailable(source + ": " + s.message());
@@ -47,60 +68,59 @@ Status VersionFollower::Ask(const std::string& source, const std::string& job, u
   v->set_job(job);
   v->set_after(after);
   v->set_wait_ms(static_cast<uint32_t>(hold.count()));
-  v->set_reader_uid(uid);
-  if (gid != static_cast<gid_t>(-1)) v->set_reader_gid(gid);
   v1::PeerVersionReply reply;
   s = link->Send(req);
   if (s.ok()) s = link->Recv(&reply);
   if (!s.ok()) return Status::Unavailable(source + ": " + s.message());
   if (reply.code() != 0) {
     const auto code = static_cast<Status::Code>(reply.code());
-    const bool known = code == Status::Code::kNotFound || code == Status::Code::kPermissionDenied;
+    const bool known = code == Status::Code::kNotFound || code == Status::Code::kPermissionDenied ||
+                       code == Status::Code::kDeadlineExceeded;
     return Status::FromCode(known ? code : Status::Code::kUnavailable, source + ": " + reply.message().substr(0, 1024));
   }
   s = CheckTag(reply.tag(), "tag");  // a peer's tag: hostile until checked
   if (!s.ok()) return Status::DataLoss(source + " sent a bad version: " + s.message());
   *out = TagFromProto(reply.tag());
-  *owner = reply.job_uid();
   if (out->job != job || out->version <= after)
     return Status::DataLoss(source + " answered with version " + std::to_string(out->version) + " of job '" +
                             out->job + "' for a version of job '" + job + "' above " + std::to_string(after));
-  return Status::OK();
+  return GrantedNodes(source, reply, nodes);
 }
 
-Status VersionFollower::Follow(const std::string& job, std::vector<std::string> sources, uid_t uid, gid_t gid,
+Status VersionFollower::Follow(const std::string& job, std::vector<std::string> sources, uid_t uid,
                                TagInfo* newest) {
   if (sources.empty()) return Status::InvalidArgument("name the nodes to follow job '" + job + "' from");
-  // The sources decide whether this reader may read the job's versions.
+  // The sources decide whether this node may read the job's versions.
   Status last = Status::Unavailable("no source answered");
-  bool allowed = false;
   *newest = TagInfo();
+  std::vector<std::string> nodes;
+  bool known = false;
   for (const std::string& source : sources) {
     TagInfo tag;
-    uid_t owner = 0;
-    Status s = Ask(source, job, 0, std::chrono::milliseconds(0), uid, gid, &tag, &owner);
+    Status s = Ask(source, job, 0, std::chrono::milliseconds(0), &tag, &nodes);
     if (s.code() == Status::Code::kPermissionDenied) return s;
+    last = s;
     if (s.ok()) {
-      s = cache_->AdoptFollowed(tag, owner, uid);
-      if (!s.ok()) return s;
       *newest = tag;
-      allowed = true;
+      known = true;
       break;
     }
-    if (s.code() == Status::Code::kNotFound) {  // nothing published there yet (or not that job)
-      last = s;
-      continue;
-    }
-    last = s;
+    // NOT_FOUND: nothing published there yet (or not that job); the next one.
   }
-  if (!allowed && last.code() != Status::Code::kNotFound) return last;
+  if (!known && last.code() != Status::Code::kNotFound) return last;
+  Status s = cache_->AddFollower(job, options_.owner, uid);
+  if (s.ok() && known) {
+    cache_->PassOnGrants(job, nodes);
+    s = cache_->AdoptFollowed(*newest);
+  }
+  if (!s.ok()) return s;
   MutexLock lock(&mu_);
   if (stopping_) return Status::Unavailable("the server is shutting down");
   auto it = jobs_.find(job);
   if (it != jobs_.end()) {
-    for (std::string& s : sources)
-      if (std::find(it->second.sources.begin(), it->second.sources.end(), s) == it->second.sources.end())
-        it->second.sources.push_back(std::move(s));
+    for (std::string& src : sources)
+      if (std::find(it->second.sources.begin(), it->second.sources.end(), src) == it->second.sources.end())
+        it->second.sources.push_back(std::move(src));
     it->second.newest = std::max(it->second.newest, newest->version);
     return Status::OK();
   }
@@ -108,12 +128,10 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
     return Status::ResourceExhausted("this server follows " + std::to_string(jobs_.size()) + " jobs already");
   Job& j = jobs_[job];
   j.sources = std::move(sources);
-  j.uid = uid;
-  j.gid = gid;
   j.newest = newest->version;
   j.watcher = std::thread(&VersionFollower::Watch, this, job);
-  TCE_LOG(kInfo, "weights") << "following job=" << job << " from " << j.sources.size() << " source(s) as uid "
-                            << uid << "; newest version " << newest->version;
+  TCE_LOG(kInfo, "weights") << "following job=" << job << " from " << j.sources.size()
+                            << " source(s) for uid " << uid << "; newest version " << newest->version;
   return Status::OK();
 }
 
@@ -121,25 +139,25 @@ void VersionFollower::Watch(std::string job) {
   for (;;) {
     std::vector<std::string> sources;
     uint64_t after = 0;
-    uid_t uid = 0;
-    gid_t gid = 0;
     {
       MutexLock lock(&mu_);
       if (stopping_) return;
       const Job& j = jobs_[job];
       sources = j.sources;
       after = j.newest;
-      uid = j.uid;
-      gid = j.gid;
     }
     Status s = Status::Unavailable("no source");
     for (const std::string& source : sources) {
       TagInfo tag;
-      uid_t owner = 0;
-      s = Ask(source, job, after, options_.hold, uid, gid, &tag, &owner);
-      if (s.code() == Status::Code::kNotFound) break;  // none newer yet: ask again
+      std::vector<std::string> nodes;
+      s = Ask(source, job, after, options_.hold, &tag, &nodes);
+      if (s.code() == Status::Code::kNotFound || s.code() == Status::Code::kDeadlineExceeded) {
+        s = Status::NotFound("");  // none newer yet: ask again
+        break;
+      }
       if (!s.ok()) continue;
-      s = cache_->AdoptFollowed(tag, owner, uid);
+      cache_->PassOnGrants(job, nodes);
+      s = cache_->AdoptFollowed(tag);
       if (s.ok()) {
         MutexLock lock(&mu_);
         jobs_[job].newest = std::max(jobs_[job].newest, tag.version);
@@ -154,7 +172,7 @@ void VersionFollower::Watch(std::string job) {
   }
 }
 
-Status VersionFollower::Fetch(const TagInfo& tag, const std::vector<std::string>& paths, uid_t uid, gid_t gid,
+Status VersionFollower::Fetch(const TagInfo& tag, const std::vector<std::string>& paths,
                               Clock::TimePoint deadline) {
   std::vector<std::string> sources;
   {
@@ -176,7 +194,7 @@ Status VersionFollower::Fetch(const TagInfo& tag, const std::vector<std::string>
       if (cache_->HoldsInMemory(tag.job, path, tag.tag)) continue;
       fetching_.insert(key);
     }
-    Status s = FetchFile(tag, *file, sources, uid, gid, deadline);
+    Status s = FetchFile(tag, *file, sources, deadline);
     {
       MutexLock lock(&mu_);
       fetching_.erase(key);
@@ -188,7 +206,7 @@ Status VersionFollower::Fetch(const TagInfo& tag, const std::vector<std::string>
 }
 
 Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources,
-                                  uid_t uid, gid_t gid, Clock::TimePoint deadline) {
+                                  Clock::TimePoint deadline) {
   std::unique_ptr<Buffer> mem;
   Status s = cache_->ReserveReplica(tag.job, file.size, &mem);
   if (!s.ok()) return s;
@@ -217,8 +235,7 @@ Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const
       }
       const uint64_t n = std::min<uint64_t>(kMaxRangeLength, file.size - done);
       uint64_t size = 0;
-      s = ranges_->ReadVersionFile(source, tag.job, tag.tag, file.path, done, n, uid, gid, to + done, &size,
-                                   deadline);
+      s = ranges_->ReadVersionFile(source, tag.job, tag.tag, file.path, done, n, to + done, &size, deadline);
       if (s.ok() && size != file.size)
         s = Status::DataLoss(source + " holds " + std::to_string(size) + " bytes of " + file.path +
                              ", the version " + std::to_string(file.size));
@@ -331,16 +348,11 @@ void VersionFollower::CloseRange(const std::string& job, const std::string& path
 
 void VersionFollower::PullThrough(uint64_t id, TagInfo tag, TagFile file) {
   std::vector<std::string> sources;
-  uid_t uid = 0;
-  gid_t gid = 0;
   {
     MutexLock lock(&mu_);
-    const Job& j = jobs_[tag.job];
-    sources = j.sources;
-    uid = j.uid;
-    gid = j.gid;
+    sources = jobs_[tag.job].sources;
   }
-  Status s = FetchFile(tag, file, sources, uid, gid, options_.clock->Now() + kPullDeadline);
+  Status s = FetchFile(tag, file, sources, options_.clock->Now() + kPullDeadline);
   if (!s.ok())
     TCE_LOG(kWarning, "weights") << "bringing " << file.path << " of job=" << tag.job << " for a following node: "
                                  << s.ToString();

@@ -3,14 +3,17 @@
 // new version of a trainer's job from the job's nodes, and brings the files
 // its readers ask for into its own cache, once each, from those nodes.
 //
-// A local reader asks to follow a job (Follow) naming the sources (peer
-// endpoints, asked in order). The first source that answers checks that the
-// reader's uid/gid may read the job's versions there (PeerVersion), exactly
-// as a local reader there is checked; the version it names is recorded here
-// (RingStore::AdoptFollowed) and one watcher thread per job then asks the
-// sources for each newer version, holding the question open at the source
-// (no polling), and records each one as it comes. Readers here wait for,
-// lease and read versions as they would on the trainer's node.
+// A local user asks to follow a job (Follow) naming the sources (peer
+// endpoints, asked in order). This node asks them as itself: a source
+// answers a node the job's owner granted (PeerVersion, checked against the
+// endpoint the link authenticated), whatever uid asked here. Here the job
+// is this server's own (RingStore::AddFollower: never the uid a source
+// names) and each local user that follows it may read its versions. The
+// version a source names is recorded here (RingStore::AdoptFollowed) and
+// one watcher thread per job then asks the sources for each newer version,
+// holding the question open at the source (no polling), and records each
+// one as it comes. Readers here wait for, lease and read versions as they
+// would on the trainer's node.
 //
 // A version's files are brought on demand (Fetch, from AcquireVersion): each
 // file this node does not hold is read from the first source that gives it
@@ -30,7 +33,8 @@
 //
 // Trust: sources are authenticated peers (the cluster token); what they say
 // is checked here (names, the version's file list and sizes, every byte's
-// CRC). Thread-safe.
+// CRC, the nodes it says are granted); no uid a source names is taken.
+// Thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -66,6 +70,7 @@ struct VersionFollowerOptions {
   std::chrono::milliseconds hold{15000};
   std::chrono::milliseconds retry{1000};
   size_t max_jobs = 64;  // jobs followed at once
+  uid_t owner = ::geteuid();  // whose a followed job is here: this server's
   // (a pull-through transfer is bounded by its links' timeouts and this)
   LinkBreaker* breaker = nullptr;
   Clock* clock = Clock::Real();
@@ -76,20 +81,21 @@ class VersionFollower {
   VersionFollower(RingStore* cache, RangeReader* ranges, VersionFollowerOptions options);
   ~VersionFollower();  // Stop()
 
-  // Follows `job` for a reader of uid/gid: the first source that answers
-  // says whether it may read the job's versions (PERMISSION_DENIED with the
-  // source's reason) and gives the newest (*newest: version 0 when it has
-  // none yet). Later calls for the job add their reader and sources.
-  Status Follow(const std::string& job, std::vector<std::string> sources, uid_t uid, gid_t gid,
-                TagInfo* newest) EXCLUDES(mu_);
+  // Follows `job` for the local user `uid`: the first source that answers
+  // says whether this node may read the job's versions (PERMISSION_DENIED
+  // with the source's reason) and gives the newest (*newest: version 0 when
+  // it has none yet); `uid` may read them here. Later calls for the job add
+  // their user and sources.
+  Status Follow(const std::string& job, std::vector<std::string> sources, uid_t uid, TagInfo* newest)
+      EXCLUDES(mu_);
   bool Follows(const std::string& job) EXCLUDES(mu_);
   // Brings `paths` (files of `tag`, a version of a followed job) here,
-  // those this node does not hold, for the reader uid/gid. Returns once
-  // each is here, or the first failure (naming the file and the sources'
-  // reasons); `deadline` bounds the asking of sources.
-  Status Fetch(const TagInfo& tag, const std::vector<std::string>& paths, uid_t uid, gid_t gid,
-               Clock::TimePoint deadline) EXCLUDES(mu_);
-  // For a following node's ranged read (the peer port checked the reader):
+  // those this node does not hold (the caller checked its reader). Returns
+  // once each is here, or the first failure (naming the file and the
+  // sources' reasons); `deadline` bounds the asking of sources.
+  Status Fetch(const TagInfo& tag, const std::vector<std::string>& paths, Clock::TimePoint deadline)
+      EXCLUDES(mu_);
+  // For a following node's ranged read (the peer port checked its grant):
   // bytes [offset, offset + length) of `path` of the version recorded here
   // as `tag`, from its transfer to this node, started now if none is under
   // way and `job` is followed here. Waits (up to io_timeout) for the range
@@ -105,14 +111,12 @@ class VersionFollower {
  private:
   struct Job {
     std::vector<std::string> sources;
-    uid_t uid = 0;  // the reader the watcher asks as
-    gid_t gid = static_cast<gid_t>(-1);
     uint64_t newest = 0;
     std::thread watcher;
   };
-  // One PeerVersion to `source`.
-  Status Ask(const std::string& source, const std::string& job, uint64_t after,
-             std::chrono::milliseconds hold, uid_t uid, gid_t gid, TagInfo* out, uid_t* owner);
+  // One PeerVersion to `source`; *nodes: those the job's owner granted.
+  Status Ask(const std::string& source, const std::string& job, uint64_t after, std::chrono::milliseconds hold,
+             TagInfo* out, std::vector<std::string>* nodes);
   void Watch(std::string job) EXCLUDES(mu_);
   // A transfer in flight, as downstream readers see it.
   struct Transfer {
@@ -124,7 +128,7 @@ class VersionFollower {
   };
   // One file, from the sources in order (the caller marked it in fetching_).
   Status FetchFile(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources,
-                   uid_t uid, gid_t gid, Clock::TimePoint deadline) EXCLUDES(mu_);
+                   Clock::TimePoint deadline) EXCLUDES(mu_);
   // Fetch of one file for a downstream reader (a thread of its own).
   void PullThrough(uint64_t id, TagInfo tag, TagFile file) EXCLUDES(mu_);
   // Starts a pull-through transfer of (job, tag's path), unless one is

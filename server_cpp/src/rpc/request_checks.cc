@@ -96,9 +96,16 @@ Status CheckRequest(const v1::RenewVersionRequest& r, int64_t* lease_ms) {
 Status CheckRequest(const v1::ReleaseVersionRequest& r) { return Session(r.session()); }
 
 Status CheckRequest(const v1::GrantReadRequest& r) {
-  return First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
-               [&] { return Count("uids", r.uids_size(), kMaxGrantIds); },
-               [&] { return Count("gids", r.gids_size(), kMaxGrantIds); });
+  Status s = First([&] { return Session(r.session()); }, [&] { return Job(r.job()); },
+                   [&] { return Count("uids", r.uids_size(), kMaxGrantIds); },
+                   [&] { return Count("gids", r.gids_size(), kMaxGrantIds); },
+                   [&] { return Count("nodes", r.nodes_size(), kMaxGrantIds); });
+  for (int i = 0; s.ok() && i < r.nodes_size(); ++i) {
+    s = ValidateText(Nth("nodes", i), r.nodes(i), kMaxEndpointBytes, false);
+    if (s.ok() && r.nodes(i).find(':') == std::string::npos)
+      s = Status::InvalidArgument(Nth("nodes", i) + ": a node is its peer endpoint, host:port");
+  }
+  return s;
 }
 
 Status CheckRequest(const v1::AllocateRequest& r) {

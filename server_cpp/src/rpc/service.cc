@@ -469,12 +469,9 @@ grpc::Status CacheService::AcquireVersion(grpc::ServerContext* ctx, const v1::Ac
     if (f != g.files.end() && f->buffer_id == 0) missing.push_back(path);
   }
   if (!missing.empty() && follower_ && follower_->Follows(req->job())) {
-    uid_t uid = 0;
-    gid_t gid = 0;
-    s = cache_->CallerIds(req->session(), &uid, &gid);
     CallLimiter::Slot slot;  // held while it waits on the sources
-    if (s.ok()) s = AdmitPeerCall(req->session(), &slot);
-    if (s.ok()) s = follower_->Fetch(g.tag, missing, uid, gid, AnswerBy(ctx, clock_));
+    s = AdmitPeerCall(req->session(), &slot);
+    if (s.ok()) s = follower_->Fetch(g.tag, missing, AnswerBy(ctx, clock_));
     const uint64_t version = g.tag.version;
     tce::Status released = cache_->ReleaseVersion(req->session(), g.lease_id);
     if (!s.ok()) return ToGrpc(s);
@@ -513,12 +510,14 @@ grpc::Status CacheService::ReleaseVersion(grpc::ServerContext*, const v1::Releas
 grpc::Status CacheService::GrantRead(grpc::ServerContext*, const v1::GrantReadRequest* req,
                                      v1::GrantReadResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
-  std::vector<uid_t> uids(req->uids().begin(), req->uids().end());
-  std::vector<gid_t> gids(req->gids().begin(), req->gids().end());
-  tce::Status s = cache_->GrantRead(req->session(), req->job(), &uids, &gids, req->revoke());
+  ReadGrants::Ids ids{{req->uids().begin(), req->uids().end()},
+                      {req->gids().begin(), req->gids().end()},
+                      {req->nodes().begin(), req->nodes().end()}};
+  tce::Status s = cache_->GrantRead(req->session(), req->job(), &ids, req->revoke());
   if (!s.ok()) return ToGrpc(s);
-  for (uid_t u : uids) resp->add_uids(u);
-  for (gid_t g : gids) resp->add_gids(g);
+  for (uid_t u : ids.uids) resp->add_uids(u);
+  for (gid_t g : ids.gids) resp->add_gids(g);
+  for (const std::string& n : ids.nodes) resp->add_nodes(n);
   return grpc::Status::OK;
 }
 
@@ -533,7 +532,7 @@ grpc::Status CacheService::Follow(grpc::ServerContext*, const v1::FollowRequest*
   CallLimiter::Slot slot;
   if (s.ok()) s = AdmitPeerCall(req->session(), &slot);
   TagInfo newest;
-  if (s.ok()) s = follower_->Follow(req->job(), {req->sources().begin(), req->sources().end()}, uid, gid, &newest);
+  if (s.ok()) s = follower_->Follow(req->job(), {req->sources().begin(), req->sources().end()}, uid, &newest);
   if (s.ok() && newest.version) ToProto(newest, resp->mutable_newest());
   return ToGrpc(s);
 }
