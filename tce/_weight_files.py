@@ -32,6 +32,7 @@ _DS_MODEL = re.compile(r"(^|/)(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt$"
 # ZeRO-3's model-states files (one per rank): their parameters are placeholders.
 _ZERO3_MODEL = re.compile(r"(^|/)zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt$")
 _TORCH = re.compile(r"\.(pt|pth|bin|ckpt)$")
+# The names a server never gives a following node either (server_cpp/src/cache/weight_files.h).
 _NOT_WEIGHTS = re.compile(r"optim|scheduler|rng|trainer_state|training_args")
 
 

@@ -18,7 +18,7 @@ from tce import weights
 from tce.core import _knobs
 from tce.integrations import safetensors as st
 
-from hostile_peer import connect_with_token, recv_msg
+from hostile_peer import connect_with_token, frame, recv_msg
 from tce.v1 import tce_pb2 as pb
 from test_ring import TOKEN, _ring_server, _status, _stop
 
@@ -124,3 +124,40 @@ def test_a_token_holder_cannot_announce_a_granted_node_from_its_own_address(tmp_
             pass
     finally:
         _stop(node, trainer)
+
+
+def test_a_granted_node_is_given_a_versions_weight_files_never_its_optimizer_states(tmp_path):
+    """A version of model states and DeepSpeed-named optimizer states: the
+    node the owner granted is told of the model file only, and its ask for
+    the optimizer's bytes is refused (no byte sent)."""
+    trainer = _ring_server(tmp_path, "tcp", "trainer", listen="127.0.0.2:0")
+    try:
+        src = _status(trainer)["peer_endpoint"]
+        step = tmp_path / "ckpt" / "global_step1"
+        step.mkdir(parents=True)
+        model, optim = step / "mp_rank_00_model_states.pt", step / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+        with _on(trainer):
+            weights.grant(nodes=["127.0.0.1:7999"])
+            tce.save({"module": {"w": torch.ones(256)}}, model, tag="global_step1")
+            tce.save({"exp_avg": torch.ones(1024)}, optim, tag="global_step1")
+            assert len(weights.publish("global_step1", [step]).files) == 2
+            tce.close()
+        node = connect_with_token(src, TOKEN, "127.0.0.1:7999")
+        try:
+            node.sendall(frame(pb.PeerRequest(version=pb.PeerVersion(job=JOB))))
+            reply = recv_msg(node, pb.PeerVersionReply)
+            assert reply.code == 0, reply
+            assert [f.path for f in reply.tag.files] == [str(model)]
+            read = {}
+            for path in (optim, model):
+                node.sendall(frame(pb.PeerRequest(read_range=pb.PeerReadRange(
+                    job=JOB, path=str(path), offset=0, length=64, version_tag="global_step1"))))
+                read[path] = recv_msg(node, pb.PeerRangeReply)
+            assert read[optim].code == 7 and not read[optim].data, read[optim]  # PERMISSION_DENIED
+            assert read[optim].message == (f"{optim} is no weight file of job '{JOB}': optimizer, scheduler "
+                                           "and RNG states are not given to following nodes")
+            assert read[model].code == 0 and len(read[model].data) == 64
+        finally:
+            node.close()
+    finally:
+        _stop(trainer)

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "cache/cache.h"
+#include "cache/weight_files.h"
 #include "common/logging.h"
 #include "common/validate.h"
 
@@ -41,7 +42,10 @@ Status Cache::PeerGetVersion(const std::string& job, uint64_t after, std::chrono
     if (!owners_.Owner(job, &owner)) return Status::NotFound("job '" + job + "' has no published version here");
     std::string why;
     if (!grants_.AllowsNode(job, node, &why)) return NodeRefused(job, node, why);
-    if (tags_.Newest(job, after, out)) break;
+    if (tags_.Newest(job, after, out)) {
+      *out = WeightFilesOf(std::move(*out));  // never the optimizer's state
+      break;
+    }
     if (versions_stopped_) return Status::Unavailable("the server is shutting down");
     if (clock_->Now() >= deadline)
       return Status::DeadlineExceeded("job '" + job + "' has no version newer than " + std::to_string(after) +
@@ -62,6 +66,9 @@ Status Cache::CheckPeerVersionRead(const std::string& job, const std::string& ta
   if (!grants_.AllowsNode(job, node, &why)) return NodeRefused(job, node, why);
   TagInfo t;
   if (!tags_.Find(job, tag, &t)) return Status::NotFound("no version " + tag + " of job '" + job + "' here");
+  if (!IsWeightFile(path))
+    return Status::PermissionDenied(path + " is no weight file of job '" + job +
+                                    "': optimizer, scheduler and RNG states are not given to following nodes");
   for (const TagFile& f : t.files)
     if (f.path == path) return Status::OK();
   return Status::PermissionDenied(path + " is not a file of version " + std::to_string(t.version) + " (" + tag +

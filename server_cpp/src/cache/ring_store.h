@@ -182,11 +182,12 @@ class RingStore {
   // follows passed the grants on), then the newest version above `after`,
   // waiting up to `wait` (DEADLINE_EXCEEDED when none came). NOT_FOUND when
   // the job is not here; PERMISSION_DENIED, naming no uid, when the node is
-  // not granted. *nodes: the nodes granted the job.
+  // not granted. The tag lists the version's weight files only
+  // (cache/weight_files.h). *nodes: the nodes granted the job.
   virtual Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
                                 const std::string& node, TagInfo* out, std::vector<std::string>* nodes) = 0;
   // For such a node's ranged read: OK when the node is granted and `path`
-  // is a file of the version recorded here as `tag`.
+  // is a weight file of the version recorded here as `tag`.
   virtual Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
                                       const std::string& node) = 0;
   // A buffer for a replica of `size` bytes of `job`'s version: a FREE buffer

@@ -7,6 +7,7 @@
 
 #include "cache/cache.h"
 #include "cache/tag_registry.h"
+#include "cache/weight_files.h"
 #include "common/manual_clock.h"
 
 namespace tce {
@@ -379,6 +380,35 @@ TEST_F(FollowTest, AFollowingNodeIsCheckedAgainstTheNodesTheOwnerGranted) {
   s = cache_.CheckPeerVersionRead("job", "s1", "/c/m.pt", granted);
   EXPECT_EQ(s.message(),
             "node 10.0.0.2:7070 may not follow job 'job' here: the owner revoked the read grant of node 10.0.0.2:7070");
+}
+
+TEST(WeightFiles, AreTheTagsFilesButOptimizerSchedulerAndRngStates) {
+  for (const char* p : {"/c/model.safetensors", "/c/global_step3/mp_rank_00_model_states.pt", "/c/__0_0.distcp",
+                        "/c/.metadata", "/c/pytorch_model.bin", "/c/optimizer_dir/model.pt"})
+    EXPECT_TRUE(IsWeightFile(p)) << p;
+  for (const char* p : {"/c/global_step3/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "/c/optimizer.pt",
+                        "/c/scheduler.pt", "/c/rng_state_0.pth", "/c/trainer_state.json", "/c/training_args.bin"})
+    EXPECT_FALSE(IsWeightFile(p)) << p;
+}
+
+TEST_F(FollowTest, AFollowingNodeIsGivenTheWeightFilesOfAVersionOnly) {
+  Save("s1", "/c/mp_rank_00_model_states.pt", 4096);
+  Save("s1", "/c/zero_pp_rank_0_mp_rank_00_optim_states.pt", 8192);
+  Publish("s1",
+          {{0, "/c/mp_rank_00_model_states.pt", 4096}, {0, "/c/zero_pp_rank_0_mp_rank_00_optim_states.pt", 8192}});
+  const std::string node = "10.0.0.2:7070";
+  ReadGrants::Ids ids{{}, {}, {node}};
+  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
+  TagInfo t;
+  std::vector<std::string> nodes;
+  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, std::chrono::milliseconds(0), node, &t, &nodes).ok());
+  ASSERT_EQ(t.files.size(), 1u);
+  EXPECT_EQ(t.files[0].path, "/c/mp_rank_00_model_states.pt");
+  EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "s1", "/c/mp_rank_00_model_states.pt", node).ok());
+  Status s = cache_.CheckPeerVersionRead("job", "s1", "/c/zero_pp_rank_0_mp_rank_00_optim_states.pt", node);
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(s.message(), "/c/zero_pp_rank_0_mp_rank_00_optim_states.pt is no weight file of job 'job': optimizer, "
+                         "scheduler and RNG states are not given to following nodes");
 }
 
 TEST_F(FollowTest, AFollowedJobIsThisServersAndItsFollowersRead) {
