@@ -118,3 +118,36 @@ def test_each_user_that_follows_a_job_reads_its_new_versions(nodes, users):
     assert r["publish"] == ["OK", "", 2], r
     assert follower.run("a", GET.format(after=1, timeout=20))["get"] == ["OK", "", 2]
     assert follower.run("b", GET.format(after=1, timeout=20))["get"] == ["OK", "", 2]
+
+
+PER_UID = 8  # max_follows_per_uid's default
+
+
+def test_one_user_cannot_take_every_follow_of_the_node(nodes, users):
+    """User a follows as many jobs as one user may (max_follows_per_uid);
+    one more is refused, naming the setting, while user b still follows
+    that job, and a job a follows already is followed again."""
+    trainer, follower, src, me = nodes
+    jobs = [f"j{i}" for i in range(PER_UID + 1)]
+    paths = [trainer.path("a", f"{j}.pt") for j in jobs]
+    r = trainer.run("a", f"""
+s = Session(SOCK)
+for job, path in zip({jobs!r}, {paths!r}):
+    s.call("GrantRead", pb.GrantReadRequest(session=s.id, job=job, nodes=[{me!r}]))
+    s.save(job, path, b"w" * 64, tag="step1")
+    tag = pb.TagInfo(job=job, tag="step1", world_size=1, files=[pb.TagFile(rank=0, path=path, size=64)])
+    result[job] = s.call("CommitTag", pb.CommitTagRequest(session=s.id, tag=tag))[0]
+""")
+    assert all(r[j] == "OK" for j in jobs), r
+    follow = """
+s = Session(SOCK)
+for job in {jobs!r}:
+    code, msg, _ = s.call("Follow", pb.FollowRequest(session=s.id, job=job, sources=[{src!r}]))
+    result[job] = [code, msg]
+"""
+    r = follower.run("a", follow.format(jobs=jobs + jobs[:1], src=src))
+    assert all(r[j] == ["OK", ""] for j in jobs[:PER_UID]), r
+    assert r[jobs[-1]] == ["RESOURCE_EXHAUSTED",
+                           f"uid {users['a']} follows {PER_UID} jobs already (max_follows_per_uid)"]
+    r = follower.run("b", follow.format(jobs=jobs[-1:], src=src))
+    assert r[jobs[-1]] == ["OK", ""]

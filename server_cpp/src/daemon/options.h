@@ -57,6 +57,8 @@ struct Options {
   std::string read_grants;
   int version_lease_s = 300;
   int version_lease_max_s = 3600;
+  int max_follows = 64;
+  int max_follows_per_uid = 8;
   int max_range_buffers_per_uid = 4;
   // Persistence.
   std::string storage_roots;

@@ -246,6 +246,10 @@ const std::vector<Setting> kSettings = {
         "how long a reader's lease on a published version lasts unless renewed, when it asks for none"),
     Int("version_lease_max_s", &Options::version_lease_max_s, {1, 31536000},
         "the longest version lease granted (longer asks are cut to it)"),
+    Int("max_follows", &Options::max_follows, {1, 4096},
+        "jobs this node follows at once (weights.follow, docs/weights.md); more are refused (RESOURCE_EXHAUSTED)"),
+    Int("max_follows_per_uid", &Options::max_follows_per_uid, {1, 4096},
+        "of those, the jobs one uid (root included) follows; more are refused at once"),
     Int("max_range_buffers_per_uid", &Options::max_range_buffers_per_uid,
         {1, static_cast<long>(RangeBuffers::kMax)},
         "range buffers (64 MiB each, within the memory budget) the sessions of one uid (root "

@@ -87,9 +87,28 @@ Status VersionFollower::Ask(const std::string& source, const std::string& job, u
   return GrantedNodes(source, reply, nodes);
 }
 
+Status VersionFollower::Admit(const std::string& job, uid_t uid) {
+  auto it = jobs_.find(job);
+  if (it != jobs_.end() && it->second.users.count(uid)) return Status::OK();
+  size_t mine = 0;
+  for (const auto& [name, j] : jobs_) mine += j.users.count(uid);
+  if (mine >= options_.max_jobs_per_uid)
+    return Status::ResourceExhausted("uid " + std::to_string(uid) + " follows " + std::to_string(mine) +
+                                     " jobs already (max_follows_per_uid)");
+  if (it == jobs_.end() && jobs_.size() >= options_.max_jobs)
+    return Status::ResourceExhausted("this server follows " + std::to_string(jobs_.size()) +
+                                     " jobs already (max_follows)");
+  return Status::OK();
+}
+
 Status VersionFollower::Follow(const std::string& job, std::vector<std::string> sources, uid_t uid,
                                TagInfo* newest) {
   if (sources.empty()) return Status::InvalidArgument("name the nodes to follow job '" + job + "' from");
+  {
+    MutexLock lock(&mu_);  // before any source is asked (and again below)
+    Status s = Admit(job, uid);
+    if (!s.ok()) return s;
+  }
   // The sources decide whether this node may read the job's versions.
   Status last = Status::Unavailable("no source answered");
   *newest = TagInfo();
@@ -108,26 +127,27 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
     // NOT_FOUND: nothing published there yet (or not that job); the next one.
   }
   if (!known && last.code() != Status::Code::kNotFound) return last;
-  Status s = cache_->AddFollower(job, options_.owner, uid);
+  MutexLock lock(&mu_);  // (the cache's lock is taken inside this one)
+  if (stopping_) return Status::Unavailable("the server is shutting down");
+  Status s = Admit(job, uid);
+  if (s.ok()) s = cache_->AddFollower(job, options_.owner, uid);
   if (s.ok() && known) {
     cache_->PassOnGrants(job, nodes);
     s = cache_->AdoptFollowed(*newest);
   }
   if (!s.ok()) return s;
-  MutexLock lock(&mu_);
-  if (stopping_) return Status::Unavailable("the server is shutting down");
   auto it = jobs_.find(job);
   if (it != jobs_.end()) {
     for (std::string& src : sources)
       if (std::find(it->second.sources.begin(), it->second.sources.end(), src) == it->second.sources.end())
         it->second.sources.push_back(std::move(src));
+    it->second.users.insert(uid);
     it->second.newest = std::max(it->second.newest, newest->version);
     return Status::OK();
   }
-  if (jobs_.size() >= options_.max_jobs)
-    return Status::ResourceExhausted("this server follows " + std::to_string(jobs_.size()) + " jobs already");
   Job& j = jobs_[job];
   j.sources = std::move(sources);
+  j.users.insert(uid);
   j.newest = newest->version;
   j.watcher = std::thread(&VersionFollower::Watch, this, job);
   TCE_LOG(kInfo, "weights") << "following job=" << job << " from " << j.sources.size()

@@ -69,7 +69,8 @@ struct VersionFollowerOptions {
   // source's PeerServer::kMaxVersionWaitMs), and the pause after a failure.
   std::chrono::milliseconds hold{15000};
   std::chrono::milliseconds retry{1000};
-  size_t max_jobs = 64;  // jobs followed at once
+  size_t max_jobs = 64;          // jobs followed at once (max_follows)
+  size_t max_jobs_per_uid = 8;   // of those, the jobs one local user follows (max_follows_per_uid)
   uid_t owner = ::geteuid();  // whose a followed job is here: this server's
   // (a pull-through transfer is bounded by its links' timeouts and this)
   LinkBreaker* breaker = nullptr;
@@ -85,7 +86,8 @@ class VersionFollower {
   // says whether this node may read the job's versions (PERMISSION_DENIED
   // with the source's reason) and gives the newest (*newest: version 0 when
   // it has none yet); `uid` may read them here. Later calls for the job add
-  // their user and sources.
+  // their user and sources. Each user follows at most max_jobs_per_uid
+  // jobs, the node at most max_jobs (RESOURCE_EXHAUSTED beyond).
   Status Follow(const std::string& job, std::vector<std::string> sources, uid_t uid, TagInfo* newest)
       EXCLUDES(mu_);
   bool Follows(const std::string& job) EXCLUDES(mu_);
@@ -111,9 +113,13 @@ class VersionFollower {
  private:
   struct Job {
     std::vector<std::string> sources;
+    std::set<uid_t> users;  // the local users that follow it
     uint64_t newest = 0;
     std::thread watcher;
   };
+  // RESOURCE_EXHAUSTED when `uid` may not follow one more job, or this
+  // node no new one.
+  Status Admit(const std::string& job, uid_t uid) REQUIRES(mu_);
   // One PeerVersion to `source`; *nodes: those the job's owner granted.
   Status Ask(const std::string& source, const std::string& job, uint64_t after, std::chrono::milliseconds hold,
              TagInfo* out, std::vector<std::string>* nodes);
@@ -141,7 +147,7 @@ class VersionFollower {
   RingStore* const cache_;
   RangeReader* const ranges_;
   const VersionFollowerOptions options_;
-  Mutex mu_;
+  Mutex mu_;  // taken before the cache's own lock, never after it
   CondVar changed_;  // a transfer ended, or the follower stops
   bool stopping_ GUARDED_BY(mu_) = false;
   std::map<std::string, Job> jobs_ GUARDED_BY(mu_);
