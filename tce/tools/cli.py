@@ -82,6 +82,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{st.get('remote_misses', 0)} held by no peer")
     else:
         print("ring      off (no peer_listen)")
+    for f in st.get("followed_jobs", []):
+        version = f"version {f['version']}" if int(f.get("version", 0)) else "no version yet"
+        line = f"follow    job {f['job']}: {version} from {', '.join(f.get('sources', []))}; "
+        if f.get("state") == "FOLLOW_STATE_RETRYING":
+            line += (f"RETRYING in {float(f.get('retry_in_s', 0)):.1f}s after {f['failures']} failed round(s) "
+                     f"(last: {f.get('last_error', '')})")
+        else:
+            line += "following"
+        print(line)
     for j in st.get("job_loads", []):
         print(f"loads     job {j['job']}: {_human(int(j.get('cache_bytes', 0)))} from this node's memory, "
               f"{_human(int(j.get('peer_bytes', 0)))} from other nodes', "

@@ -37,6 +37,7 @@ Status Cache::PeerGetVersion(const std::string& job, uint64_t after, std::chrono
                              const std::string& node, TagInfo* out, std::vector<std::string>* nodes) {
   MutexLock lock(&mu_);
   const Clock::TimePoint deadline = clock_->Now() + wait;
+  *out = TagInfo();
   for (;;) {  // the grant again after each wait: it may be gone
     uid_t owner = 0;
     if (!owners_.Owner(job, &owner)) return Status::NotFound("job '" + job + "' has no published version here");
@@ -47,13 +48,13 @@ Status Cache::PeerGetVersion(const std::string& job, uint64_t after, std::chrono
       break;
     }
     if (versions_stopped_) return Status::Unavailable("the server is shutting down");
-    if (clock_->Now() >= deadline)
-      return Status::DeadlineExceeded("job '" + job + "' has no version newer than " + std::to_string(after) +
-                                      " here");
+    if (clock_->Now() >= deadline) break;
     clock_->WaitUntil(&versions_cv_, &mu_, deadline);
   }
   const std::set<std::string> granted = grants_.Nodes(job);
   nodes->assign(granted.begin(), granted.end());
+  if (out->version <= after)
+    return Status::DeadlineExceeded("job '" + job + "' has no version newer than " + std::to_string(after) + " here");
   return Status::OK();
 }
 

@@ -180,9 +180,9 @@ class RingStore {
   // never a request's field): OK when the job's owner granted that node
   // read of its versions (GrantRead, or as the source of a job this node
   // follows passed the grants on), then the newest version above `after`,
-  // waiting up to `wait` (DEADLINE_EXCEEDED when none came). NOT_FOUND when
-  // the job is not here; PERMISSION_DENIED, naming no uid, when the node is
-  // not granted. The tag lists the version's weight files only
+  // waiting up to `wait` (DEADLINE_EXCEEDED when none came; *nodes set).
+  // NOT_FOUND when the job is not here; PERMISSION_DENIED, naming no uid,
+  // when the node is not granted. The tag lists the version's weight files only
   // (cache/weight_files.h). *nodes: the nodes granted the job.
   virtual Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
                                 const std::string& node, TagInfo* out, std::vector<std::string>* nodes) = 0;

@@ -72,6 +72,10 @@ Status VersionFollower::Ask(const std::string& source, const std::string& job, u
   s = link->Send(req);
   if (s.ok()) s = link->Recv(&reply);
   if (!s.ok()) return Status::Unavailable(source + ": " + s.message());
+  if (reply.code() == static_cast<int>(Status::Code::kDeadlineExceeded)) {  // held: nothing newer yet
+    s = GrantedNodes(source, reply, nodes);
+    if (!s.ok()) return s;
+  }
   if (reply.code() != 0) {
     const auto code = static_cast<Status::Code>(reply.code());
     const bool known = code == Status::Code::kNotFound || code == Status::Code::kPermissionDenied ||
@@ -141,8 +145,15 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
     for (std::string& src : sources)
       if (std::find(it->second.sources.begin(), it->second.sources.end(), src) == it->second.sources.end())
         it->second.sources.push_back(std::move(src));
-    it->second.users.insert(uid);
-    it->second.newest = std::max(it->second.newest, newest->version);
+    Job& j = it->second;
+    j.users.insert(uid);
+    j.newest = std::max(j.newest, newest->version);
+    if (known) {  // a source answered
+      j.failures = 0;
+      j.last_error.clear();
+    }
+    j.retry_at = options_.clock->Now();  // a failing watcher asks again now (a source may be new)
+    changed_.SignalAll();
     return Status::OK();
   }
   Job& j = jobs_[job];
@@ -153,6 +164,36 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
   TCE_LOG(kInfo, "weights") << "following job=" << job << " from " << j.sources.size()
                             << " source(s) for uid " << uid << "; newest version " << newest->version;
   return Status::OK();
+}
+
+Status VersionFollower::Round(const std::string& job, const std::vector<std::string>& sources, uint64_t after) {
+  std::string why;
+  for (const std::string& source : sources) {
+    TagInfo tag;
+    std::vector<std::string> nodes;
+    const Clock::TimePoint asked = options_.clock->Now();
+    Status s = Ask(source, job, after, options_.hold, &tag, &nodes);
+    if (s.code() == Status::Code::kDeadlineExceeded) {  // it held the question: nothing newer yet
+      if (options_.clock->Now() - asked >= options_.hold / 2) {
+        cache_->PassOnGrants(job, nodes);
+        return Status::OK();
+      }
+      s = Status::Unavailable(source + ": said nothing is newer without holding the question");
+    }
+    if (s.ok()) {
+      cache_->PassOnGrants(job, nodes);
+      s = cache_->AdoptFollowed(tag);
+      if (s.ok()) {
+        MutexLock lock(&mu_);
+        jobs_[job].newest = std::max(jobs_[job].newest, tag.version);
+        changed_.SignalAll();  // a following node's read may wait for this version
+        return Status::OK();
+      }
+      s = Status::FromCode(s.code(), source + ": " + s.message());
+    }
+    why += (why.empty() ? "" : "; ") + s.message();
+  }
+  return Status::Unavailable(why.empty() ? "no source to ask" : why);
 }
 
 void VersionFollower::Watch(std::string job) {
@@ -166,30 +207,43 @@ void VersionFollower::Watch(std::string job) {
       sources = j.sources;
       after = j.newest;
     }
-    Status s = Status::Unavailable("no source");
-    for (const std::string& source : sources) {
-      TagInfo tag;
-      std::vector<std::string> nodes;
-      s = Ask(source, job, after, options_.hold, &tag, &nodes);
-      if (s.code() == Status::Code::kNotFound || s.code() == Status::Code::kDeadlineExceeded) {
-        s = Status::NotFound("");  // none newer yet: ask again
-        break;
-      }
-      if (!s.ok()) continue;
-      cache_->PassOnGrants(job, nodes);
-      s = cache_->AdoptFollowed(tag);
-      if (s.ok()) {
-        MutexLock lock(&mu_);
-        jobs_[job].newest = std::max(jobs_[job].newest, tag.version);
-        changed_.SignalAll();  // a following node's read may wait for this version
-      }
-      break;
-    }
-    if (s.ok() || s.code() == Status::Code::kNotFound) continue;
-    TCE_LOG(kWarning, "weights") << "following job=" << job << ": " << s.ToString();
+    Status s = Round(job, sources, after);
     MutexLock lock(&mu_);
-    if (!stopping_) options_.clock->WaitUntil(&changed_, &mu_, options_.clock->Now() + options_.retry);
+    Job& j = jobs_[job];
+    if (s.ok()) {
+      j.failures = 0;
+      j.last_error.clear();
+      continue;
+    }
+    ++j.failures;
+    j.last_error = s.message();
+    const int doublings = static_cast<int>(std::min<uint64_t>(j.failures - 1, 20));
+    const auto pause = std::min(options_.retry * (int64_t{1} << doublings), options_.retry_max);
+    j.retry_at = options_.clock->Now() + pause;
+    TCE_LOG(kWarning, "weights") << "following job=" << job << ": no source answered (" << j.failures
+                                 << " round(s) in a row; the next in " << pause.count() << " ms): " << j.last_error;
+    while (!stopping_ && options_.clock->Now() < j.retry_at)
+      options_.clock->WaitUntil(&changed_, &mu_, j.retry_at);
   }
+}
+
+std::vector<FollowedJobInfo> VersionFollower::Jobs(bool admin, uid_t uid) {
+  MutexLock lock(&mu_);
+  const Clock::TimePoint now = options_.clock->Now();
+  std::vector<FollowedJobInfo> out;
+  for (const auto& [name, j] : jobs_) {
+    if (!admin && !j.users.count(uid)) continue;
+    FollowedJobInfo info;
+    info.job = name;
+    info.sources = j.sources;
+    info.version = j.newest;
+    info.failures = j.failures;
+    info.last_error = j.last_error;
+    if (j.failures && j.retry_at > now)
+      info.retry_in = std::chrono::ceil<std::chrono::milliseconds>(j.retry_at - now);
+    out.push_back(std::move(info));
+  }
+  return out;
 }
 
 Status VersionFollower::Fetch(const TagInfo& tag, const std::vector<std::string>& paths,

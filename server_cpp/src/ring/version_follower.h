@@ -12,7 +12,8 @@
 // version a source names is recorded here (RingStore::AdoptFollowed) and
 // one watcher thread per job then asks the sources for each newer version,
 // holding the question open at the source (no polling), and records each
-// one as it comes. Readers here wait for, lease and read versions as they
+// one as it comes; after a round no source answered it pauses, longer each
+// time (Watch). Readers here wait for, lease and read versions as they
 // would on the trainer's node.
 //
 // A version's files are brought on demand (Fetch, from AcquireVersion): each
@@ -66,15 +67,27 @@ struct VersionFollowerOptions {
   PeerKey key;       // the cluster token (and this node's certificate)
   std::chrono::milliseconds io_timeout{30000};
   // How long a watcher's question stays open at a source (at most the
-  // source's PeerServer::kMaxVersionWaitMs), and the pause after a failure.
+  // source's PeerServer::kMaxVersionWaitMs); the pause after a round no
+  // source answered, doubled after each such round up to retry_max.
   std::chrono::milliseconds hold{15000};
   std::chrono::milliseconds retry{1000};
+  std::chrono::milliseconds retry_max{60000};
   size_t max_jobs = 64;          // jobs followed at once (max_follows)
   size_t max_jobs_per_uid = 8;   // of those, the jobs one local user follows (max_follows_per_uid)
   uid_t owner = ::geteuid();  // whose a followed job is here: this server's
   // (a pull-through transfer is bounded by its links' timeouts and this)
   LinkBreaker* breaker = nullptr;
   Clock* clock = Clock::Real();
+};
+
+// A followed job as `tce status` shows it.
+struct FollowedJobInfo {
+  std::string job;
+  std::vector<std::string> sources;
+  uint64_t version = 0;   // the newest learned
+  uint64_t failures = 0;  // rounds in a row no source answered (0: following)
+  std::string last_error;
+  std::chrono::milliseconds retry_in{0};  // when failing: until the next round
 };
 
 class VersionFollower {
@@ -91,6 +104,8 @@ class VersionFollower {
   Status Follow(const std::string& job, std::vector<std::string> sources, uid_t uid, TagInfo* newest)
       EXCLUDES(mu_);
   bool Follows(const std::string& job) EXCLUDES(mu_);
+  // The jobs this node follows that `uid` follows (every one for `admin`).
+  std::vector<FollowedJobInfo> Jobs(bool admin, uid_t uid) EXCLUDES(mu_);
   // Brings `paths` (files of `tag`, a version of a followed job) here,
   // those this node does not hold (the caller checked its reader). Returns
   // once each is here, or the first failure (naming the file and the
@@ -115,15 +130,24 @@ class VersionFollower {
     std::vector<std::string> sources;
     std::set<uid_t> users;  // the local users that follow it
     uint64_t newest = 0;
+    uint64_t failures = 0;  // rounds in a row no source answered
+    std::string last_error;
+    Clock::TimePoint retry_at{};  // the next round, when failing
     std::thread watcher;
   };
   // RESOURCE_EXHAUSTED when `uid` may not follow one more job, or this
   // node no new one.
   Status Admit(const std::string& job, uid_t uid) REQUIRES(mu_);
-  // One PeerVersion to `source`; *nodes: those the job's owner granted.
+  // One PeerVersion to `source`; *nodes: those the job's owner granted
+  // (also with DEADLINE_EXCEEDED: it held the question, nothing newer came).
   Status Ask(const std::string& source, const std::string& job, uint64_t after, std::chrono::milliseconds hold,
              TagInfo* out, std::vector<std::string>* nodes);
+  // The watcher: rounds of questions, a pause growing after each round no
+  // source answered (options_.retry doubling to retry_max, on the clock).
   void Watch(std::string job) EXCLUDES(mu_);
+  // One round: the sources in order until one answers (a newer version,
+  // recorded, or nothing newer within the hold); else why none did.
+  Status Round(const std::string& job, const std::vector<std::string>& sources, uint64_t after) EXCLUDES(mu_);
   // A transfer in flight, as downstream readers see it.
   struct Transfer {
     int fd = -1;          // the buffer's memfd (a dup, owned), read-only use

@@ -245,6 +245,18 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   tce::Status s = cache_->CheckCaller(req->session(), &admin, &uid);
   if (!s.ok()) return ToGrpc(s);
   FillStatus(resp, admin, uid);
+  if (follower_) {
+    for (const FollowedJobInfo& j : follower_->Jobs(admin, uid)) {
+      v1::FollowedJob* out = resp->add_followed_jobs();
+      out->set_job(j.job);
+      for (const std::string& s : j.sources) out->add_sources(s);
+      out->set_version(j.version);
+      out->set_state(j.failures ? v1::FOLLOW_STATE_RETRYING : v1::FOLLOW_STATE_FOLLOWING);
+      out->set_failures(j.failures);
+      out->set_last_error(j.last_error);
+      out->set_retry_in_s(j.retry_in.count() / 1000.0);
+    }
+  }
   if (!admin) {  // they may name other users' jobs and paths
     resp->clear_backup_error();
     resp->clear_metadata_error();
