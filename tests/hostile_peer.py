@@ -209,6 +209,69 @@ class LyingPeer:
         self._thread.join(timeout=5)
 
 
+class SilentPeer:
+    """Knows the token, completes the handshake as an acceptor, then reads
+    what it is asked and never answers. `closed`: how many of its
+    connections the other end has closed."""
+
+    def __init__(self, token: str, host: str = "127.0.0.1"):
+        self.token = token
+        self.listener = socket.socket()
+        self.listener.bind((host, 0))
+        self.listener.listen(4)
+        self.endpoint = f"{host}:{self.listener.getsockname()[1]}"
+        self.asked = 0
+        self.closed = 0
+        self._stop = False
+        self._threads: list[threading.Thread] = []
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self._stop:
+            try:
+                conn, _ = self.listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            t = threading.Thread(target=self._link, args=(conn,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _link(self, conn: socket.socket) -> None:
+        conn.settimeout(0.2)
+        deadline = time.monotonic() + 300
+        try:
+            conn.settimeout(5)
+            hello = recv_msg(conn, pb.PeerHello)
+            nonce = os.urandom(32)
+            conn.sendall(frame(pb.PeerHello(nonce=nonce, endpoint=self.endpoint, version=PROTOCOL)))
+            recv_msg(conn, pb.PeerAuth)
+            conn.sendall(frame(pb.PeerAuth(mac=proof(self.token, b"A", hello.nonce, nonce, hello.endpoint,
+                                                     self.endpoint))))
+            conn.settimeout(0.2)
+            while not self._stop and time.monotonic() < deadline:
+                try:
+                    data = conn.recv(1 << 16)
+                except socket.timeout:
+                    continue
+                if not data:
+                    self.closed += 1
+                    return
+                self.asked += 1
+        except (OSError, ConnectionError):
+            self.closed += 1
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._stop = True
+        self.listener.close()
+        for t in self._threads:
+            t.join(timeout=2)
+
+
 def connect_with_token(endpoint: str, token: str, me: str, *, source: str = "127.0.0.1") -> socket.socket:
     """A connection to `endpoint` authenticated with `token` (protocol 2),
     announcing `me`, from `source`: a real token holder, for what the token

@@ -1,5 +1,6 @@
-"""`tce status` for a node that follows jobs (docs/weights.md#other-nodes):
-how asking the sources goes, per job, in the human and the JSON output."""
+"""How a node that follows jobs (docs/weights.md#other-nodes) asks its
+sources when they do not answer: `tce status` per job, in the human and
+the JSON output, and the caller's deadline."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import tce
-from tce import weights
+from tce import _service, weights
 from tce.core import _knobs
+from tce.errors import DeadlineExceededError
 
 from helpers import until
-from test_ring import _ring_server, _status, _stop
+from hostile_peer import SilentPeer
+from tce.v1 import tce_pb2 as pb
+from test_ring import TOKEN, _ring_server, _status, _stop
 
 
 def _tce(*args: str, socket: str) -> subprocess.CompletedProcess:
@@ -44,3 +50,25 @@ def test_status_shows_a_job_its_source_does_not_know_as_retrying_with_the_reason
         assert "(last: " + f["last_error"] + ")" in human
     finally:
         _stop(node, source)
+
+
+def test_follow_gives_up_on_a_silent_source_by_the_callers_deadline(tmp_path):
+    """A source that takes the question and never answers: Follow ends by
+    its caller's deadline (DEADLINE_EXCEEDED, saying so) and lets go of the
+    source then, not after the peer timeout."""
+    node = _ring_server(tmp_path, "tcp", "node", listen="127.0.0.3:0",
+                        extra=["--peer-timeout-ms", "600000"])
+    silent = SilentPeer(TOKEN)
+    try:
+        with _knobs.override(socket=node.socket, job="rl-run", on_unavailable="raise"):
+            c = _service.client()
+            with pytest.raises(DeadlineExceededError) as e:
+                c._call("Follow", pb.FollowRequest(session=c.session, job="rl-run", sources=[silent.endpoint]),
+                        timeout=5)
+            tce.close()
+        assert silent.asked >= 1
+        until(lambda: silent.closed >= 1, what="the node to let go of the silent source")
+        assert "deadline" in str(e.value)
+    finally:
+        silent.close()
+        _stop(node)

@@ -69,6 +69,9 @@ class FollowWatchTest : public ::testing::Test {
     t.job = "job", t.tag = tag, t.world_size = 1, t.files = {{0, "/c/" + tag + ".safetensors", 4096}};
     ASSERT_TRUE(source_.CommitTag(owner_, t, &out).ok());
   }
+  Status Follow(uid_t uid, TagInfo* newest) {
+    return follower_->Follow("job", {server_->endpoint()}, uid, Clock::TimePoint::max(), newest);
+  }
   FollowedJobInfo Job() {
     std::vector<FollowedJobInfo> jobs = follower_->Jobs(true, 0);
     return jobs.empty() ? FollowedJobInfo() : jobs[0];
@@ -88,7 +91,7 @@ class FollowWatchTest : public ::testing::Test {
 
 TEST_F(FollowWatchTest, AJobTheSourceDoesNotKnowIsAskedAgainAfterAPauseThatDoublesToItsCap) {
   TagInfo newest;
-  ASSERT_TRUE(follower_->Follow("job", {server_->endpoint()}, kUser, &newest).ok());  // not there yet
+  ASSERT_TRUE(Follow(kUser, &newest).ok());  // not there yet
   EXPECT_EQ(newest.version, 0u);
   // Each round fails at once (the source knows no such job); the pause
   // after it is 1 s, 2 s, 4 s, then stays at 4 s (retry_max).
@@ -115,10 +118,10 @@ TEST_F(FollowWatchTest, AJobTheSourceDoesNotKnowIsAskedAgainAfterAPauseThatDoubl
 
 TEST_F(FollowWatchTest, ANewFollowOfAFailingJobAsksAgainAtOnce) {
   TagInfo newest;
-  ASSERT_TRUE(follower_->Follow("job", {server_->endpoint()}, kUser, &newest).ok());
+  ASSERT_TRUE(Follow(kUser, &newest).ok());
   ASSERT_TRUE(Eventually([&] { return Job().failures == 1; }));
   Publish("step1");  // a user who asks to follow now does not wait out the pause
-  ASSERT_TRUE(follower_->Follow("job", {server_->endpoint()}, kUser + 1, &newest).ok());
+  ASSERT_TRUE(Follow(kUser + 1, &newest).ok());
   EXPECT_EQ(newest.version, 1u);
   ASSERT_TRUE(Eventually([&] { return Job().failures == 0; }));
 }

@@ -59,9 +59,10 @@ bool VersionFollower::Follows(const std::string& job) {
 }
 
 Status VersionFollower::Ask(const std::string& source, const std::string& job, uint64_t after,
-                            std::chrono::milliseconds hold, TagInfo* out, std::vector<std::string>* nodes) {
+                            std::chrono::milliseconds hold, std::chrono::milliseconds timeout, TagInfo* out,
+                            std::vector<std::string>* nodes) {
   std::unique_ptr<PeerLink> link;
-  Status s = PeerLink::Connect(source, options_.self, options_.key, options_.io_timeout, &link, options_.breaker);
+  Status s = PeerLink::Connect(source, options_.self, options_.key, timeout, &link, options_.breaker);
   if (!s.ok()) return Status::Unavailable(source + ": " + s.message());
   v1::PeerRequest req;
   v1::PeerVersion* v = req.mutable_version();
@@ -106,7 +107,7 @@ Status VersionFollower::Admit(const std::string& job, uid_t uid) {
 }
 
 Status VersionFollower::Follow(const std::string& job, std::vector<std::string> sources, uid_t uid,
-                               TagInfo* newest) {
+                               Clock::TimePoint deadline, TagInfo* newest) {
   if (sources.empty()) return Status::InvalidArgument("name the nodes to follow job '" + job + "' from");
   {
     MutexLock lock(&mu_);  // before any source is asked (and again below)
@@ -118,10 +119,16 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
   *newest = TagInfo();
   std::vector<std::string> nodes;
   bool known = false;
+  std::string asked;  // what the sources said, for a deadline that passes
   for (const std::string& source : sources) {
+    const std::chrono::milliseconds left = options_.clock->Left(deadline);
+    if (left.count() == 0)
+      return Status::DeadlineExceeded("following job '" + job + "': the call's deadline passed before a source "
+                                      "answered" + (asked.empty() ? std::string() : " (" + asked + ")"));
     TagInfo tag;
-    Status s = Ask(source, job, 0, std::chrono::milliseconds(0), &tag, &nodes);
+    Status s = Ask(source, job, 0, std::chrono::milliseconds(0), std::min(options_.io_timeout, left), &tag, &nodes);
     if (s.code() == Status::Code::kPermissionDenied) return s;
+    if (!s.ok()) asked += (asked.empty() ? "" : "; ") + s.message();
     last = s;
     if (s.ok()) {
       *newest = tag;
@@ -130,6 +137,9 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
     }
     // NOT_FOUND: nothing published there yet (or not that job); the next one.
   }
+  if (!known && last.code() != Status::Code::kNotFound && options_.clock->Left(deadline).count() == 0)
+    return Status::DeadlineExceeded("following job '" + job + "': the call's deadline passed before a source "
+                                    "answered (" + asked + ")");
   if (!known && last.code() != Status::Code::kNotFound) return last;
   MutexLock lock(&mu_);  // (the cache's lock is taken inside this one)
   if (stopping_) return Status::Unavailable("the server is shutting down");
@@ -172,7 +182,7 @@ Status VersionFollower::Round(const std::string& job, const std::vector<std::str
     TagInfo tag;
     std::vector<std::string> nodes;
     const Clock::TimePoint asked = options_.clock->Now();
-    Status s = Ask(source, job, after, options_.hold, &tag, &nodes);
+    Status s = Ask(source, job, after, options_.hold, options_.io_timeout, &tag, &nodes);
     if (s.code() == Status::Code::kDeadlineExceeded) {  // it held the question: nothing newer yet
       if (options_.clock->Now() - asked >= options_.hold / 2) {
         cache_->PassOnGrants(job, nodes);

@@ -100,9 +100,11 @@ class VersionFollower {
   // with the source's reason) and gives the newest (*newest: version 0 when
   // it has none yet); `uid` may read them here. Later calls for the job add
   // their user and sources. Each user follows at most max_jobs_per_uid
-  // jobs, the node at most max_jobs (RESOURCE_EXHAUSTED beyond).
-  Status Follow(const std::string& job, std::vector<std::string> sources, uid_t uid, TagInfo* newest)
-      EXCLUDES(mu_);
+  // jobs, the node at most max_jobs (RESOURCE_EXHAUSTED beyond). No source
+  // is asked, or waited for, past `deadline` (the caller's: then
+  // DEADLINE_EXCEEDED, with what the sources asked so far said).
+  Status Follow(const std::string& job, std::vector<std::string> sources, uid_t uid, Clock::TimePoint deadline,
+                TagInfo* newest) EXCLUDES(mu_);
   bool Follows(const std::string& job) EXCLUDES(mu_);
   // The jobs this node follows that `uid` follows (every one for `admin`).
   std::vector<FollowedJobInfo> Jobs(bool admin, uid_t uid) EXCLUDES(mu_);
@@ -138,10 +140,11 @@ class VersionFollower {
   // RESOURCE_EXHAUSTED when `uid` may not follow one more job, or this
   // node no new one.
   Status Admit(const std::string& job, uid_t uid) REQUIRES(mu_);
-  // One PeerVersion to `source`; *nodes: those the job's owner granted
+  // One PeerVersion to `source`, its link's handshake and every send and
+  // receive bounded by `timeout`; *nodes: those the job's owner granted
   // (also with DEADLINE_EXCEEDED: it held the question, nothing newer came).
   Status Ask(const std::string& source, const std::string& job, uint64_t after, std::chrono::milliseconds hold,
-             TagInfo* out, std::vector<std::string>* nodes);
+             std::chrono::milliseconds timeout, TagInfo* out, std::vector<std::string>* nodes);
   // The watcher: rounds of questions, a pause growing after each round no
   // source answered (options_.retry doubling to retry_max, on the clock).
   void Watch(std::string job) EXCLUDES(mu_);

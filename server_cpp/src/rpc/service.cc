@@ -533,7 +533,8 @@ grpc::Status CacheService::GrantRead(grpc::ServerContext*, const v1::GrantReadRe
   return grpc::Status::OK;
 }
 
-grpc::Status CacheService::Follow(grpc::ServerContext*, const v1::FollowRequest* req, v1::FollowResponse* resp) {
+grpc::Status CacheService::Follow(grpc::ServerContext* ctx, const v1::FollowRequest* req,
+                                  v1::FollowResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   if (!follower_)
     return ToGrpc(tce::Status::FailedPrecondition(
@@ -544,7 +545,9 @@ grpc::Status CacheService::Follow(grpc::ServerContext*, const v1::FollowRequest*
   CallLimiter::Slot slot;
   if (s.ok()) s = AdmitPeerCall(req->session(), &slot);
   TagInfo newest;
-  if (s.ok()) s = follower_->Follow(req->job(), {req->sources().begin(), req->sources().end()}, uid, &newest);
+  if (s.ok())
+    s = follower_->Follow(req->job(), {req->sources().begin(), req->sources().end()}, uid, AnswerBy(ctx, clock_),
+                          &newest);
   if (s.ok() && newest.version) ToProto(newest, resp->mutable_newest());
   return ToGrpc(s);
 }
