@@ -121,7 +121,7 @@ def test_a_newer_schema_is_refused(tmp_path, mariadb):
                 f"GRANT ALL ON future.* TO '{mariadb.user}'@'127.0.0.1';")
     url = mariadb.url.rsplit("/", 1)[0] + "/future"
     s = LocalServer(memory_budget="16MiB", extra_args=["--metadata-url", url])
-    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 5"):
+    with pytest.raises(RuntimeError, match="schema version 99 is newer than this server's 6"):
         s.start()
     assert s.proc.returncode == 2
     s.cleanup()
@@ -185,7 +185,7 @@ def test_a_version_1_schema_is_migrated(tmp_path, mariadb):
         finally:
             s.stop()
             s.cleanup()
-        assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["5"]
+        assert mariadb.sql("SELECT version FROM v1db.schema_version").split() == ["6"]
         assert mariadb.sql("SHOW TABLES FROM v1db LIKE 'rings'").split() == ["rings"]  # v3
         # v4: rows carry their server; the row from before belongs to none and is kept.
         assert mariadb.sql("SELECT first_commit_ns, world_size FROM v1db.tags WHERE server = ''"

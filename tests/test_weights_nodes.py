@@ -210,3 +210,52 @@ def test_a_node_lost_while_a_version_spreads_leaves_the_rest_to_the_next_source(
     # Node 2 had some of the file from node 1, and the rest from node 0.
     stopped = [ln for ln in chain.infer2.log().splitlines() if " stopped at byte " in ln]
     assert stopped and f"the rest from {chain.src}" in stopped[0], chain.infer2.log()
+
+
+def test_a_trainer_node_replaced_with_empty_state_numbers_anew_and_followers_take_it(tmp_path, nodes2):
+    """The trainer's node publishes versions 1 and 2; an inference node
+    follows, and a reader there waits for a version above 2. The trainer's
+    node is replaced by one with empty state on the same endpoint: it
+    numbers from 1 again, in a new epoch. Its version 1 reaches the waiting
+    reader, and its bytes are read there."""
+    trainer = _node_server(tmp_path, "tcp", nodes2, 0, "trainer")
+    infer = _node_server(tmp_path, "tcp", nodes2, 1, "infer")
+    replaced = None
+    try:
+        src, me = _status(trainer)["peer_endpoint"], _status(infer)["peer_endpoint"]
+        ckpt = tmp_path / "ckpt"
+        ckpt.mkdir()
+        with _on(trainer):
+            weights.grant(nodes=[me])
+            tce.close()
+        _publish(trainer, ckpt, 1)
+        _publish(trainer, ckpt, 2)
+        assert _follow(infer, [src]).version == 2
+        reader = subprocess.Popen(
+            [sys.executable, "-c", WAITER_ABOVE, JOB, "2"], stdout=subprocess.PIPE, text=True,
+            env=dict(os.environ, TCE_SOCKET=infer.socket))
+        assert reader.stdout.readline().strip() == "waiting"
+        _stop(trainer)
+        trainer = None
+        replaced = _node_server(tmp_path, "tcp", nodes2, 0, "replaced")
+        with _on(replaced):
+            weights.grant(nodes=[me])
+            tce.close()
+        sd = _publish(replaced, ckpt, 3)
+        assert reader.stdout.readline().strip() == "1 step3"
+        assert reader.wait(timeout=60) == 0
+        version, got = _read(infer)
+        assert version == 1 and all(torch.equal(got[n], sd[n]) for n in sd)
+    finally:
+        _stop(*[s for s in (infer, trainer, replaced) if s is not None])
+
+
+# A reader process on a node: waits for a version above argv[2] there.
+WAITER_ABOVE = '''
+import sys
+from tce.core._session import client
+c = client()
+print("waiting", flush=True)
+v = c.get_version(sys.argv[1], after=int(sys.argv[2]), timeout=90)
+print(v.version, v.tag, flush=True)
+'''

@@ -191,7 +191,7 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
-  Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
+  Status PeerGetVersion(const std::string& job, uint64_t after, uint64_t epoch, std::chrono::milliseconds wait,
                         const std::string& node, TagInfo* out, std::vector<std::string>* nodes) override
       EXCLUDES(mu_);
   Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
@@ -377,6 +377,8 @@ class Cache : public PoolBudget,
   void DropTag(const std::string& job, const std::string& tag, const std::string& why) REQUIRES(mu_);
   // A tag adopted from elsewhere replaced `before` (null: none): counted.
   void CountTag(const TagInfo* before, const std::string& job, const std::string& tag) REQUIRES(mu_);
+  // What MetadataQuota counts for the job's tags now.
+  uint64_t JobTagBytes(const std::string& job) const REQUIRES(mu_);
   // The uid MetadataQuota counts a job's tags against (0 when none owns it).
   uid_t TagOwner(const std::string& job) const REQUIRES(mu_);
   // JobOwners::Restore, counting a job new here against MetadataQuota.

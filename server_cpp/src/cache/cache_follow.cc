@@ -33,17 +33,21 @@ Status NodeRefused(const std::string& job, const std::string& node, const std::s
 
 }  // namespace
 
-Status Cache::PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
+Status Cache::PeerGetVersion(const std::string& job, uint64_t after, uint64_t epoch, std::chrono::milliseconds wait,
                              const std::string& node, TagInfo* out, std::vector<std::string>* nodes) {
+  // `after` of another numbering than the job's here (a restarted source,
+  // or a node that followed another): any version is newer.
+  if (epoch && epoch != tags_.Epoch(job)) after = 0;
   MutexLock lock(&mu_);
   const Clock::TimePoint deadline = clock_->Now() + wait;
   *out = TagInfo();
+  bool found = false;
   for (;;) {  // the grant again after each wait: it may be gone
     uid_t owner = 0;
     if (!owners_.Owner(job, &owner)) return Status::NotFound("job '" + job + "' has no published version here");
     std::string why;
     if (!grants_.AllowsNode(job, node, &why)) return NodeRefused(job, node, why);
-    if (tags_.Newest(job, after, out)) {
+    if ((found = tags_.Newest(job, after, out))) {
       *out = WeightFilesOf(std::move(*out));  // never the optimizer's state
       break;
     }
@@ -53,7 +57,7 @@ Status Cache::PeerGetVersion(const std::string& job, uint64_t after, std::chrono
   }
   const std::set<std::string> granted = grants_.Nodes(job);
   nodes->assign(granted.begin(), granted.end());
-  if (out->version <= after)
+  if (!found)
     return Status::DeadlineExceeded("job '" + job + "' has no version newer than " + std::to_string(after) + " here");
   return Status::OK();
 }
@@ -108,13 +112,17 @@ Status Cache::AdoptFollowed(TagInfo tag) {
   if (!owners_.Owner(tag.job, &owner))
     return Status::FailedPrecondition("job '" + tag.job + "' is not followed here");
   TagInfo known;
-  if (tags_.FindVersion(tag.job, tag.version, &known) && known.tag == tag.tag) return Status::OK();
+  if (tags_.FindVersion(tag.job, tag.version, &known) && known.tag == tag.tag && known.epoch == tag.epoch)
+    return Status::OK();
   const std::string job = tag.job, name = tag.tag;
   const uint64_t version = tag.version;
-  TagInfo before;
-  const bool had = tags_.Find(job, name, &before);
-  if (!tags_.Adopt(std::move(tag))) return Status::OK();  // a newer record of that tag is here
-  CountTag(had ? &before : nullptr, job, name);
+  const uint64_t before = JobTagBytes(job);  // a new epoch may replace every tag of the job
+  bool kept = false;
+  const std::string why = tags_.Follow(std::move(tag), &kept);
+  if (!why.empty()) return Status::DataLoss("the source's version of job '" + job + "': " + why);
+  if (!kept) return Status::OK();  // a newer record of that tag is here
+  quota_.Credit(TagOwner(job), before);
+  quota_.Force(TagOwner(job), JobTagBytes(job));
   TrimTags(job);
   TagInfo recorded;
   if (tags_.Find(job, name, &recorded) && recorded.version != version)

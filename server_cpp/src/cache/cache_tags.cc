@@ -103,6 +103,12 @@ void Cache::TrimTags(const std::string& job) {
   while (tags_.Count(job) > max_tags && tags_.Oldest(job, "", &oldest)) DropTag(job, oldest, "max_tags_per_job");
 }
 
+uint64_t Cache::JobTagBytes(const std::string& job) const {
+  uint64_t bytes = 0;
+  for (const TagInfo& t : tags_.List(job)) bytes += MetadataQuota::TagBytes(t);
+  return bytes;
+}
+
 uid_t Cache::TagOwner(const std::string& job) const {
   uid_t uid = 0;
   JobUidLocked(job, &uid);

@@ -58,6 +58,7 @@ struct TagInfo {
   int32_t world_size = 0;
   std::vector<TagFile> files;  // sorted by (rank, path)
   uint64_t version = 0;        // the job's published version (tag_registry.h); 0: none yet
+  uint64_t epoch = 0;          // the numbering `version` belongs to (tag_registry.h); 0: none yet
 };
 
 // One committed file handed to a persistence worker. The buffer is pinned

@@ -179,13 +179,16 @@ class RingStore {
   // For a following node (`node`: the endpoint its link authenticated,
   // never a request's field): OK when the job's owner granted that node
   // read of its versions (GrantRead, or as the source of a job this node
-  // follows passed the grants on), then the newest version above `after`,
+  // follows passed the grants on), then the newest version above `after`
+  // (any version, when `epoch`, the numbering `after` is of, is set and is
+  // not the job's here),
   // waiting up to `wait` (DEADLINE_EXCEEDED when none came; *nodes set).
   // NOT_FOUND when the job is not here; PERMISSION_DENIED, naming no uid,
   // when the node is not granted. The tag lists the version's weight files only
   // (cache/weight_files.h). *nodes: the nodes granted the job.
-  virtual Status PeerGetVersion(const std::string& job, uint64_t after, std::chrono::milliseconds wait,
-                                const std::string& node, TagInfo* out, std::vector<std::string>* nodes) = 0;
+  virtual Status PeerGetVersion(const std::string& job, uint64_t after, uint64_t epoch,
+                                std::chrono::milliseconds wait, const std::string& node, TagInfo* out,
+                                std::vector<std::string>* nodes) = 0;
   // For such a node's ranged read: OK when the node is granted and `path`
   // is a weight file of the version recorded here as `tag`.
   virtual Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
@@ -202,7 +205,8 @@ class RingStore {
   // may read its versions.
   virtual Status AddFollower(const std::string& job, uid_t owner, uid_t reader) = 0;
   // A version of a job this node follows (AddFollower first), as a source
-  // gave it: recorded with its number.
+  // gave it: recorded with its number and epoch (TagRegistry::Follow:
+  // DATA_LOSS for a version that jumps too far).
   virtual Status AdoptFollowed(TagInfo tag) = 0;
   // The nodes a source of a job this node follows says the owner granted:
   // this node serves them the versions it holds (a chain of nodes).

@@ -23,6 +23,7 @@ inline void TagToProto(const TagInfo& t, v1::TagInfo* out) {
   out->set_complete_unix_ns(t.complete_unix_ns);
   out->set_world_size(t.world_size);
   out->set_version(t.version);
+  out->set_epoch(t.epoch);
   for (const TagFile& f : t.files) {
     v1::TagFile* p = out->add_files();
     p->set_rank(f.rank);
@@ -38,6 +39,7 @@ inline TagInfo TagFromProto(const v1::TagInfo& in) {
   t.complete_unix_ns = in.complete_unix_ns();
   t.world_size = in.world_size();
   t.version = in.version();
+  t.epoch = in.epoch();
   t.files.reserve(in.files_size());
   for (const v1::TagFile& f : in.files()) t.files.push_back(TagFile{f.rank(), f.path(), f.size()});
   return t;

@@ -1,10 +1,38 @@
 #include "cache/tag_registry.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
 #include <set>
 #include <tuple>
 
 namespace tce {
+
+namespace {
+
+// A new epoch: 63 random bits, never 0 (it fits a signed 64-bit column).
+uint64_t NewEpoch() {
+  uint64_t e = 0;
+  while (e == 0) {
+    if (getrandom(&e, sizeof(e), 0) != static_cast<ssize_t>(sizeof(e))) e = 0;
+    e &= ~(uint64_t{1} << 63);
+  }
+  return e;
+}
+
+}  // namespace
+
+uint64_t TagRegistry::EpochOf(const std::string& job, uint64_t hint) {
+  uint64_t& e = epochs_[job];
+  if (e == 0) e = hint ? hint : NewEpoch();
+  return e;
+}
+
+uint64_t TagRegistry::Epoch(const std::string& job) const {
+  MutexLock lock(&mu_);
+  auto it = epochs_.find(job);
+  return it == epochs_.end() ? 0 : it->second;
+}
 
 std::string TagRegistry::Check(TagInfo* tag) {
   std::sort(tag->files.begin(), tag->files.end(), [](const TagFile& a, const TagFile& b) {
@@ -43,6 +71,7 @@ TagInfo TagRegistry::Complete(TagInfo tag, int64_t complete_unix_ns) {
   tag.complete_unix_ns = complete_unix_ns;
   MutexLock lock(&mu_);
   tag.version = NextVersion(tag.job);
+  tag.epoch = EpochOf(tag.job);
   return tags_[{tag.job, tag.tag}] = std::move(tag);
 }
 
@@ -76,6 +105,11 @@ bool TagRegistry::Oldest(const std::string& job, const std::string& except, std:
 
 bool TagRegistry::Adopt(TagInfo tag) {
   MutexLock lock(&mu_);
+  tag.epoch = EpochOf(tag.job, tag.epoch);  // a tag pulled back keeps the numbering it had
+  return AdoptLocked(std::move(tag));
+}
+
+bool TagRegistry::AdoptLocked(TagInfo tag) {
   auto it = tags_.find({tag.job, tag.tag});
   if (it != tags_.end() && it->second.complete_unix_ns >= tag.complete_unix_ns) return false;
   if (tag.version == 0 || VersionTaken(tag.job, tag.tag, tag.version)) tag.version = NextVersion(tag.job);
@@ -83,13 +117,40 @@ bool TagRegistry::Adopt(TagInfo tag) {
   return true;
 }
 
+std::string TagRegistry::Follow(TagInfo tag, bool* kept) {
+  *kept = false;
+  if (tag.epoch == 0) return "version " + std::to_string(tag.version) + " has no epoch";
+  MutexLock lock(&mu_);
+  auto known = epochs_.find(tag.job);
+  const bool same = known != epochs_.end() && known->second == tag.epoch;
+  const uint64_t newest = NextVersion(tag.job) - 1;
+  const uint64_t base = same ? newest : 0;
+  if (tag.version > base + kMaxVersionJump)
+    return "version " + std::to_string(tag.version) + " is more than " + std::to_string(kMaxVersionJump) +
+           " above " + std::to_string(base) + ", the newest here of its numbering (epoch " +
+           std::to_string(tag.epoch) + ")";
+  if (!same) {  // the source's numbering started afresh (or this node never saw it)
+    uint64_t& below = restarted_below_[tag.job];
+    below = std::max(below, newest);
+    for (auto it = tags_.lower_bound({tag.job, ""}); it != tags_.end() && it->first.first == tag.job;)
+      it = tags_.erase(it);
+    epochs_[tag.job] = tag.epoch;
+  }
+  *kept = AdoptLocked(std::move(tag));
+  return "";
+}
+
 bool TagRegistry::Newest(const std::string& job, uint64_t after, TagInfo* out) const {
   MutexLock lock(&mu_);
   const TagInfo* best = nullptr;
   for (auto it = tags_.lower_bound({job, ""}); it != tags_.end() && it->first.first == job; ++it)
-    if (it->second.version > after && (!best || it->second.version > best->version)) best = &it->second;
-  if (best) *out = *best;
-  return best != nullptr;
+    if (!best || it->second.version > best->version) best = &it->second;
+  if (!best) return false;
+  auto below = restarted_below_.find(job);
+  const bool earlier_epoch = below != restarted_below_.end() && after > best->version && after <= below->second;
+  if (best->version <= after && !earlier_epoch) return false;
+  *out = *best;
+  return true;
 }
 
 bool TagRegistry::FindVersion(const std::string& job, uint64_t version, TagInfo* out) const {
@@ -137,6 +198,9 @@ size_t TagRegistry::Restore(std::vector<TagInfo> tags) {
     return std::tie(a.job, a.complete_unix_ns, a.tag) < std::tie(b.job, b.complete_unix_ns, b.tag);
   });
   MutexLock lock(&mu_);
+  for (const TagInfo& t : tags)  // each job's numbering keeps its epoch (rows of an older server have none)
+    if (t.epoch) EpochOf(t.job, t.epoch);
+  for (TagInfo& t : tags) t.epoch = EpochOf(t.job);
   std::vector<TagInfo> unnumbered;
   for (TagInfo& t : tags) {
     if (t.version == 0 || VersionTaken(t.job, t.tag, t.version)) {

@@ -68,6 +68,31 @@ TEST(TagRegistry, KeepsVersionsAcrossARestartAndNumbersOldRowsAfter) {
   EXPECT_EQ(t.tag, "e");
 }
 
+TEST(TagRegistry, EachJobsNumberingHasAnEpochThatARestartKeepsAndLostStateDoesNot) {
+  TagRegistry r;
+  const TagInfo a = r.Complete(Tag("j", "a", {{0, "/c/a", 1}}), 10);
+  const TagInfo b = r.Complete(Tag("j", "b", {{0, "/c/b", 1}}), 20);
+  const TagInfo k = r.Complete(Tag("k", "a", {{0, "/d/a", 1}}), 30);
+  EXPECT_NE(a.epoch, 0u);
+  EXPECT_EQ(b.epoch, a.epoch);
+  EXPECT_NE(k.epoch, a.epoch);
+  TagRegistry restarted;  // from metadata: the same numbering
+  restarted.Restore({a, b});
+  EXPECT_EQ(restarted.Complete(Tag("j", "c", {{0, "/c/c", 1}}), 40).epoch, a.epoch);
+  TagRegistry lost;  // a server that lost its state numbers from 1 again, in another epoch
+  const TagInfo again = lost.Complete(Tag("j", "a", {{0, "/c/a", 1}}), 50);
+  EXPECT_EQ(again.version, 1u);
+  EXPECT_NE(again.epoch, a.epoch);
+  TagInfo old = Tag("j", "x", {{0, "/c/x", 1}}), older = Tag("j", "y", {{0, "/c/y", 1}});
+  old.complete_unix_ns = 1, old.version = 1, older.complete_unix_ns = 2, older.version = 2;
+  TagRegistry from_rows;  // rows of a server that kept no epoch: one for the job
+  from_rows.Restore({old, older});
+  TagInfo t1, t2;
+  ASSERT_TRUE(from_rows.FindVersion("j", 1, &t1) && from_rows.FindVersion("j", 2, &t2));
+  EXPECT_NE(t1.epoch, 0u);
+  EXPECT_EQ(t1.epoch, t2.epoch);
+}
+
 class VersionsTest : public ::testing::Test {
  protected:
   VersionsTest() : cache_(64 << 20, {}, Env::Default(), std::chrono::seconds(30), 0, &clock_) {
@@ -359,19 +384,24 @@ TEST_F(FollowTest, AFollowingNodeIsCheckedAgainstTheNodesTheOwnerGranted) {
   TagInfo t;
   std::vector<std::string> nodes;
   const auto now = std::chrono::milliseconds(0);
-  Status s = cache_.PeerGetVersion("job", 0, now, granted, &t, &nodes);
+  Status s = cache_.PeerGetVersion("job", 0, 0, now, granted, &t, &nodes);
   EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
   EXPECT_EQ(s.message(), "node 10.0.0.2:7070 may not follow job 'job' here: no read grant for node 10.0.0.2:7070");
   EXPECT_EQ(s.message().find(std::to_string(kOwner)), std::string::npos) << "a peer is not told whose the job is";
   ReadGrants::Ids ids{{}, {}, {granted}};
   ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
   EXPECT_EQ(ids.nodes, std::set<std::string>{granted});
-  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, now, granted, &t, &nodes).ok());
+  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, 0, now, granted, &t, &nodes).ok());
   EXPECT_EQ(t.version, 1u);
   EXPECT_EQ(nodes, std::vector<std::string>{granted});
-  EXPECT_EQ(cache_.PeerGetVersion("job", 0, now, other, &t, &nodes).code(), Status::Code::kPermissionDenied);
-  EXPECT_EQ(cache_.PeerGetVersion("job", 1, now, granted, &t, &nodes).code(), Status::Code::kDeadlineExceeded);
-  EXPECT_EQ(cache_.PeerGetVersion("nojob", 0, now, granted, &t, &nodes).code(), Status::Code::kNotFound);
+  EXPECT_EQ(cache_.PeerGetVersion("job", 0, 0, now, other, &t, &nodes).code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(cache_.PeerGetVersion("job", 1, 0, now, granted, &t, &nodes).code(), Status::Code::kDeadlineExceeded);
+  EXPECT_EQ(cache_.PeerGetVersion("job", 1, t.epoch, now, granted, &t, &nodes).code(),
+            Status::Code::kDeadlineExceeded);
+  ASSERT_TRUE(cache_.PeerGetVersion("job", 5, t.epoch + 1, now, granted, &t, &nodes).ok())
+      << "a version above 5 of another numbering: any version here is newer";
+  EXPECT_EQ(t.version, 1u);
+  EXPECT_EQ(cache_.PeerGetVersion("nojob", 0, 0, now, granted, &t, &nodes).code(), Status::Code::kNotFound);
   EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "s1", "/c/m.pt", granted).ok());
   EXPECT_EQ(cache_.CheckPeerVersionRead("job", "s1", "/c/other.pt", granted).message(),
             "/c/other.pt is not a file of version 1 (s1) of job 'job' here");
@@ -401,7 +431,7 @@ TEST_F(FollowTest, AFollowingNodeIsGivenTheWeightFilesOfAVersionOnly) {
   ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
   TagInfo t;
   std::vector<std::string> nodes;
-  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, std::chrono::milliseconds(0), node, &t, &nodes).ok());
+  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, 0, std::chrono::milliseconds(0), node, &t, &nodes).ok());
   ASSERT_EQ(t.files.size(), 1u);
   EXPECT_EQ(t.files[0].path, "/c/mp_rank_00_model_states.pt");
   EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "s1", "/c/mp_rank_00_model_states.pt", node).ok());
@@ -411,10 +441,45 @@ TEST_F(FollowTest, AFollowingNodeIsGivenTheWeightFilesOfAVersionOnly) {
                          "scheduler and RNG states are not given to following nodes");
 }
 
+TEST_F(FollowTest, AFollowedJobKeepsItsSourcesEpochAndRefusesAbsurdJumps) {
+  ASSERT_TRUE(cache_.AddFollower("fj", kOwner, kReader).ok());
+  auto version = [](const std::string& tag, uint64_t v, uint64_t epoch) {
+    TagInfo t = Tag("fj", tag, {{0, "/c/" + tag + ".safetensors", 5}});
+    t.complete_unix_ns = static_cast<int64_t>(v) * 100 + static_cast<int64_t>(epoch), t.version = v, t.epoch = epoch;
+    return t;
+  };
+  for (uint64_t v : {1, 2, 3}) ASSERT_TRUE(cache_.AdoptFollowed(version("s" + std::to_string(v), v, 7)).ok());
+  EXPECT_EQ(cache_.AdoptFollowed(version("noepoch", 4, 0)).code(), Status::Code::kDataLoss);
+  // A forged number far above the newest would leave every real one unseen.
+  const uint64_t forged = 3 + TagRegistry::kMaxVersionJump + 1;
+  Status s = cache_.AdoptFollowed(version("forged", forged, 7));
+  EXPECT_EQ(s.code(), Status::Code::kDataLoss);
+  EXPECT_EQ(s.message(), "the source's version of job 'fj': version " + std::to_string(forged) +
+                             " is more than 1048576 above 3, the newest here of its numbering (epoch 7)");
+  ASSERT_TRUE(cache_.AdoptFollowed(version("s4", 4, 7)).ok());
+  const std::string reader = cache_.OpenSession(kReader, 9, kReader);
+  TagInfo got;
+  ASSERT_TRUE(cache_.GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  EXPECT_EQ(got.version, 4u);
+  // The source lost its state and numbers from 1 again, in a new epoch: a
+  // reader that saw version 4 is given version 1 of it.
+  EXPECT_EQ(cache_.AdoptFollowed(version("r0", TagRegistry::kMaxVersionJump + 1, 9)).code(),
+            Status::Code::kDataLoss);
+  ASSERT_TRUE(cache_.AdoptFollowed(version("r1", 1, 9)).ok());
+  ASSERT_TRUE(cache_.GetVersion(reader, "fj", 4, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  EXPECT_EQ(std::make_pair(got.tag, got.version), std::make_pair(std::string("r1"), uint64_t{1}));
+  EXPECT_EQ(cache_.GetVersion(reader, "fj", 1, std::chrono::milliseconds(0), kNoDeadline, &got).code(),
+            Status::Code::kNotFound);
+  ASSERT_TRUE(cache_.AdoptFollowed(version("r2", 2, 9)).ok());
+  ASSERT_TRUE(cache_.GetVersion(reader, "fj", 1, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  EXPECT_EQ(got.version, 2u);
+  EXPECT_FALSE(cache_.VersionTag("fj", "s3", &got)) << "the old numbering's versions are gone";
+}
+
 TEST_F(FollowTest, AFollowedJobIsThisServersAndItsFollowersRead) {
   constexpr uid_t kServer = 500;
   TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});
-  v1.complete_unix_ns = 100, v1.version = 1;
+  v1.complete_unix_ns = 100, v1.version = 1, v1.epoch = 7;
   EXPECT_EQ(cache_.AdoptFollowed(v1).code(), Status::Code::kFailedPrecondition) << "not followed here";
   ASSERT_TRUE(cache_.AddFollower("fj", kServer, kReader).ok());
   ASSERT_TRUE(cache_.AdoptFollowed(v1).ok());
@@ -441,7 +506,7 @@ TEST_F(FollowTest, AFollowedJobIsThisServersAndItsFollowersRead) {
 TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   // This cache follows "fj", owned by kOwner at the source; kReader reads.
   TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});
-  v1.complete_unix_ns = 100, v1.version = 1;
+  v1.complete_unix_ns = 100, v1.version = 1, v1.epoch = 7;
   ASSERT_TRUE(cache_.AddFollower("fj", kOwner, kReader).ok());
   ASSERT_TRUE(cache_.AdoptFollowed(v1).ok());
   std::string reader = cache_.OpenSession(kReader, 9, kReader);
@@ -460,7 +525,7 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
   // Version 2 names the same path: the replica is version 1's, not its.
   TagInfo v2 = Tag("fj", "step2", {{0, "/c/w.safetensors", 5}});
-  v2.complete_unix_ns = 200, v2.version = 2;
+  v2.complete_unix_ns = 200, v2.version = 2, v2.epoch = 7;
   ASSERT_TRUE(cache_.AdoptFollowed(v2).ok());
   EXPECT_FALSE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step2"));
   ASSERT_TRUE(cache_.AcquireVersion(reader, "fj", 2, std::chrono::milliseconds(0), &g).ok());
@@ -485,7 +550,7 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   f.size = 5;
   ASSERT_TRUE(cache_.AdoptReplica(f, 2, std::move(mem2)).ok());
   TagInfo v3 = Tag("fj", "step3", {{0, "/c/w.safetensors", 5}});
-  v3.complete_unix_ns = 300, v3.version = 3;
+  v3.complete_unix_ns = 300, v3.version = 3, v3.epoch = 7;
   ASSERT_TRUE(cache_.AdoptFollowed(v3).ok());
   const uint64_t reused_before = cache_.Stats().buffers_reused;
   std::unique_ptr<Buffer> mem3;

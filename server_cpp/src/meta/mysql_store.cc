@@ -96,7 +96,7 @@ class MysqlStore final : public MetaStore, private schema::Connection {
           s = Run(sql_.done,
                   Params().Text(server_).Text(t.job).Text(t.tag).Int(t.complete_unix_ns)
                       .Int(t.complete_unix_ns).Int(t.world_size).Text(EncodeTagFiles(t.files))
-                      .Int(static_cast<int64_t>(t.version)));
+                      .Int(static_cast<int64_t>(t.version)).Int(static_cast<int64_t>(t.epoch)));
       } else if (const FileRemoved* gone = std::get_if<FileRemoved>(&c)) {
         s = Run(sql_.remove, Params().Text(server_).Text(gone->job).Text(gone->path));
       } else {
@@ -200,8 +200,9 @@ class MysqlStore final : public MetaStore, private schema::Connection {
   Status LoadTags(std::vector<TagInfo>* out) override {
     Status s = Reconnect();
     if (!s.ok()) return s;
-    const std::string tags_sql = "SELECT job, tag, complete_ns, world_size, files, version FROM tags WHERE server = '" +
-                                 Quote(server_) + "' AND complete_ns != 0 ORDER BY job, complete_ns, tag";
+    const std::string tags_sql = "SELECT job, tag, complete_ns, world_size, files, version, epoch FROM tags "
+                                 "WHERE server = '" + Quote(server_) + "' AND complete_ns != 0 "
+                                 "ORDER BY job, complete_ns, tag";
     if (mysql_query(db_, tags_sql.c_str()) != 0) return Fail("select tags");
     MYSQL_RES* res = mysql_store_result(db_);
     if (!res) return Fail("select tags");
@@ -221,6 +222,9 @@ class MysqlStore final : public MetaStore, private schema::Connection {
       if (bad.ok() && (!ParseInt64(text(5), &version) || version < 0))
         bad = Status::DataLoss("version: not a version");
       t.version = static_cast<uint64_t>(version);
+      int64_t epoch = 0;
+      if (bad.ok() && (!ParseInt64(text(6), &epoch) || epoch < 0)) bad = Status::DataLoss("epoch: not an epoch");
+      t.epoch = static_cast<uint64_t>(epoch);
       if (bad.ok()) bad = CheckTag(t);
       if (!bad.ok()) {
         Skip("tags", "job=" + Printable(t.job) + " tag=" + Printable(t.tag), bad);
@@ -302,8 +306,8 @@ class MysqlStore final : public MetaStore, private schema::Connection {
     std::string tag = schema::InsertSql(kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}});
     std::string done = schema::InsertSql(
         kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}, {"complete_ns"}, {"world_size"}, {"files"},
-                  {"version"}},
-        {"complete_ns", "world_size", "files", "version"});
+                  {"version"}, {"epoch"}},
+        {"complete_ns", "world_size", "files", "version", "epoch"});
     std::string ring = schema::InsertSql(kDialect, "rings", {{"job"}, {"self"}, {"node_rank"}, {"endpoints"}},
                                          {"node_rank", "endpoints"});
     std::string heartbeat = schema::InsertSql(

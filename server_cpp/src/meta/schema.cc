@@ -148,7 +148,8 @@ const std::vector<Table>& Tables() {
         {"complete_ns", T::kBigInt, "0"},
         {"world_size", T::kInt, "0"},
         {"files", T::kLongText, "''"},
-        {"version", T::kUnsigned, "0"}},
+        {"version", T::kUnsigned, "0"},
+        {"epoch", T::kBigInt, "0"}},
        {"job", "tag"},
        /*per_server=*/true},
       {"files",
@@ -191,6 +192,7 @@ const std::vector<Migration>& Migrations() {
       {4, Migration::Kind::kAddServer, nullptr, {},
        "rows written before belong to no server and are not re-indexed"},
       {5, Migration::Kind::kAddColumns, "tags", {"version"}, nullptr},
+      {6, Migration::Kind::kAddColumns, "tags", {"epoch"}, nullptr},
   };
   return steps;
 }

@@ -17,8 +17,9 @@ namespace schema {
 
 // v2 added the tags table's complete_ns, world_size and files columns, v3
 // the rings table, v4 (shared dialects) the server column of files and tags,
-// v5 the tags table's version column (published versions).
-constexpr int kVersion = 5;
+// v5 the tags table's version column (published versions), v6 its epoch
+// column (the numbering a version belongs to).
+constexpr int kVersion = 6;
 
 // What a column holds; each Dialect names the SQL type.
 enum class Type {

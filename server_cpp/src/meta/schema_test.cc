@@ -20,7 +20,7 @@ TEST(Schema, SqliteTablesAreTheStoredOnes) {
       "CREATE TABLE IF NOT EXISTS tags (job TEXT NOT NULL, tag TEXT NOT NULL, "
       "first_commit_ns INTEGER NOT NULL, complete_ns INTEGER NOT NULL DEFAULT 0, "
       "world_size INTEGER NOT NULL DEFAULT 0, files TEXT NOT NULL DEFAULT '', version INTEGER NOT NULL DEFAULT 0, "
-      "PRIMARY KEY (job, tag))",
+      "epoch INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job, tag))",
       "CREATE TABLE IF NOT EXISTS files (job TEXT NOT NULL, path TEXT NOT NULL, tag TEXT NOT NULL, "
       "rank INTEGER NOT NULL, size INTEGER NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL, "
       "records TEXT NOT NULL, created_ns INTEGER NOT NULL, committed_ns INTEGER NOT NULL, "
@@ -41,7 +41,7 @@ TEST(Schema, MysqlTablesAreTheStoredOnes) {
       "CREATE TABLE IF NOT EXISTS tags (server VARCHAR(255) " CS " NOT NULL DEFAULT '', job VARCHAR(255) " CS
       " NOT NULL, tag VARCHAR(255) " CS " NOT NULL, first_commit_ns BIGINT NOT NULL, "
       "complete_ns BIGINT NOT NULL DEFAULT 0, world_size INT NOT NULL DEFAULT 0, files MEDIUMTEXT NULL, "
-      "version BIGINT UNSIGNED NOT NULL DEFAULT 0, PRIMARY KEY (server, job, tag))",
+      "version BIGINT UNSIGNED NOT NULL DEFAULT 0, epoch BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (server, job, tag))",
       "CREATE TABLE IF NOT EXISTS files (file_key BINARY(32) PRIMARY KEY, server VARCHAR(255) " CS
       " NOT NULL DEFAULT '', job VARCHAR(255) " CS " NOT NULL, path TEXT NOT NULL, "
       "tag VARCHAR(255) NOT NULL, `rank` INT NOT NULL, size BIGINT UNSIGNED NOT NULL, "
@@ -84,6 +84,9 @@ TEST(Schema, MigrationStepsAreTheReleasedOnes) {
             V{"ALTER TABLE tags ADD COLUMN version INTEGER NOT NULL DEFAULT 0"});
   EXPECT_EQ(MigrationSql(kMysql, Migrations()[3]),
             V{"ALTER TABLE tags ADD COLUMN version BIGINT UNSIGNED NOT NULL DEFAULT 0"});
+  EXPECT_EQ(MigrationSql(kSqlite, Migrations()[4]),  // v6: the epoch of a job's numbering
+            V{"ALTER TABLE tags ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0"});
+  EXPECT_EQ(MigrationSql(kMysql, Migrations()[4]), V{"ALTER TABLE tags ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0"});
 }
 
 TEST(Schema, Statements) {
@@ -141,12 +144,12 @@ TEST(Schema, ApplyMigratesStepByStep) {
     migrating += sql.rfind("M ", 0) == 0;
   }
   EXPECT_EQ(updates, kVersion - 1);
-  EXPECT_EQ(migrating, 4);  // v2's three columns, v5's one
+  EXPECT_EQ(migrating, 5);  // v2's three columns, v5's one, v6's one
 
   FakeConnection mysql(3);
   ASSERT_TRUE(ApplySchema(kMysql, &mysql, "test").ok());
   EXPECT_NE(mysql.ran.front(), "BEGIN");  // MySQL commits DDL: each step stands alone
-  EXPECT_EQ(mysql.ran.back(), "UPDATE schema_version SET version = 5 WHERE version = 4");
+  EXPECT_EQ(mysql.ran.back(), "UPDATE schema_version SET version = 6 WHERE version = 5");
 }
 
 TEST(Schema, ApplyRefusesANewerDatabase) {

@@ -132,8 +132,8 @@ class SqliteStore final : public MetaStore, private schema::Connection {
                Prepare(&tag_, InsertSql(kDialect, "tags", {{"job"}, {"tag"}, {"first_commit_ns"}})).ok() &&
                Prepare(&done_, InsertSql(kDialect, "tags",
                                          {{"job"}, {"tag"}, {"first_commit_ns"}, {"complete_ns"}, {"world_size"},
-                                          {"files"}, {"version"}},
-                                         {"complete_ns", "world_size", "files", "version"}))
+                                          {"files"}, {"version"}, {"epoch"}},
+                                         {"complete_ns", "world_size", "files", "version", "epoch"}))
                    .ok()
                ? Status::OK()
                : Fail("prepare");
@@ -279,7 +279,7 @@ class SqliteStore final : public MetaStore, private schema::Connection {
   Status LoadTags(std::vector<TagInfo>* out) override {
     sqlite3_stmt* q = nullptr;
     if (sqlite3_prepare_v2(db_,
-                           "SELECT job, tag, complete_ns, world_size, files, version FROM tags "
+                           "SELECT job, tag, complete_ns, world_size, files, version, epoch FROM tags "
                            "WHERE complete_ns != 0 ORDER BY job, complete_ns, tag",
                            -1, &q, nullptr) != SQLITE_OK)
       return Fail("select tags");
@@ -297,6 +297,9 @@ class SqliteStore final : public MetaStore, private schema::Connection {
       int64_t version = 0;
       if (s.ok() && (!Int(q, 5, &version) || version < 0)) s = Status::DataLoss("version: not a version");
       t.version = static_cast<uint64_t>(version);
+      int64_t epoch = 0;
+      if (s.ok() && (!Int(q, 6, &epoch) || epoch < 0)) s = Status::DataLoss("epoch: not an epoch");
+      t.epoch = static_cast<uint64_t>(epoch);
       if (s.ok()) s = CheckTag(t);
       if (!s.ok()) {
         Skip("tags", "job=" + Printable(t.job) + " tag=" + Printable(t.tag), s);
@@ -447,6 +450,7 @@ class SqliteStore final : public MetaStore, private schema::Connection {
     std::string files = EncodeTagFiles(t.files);
     BindText(done_, 6, files);
     sqlite3_bind_int64(done_, 7, static_cast<int64_t>(t.version));
+    sqlite3_bind_int64(done_, 8, static_cast<int64_t>(t.epoch));
     return Step(done_);
   }
 

@@ -165,9 +165,10 @@ TEST(MetaWriter, HeartbeatsWhileIdle) {
 }
 
 MetaChange TagChange(const std::string& tag, int64_t when, std::vector<TagFile> files,
-                     uint64_t version = 0) {
+                     uint64_t version = 0, uint64_t epoch = 0) {
   TagInfo t;
   t.version = version;
+  t.epoch = epoch;
   t.job = "job";
   t.tag = tag;
   t.complete_unix_ns = when;
@@ -186,7 +187,8 @@ TEST(SqliteStore, TagsRoundTripWithAnyPath) {
     std::unique_ptr<MetaStore> store;
     ASSERT_TRUE(OpenMetaStore(url, &store).ok());
     ASSERT_TRUE(store->Apply({MetaChange(File("/c/a.pt", FileState::kCached, "step2")),
-                              TagChange("step2", 2000, {{0, "/c/a.pt", 4242}, {1, odd, 7}}, /*version=*/9),
+                              TagChange("step2", 2000, {{0, "/c/a.pt", 4242}, {1, odd, 7}}, /*version=*/9,
+                                        /*epoch=*/(uint64_t{1} << 62) + 5),
                               TagChange("step1", 1000, {{0, "/c/old.pt", 1}})}).ok());
   }
   std::unique_ptr<MetaStore> again;
@@ -199,7 +201,9 @@ TEST(SqliteStore, TagsRoundTripWithAnyPath) {
   EXPECT_EQ(tags[1].complete_unix_ns, 2000);
   EXPECT_EQ(tags[1].world_size, 2);
   EXPECT_EQ(tags[1].version, 9u);
+  EXPECT_EQ(tags[1].epoch, (uint64_t{1} << 62) + 5);
   EXPECT_EQ(tags[0].version, 0u);
+  EXPECT_EQ(tags[0].epoch, 0u);
   ASSERT_EQ(tags[1].files.size(), 2u);
   EXPECT_EQ(tags[1].files[1].path, odd);
   EXPECT_EQ(tags[1].files[1].rank, 1);

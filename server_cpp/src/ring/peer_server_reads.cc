@@ -97,7 +97,7 @@ Status PeerServer::ServeVersion(PeerLink* link, const v1::PeerVersion& req) {
                     : Status::NotFound("this server holds no published versions");
   if (s.ok()) {  // asked as the node the link authenticated, whatever uid asked there
     const auto wait = std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), kMaxVersionWaitMs));
-    s = cache_->PeerGetVersion(req.job(), req.after(), wait, link->peer(), &tag, &nodes);
+    s = cache_->PeerGetVersion(req.job(), req.after(), req.epoch(), wait, link->peer(), &tag, &nodes);
   }
   if (s.code() == Status::Code::kPermissionDenied)
     TCE_LOG(kWarning, "ring") << "refused the versions of job=" << req.job() << " to " << link->peer() << ": "

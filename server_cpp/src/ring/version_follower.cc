@@ -58,7 +58,16 @@ bool VersionFollower::Follows(const std::string& job) {
   return jobs_.count(job) != 0;
 }
 
-Status VersionFollower::Ask(const std::string& source, const std::string& job, uint64_t after,
+void VersionFollower::Learned(Job* j, const TagInfo& tag) {
+  if (tag.epoch != j->epoch) {  // the source's numbering started afresh: lower numbers are newer
+    j->epoch = tag.epoch;
+    j->newest = tag.version;
+  } else {
+    j->newest = std::max(j->newest, tag.version);
+  }
+}
+
+Status VersionFollower::Ask(const std::string& source, const std::string& job, uint64_t after, uint64_t epoch,
                             std::chrono::milliseconds hold, std::chrono::milliseconds timeout, TagInfo* out,
                             std::vector<std::string>* nodes) {
   std::unique_ptr<PeerLink> link;
@@ -69,6 +78,7 @@ Status VersionFollower::Ask(const std::string& source, const std::string& job, u
   v->set_job(job);
   v->set_after(after);
   v->set_wait_ms(static_cast<uint32_t>(hold.count()));
+  v->set_epoch(epoch);
   v1::PeerVersionReply reply;
   s = link->Send(req);
   if (s.ok()) s = link->Recv(&reply);
@@ -86,7 +96,7 @@ Status VersionFollower::Ask(const std::string& source, const std::string& job, u
   s = CheckTag(reply.tag(), "tag");  // a peer's tag: hostile until checked
   if (!s.ok()) return Status::DataLoss(source + " sent a bad version: " + s.message());
   *out = TagFromProto(reply.tag());
-  if (out->job != job || out->version <= after)
+  if (out->job != job || (out->epoch == epoch && out->version <= after))
     return Status::DataLoss(source + " answered with version " + std::to_string(out->version) + " of job '" +
                             out->job + "' for a version of job '" + job + "' above " + std::to_string(after));
   return GrantedNodes(source, reply, nodes);
@@ -126,7 +136,8 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
       return Status::DeadlineExceeded("following job '" + job + "': the call's deadline passed before a source "
                                       "answered" + (asked.empty() ? std::string() : " (" + asked + ")"));
     TagInfo tag;
-    Status s = Ask(source, job, 0, std::chrono::milliseconds(0), std::min(options_.io_timeout, left), &tag, &nodes);
+    Status s = Ask(source, job, 0, 0, std::chrono::milliseconds(0), std::min(options_.io_timeout, left), &tag,
+                   &nodes);
     if (s.code() == Status::Code::kPermissionDenied) return s;
     if (!s.ok()) asked += (asked.empty() ? "" : "; ") + s.message();
     last = s;
@@ -157,8 +168,8 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
         it->second.sources.push_back(std::move(src));
     Job& j = it->second;
     j.users.insert(uid);
-    j.newest = std::max(j.newest, newest->version);
     if (known) {  // a source answered
+      Learned(&j, *newest);
       j.failures = 0;
       j.last_error.clear();
     }
@@ -169,20 +180,21 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
   Job& j = jobs_[job];
   j.sources = std::move(sources);
   j.users.insert(uid);
-  j.newest = newest->version;
+  if (known) Learned(&j, *newest);
   j.watcher = std::thread(&VersionFollower::Watch, this, job);
   TCE_LOG(kInfo, "weights") << "following job=" << job << " from " << j.sources.size()
                             << " source(s) for uid " << uid << "; newest version " << newest->version;
   return Status::OK();
 }
 
-Status VersionFollower::Round(const std::string& job, const std::vector<std::string>& sources, uint64_t after) {
+Status VersionFollower::Round(const std::string& job, const std::vector<std::string>& sources, uint64_t after,
+                              uint64_t epoch) {
   std::string why;
   for (const std::string& source : sources) {
     TagInfo tag;
     std::vector<std::string> nodes;
     const Clock::TimePoint asked = options_.clock->Now();
-    Status s = Ask(source, job, after, options_.hold, options_.io_timeout, &tag, &nodes);
+    Status s = Ask(source, job, after, epoch, options_.hold, options_.io_timeout, &tag, &nodes);
     if (s.code() == Status::Code::kDeadlineExceeded) {  // it held the question: nothing newer yet
       if (options_.clock->Now() - asked >= options_.hold / 2) {
         cache_->PassOnGrants(job, nodes);
@@ -195,7 +207,7 @@ Status VersionFollower::Round(const std::string& job, const std::vector<std::str
       s = cache_->AdoptFollowed(tag);
       if (s.ok()) {
         MutexLock lock(&mu_);
-        jobs_[job].newest = std::max(jobs_[job].newest, tag.version);
+        Learned(&jobs_[job], tag);
         changed_.SignalAll();  // a following node's read may wait for this version
         return Status::OK();
       }
@@ -209,15 +221,16 @@ Status VersionFollower::Round(const std::string& job, const std::vector<std::str
 void VersionFollower::Watch(std::string job) {
   for (;;) {
     std::vector<std::string> sources;
-    uint64_t after = 0;
+    uint64_t after = 0, epoch = 0;
     {
       MutexLock lock(&mu_);
       if (stopping_) return;
       const Job& j = jobs_[job];
       sources = j.sources;
       after = j.newest;
+      epoch = j.epoch;
     }
-    Status s = Round(job, sources, after);
+    Status s = Round(job, sources, after, epoch);
     MutexLock lock(&mu_);
     Job& j = jobs_[job];
     if (s.ok()) {

@@ -34,8 +34,9 @@
 //
 // Trust: sources are authenticated peers (the cluster token); what they say
 // is checked here (names, the version's file list and sizes, every byte's
-// CRC, the nodes it says are granted); no uid a source names is taken.
-// Thread-safe.
+// CRC, the nodes it says are granted, a version's number against the
+// newest of its epoch: TagRegistry::Follow); no uid a source names is
+// taken. Thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -131,7 +132,8 @@ class VersionFollower {
   struct Job {
     std::vector<std::string> sources;
     std::set<uid_t> users;  // the local users that follow it
-    uint64_t newest = 0;
+    uint64_t newest = 0;    // the newest version learned, of numbering `epoch`
+    uint64_t epoch = 0;
     uint64_t failures = 0;  // rounds in a row no source answered
     std::string last_error;
     Clock::TimePoint retry_at{};  // the next round, when failing
@@ -140,17 +142,23 @@ class VersionFollower {
   // RESOURCE_EXHAUSTED when `uid` may not follow one more job, or this
   // node no new one.
   Status Admit(const std::string& job, uid_t uid) REQUIRES(mu_);
-  // One PeerVersion to `source`, its link's handshake and every send and
-  // receive bounded by `timeout`; *nodes: those the job's owner granted
+  // One PeerVersion to `source` for a version above `after` of numbering
+  // `epoch` (any version of another), its link's handshake and every send
+  // and receive bounded by `timeout`; *nodes: those the job's owner granted
   // (also with DEADLINE_EXCEEDED: it held the question, nothing newer came).
-  Status Ask(const std::string& source, const std::string& job, uint64_t after, std::chrono::milliseconds hold,
-             std::chrono::milliseconds timeout, TagInfo* out, std::vector<std::string>* nodes);
+  Status Ask(const std::string& source, const std::string& job, uint64_t after, uint64_t epoch,
+             std::chrono::milliseconds hold, std::chrono::milliseconds timeout, TagInfo* out,
+             std::vector<std::string>* nodes);
+  // `tag` (adopted) is the newest the job's watcher knows, unless one of
+  // its numbering is newer.
+  static void Learned(Job* j, const TagInfo& tag);
   // The watcher: rounds of questions, a pause growing after each round no
   // source answered (options_.retry doubling to retry_max, on the clock).
   void Watch(std::string job) EXCLUDES(mu_);
   // One round: the sources in order until one answers (a newer version,
   // recorded, or nothing newer within the hold); else why none did.
-  Status Round(const std::string& job, const std::vector<std::string>& sources, uint64_t after) EXCLUDES(mu_);
+  Status Round(const std::string& job, const std::vector<std::string>& sources, uint64_t after, uint64_t epoch)
+      EXCLUDES(mu_);
   // A transfer in flight, as downstream readers see it.
   struct Transfer {
     int fd = -1;          // the buffer's memfd (a dup, owned), read-only use
