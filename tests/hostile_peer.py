@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 
 from tce.v1 import tce_pb2 as pb
 
@@ -264,6 +265,99 @@ class SilentPeer:
             self.closed += 1
         finally:
             conn.close()
+
+    def close(self) -> None:
+        self._stop = True
+        self.listener.close()
+        for t in self._threads:
+            t.join(timeout=2)
+
+
+class AlteringChainNode:
+    """A node of a chain of following nodes: it knows the token, the job's
+    owner granted it, and it changes the bytes it passes on. It answers a
+    following node's PeerVersion with the reply of `upstream` (asked as
+    itself), and each PeerReadRange with the bytes `upstream` gives it, the
+    byte `from_end` bytes before the file's end inverted, with the CRC-32 of
+    the changed bytes (so each range checks). `altered`: ranges it changed."""
+
+    def __init__(self, token: str, upstream: str, *, from_end: int = 100, host: str = "127.0.0.1"):
+        self.token, self.upstream, self.from_end, self.host = token, upstream, from_end, host
+        self.listener = socket.socket()
+        self.listener.bind((host, 0))
+        self.listener.listen(4)
+        self.endpoint = f"{host}:{self.listener.getsockname()[1]}"
+        self.altered = 0
+        self.errors: list[str] = []
+        self._stop = False
+        self._threads: list[threading.Thread] = []
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def _accept(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self._stop:
+            try:
+                conn, _ = self.listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            t = threading.Thread(target=self._link, args=(conn,), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _link(self, conn: socket.socket) -> None:
+        up = None
+        try:
+            conn.settimeout(5)
+            hello = recv_msg(conn, pb.PeerHello)
+            nonce = os.urandom(32)
+            conn.sendall(frame(pb.PeerHello(nonce=nonce, endpoint=self.endpoint, version=PROTOCOL)))
+            recv_msg(conn, pb.PeerAuth)
+            conn.sendall(frame(pb.PeerAuth(mac=proof(self.token, b"A", hello.nonce, nonce, hello.endpoint,
+                                                     self.endpoint))))
+            up = connect_with_token(self.upstream, self.token, self.endpoint, source=self.host)
+            conn.settimeout(60)
+            up.settimeout(60)
+            deadline = time.monotonic() + 300
+            while not self._stop and time.monotonic() < deadline:
+                req = recv_msg(conn, pb.PeerRequest)
+                kind = req.WhichOneof("body")
+                if kind == "version":
+                    up.sendall(frame(req))
+                    conn.sendall(frame(recv_msg(up, pb.PeerVersionReply)))
+                elif kind == "read_range":
+                    self._range(conn, up, req.read_range)
+                else:
+                    conn.sendall(frame(pb.PeerReply(code=12, message="not served here")))
+        except (OSError, ConnectionError, PermissionError) as e:
+            self.errors.append(repr(e))
+        finally:
+            conn.close()
+            if up is not None:
+                up.close()
+
+    def _range(self, conn: socket.socket, up: socket.socket, r) -> None:
+        ask = pb.PeerReadRange()
+        ask.CopyFrom(r)
+        ask.raw = False  # the bytes inside the reply
+        up.sendall(frame(pb.PeerRequest(read_range=ask)))
+        got = recv_msg(up, pb.PeerRangeReply)
+        if got.code:
+            conn.sendall(frame(got))
+            return
+        data = bytearray(got.data)
+        at = got.file_size - self.from_end - r.offset
+        if 0 <= at < len(data):
+            data[at] ^= 0xFF
+            self.altered += 1
+        reply = pb.PeerRangeReply(code=0, file_size=got.file_size, version=got.version, crc32=zlib.crc32(data))
+        if r.raw:
+            reply.raw_length = len(data)
+            conn.sendall(frame(reply) + bytes(data))
+        else:
+            reply.data = bytes(data)
+            conn.sendall(frame(reply))
 
     def close(self) -> None:
         self._stop = True

@@ -18,7 +18,7 @@ from tce import weights
 from tce.core import _knobs
 from tce.integrations import safetensors as st
 
-from hostile_peer import connect_with_token, frame, recv_msg
+from hostile_peer import AlteringChainNode, connect_with_token, frame, recv_msg
 from tce.v1 import tce_pb2 as pb
 from test_ring import TOKEN, _ring_server, _status, _stop
 
@@ -161,3 +161,38 @@ def test_a_granted_node_is_given_a_versions_weight_files_never_its_optimizer_sta
             node.close()
     finally:
         _stop(trainer)
+
+
+def test_a_chain_node_that_changes_the_bytes_it_passes_on_is_caught_by_the_publishers_digest(tmp_path):
+    """A node the owner granted, first in the inference node's sources,
+    passes on the trainer's version as it is but changes one byte of the
+    file's bytes, each range with a CRC of the changed bytes. The inference
+    node checks what it was brought against the digest the trainer's node
+    computed, brings the file again from the trainer's node, and its reader
+    reads the trainer's bytes."""
+    trainer = _ring_server(tmp_path, "tcp", "trainer", listen="127.0.0.2:0")
+    node = _ring_server(tmp_path, "tcp", "node", listen="127.0.0.3:0")
+    src, me = _status(trainer)["peer_endpoint"], _status(node)["peer_endpoint"]
+    chain = AlteringChainNode(TOKEN, src)
+    try:
+        ckpt = tmp_path / "ckpt"
+        ckpt.mkdir()
+        torch.manual_seed(2)
+        sd = {"w": torch.randn(256, 256)}
+        with _on(trainer):
+            weights.grant(nodes=[me, chain.endpoint])
+            st.save_file(sd, ckpt / "model.safetensors", tag="step1")
+            weights.publish("step1", [ckpt])
+            tce.close()
+        with _on(node):
+            assert weights.follow(sources=[chain.endpoint, src]).version == 1
+            with weights.open() as w:
+                got = dict(w.tensors())["w"].clone()
+            tce.close()
+        assert chain.altered >= 1, chain.errors
+        assert torch.equal(got, sd["w"])
+        assert (f"from {chain.endpoint} are not those the node that published version 1 digested" in node.log()
+                and f"brought again from {src}" in node.log()), node.log()
+    finally:
+        chain.close()
+        _stop(node, trainer)

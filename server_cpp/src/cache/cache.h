@@ -196,6 +196,8 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
                               const std::string& node) override EXCLUDES(mu_);
+  void VersionDigests(TagInfo* tag, std::vector<DigestPin>* pins) override EXCLUDES(mu_);
+  void RecordDigests(const TagInfo& tag) override EXCLUDES(mu_);
   Status AddFollower(const std::string& job, uid_t owner, uid_t reader) override EXCLUDES(mu_);
   Status AdoptFollowed(TagInfo tag) override EXCLUDES(mu_);
   void PassOnGrants(const std::string& job, const std::vector<std::string>& nodes) override EXCLUDES(mu_);

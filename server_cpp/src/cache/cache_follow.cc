@@ -80,6 +80,42 @@ Status Cache::CheckPeerVersionRead(const std::string& job, const std::string& ta
                                   ") of job '" + job + "' here");
 }
 
+void Cache::VersionDigests(TagInfo* tag, std::vector<DigestPin>* pins) {
+  pins->clear();
+  MutexLock lock(&mu_);
+  TagInfo recorded;
+  if (!tags_.Find(tag->job, tag->tag, &recorded) || recorded.version != tag->version) return;
+  for (size_t i = 0; i < tag->files.size(); ++i) {
+    TagFile& tf = tag->files[i];
+    auto r = std::find_if(recorded.files.begin(), recorded.files.end(),
+                          [&](const TagFile& x) { return x.path == tf.path; });
+    if (r == recorded.files.end()) continue;
+    if (r->has_crc32) {
+      tf.crc32 = r->crc32;
+      tf.has_crc32 = true;
+      continue;
+    }
+    auto own = files_.find({tag->job, tf.path});  // never a replica's
+    if (own == files_.end()) continue;
+    const FileInfo& f = own->second;
+    if (!IsVersionsFile(recorded, *r, f) || f.buffer_id == 0 || f.state == FileState::kPending ||
+        f.state == FileState::kEvicted || f.state == FileState::kDiscarded)
+      continue;
+    Buf& buf = buffers_[f.buffer_id];
+    int fd = -1;
+    if (!buf.mem->NewFd(/*writable=*/false, &fd).ok()) continue;
+    ++buf.pins;  // not reused until EndPeerRead
+    pins->push_back(DigestPin{i, f.buffer_id, fd});
+  }
+}
+
+void Cache::RecordDigests(const TagInfo& tag) {
+  std::map<std::string, uint32_t> crc32;
+  for (const TagFile& f : tag.files)
+    if (f.has_crc32) crc32[f.path] = f.crc32;
+  tags_.SetDigests(tag.job, tag.tag, tag.version, crc32);
+}
+
 Status Cache::AddFollower(const std::string& job, uid_t owner, uid_t reader) {
   Status s = ValidateName("job", job, /*allow_empty=*/false, /*allow_slash=*/true);
   if (!s.ok()) return s;

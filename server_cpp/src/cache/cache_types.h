@@ -40,6 +40,10 @@ struct TagFile {
   int32_t rank = 0;
   std::string path;
   uint64_t size = 0;
+  // CRC-32 of the whole file, as the node that published the version
+  // computed it from its memory (for following nodes; tag_registry.h).
+  uint32_t crc32 = 0;
+  bool has_crc32 = false;
 };
 
 // A job's ring as a server was told it; kept in metadata so that a

@@ -189,6 +189,20 @@ class RingStore {
   virtual Status PeerGetVersion(const std::string& job, uint64_t after, uint64_t epoch,
                                 std::chrono::milliseconds wait, const std::string& node, TagInfo* out,
                                 std::vector<std::string>* nodes) = 0;
+  // The digests (TagFile.crc32) a following node is given with a version,
+  // which only the node that published it computes, from its own memory
+  // (ring/peer_server_reads.cc): fills *tag's files with those recorded for
+  // that version here, and gives a pinned read-only fd of each other file
+  // of it this node holds of its own in memory as that version (never a
+  // replica's: a replica's digest is its source's). EndPeerRead each pin.
+  struct DigestPin {
+    size_t file = 0;  // its index in tag->files
+    uint64_t buffer_id = 0;
+    int fd = -1;
+  };
+  virtual void VersionDigests(TagInfo* tag, std::vector<DigestPin>* pins) = 0;
+  // Records the digests of `tag`'s files this node computed (those set).
+  virtual void RecordDigests(const TagInfo& tag) = 0;
   // For such a node's ranged read: OK when the node is granted and `path`
   // is a weight file of the version recorded here as `tag`.
   virtual Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,

@@ -29,6 +29,7 @@ inline void TagToProto(const TagInfo& t, v1::TagInfo* out) {
     p->set_rank(f.rank);
     p->set_path(f.path);
     p->set_size(f.size);
+    if (f.has_crc32) p->set_crc32(f.crc32);
   }
 }
 
@@ -41,7 +42,8 @@ inline TagInfo TagFromProto(const v1::TagInfo& in) {
   t.version = in.version();
   t.epoch = in.epoch();
   t.files.reserve(in.files_size());
-  for (const v1::TagFile& f : in.files()) t.files.push_back(TagFile{f.rank(), f.path(), f.size()});
+  for (const v1::TagFile& f : in.files())
+    t.files.push_back(TagFile{f.rank(), f.path(), f.size(), f.crc32(), f.has_crc32()});
   return t;
 }
 

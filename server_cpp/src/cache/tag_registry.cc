@@ -10,6 +10,11 @@ namespace tce {
 
 namespace {
 
+// A tag's digests are its publishing node's only (SetDigests).
+void DropDigests(TagInfo* tag) {
+  for (TagFile& f : tag->files) f.crc32 = 0, f.has_crc32 = false;
+}
+
 // A new epoch: 63 random bits, never 0 (it fits a signed 64-bit column).
 uint64_t NewEpoch() {
   uint64_t e = 0;
@@ -26,6 +31,19 @@ uint64_t TagRegistry::EpochOf(const std::string& job, uint64_t hint) {
   uint64_t& e = epochs_[job];
   if (e == 0) e = hint ? hint : NewEpoch();
   return e;
+}
+
+void TagRegistry::SetDigests(const std::string& job, const std::string& tag, uint64_t version,
+                             const std::map<std::string, uint32_t>& crc32) {
+  MutexLock lock(&mu_);
+  auto it = tags_.find({job, tag});
+  if (it == tags_.end() || it->second.version != version) return;
+  for (TagFile& f : it->second.files) {
+    auto c = crc32.find(f.path);
+    if (c == crc32.end()) continue;
+    f.crc32 = c->second;
+    f.has_crc32 = true;
+  }
 }
 
 uint64_t TagRegistry::Epoch(const std::string& job) const {
@@ -69,6 +87,7 @@ bool TagRegistry::VersionTaken(const std::string& job, const std::string& tag,
 
 TagInfo TagRegistry::Complete(TagInfo tag, int64_t complete_unix_ns) {
   tag.complete_unix_ns = complete_unix_ns;
+  DropDigests(&tag);
   MutexLock lock(&mu_);
   tag.version = NextVersion(tag.job);
   tag.epoch = EpochOf(tag.job);
@@ -106,6 +125,7 @@ bool TagRegistry::Oldest(const std::string& job, const std::string& except, std:
 bool TagRegistry::Adopt(TagInfo tag) {
   MutexLock lock(&mu_);
   tag.epoch = EpochOf(tag.job, tag.epoch);  // a tag pulled back keeps the numbering it had
+  DropDigests(&tag);
   return AdoptLocked(std::move(tag));
 }
 

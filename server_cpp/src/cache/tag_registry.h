@@ -17,6 +17,11 @@
 // again, lower numbers included, and a version that jumps more than
 // kMaxVersionJump above the newest of its epoch here is refused.
 //
+// A file's digest (TagFile.crc32) is the publishing node's alone: a tag
+// recorded here (Complete, Adopt) keeps none it came with, and gets one per
+// file when this node computes it (SetDigests); a followed job's versions
+// keep their source's (Follow).
+//
 // Thread-safe (its own mutex, a leaf: nothing is called while it is held).
 #pragma once
 
@@ -75,6 +80,10 @@ class TagRegistry {
   bool Newest(const std::string& job, uint64_t after, TagInfo* out) const;
   // The job's epoch here (0: none yet).
   uint64_t Epoch(const std::string& job) const;
+  // Digests this node computed of its own files of (job, tag), as
+  // recorded with `version`: kept while that tag is that version.
+  void SetDigests(const std::string& job, const std::string& tag, uint64_t version,
+                  const std::map<std::string, uint32_t>& crc32);
   // The job's tag numbered `version`; false if none.
   bool FindVersion(const std::string& job, uint64_t version, TagInfo* out) const;
   size_t size() const;

@@ -476,6 +476,45 @@ TEST_F(FollowTest, AFollowedJobKeepsItsSourcesEpochAndRefusesAbsurdJumps) {
   EXPECT_FALSE(cache_.VersionTag("fj", "s3", &got)) << "the old numbering's versions are gone";
 }
 
+TEST_F(FollowTest, AVersionsDigestsAreThoseItsPublisherComputesOfItsOwnFiles) {
+  Save("s1", "/c/m.safetensors", 4096);
+  TagInfo t = Tag("job", "s1", {{0, "/c/m.safetensors", 4096}, {0, "/c/elsewhere.safetensors", 10}});
+  for (TagFile& f : t.files) f.crc32 = 1234, f.has_crc32 = true;  // a client's word: not a digest
+  TagInfo out;
+  ASSERT_TRUE(cache_.CommitTag(owner_, t, &out).ok());
+  EXPECT_FALSE(out.files[0].has_crc32 || out.files[1].has_crc32);
+  std::vector<RingStore::DigestPin> pins;
+  cache_.VersionDigests(&out, &pins);
+  ASSERT_EQ(pins.size(), 1u) << "this node's own file in memory only";
+  EXPECT_EQ(out.files[pins[0].file].path, "/c/m.safetensors");
+  close(pins[0].fd);
+  cache_.EndPeerRead(pins[0].buffer_id);
+  out.files[pins[0].file].crc32 = 42, out.files[pins[0].file].has_crc32 = true;
+  cache_.RecordDigests(out);
+  TagInfo again;
+  ASSERT_TRUE(cache_.VersionTag("job", "s1", &again));
+  cache_.VersionDigests(&again, &pins);
+  EXPECT_TRUE(pins.empty()) << "computed once";
+  ASSERT_EQ(again.files[1].path, "/c/m.safetensors");
+  EXPECT_TRUE(again.files[1].has_crc32);
+  EXPECT_EQ(again.files[1].crc32, 42u);
+  EXPECT_FALSE(again.files[0].has_crc32) << "not held here";
+  // A followed version keeps its source's digests; a replica is never digested here.
+  ASSERT_TRUE(cache_.AddFollower("fj", kOwner, kReader).ok());
+  TagInfo v = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}, {0, "/c/x.safetensors", 5}});
+  v.complete_unix_ns = 1, v.version = 1, v.epoch = 3, v.files[0].crc32 = 99, v.files[0].has_crc32 = true;
+  ASSERT_TRUE(cache_.AdoptFollowed(v).ok());
+  FileInfo f;
+  f.job = "fj", f.path = "/c/x.safetensors", f.size = 5;
+  ASSERT_TRUE(cache_.AdoptReplica(f, 1, Filled("hello")).ok());
+  TagInfo followed;
+  ASSERT_TRUE(cache_.VersionTag("fj", "step1", &followed));
+  cache_.VersionDigests(&followed, &pins);
+  EXPECT_TRUE(pins.empty());
+  EXPECT_EQ(followed.files[0].crc32, 99u);
+  EXPECT_FALSE(followed.files[1].has_crc32);
+}
+
 TEST_F(FollowTest, AFollowedJobIsThisServersAndItsFollowersRead) {
   constexpr uid_t kServer = 500;
   TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});

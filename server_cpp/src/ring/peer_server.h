@@ -35,6 +35,7 @@
 #include "common/clock.h"
 #include "common/log_limiter.h"
 #include "common/mutex.h"
+#include "common/single_flight.h"
 #include "ring/backup_store.h"
 #include "ring/peer_key.h"
 #include "ring/transport.h"
@@ -113,6 +114,10 @@ class PeerServer {
   // up to kMaxVersionWaitMs for one); answers with a PeerVersionReply.
   Status ServeVersion(PeerLink* link, const v1::PeerVersion& req);
   static constexpr uint32_t kMaxVersionWaitMs = 20000;  // well within a link's io timeout
+  // Fills in the digests of `tag`'s files (RingStore::VersionDigests):
+  // computes those of this node's own files once, one computation of a
+  // version at a time however many following nodes ask.
+  void DigestVersion(TagInfo* tag);
   // A ring member's question: which of these files of the job this server
   // has persisted (ring/tag_barrier.h); answers with a PeerDurableReply.
   Status ServeDurable(PeerLink* link, const v1::PeerDurable& req);
@@ -122,6 +127,7 @@ class PeerServer {
   BackupStore* const store_;
   RingStore* const cache_;
   std::atomic<VersionFollower*> follower_{nullptr};
+  SingleFlight<std::pair<std::string, std::string>> digests_;  // by (job, tag)
   std::string endpoint_;
   int listen_fd_ = -1;
   std::thread acceptor_;

@@ -2,6 +2,7 @@
 // own file (for a ring member; or, for a following node, a published
 // version's, served as it lands when this node is bringing it), and the
 // published versions a following node asks for. See ring/peer_server.h.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,44 @@
 #include "ring/version_follower.h"
 
 namespace tce {
+
+namespace {
+
+// The CRC-32 of a whole file of `size` bytes in `fd` (a memfd), read
+// through a read-only mapping.
+Status CrcOfFile(int fd, uint64_t size, uint32_t* crc) {
+  *crc = 0;
+  if (size == 0) return Status::OK();
+  void* map = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap");
+  *crc = Crc32(0, static_cast<const unsigned char*>(map), size);
+  munmap(map, size);
+  return Status::OK();
+}
+
+}  // namespace
+
+void PeerServer::DigestVersion(TagInfo* tag) {
+  auto work = [&] {
+    std::vector<RingStore::DigestPin> pins;
+    cache_->VersionDigests(tag, &pins);
+    for (const RingStore::DigestPin& p : pins) {
+      TagFile& f = tag->files[p.file];
+      uint32_t crc = 0;
+      if (CrcOfFile(p.fd, f.size, &crc).ok()) {
+        f.crc32 = crc;
+        f.has_crc32 = true;
+      }
+      ::close(p.fd);
+      cache_->EndPeerRead(p.buffer_id);
+    }
+    if (!pins.empty()) cache_->RecordDigests(*tag);
+    return Status::OK();
+  };
+  bool shared = false;
+  (void)digests_.Do({tag->job, tag->tag}, work, &shared);
+  if (shared) (void)work();  // the digests the other computed, recorded now
+}
 
 Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) {
   const std::string& peer = link->peer();
@@ -104,7 +143,10 @@ Status PeerServer::ServeVersion(PeerLink* link, const v1::PeerVersion& req) {
                               << s.message();
   reply.set_code(static_cast<int>(s.code()));
   reply.set_message(s.message());
-  if (s.ok()) TagToProto(tag, reply.mutable_tag());
+  if (s.ok()) {
+    DigestVersion(&tag);  // the publisher's digests, for the following node to check the bytes against
+    TagToProto(tag, reply.mutable_tag());
+  }
   if (s.ok() || s.code() == Status::Code::kDeadlineExceeded)  // a granted node: nothing newer yet
     for (std::string& n : nodes) reply.add_nodes(std::move(n));
   return link->Send(reply);

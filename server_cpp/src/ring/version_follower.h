@@ -19,10 +19,11 @@
 // A version's files are brought on demand (Fetch, from AcquireVersion): each
 // file this node does not hold is read from the first source that gives it
 // in ranges of at most kMaxRangeLength, each checked against its CRC-32, into
-// a buffer of the cache, and kept as a replica (never persisted or backed
-// up; evictable once unleased). Concurrent readers asking for the same file
-// wait for the one transfer. A source that fails mid-file is left for the
-// next, which gives the rest.
+// a buffer of the cache, the whole file then checked against the digest of
+// the node that published the version (TagFile.crc32), and kept as a
+// replica (never persisted or backed up; evictable once unleased).
+// Concurrent readers asking for the same file wait for the one transfer. A
+// source that fails mid-file is left for the next, which gives the rest.
 //
 // Pipelined: a file in transfer here is served to the nodes that follow
 // this one (OpenRange) as its ranges land, so a chain of inference nodes
@@ -34,9 +35,9 @@
 //
 // Trust: sources are authenticated peers (the cluster token); what they say
 // is checked here (names, the version's file list and sizes, every byte's
-// CRC, the nodes it says are granted, a version's number against the
-// newest of its epoch: TagRegistry::Follow); no uid a source names is
-// taken. Thread-safe.
+// CRC and every file's publisher's digest, the nodes it says are granted, a
+// version's number against the newest of its epoch: TagRegistry::Follow);
+// no uid a source names is taken. Thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -167,7 +168,16 @@ class VersionFollower {
     bool ended = false;   // done or failed: no more bytes land
     int readers = 0;      // downstream reads under way (the buffer stays until they end)
   };
-  // One file, from the sources in order (the caller marked it in fetching_).
+  // Bytes [0, file.size) of `file` into `to`, from sources[first], the next
+  // giving the rest where one stops; returns how many landed (their CRC-32
+  // in *crc, the sources that gave them in *from; why others stopped added
+  // to *why).
+  uint64_t Bring(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources, size_t first,
+                 unsigned char* to, Clock::TimePoint deadline, uint32_t* crc, std::string* from, std::string* why)
+      EXCLUDES(mu_);
+  // One file, from the sources in order (the caller marked it in fetching_),
+  // checked against the digest of the node that published it (file.crc32):
+  // bytes that do not match are brought again from the next source on.
   Status FetchFile(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources,
                    Clock::TimePoint deadline) EXCLUDES(mu_);
   // Fetch of one file for a downstream reader (a thread of its own).

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "persist/crc.h"
 #include "ring/range_read.h"
 #include "ring/version_follower.h"
 
@@ -46,8 +47,51 @@ Status VersionFollower::Fetch(const TagInfo& tag, const std::vector<std::string>
   return Status::OK();
 }
 
+uint64_t VersionFollower::Bring(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources,
+                                size_t first, unsigned char* to, Clock::TimePoint deadline, uint32_t* crc,
+                                std::string* from, std::string* why) {
+  const std::pair<std::string, std::string> key{tag.job, file.path};
+  uint64_t done = 0;
+  *crc = 0;
+  from->clear();
+  for (size_t i = first; i < sources.size() && done < file.size; ++i) {
+    const std::string& source = sources[i];
+    while (done < file.size) {
+      if (options_.clock->Now() >= deadline) {
+        *why += "; the call's deadline passed";
+        break;
+      }
+      const uint64_t n = std::min<uint64_t>(kMaxRangeLength, file.size - done);
+      uint64_t size = 0;
+      Status s = ranges_->ReadVersionFile(source, tag.job, tag.tag, file.path, done, n, to + done, &size, deadline);
+      if (s.ok() && size != file.size)
+        s = Status::DataLoss(source + " holds " + std::to_string(size) + " bytes of " + file.path +
+                             ", the version " + std::to_string(file.size));
+      if (!s.ok()) {
+        *why += (why->empty() ? "" : "; ") + s.message();
+        if (i + 1 < sources.size())
+          TCE_LOG(kWarning, "weights") << "bringing " << file.path << " of job=" << tag.job << " from " << source
+                                       << " stopped at byte " << done << " of " << file.size << " ("
+                                       << s.message() << "): the rest from " << sources[i + 1];
+        break;  // the next source gives the rest
+      }
+      if (from->find(source) == std::string::npos) *from += (from->empty() ? "" : ", ") + source;
+      *crc = Crc32(*crc, to + done, n);  // the bytes as they are here
+      done += n;
+      MutexLock lock(&mu_);
+      transfers_[key].landed = done;
+      changed_.SignalAll();
+    }
+  }
+  return done;
+}
+
 Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const std::vector<std::string>& sources,
                                   Clock::TimePoint deadline) {
+  if (!file.has_crc32)
+    return Status::FailedPrecondition(file.path + " of version " + std::to_string(tag.version) + " of job '" +
+                                      tag.job + "' has no digest from the node that published it (it did not "
+                                      "hold the file in memory): it is not brought here");
   std::unique_ptr<Buffer> mem;
   Status s = cache_->ReserveReplica(tag.job, file.size, &mem);
   if (!s.ok()) return s;
@@ -65,34 +109,26 @@ Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const
     t.fd = ::dup(mem->fd());
     t.size = file.size;
   }
-  uint64_t done = 0;
+  // The whole file from the first source on; bytes that are not those the
+  // publisher digested (a source that changed them, CRCs and all) are
+  // brought again from the next source on.
+  bool good = false;
   std::string why;
-  for (size_t i = 0; i < sources.size() && done < file.size; ++i) {
-    const std::string& source = sources[i];
-    while (done < file.size) {
-      if (options_.clock->Now() >= deadline) {
-        why += "; the call's deadline passed";
-        break;
-      }
-      const uint64_t n = std::min<uint64_t>(kMaxRangeLength, file.size - done);
-      uint64_t size = 0;
-      s = ranges_->ReadVersionFile(source, tag.job, tag.tag, file.path, done, n, to + done, &size, deadline);
-      if (s.ok() && size != file.size)
-        s = Status::DataLoss(source + " holds " + std::to_string(size) + " bytes of " + file.path +
-                             ", the version " + std::to_string(file.size));
-      if (!s.ok()) {
-        why += (why.empty() ? "" : "; ") + s.message();
-        if (i + 1 < sources.size())
-          TCE_LOG(kWarning, "weights") << "bringing " << file.path << " of job=" << tag.job << " from " << source
-                                       << " stopped at byte " << done << " of " << file.size << " ("
-                                       << s.message() << "): the rest from " << sources[i + 1];
-        break;  // the next source gives the rest
-      }
-      done += n;
-      MutexLock lock(&mu_);
-      transfers_[key].landed = done;
-      changed_.SignalAll();
-    }
+  for (size_t first = 0; first < sources.size() && !good; ++first) {
+    uint32_t crc = 0;
+    std::string from;
+    if (Bring(tag, file, sources, first, to, deadline, &crc, &from, &why) < file.size) break;  // each was asked
+    good = crc == file.crc32;
+    if (good) break;
+    const std::string bad = "the bytes of " + file.path + " from " + from + " are not those the node that "
+                            "published version " + std::to_string(tag.version) + " digested (CRC-32 " +
+                            std::to_string(crc) + ", not " + std::to_string(file.crc32) + ")";
+    TCE_LOG(kWarning, "weights") << "job=" << tag.job << ": " << bad
+                                 << (first + 1 < sources.size() ? ": brought again from " + sources[first + 1]
+                                                                 : std::string());
+    why += (why.empty() ? "" : "; ") + bad;
+    MutexLock lock(&mu_);
+    transfers_[key].landed = 0;
   }
   munmap(map, mem->capacity());
   {
@@ -106,7 +142,7 @@ Status VersionFollower::FetchFile(const TagInfo& tag, const TagFile& file, const
     ::close(t.fd);
     transfers_.erase(key);
   }
-  if (done < file.size) {
+  if (!good) {
     cache_->AbandonRecovery(std::move(mem));
     return Status::Unavailable("no source gave " + file.path + " of version " + std::to_string(tag.version) +
                                " of job '" + tag.job + "': " + why);
