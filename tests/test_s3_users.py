@@ -190,8 +190,9 @@ import time
 s = Session(SOCK)
 result["save"] = s.save("jb", {his!r}, {BOB!r})["code"]
 result["wait"] = s.call("Wait", pb.WaitRequest(session=s.id, job="jb", paths=[{his!r}], timeout_s=60))[0]
-for tag, path, size in (("t1", {hers!r}, {len(ALICE)}), ("t2", {his!r}, {len(BOB)})):
-    info = pb.TagInfo(job="jb", tag=tag, world_size=1, files=[pb.TagFile(rank=0, path=path, size=size)])
+# t1 names his file and hers as another node's rank 1 (a tag names files its job holds here)
+for tag, files in (("t1", [(0, {his!r}, {len(BOB)}), (1, {hers!r}, {len(ALICE)})]), ("t2", [(0, {his!r}, {len(BOB)})])):
+    info = pb.TagInfo(job="jb", tag=tag, world_size=2, files=[pb.TagFile(rank=r, path=p, size=n) for r, p, n in files])
     result[tag] = s.call("CommitTag", pb.CommitTagRequest(session=s.id, tag=info))[0]
 for _ in range(3000):  # retention runs on a thread of its own: until it forgot t1
     code, _, tags = s.call("ListTags", pb.ListTagsRequest(session=s.id, job="jb"))

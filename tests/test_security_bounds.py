@@ -88,7 +88,7 @@ result["end"] = [int(st.metadata_bytes), int(st.metadata_budget)]
         share = 2 << 20
         assert 0 < r["most"] <= share, r["most"]
         assert r["big_grant"] == ["RESOURCE_EXHAUSTED",
-                                  "job 'ja' may hold at most 64 granted or revoked uids and gids "
+                                  "job 'ja' may hold at most 64 granted or revoked uids, gids and nodes "
                                   "(max_grants_per_job); it holds 0 and this call names 1024 more"]
         refused = [g for g in r["grants"] if g[0] != "OK"]
         assert refused, r["grants"]

@@ -126,7 +126,8 @@ TEST_F(FollowTest, AFollowedJobKeepsItsSourcesEpochAndRefusesAbsurdJumps) {
 
 TEST_F(FollowTest, AVersionsDigestsAreThoseItsPublisherComputesOfItsOwnFiles) {
   Save("s1", "/c/m.safetensors", 4096);
-  TagInfo t = Tag("job", "s1", {{0, "/c/m.safetensors", 4096}, {0, "/c/elsewhere.safetensors", 10}});
+  TagInfo t = Tag("job", "s1", {{0, "/c/m.safetensors", 4096}, {1, "/c/elsewhere.safetensors", 10}});
+  t.world_size = 2;  // rank 1's file: another node's
   for (TagFile& f : t.files) f.crc32 = 1234, f.has_crc32 = true;  // a client's word: not a digest
   TagInfo out;
   ASSERT_TRUE(cache_.CommitTag(owner_, t, &out).ok());

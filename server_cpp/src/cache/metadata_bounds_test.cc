@@ -82,6 +82,11 @@ class MetadataBoundsTest : public ::testing::Test {
     TagInfo out;
     return cache_.CommitTag(owner_, Tag("job", tag, std::move(files)), &out);
   }
+  Status Grant(const std::string& session, const std::string& job, const std::vector<uid_t>& uids,
+               const std::vector<gid_t>& gids, bool revoke) {
+    ReadGrants::Ids ids{{uids.begin(), uids.end()}, {gids.begin(), gids.end()}, {}};
+    return cache_.GrantRead(session, job, &ids, revoke);
+  }
   std::vector<std::string> TagNames(const std::string& job) {
     std::vector<std::string> out;
     for (const TagInfo& t : cache_.ListTags(job)) out.push_back(t.tag);
@@ -101,7 +106,7 @@ TEST_F(MetadataBoundsTest, AUidOwnsAtMostMaxJobsPerUidJobs) {
   EXPECT_EQ(s.message(), "uid 1000 may not write /c/d in job 'd': it owns 3 jobs on this server (max_jobs_per_uid)");
   std::vector<uid_t> uids{kReader};
   std::vector<gid_t> gids;
-  s = cache_.GrantRead(owner_, "e", &uids, &gids, false);  // a grant would claim a name too
+  s = Grant(owner_, "e", uids, gids, false);  // a grant would claim a name too
   EXPECT_EQ(s.message(), "uid 1000 may not grant read of job 'e': it owns 3 jobs on this server (max_jobs_per_uid)");
   uid_t owner = 0;
   EXPECT_FALSE(cache_.JobUid("d", &owner));
@@ -188,20 +193,20 @@ TEST_F(MetadataBoundsTest, AJobsGrantsAreBoundedAndCounted) {
   std::vector<uid_t> uids;
   for (uid_t u = 5000; u < 6024; ++u) uids.push_back(u);
   std::vector<gid_t> gids;
-  Status s = cache_.GrantRead(owner_, "job", &uids, &gids, false);
+  Status s = Grant(owner_, "job", uids, gids, false);
   EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
-  EXPECT_EQ(s.message(), "job 'job' may hold at most 5 granted or revoked uids and gids (max_grants_per_job); it "
+  EXPECT_EQ(s.message(), "job 'job' may hold at most 5 granted or revoked uids, gids and nodes (max_grants_per_job); it "
                          "holds 0 and this call names 1024 more");
   EXPECT_EQ(cache_.Stats().metadata_bytes, base);
   uids = {1, 2, 3};
   gids = {7, 8};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, false).ok());
+  ASSERT_TRUE(Grant(owner_, "job", uids, gids, false).ok());
   EXPECT_EQ(cache_.Stats().metadata_bytes, base + 5 * MetadataQuota::kGrantBytes);
   uids = {1};
   gids.clear();
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, true).ok());  // revoked ones are remembered
+  ASSERT_TRUE(Grant(owner_, "job", uids, gids, true).ok());  // revoked ones are remembered
   uids = {4};
-  EXPECT_EQ(cache_.GrantRead(owner_, "job", &uids, &gids, false).code(), Status::Code::kResourceExhausted);
+  EXPECT_EQ(Grant(owner_, "job", uids, gids, false).code(), Status::Code::kResourceExhausted);
 }
 
 TEST_F(MetadataBoundsTest, VersionLeasesCountWhateverTheVersionHolds) {
@@ -241,7 +246,7 @@ TEST_F(MetadataBoundsTest, VersionLeasesCountWhateverTheVersionHolds) {
   // Another uid still gets its own (a granted reader).
   std::vector<uid_t> uids{kReader};
   std::vector<gid_t> gids;
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, false).ok());
+  ASSERT_TRUE(Grant(owner_, "job", uids, gids, false).ok());
   const std::string granted = cache_.OpenSession(kReader, 5, kReader);
   EXPECT_TRUE(cache_.AcquireVersion(granted, "job", 2, std::chrono::milliseconds(0), &g).ok());
   // Closing the sessions gives every lease and its bytes back.
@@ -258,7 +263,7 @@ TEST_F(MetadataBoundsTest, ARevokedGrantEndsTheReadersLeases) {
   ASSERT_TRUE(cache_.CommitTag(owner_, Tag("job", "s1", {{0, "/c/m.pt", 100}}), &out).ok());
   std::vector<uid_t> uids{kReader};
   std::vector<gid_t> gids;
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, false).ok());
+  ASSERT_TRUE(Grant(owner_, "job", uids, gids, false).ok());
   const std::string reader = cache_.OpenSession(kReader, 2, kReader);
   VersionGrant g;
   ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
@@ -266,7 +271,7 @@ TEST_F(MetadataBoundsTest, ARevokedGrantEndsTheReadersLeases) {
   ASSERT_TRUE(cache_.RenewVersion(reader, g.lease_id, std::chrono::milliseconds(0), &granted).ok());
   EXPECT_EQ(cache_.Stats().version_leases, 1u);
   uids = {kReader};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &uids, &gids, true).ok());
+  ASSERT_TRUE(Grant(owner_, "job", uids, gids, true).ok());
   EXPECT_EQ(cache_.Stats().version_leases, 0u);  // ended at the revocation
   Status s = cache_.RenewVersion(reader, g.lease_id, std::chrono::milliseconds(0), &granted);
   EXPECT_EQ(s.code(), Status::Code::kNotFound);
