@@ -92,12 +92,12 @@ CacheStats Cache::TallyLocked() const {
   s.metadata_bytes = quota_.used();
   s.metadata_budget = quota_.limits().budget;
   s.replica_files = replicas_.size();
-  s.version_ranges_served = version_ranges_served_;
-  s.objects_fetched = fetched_objects_;
-  s.object_bytes_fetched = fetched_bytes_;
-  s.object_ranges_read = object_ranges_read_;
+  s.version_ranges_served = counts_.version_ranges_served;
+  s.objects_fetched = counts_.fetched_objects;
+  s.object_bytes_fetched = counts_.fetched_bytes;
+  s.object_ranges_read = counts_.object_ranges_read;
   s.held_markers = waiting_markers_.size();
-  s.marker_rounds = marker_rounds_;
+  s.marker_rounds = counts_.marker_rounds;
   s.object_fetches_shared = fetches_shared_.load();
   if (objects_) {
     for (const ObjectRoot& r : objects_->all()) {
@@ -105,8 +105,8 @@ CacheStats Cache::TallyLocked() const {
       s.object_retries += r.store->retries();
     }
   }
-  s.buffers_created = buffers_created_;
-  s.buffers_reused = buffers_reused_;
+  s.buffers_created = counts_.buffers_created;
+  s.buffers_reused = counts_.buffers_reused;
   s.persist_queue = (persist_ ? persist_->Queued() : 0) + in_flight_.size();
   const std::vector<FileKey> waiting = backups_ ? backups_->Waiting() : std::vector<FileKey>();
   s.backup_queue = waiting.size() + backups_in_flight_;
@@ -114,22 +114,22 @@ CacheStats Cache::TallyLocked() const {
     auto it = files_.find(key);
     if (it != files_.end()) s.backup_lag_bytes += it->second.size;
   }
-  s.backed_up_files = backed_up_files_;
-  s.backup_failures = backup_failures_;
+  s.backed_up_files = counts_.backed_up_files;
+  s.backup_failures = counts_.backup_failures;
   s.backup_failing = backup_failing_;
-  s.recovered_files = recovered_files_;
-  s.ring_checksum_mismatches = recovery_mismatches_;
+  s.recovered_files = counts_.recovered_files;
+  s.ring_checksum_mismatches = counts_.recovery_mismatches;
   s.backup_error = backup_error_;
-  s.persisted_files = persisted_files_;
-  s.persisted_bytes = persisted_bytes_;
+  s.persisted_files = counts_.persisted_files;
+  s.persisted_bytes = counts_.persisted_bytes;
   for (const auto& [key, f] : files_) {
     s.failed_files += f.state == FileState::kFailed;
     const int n = static_cast<int>(f.state);
     if (n > 0 && n < kFileStateSlots) ++s.files_by_state[n];
   }
-  s.evicted_files = evicted_files_;
-  s.discarded_files = discarded_files_;
-  s.stale_drops = stale_drops_;
+  s.evicted_files = counts_.evicted_files;
+  s.discarded_files = counts_.discarded_files;
+  s.stale_drops = counts_.stale_drops;
   s.storage_fallbacks = storage_fallbacks_;
   s.accepting = accepting_;
   s.memory_backing = BackingName(backing_);
@@ -198,7 +198,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     // 1. A free buffer that fits, never one another live session has mapped;
     //    ours first (no mmap, no fd passing), then the smallest.
     if (Buf* best = PickFree(req.session, req.size)) {
-      ++buffers_reused_;
+      ++counts_.buffers_reused;
       StartAllocation(req, disk, *best, out);
       TCE_LOG(kInfo, "cache") << "allocated job=" << req.job << " tag=" << req.tag
                               << " path=" << req.path << " size=" << req.size

@@ -41,6 +41,8 @@
 #include "cache/memory_backing.h"
 #include "cache/memory_budget.h"
 #include "cache/cache_types.h"
+#include "cache/cache_buf.h"
+#include "cache/cache_counters.h"
 #include "cache/client_store.h"
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
@@ -51,6 +53,7 @@
 #include "cache/restore_tracker.h"
 #include "cache/ring_store.h"
 #include "cache/ring_table.h"
+#include "cache/session_limits.h"
 #include "cache/session_table.h"
 #include "common/log_limiter.h"
 #include "common/mutex.h"
@@ -63,18 +66,6 @@
 #include "cache/version_leases.h"
 
 namespace tce {
-
-// Per-session authorization and limits (set before serving).
-struct SessionLimits {
-  bool root_is_admin = true;           // uid 0 may act on every user's jobs
-  size_t max_leases_per_session = 4096;  // Lookup(lease) beyond it: RESOURCE_EXHAUSTED
-  // Version leases (AcquireVersion): their length when the reader names
-  // none, and the longest one granted.
-  std::chrono::milliseconds version_lease{std::chrono::seconds(300)};
-  std::chrono::milliseconds version_lease_max{std::chrono::seconds(3600)};
-  ReadGrants::Ids read_grants;  // readers of every job's published versions
-  MetadataLimits metadata;      // tags, job names, grants and version leases
-};
 
 class Cache : public PoolBudget,
               public MemoryBudget,
@@ -303,26 +294,8 @@ class Cache : public PoolBudget,
   std::vector<std::string> Unfinished(bool* allocations_in_flight) EXCLUDES(mu_);
 
  private:
-  enum class BufState { kFree, kPending, kCached, kDraining, kRetiring };
-
-  struct Buf {
-    std::unique_ptr<Buffer> mem;  // null once RETIRING
-    uint64_t id = 0;
-    uint64_t capacity = 0;
-    BufState state = BufState::kFree;
-    std::set<std::string> mappers;  // sessions holding a writable mapping
-    // Sessions keeping a read-only mapping across leases (keep_mapped):
-    // they never stop its reuse, and are told to unmap it when it goes.
-    std::set<std::string> readers;
-    int leases = 0;
-    int pins = 0;                // persistence workers reading it
-    // Never reused once free (destroyed instead): another uid got its fd
-    // (a granted reader), or a version lease on it ended by expiry while
-    // its reader may still map it.
-    bool no_reuse = false;
-    uint64_t allocation_id = 0;  // while PENDING
-    uid_t uid = 0;               // whose bytes it holds: reused for this uid only
-  };
+  using BufState = CacheBufState;
+  using Buf = CacheBuf;
   struct Allocation {
     uint64_t id = 0;
     std::string session;
@@ -365,11 +338,7 @@ class Cache : public PoolBudget,
   // ReaderAllowed's rule, quietly: *why says why not.
   bool MayRead(uid_t uid, gid_t gid, const std::string& job, bool admin_ok, std::string* why) const
       REQUIRES(mu_);
-  // Tags (cache_tags.cc). A tag a client records names only files its job
-  // holds here, or of ranks that saved none of the tag here (another node's):
-  // NOT_FOUND naming the file otherwise.
-  Status CheckTagFiles(const TagInfo& tag) const REQUIRES(mu_);
-  // Forgets the job's oldest other tags while it would hold more than
+  // Tags (cache_tags.cc). Forgets the job's oldest other tags while it would hold more than
   // max_tags_per_job, or while `tag`'s record does not fit its owner's share
   // of metadata_budget; RESOURCE_EXHAUSTED when it cannot fit at all.
   Status MakeRoomForTag(const TagInfo& tag) REQUIRES(mu_);
@@ -532,7 +501,6 @@ class Cache : public PoolBudget,
   std::shared_ptr<const ObjectRoots> objects_;  // set before serving
   std::set<FileKey> waiting_markers_ GUARDED_BY(mu_);
   std::map<FileKey, uint64_t> peers_durable_ GUARDED_BY(mu_);  // marker -> the version the ring confirmed
-  uint64_t marker_rounds_ GUARDED_BY(mu_) = 0;
   SingleFlight<FileKey> fetching_;  // reads of storage under way (FetchStored)
   std::atomic<uint64_t> fetches_shared_{0};
   std::function<void(const std::string&)> tag_listener_;  // set before serving
@@ -543,20 +511,12 @@ class Cache : public PoolBudget,
   };
   std::map<FileKey, ReadClaim> read_claims_ GUARDED_BY(mu_);  // ClaimRead
   std::atomic<bool> fetch_files_{false};                       // SetFetchFiles
-  uint64_t fetched_objects_ GUARDED_BY(mu_) = 0;
-  uint64_t fetched_bytes_ GUARDED_BY(mu_) = 0;
-  uint64_t object_ranges_read_ GUARDED_BY(mu_) = 0;
   Mutex mu_;
   CondVar done_cv_;     // a file was persisted or failed
   CondVar quiet_cv_;    // no allocation pending or starting any more
   PersistFeed* persist_ GUARDED_BY(mu_) = nullptr;
   std::map<std::pair<std::string, std::string>, uint64_t> in_flight_ GUARDED_BY(mu_);  // key -> version
   bool stopping_ GUARDED_BY(mu_) = false;
-  uint64_t persisted_files_ GUARDED_BY(mu_) = 0;
-  uint64_t persisted_bytes_ GUARDED_BY(mu_) = 0;
-  uint64_t evicted_files_ GUARDED_BY(mu_) = 0;
-  uint64_t discarded_files_ GUARDED_BY(mu_) = 0;
-  uint64_t stale_drops_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> storage_fallbacks_{0};
   std::atomic<uint64_t> disk_seq_{0};
   std::chrono::milliseconds check_timeout_{2000};  // immutable once serving
@@ -573,13 +533,12 @@ class Cache : public PoolBudget,
   LogLimiter fallback_log_{1, std::chrono::seconds(60)};
   uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
   uint64_t next_allocation_id_ GUARDED_BY(mu_) = 1;
-  uint64_t buffers_created_ GUARDED_BY(mu_) = 0;
-  uint64_t buffers_reused_ GUARDED_BY(mu_) = 0;
   std::map<uint64_t, Buf> buffers_ GUARDED_BY(mu_);
   std::map<uint64_t, Allocation> pending_ GUARDED_BY(mu_);
   std::unordered_map<uint64_t, Fate> fates_ GUARDED_BY(mu_);
   std::deque<uint64_t> fate_order_ GUARDED_BY(mu_);
   std::map<FileKey, FileInfo> files_ GUARDED_BY(mu_);
+  CacheCounters counts_ GUARDED_BY(mu_);  // what Stats() reports as done since start
   SessionTable sessions_ GUARDED_BY(mu_);  // sessions and their leases
   JobOwners owners_ GUARDED_BY(mu_);
   MetadataQuota quota_ GUARDED_BY(mu_);  // tags, job names, grants, version leases
@@ -593,7 +552,6 @@ class Cache : public PoolBudget,
   // Files of followed versions brought from other nodes: never persisted,
   // backed up or recorded; read under version leases; evicted once unleased.
   std::map<FileKey, FileInfo> replicas_ GUARDED_BY(mu_);
-  uint64_t version_ranges_served_ GUARDED_BY(mu_) = 0;  // following nodes' ranged reads served
   // Buffers lent out for a replica (ReserveReplica) -> the sessions that
   // keep them mapped, given back to the buffer when it is adopted.
   std::map<uint64_t, std::set<std::string>> lent_readers_ GUARDED_BY(mu_);
@@ -606,11 +564,7 @@ class Cache : public PoolBudget,
   std::chrono::milliseconds restore_wait_{120000};  // set before serving
   bool accepting_ GUARDED_BY(mu_) = true;
   BackupFeed* backups_ GUARDED_BY(mu_) = nullptr;
-  uint64_t backed_up_files_ GUARDED_BY(mu_) = 0;
-  uint64_t backup_failures_ GUARDED_BY(mu_) = 0;
   uint64_t backup_failing_ GUARDED_BY(mu_) = 0;  // in a row; 0 after any success
-  uint64_t recovered_files_ GUARDED_BY(mu_) = 0;
-  uint64_t recovery_mismatches_ GUARDED_BY(mu_) = 0;
   uint64_t backups_in_flight_ GUARDED_BY(mu_) = 0;
   std::string backup_error_ GUARDED_BY(mu_);
   std::string self_endpoint_ GUARDED_BY(mu_);

@@ -348,8 +348,8 @@ Status Cache::InstallFetched(const std::string& job, const std::string& path, st
   }
   files_[fk] = f;
   if (!disk.etag.empty()) {
-    ++fetched_objects_;
-    fetched_bytes_ += size;
+    ++counts_.fetched_objects;
+    counts_.fetched_bytes += size;
   }
   Note(f, false);
   TCE_LOG(kInfo, "cache") << "fetched job=" << job << " path=" << path << " from " << from << " size=" << size

@@ -184,7 +184,7 @@ Status Cache::ReserveReplica(const std::string& job, uint64_t size, std::unique_
         used_ -= b.capacity;
         reserved_ += b.capacity;
         lent_readers_[id] = std::move(b.readers);
-        ++buffers_reused_;
+        ++counts_.buffers_reused;
         buffers_.erase(id);
         return Status::OK();
       }
@@ -263,7 +263,7 @@ Status Cache::StartVersionRead(const std::string& job, const std::string& path, 
 
 void Cache::NoteVersionRangeServed() {
   MutexLock lock(&mu_);
-  ++version_ranges_served_;
+  ++counts_.version_ranges_served;
 }
 
 bool Cache::HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) {

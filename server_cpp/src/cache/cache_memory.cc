@@ -99,7 +99,7 @@ Cache::Buf& Cache::Install(std::unique_ptr<Buffer> mem, bool created) {
   buf.capacity = mem->capacity();
   buf.mem = std::move(mem);
   used_ += buf.capacity;
-  if (created) ++buffers_created_;
+  if (created) ++counts_.buffers_created;
   return buf;
 }
 
@@ -213,7 +213,7 @@ void Cache::Evict(FileInfo& f, const char* why) {
   f.state = FileState::kEvicted;
   f.buffer_id = 0;
   f.capacity = 0;
-  ++evicted_files_;
+  ++counts_.evicted_files;
   Note(f, false);
 }
 

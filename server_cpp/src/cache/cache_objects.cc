@@ -119,7 +119,7 @@ Status Cache::ReadObjectRange(const std::string& session, const std::string& job
   *id = obj;
   if (length > 0) {
     MutexLock lock(&mu_);
-    ++object_ranges_read_;
+    ++counts_.object_ranges_read;
   }
   return Status::OK();
 }
@@ -217,7 +217,7 @@ std::vector<RingStore::HeldMarker> Cache::MarkersAwaitingPeers() {
     m.version = f->second.version;
     if (PeersMustConfirm(key, f->second, &m.remote) && !m.remote.empty()) out.push_back(std::move(m));
   }
-  if (!out.empty()) ++marker_rounds_;
+  if (!out.empty()) ++counts_.marker_rounds;
   return out;
 }
 

@@ -227,8 +227,8 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
     it->second.persisted_unix_ns = clock_->UnixNowNs();
     it->second.records = std::move(records);
     TellHolderPersisted(it->second);
-    ++persisted_files_;
-    persisted_bytes_ += job.size;
+    ++counts_.persisted_files;
+    counts_.persisted_bytes += job.size;
     Note(it->second, false);
     EnforceKeepLast(job.job);
     if (!waiting_markers_.empty()) ReleaseMarkers(job.job);

@@ -120,7 +120,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   if (it != files_.end()) {  // known from metadata: size, owner and CRCs are metadata's
     const FileInfo& known = it->second;
     if (known.size != 0 && known.size != f.size) {
-      ++recovery_mismatches_;
+      ++counts_.recovery_mismatches;
       return Status::DataLoss("the ring's copy of " + f.path + " has " + std::to_string(f.size) +
                               " bytes, metadata " + std::to_string(known.size) + ": storage serves it");
     }
@@ -129,7 +129,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
       auto same = std::find_if(f.records.begin(), f.records.end(),
                                [&](const Record& r) { return r.name == k.name; });
       if (same == f.records.end() || same->crc32 != k.crc32 || same->size != k.size) {
-        ++recovery_mismatches_;
+        ++counts_.recovery_mismatches;
         return Status::DataLoss("the ring's copy of " + f.path + " does not match the checksums in "
                                 "metadata (record " + k.name + "): storage serves it");
       }
@@ -190,7 +190,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
     if (f.persisted_unix_ns == 0) f.persisted_unix_ns = f.committed_unix_ns;
   }
   files_[key] = f;
-  ++recovered_files_;
+  ++counts_.recovered_files;
   Note(f, false);
   if (f.state != FileState::kPersisted) QueuePersist(key);  // it may never have reached storage
   TCE_LOG(kInfo, "ring") << "recovered job=" << f.job << " path=" << f.path << " size=" << f.size
@@ -245,7 +245,7 @@ StorageCheck Cache::CheckRecovered(const FileInfo& f, DiskIdentity* here) {
 
 Status Cache::RefuseStaleCopy(const FileKey& key, const FileInfo& copy, const std::string& why,
                               const std::string& what) {
-  ++stale_drops_;
+  ++counts_.stale_drops;
   // Known here from now on as what storage holds, so loads read storage and
   // ask the ring no more.
   FileInfo& f = files_[key];

@@ -150,12 +150,12 @@ void Cache::FinishBackup(const BackupJob& job, const Status& result) {
   const bool current = it != files_.end() && it->second.version == job.version &&
                        it->second.buffer_id != 0;
   if (!result.ok()) {
-    ++backup_failures_;
+    ++counts_.backup_failures;
     backup_error_ = job.peer + ": " + result.ToString();
     if (current && backups_) backups_->Send({job.job, job.path});  // again, after the worker's backoff
     return;
   }
-  ++backed_up_files_;
+  ++counts_.backed_up_files;
   if (!current) return;  // superseded or evicted meanwhile; the next version goes too
   it->second.backup_holder = job.peer;
   if (it->second.state == FileState::kCached) it->second.state = FileState::kBackedUp;
@@ -282,7 +282,7 @@ void Cache::EndPeerRead(uint64_t buffer_id) {
 
 void Cache::NoteBackupError(const std::string& message) {
   MutexLock lock(&mu_);
-  ++backup_failures_;
+  ++counts_.backup_failures;
   backup_error_ = message;
 }
 

@@ -103,14 +103,14 @@ void Cache::LetGo(FileInfo& f, FileState state, const std::string& why) {
 void Cache::Discard(FileInfo& f, const std::string& why) {
   TCE_LOG(kWarning, "cache") << "DISCARDED job=" << f.job << " tag=" << f.tag << " path=" << f.path
                              << ": " << why << " (the save is dropped, never persisted)";
-  ++discarded_files_;
+  ++counts_.discarded_files;
   LetGo(f, FileState::kDiscarded, why);
 }
 
 void Cache::DropStale(FileInfo& f, const std::string& why) {
   TCE_LOG(kInfo, "cache") << "dropped the cached copy of job=" << f.job << " path=" << f.path << ": "
                           << why << " (loads read storage)";
-  ++stale_drops_;
+  ++counts_.stale_drops;
   LetGo(f, FileState::kEvicted, why);
 }
 

@@ -7,6 +7,35 @@
 #include "common/logging.h"
 
 namespace tce {
+namespace {
+
+// A tag a client records names only files its job holds here, or of ranks
+// that saved none of the tag here (another node's): NOT_FOUND naming the
+// file otherwise.
+Status CheckTagFiles(const TagInfo& tag, const std::map<FileKey, FileInfo>& files) {
+  // The ranks that committed files of this tag here: a file of such a rank
+  // must be here too; a rank with none here saved on another node.
+  std::set<int32_t> local;
+  for (auto it = files.lower_bound({tag.job, ""}); it != files.end() && it->first.first == tag.job; ++it)
+    if (it->second.tag == tag.tag && it->second.state != FileState::kDiscarded) local.insert(it->second.rank);
+  size_t held = 0;
+  for (const TagFile& tf : tag.files) {
+    auto f = files.find({tag.job, tf.path});
+    if (f != files.end() && f->second.state != FileState::kPending && f->second.state != FileState::kDiscarded) {
+      ++held;
+    } else if (local.count(tf.rank)) {
+      return Status::NotFound("tag '" + tag.tag + "' names " + tf.path + " of rank " + std::to_string(tf.rank) +
+                              ", which job '" + tag.job + "' does not hold here, although rank " +
+                              std::to_string(tf.rank) + " saved files of the tag here");
+    }
+  }
+  if (held == 0)
+    return Status::NotFound("tag '" + tag.tag + "' names no file job '" + tag.job +
+                            "' holds on this server: a tag is recorded on a node that saved files of it");
+  return Status::OK();
+}
+
+}  // namespace
 
 Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   const std::string why = TagRegistry::Check(&tag);
@@ -16,7 +45,7 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   if (s.ok() && why.empty())
     s = CheckAccess(session, tag.job, "commit tag '" + tag.tag + "' into job '" + tag.job + "'");
   if (!s.ok()) return s;
-  if (why.empty()) s = CheckTagFiles(tag);
+  if (why.empty()) s = CheckTagFiles(tag, files_);
   if (s.ok() && why.empty()) s = MakeRoomForTag(tag);
   if (!s.ok() || !why.empty()) {
     const std::string refusal = why.empty() ? s.message() : why;
@@ -41,29 +70,6 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   if (!waiting_markers_.empty()) ReleaseMarkers(out->job);  // a marker may have waited for this record
   if (!rings_.Successor(out->job).empty() && backups_) backups_->SendTag(TagCopy{out->job, out->tag});
   if (tag_listener_) tag_listener_(out->job);
-  return Status::OK();
-}
-
-Status Cache::CheckTagFiles(const TagInfo& tag) const {
-  // The ranks that committed files of this tag here: a file of such a rank
-  // must be here too; a rank with none here saved on another node.
-  std::set<int32_t> local;
-  for (auto it = files_.lower_bound({tag.job, ""}); it != files_.end() && it->first.first == tag.job; ++it)
-    if (it->second.tag == tag.tag && it->second.state != FileState::kDiscarded) local.insert(it->second.rank);
-  size_t held = 0;
-  for (const TagFile& tf : tag.files) {
-    auto f = files_.find({tag.job, tf.path});
-    if (f != files_.end() && f->second.state != FileState::kPending && f->second.state != FileState::kDiscarded) {
-      ++held;
-    } else if (local.count(tf.rank)) {
-      return Status::NotFound("tag '" + tag.tag + "' names " + tf.path + " of rank " + std::to_string(tf.rank) +
-                              ", which job '" + tag.job + "' does not hold here, although rank " +
-                              std::to_string(tf.rank) + " saved files of the tag here");
-    }
-  }
-  if (held == 0)
-    return Status::NotFound("tag '" + tag.tag + "' names no file job '" + tag.job +
-                            "' holds on this server: a tag is recorded on a node that saved files of it");
   return Status::OK();
 }
 

@@ -1,5 +1,5 @@
 #include "daemon/daemon.h"
-#include "daemon/limits.h"
+#include "daemon/component_options.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grp.h>
@@ -235,21 +235,8 @@ int Daemon::ReadRingKey() {
 // The ring's transport (none without a ring), wrapped by the hooks.
 int Daemon::MakeTransport() {
   if (ring_) {
-    TransportOptions to;
-    to.name = opt_.ring_transport;
-    to.ofi_provider = opt_.ofi_provider;
-    to.streams = opt_.ring_streams;
-    std::string variable;
-    to.ofi_devices = DeviceSpecFromEnv(&variable);
-    int ignored_port;
-    if (!ParseEndpoint(opt_.peer_advertise.empty() ? opt_.peer_listen : opt_.peer_advertise,
-                       &to.source_host, &ignored_port).ok())
-      to.source_host.clear();
-    if (to.source_host == "0.0.0.0" || to.source_host == "::") to.source_host.clear();
-    to.io_timeout = std::chrono::milliseconds(opt_.peer_timeout_ms);
-    Status s;
-    if (!(s = NewTransport(to, &transport_)).ok())
-      return Fail("ring_transport " + opt_.ring_transport + ": " + s.message(), 2);
+    Status s = NewTransport(MakeTransportOptions(opt_), &transport_);
+    if (!s.ok()) return Fail("ring_transport " + opt_.ring_transport + ": " + s.message(), 2);
   }
   if (ring_ && hooks_.wrap_transport) transport_ = hooks_.wrap_transport(std::move(transport_));
   return 0;

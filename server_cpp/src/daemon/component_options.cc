@@ -1,6 +1,9 @@
-#include "daemon/limits.h"
+#include "daemon/component_options.h"
 
 #include <algorithm>
+
+#include "common/net.h"
+#include "ring/fabric_select.h"
 
 
 namespace tce {
@@ -21,6 +24,22 @@ Status MakeSessionLimits(const Options& opt, uint64_t memory_budget, const Memor
   m.max_grants_per_job = static_cast<size_t>(opt.max_grants_per_job);
   m.max_version_leases_per_uid = static_cast<size_t>(opt.max_version_leases_per_uid);
   return Status::OK();
+}
+
+TransportOptions MakeTransportOptions(const Options& opt) {
+  TransportOptions to;
+  to.name = opt.ring_transport;
+  to.ofi_provider = opt.ofi_provider;
+  to.streams = opt.ring_streams;
+  std::string variable;
+  to.ofi_devices = DeviceSpecFromEnv(&variable);
+  int ignored_port;
+  if (!ParseEndpoint(opt.peer_advertise.empty() ? opt.peer_listen : opt.peer_advertise, &to.source_host,
+                     &ignored_port).ok())
+    to.source_host.clear();
+  if (to.source_host == "0.0.0.0" || to.source_host == "::") to.source_host.clear();
+  to.io_timeout = std::chrono::milliseconds(opt.peer_timeout_ms);
+  return to;
 }
 
 }  // namespace tce
