@@ -144,10 +144,10 @@ TEST_F(FollowTest, AVersionsDigestsAreThoseItsPublisherComputesOfItsOwnFiles) {
   ASSERT_TRUE(cache_.VersionTag("job", "s1", &again));
   cache_.VersionDigests(&again, &pins);
   EXPECT_TRUE(pins.empty()) << "computed once";
-  ASSERT_EQ(again.files[1].path, "/c/m.safetensors");
-  EXPECT_TRUE(again.files[1].has_crc32);
-  EXPECT_EQ(again.files[1].crc32, 42u);
-  EXPECT_FALSE(again.files[0].has_crc32) << "not held here";
+  ASSERT_EQ(again.files[0].path, "/c/m.safetensors");  // sorted by (rank, path)
+  EXPECT_TRUE(again.files[0].has_crc32);
+  EXPECT_EQ(again.files[0].crc32, 42u);
+  EXPECT_FALSE(again.files[1].has_crc32) << "not held here";
   // A followed version keeps its source's digests; a replica is never digested here.
   ASSERT_TRUE(cache_.AddFollower("fj", kOwner, kReader).ok());
   TagInfo v = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}, {0, "/c/x.safetensors", 5}});
