@@ -69,8 +69,11 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _warned_fallback = False
 # (socket, job, path) of every file this process saved through a cache server
-# and has not yet seen persisted: what tce.wait() waits for by default.
-_unsettled: dict[tuple[str, str, str], None] = {}  # GUARDED_BY(_lock)
+# and has not yet seen persisted: what tce.wait() waits for by default, and
+# the version (allocation id) of this process's last save of it. The server
+# answers a wait for a path; an answer about an older version means this save
+# was lost (the server restarted before it recorded it).
+_unsettled: dict[tuple[str, str, str], int] = {}  # GUARDED_BY(_lock)
 # (socket, job, path) of every file this process's last save of that path
 # wrote directly (a fallback, fsynced before it returned): durable already,
 # so tce.wait() settles it without asking a server that may be down.
@@ -122,12 +125,12 @@ def _fallback_warning(reason: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _note_cached(job: str, path: str) -> None:
-    """`path` now has a cached version: tce.wait() waits for it, and no
-    direct write of it stands any more."""
+def _note_cached(job: str, path: str, version: int) -> None:
+    """`path` now has a cached version, `version`: tce.wait() waits for it,
+    and no direct write of it stands any more."""
     with _lock:
         key = (_knobs.get("socket"), job, path)
-        _unsettled[key] = None
+        _unsettled[key] = version
         _written_directly.discard(key)
 
 
@@ -148,9 +151,8 @@ def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
     plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     rank = _dist.rank() if rank is None else rank
     try:
-        info = with_client(lambda c: c.save(plan, job=job, tag=tag, rank=rank, path=path,
-                                            blocking=blocking))
-        _note_cached(job, path)
+        info = with_client(lambda c: c.save(plan, job=job, tag=tag, rank=rank, path=path, blocking=blocking,
+                                            on_allocated=lambda v: _note_cached(job, path, v)))
         return info
     except (ServerUnavailableError, CacheFullError) as e:
         if _knobs.get("on_unavailable") == "raise":
@@ -275,6 +277,10 @@ def _async_to(device: torch.device):
 # Wait
 # ---------------------------------------------------------------------------
 
+LOST = ("lost: the server no longer knows this process's last save of the path (it restarted before "
+        "recording it); storage holds an older file or none: save it again")
+
+
 def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None, *,
                timeout: float | None = None, job: str | None = None) -> None:
     """:func:`tce.wait` (see there)."""
@@ -301,11 +307,21 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
     def left() -> float | None:
         return None if deadline is None else max(0.001, deadline - time.monotonic())
 
+    def saved(j: str, p: str) -> int:
+        """The version of this process's last save of p through the server (0: none)."""
+        with _lock:
+            return _unsettled.get((socket_path, j, p)) or 0
+
     def settle(j: str, ps: list[str]) -> list[Any]:
         try:
             return with_client(lambda c: c.wait(j, ps, left()))
         except NotCachedError:
             if len(ps) == 1:  # not held: settled only if it is on storage
+                if saved(j, ps[0]):  # and not a save of ours the server no longer knows
+                    failures[ps[0]] = LOST
+                    with _lock:
+                        _unsettled.pop((socket_path, j, ps[0]), None)
+                    return []
                 if not os.path.exists(ps[0]):
                     raise FileNotFoundError(errno.ENOENT, "not saved through the cache, and not on "
                                             "storage", ps[0]) from None
@@ -318,6 +334,8 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
         for info in settle(j, ps):
             if info.state == pb.FILE_STATE_FAILED:
                 failures[info.path] = info.reason
+            elif info.version < saved(j, info.path):  # an older save of the path: ours was lost
+                failures[info.path] = LOST
             with _lock:
                 _unsettled.pop((socket_path, j, info.path), None)
     if failures:
@@ -383,7 +401,7 @@ def allocate_file(path: str | os.PathLike, size: int, *, job: str | None = None,
         try:
             allocation = with_client(lambda c: c.allocate(job=job, tag=tag, rank=rank, path=path,
                                                           size=size))
-            _note_cached(job, path)
+            _note_cached(job, path, allocation.version)
             return allocation
         except (ServerUnavailableError, CacheFullError) as e:
             if _knobs.get("on_unavailable") == "raise":

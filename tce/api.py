@@ -130,7 +130,10 @@ def wait(
     nothing left to make durable. A path whose last save in this process
     fell back to a direct write is settled without asking any server (that
     write was fsynced before the save returned), so waiting works while the
-    server is down.
+    server is down. A path whose last save in this process went through the
+    server is settled by that save or a later one only: when the server
+    answers with an older save, or holds none, it restarted before recording
+    this save, which is lost (``PersistFailedError``, ``lost: ...``).
 
     Raises:
         PersistFailedError: the server gave up on some file (reasons attached;

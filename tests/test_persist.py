@@ -248,3 +248,42 @@ def test_ls_reads_metadata_without_a_server(storage):
     assert json.loads(p.stdout) == [{"job": "meta-job", "tag": "step5", "rank": "2",
                                      "state": "PERSISTED", "size": json.loads(p.stdout)[0]["size"],
                                      "path": str(storage / "a.pt")}]
+
+
+@pytest.mark.parametrize("metadata", ["sqlite", "none"])
+def test_a_save_the_server_lost_in_a_restart_is_not_acknowledged(storage, tmp_path, metadata):
+    """A save the server is killed on before it recorded it, while the path's
+    previous save is on storage: tce.wait must not settle the path on the
+    older file's word. The state dir (SQLite) and the storage directory are
+    made immutable (chattr +i) so that neither the record nor the file can
+    be written before the kill."""
+    state = tmp_path / "state"
+    extra = [] if metadata == "sqlite" else ["--metadata-url", "none"]
+    s = LocalServer(memory_budget="64MiB", storage_roots=[str(storage)], state_dir=str(state),
+                    extra_args=extra).start()
+    frozen: list[str] = []
+    try:
+        path = storage / "model.pt"
+        with _knobs.override(socket=s.socket, on_unavailable="raise", job="lost"):
+            tce.save({"w": torch.full((8,), 1.0)}, path)
+            tce.wait([path])
+            wait_metadata_written()
+            frozen = [str(storage)] + [str(p) for p in (state.iterdir() if state.exists() else ()) if p.name.startswith("tce.db")]
+            subprocess.run(["chattr", "+i", *frozen], check=True)
+            tce.save({"w": torch.full((8,), 2.0)}, path)  # in memory only: nothing can record it
+            s.kill()
+            subprocess.run(["chattr", "-i", *frozen], check=True)
+            frozen = []
+            api.close()
+            s.start()
+            with pytest.raises(tce.PersistFailedError) as e:
+                tce.wait([path])
+            assert e.value.failures == {str(path): _service.LOST}
+            assert torch.equal(torch.load(path)["w"], torch.full((8,), 1.0))  # the older save, as said
+            tce.wait([path])  # reported once: the path is this process's no more
+            api.close()
+    finally:
+        if frozen:
+            subprocess.run(["chattr", "-i", *frozen], check=False)
+        s.stop()
+        s.cleanup()

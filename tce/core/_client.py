@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import weakref
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import grpc
 import torch
@@ -205,15 +205,19 @@ class Client(LoadCalls, VersionCalls):
     # ---- operations -----------------------------------------------------
 
     def save(self, plan: _layout.Plan, *, job: str, tag: str, rank: int, path: str,
-             blocking: bool = True) -> Any:
+             blocking: bool = True, on_allocated: Callable[[int], None] | None = None) -> Any:
         """Write a planned file into a fresh buffer and commit it.
 
         Returns the committed FileInfo; with ``blocking=False``, a
         :class:`~tce.core._staging.StagedSave` as soon as the copies' places on
         the device streams are marked (the staging thread writes the file,
-        waits for the copies and commits).
+        waits for the copies and commits). ``on_allocated`` is told the
+        allocation id (the file's ``version`` once committed) as soon as the
+        server gave it.
         """
         resp = self._allocate(job=job, tag=tag, rank=rank, path=path, size=plan.size)
+        if on_allocated is not None:
+            on_allocated(resp.allocation_id)
         # torch.save reads its CRC choice when it is called: so does this,
         # not the staging thread that commits later.
         omit_zip_crc32 = not torch.serialization.get_crc32_options()
@@ -464,6 +468,7 @@ class Allocation:
                  size: int) -> None:
         self._client = client
         self._id = allocation_id
+        self.version = allocation_id  # the committed file's version
         self.path = path
         self.size = size
         self.tensor = mapping.tensor[:size]

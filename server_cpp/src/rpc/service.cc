@@ -44,6 +44,7 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
   out->set_persisted_unix_ns(f.persisted_unix_ns);
   out->set_reason(f.reason);
   out->set_backup_holder(f.backup_holder);
+  out->set_version(f.version);
   RecordsToProto(f.records, out->mutable_records());
 }
 
