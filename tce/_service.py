@@ -318,9 +318,7 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
         except NotCachedError:
             if len(ps) == 1:  # not held: settled only if it is on storage
                 if saved(j, ps[0]):  # and not a save of ours the server no longer knows
-                    failures[ps[0]] = LOST
-                    with _lock:
-                        _unsettled.pop((socket_path, j, ps[0]), None)
+                    failures[ps[0]] = LOST  # (until the path is saved again or removed)
                     return []
                 if not os.path.exists(ps[0]):
                     raise FileNotFoundError(errno.ENOENT, "not saved through the cache, and not on "
@@ -335,7 +333,8 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
             if info.state == pb.FILE_STATE_FAILED:
                 failures[info.path] = info.reason
             elif info.version < saved(j, info.path):  # an older save of the path: ours was lost
-                failures[info.path] = LOST
+                failures[info.path] = LOST  # (until the path is saved again or removed)
+                continue
             with _lock:
                 _unsettled.pop((socket_path, j, info.path), None)
     if failures:

@@ -280,7 +280,11 @@ def test_a_save_the_server_lost_in_a_restart_is_not_acknowledged(storage, tmp_pa
                 tce.wait([path])
             assert e.value.failures == {str(path): _service.LOST}
             assert torch.equal(torch.load(path)["w"], torch.full((8,), 1.0))  # the older save, as said
-            tce.wait([path])  # reported once: the path is this process's no more
+            with pytest.raises(tce.PersistFailedError):  # again: until the path is saved again
+                tce.wait()
+            tce.save({"w": torch.full((8,), 3.0)}, path)
+            tce.wait()
+            assert torch.equal(torch.load(path)["w"], torch.full((8,), 3.0))
             api.close()
     finally:
         if frozen:
