@@ -14,7 +14,7 @@ it is made and each ``tce.wait`` acknowledgement after. Faults, drawn from
 the seed (printed first, so a run's schedule can be replayed): the server
 and the writer SIGKILLed and started again, S3 connections reset or cut
 mid-body, the endpoint frozen, 503 SlowDown bursts, a storage directory
-made unwritable (``chattr +i``). At the deadline the faults stop, the
+or the server's state dir made unwritable (``chattr +i``). At the deadline the faults stop, the
 writer stops, the server persists what it holds and is stopped (SIGTERM,
 exit 0), and the journal is checked (tests/soak_verify.py). Exit status 1
 on any loss, any server or writer exit the soak did not cause, or a run
@@ -56,9 +56,10 @@ class Server:
     def __init__(self, work: Path, roots: list[str], s3_endpoint: str) -> None:
         self.socket = str(work / "tce.sock")
         self.log_path = str(work / "server.log")
+        self.state_dir = str(work / "state")
         self.args = dict(
             socket_path=self.socket, memory_budget=MEMORY_BUDGET, storage_roots=roots,
-            state_dir=str(work / "state"), log_path=self.log_path, env=credentials_env(),
+            state_dir=self.state_dir, log_path=self.log_path, env=credentials_env(),
             drain_timeout_ms=30000,
             extra_args=["--s3-endpoint", s3_endpoint, "--s3-path-style", "true",
                         "--s3-part-size", "5MiB", "--s3-backoff-ms", "50",
@@ -96,8 +97,7 @@ class Server:
         os.replace(trigger + ".tmp", trigger)
 
     def disarm_kill(self, trigger: str) -> bool:
-        """Ends :meth:`arm_kill`; True when the writer killed it (then it is
-        started again)."""
+        """Ends :meth:`arm_kill`; True when the writer killed it."""
         try:
             os.unlink(trigger)  # first: no kill will come
             self._expected_exit = False
@@ -112,9 +112,8 @@ class Server:
         if code != -signal.SIGKILL:
             self.unexpected.append(f"server start {self.starts} exited with {code} while the "
                                    f"writer was to SIGKILL it; its log:\n{self.log_since()[-4000:]}")
-            return True
-        self.sigkills += 1
-        self.start()
+        else:
+            self.sigkills += 1
         return True
 
     def check(self) -> bool:
@@ -366,8 +365,8 @@ def _report(soak: Soak, args: argparse.Namespace, seconds: float) -> tuple[str, 
     if hasattr(soak, "faults"):
         c = soak.faults.counts
         lines.append("  faults: " + ", ".join(f"{k} {c[k]}" for k in KINDS)
-                     + f" ({soak.faults.untriggered} kill-server-after-save with no save "
-                       f"meanwhile, {soak.relay.cuts} connections cut mid-body, "
+                     + f" ({soak.faults.untriggered} kills after a save armed while no save "
+                       f"returned, {soak.relay.cuts} connections cut mid-body, "
                        f"{soak.proxy.counts().get('SlowDown', 0)} requests answered 503)")
         for kind, why in soak.faults.unavailable.items():
             lines.append(f"  {kind} left out: {why}")

@@ -17,6 +17,7 @@ body), which the proxy, reading requests whole, does not do.
 from __future__ import annotations
 
 import collections
+import os
 import random
 import socket
 import struct
@@ -27,10 +28,12 @@ from typing import Callable
 
 # kind -> weight in the draw
 WEIGHTS = {"kill-server": 1.5, "kill-server-after-save": 1.0, "kill-writer": 1.0, "s3-reset": 1.0,
-           "s3-midbody": 1.5, "s3-freeze": 1.0, "s3-slowdown": 1.5, "dir-readonly": 1.0}
+           "s3-midbody": 1.5, "s3-freeze": 1.0, "s3-slowdown": 1.5, "dir-readonly": 1.0,
+           "state-readonly": 1.0}
 KINDS = tuple(WEIGHTS)
 # One fault of a group at a time.
-_GROUP = {k: ("s3" if k.startswith("s3-") else "server" if k.startswith("kill-server") else k)
+_GROUP = {k: ("s3" if k.startswith("s3-") else
+              "server" if k.startswith("kill-server") or k == "state-readonly" else k)
           for k in KINDS}
 
 
@@ -151,7 +154,7 @@ class Faults:
     soak's loop starts the next one when it is due and ends those whose
     time is up. ``plan``: (seconds from the start, kind) pairs to run
     instead of the draw (the kinds' durations still come from ``rng``).
-    ``counts``: faults started, by kind; ``events``: one line each."""
+    ``counts``: faults started, by kind; ``log``: told of each start and end."""
 
     def __init__(self, rng: random.Random, *, server, writer, proxy, relay: CutRelay,
                  readonly_dir: str, kinds: tuple[str, ...] = KINDS,
@@ -162,14 +165,15 @@ class Faults:
         self.proxy, self.relay, self.readonly_dir = proxy, relay, readonly_dir
         self.plan = sorted(plan) if plan is not None else None
         self.counts: collections.Counter[str] = collections.Counter()
-        self.slowdowns_asked = 0
-        self.untriggered = 0  # kill-server-after-save armed while no save returned
+        self.untriggered = 0  # kills after a save armed while no save returned
         self.unavailable: dict[str, str] = {}  # kind -> why it cannot run here
-        if "dir-readonly" in kinds and not self._chattr_works():
-            self.unavailable["dir-readonly"] = "chattr +i needs root (CAP_LINUX_IMMUTABLE)"
-            self.kinds = tuple(k for k in kinds if k != "dir-readonly")
+        self._immutable: list[str] = []  # what a -readonly fault made immutable
+        if not self._chattr_works():
+            for kind in ("dir-readonly", "state-readonly"):
+                self.unavailable[kind] = "chattr +i needs root (CAP_LINUX_IMMUTABLE)"
+            self.kinds = tuple(k for k in kinds if k not in self.unavailable)
             if self.plan is not None:
-                self.plan = [(t, k) for t, k in self.plan if k != "dir-readonly"]
+                self.plan = [(t, k) for t, k in self.plan if k not in self.unavailable]
         self._ends: list[tuple[float, str, Callable[[], None]]] = []
         self._t0 = time.monotonic()
         self._next = self._t0 + (self.rng.uniform(*every) if plan is None else 0.0)
@@ -226,7 +230,9 @@ class Faults:
         self.server.arm_kill(self.writer.kill_trigger)
 
         def end() -> None:
-            if not self.server.disarm_kill(self.writer.kill_trigger):
+            if self.server.disarm_kill(self.writer.kill_trigger):
+                self.server.start()
+            else:
                 self.untriggered += 1
         return self.rng.uniform(1.0, 5.0), end
 
@@ -252,22 +258,52 @@ class Faults:
 
     def _fault_s3_slowdown(self) -> tuple[float, Callable[[], None]]:
         """The next n requests are answered 503 SlowDown."""
-        n = self.rng.randint(3, 40)
-        self.slowdowns_asked += n
-        self.proxy.throttle(n)
+        self.proxy.throttle(self.rng.randint(3, 40))
         return self.rng.uniform(2.0, 10.0), lambda: self.proxy.throttle(0)
 
     def _fault_dir_readonly(self) -> tuple[float, Callable[[], None]]:
         """No file can be made or renamed in one directory of the directory
         root, not even by root: ``chattr +i``."""
-        subprocess.run(["chattr", "+i", self.readonly_dir], check=True)
-        return self.rng.uniform(1.0, 6.0), self.writable
+        return self.rng.uniform(1.0, 6.0), self._make_immutable([self.readonly_dir])
+
+    def _fault_state_readonly(self) -> tuple[float, Callable[[], None]]:
+        """The server's state dir and every file in it (the SQLite database
+        and its WAL, the upload journals) refuse writes, even on the fds the
+        server holds open (``chattr +i``, as a failing disk under it would),
+        for 1-5 s; meanwhile the server is SIGKILLed right after a save
+        returns, and started again once the state dir is writable."""
+        state = self.server.state_dir
+        writable = self._make_immutable(
+            [state] + [os.path.join(state, n) for n in sorted(os.listdir(state))])
+        self.server.arm_kill(self.writer.kill_trigger)
+
+        def end() -> None:
+            killed = self.server.disarm_kill(self.writer.kill_trigger)
+            writable()
+            if killed:
+                self.server.start()
+            else:
+                self.untriggered += 1
+        return self.rng.uniform(1.0, 5.0), end
+
+    def _make_immutable(self, paths: list[str]) -> Callable[[], None]:
+        """``chattr +i`` on ``paths``; returns what makes them writable again."""
+        self._immutable += paths
+        subprocess.run(["chattr", "+i", *paths], check=True)
+
+        def writable() -> None:
+            subprocess.run(["chattr", "-i", *paths], check=False)
+            self._immutable = [p for p in self._immutable if p not in paths]
+        return writable
 
     def _chattr_works(self) -> bool:
         if subprocess.run(["chattr", "+i", self.readonly_dir], capture_output=True).returncode:
             return False
-        self.writable()
+        subprocess.run(["chattr", "-i", self.readonly_dir], check=True)
         return True
 
     def writable(self) -> None:
-        subprocess.run(["chattr", "-i", self.readonly_dir], check=False)
+        """Ends every -readonly fault still on (the soak's last word)."""
+        if self._immutable:
+            subprocess.run(["chattr", "-i", *self._immutable], check=False)
+            self._immutable.clear()

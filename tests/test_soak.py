@@ -4,8 +4,9 @@ twice), then its self-check, which flips one byte of one stored file per
 root after the run: the soak must report exactly those two files lost and
 nothing else, so its verification is shown to compare bytes.
 
-The plan leaves out kill-server-after-save, which `make soak` runs: it
-finds acknowledged saves lost (docs/testing.md, "The soak")."""
+The plan leaves out kill-server-after-save and state-readonly, which
+`make soak` draws: they find acknowledged saves lost (docs/testing.md,
+"The soak")."""
 
 from __future__ import annotations
 
