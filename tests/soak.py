@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import os
 import random
 import shutil
@@ -41,7 +42,7 @@ sys.path.insert(0, str(TESTS))
 from s3_helpers import FaultProxy  # noqa: E402
 from soak_faults import KINDS, CutRelay, Faults  # noqa: E402
 from soak_verify import Outcome, corrupt, log_lines, verify  # noqa: E402
-from soak_writer import JOB, SUBDIRS, read_journal  # noqa: E402
+from soak_writer import JOB, SUBDIRS, read_journal, stamp  # noqa: E402
 from tce.tools._moto import MotoServer, credentials_env  # noqa: E402
 from tce.tools._server import LocalServer  # noqa: E402
 
@@ -214,7 +215,8 @@ class Soak:
     def __init__(self, args: argparse.Namespace, seed: int, work: Path) -> None:
         self.args, self.seed, self.work = args, seed, work
         self.failures: list[str] = []
-        self.events = open(work / "events.log", "a")
+        self.events_path = str(work / "events.log")
+        self.events = open(self.events_path, "a")
         self.t0 = time.monotonic()
         self.failed_at_end: collections.Counter[str] = collections.Counter()  # FAILED files by reason
         self.stop_codes: list[int] = []
@@ -223,7 +225,7 @@ class Soak:
         self.self_check: list[tuple[str, str]] = []
 
     def log(self, line: str) -> None:
-        self.events.write(f"[{time.monotonic() - self.t0:8.2f}s] {line}\n")
+        self.events.write(f"{stamp()} [{time.monotonic() - self.t0:7.2f}s] {line}\n")
         self.events.flush()
 
     def run(self) -> None:
@@ -387,10 +389,7 @@ def _report(soak: Soak, args: argparse.Namespace, seconds: float) -> tuple[str, 
         for loss in o.losses:
             lines.append(f"  LOST {loss.path} ({loss.root}): acknowledged save {loss.n} "
                          f"digest {loss.expected[:16]}, found {loss.found}: {loss.detail}")
-            for line in log_lines(soak.server.log_path, (loss.path,))[-6:]:
-                lines.append(f"    server: {line}")
-            for line in log_lines(soak.writer.log_path, (loss.path, f"after save {loss.n} "))[-4:]:
-                lines.append(f"    writer: {line}")
+            lines += _context(soak, loss)
     failures = soak.all_failures()
     ok = not failures and o is not None
     if args.self_check:
@@ -405,6 +404,26 @@ def _report(soak: Soak, args: argparse.Namespace, seconds: float) -> tuple[str, 
         lines.append("  FAILURE: " + f)
     lines.append(f"result: {'PASS' if ok else 'FAIL'} (work dir {soak.work})")
     return "\n".join(lines), ok
+
+
+def _context(soak: Soak, loss) -> list[str]:
+    """The lines of the logs around a loss: the faults of the 15 s before
+    the writer saw it (or before the end), the server's lines about its
+    path until then, the writer's about its save."""
+    writer = log_lines(soak.writer.log_path, (f"save {loss.n} ",))
+    seen = [line.split()[0] for line in writer if "acknowledged, but" in line]
+    until = seen[0] if seen else "9"  # "9" sorts after every stamp: the whole log
+    since = "0"
+    if seen:
+        at = datetime.datetime.fromisoformat(seen[0].replace("Z", "+00:00"))
+        since = stamp(at - datetime.timedelta(seconds=15))
+    faults = [line for line in log_lines(soak.events_path, (" for ",))
+              if since <= line.split()[0] <= until]
+    server = [line for line in log_lines(soak.server.log_path, (loss.path,))
+              if line.split()[0] <= until]
+    return ([f"    fault:  {line}" for line in faults[-3:]] +
+            [f"    server: {line}" for line in server[-4:]] +
+            [f"    writer: {line}" for line in writer[-3:]])
 
 
 _LOGGED = {"persisted": " persist: persisted ", "evicted": " cache: evicted ",

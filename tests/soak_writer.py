@@ -175,10 +175,15 @@ def pool(dir_root: str, s3_root: str, names: int) -> list[tuple[str, str]]:
     return out
 
 
+def stamp(at: datetime.datetime | None = None) -> str:
+    """UTC time as the server stamps its log lines (``...T12:00:00.123Z``)."""
+    at = at or datetime.datetime.now(datetime.timezone.utc)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def say(line: str) -> None:
-    """A line of the writer's log, stamped as the server stamps its own."""
-    now = datetime.datetime.now(datetime.timezone.utc)
-    print(f"{now.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z {line}", flush=True)
+    """A line of the writer's log."""
+    print(f"{stamp()} {line}", flush=True)
 
 
 class _JournalWriter:
