@@ -27,14 +27,13 @@ import logging
 import mmap as _mmap
 import os
 import pickle
-import threading
 import time
 import warnings
 from typing import Any
 
 import torch
 
-from tce.core import _client, _dist, _files, _knobs, _layout, _staging
+from tce.core import _client, _dist, _files, _knobs, _layout, _saves, _staging
 from tce.core._layout import storage_bytes
 from tce.core._objects import ObjectPin
 from tce.core._originals import torch_load, torch_save
@@ -66,18 +65,7 @@ __all__ = ["allocate_file", "client", "close", "is_path", "job_or_default", "loa
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
 _warned_fallback = False
-# (socket, job, path) of every file this process saved through a cache server
-# and has not yet seen persisted: what tce.wait() waits for by default, and
-# the version (allocation id) of this process's last save of it. The server
-# answers a wait for a path; an answer about an older version means this save
-# was lost (the server restarted before it recorded it).
-_unsettled: dict[tuple[str, str, str], int] = {}  # GUARDED_BY(_lock)
-# (socket, job, path) of every file this process's last save of that path
-# wrote directly (a fallback, fsynced before it returned): durable already,
-# so tce.wait() settles it without asking a server that may be down.
-_written_directly: set[tuple[str, str, str]] = set()  # GUARDED_BY(_lock)
 
 
 def is_path(f: Any) -> bool:
@@ -125,13 +113,8 @@ def _fallback_warning(reason: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _note_cached(job: str, path: str, version: int) -> None:
-    """`path` now has a cached version, `version`: tce.wait() waits for it,
-    and no direct write of it stands any more."""
-    with _lock:
-        key = (_knobs.get("socket"), job, path)
-        _unsettled[key] = version
-        _written_directly.discard(key)
+def _key(job: str, path: str) -> _saves.Key:
+    return (_knobs.get("socket"), job, path)
 
 
 def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
@@ -152,7 +135,7 @@ def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
     rank = _dist.rank() if rank is None else rank
     try:
         info = with_client(lambda c: c.save(plan, job=job, tag=tag, rank=rank, path=path, blocking=blocking,
-                                            on_allocated=lambda v: _note_cached(job, path, v)))
+                                            on_allocated=lambda v: _saves.saved_through_server(_key(job, path), v)))
         return info
     except (ServerUnavailableError, CacheFullError) as e:
         if _knobs.get("on_unavailable") == "raise":
@@ -175,10 +158,7 @@ def _write_directly(obj: Any, path: str, job: str, pickle_module: Any,
     """The fallback: plain torch.save, atomically (see _files.atomic_write)."""
     _files.atomic_write(path, lambda target: torch_save(obj, target, pickle_module,
                                                         pickle_protocol))
-    with _lock:
-        key = (_knobs.get("socket"), job, path)
-        _unsettled.pop(key, None)
-        _written_directly.add(key)
+    _saves.written_directly(_key(job, path))
 
 
 # ---------------------------------------------------------------------------
@@ -288,8 +268,7 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
     _staging.wait_staged(timeout)  # asynchronous saves commit first
     socket_path = _knobs.get("socket")
     if paths is None:
-        with _lock:
-            keys = [(j, p) for s, j, p in _unsettled if s == socket_path]
+        keys = _saves.pending(socket_path)
     else:
         if is_path(paths):
             paths = [paths]
@@ -297,9 +276,7 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
         keys = [(job_or_default(job), norm(p)) for p in paths if uncacheable(norm(p)) is None]
     by_job: dict[str, list[str]] = {}
     for j, p in keys:
-        with _lock:
-            direct = (socket_path, j, p) in _written_directly
-        if direct and os.path.exists(p):  # fsynced by the fallback: no server needed
+        if _saves.is_direct((socket_path, j, p)) and os.path.exists(p):  # fsynced by the fallback: no server needed
             continue
         by_job.setdefault(j, []).append(p)
     failures: dict[str, str] = {}
@@ -307,10 +284,8 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
     def left() -> float | None:
         return None if deadline is None else max(0.001, deadline - time.monotonic())
 
-    def saved(j: str, p: str) -> int:
-        """The version of this process's last save of p through the server (0: none)."""
-        with _lock:
-            return _unsettled.get((socket_path, j, p)) or 0
+    def saved(j: str, p: str) -> int:  # the version of this process's last save of p (0: none)
+        return _saves.version((socket_path, j, p))
 
     def settle(j: str, ps: list[str]) -> list[Any]:
         try:
@@ -323,8 +298,7 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
                 if not os.path.exists(ps[0]):
                     raise FileNotFoundError(errno.ENOENT, "not saved through the cache, and not on "
                                             "storage", ps[0]) from None
-                with _lock:
-                    _unsettled.pop((socket_path, j, ps[0]), None)
+                _saves.settled((socket_path, j, ps[0]))
                 return []
             return [info for p in ps for info in settle(j, [p])]
 
@@ -335,8 +309,7 @@ def wait_files(paths: list[str | os.PathLike] | str | os.PathLike | None = None,
             elif info.version < saved(j, info.path):  # an older save of the path: ours was lost
                 failures[info.path] = LOST  # (until the path is saved again or removed)
                 continue
-            with _lock:
-                _unsettled.pop((socket_path, j, info.path), None)
+            _saves.settled((socket_path, j, info.path))
     if failures:
         first = next(iter(failures.items()))
         raise PersistFailedError(
@@ -372,10 +345,7 @@ class DirectFile:
                 f.write(data)
 
         _files.atomic_write(self.path, write)
-        with _lock:
-            key = (_knobs.get("socket"), self._job, self.path)
-            _unsettled.pop(key, None)
-            _written_directly.add(key)
+        _saves.written_directly(_key(self._job, self.path))
         self.abort()
 
     def abort(self) -> None:
@@ -400,7 +370,7 @@ def allocate_file(path: str | os.PathLike, size: int, *, job: str | None = None,
         try:
             allocation = with_client(lambda c: c.allocate(job=job, tag=tag, rank=rank, path=path,
                                                           size=size))
-            _note_cached(job, path, allocation.version)
+            _saves.saved_through_server(_key(job, path), allocation.version)
             return allocation
         except (ServerUnavailableError, CacheFullError) as e:
             if _knobs.get("on_unavailable") == "raise":
@@ -428,8 +398,7 @@ def remove_file(path: str | os.PathLike, *, job: str | None = None) -> None:
     try:
         with_client(lambda c: c.remove(job, path))
     finally:
-        with _lock:
-            _unsettled.pop((_knobs.get("socket"), job, path), None)
+        _saves.settled(_key(job, path))
 
 
 def object_layout(obj: Any) -> _layout.Plan:
