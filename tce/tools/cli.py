@@ -11,7 +11,7 @@ from typing import Sequence
 
 from tce import api, client
 from tce.errors import PersistFailedError, TCEError
-from tce.tools import _bench, _demo, _doctor
+from tce.tools import _bench, _demo, _doctor, _vllm_cli
 from tce.tools._server import server_binary
 from tce.v1 import tce_pb2 as pb
 
@@ -281,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="train, crash, resume from the cache; print the timings")
     _demo.add_arguments(s)
+
+    s = sub.add_parser("vllm", help="vLLM engines that take their weights from TCE")
+    _vllm_cli.add_arguments(s)
     return p
 
 
@@ -299,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("retry takes PATH... or --all")
     handler = {"status": _cmd_status, "ls": _cmd_ls, "show": _cmd_show, "bench": _cmd_bench,
                "demo": _cmd_demo, "doctor": _cmd_doctor, "retry": _cmd_retry, "drop": _cmd_drop,
-               "wait": _cmd_wait}
+               "wait": _cmd_wait, "vllm": _vllm_cli.main}
     try:
         return handler[args.command](args)
     except TCEError as e:
