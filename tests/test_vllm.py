@@ -27,8 +27,8 @@ from tce.core import _knobs
 from tce.vllm import Engine
 from tce.tools import _vllm_env
 from tce.tools._server import LocalServer
+from tce.tools._vllm_model import build, train_step
 from helpers import until
-from vllm_model import build, train_step
 
 HERE = Path(__file__).parent
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

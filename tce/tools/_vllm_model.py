@@ -1,13 +1,13 @@
-"""A small Qwen2-architecture model and its tokenizer, built here (no hub):
-what the vLLM tests serve and train.
+"""A Qwen2-architecture model and its tokenizer, built here (no hub): what
+the vLLM tests, bench and demo serve and train.
 
-    python vllm_model.py DIR [--hidden H] [--layers L]
+    python -m tce.tools._vllm_model DIR [--hidden H] [--layers L]
 
 writes DIR/config.json, DIR/model.safetensors and the tokenizer files,
 float32 weights from a fixed seed. The tokenizer is a byte-level BPE
 trained on a few sentences, enough to turn the tests' prompts into tokens.
-Runs in the test environment and in the vLLM one (both have transformers
-and tokenizers).
+Runs beside TCE and in the vLLM environment (both need transformers and
+tokenizers).
 """
 
 from __future__ import annotations
