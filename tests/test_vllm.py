@@ -28,6 +28,7 @@ from tce.vllm import Engine
 from tce.tools import _vllm_env
 from tce.tools._server import LocalServer
 from tce.tools._vllm_model import build, train_step
+from test_security_local import users  # noqa: F401  (the fixture)
 from helpers import until
 
 HERE = Path(__file__).parent
@@ -380,3 +381,76 @@ def test_an_engine_on_another_node_follows_through_the_chain_driven_by_tce_vllm_
                        [trainer.dirs[v] for v in (1, 2, 3)])
     for v in (1, 2, 3):
         assert answers[v] == fresh[f"step{v}"], f"version {v} differs from a fresh engine on its files"
+
+
+class Driven:
+    """An offline LLM on TCE's backend (tests/vllm_driver.py serve), driven a command at a time."""
+
+    def __init__(self, python: Path, model: Path, job: str, env: dict, cwd: Path) -> None:
+        self.proc = subprocess.Popen([str(python), str(HERE / "vllm_driver.py"), "serve", str(model), job],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
+        self.lines: list[str] = []
+        assert self._reply() == {"ready": True}, "".join(self.lines[-60:])
+
+    def _reply(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("@@ "):
+                return json.loads(line[3:])
+            self.lines.append(line)
+        raise AssertionError("the engine exited:\n" + "".join(self.lines[-80:]))
+
+    def __call__(self, command: str) -> dict:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.mark.security
+def test_a_revoked_grant_is_refused_and_the_engine_keeps_serving(tmp_path, vllm_python, users):
+    """The trainer is another local user; the engine (root, which the server
+    treats as any user: root_is_admin false) reads the job's versions by its
+    grant. Once the owner revokes it, the update is refused, saying so, and
+    the engine serves the version it had; granted again, it moves on."""
+    from test_security_local import Node
+
+    node = Node(users, budget="512MiB", extra_args=["--root-is-admin", "false", "--memory-backing", "4k"])
+    engine = None
+    try:
+        base = Path(node.base) / "base"
+        build(base)
+        job = "rl-other-user"
+
+        def owner(*args: str) -> dict:
+            r = subprocess.run([sys.executable, str(HERE / "vllm_owner.py"), "tce-test-a", node.socket, job,
+                                *args], capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
+            return json.loads(r.stdout.strip().splitlines()[-1])
+
+        assert owner("publish", str(base), node.path("a", "step1"), "step1", "1") == {"version": 1}
+        assert owner("grant", "0")["uids"] == [0]
+        engine = Driven(vllm_python, base, job, _vllm_env.engine_env(node.socket), tmp_path)
+        assert engine("update 1") == {"ok": True}
+        served = engine("ask")
+        assert owner("publish", str(base), node.path("a", "step2"), "step2", "2") == {"version": 2}
+        assert owner("revoke", "0")["uids"] == []
+        refused = engine("update 2")
+        assert "the owner revoked the read grant of uid 0" in refused["error"], refused
+        assert engine("version") == {"version": 1}
+        assert engine("ask") == served
+        assert owner("grant", "0")["uids"] == [0]
+        assert engine("update 2") == {"ok": True}
+        assert engine("version") == {"version": 2}
+        assert engine("ask") != served
+    finally:
+        if engine is not None:
+            engine.close()
+        node.close()

@@ -2,6 +2,11 @@
 
     python vllm_driver.py follow MODEL OUT LAST     an offline LLM on TCE's backend
     python vllm_driver.py reference OUT DIR...      a fresh LLM on each DIR's files
+    python vllm_driver.py serve MODEL JOB           an offline LLM the test drives
+
+``serve``: the engine answers commands on stdin, one per line (``update
+N``, ``ask``, ``version``), with one JSON line each on stdout, prefixed
+with ``@@ `` (vLLM logs there too).
 
 ``follow``: an offline ``vllm.LLM`` started on MODEL with
 ``weight_transfer_config={"backend": "tce"}`` (nothing else of TCE in its
@@ -81,6 +86,32 @@ def follow(model: str, out: Path, last: int) -> None:
         (out / f"v{version}.json").write_text(json.dumps(ask(llm)))
 
 
+def serve(model: str, job: str) -> None:
+    from vllm import LLM
+
+    from tce import vllm as tce_vllm
+
+    llm = LLM(model=model, weight_transfer_config={"backend": "tce"}, **ENGINE_ARGS)
+    [engine] = tce_vllm.connect([llm], job)
+
+    def reply(obj: dict) -> None:
+        print("@@ " + json.dumps(obj), flush=True)
+
+    reply({"ready": True})
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        if cmd == "update":
+            try:
+                engine.update(int(args[0]))
+                reply({"ok": True})
+            except Exception as e:
+                reply({"error": str(e)})
+        elif cmd == "ask":
+            reply(ask(llm))
+        elif cmd == "version":
+            reply({"version": engine.version()})
+
+
 def reference(out: Path, dirs: list[str]) -> None:
     from vllm import LLM
 
@@ -94,6 +125,8 @@ if __name__ == "__main__":
     what, rest = sys.argv[1], sys.argv[2:]
     if what == "follow":
         follow(rest[0], Path(rest[1]), int(rest[2]))
+    elif what == "serve":
+        serve(rest[0], rest[1])
     elif what == "reference":
         reference(Path(rest[0]), rest[1:])
     else:
