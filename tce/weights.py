@@ -457,6 +457,16 @@ class Weights:
             torch.cuda.synchronize()
         return loaded
 
+    def pinned_tensors(self) -> list[tuple[str, torch.Tensor]] | None:
+        """``(name, tensor)`` for every weight, over the read-only mappings
+        this process keeps of the version's buffers, each registered with
+        CUDA once where there is a GPU (so copies to it run at pinned speed): for an engine
+        that copies the tensors to its GPU itself, as vLLM's weight loaders
+        do. Read-only: never write to them. None when a file is not in this
+        node's memory or is part of a DCP checkpoint (use :meth:`tensors`)."""
+        state = self._kept_state(None, to_gpu=torch.cuda.is_available())
+        return None if state is None else list(state.items())
+
     def _kept_state(self, shard: Shard | None, to_gpu: bool) -> dict[str, torch.Tensor] | None:
         """The version's tensors over this process's kept mappings of its
         buffers (read-only, mapped and faulted in once for as long as the

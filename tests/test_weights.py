@@ -253,6 +253,41 @@ def test_load_into_a_gpu_module_copies_from_the_registered_mapping(server, tmp_p
         assert torch.equal(a, b.cpu()), n
 
 
+def test_pinned_tensors_view_the_kept_mappings_of_the_version(server, tmp_path):
+    """Without a GPU, pinned_tensors are the same bytes over the kept
+    mappings (no registration), the version's own."""
+    trained = _model()
+    tce.save(trained.state_dict(), tmp_path / "m.pt", tag="v")
+    weights.publish("v")
+    with weights.open() as w:
+        pinned = dict(w.pinned_tensors())
+        buffer = w._files[str(tmp_path / "m.pt")].buffer_id
+        kept = client()._kept[buffer].tensor
+        for n, t in trained.state_dict().items():
+            assert torch.equal(pinned[n], t), n
+            start = pinned[n].untyped_storage().data_ptr()
+            assert kept.data_ptr() <= start < kept.data_ptr() + kept.numel(), n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_engine_s_loader_reads_the_version_pinned_for_its_gpu(server, tmp_path):
+    """What the vLLM backend hands a GPU engine's weight loaders
+    (``pinned_tensors``): the kept read-only mappings, registered with CUDA
+    once, so each copy to the device runs as DMA from pinned memory."""
+    trained = _model()
+    tce.save(trained.state_dict(), tmp_path / "m.pt", tag="v")
+    weights.publish("v")
+    with weights.open() as w:
+        pinned = w.pinned_tensors()
+        buffer = w._files[str(tmp_path / "m.pt")].buffer_id
+        assert client()._kept[buffer].cuda_registered
+        on_gpu = {n: t.to("cuda", non_blocking=True) for n, t in pinned}
+        torch.cuda.synchronize()
+    for n, t in trained.state_dict().items():
+        assert torch.equal(on_gpu[n].cpu(), t), n
+
+
 def test_an_evicted_version_comes_back_into_the_cache_once_for_every_reader(tmp_path):
     """Evicted for real (other saves need the memory): the first reader of
     the version has the server read the file back into its cache, still
