@@ -188,9 +188,18 @@ class TCEWeightTransferEngine(WeightTransferEngine[TCEInitInfo, TCEUpdateInfo]):
         finalize_layerwise_reload(self.model, self.model_config)
 
     def _roll_back(self, cause: BaseException) -> None:
-        """The load failed after the model was touched: load the version it
-        held before, which the lease kept intact."""
+        """The load failed after the model was touched: close the layerwise
+        reload it left open (layers it never reached get their kernels back,
+        half-loaded ones are processed as they are), then load the version
+        the engine held before, which the lease kept intact, in a reload of
+        its own."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
         prev = self._loaded
+        try:
+            finalize_layerwise_reload(self.model, self.model_config)
+        except BaseException as e:
+            log.error("tce: closing the failed reload failed too (%s)", e)
         try:
             if prev is None:
                 raise RuntimeError("no version was loaded through TCE before")

@@ -454,3 +454,29 @@ def test_a_revoked_grant_is_refused_and_the_engine_keeps_serving(tmp_path, vllm_
         if engine is not None:
             engine.close()
         node.close()
+
+
+def test_a_load_that_fails_half_way_is_rolled_back_to_the_version_served(server, tmp_path, vllm_python):
+    """A load that dies after part of the new version went into the model
+    (a fault injected at the model's load_weights, after every check passed):
+    the worker loads the version it served again, from its lease, and the
+    engine serves it exactly as before."""
+    job = _knobs.get("job")
+    base = server.root / job / "base"
+    build(base)
+    trainer = Trainer(base, server.root / job / "ckpt")
+    trainer.step(1)
+    trainer.step(2)
+    engine = Driven(vllm_python, base, job, _vllm_env.engine_env(server.socket), tmp_path)
+    try:
+        assert engine("update 1") == {"ok": True}
+        served = engine("ask")
+        assert engine("fail-next-load") == {"ok": True}
+        failed = engine("update 2")
+        assert "injected: the load died half-way" in failed["error"], failed
+        assert engine("version") == {"version": 1}
+        assert engine("ask") == served
+        assert engine("update 2") == {"ok": True}  # the next try loads it
+        assert engine("ask") != served
+    finally:
+        engine.close()

@@ -5,8 +5,8 @@
     python vllm_driver.py serve MODEL JOB           an offline LLM the test drives
 
 ``serve``: the engine answers commands on stdin, one per line (``update
-N``, ``ask``, ``version``), with one JSON line each on stdout, prefixed
-with ``@@ `` (vLLM logs there too).
+N``, ``ask``, ``version``, ``fail-next-load``: tests/vllm_faults.py), with
+one JSON line each on stdout, prefixed with ``@@ `` (vLLM logs there too).
 
 ``follow``: an offline ``vllm.LLM`` started on MODEL with
 ``weight_transfer_config={"backend": "tce"}`` (nothing else of TCE in its
@@ -91,7 +91,8 @@ def serve(model: str, job: str) -> None:
 
     from tce import vllm as tce_vllm
 
-    llm = LLM(model=model, weight_transfer_config={"backend": "tce"}, **ENGINE_ARGS)
+    llm = LLM(model=model, weight_transfer_config={"backend": "tce"},
+              worker_extension_cls="vllm_faults.Faults", **ENGINE_ARGS)
     [engine] = tce_vllm.connect([llm], job)
 
     def reply(obj: dict) -> None:
@@ -110,6 +111,9 @@ def serve(model: str, job: str) -> None:
             reply(ask(llm))
         elif cmd == "version":
             reply({"version": engine.version()})
+        elif cmd == "fail-next-load":
+            llm.collective_rpc("fail_next_load")
+            reply({"ok": True})
 
 
 def reference(out: Path, dirs: list[str]) -> None:
