@@ -125,7 +125,10 @@ class TCEWeightTransferEngine(WeightTransferEngine[TCEInitInfo, TCEUpdateInfo]):
             self._load(tensors, info.chunk_mib)
         except BaseException as e:
             w.close()
-            self._roll_back(e)
+            if not self._roll_back(e):
+                raise RuntimeError(f"loading version {w.version} failed ({e}) and the version served "
+                                   "before could not be loaded again: the engine's weights are "
+                                   "incomplete") from e
             raise
         del tensors
         previous, self._loaded = self._loaded, w
@@ -187,7 +190,7 @@ class TCEWeightTransferEngine(WeightTransferEngine[TCEInitInfo, TCEUpdateInfo]):
             self.model.load_weights(chunk)
         finalize_layerwise_reload(self.model, self.model_config)
 
-    def _roll_back(self, cause: BaseException) -> None:
+    def _roll_back(self, cause: BaseException) -> bool:
         """The load failed after the model was touched: close the layerwise
         reload it left open (layers it never reached get their kernels back,
         half-loaded ones are processed as they are), then load the version
@@ -208,8 +211,9 @@ class TCEWeightTransferEngine(WeightTransferEngine[TCEInitInfo, TCEUpdateInfo]):
         except BaseException as e:
             log.error("tce: loading failed (%s) and the previous weights could not be restored (%s): "
                       "the engine's weights are incomplete", cause, e)
-            return
+            return False
         log.warning("tce: loading failed (%s); the engine serves version %d again", cause, prev.version)
+        return True
 
 
 def _signature(version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> Signature:
