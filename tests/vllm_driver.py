@@ -31,7 +31,9 @@ from pathlib import Path
 SHORT = "The checkpoint engine"
 LONG = " ".join(["Rollouts read each version from the cache of their node."] * 12)
 ENGINE_ARGS = dict(dtype="float32", max_model_len=512, block_size=32, seed=0, enforce_eager=True,
-                   enable_prefix_caching=True)
+                   enable_prefix_caching=True,
+                   # TEST_TP=2: two workers, each binding its threads to a core of its own
+                   tensor_parallel_size=int(os.environ.get("TEST_TP", "1")))
 SERVER_ARGS = ("--dtype", "float32", "--max-model-len", "512", "--block-size", "32", "--seed", "0",
                "--enforce-eager", "--enable-prefix-caching")
 
