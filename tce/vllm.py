@@ -100,6 +100,7 @@ class Engine:
                                                f"it has no {call}()")
             self.name = f"LLM@{id(target):x}"
         self._init_args: tuple[str, dict[str, Any]] | None = None
+        self.initialised = False  # init answered (the engine may forget it by restarting)
 
     def __repr__(self) -> str:
         return f"Engine({self.name})"
@@ -146,6 +147,7 @@ class Engine:
             self._post("init_weight_transfer_engine", {"init_info": info})
         else:
             self.target.init_weight_transfer_engine({"init_info": info})
+        self.initialised = True
 
     def version(self) -> int | None:
         """The version the engine serves (its ``weight_version``), or None
@@ -278,6 +280,9 @@ def _bring(e: Engine, version: int, mode: str) -> EngineUpdate:
     """Update ``e`` to ``version`` unless it serves it already; never raises."""
     start = time.monotonic()
     try:
+        if not e.initialised and e._init_args is not None:  # it was not up when first asked
+            job, kw = e._init_args
+            e.init(job, **kw)
         have = e.version()
         if have is not None and have >= version:
             return EngineUpdate(e.name, have, 0.0)

@@ -231,3 +231,29 @@ def test_demo_weights_serves_each_version_on_two_other_nodes_bitwise(tmp_path):
     assert [int(r[0]) for r in rows] == [2, 3, 4], out  # every version served on both nodes
     assert next(ln for ln in out.splitlines() if ln.lstrip().startswith("storage")), out
     assert "every reader's logits equal the trainer's at every version, bit for bit: yes" in out, out
+
+
+def test_vllm_follow_reports_an_engine_it_cannot_reach_as_lagging(server, tmp_path):
+    """tce vllm follow with an engine that is not up: it says so, then for
+    each version reports the engine as lagging with the reason, and keeps
+    following (the engine is initialised once it answers)."""
+    from tce import weights
+    from tce.tools._ports import free_port
+
+    job = f"cli-vllm-{os.getpid()}"
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    p = subprocess.Popen([sys.executable, "-m", "tce.cli", "--socket", server.socket, "vllm", "follow",
+                          "--job", job, "--server", url, "--timeout", "5"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert p.stdout.readline().startswith(f"{url} not initialised yet: {url}: ")
+        assert p.stdout.readline() == f"following job '{job}' for 1 engine(s)\n"
+        for v in (1, 2):
+            tce.save({"w": torch.full((10,), float(v))}, tmp_path / f"v{v}.pt", tag=f"step{v}", job=job)
+            weights.publish(f"step{v}", job=job)
+            line = p.stdout.readline()
+            assert line.startswith(f"version {v} (step{v}): {url} serves 0, lag {v}: {url}: "), line
+            assert "refused" in line, line
+    finally:
+        p.kill()
+        p.wait()

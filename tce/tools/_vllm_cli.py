@@ -41,7 +41,9 @@ def _line(info: weights.VersionInfo, results: list[tce_vllm.EngineUpdate]) -> st
     parts = []
     for r in results:
         lag = info.version - r.version
-        part = f"{r.engine} serves {r.version}" + (f" ({r.seconds:.2f} s)" if r.seconds else "")
+        part = f"{r.engine} serves {r.version}"
+        if r.seconds and not r.error:
+            part += f" ({r.seconds:.2f} s)"
         if lag:
             part += f", lag {lag}"
         if r.error:
@@ -55,7 +57,10 @@ def main(args: argparse.Namespace) -> int:
         weights.follow(args.job, sources=args.sources)
     engines = [tce_vllm.Engine(url, timeout=args.timeout) for url in args.server]
     for e in engines:
-        e.init(args.job, sources=args.sources)
+        try:
+            e.init(args.job, sources=args.sources)
+        except tce_vllm.UpdateFailedError as err:  # not up yet: initialised at its first update
+            print(f"{e.name} not initialised yet: {err}", file=sys.stderr, flush=True)
     print(f"following job {args.job!r} for {len(engines)} engine(s)", flush=True)
     done: dict[str, int] = {}
 
