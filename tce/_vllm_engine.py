@@ -228,7 +228,8 @@ def _signature(version: int, tensors: Iterable[tuple[str, torch.Tensor]]) -> Sig
 def _files_signature(model: str) -> Signature | None:
     """The weights the engine's own checkpoint declares (its safetensors
     headers), or None where it has none here (a hub id, a dummy load)."""
-    files = sorted(glob.glob(os.path.join(glob.escape(model), "*.safetensors"))) if os.path.isdir(model) else []
+    pattern = os.path.join(glob.escape(model), "*.safetensors")
+    files = sorted(glob.glob(pattern)) if os.path.isdir(model) else []
     if not files:
         log.warning("tce: %s has no safetensors files here; the first version loaded is taken as "
                     "the model's signature, unchecked", model)

@@ -90,7 +90,8 @@ class Engine:
         if isinstance(target, str):
             u = urllib.parse.urlsplit(target)
             if u.scheme not in ("http", "https") or not u.netloc:
-                raise InvalidArgumentError(f"a vLLM server is named by its URL (http://host:port), got {target!r}")
+                raise InvalidArgumentError(
+                    f"a vLLM server is named by its URL (http://host:port), got {target!r}")
             self.name = target.rstrip("/")
         else:
             for call in ("init_weight_transfer_engine", "start_weight_update", "update_weights",

@@ -137,7 +137,8 @@ def test_an_offline_llm_serves_each_version_as_a_fresh_engine_would(server, tmp_
     build(base)
     env = _env(server.socket, job)
     if tp > 1:
-        env.update(TEST_TP=str(tp), VLLM_CPU_OMP_THREADS_BIND="|".join(str(i % os.cpu_count()) for i in range(tp)))
+        cores = "|".join(str(i % os.cpu_count()) for i in range(tp))  # a core per worker
+        env.update(TEST_TP=str(tp), VLLM_CPU_OMP_THREADS_BIND=cores)
     out = tmp_path / "served"
     out.mkdir()
     log = open(tmp_path / "engine.log", "w")
@@ -191,10 +192,10 @@ class Servers:
         for _ in range(n):
             port = free_port()
             log = self.tmp / f"vllm-{port}.log"
-            with open(log, "w") as f:
+            with open(log, "w") as f:  # cwd: not the checkout, whose tce/ would shadow the installed one
                 self.procs.append(subprocess.Popen(
                     _vllm_env.server_command(self.python, model, port, args=SERVER_ARGS),
-                    env=self.env, stdout=f, stderr=subprocess.STDOUT, cwd=self.tmp))  # not the checkout: its tce/ would shadow the installed one
+                    env=self.env, stdout=f, stderr=subprocess.STDOUT, cwd=self.tmp))
             self.logs.append(log)
             urls.append(f"http://127.0.0.1:{port}")
         for url, proc, log in zip(urls, self.procs[-n:], self.logs[-n:]):
