@@ -257,3 +257,27 @@ def test_vllm_follow_reports_an_engine_it_cannot_reach_as_lagging(server, tmp_pa
     finally:
         p.kill()
         p.wait()
+
+
+@pytest.mark.vllm
+@pytest.mark.multinode
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # a hang bound: makes the vLLM environment if missing (minutes)
+def test_demo_weights_with_vllm_serves_every_version_as_a_fresh_engine_would(tmp_path):
+    """A vLLM server on node 1 serves each version the trainer on node 0
+    publishes (tce vllm follow), with a timeline, and answers as fresh
+    engines on the versions' files do, bit for bit."""
+    if os.geteuid() != 0:
+        pytest.fail("the multinode tests need root (network namespaces); CI runs as root")
+    p = _tce("demo", "--weights", "--engine", "vllm", "--versions", "3", "--every", "2", "--dim", "64",
+             "--layers", "2", timeout=2100)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout
+    rows = [r for r in (ln.split(maxsplit=7) for ln in out.splitlines()) if r[:2] and r[0].isdigit()]
+    assert [(int(r[0]), int(r[1])) for r in rows] == [(1, 0), (2, 2), (3, 4)], out  # version, step
+    for version, step, loss, saved, published, known, served, generation in rows[1:]:
+        # node 1 learns the version, and the engine serves it, after it was saved
+        assert 0 < float(saved) < float(known) and float(saved) < float(served), out
+        assert generation[0] in "'\"", out  # the engine's text, as a Python literal
+    assert "the engine's answers equal a fresh engine's on each version's files, bit for bit " \
+           "(tokens and logprobs): yes" in out, out

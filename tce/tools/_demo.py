@@ -181,7 +181,13 @@ def _child(args: argparse.Namespace, socket_path: str, ckpt_dir: str, report: st
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "engine", None) and not getattr(args, "weights", False):
+        raise SystemExit("tce demo: --engine goes with --weights")
     if getattr(args, "weights", False):
+        if getattr(args, "engine", None) == "vllm":
+            from tce.tools import _demo_vllm  # weights to a vLLM server
+
+            return _demo_vllm.main(args)
         from tce.tools import _demo_weights  # weights to inference
         return _demo_weights.main(args)
     if args.nodes > 1:
@@ -278,13 +284,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "inference processes on two other nodes serve each one (network namespaces, "
                         "root); a timeline per version and the storage path for comparison")
     p.add_argument("--versions", type=int, default=5, help="with --weights: versions to publish")
+    p.add_argument("--engine", choices=("vllm",), default=None,
+                   help="with --weights: the inference side is a vLLM server on another node, kept on "
+                        "each version by tce vllm follow (the trainer fine-tunes a small Qwen2 model; "
+                        "--dim and --layers size it); installs the vLLM environment on first use")
     p.add_argument("--nodes", type=int, default=1,
                    help="N >= 3: N nodes (network namespaces, root), one rank and one tce-server "
                         "each in a ring; node 1 is lost and the job resumes from the ring")
 
 
 def _train_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m tce.tools._demo")
+    # resolve: this process's --engine (the checkpoint engine) replaces the
+    # demo's (the inference engine of --weights)
+    p = argparse.ArgumentParser(prog="python -m tce.tools._demo", conflict_handler="resolve")
     add_arguments(p)
     p.add_argument("--dir", required=True)
     p.add_argument("--report", required=True)
