@@ -304,8 +304,9 @@ def test_an_engine_on_another_node_follows_through_the_chain_driven_by_tce_vllm_
         tmp_path, nodes2, vllm_python):
     """The trainer's node (namespace 0) publishes; a vLLM server on an
     inference node (namespace 1, its own tce-server following the job) is
-    kept on the newest version by ``tce vllm follow``, its bytes coming
-    over the ring's link from the trainer's node. A trainer killed after
+    kept on the newest version by ``tce vllm follow``, started before the
+    first version, its bytes coming over the ring's link from the trainer's
+    node. A trainer killed after
     its save, before the version was published, moves nothing: the engine
     serves the version it served until the next one is published."""
     from test_ring import _node_server, _status, _stop
@@ -325,7 +326,6 @@ def test_an_engine_on_another_node_follows_through_the_chain_driven_by_tce_vllm_
         with _knobs.override(socket=trainer_node.socket, job=job, on_unavailable="raise"):
             weights.grant(nodes=[infer_endpoint])
             trainer = Trainer(base, root / "ckpt")
-            trainer.step(1)
         nodes2.host_address()  # this namespace reaches the nodes' addresses
         url = f"http://{nodes2.addresses[1]}:8000"
         log = open(tmp_path / "vllm.log", "w")
@@ -341,7 +341,10 @@ def test_an_engine_on_another_node_follows_through_the_chain_driven_by_tce_vllm_
                                      "--until-version", "3"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
         procs.append(follower)
+        # Started before the trainer published anything: it follows all the same.
         assert follower.stdout.readline().startswith(f"following job '{job}'")
+        with _knobs.override(socket=trainer_node.socket, job=job, on_unavailable="raise"):
+            trainer.step(1)
         line = follower.stdout.readline()
         assert line.startswith(f"version 1 (step1): {url} serves 1 ("), line
         answers = {1: ask_http(url, str(base))}

@@ -126,5 +126,19 @@ TEST_F(FollowWatchTest, ANewFollowOfAFailingJobAsksAgainAtOnce) {
   ASSERT_TRUE(Eventually([&] { return Job().failures == 0; }));
 }
 
+TEST_F(FollowWatchTest, AJobGrantedBeforeItsFirstVersionIsFollowedAndItsFirstVersionArrives) {
+  // The trainer's user granted this node at its start; nothing is published yet.
+  ReadGrants::Ids ids{{}, {}, {kSelf}};
+  ASSERT_TRUE(source_.GrantRead(owner_, "job", &ids, false).ok());
+  TagInfo newest;
+  ASSERT_TRUE(Follow(kUser, &newest).ok());  // followed, no version yet
+  EXPECT_EQ(newest.version, 0u);
+  ASSERT_EQ(follower_->Jobs(true, 0).size(), 1u);
+  Publish("step1");  // the question held at the source is answered
+  ASSERT_TRUE(Eventually([&] { return Job().version == 1 && Job().failures == 0; }));
+  TagInfo t;
+  EXPECT_TRUE(here_.VersionTag("job", "step1", &t));
+}
+
 }  // namespace
 }  // namespace tce

@@ -140,6 +140,11 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
                    &nodes);
     if (s.code() == Status::Code::kPermissionDenied) return s;
     if (!s.ok()) asked += (asked.empty() ? "" : "; ") + s.message();
+    // DEADLINE_EXCEEDED is the source's own answer (Ask makes our timeouts
+    // UNAVAILABLE): it knows the job and granted this node, and has no
+    // version yet. As NOT_FOUND: followed all the same, the watcher then
+    // holds a question there for the first version.
+    if (s.code() == Status::Code::kDeadlineExceeded) s = Status::NotFound(s.message());
     last = s;
     if (s.ok()) {
       *newest = tag;
