@@ -475,7 +475,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the state dict lives: cpu (default) or cuda[:N]")
     p.add_argument("--layers", type=int, default=None,
                    help="transformer layers (12 tensors each; default: as many as --size "
-                        "holds); with a small --size, a large model's tensor count")
+                        "holds); with a small --size, a large model's tensor count; with "
+                        "--engine vllm: the served model's (default 12)")
     p.add_argument("--dtype", default=None,
                    help="float32 (default on cpu) or bfloat16 (default on cuda), float16")
     p.add_argument("--skip", default="", metavar="PARTS",
@@ -506,6 +507,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead: published versions read by inference processes: publish to "
                         "reader latency, read bandwidth against memcpy, save-to-served against "
                         "the storage path (docs/weights.md)")
+    p.add_argument("--engine", default=None, choices=["vllm"],
+                   help="with --weights: instead, a real engine takes each version: vLLM (its CPU "
+                        "build, in its own environment, tce.tools._vllm_env) through TCE's backend "
+                        "against its floor, vLLM's reload_weights from storage and HTTP; "
+                        "a Qwen2 model of --hidden x --layers")
+    p.add_argument("--hidden", type=int, default=None,
+                   help="with --engine vllm: the served model's hidden size (default 1024)")
     p.add_argument("--restore", action="store_true",
                    help="instead: a whole job restarting on --nodes nodes with empty caches, "
                         "from storage paced by a FUSE filesystem: bytes read from storage against "
@@ -528,6 +536,13 @@ def main(args: argparse.Namespace) -> int:
         repeats = 3 if args.repeats is None else args.repeats
         return _s3bench.main(parse_size(args.size), repeats, args.json, args.dir, args.skip,
                              args.s3_server_arg)
+    if args.engine:
+        if not args.weights:
+            raise SystemExit("--engine goes with --weights")
+        from tce.tools import _vllmbench
+        return _vllmbench.main(args.hidden or _vllmbench.HIDDEN, args.layers or _vllmbench.LAYERS,
+                               args.repeats or 5, args.json, args.dir,
+                               memory_backing=args.memory_backing)
     if args.repeats is None:
         args.repeats = 5
     if args.ring:
