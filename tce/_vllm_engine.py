@@ -39,6 +39,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from tce import weights
+from tce.core import _safetensors
 from tce.errors import FailedPreconditionError, InvalidArgumentError
 
 log = logging.getLogger("tce.vllm")
@@ -234,21 +235,15 @@ def _files_signature(model: str) -> Signature | None:
         log.warning("tce: %s has no safetensors files here; the first version loaded is taken as "
                     "the model's signature, unchecked", model)
         return None
-    from safetensors import safe_open
-
     sig: Signature = {}
-    for f in files:
-        with safe_open(f, framework="pt") as st:
-            for name in st.keys():
-                piece = st.get_slice(name)
-                sig[name] = (tuple(piece.get_shape()), _DTYPES.get(piece.get_dtype(), torch.uint8))
+    for f in files:  # the headers only, read and checked by TCE's own safetensors reader
+        with open(f, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            first = fh.read(8)
+            head = first + fh.read(_safetensors.header_size(first, size, source=f) - 8)
+        header = _safetensors.read_header(head, file_size=size, source=f)
+        sig.update((name, (t.shape, t.dtype)) for name, t in header.tensors.items())
     return sig
-
-
-_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-           "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
-           "F8_E5M2": torch.float8_e5m2}
 
 
 def _chunks(tensors: list[tuple[str, torch.Tensor]], limit: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
