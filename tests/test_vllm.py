@@ -206,14 +206,7 @@ class Servers:
         return urls
 
     def stop(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _vllm_env.stop(*self.procs)
 
 
 def _cache_use() -> tuple[int, int, int]:
@@ -378,14 +371,7 @@ def test_an_engine_on_another_node_follows_through_the_chain_driven_by_tce_vllm_
         assert int(_status(trainer_node)["version_ranges_served"]) >= 3
         assert int(_status(infer_node)["replica_files"]) >= 1
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        _vllm_env.stop(*procs)
         print((tmp_path / "vllm.log").read_text()[-4000:])
         _stop(infer_node, trainer_node)
     fresh = _reference(vllm_python, _vllm_env.engine_env("/nonexistent"), tmp_path / "fresh",

@@ -189,16 +189,6 @@ class _Trainer:
         return info, t0, saved, time.monotonic()
 
 
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.terminate()
-        try:
-            p.wait(60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def _tail(path: Path, n: int = 40) -> str:
     try:
         return "\n".join(f"  | {ln}" for ln in path.read_text(errors="replace").splitlines()[-n:])
@@ -338,10 +328,10 @@ def main(args: argparse.Namespace) -> int:
             print(f"tce vllm follow exited with {follower.returncode}")
             ok = False
         if not ok:
-            _stop(follower)
+            _vllm_env.stop(follower)
             for ln in controller_out + served.rest():
                 print(f"  tce vllm follow | {ln}")
-        _stop(engine)  # its answers are in; the fresh engines get the machine
+        _vllm_env.stop(engine)  # its answers are in; the fresh engines get the machine
 
         # A fresh engine on the newest version's files (node 0's storage
         # root, where the server persisted them) answers the same, bit for
@@ -366,7 +356,7 @@ def main(args: argparse.Namespace) -> int:
         raise
     finally:
         for p in reversed(procs):
-            _stop(p)
+            _vllm_env.stop(p)
         for s in servers:
             s.stop()
             s.cleanup()

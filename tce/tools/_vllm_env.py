@@ -126,3 +126,18 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> None
             pass
         time.sleep(0.5)
     raise TimeoutError(f"the vLLM server at {url} did not come up in {timeout:.0f} s")
+
+
+def stop(*procs: subprocess.Popen, grace: float = 60.0) -> None:
+    """End vLLM processes (or their controllers): SIGTERM to each still
+    running (a server stops its engine and workers on it), then SIGKILL
+    to any not gone after ``grace`` seconds."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.terminate()
+    for p in running:
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
