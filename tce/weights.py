@@ -46,18 +46,16 @@ from tce import _service
 from tce.core import _staging
 from tce.core._session import with_client
 from tce._weight_files import (
-    DCP_METADATA,
     Region,
     Shard,
     from_storage,
     map_storage,
-    mapped_tensors,
     part,
     region_of,
     through_cache,
     weight_entries,
-    weight_files,
 )
+from tce._weight_formats import checkpoints, read_file, weight_files
 from tce.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -273,11 +271,11 @@ class Weights:
                 f"version {self.info.version} of job {self.info.job!r} ({self.info.tag}) holds no "
                 f"weight files among {paths}: name them with open(files=...)")
         self._mappings: dict[str, Any] = {}  # path -> its private mapping (while open)
-        self._bytes: dict[str, torch.Tensor] = {}  # path -> its mapping's bytes (DCP files)
-        # The DCP checkpoints among the files, by directory (read when first asked).
-        self._dcp_dirs = {os.path.dirname(p) for p in self.paths
-                          if os.path.basename(p) == DCP_METADATA}
-        self._dcp: dict[str, Any] = {}
+        self._bytes: dict[str, torch.Tensor] = {}  # path -> its mapping's bytes (checkpoints' files)
+        # The checkpoints of several files among them (DCP's), by directory,
+        # each read through its anchor file when first asked.
+        self._checkpoints = checkpoints(self.paths)
+        self._readers: dict[str, Any] = {}
         self._entries = entries
         self._live = 0          # mappings not yet garbage
         self._lock = threading.Lock()
@@ -339,7 +337,7 @@ class Weights:
             yield from from_storage(path, self._files[path], names)
             return
         mm, size = got
-        yield from mapped_tensors(mm, size, path, names)
+        yield from read_file(mm, size, path, names)
 
     def _file_bytes(self, path: str) -> torch.Tensor:
         """A file's bytes, a flat uint8 tensor over its private mapping: of
@@ -357,14 +355,14 @@ class Weights:
         self._bytes[path] = data
         return data
 
-    def _dcp_checkpoint(self, directory: str) -> Any:
-        ckpt = self._dcp.get(directory)
-        if ckpt is None:
-            from tce.integrations._dcp_weights import DcpWeights
+    def _checkpoint(self, directory: str) -> Any:
+        reader = self._readers.get(directory)
+        if reader is None:
             entries = self._entries
             pick = (lambda fqns: [f for f in fqns if entries(f)]) if entries else weight_entries
-            ckpt = self._dcp[directory] = DcpWeights(directory, self._file_bytes, pick)
-        return ckpt
+            reader = self._checkpoints[directory].checkpoint(directory, self._file_bytes, pick)
+            self._readers[directory] = reader
+        return reader
 
     def tensors(self, names: Iterable[str] | None = None, *,
                 shard: Shard | None = None) -> Iterator[tuple[str, torch.Tensor]]:
@@ -397,9 +395,10 @@ class Weights:
         wanted = None if names is None else set(names)
         for path in self.paths:
             directory = os.path.dirname(path)
-            if directory in self._dcp_dirs:  # its .metadata names the tensors
-                if os.path.basename(path) == DCP_METADATA:
-                    yield from self._dcp_checkpoint(directory).tensors(
+            fmt = self._checkpoints.get(directory)
+            if fmt is not None:  # its anchor (DCP's .metadata) names the tensors
+                if os.path.basename(path) == fmt.anchor:
+                    yield from self._checkpoint(directory).tensors(
                         wanted, lambda name, shape: region_of(name, shape, shard))
                 continue
             for name, t in self._file_tensors(path, wanted):
@@ -476,7 +475,7 @@ class Weights:
         if self._closed:
             raise InvalidArgumentError(f"{self!r} is closed")
         files = [self._files.get(p) for p in self.paths]
-        if self._dcp_dirs or any(f is None or f.buffer_id == 0 for f in files):
+        if self._checkpoints or any(f is None or f.buffer_id == 0 for f in files):
             return None
         state: dict[str, torch.Tensor] = {}
         with warnings.catch_warnings():  # tensors over read-only memory, only ever read
@@ -510,7 +509,7 @@ class Weights:
             return
         self._mappings.clear()  # ours go; tensors keep theirs alive
         self._bytes.clear()
-        self._dcp.clear()
+        self._readers.clear()
         with self._lock:
             self._closed = True
             done = self._live == 0 and not self._released
@@ -528,13 +527,13 @@ def _parsed(kept: Any, f: Any) -> dict[str, torch.Tensor]:
     under them changed, so torch's unpickler runs once, not per version."""
     pickle = next((r for r in f.records if r.name.endswith("/data.pkl")), None)
     if pickle is None or pickle.data_offset + pickle.size > f.size:
-        return dict(mapped_tensors(kept.mm, f.size, f.path, None))
+        return dict(read_file(kept.mm, f.size, f.path, None))
     digest = hashlib.blake2b(memoryview(kept.mm)[pickle.data_offset:pickle.data_offset + pickle.size],
                              digest_size=16).digest()
     key = (f.path, f.size, digest, tuple((r.name, r.data_offset, r.size) for r in f.records))
     if kept.parsed is not None and kept.parsed[0] == key:
         return kept.parsed[1]
-    state = dict(mapped_tensors(kept.mm, f.size, f.path, None))
+    state = dict(read_file(kept.mm, f.size, f.path, None))
     kept.parsed = (key, state)
     return state
 

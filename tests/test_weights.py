@@ -335,3 +335,33 @@ def test_an_evicted_file_is_read_from_storage_unless_it_changed_there(tmp_path):
                 w.state_dict()
     finally:
         api_close_and_stop(srv)
+
+
+def test_a_format_added_to_the_table_is_what_the_readers_read(server, tmp_path, monkeypatch):
+    """tce.weights reads the formats of tce._weight_formats' table, in its
+    order: an entry for raw float32 files, put first, is how a version that
+    holds one is read (its file chosen over the torch.save file, read by
+    the entry's reader); without it, the torch.save file is the weights."""
+    from tce import _service, _weight_formats
+
+    raw = torch.arange(12, dtype=torch.float32)
+    tce.save({"w": torch.ones(3)}, tmp_path / "model.pt", tag="v")
+    buf = _service.allocate_file(tmp_path / "w.f32", raw.numel() * 4, tag="v")
+    buf.tensor.copy_(raw.view(torch.uint8))
+    buf.commit()
+    weights.publish("v")
+
+    def read_raw(mm, size, path, names):
+        name = os.path.basename(path).removesuffix(".f32")
+        if names is None or name in names:
+            yield name, torch.frombuffer(mm, dtype=torch.float32, count=size // 4)
+
+    with weights.open() as w:
+        assert w.paths == [str(tmp_path / "model.pt")] and list(w.state_dict()) == ["w"]
+    entry = _weight_formats.WeightFormat(
+        "raw-f32", lambda paths: [p for p in paths if p.endswith(".f32")], read=read_raw)
+    monkeypatch.setattr(_weight_formats, "FORMATS", [entry, *_weight_formats.FORMATS])
+    with weights.open() as w:
+        assert w.paths == [str(tmp_path / "w.f32")]
+        got = w.state_dict()
+    assert list(got) == ["w"] and torch.equal(got["w"], raw)

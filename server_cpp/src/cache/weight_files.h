@@ -9,7 +9,7 @@
 // `rng_state.pth` stay on the trainer's nodes; model files, safetensors,
 // DCP's `.metadata` and `*.distcp` are given. The same names
 // tce.weights.weight_files leaves out of torch.save checkpoints
-// (tce/_weight_files.py). A file that holds both (a Lightning `.ckpt`, a
+// (tce/_weight_formats.py). A file that holds both (a Lightning `.ckpt`, a
 // DCP data file of a state dict that has the optimizer's) is given whole:
 // save the optimizer's state in files of its own to keep it at home.
 // Pure functions; any thread.
