@@ -207,6 +207,20 @@ def test_integrations_and_tools_use_only_public_modules_of_other_packages():
     assert not found, "\n".join(found)
 
 
+def test_public_modules_use_no_private_module_of_another_package_but_the_client_core():
+    """A public module (``tce``, ``tce.weights``, ``tce.api``, ...) is built
+    on the client core's private modules and its own package's; what it
+    needs from the integrations comes from their public modules (the
+    weight readers of each format through ``tce._weight_formats``' table),
+    so an integration's insides can change without touching the public API."""
+    public = [name for name in MODULES
+              if not any(part.startswith("_") for part in name.split("."))]
+    assert {"tce", "tce.weights", "tce.api", "tce.client"} <= set(public)
+    found = [line for name in public for line in _private_imports(name, MODULES[name])
+             if ", private to tce.core" not in line]
+    assert not found, "\n".join(found)
+
+
 def test_the_private_import_walk_sees_every_form(tmp_path):
     """The walk the test above relies on: imports in functions, relative
     imports, private names, and a package's own private modules."""
