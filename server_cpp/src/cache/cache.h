@@ -60,6 +60,7 @@
 #include "common/single_flight.h"
 #include "common/status.h"
 #include "env/env.h"
+#include "storage/object_roots.h"
 #include "storage/object_store.h"
 #include "cache/storage_check.h"
 #include "cache/tag_registry.h"

@@ -197,7 +197,7 @@ int Daemon::CheckStorageRoots() {
   std::vector<std::pair<std::string, std::string>> objects;
   if (!(s = ParseStorageRoots(opt_.storage_roots, &roots_, &objects)).ok())
     return Fail("storage_roots: " + s.message(), 2);
-  if (!objects.empty() && !(s = OpenObjectRoots(objects, ObjectStoreSettings(opt_), &objects_)).ok())
+  if (!objects.empty() && !(s = OpenObjectRoots(objects, StorageSettings(opt_), &objects_)).ok())
     return Fail("storage_roots: " + s.message(), 2);
   for (const std::string& root : roots_) {  // never created: a missing root is a missing mount
     struct stat st;

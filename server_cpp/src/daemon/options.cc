@@ -190,8 +190,9 @@ std::string EffectiveMetadataUrl(const Options& o) {
   return "sqlite://" + o.state_dir + "/tce.db";
 }
 
-ObjectStoreOptions ObjectStoreSettings(const Options& o) {
-  ObjectStoreOptions s;
+StorageOptions StorageSettings(const Options& o) {
+  StorageOptions all;
+  S3StoreOptions& s = all.s3;
   s.endpoint = o.s3_endpoint;
   s.region = o.s3_region;
   s.path_style = o.s3_path_style;
@@ -207,7 +208,7 @@ ObjectStoreOptions ObjectStoreSettings(const Options& o) {
   s.request_timeout_ms = o.s3_request_timeout_ms;
   s.checksum = o.s3_checksum;
   s.journal = o.state_dir;  // a directory: each store journals in a file of its own there
-  return s;
+  return all;
 }
 
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out) {

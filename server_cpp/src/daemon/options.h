@@ -15,7 +15,7 @@
 #include "cache/memory_limits.h"
 #include "cache/read_grants.h"
 #include "common/status.h"
-#include "storage/object_store.h"
+#include "storage/backends.h"
 
 namespace tce {
 
@@ -158,7 +158,7 @@ std::string EffectiveServerId(const Options& o);
 // "/a, /b" -> {"/a", "/b"}; each must be absolute.
 // The s3_* settings, for the object stores of storage_roots (unfinished
 // uploads journaled under state_dir).
-ObjectStoreOptions ObjectStoreSettings(const Options& o);
+StorageOptions StorageSettings(const Options& o);
 
 // "" -> {self, 0}; "1000,1001" -> {1000, 1001}.
 Status ParseUids(const std::string& text, uid_t self, std::set<uid_t>* out);

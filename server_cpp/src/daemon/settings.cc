@@ -10,7 +10,7 @@
 #include "common/strings.h"
 #include "meta/meta_store.h"
 #include "rpc/range_buffers.h"
-#include "storage/object_store.h"
+#include "storage/backends.h"
 
 namespace tce {
 namespace {

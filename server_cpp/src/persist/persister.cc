@@ -17,6 +17,7 @@
 #include "common/mutex.h"
 #include "persist/crc.h"
 #include "cache/storage_check.h"
+#include "storage/posix_store.h"
 
 namespace tce {
 namespace {
@@ -163,14 +164,14 @@ Status Persister::DirStore(const std::string& root, ObjectStore** out) {
   MutexLock l(&stores_mu_);
   std::shared_ptr<ObjectStore>& store = dir_stores_[root];
   if (!store) {
-    ObjectStoreOptions o;
+    PosixStoreOptions o;
     o.env = env_;
     o.chunk = options_.chunk;
     o.direct_io = options_.direct_io;
     o.io_depth = options_.io_depth;
     o.temp_prefix = options_.temp_prefix;
     std::string prefix;
-    Status s = OpenObjectStore("file://" + root, o, &store, &prefix);
+    Status s = PosixStore::Open(root, o, &store, &prefix);
     if (!s.ok()) {
       dir_stores_.erase(root);
       return s;

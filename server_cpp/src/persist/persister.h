@@ -49,6 +49,7 @@
 #include "env/env.h"
 #include "persist/crc.h"
 #include "persist/persist_queue.h"
+#include "storage/object_roots.h"
 #include "storage/object_store.h"
 
 namespace tce {

@@ -19,6 +19,7 @@
 
 #include "cache/persist_source.h"
 #include "common/mutex.h"
+#include "storage/object_roots.h"
 #include "storage/object_store.h"
 
 namespace tce {

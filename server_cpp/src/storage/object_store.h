@@ -3,12 +3,15 @@
 // visible only complete, with an identity coherence compares
 // (storage/identity.h). Directory roots are PosixStores (temp file, fsync,
 // rename, beneath the root without following symlinks), object roots
-// S3Stores; ObjectRoots maps path prefixes to object stores: with
-// `storage_roots = /ckpt=s3://bucket/run1`, the file /ckpt/a/x.pt is the
-// object run1/a/x.pt of bucket `bucket`, holding exactly the file's bytes.
+// S3Stores; ObjectRoots (storage/object_roots.h) maps path prefixes to
+// object stores: with `storage_roots = /ckpt=s3://bucket/run1`, the file
+// /ckpt/a/x.pt is the object run1/a/x.pt of bucket `bucket`, holding
+// exactly the file's bytes.
 //
-// A new backend is one class implementing ObjectStore plus one line in
-// OpenObjectStore (object_roots.cc), chosen by the URL's scheme. Stores are
+// Each backend is a class implementing this interface with options of its
+// own, opened by the URL's scheme through the table of storage/backends.h
+// (which docs/architecture.md, "Adding a storage backend", walks through,
+// with the order in which the server calls each method). Stores are
 // thread-safe.
 #pragma once
 
@@ -16,7 +19,6 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -103,79 +105,5 @@ class ObjectStore {
   virtual void Cancel() = 0;
   virtual uint64_t retries() const = 0;  // requests retried so far
 };
-
-// Settings every store may use (daemon/settings.cc: the s3_* settings).
-struct ObjectStoreOptions {
-  std::string endpoint, region = "us-east-1", ca_file, credentials_file, profile = "default";
-  bool path_style = false, verify_tls = true;
-  uint64_t part_size = 8 << 20;    // multipart above this, in parts this size
-  uint64_t range_size = 32 << 20;  // ranged reads of this size
-  int parallel = 10, retries = 8;
-  int backoff_ms = 100;
-  int request_timeout_ms = 120000;  // one request, its retries included
-  std::string checksum = "crc32";  // what the store checks each body with: crc32, md5 or none
-  // The directory where unfinished writes are journaled (a file per store),
-  // so a restart abandons them (empty: not journaled).
-  std::string journal;
-  // Filesystems (file://): the Env every call goes through, the bytes per
-  // write(), O_DIRECT where the filesystem allows it, O_DIRECT writes in
-  // flight per file, and the prefix of named temp files (one per server).
-  Env* env = nullptr;
-  size_t chunk = 16 << 20;
-  bool direct_io = true;
-  int io_depth = 4;
-  std::string temp_prefix = ".tce-";
-};
-
-// Opens the store `url` ("s3://bucket[/prefix]", "file:///dir") names;
-// `prefix` gets the key prefix ("" or "run1/"). INVALID_ARGUMENT for an
-// unknown scheme.
-Status OpenObjectStore(const std::string& url, const ObjectStoreOptions& options,
-                       std::shared_ptr<ObjectStore>* out, std::string* prefix);
-
-struct ObjectRoot {
-  std::string dir;     // absolute, normalised, no trailing slash
-  std::string url;     // as configured
-  std::string prefix;  // key prefix: "" or ending in '/'
-  std::shared_ptr<ObjectStore> store;
-};
-
-class ObjectRoots {
- public:
-  ObjectRoots() = default;
-  ObjectRoots(const ObjectRoots&) = delete;
-  ObjectRoots& operator=(const ObjectRoots&) = delete;
-  ~ObjectRoots() { CancelAll(); }
-  void Add(ObjectRoot root) { roots_.push_back(std::move(root)); }
-  bool empty() const { return roots_.empty(); }
-  const std::vector<ObjectRoot>& all() const { return roots_; }
-  // The root `path` (absolute, normalised) lies under (the longest), and its
-  // key; null when none. Lexical: an object root has no directories to
-  // resolve, and `..` was refused before.
-  const ObjectRoot* Find(const std::string& path, std::string* key) const;
-  // At start, on a thread of its own (an endpoint that is down must not
-  // hold the server's start): each store abandons what a crash left.
-  void AbandonUnfinishedInBackground();
-  // Ends every transfer in progress and the background abandoning.
-  void CancelAll();
-
- private:
-  std::vector<ObjectRoot> roots_;
-  std::thread abandoning_;
-};
-
-// Opens the stores of `objects` (dir, url) into `out`.
-Status OpenObjectRoots(const std::vector<std::pair<std::string, std::string>>& objects,
-                       const ObjectStoreOptions& options, std::shared_ptr<ObjectRoots>* out);
-
-// Whether `path` names a tag's completeness marker: DCP's `.metadata`,
-// DeepSpeed's `latest`. Written to object storage after the tag's other
-// files, deleted before them.
-bool IsTagMarker(const std::string& path);
-
-// Splits `storage_roots` ("DIR" or "DIR=URL", comma-separated) into
-// filesystem roots and object roots (URL checked, stores not opened).
-Status ParseStorageRoots(const std::string& text, std::vector<std::string>* dirs,
-                         std::vector<std::pair<std::string, std::string>>* objects);
 
 }  // namespace tce

@@ -110,7 +110,24 @@ bool ValidKey(const std::string& key) {
 
 }  // namespace
 
-PosixStore::PosixStore(std::string root, const ObjectStoreOptions& options)
+Status PosixStore::CheckLocation(const std::string& location) {
+  if (location.empty() || location[0] != '/' || (location + "/").find("/../") != std::string::npos)
+    return Status::InvalidArgument("not a directory root (want file:///ABSOLUTE/DIR)");
+  return Status::OK();
+}
+
+Status PosixStore::Open(const std::string& location, const PosixStoreOptions& options,
+                        std::shared_ptr<ObjectStore>* out, std::string* prefix) {
+  if (Status s = CheckLocation(location); !s.ok()) return s;
+  if (!options.env) return Status::InvalidArgument("a directory root's store needs an Env");
+  std::string dir = location;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  prefix->clear();
+  *out = std::make_shared<PosixStore>(dir, options);
+  return Status::OK();
+}
+
+PosixStore::PosixStore(std::string root, const PosixStoreOptions& options)
     : root_(std::move(root)), options_(options) {}
 
 std::string PosixStore::Url(const std::string& key) const { return root_ == "/" ? "/" + key : root_ + "/" + key; }

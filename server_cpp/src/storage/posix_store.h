@@ -21,6 +21,7 @@
 // reason. Renames of one store are ordered with their last look.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,10 +32,24 @@
 
 namespace tce {
 
+struct PosixStoreOptions {
+  Env* env = nullptr;            // every call goes through it (required)
+  size_t chunk = 16 << 20;       // bytes per write()
+  bool direct_io = true;         // O_DIRECT where the filesystem allows it
+  int io_depth = 4;              // O_DIRECT writes in flight per file
+  std::string temp_prefix = ".tce-";  // of named temp files (one per server)
+};
+
 class PosixStore : public ObjectStore {
  public:
+  // `location`: "/ABSOLUTE/DIR" (a file:// URL's rest), no '..' component.
+  static Status CheckLocation(const std::string& location);
+  // The store of the directory `location`; `prefix` gets "" (keys are
+  // paths below it).
+  static Status Open(const std::string& location, const PosixStoreOptions& options,
+                     std::shared_ptr<ObjectStore>* out, std::string* prefix);
   // `root`: absolute, normalised, trusted (a configured storage root).
-  PosixStore(std::string root, const ObjectStoreOptions& options);
+  PosixStore(std::string root, const PosixStoreOptions& options);
 
   const std::string& root() const { return root_; }
   std::string Url(const std::string& key) const override;
@@ -73,7 +88,7 @@ class PosixStore : public ObjectStore {
                           const DiskIdentity& expected);
 
   const std::string root_;
-  const ObjectStoreOptions options_;
+  const PosixStoreOptions options_;
   Mutex publish_mu_;  // orders each write's last look with its rename
 };
 

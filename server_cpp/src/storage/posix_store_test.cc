@@ -4,6 +4,8 @@
 // persist/persister_test.cc and persist/coherence_test.cc.
 #include "storage/posix_store.h"
 
+#include "storage/backends.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -26,9 +28,9 @@ class PosixStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = fs::canonical(MakeTempDir("tce-pstore")).string();
-    ObjectStoreOptions o;
-    o.env = Env::Default();
-    o.chunk = 4096;  // several chunks per file
+    StorageOptions o;
+    o.file.env = Env::Default();
+    o.file.chunk = 4096;  // several chunks per file
     std::string prefix;
     Status s = OpenObjectStore("file://" + root_, o, &store_, &prefix);
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -49,8 +51,8 @@ class PosixStoreTest : public ::testing::Test {
 TEST_F(PosixStoreTest, TheFactoryPicksItByTheFileSchemeAndRefusesARelativeRoot) {
   EXPECT_NE(dynamic_cast<PosixStore*>(store_.get()), nullptr);
   EXPECT_EQ(store_->Url("a/x.pt"), root_ + "/a/x.pt");
-  ObjectStoreOptions o;
-  o.env = Env::Default();
+  StorageOptions o;
+  o.file.env = Env::Default();
   std::shared_ptr<ObjectStore> other;
   std::string prefix;
   Status s = OpenObjectStore("file://relative/dir", o, &other, &prefix);

@@ -1,6 +1,7 @@
 #include "storage/s3_store.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <system_error>
 #include <thread>
@@ -18,10 +19,51 @@ namespace {
 constexpr int64_t kKnownSlackS = 5;
 constexpr int64_t kUnknownSlackS = 15 * 60;
 
+// A bucket name as S3 allows it (3-63 of a-z 0-9 . -), so it can go into a
+// host name or a path unescaped.
+bool ValidBucket(const std::string& b) {
+  if (b.size() < 3 || b.size() > 63) return false;
+  for (char c : b)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-')) return false;
+  return b.front() != '.' && b.front() != '-' && b.back() != '.' && b.back() != '-';
+}
+
+// "bucket/a/b" -> bucket "bucket", prefix "a/b/".
+Status SplitLocation(const std::string& location, std::string* bucket, std::string* prefix) {
+  const size_t slash = location.find('/');
+  *bucket = location.substr(0, slash);
+  std::string p = slash == std::string::npos ? "" : location.substr(slash + 1);
+  while (!p.empty() && p.back() == '/') p.pop_back();
+  for (char c : p)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f || c == '\\')
+      return Status::InvalidArgument("the key prefix has a control character or '\\'");
+  if (p.find("//") != std::string::npos || p == "." || p.find("./") == 0 || p.find("/./") != std::string::npos ||
+      p.find("..") != std::string::npos)
+    return Status::InvalidArgument("the key prefix has an empty, '.' or '..' component");
+  *prefix = p.empty() ? "" : p + "/";
+  if (!ValidBucket(*bucket))
+    return Status::InvalidArgument("'" + *bucket + "' is not a bucket name (3-63 of a-z, 0-9, '.', '-')");
+  return Status::OK();
+}
+
 }  // namespace
 
-Status S3Store::Open(const std::string& bucket, const ObjectStoreOptions& options,
-                     std::shared_ptr<ObjectStore>* out) {
+Status S3Store::CheckLocation(const std::string& location) {
+  std::string bucket, prefix;
+  return SplitLocation(location, &bucket, &prefix);
+}
+
+Status S3Store::Open(const std::string& location, const S3StoreOptions& options,
+                     std::shared_ptr<ObjectStore>* out, std::string* prefix) {
+  std::string bucket;
+  if (Status s = SplitLocation(location, &bucket, prefix); !s.ok()) return s;
+  S3StoreOptions o = options;
+  if (!o.journal.empty()) {  // a file named after the URL: the same store finds it after a restart
+    const std::string url = "s3://" + location;
+    std::string name;
+    for (char c : url) name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' ? c : '_';
+    o.journal += "/uploads-" + name.substr(0, 200) + ".journal";
+  }
   S3Config c;
   c.endpoint = options.endpoint;
   c.region = options.region;
@@ -34,11 +76,11 @@ Status S3Store::Open(const std::string& bucket, const ObjectStoreOptions& option
   c.checksum = options.checksum;
   Status s = LoadS3Credentials(options.credentials_file, options.profile, &c.credentials);
   if (!s.ok()) return s;
-  *out = std::make_shared<S3Store>(bucket, options, std::make_unique<S3Client>(std::move(c)));
+  *out = std::make_shared<S3Store>(bucket, std::move(o), std::make_unique<S3Client>(std::move(c)));
   return Status::OK();
 }
 
-S3Store::S3Store(std::string bucket, ObjectStoreOptions options, std::unique_ptr<S3Client> client)
+S3Store::S3Store(std::string bucket, S3StoreOptions options, std::unique_ptr<S3Client> client)
     : bucket_(std::move(bucket)),
       options_(std::move(options)),
       run_(UploadJournal::NewToken()),

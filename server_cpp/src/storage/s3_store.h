@@ -9,6 +9,7 @@
 // refused on another owner's object (storage/object_owner.h).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -18,11 +19,31 @@
 
 namespace tce {
 
+// The s3_* settings (daemon/settings.cc).
+struct S3StoreOptions {
+  std::string endpoint, region = "us-east-1", ca_file, credentials_file, profile = "default";
+  bool path_style = false, verify_tls = true;
+  uint64_t part_size = 8 << 20;    // multipart above this, in parts this size
+  uint64_t range_size = 32 << 20;  // ranged reads of this size
+  int parallel = 10, retries = 8;
+  int backoff_ms = 100;
+  int request_timeout_ms = 120000;  // one request, its retries included
+  std::string checksum = "crc32";  // what the store checks each body with: crc32, md5 or none
+  // Where unfinished uploads are journaled, so a restart abandons them:
+  // for Open, a directory (each store journals in a file named after its
+  // URL there); for the constructor, that file. Empty: not journaled.
+  std::string journal;
+};
+
 class S3Store : public ObjectStore {
  public:
-  // Loads the credentials (options.credentials_file, else the environment).
-  static Status Open(const std::string& bucket, const ObjectStoreOptions& options,
-                     std::shared_ptr<ObjectStore>* out);
+  // `location`: "BUCKET[/PREFIX]" (an s3:// URL's rest): a bucket name as
+  // S3 allows it, a prefix of non-empty components, none '.' or '..'.
+  static Status CheckLocation(const std::string& location);
+  // Loads the credentials (options.credentials_file, else the environment);
+  // `prefix` gets the location's key prefix ("" or ending in '/').
+  static Status Open(const std::string& location, const S3StoreOptions& options,
+                     std::shared_ptr<ObjectStore>* out, std::string* prefix);
 
   std::string Url(const std::string& key) const override { return "s3://" + bucket_ + "/" + key; }
   Status CheckKey(const std::string& key) const override;
@@ -40,7 +61,7 @@ class S3Store : public ObjectStore {
   void Cancel() override { client_->Cancel(); }
   uint64_t retries() const override { return client_->retries_made(); }
 
-  S3Store(std::string bucket, ObjectStoreOptions options, std::unique_ptr<S3Client> client);
+  S3Store(std::string bucket, S3StoreOptions options, std::unique_ptr<S3Client> client);
 
  private:
   // PutObject's journal events for `key`; `token` names its creation.
@@ -49,7 +70,7 @@ class S3Store : public ObjectStore {
   bool Abort(const std::string& key, const std::string& id, const char* how);
 
   const std::string bucket_;
-  const ObjectStoreOptions options_;
+  const S3StoreOptions options_;
   const std::string run_;  // random, per store: what a write's marker (tce-write) starts with
   const std::unique_ptr<S3Client> client_;
   UploadJournal journal_;

@@ -74,7 +74,7 @@ struct Fixture {
     c.credentials = {"AKIDEXAMPLE", "SECRETEXAMPLEKEY", ""};
     c.backoff = c.max_backoff = std::chrono::milliseconds(1);
     c.clock = &clock;
-    ObjectStoreOptions o;
+    S3StoreOptions o;
     o.journal = dir + "/uploads.journal";
     o.request_timeout_ms = 120000;
     return std::make_unique<S3Store>("b", o, std::make_unique<S3Client>(c));
