@@ -1,11 +1,12 @@
-"""``tce.client``: the node's cache server, for integrations, tools and users.
+"""``tce.client``: sessions with the node's cache server, settings, files and tags.
 
 ``tce.save`` / ``tce.load`` are all a training script needs. A framework
 adapter, a command-line tool or a script that looks into the cache needs a
-little more: a session with a chosen server, the files and tags it holds, a
-cached file's bytes, the settings, the rank, and the parts of a save that
-is not one ``torch.save`` (DCP's data files). This module is that surface,
-so that nothing outside the client core imports its private modules
+little more: a session with a chosen server, the settings, and the files
+and tags the server holds. This module is that surface; a cached file's
+bytes and buffers to write files into are :mod:`tce.buffers`, and files
+under object storage (S3) roots are :mod:`tce.objects`. With these modules
+nothing outside the client core imports its private modules
 (``tce.core._*``, ``tce._service``), which may then change freely.
 
 Every call goes through this process's session, the one ``tce.save`` and
@@ -22,42 +23,30 @@ Example::
     with tce.client.session("/run/tce/tce.sock"):
         for f in tce.client.files(job=""):            # every job's files
             print(f.job, f.path, f.size)
-        with tce.client.open_fd("/ckpt/step100/model.pt") as cached:
-            head = os.pread(cached.fd, 64, 0)         # cached.size bytes in all
+        for t in tce.client.tags(job="train"):        # complete tags, oldest first
+            print(t.tag, len(t.files))
+    print(tce.client.setting("socket"))
 """
 
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
-import pickle
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-from tce import _service
+from tce import _service, buffers
 from tce.api import remove, status
-from tce.core import _client, _dist, _knobs, _meta, _objects
-from tce.core._originals import torch_load, torch_save
+from tce.core import _dist, _knobs, _meta, _objects
 from tce.core._ring import join_ring
-from tce.core._safetensors import (
-    DTYPES as SAFETENSORS_DTYPES,
-    header_size as safetensors_header_size,
-    iter_safetensors,
-    layout as safetensors_layout,
-    read_header as read_safetensors_header,
-)
-from tce.core._staging import StagedSave
 from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb
 
 __all__ = [
-    "MAX_RANGE", "ObjectPin", "SAFETENSORS_DTYPES", "StagedSave", "all_gather", "allocate", "broadcast",
-    "commit_tag", "configure", "files", "iter_safetensors", "job_or_default", "join_ring",
-    "load_file", "lookup", "mapped_buffers", "metadata_files", "norm", "object_layout",
-    "open_fd", "open_mapped_file", "open_mapping", "override", "range_buffer", "rank",
-    "read_range", "read_safetensors_header", "remove", "retry", "safetensors_header_size",
-    "safetensors_layout", "save_file", "session", "set_ring", "setting", "settings",
-    "stage_later", "status", "tags", "torch_load", "torch_save", "world_size",
+    "ObjectPin", "all_gather", "broadcast", "commit_tag", "configure", "delete_object", "files",
+    "is_object_path", "job_or_default", "join_ring", "loaded_bytes", "lookup", "mapped_buffers",
+    "metadata_files", "norm", "override", "prefetch", "read_bytes", "remove", "retry", "rank",
+    "save_bytes", "session", "set_ring", "setting", "settings", "status", "stored_files", "tags",
+    "world_size",
 ]
 
 # ---------------------------------------------------------------------------
@@ -236,84 +225,8 @@ def metadata_files(url: str, *, job: str = "", tag: str = "") -> list[Any]:
 
 
 # ---------------------------------------------------------------------------
-# A cached file's bytes
+# Paths and jobs, as the server knows them
 # ---------------------------------------------------------------------------
-
-MAX_RANGE = _client.MAX_RANGE  # the most bytes one read_range call returns
-
-
-def open_fd(path: str | os.PathLike, *, job: str | None = None,
-            local_only: bool = False) -> Any:
-    """The cached file at ``path`` as a read-only file descriptor: an object
-    with ``fd`` and ``size`` whose ``close()`` (or the end of a ``with``
-    block) closes the fd and releases the lease that keeps the bytes in
-    place meanwhile. Read it with ``os.pread``/``os.preadv`` (nothing is
-    mapped). None when this node's cache cannot serve it (not held, stale,
-    or no server). With ``local_only`` a file that is only in another
-    node's memory is not brought here through the ring.
-    """
-    return _service.open_cached_fd(path, job=job, local_only=local_only)
-
-
-def open_mapping(path: str | os.PathLike, *, job: str | None = None,
-                 local_only: bool = False) -> mmap.mmap | None:
-    """The cached file at ``path`` as a private, copy-on-write mapping
-    (writes to it never reach the cache), under a lease held while the
-    mapping or any view of it (a tensor, a memoryview) lives. None when
-    this node's cache cannot serve it; ``local_only`` as for :func:`open_fd`.
-    """
-    return _service.open_cached(path, job=job, local_only=local_only)
-
-
-def open_mapped_file(path: str | os.PathLike, *, job: str | None = None,
-                     local_only: bool = False) -> tuple[pb.FileInfo, mmap.mmap] | None:
-    """:func:`open_mapping` with the file's record: (``FileInfo``, the
-    mapping). The file is ``FileInfo.size`` bytes; the mapping may be
-    longer (rounded up to whole pages)."""
-    return _service.open_cached_file(path, job=job, local_only=local_only)
-
-
-ObjectPin = _objects.ObjectPin
-
-
-def read_range(path: str | os.PathLike, offset: int, length: int, *, job: str | None = None,
-               buffer_offset: int | None = None, pin: ObjectPin | None = None) -> tuple[Any, str] | None:
-    """Bytes ``[offset, offset + length)`` of the file at ``path`` (at most
-    :data:`MAX_RANGE`), from this node's cache (``"local"``), through
-    the ring, a copy held here or another node's memory (``"peer"``), or,
-    under an object root, the object in the bucket (``"storage"``); only
-    the range moves. Returns (the bytes, the source); with
-    ``buffer_offset`` and a :func:`range_buffer`, ((its fd, the offset),
-    the source): the bytes are there. None when no cache has the file.
-    ``pin`` (an :class:`ObjectPin` of ``path``, one per load): the first
-    range from the bucket pins the object's identity, and later ones are
-    read from that object only.
-
-    Raises:
-        ValueError: the range is not inside the file.
-        FailedPreconditionError: the object pinned was replaced or deleted
-            on object storage since.
-    """
-    return _service.read_range_piece(path, offset, length, job=job, buffer_offset=buffer_offset,
-                                     pin=pin)
-
-
-def range_buffer() -> tuple[int, int] | None:
-    """The server's range buffer for this process's session, where
-    :func:`read_range` can put bytes so they never travel inside a reply:
-    (a read-only fd, its size), closed with the session; None when the
-    server has none to give."""
-    return _service.range_buffer()
-
-
-# ---------------------------------------------------------------------------
-# Saves and loads, for integrations
-# ---------------------------------------------------------------------------
-
-# torch_save and torch_load (imported above) are torch.save and torch.load as
-# torch defines them, never the patch (tce.patch_torch): what a fallback
-# writes and reads with.
-
 
 def norm(path: str | os.PathLike) -> str:
     """The absolute path the server knows a file by."""
@@ -323,57 +236,6 @@ def norm(path: str | os.PathLike) -> str:
 def job_or_default(job: str | None) -> str:
     """``job``, else the ``job`` setting."""
     return _service.job_or_default(job)
-
-
-def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
-              pickle_protocol: int = 2, *, job: str | None = None, tag: str = "",
-              rank: int | None = None, blocking: bool = True) -> Any:
-    """``tce.save`` to a path, telling how it went: the committed
-    ``FileInfo`` (with ``blocking=False``, a :class:`StagedSave`), or None
-    when it fell back to a plain ``torch.save`` (the file is durable then)."""
-    return _service.save_file(obj, f, pickle_module, pickle_protocol, job=job, tag=tag,
-                              rank=rank, blocking=blocking)
-
-
-def load_file(f: str | os.PathLike, map_location: Any = None, pickle_module: Any = None, *,
-              weights_only: bool | None = None, mmap: bool | None = None,
-              job: str | None = None, **pickle_load_args: Any) -> tuple[Any, bool]:
-    """``tce.load`` from a path: (the object, whether it came from the cache)."""
-    return _service.load_file(f, map_location, pickle_module, weights_only=weights_only,
-                              mmap=mmap, job=job, **pickle_load_args)
-
-
-def allocate(path: str | os.PathLike, size: int, *, job: str | None = None, tag: str = "",
-             rank: int | None = None) -> Any:
-    """A buffer for a file of ``size`` bytes that is not one torch zip (a
-    DCP data file): write its bytes through ``.tensor`` (uint8) or
-    ``.view``, then ``.commit()`` (the server persists it; returns the
-    ``FileInfo``) or ``.abort()``. When the server is unreachable or full
-    (and ``on_unavailable`` is ``fallback``) the buffer is private memory
-    and ``.commit()`` writes the file itself, atomically (returns None)."""
-    return _service.allocate_file(path, size, job=job, tag=tag, rank=rank)
-
-
-def object_layout(obj: Any) -> Any:
-    """The bytes ``torch.save(obj, stream)`` writes, laid out: ``.size``,
-    ``.records``, and ``.write(view, tensor)`` into a buffer (e.g. one of
-    :func:`allocate`)."""
-    return _service.object_layout(obj)
-
-
-# safetensors files (tce.core._safetensors): safetensors_layout(tensors,
-# metadata) lays out the bytes safetensors.torch.save_file writes, for a
-# buffer of allocate(); read_safetensors_header(buf, *, file_size, source),
-# safetensors_header_size(first_8_bytes, file_size, *, source) and
-# iter_safetensors(buf, *, names, source) read any buffer strictly (tensors
-# view it), raising CorruptCheckpointError; SAFETENSORS_DTYPES: name -> dtype.
-
-
-def stage_later(path: str, size: int, work: Callable[[], Any]) -> StagedSave:
-    """Run ``work`` on the staging thread, as an asynchronous save's copies;
-    the fence (``tce.wait_staged``, also run before every optimizer step)
-    waits for it."""
-    return _service.stage_later(path, size, work)
 
 
 # ---------------------------------------------------------------------------
@@ -399,6 +261,9 @@ def all_gather(obj: Any) -> list[Any]:
 def broadcast(obj: Any) -> Any:
     """Rank 0's ``obj`` (a collective; ``obj`` itself in one process)."""
     return _dist.broadcast(obj)
+
+
+ObjectPin = _objects.ObjectPin
 
 
 # -- object storage roots (storage_roots entries DIR=s3://BUCKET/PREFIX) ------
@@ -429,7 +294,7 @@ def stored_files(directory: str | os.PathLike, *, job: str | None = None) -> lis
 def read_bytes(path: str | os.PathLike, *, job: str | None = None) -> bytes | None:
     """The bytes of a (small) file through the cache: under an object root,
     fetched from the bucket on a miss. None when there is none."""
-    opened = open_mapped_file(path, job=job)
+    opened = buffers.open_mapped_file(path, job=job)
     if opened is None:
         return None
     info, mm = opened
@@ -444,7 +309,7 @@ def save_bytes(path: str | os.PathLike, data: bytes, *, job: str | None = None, 
     """Saves ``data`` at ``path`` through the cache under ``tag``. Under an
     object root the server writes a tag's marker (``latest``,
     ``.metadata``) to the bucket only after the tag's other files are there."""
-    dest = allocate(path, len(data), job=job, tag=tag, rank=rank)
+    dest = buffers.allocate(path, len(data), job=job, tag=tag, rank=rank)
     try:
         dest.view[:len(data)] = data
     except BaseException:

@@ -9,7 +9,7 @@ end, for each path, the last acknowledged save is what storage must hold, unless
 a later save of the path (recorded, never acknowledged: it may have landed)
 holds what storage has. Storage is read without the server: the directory
 root's file, and the object straight from moto with boto3 (not through the
-fault proxy). Then the fresh server: ``tce.client.load_file`` of each torch
+fault proxy). Then the fresh server: ``tce.buffers.load_file`` of each torch
 file must equal ``torch.load`` of the stored bytes, tensor bytes included,
 and ``tce.client.read_bytes`` (the server's own copy: its cache, or the
 bucket) must be the stored bytes whenever it serves the file.
@@ -100,7 +100,7 @@ def verify(journal: Journal, s3, bucket: str, s3_root: str, socket: str) -> Outc
     server at ``socket``."""
     import torch
     from helpers import assert_same
-    from tce import client
+    from tce import buffers, client
 
     out = Outcome()
     at_ack: dict[int, Loss] = {}
@@ -134,7 +134,7 @@ def verify(journal: Journal, s3, bucket: str, s3_root: str, socket: str) -> Outc
         for save, data in good:
             try:
                 if save.kind in TORCH_KINDS:
-                    got, _ = client.load_file(save.path, weights_only=False)
+                    got, _ = buffers.load_file(save.path, weights_only=False)
                     assert_same(got, torch.load(io.BytesIO(data), weights_only=False))
                     out.loaded += 1
                 served = client.read_bytes(save.path)

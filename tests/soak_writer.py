@@ -204,7 +204,7 @@ class _JournalWriter:
 def _content(rng: random.Random, kind: str, size: int, path: str, scratch: str):
     """(what to save at ``path``, the exact bytes the saved file holds)."""
     import torch
-    from tce import client
+    from tce import buffers
 
     data = rng.randbytes(size)
     if kind == "bytes":
@@ -225,7 +225,7 @@ def _content(rng: random.Random, kind: str, size: int, path: str, scratch: str):
     # torch's own save, to a file of the same name (torch names the records
     # inside the zip after the file): the bytes TCE must write too.
     twin = os.path.join(scratch, os.path.basename(path))
-    client.torch_save(obj, twin)
+    buffers.torch_save(obj, twin)
     with open(twin, "rb") as f:
         data = f.read()
     os.unlink(twin)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tce
-from tce import client
+from tce import buffers, client
 from tce.errors import NotCachedError, ServerUnavailableError
 from tce.v1 import tce_pb2 as pb
 
@@ -44,19 +44,19 @@ def test_open_fd_gives_the_cached_bytes_and_its_size(server, tmp_path):
     path = str(tmp_path / "ckpt" / "model.pt")
     tce.save({"w": torch.arange(1000, dtype=torch.float32)}, path)
     expected = client.lookup(path).size
-    with client.open_fd(path) as cached:
+    with buffers.open_fd(path) as cached:
         assert cached.size == expected
         data = os.pread(cached.fd, cached.size, 0)
     assert cached.fd == -1  # closed, and its lease released
     assert data[:2] == b"PK" and len(data) == expected  # torch.save's zip
-    mm = client.open_mapping(path)
+    mm = buffers.open_mapping(path)
     assert bytes(mm[:expected]) == data
-    info, mapped = client.open_mapped_file(path)
+    info, mapped = buffers.open_mapped_file(path)
     assert info.size == expected and info.path == path
     assert len(mapped) % mmap.PAGESIZE == 0 and len(mapped) >= expected  # whole pages
     assert bytes(mapped[:expected]) == data
-    assert client.open_fd(str(tmp_path / "never.pt")) is None
-    assert client.open_mapped_file(str(tmp_path / "never.pt")) is None
+    assert buffers.open_fd(str(tmp_path / "never.pt")) is None
+    assert buffers.open_mapped_file(str(tmp_path / "never.pt")) is None
     with pytest.raises(NotCachedError):
         client.lookup(str(tmp_path / "never.pt"))
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tce
-from tce import _service, client
+from tce import _service, buffers, client
 from tce.core import _client, _knobs
 from tce.integrations import _dcp_ranges
 from tce.errors import FailedPreconditionError, InvalidArgumentError
@@ -107,7 +107,7 @@ def test_a_pin_keeps_the_first_object_identity_and_refuses_another(cached):
     pin = client.ObjectPin(path)
     # From the cache: no object's identity to pin (ranges from a bucket:
     # tests/test_s3.py).
-    got = client.read_range(path, 0, 10, pin=pin)
+    got = buffers.read_range(path, 0, 10, pin=pin)
     assert got is not None and bytes(got[0]) == data[:10] and pin.expected() == {}
     pin.seen("e1", 7)
     pin.seen("e1", 7)  # the same object again

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import tce
-from tce import api, client
+from tce import api, buffers, client
 from tce.core import _knobs
 from tce.tools._moto import credentials_env
 from tce.tools._server import LocalServer
@@ -135,7 +135,7 @@ def test_a_saved_file_is_persisted_as_an_object_holding_its_bytes(node, s3, buck
     tce.wait([path])  # durable in S3
     assert _state(path) == pb.FILE_STATE_PERSISTED
     data = _object(s3, bucket, node.key("global_step3/model.pt"))
-    mm = client.open_mapping(path)
+    mm = buffers.open_mapping(path)
     assert data == bytes(mm[:len(data)]) and len(data) == client.lookup(path).size
     out = torch.load(io.BytesIO(data), weights_only=True)  # an ordinary torch.save file
     assert torch.equal(out["w"], obj["w"]) and out["step"] == 3

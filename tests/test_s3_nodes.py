@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import tce
-from tce import _service, api, client
+from tce import _service, api, buffers, client
 from tce.tools._moto import credentials_env
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
@@ -178,7 +178,7 @@ def test_a_file_a_killed_node_never_uploaded_is_uploaded_once_the_ring_gives_it_
     r = ring
     r.proxy.hold(lambda q: q.kind == "PutObject" and q.path.endswith("/step1/shard0.pt"))
     size = r.save(0, "step1/shard0.pt", rank=0)
-    saved = r.call(0, lambda: bytes(client.open_mapping(r.path("step1/shard0.pt"))[:size]))
+    saved = r.call(0, lambda: bytes(buffers.open_mapping(r.path("step1/shard0.pt"))[:size]))
     until(lambda: int(r.status(1)["held_backups"]) == 1, what="node 1 to hold node 0's copy")
     r.proxy.wait_held(1, timeout=60)
     r.kill(0)

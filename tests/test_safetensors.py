@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tce
-from tce import api, client
+from tce import api, buffers
 from tce.core import _knobs
 from tce.integrations import safetensors as tst
 from tce.tools._server import LocalServer
@@ -37,7 +37,7 @@ def _tensors() -> dict[str, torch.Tensor]:
 
 
 def _cached_bytes(path) -> bytes:
-    with client.open_fd(path) as cached:
+    with buffers.open_fd(path) as cached:
         return os.pread(cached.fd, cached.size, 0)
 
 
@@ -79,7 +79,7 @@ def test_load_file_views_one_private_mapping_of_the_cache(server, tmp_path):
         assert out[name].dtype == t.dtype and out[name].shape == t.shape
         assert torch.equal(out[name].view(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8))
     # every tensor views the cached file, where its header puts it (no copy)
-    header = client.read_safetensors_header(_cached_bytes(path))
+    header = buffers.read_safetensors_header(_cached_bytes(path))
     for a, b in (("w", "ids"), ("w", "bf16"), ("ids", "mask")):
         assert out[b].data_ptr() - out[a].data_ptr() == \
             header.tensors[b].start - header.tensors[a].start
@@ -97,7 +97,7 @@ def test_load_file_of_an_uncached_file_is_safetensors_own(server, tmp_path):
 
 def test_a_corrupt_cached_file_is_refused(server, tmp_path):
     path = tmp_path / "bad.safetensors"
-    dest = client.allocate(path, 16)
+    dest = buffers.allocate(path, 16)
     dest.view[:] = b"\x40" + bytes(7) + b"{}      "  # a header length past the end
     dest.commit()
     with pytest.raises(tce.CorruptCheckpointError, match=f"{path}: header length 64 runs past"):

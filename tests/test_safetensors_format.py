@@ -10,14 +10,14 @@ import struct
 import pytest
 import torch
 
-from tce import client
+from tce import buffers
 from tce.errors import CorruptCheckpointError
 
 st = pytest.importorskip("safetensors.torch")
 
 
 def _ours(tensors, metadata=None) -> bytes:
-    layout = client.safetensors_layout(tensors, metadata)
+    layout = buffers.safetensors_layout(tensors, metadata)
     out = torch.zeros(layout.size, dtype=torch.uint8)
     layout.write(out)
     return bytes(out.numpy())
@@ -32,7 +32,7 @@ def _sample(dtype: torch.dtype, shape=(3, 5)) -> torch.Tensor:
     return raw.view(dtype)[:torch.Size(shape).numel()].reshape(shape).clone()
 
 
-EVERY_DTYPE = list(client.SAFETENSORS_DTYPES.values())
+EVERY_DTYPE = list(buffers.SAFETENSORS_DTYPES.values())
 
 
 @pytest.mark.parametrize("dtype", EVERY_DTYPE, ids=str)
@@ -64,7 +64,7 @@ def test_several_metadata_entries_keep_their_order_and_read_back_alike():
     assert len(ours) == len(theirs) and ours[-60:] == theirs[-60:]
     head = json.loads(ours[8:8 + struct.unpack("<Q", ours[:8])[0]])
     assert list(head["__metadata__"]) == list(metadata)
-    assert client.read_safetensors_header(ours).metadata == metadata
+    assert buffers.read_safetensors_header(ours).metadata == metadata
     assert torch.equal(st.load(ours)["w"], tensors["w"])
 
 
@@ -104,16 +104,16 @@ REFUSED = {
 def test_refusals_match_safetensors(case):
     tensors, metadata = REFUSED[case]
     theirs = _refusal(lambda: st.save(tensors, metadata=metadata))
-    ours = _refusal(lambda: client.safetensors_layout(tensors, metadata))
+    ours = _refusal(lambda: buffers.safetensors_layout(tensors, metadata))
     assert type(ours) is type(theirs), f"{case}: safetensors raises {theirs!r}, TCE {ours!r}"
 
 
 def test_refused_beyond_safetensors():
     # safetensors writes this file, then cannot read its own header back
     with pytest.raises(ValueError, match="__metadata__"):
-        client.safetensors_layout({"__metadata__": torch.zeros(1)})
+        buffers.safetensors_layout({"__metadata__": torch.zeros(1)})
     with pytest.raises(ValueError, match="complex128"):
-        client.safetensors_layout({"c": torch.zeros(1, dtype=torch.complex128)})
+        buffers.safetensors_layout({"c": torch.zeros(1, dtype=torch.complex128)})
 
 
 # ---------------------------------------------------------------------------
@@ -125,13 +125,13 @@ def test_reader_views_the_buffer_without_copying():
     tensors = {"w": _sample(torch.float32, (4, 3)), "i": torch.arange(6), "s": torch.tensor(True),
                "e": torch.empty(0, 2, dtype=torch.bfloat16), "f8": _sample(torch.float8_e4m3fn)}
     buf = bytearray(st.save(tensors, metadata={"format": "pt"}))
-    out = dict(client.iter_safetensors(buf))
+    out = dict(buffers.iter_safetensors(buf))
     assert set(out) == set(tensors)
     for name, t in tensors.items():
         assert out[name].dtype == t.dtype and out[name].shape == t.shape
         assert torch.equal(out[name].view(torch.uint8), t.view(torch.uint8)) if t.dim() else \
             out[name].item() == t.item()
-    header = client.read_safetensors_header(buf)
+    header = buffers.read_safetensors_header(buf)
     start = header.tensors["i"].start
     buf[start:start + 8] = struct.pack("<q", -7)  # the tensor sees the buffer's bytes
     assert out["i"][0].item() == -7
@@ -144,14 +144,14 @@ def test_reader_order_is_file_order_as_safetensors_load_file(tmp_path):
                "m": torch.zeros(1)}
     st.save_file(tensors, tmp_path / "f.safetensors")
     data = bytearray((tmp_path / "f.safetensors").read_bytes())
-    assert [n for n, _ in client.iter_safetensors(data)] == \
+    assert [n for n, _ in buffers.iter_safetensors(data)] == \
         list(st.load_file(tmp_path / "f.safetensors"))
 
 
 def test_header_fields():
     tensors = {"a": torch.zeros(2, 3, dtype=torch.float16), "b": torch.zeros((), dtype=torch.int64)}
     data = st.save(tensors, metadata={"format": "pt"})
-    header = client.read_safetensors_header(data)
+    header = buffers.read_safetensors_header(data)
     n = struct.unpack("<Q", data[:8])[0]
     assert header.data_start == 8 + n and header.file_size == len(data)
     assert header.metadata == {"format": "pt"}
@@ -159,17 +159,17 @@ def test_header_fields():
         "b": (torch.int64, (), 8 + n, 8 + n + 8),
         "a": (torch.float16, (2, 3), 8 + n + 8, 8 + n + 20)}
     # the header alone, with the file's size, reads the same
-    assert client.safetensors_header_size(data[:8], len(data)) == 8 + n
-    assert client.read_safetensors_header(data[:8 + n], file_size=len(data)) == header
+    assert buffers.safetensors_header_size(data[:8], len(data)) == 8 + n
+    assert buffers.read_safetensors_header(data[:8 + n], file_size=len(data)) == header
 
 
 def test_names_filter():
     tensors = {"a": torch.ones(2), "b": torch.zeros(3, dtype=torch.int32), "c": torch.ones(1)}
     data = bytearray(st.save(tensors))
-    got = dict(client.iter_safetensors(data, names=["c", "b"]))
+    got = dict(buffers.iter_safetensors(data, names=["c", "b"]))
     assert set(got) == {"b", "c"} and torch.equal(got["b"], tensors["b"])
     with pytest.raises(KeyError, match="'nope'"):
-        client.iter_safetensors(data, names=["a", "nope"])
+        buffers.iter_safetensors(data, names=["a", "nope"])
 
 
 def _file(header, data: bytes = b"", *, length: int | None = None) -> bytes:
@@ -224,7 +224,7 @@ HOSTILE = {
 def test_hostile_bytes_are_refused(case):
     data, fault = HOSTILE[case]
     with pytest.raises(CorruptCheckpointError) as e:
-        client.iter_safetensors(bytearray(data), source="/ckpt/evil.safetensors")
+        buffers.iter_safetensors(bytearray(data), source="/ckpt/evil.safetensors")
     assert e.value.message.startswith("/ckpt/evil.safetensors: ")
     assert fault in e.value.message
     assert isinstance(e.value, ValueError)
@@ -237,6 +237,6 @@ def test_what_safetensors_reads_tce_reads():
                         "f": {"dtype": "U8", "shape": [2, 0], "data_offsets": [0, 0]}}),
                  _file(b' {"a":' + json.dumps(F32x2).encode() + b"}  \n ", bytes(8))):
         theirs = st.load(data)
-        ours = dict(client.iter_safetensors(bytearray(data)))
+        ours = dict(buffers.iter_safetensors(bytearray(data)))
         assert ours.keys() == theirs.keys()
         assert all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -3,7 +3,7 @@
 item into its tensors, the next items' bytes are on their way (from the copy
 held on this node, or over the ring from a peer's memory).
 
-Each range is read in pieces of at most one call (``tce.client.MAX_RANGE``).
+Each range is read in pieces of at most one call (``tce.buffers.MAX_RANGE``).
 Where the server gives the session a range buffer, each call puts its piece
 in a slot of that buffer (the server receives a peer's bytes straight into
 it) and the reader copies it from there into the destination with
@@ -26,7 +26,7 @@ import os
 import queue
 from typing import Any
 
-from tce import client
+from tce import buffers, client
 from tce.integrations._dcp_item import Source
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -93,13 +93,13 @@ class LazySource(Source):
         self.path, self.job, self.slots, self.pin = path, job, slots, pin
 
     def readinto(self, view: memoryview, offset: int) -> None:
-        for at in range(0, len(view), client.MAX_RANGE):
-            n = min(len(view) - at, client.MAX_RANGE)
+        for at in range(0, len(view), buffers.MAX_RANGE):
+            n = min(len(view) - at, buffers.MAX_RANGE)
             slot = self.slots.free.get() if self.slots else None
             try:
-                got = client.read_range(
+                got = buffers.read_range(
                     self.path, offset + at, n, job=self.job,
-                    buffer_offset=None if slot is None else slot * client.MAX_RANGE, pin=self.pin)
+                    buffer_offset=None if slot is None else slot * buffers.MAX_RANGE, pin=self.pin)
                 if got is None:
                     raise FileNotFoundError(f"{self.path} left the ring during the load")
                 _copy(got[0], 0, view[at:at + n], 0)
@@ -119,8 +119,8 @@ class RingRanges:
     def __init__(self, path: str | os.PathLike, ranges: list[tuple[int, int]], *,
                  job: str, pin: client.ObjectPin | None = None) -> None:
         self.path, self.job, self.ranges, self.pin = path, job, ranges, pin
-        buf = client.range_buffer()
-        self._slots = _Slots(buf[1] // client.MAX_RANGE) if buf else None
+        buf = buffers.range_buffer()
+        self._slots = _Slots(buf[1] // buffers.MAX_RANGE) if buf else None
         if self._slots is not None and self._slots.count < 2:
             self._slots = None
         # The calls mostly wait (for the server, the peer, the link): with a
@@ -128,12 +128,12 @@ class RingRanges:
         self._threads = max(client.setting("dcp_read_threads"),
                             self._slots.count if self._slots else 0)
         # A range of more pieces than half the slots is read when asked for.
-        self._lazy_over = (self._slots.count // 2 if self._slots else 1 << 30) * client.MAX_RANGE
+        self._lazy_over = (self._slots.count // 2 if self._slots else 1 << 30) * buffers.MAX_RANGE
         # (range index, file offset, length) of every call reading ahead, in order.
         self._calls = collections.deque(
-            (i, offset + at, min(length - at, client.MAX_RANGE))
+            (i, offset + at, min(length - at, buffers.MAX_RANGE))
             for i, (offset, length) in enumerate(ranges) if length <= self._lazy_over
-            for at in range(0, length, client.MAX_RANGE))
+            for at in range(0, length, buffers.MAX_RANGE))
         self._pool = _executor(self._threads) if self._threads > 1 else None
         self._flight: collections.deque[tuple[int, int, int, int | None, Any]] = \
             collections.deque()
@@ -160,16 +160,16 @@ class RingRanges:
                 except queue.Empty:
                     return
             self._calls.popleft()
-            at = None if slot is None else slot * client.MAX_RANGE
+            at = None if slot is None else slot * buffers.MAX_RANGE
             if self._pool is None:
                 f: Any = concurrent.futures.Future()
                 try:
-                    f.set_result(client.read_range(self.path, offset, n, job=self.job,
-                                                   buffer_offset=at, pin=self.pin))
+                    f.set_result(buffers.read_range(self.path, offset, n, job=self.job,
+                                                    buffer_offset=at, pin=self.pin))
                 except Exception as e:  # noqa: BLE001 (handed over in order by next)
                     f.set_exception(e)
             else:
-                f = self._pool.submit(client.read_range, self.path, offset, n,
+                f = self._pool.submit(buffers.read_range, self.path, offset, n,
                                       job=self.job, buffer_offset=at, pin=self.pin)
             self._flight.append((i, offset, n, slot, f))
 
@@ -187,7 +187,7 @@ class RingRanges:
         i, self._next = self._next, self._next + 1
         offset, length = self.ranges[i]
         if length > self._lazy_over:  # its first byte: who has the file, if anyone
-            got = client.read_range(self.path, offset, 1, job=self.job, pin=self.pin)
+            got = buffers.read_range(self.path, offset, 1, job=self.job, pin=self.pin)
             if got is None:
                 return None
             return LazySource(self.path, self.job, self._slots, self.pin), got[1]

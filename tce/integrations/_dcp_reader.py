@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from tce import api, client
+from tce import api, buffers, client
 from tce.errors import CorruptCheckpointError, TCEError
 from tce.integrations._dcp_format import METADATA, CheckpointDir
 from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, load_tensor,
@@ -189,7 +189,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         for name, reqs in per_file.items():
             path = os.path.join(self.path, name)
             reqs = sorted(reqs, key=lambda r: self._info(r).offset)
-            cached = client.open_fd(path, job=self.job, local_only=True)
+            cached = buffers.open_fd(path, job=self.job, local_only=True)
             if cached is not None:
                 with cached:
                     self._read_file(FdSource(cached.fd, cached.size), name, "local", reqs, planner)
@@ -201,7 +201,7 @@ class StorageReader(CheckpointDir, _DCPReader):
             fetched = None
             if name in shared or client.is_object_path(path):
                 before = client.loaded_bytes().get("storage", 0)
-                fetched = client.open_fd(path, job=self.job)
+                fetched = buffers.open_fd(path, job=self.job)
             if fetched is not None:
                 read_here = client.loaded_bytes().get("storage", 0) > before
                 with fetched:
@@ -256,7 +256,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         end = max(info.offset + info.length for info in infos)
         pin = self._pins.setdefault(path, client.ObjectPin(path))
         try:
-            found = client.read_range(path, max(end, 1) - 1, 1, job=self.job, pin=pin)
+            found = buffers.read_range(path, max(end, 1) - 1, 1, job=self.job, pin=pin)
         except ValueError as e:
             raise CorruptCheckpointError(f"{name}: its items end at byte {end}, past the end "
                                          f"of the file the ring holds ({e})") from None
@@ -332,7 +332,7 @@ class StorageReader(CheckpointDir, _DCPReader):
     def _map(self, path: str, *, local_only: bool = False) -> tuple[Any, str]:
         """(mapping of the file, "local" or "storage"), or (None, "") when
         neither the cache nor (unless ``local_only``) storage has it."""
-        mm = client.open_mapping(path, job=self.job, local_only=local_only)
+        mm = buffers.open_mapping(path, job=self.job, local_only=local_only)
         if mm is not None:
             return mm, "local"
         if local_only:

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from tce import api, client
+from tce import api, buffers, client
 from tce.errors import NotCachedError, ServerUnavailableError, TCEError
 from tce.integrations._dcp_format import (
     DCP_VERSION,
@@ -56,9 +56,9 @@ class _TensorArchive:
     def __init__(self, t: torch.Tensor) -> None:
         self.tensor = t
         if t.device.type == "cpu":
-            self.layout = client.object_layout(t)
+            self.layout = buffers.object_layout(t)
         else:  # laid out from a CPU stand-in (never touched: no memory used)
-            self.layout = client.object_layout(
+            self.layout = buffers.object_layout(
                 torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu"))
         self.size = self.layout.size
 
@@ -241,9 +241,9 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
             for p in parts:
                 offsets.append(offset)
                 offset = aligned(offset + p.size)
-            dest = client.allocate(os.path.join(self.path, name),
-                                          offsets[-1] + parts[-1].size, job=self.job,
-                                          tag=self.tag, rank=rank)
+            dest = buffers.allocate(os.path.join(self.path, name),
+                                    offsets[-1] + parts[-1].size, job=self.job,
+                                    tag=self.tag, rank=rank)
             try:
                 for p, at in zip(parts, offsets):
                     p.write(dest, at)
@@ -263,8 +263,8 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
         metadata.storage_data = {r.index: r.storage_data for rs in results for r in rs}
         metadata.storage_meta = self.storage_meta()
         data = pickle.dumps(metadata)
-        dest = client.allocate(os.path.join(self.path, METADATA), len(data), job=self.job,
-                                      tag=self.tag, rank=self.rank)
+        dest = buffers.allocate(os.path.join(self.path, METADATA), len(data), job=self.job,
+                                tag=self.tag, rank=self.rank)
         dest.view[:] = data
         self._commit(dest)
         ends: dict[str, int] = {}
@@ -339,8 +339,8 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
             offset = aligned(offset + layout.size)
         size = offsets[-1] + leaves[-1][1].size
         name = data_name(client.rank(), 0)
-        dest = client.allocate(os.path.join(self.path, name), size, job=self.job,
-                                      tag=self.tag, rank=client.rank())
+        dest = buffers.allocate(os.path.join(self.path, name), size, job=self.job,
+                                tag=self.tag, rank=client.rank())
         staged: dict[int, _Staged] = {}
         views: dict[int, torch.Tensor] = {}
         for (t, layout), offset in zip(leaves, offsets):
@@ -356,7 +356,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
                 layout.write(dest.view[at:at + layout.size], dest.tensor[at:at + layout.size])
 
         self._staged_file, self._staged = dest, staged
-        self._staged_done = client.stage_later(dest.path, size, copy)
+        self._staged_done = buffers.stage_later(dest.path, size, copy)
         it = iter(views[id(t)] for t, _ in leaves)
 
         def replace(obj: Any) -> Any:

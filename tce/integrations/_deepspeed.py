@@ -33,7 +33,7 @@ import sys
 import threading
 from typing import Any
 
-from tce import api, client
+from tce import api, buffers, client
 from tce.integrations import _deepspeed_loading as _loading
 from tce.integrations import _deepspeed_weights as _ds_weights
 from tce.errors import DeadlineExceededError, TCEError
@@ -160,8 +160,8 @@ def _engine_class():
 
         def save(self, state_dict: Any, path: str) -> None:
             rank = client.rank()
-            cached = client.save_file(state_dict, path, job=self.job, tag=self._tag, rank=rank,
-                                        blocking=not self.async_save)
+            cached = buffers.save_file(state_dict, path, job=self.job, tag=self._tag, rank=rank,
+                                       blocking=not self.async_save)
             path = os.path.abspath(path)
             size = cached.size if cached is not None else os.path.getsize(path)
             self._files.append((rank, path, size))
@@ -201,8 +201,8 @@ def _engine_class():
             api.wait_staged()  # a file this process is still staging loads complete
             # weights_only=False like DeepSpeed's own engine: client state
             # carries arbitrary objects (e.g. argparse.Namespace).
-            obj, from_cache = client.load_file(path, map_location=map_location, weights_only=False,
-                                                 job=self.job)
+            obj, from_cache = buffers.load_file(path, map_location=map_location, weights_only=False,
+                                                job=self.job)
             if from_cache:
                 self.loads_from_cache += 1
             else:

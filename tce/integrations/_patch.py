@@ -6,7 +6,7 @@ The patch replaces ``torch.save``/``torch.load`` (and the same names in
 prefixes go through :func:`tce.save`/:func:`tce.load`; every other call (other
 paths, file-like objects, the legacy format) reaches the original function
 with its arguments untouched. TCE's own fallbacks call the originals captured
-at import (``tce.client.torch_save``), so they never recurse into the patch.
+at import (``tce.buffers.torch_save``), so they never recurse into the patch.
 
 Where safetensors is installed, ``safetensors.torch.save_file`` and
 ``load_file`` are replaced the same way (paths under the prefixes go to
@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from tce import api, client
+from tce import api, buffers
 from tce.integrations import safetensors as _st
 
 _lock = threading.Lock()
@@ -52,7 +52,7 @@ def _save(obj: Any, f: Any, pickle_module: Any = pickle,
           _disable_byteorder_record: bool = False) -> None:
     if (_under_prefix(f) and _use_new_zipfile_serialization
             and not _disable_byteorder_record):
-        cached = client.save_file(obj, f, pickle_module, pickle_protocol)
+        cached = buffers.save_file(obj, f, pickle_module, pickle_protocol)
         if _durable and cached is not None:
             # Return only once the file is on storage, as torch.save + fsync.
             # (A fallback wrote the file directly and fsynced it already.)
@@ -60,8 +60,8 @@ def _save(obj: Any, f: Any, pickle_module: Any = pickle,
         return None
     # The legacy format and byteorder-less archives are not what the cache
     # writes: the caller asked for them, so the original writes them.
-    return client.torch_save(obj, f, pickle_module, pickle_protocol,
-                               _use_new_zipfile_serialization, _disable_byteorder_record)
+    return buffers.torch_save(obj, f, pickle_module, pickle_protocol,
+                              _use_new_zipfile_serialization, _disable_byteorder_record)
 
 
 def _load(f: Any, map_location: Any = None, pickle_module: Any = None, *,
@@ -70,12 +70,12 @@ def _load(f: Any, map_location: Any = None, pickle_module: Any = None, *,
     if _under_prefix(f):
         return api.load(f, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
                          **pickle_load_args)
-    return client.torch_load(f, map_location, pickle_module, weights_only=weights_only,
-                               mmap=mmap, **pickle_load_args)
+    return buffers.torch_load(f, map_location, pickle_module, weights_only=weights_only,
+                              mmap=mmap, **pickle_load_args)
 
 
-_save.__doc__ = f"torch.save, patched by TCE.\n\n{client.torch_save.__doc__ or ''}"
-_load.__doc__ = f"torch.load, patched by TCE.\n\n{client.torch_load.__doc__ or ''}"
+_save.__doc__ = f"torch.save, patched by TCE.\n\n{buffers.torch_save.__doc__ or ''}"
+_load.__doc__ = f"torch.load, patched by TCE.\n\n{buffers.torch_load.__doc__ or ''}"
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], filename: str | os.PathLike,
@@ -175,8 +175,8 @@ def unpatch_torch() -> None:
     global _prefixes, _patched, _durable
     with _lock:
         if _patched:
-            torch.save = torch.serialization.save = client.torch_save
-            torch.load = torch.serialization.load = client.torch_load
+            torch.save = torch.serialization.save = buffers.torch_save
+            torch.load = torch.serialization.load = buffers.torch_load
             _patch_safetensors(False)
             _patched = False
         _prefixes = ()

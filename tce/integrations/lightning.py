@@ -18,7 +18,7 @@ from typing import Any
 
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 
-from tce import api, client
+from tce import api, buffers, client
 from tce.errors import NotCachedError
 
 __all__ = ["TCECheckpointIO"]
@@ -53,7 +53,7 @@ class TCECheckpointIO(CheckpointIO):
                             f"{storage_options!r}")
         path = client.norm(path)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        cached = client.save_file(checkpoint, path, job=self.job)
+        cached = buffers.save_file(checkpoint, path, job=self.job)
         if self.durable and cached is not None:
             api.wait([path], job=self.job)
 
@@ -69,8 +69,8 @@ class TCECheckpointIO(CheckpointIO):
             map_location = _keep  # Lightning's default: storages stay where they were saved
         if not os.path.exists(path) and not api.cached(path, job=self.job):
             raise FileNotFoundError(f"Checkpoint file not found: {path}")
-        obj, from_cache = client.load_file(path, map_location, weights_only=weights_only,
-                                             job=self.job)
+        obj, from_cache = buffers.load_file(path, map_location, weights_only=weights_only,
+                                            job=self.job)
         if from_cache:
             self.loads_from_cache += 1
         else:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from tce import client
+from tce import buffers, client
 from tce.v1 import tce_pb2 as pb
 
 __all__ = ["lays_out", "load_file", "originals", "save_file"]
@@ -52,7 +52,7 @@ def lays_out(tensors: Any) -> bool:
     """Whether :func:`save_file` writes these tensors' dtypes (False: one
     only safetensors itself names, e.g. a sub-byte float)."""
     return not isinstance(tensors, dict) or all(
-        not isinstance(t, torch.Tensor) or t.dtype in client.SAFETENSORS_DTYPES.values()
+        not isinstance(t, torch.Tensor) or t.dtype in buffers.SAFETENSORS_DTYPES.values()
         for t in tensors.values())
 
 
@@ -76,8 +76,8 @@ def save_file(tensors: dict[str, torch.Tensor], filename: str | os.PathLike,
         MissingDirectoryError: the directory does not exist.
         CacheFullError, ServerUnavailableError: with ``on_unavailable = "raise"``.
     """
-    plan = client.safetensors_layout(tensors, metadata)
-    dest = client.allocate(filename, plan.size, job=job, tag=tag, rank=rank)
+    plan = buffers.safetensors_layout(tensors, metadata)
+    dest = buffers.allocate(filename, plan.size, job=job, tag=tag, rank=rank)
     try:
         plan.write(dest.tensor)
     except BaseException:
@@ -100,7 +100,7 @@ def load_file(filename: str | os.PathLike, device: str | int | torch.device = "c
         ImportError: the cache does not hold the file and safetensors is
             not installed.
     """
-    opened = client.open_mapped_file(filename, job=job)
+    opened = buffers.open_mapped_file(filename, job=job)
     if opened is None:
         return originals()[1](filename, device, **options)
     info, mapping = opened
@@ -108,7 +108,7 @@ def load_file(filename: str | os.PathLike, device: str | int | torch.device = "c
     # info.size bytes (a memoryview of them keeps the mapping, and so the
     # lease on the cached bytes, as long as a tensor views it).
     view = memoryview(mapping)[:info.size]
-    tensors = dict(client.iter_safetensors(view, source=client.norm(filename)))
+    tensors = dict(buffers.iter_safetensors(view, source=client.norm(filename)))
     target = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     if target.type != "cpu":
         tensors = {name: t.to(target) for name, t in tensors.items()}

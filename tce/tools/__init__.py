@@ -1,5 +1,5 @@
 """The ``tce`` command and what it runs: the CLI, the benchmarks, the demo,
 the fabric doctor, the server launcher and network namespaces for tests.
-They call the public API (:mod:`tce.api`, :mod:`tce.client`), never another
-package's private modules.
+They call the public API (:mod:`tce.api`, :mod:`tce.client`,
+:mod:`tce.buffers`), never another package's private modules.
 """
