@@ -38,8 +38,7 @@ import pickle
 from typing import Any, Callable
 
 from tce import _service
-from tce.core import _client
-from tce.core._objects import ObjectPin
+from tce.core import _client, _objects
 from tce.core._originals import torch_load, torch_save
 from tce.core._safetensors import (
     DTYPES as SAFETENSORS_DTYPES,
@@ -97,7 +96,8 @@ def open_mapped_file(path: str | os.PathLike, *, job: str | None = None,
 
 
 def read_range(path: str | os.PathLike, offset: int, length: int, *, job: str | None = None,
-               buffer_offset: int | None = None, pin: ObjectPin | None = None) -> tuple[Any, str] | None:
+               buffer_offset: int | None = None,
+               pin: _objects.ObjectPin | None = None) -> tuple[Any, str] | None:
     """Bytes ``[offset, offset + length)`` of the file at ``path`` (at most
     :data:`MAX_RANGE`), from this node's cache (``"local"``), through
     the ring, a copy held here or another node's memory (``"peer"``), or,
@@ -105,9 +105,9 @@ def read_range(path: str | os.PathLike, offset: int, length: int, *, job: str | 
     the range moves. Returns (the bytes, the source); with
     ``buffer_offset`` and a :func:`range_buffer`, ((its fd, the offset),
     the source): the bytes are there. None when no cache has the file.
-    ``pin`` (an :class:`ObjectPin` of ``path``, one per load): the first
-    range from the bucket pins the object's identity, and later ones are
-    read from that object only.
+    ``pin`` (a :class:`tce.objects.ObjectPin` of ``path``, one per load):
+    the first range from the bucket pins the object's identity, and later
+    ones are read from that object only.
 
     Raises:
         ValueError: the range is not inside the file.

@@ -34,18 +34,17 @@ import contextlib
 import os
 from typing import Any, Iterator
 
-from tce import _service, buffers
+from tce import _service
 from tce.api import remove, status
-from tce.core import _dist, _knobs, _meta, _objects
+from tce.core import _dist, _knobs, _meta
 from tce.core._ring import join_ring
 from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb
 
 __all__ = [
-    "ObjectPin", "all_gather", "broadcast", "commit_tag", "configure", "delete_object", "files",
-    "is_object_path", "job_or_default", "join_ring", "loaded_bytes", "lookup", "mapped_buffers",
-    "metadata_files", "norm", "override", "prefetch", "read_bytes", "remove", "retry", "rank",
-    "save_bytes", "session", "set_ring", "setting", "settings", "status", "stored_files", "tags",
+    "all_gather", "broadcast", "commit_tag", "configure", "files", "job_or_default", "join_ring",
+    "loaded_bytes", "lookup", "mapped_buffers", "metadata_files", "norm", "override", "prefetch",
+    "rank", "remove", "retry", "session", "set_ring", "setting", "settings", "status", "tags",
     "world_size",
 ]
 
@@ -261,58 +260,3 @@ def all_gather(obj: Any) -> list[Any]:
 def broadcast(obj: Any) -> Any:
     """Rank 0's ``obj`` (a collective; ``obj`` itself in one process)."""
     return _dist.broadcast(obj)
-
-
-ObjectPin = _objects.ObjectPin
-
-
-# -- object storage roots (storage_roots entries DIR=s3://BUCKET/PREFIX) ------
-
-def is_object_path(path: str | os.PathLike) -> bool:
-    """Whether ``path`` lies under one of the server's object storage roots:
-    nothing exists there on the local filesystem, only in the bucket."""
-    return _objects.is_object_path(path)
-
-
-def delete_object(path: str | os.PathLike, *, job: str | None = None) -> None:
-    """Drops ``path`` from the cache and deletes its object from the bucket
-    (no error when neither holds it)."""
-    _objects.delete(norm(path), job_or_default(job))
-
-
-def stored_files(directory: str | os.PathLike, *, job: str | None = None) -> list[tuple[str, int]]:
-    """``(path, size)`` of each file object storage holds under
-    ``directory`` (under an object root), by path: what a job restarted on
-    empty nodes finds there.
-
-    Raises:
-        InvalidArgumentError: ``directory`` is not under an object root.
-    """
-    return _objects.stored(norm(directory), job_or_default(job))
-
-
-def read_bytes(path: str | os.PathLike, *, job: str | None = None) -> bytes | None:
-    """The bytes of a (small) file through the cache: under an object root,
-    fetched from the bucket on a miss. None when there is none."""
-    opened = buffers.open_mapped_file(path, job=job)
-    if opened is None:
-        return None
-    info, mm = opened
-    try:
-        return bytes(mm[:info.size])
-    finally:
-        mm.close()
-
-
-def save_bytes(path: str | os.PathLike, data: bytes, *, job: str | None = None, tag: str = "",
-               rank: int = 0) -> None:
-    """Saves ``data`` at ``path`` through the cache under ``tag``. Under an
-    object root the server writes a tag's marker (``latest``,
-    ``.metadata``) to the bucket only after the tag's other files are there."""
-    dest = buffers.allocate(path, len(data), job=job, tag=tag, rank=rank)
-    try:
-        dest.view[:len(data)] = data
-    except BaseException:
-        dest.abort()
-        raise
-    dest.commit()

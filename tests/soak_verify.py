@@ -11,7 +11,7 @@ holds what storage has. Storage is read without the server: the directory
 root's file, and the object straight from moto with boto3 (not through the
 fault proxy). Then the fresh server: ``tce.buffers.load_file`` of each torch
 file must equal ``torch.load`` of the stored bytes, tensor bytes included,
-and ``tce.client.read_bytes`` (the server's own copy: its cache, or the
+and ``tce.objects.read_bytes`` (the server's own copy: its cache, or the
 bucket) must be the stored bytes whenever it serves the file.
 """
 
@@ -100,7 +100,7 @@ def verify(journal: Journal, s3, bucket: str, s3_root: str, socket: str) -> Outc
     server at ``socket``."""
     import torch
     from helpers import assert_same
-    from tce import buffers, client
+    from tce import buffers, client, objects
 
     out = Outcome()
     at_ack: dict[int, Loss] = {}
@@ -137,7 +137,7 @@ def verify(journal: Journal, s3, bucket: str, s3_root: str, socket: str) -> Outc
                     got, _ = buffers.load_file(save.path, weights_only=False)
                     assert_same(got, torch.load(io.BytesIO(data), weights_only=False))
                     out.loaded += 1
-                served = client.read_bytes(save.path)
+                served = objects.read_bytes(save.path)
                 if served is not None:
                     assert served == data, (f"it served {len(served)} bytes, digest "
                                             f"{digest(save.kind, served)[:16]}, not the stored ones")

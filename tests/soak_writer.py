@@ -7,7 +7,7 @@ Each round saves a batch of 1-4 files (distinct paths) of random sizes,
 from a few KiB to a few MiB, under the directory root and the object (S3)
 root, drawn from a small pool of names so that paths are saved again: torch
 state dicts with ``tce.save``, a raw uint8 tensor with the patched
-``torch.save``, raw bytes with ``tce.client.save_bytes``, each under a tag.
+``torch.save``, raw bytes with ``tce.objects.save_bytes``, each under a tag.
 Before each save the journal gets a ``save`` record (the path, the SHA-256
 of the bytes the saved file holds (:func:`digest`), a global order number),
 fsynced; once ``tce.wait`` returned for the batch, an ``ack`` record per
@@ -37,7 +37,7 @@ import time
 import zipfile
 
 JOB = "soak"
-KINDS = ("state", "torch", "bytes")  # tce.save, the patched torch.save, tce.client.save_bytes
+KINDS = ("state", "torch", "bytes")  # tce.save, the patched torch.save, tce.objects.save_bytes
 TORCH_KINDS = ("state", "torch")  # files in torch's zip format (tce.load reads them)
 MIN_SIZE, MAX_SIZE = 4 << 10, 7 << 20  # above s3_part_size (5 MiB, tests/soak.py): multipart
 SUBDIRS = ("d0", "d1", "d2")  # under each root; the soak makes the directory root's
@@ -235,7 +235,7 @@ def _content(rng: random.Random, kind: str, size: int, path: str, scratch: str):
 def _save(kind: str, root: str, path: str, obj, tag: str) -> None:
     import torch
     import tce
-    from tce import client
+    from tce import client, objects
 
     # A save under the object root cannot fall back to a local write.
     with client.override(on_unavailable="raise" if root == "s3" else "fallback"):
@@ -244,7 +244,7 @@ def _save(kind: str, root: str, path: str, obj, tag: str) -> None:
         elif kind == "torch":
             torch.save(obj, path)  # patched: through the cache (tag: the job's default)
         else:
-            client.save_bytes(path, obj, tag=tag)
+            objects.save_bytes(path, obj, tag=tag)
 
 
 def _wait(paths: list[str], budget: float) -> tuple[set[str], str]:

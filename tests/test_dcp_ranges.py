@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tce
-from tce import _service, buffers, client
+from tce import _service, buffers, objects
 from tce.core import _client, _knobs
 from tce.integrations import _dcp_ranges
 from tce.errors import FailedPreconditionError, InvalidArgumentError
@@ -104,7 +104,7 @@ def test_the_read_threads_setting_is_checked():
 
 def test_a_pin_keeps_the_first_object_identity_and_refuses_another(cached):
     path, data = cached
-    pin = client.ObjectPin(path)
+    pin = objects.ObjectPin(path)
     # From the cache: no object's identity to pin (ranges from a bucket:
     # tests/test_s3.py).
     got = buffers.read_range(path, 0, 10, pin=pin)

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import tce
-from tce import api, buffers, client
+from tce import api, buffers, client, objects
 from tce.core import _knobs
 from tce.tools._moto import credentials_env
 from tce.tools._server import LocalServer
@@ -179,11 +179,11 @@ def test_stored_files_lists_what_the_bucket_holds_under_a_directory(node, s3, bu
     s3.put_object(Bucket=bucket, Key=node.key("step7/a.pt"), Body=b"a" * 10)
     s3.put_object(Bucket=bucket, Key=node.key("step7/sub/b.pt"), Body=b"b" * 3)
     s3.put_object(Bucket=bucket, Key=node.key("step70/c.pt"), Body=b"c")  # another directory
-    assert client.stored_files(node.path("step7")) == [(node.path("step7/a.pt"), 10),
-                                                       (node.path("step7/sub/b.pt"), 3)]
-    assert client.stored_files(node.path("nothing-here")) == []
+    assert objects.stored_files(node.path("step7")) == [(node.path("step7/a.pt"), 10),
+                                                        (node.path("step7/sub/b.pt"), 3)]
+    assert objects.stored_files(node.path("nothing-here")) == []
     with pytest.raises(InvalidArgumentError, match="is not under an object storage root"):
-        client.stored_files("/not/an/object/root")
+        objects.stored_files("/not/an/object/root")
 
 
 def test_large_files_go_up_in_parallel_parts_and_come_back_by_ranges(tmp_path, bucket, proxy, s3):

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import tce
-from tce import _service, api, buffers, client
+from tce import _service, api, buffers, client, objects
 from tce.tools._moto import credentials_env
 from tce.tools._server import LocalServer
 from tce.v1 import tce_pb2 as pb
@@ -90,7 +90,7 @@ class Ring:
         """On node 0, as rank 0 does: DeepSpeed's engine records the complete
         tag (every rank's files), then writes ``latest``; DCP's writer
         writes ``.metadata`` (one of the tag's files), then records the tag."""
-        mark = lambda: client.save_bytes(self.path(marker), tag.encode(), job=self.job, tag=tag, rank=0)  # noqa: E731
+        mark = lambda: objects.save_bytes(self.path(marker), tag.encode(), job=self.job, tag=tag, rank=0)  # noqa: E731
         if marker.endswith(".metadata"):
             files = [*files, (0, marker, len(tag))]
             self.call(0, mark)

@@ -14,7 +14,7 @@ link, so their number need not follow the cores. A piece keeps its slot
 until its item was copied, so the bytes held are bounded by the buffer. An
 item too big for the slots is not read ahead: its source reads each piece
 when the reader asks for it (:class:`LazySource`). Every call passes the
-load's :class:`tce.client.ObjectPin` of the file: ranges from an object
+load's :class:`tce.objects.ObjectPin` of the file: ranges from an object
 storage bucket all come from the object the load began with.
 """
 
@@ -26,7 +26,7 @@ import os
 import queue
 from typing import Any
 
-from tce import buffers, client
+from tce import buffers, client, objects
 from tce.integrations._dcp_item import Source
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -89,7 +89,7 @@ class LazySource(Source):
     each through a free slot (or inside the reply without slots)."""
 
     def __init__(self, path: Any, job: str, slots: _Slots | None,
-                 pin: client.ObjectPin | None = None) -> None:
+                 pin: objects.ObjectPin | None = None) -> None:
         self.path, self.job, self.slots, self.pin = path, job, slots, pin
 
     def readinto(self, view: memoryview, offset: int) -> None:
@@ -113,11 +113,11 @@ class RingRanges:
     through the server, in order, with several calls in flight; :meth:`next`
     gives each range's bytes in turn, valid until the next call; ``pin``:
     the load's identity of the file's object (see
-    :class:`tce.client.ObjectPin`). Use as a context manager: leaving it
+    :class:`tce.objects.ObjectPin`). Use as a context manager: leaving it
     waits for the calls still in flight."""
 
     def __init__(self, path: str | os.PathLike, ranges: list[tuple[int, int]], *,
-                 job: str, pin: client.ObjectPin | None = None) -> None:
+                 job: str, pin: objects.ObjectPin | None = None) -> None:
         self.path, self.job, self.ranges, self.pin = path, job, ranges, pin
         buf = buffers.range_buffer()
         self._slots = _Slots(buf[1] // buffers.MAX_RANGE) if buf else None

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from tce import api, buffers, client
+from tce import api, buffers, client, objects
 from tce.errors import CorruptCheckpointError, TCEError
 from tce.integrations._dcp_format import METADATA, CheckpointDir
 from tce.integrations._dcp_item import (FdSource, Reads, Scratch, Source, load_tensor,
@@ -69,7 +69,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         self.storage_data: dict[Any, Any] = {}
         self.load_id = uuid.uuid4().hex
         # Each object read by ranges in this load: the identity it began with.
-        self._pins: dict[str, client.ObjectPin] = {}
+        self._pins: dict[str, objects.ObjectPin] = {}
         self.reads: list[ReadRecord] = []
         # How the tensors' regions were copied: "direct" (from the file
         # straight into the destination) or "scratch" (through a buffer).
@@ -199,7 +199,7 @@ class StorageReader(CheckpointDir, _DCPReader):
             # Under an object root, or read by other ranks of this node too:
             # the server reads it from storage into its cache, once.
             fetched = None
-            if name in shared or client.is_object_path(path):
+            if name in shared or objects.is_object_path(path):
                 before = client.loaded_bytes().get("storage", 0)
                 fetched = buffers.open_fd(path, job=self.job)
             if fetched is not None:
@@ -254,7 +254,7 @@ class StorageReader(CheckpointDir, _DCPReader):
         # session's range buffer (64 MiB of the server's) for a file that
         # then comes from storage.
         end = max(info.offset + info.length for info in infos)
-        pin = self._pins.setdefault(path, client.ObjectPin(path))
+        pin = self._pins.setdefault(path, objects.ObjectPin(path))
         try:
             found = buffers.read_range(path, max(end, 1) - 1, 1, job=self.job, pin=pin)
         except ValueError as e:

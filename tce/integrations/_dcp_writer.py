@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from tce import api, buffers, client
+from tce import api, buffers, client, objects
 from tce.errors import NotCachedError, ServerUnavailableError, TCEError
 from tce.integrations._dcp_format import (
     DCP_VERSION,
@@ -185,7 +185,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Create the directory (every rank: each may be on its own node)."""
-        if not client.is_object_path(self.path):  # an object root has no directories
+        if not objects.is_object_path(self.path):  # an object root has no directories
             os.makedirs(self.path, exist_ok=True)
         return plan
 
@@ -198,8 +198,8 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
             client.remove(meta, job=self.job)
         except (NotCachedError, ServerUnavailableError):
             pass
-        if client.is_object_path(meta):
-            client.delete_object(meta, job=self.job)  # the bucket's old .metadata goes first too
+        if objects.is_object_path(meta):
+            objects.delete_object(meta, job=self.job)  # the bucket's old .metadata goes first too
         elif os.path.lexists(meta):
             os.remove(meta)
         return [dataclasses.replace(p, storage_data=_Prefix(i)) for i, p in enumerate(plans)]

@@ -33,7 +33,7 @@ import sys
 import threading
 from typing import Any
 
-from tce import api, buffers, client
+from tce import api, buffers, client, objects
 from tce.integrations import _deepspeed_loading as _loading
 from tce.integrations import _deepspeed_weights as _ds_weights
 from tce.errors import DeadlineExceededError, TCEError
@@ -181,8 +181,8 @@ def _engine_class():
             if rank == 0 and files:
                 self._record_tag(tag, world, files)
                 latest = os.path.join(getattr(info, "save_dir", None) or "", "latest")
-                if getattr(info, "save_latest", True) and client.is_object_path(latest):  # into the bucket,
-                    client.save_bytes(latest, tag.encode(), job=self.job, tag=tag, rank=rank)  # after the tag's files
+                if getattr(info, "save_latest", True) and objects.is_object_path(latest):  # into the bucket,
+                    objects.save_bytes(latest, tag.encode(), job=self.job, tag=tag, rank=rank)  # after the tag's files
             self._files = []
             return True
 
@@ -332,8 +332,8 @@ def _engine_class():
                     out.append((t.tag, files))
             one_dir = tag not in (None, "", ".", "..") and "/" not in tag  # the bucket's bytes: checked
             tag_dir = os.path.join(load_dir, tag or ".")
-            if not out and one_dir and client.is_object_path(tag_dir):
-                files = client.stored_files(tag_dir, job=self.job)
+            if not out and one_dir and objects.is_object_path(tag_dir):
+                files = objects.stored_files(tag_dir, job=self.job)
                 out = [(tag, [(0, p, s) for p, s in files])] if files else []
             return out
 
@@ -366,7 +366,7 @@ def _engine_class():
 def _on_storage(path: str, size: int) -> bool:
     """Complete on storage (persisted files are renamed into place whole;
     an object root's files are fetched by the load, which says if one is gone)."""
-    if client.is_object_path(path):
+    if objects.is_object_path(path):
         return True
     try:
         return os.path.getsize(path) == size

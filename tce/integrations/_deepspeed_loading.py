@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any
 
-from tce import api, client
+from tce import api, client, objects
 from tce.errors import TCEError
 
 log = logging.getLogger("tce.deepspeed")
@@ -68,8 +68,8 @@ def latest_tag(load_dir: str, job: str) -> str | None:
     if os.path.isfile(path):
         with open(path) as fd:
             return fd.read().strip() or None
-    if client.is_object_path(path):  # in the bucket only
-        return (client.read_bytes(path, job=job) or b"").decode(errors="replace").strip() or None
+    if objects.is_object_path(path):  # in the bucket only
+        return (objects.read_bytes(path, job=job) or b"").decode(errors="replace").strip() or None
     return None
 
 

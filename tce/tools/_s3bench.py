@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import torch
 
 import tce
-from tce import api, client
+from tce import api, client, objects
 from tce.tools import _moto
 from tce.tools._server import LocalServer
 
@@ -169,7 +169,7 @@ def _uploads(s3: Any, moto: _moto.MotoServer, src: str, data: torch.Tensor, dire
                         if os.path.exists(path):
                             raise RuntimeError(f"tce bench --s3: {path} exists on local disk: the root is not in S3")
                         if round_ < repeats:  # the last one stays, for the loads
-                            client.delete_object(path)
+                            objects.delete_object(path)
                     else:
                         crc32 = who == "boto3_crc32"
                         took = _boto3_upload(s3, src, f"boto3/{who}.bin", crc32)
