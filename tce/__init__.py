@@ -8,7 +8,7 @@ when it is imported) accepts ``"checkpoint_engine": "tce"``.
 
 from tce.api import cached, close, load, remove, save, status, wait, wait_staged
 from tce.integrations import attach, engine_class, install_deepspeed, patch_torch, unpatch_torch
-from tce.core._ring import join_ring
+from tce.core.dist import join_ring
 from tce.core._knobs import configure
 from tce.errors import (
     CacheFullError,

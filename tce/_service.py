@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from tce.core import _client, _dist, _files, _knobs, _layout, _saves, _staging
+from tce.core import _client, _files, _knobs, _layout, _saves, _staging, dist
 from tce.core._layout import storage_bytes
 from tce.core._objects import ObjectPin
 from tce.core._originals import torch_load, torch_save
@@ -132,7 +132,7 @@ def save_file(obj: Any, f: str | os.PathLike, pickle_module: Any = pickle,
         _write_directly(obj, path, job, pickle_module, pickle_protocol)
         return None
     plan = _layout.plan(obj, path, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
-    rank = _dist.rank() if rank is None else rank
+    rank = dist.rank() if rank is None else rank
     try:
         info = with_client(lambda c: c.save(plan, job=job, tag=tag, rank=rank, path=path, blocking=blocking,
                                             on_allocated=lambda v: _saves.saved_through_server(_key(job, path), v)))
@@ -364,7 +364,7 @@ def allocate_file(path: str | os.PathLike, size: int, *, job: str | None = None,
     ``.commit()`` writes the file directly, atomically (returns None)."""
     path = norm(path)
     job = job_or_default(job)
-    rank = _dist.rank() if rank is None else rank
+    rank = dist.rank() if rank is None else rank
     reason = uncacheable(path)
     if reason is None:
         try:

@@ -36,16 +36,14 @@ from typing import Any, Iterator
 
 from tce import _service
 from tce.api import remove, status
-from tce.core import _dist, _knobs, _meta
-from tce.core._ring import join_ring
+from tce.core import _knobs, _meta
 from tce.errors import TCEError
 from tce.v1 import tce_pb2 as pb
 
 __all__ = [
-    "all_gather", "broadcast", "commit_tag", "configure", "files", "job_or_default", "join_ring",
-    "loaded_bytes", "lookup", "mapped_buffers", "metadata_files", "norm", "override", "prefetch",
-    "rank", "remove", "retry", "session", "set_ring", "setting", "settings", "status", "tags",
-    "world_size",
+    "commit_tag", "configure", "files", "job_or_default", "loaded_bytes", "lookup",
+    "mapped_buffers", "metadata_files", "norm", "override", "prefetch", "remove", "retry",
+    "session", "setting", "settings", "status", "tags",
 ]
 
 # ---------------------------------------------------------------------------
@@ -203,13 +201,6 @@ def commit_tag(tag: pb.TagInfo) -> pb.TagInfo:
     return _service.with_client(lambda c: c.commit_tag(tag))
 
 
-def set_ring(job: str, node_rank: int, endpoints: list[str]) -> str:
-    """Tell the server the job's ring (every node's peer endpoint, by node
-    rank) and its place in it; returns its successor ("" with one node).
-    :func:`join_ring` does this for a torch.distributed job."""
-    return _service.with_client(lambda c: c.set_ring(job, node_rank, endpoints))
-
-
 def metadata_files(url: str, *, job: str = "", tag: str = "") -> list[Any]:
     """The files recorded in a server's metadata store, read directly (no
     server needed; a running server holds its SQLite file, so ask it with
@@ -235,28 +226,3 @@ def norm(path: str | os.PathLike) -> str:
 def job_or_default(job: str | None) -> str:
     """``job``, else the ``job`` setting."""
     return _service.job_or_default(job)
-
-
-# ---------------------------------------------------------------------------
-# Ranks (the process group's, else the launcher's RANK / WORLD_SIZE)
-# ---------------------------------------------------------------------------
-
-
-def rank() -> int:
-    """This process's global rank, as a save records it."""
-    return _dist.rank()
-
-
-def world_size() -> int:
-    """The number of ranks."""
-    return _dist.world_size()
-
-
-def all_gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj``, by rank (a collective; ``[obj]`` in one process)."""
-    return _dist.all_gather(obj)
-
-
-def broadcast(obj: Any) -> Any:
-    """Rank 0's ``obj`` (a collective; ``obj`` itself in one process)."""
-    return _dist.broadcast(obj)

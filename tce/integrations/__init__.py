@@ -1,8 +1,9 @@
 """Framework adapters at the edge: the DeepSpeed checkpoint engine and the
 torch.save / torch.load patch. They call the public API (:mod:`tce.api`,
-:mod:`tce.client`, :mod:`tce.buffers`, :mod:`tce.objects`), never another
-package's private modules; the package itself (:mod:`tce`) takes what it
-re-exports from here.
+:mod:`tce.client`, :mod:`tce.buffers`, :mod:`tce.objects`) and
+:mod:`tce.core.dist` (rank, world size, the ring), never another package's
+private modules; the package itself (:mod:`tce`) takes what it re-exports
+from here.
 """
 
 from tce.integrations._deepspeed import attach, engine_class, install_deepspeed

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from tce import api, buffers, client, objects
+from tce.core import dist
 from tce.errors import NotCachedError, ServerUnavailableError, TCEError
 from tce.integrations._dcp_format import (
     DCP_VERSION,
@@ -181,7 +182,7 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
         """Note whether this rank coordinates, and its rank (DCP's ``rank=``)."""
         self.is_coordinator = is_coordinator
         rank = kwargs.get("rank")
-        self.rank = client.rank() if rank is None else int(rank)
+        self.rank = dist.rank() if rank is None else int(rank)
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """Create the directory (every rank: each may be on its own node)."""
@@ -338,9 +339,9 @@ class StorageWriter(CheckpointDir, _DCPWriter, AsyncStager):
             offsets.append(offset)
             offset = aligned(offset + layout.size)
         size = offsets[-1] + leaves[-1][1].size
-        name = data_name(client.rank(), 0)
+        name = data_name(dist.rank(), 0)
         dest = buffers.allocate(os.path.join(self.path, name), size, job=self.job,
-                                tag=self.tag, rank=client.rank())
+                                tag=self.tag, rank=dist.rank())
         staged: dict[int, _Staged] = {}
         views: dict[int, torch.Tensor] = {}
         for (t, layout), offset in zip(leaves, offsets):

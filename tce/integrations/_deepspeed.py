@@ -34,6 +34,7 @@ import threading
 from typing import Any
 
 from tce import api, buffers, client, objects
+from tce.core import dist
 from tce.integrations import _deepspeed_loading as _loading
 from tce.integrations import _deepspeed_weights as _ds_weights
 from tce.errors import DeadlineExceededError, TCEError
@@ -135,8 +136,8 @@ def _engine_class():
             self.loads_from_storage = 0
             self.bytes_read_directly = 0  # bytes of the files loads read from storage themselves
             self.latest_named: str | None = None  # what 'latest' named at the last resolve_tag
-            self.ring = client.join_ring(self.job)  # every rank builds the engine: a collective
-            rank = client.rank()
+            self.ring = dist.join_ring(self.job)  # every rank builds the engine: a collective
+            rank = dist.rank()
             message = (f"[TCE] checkpoint engine active: {ENGINE_NAME} "
                        f"(socket={client.setting('socket')}, job={self.job})")
             log.info(message)
@@ -159,7 +160,7 @@ def _engine_class():
             os.makedirs(path, exist_ok=exist_ok)
 
         def save(self, state_dict: Any, path: str) -> None:
-            rank = client.rank()
+            rank = dist.rank()
             cached = buffers.save_file(state_dict, path, job=self.job, tag=self._tag, rank=rank,
                                        blocking=not self.async_save)
             path = os.path.abspath(path)
@@ -175,8 +176,8 @@ def _engine_class():
                 api.wait_staged()  # this rank's files are committed (or this raises)
             tag = _tag_of(info) or self._tag
             mine = [f for f in self._files if _in_tag_dir(f[1], tag)]
-            everyone = client.all_gather(mine)  # also the barrier: every rank finished
-            rank, world = client.rank(), client.world_size()
+            everyone = dist.all_gather(mine)  # also the barrier: every rank finished
+            rank, world = dist.rank(), dist.world_size()
             files = sorted(f for part in everyone for f in part)
             if rank == 0 and files:
                 self._record_tag(tag, world, files)
@@ -232,7 +233,7 @@ def _engine_class():
             if info is None:
                 return
             self.commit(info)
-            if getattr(info, "save_latest", False) and client.rank() == 0:
+            if getattr(info, "save_latest", False) and dist.rank() == 0:
                 with open(os.path.join(info.save_dir, "latest"), "w") as f:
                     f.write(_tag_of(info))
 
@@ -252,8 +253,8 @@ def _engine_class():
             DeepSpeed's file discovery on every rank, wherever they live: a load
             reads them from this node's cache, the ring or storage."""
             load_dir = os.path.abspath(load_dir)
-            known = self._known_tags(load_dir, tag) if client.rank() == 0 else None
-            known = client.broadcast(known) or []
+            known = self._known_tags(load_dir, tag) if dist.rank() == 0 else None
+            known = dist.broadcast(known) or []
             self._tag_files = {p for _, files in known for _, p, _ in files}
             return known
 
@@ -269,14 +270,14 @@ def _engine_class():
             """
             load_dir = os.path.abspath(load_dir)
             latest = self.latest_named = _loading.latest_tag(load_dir, self.job)
-            rank, world = client.rank(), client.world_size()
+            rank, world = dist.rank(), dist.world_size()
             known = self.learn_tags(load_dir, latest)
             if not known:
                 return None
             in_memory = self._in_memory()  # one call, not one per file
             mine = [[(p, p in in_memory) for r, p, s in files
                      if r % world == rank and (p in in_memory or _on_storage(p, s))] for _, files in known]
-            everyone = client.all_gather(mine)
+            everyone = dist.all_gather(mine)
             names = [tag for tag, _ in known]
             found = [{p: cached for part in everyone for p, cached in part[i]} for i in range(len(known))]
             missing = [[p for _, p, _ in files if p not in found[i]] for i, (_, files) in enumerate(known)]

@@ -92,6 +92,7 @@ def _peer_load(size: int, repeats: int, directory: str) -> dict[str, Any]:
     ranks save through node 0's server, then 1 process loads the whole state
     dict through node 1's server, which holds no copy of node 0's files."""
     from tce import client
+    from tce.core import dist
     from tce.tools._netns import Nodes
 
     nodes = Nodes(2)
@@ -110,7 +111,7 @@ def _peer_load(size: int, repeats: int, directory: str) -> dict[str, Any]:
         endpoints = [f"{a}:7070" for a in nodes.addresses]
         for i, s in enumerate(servers):
             with client.session(s.socket):
-                client.set_ring("dcp-bench", i, endpoints)
+                dist.set_ring("dcp-bench", i, endpoints)
         path = os.path.join(directory, "peer", "step")
         port = str(free_port())
         procs = [subprocess.Popen(

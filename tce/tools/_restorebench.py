@@ -180,6 +180,7 @@ def _restore(nodes, root: str, files: list[dict], rpn: int, work: str, size: int
     released at once; the load time and (with a paced `mount`) the bytes
     the storage served."""
     from tce import client
+    from tce.core import dist
     from tce.tools._server import LocalServer
 
     n = len(nodes.names)
@@ -219,7 +220,7 @@ def _restore(nodes, root: str, files: list[dict], rpn: int, work: str, size: int
         endpoints = [f"{a}:7070" for a in nodes.addresses]
         for i, s in enumerate(servers):
             with client.session(s.socket):
-                client.set_ring(JOB, i, endpoints)
+                dist.set_ring(JOB, i, endpoints)
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()

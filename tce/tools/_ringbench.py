@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 from tce import api, client
+from tce.core import dist
 from tce.tools._netns import Nodes
 from tce.tools._server import LocalServer
 from tce.tools._workload import gpt_state_dict
@@ -118,7 +119,7 @@ def _tce_backup(nodes, size: int, repeats: int, transport: str, streams: int) ->
         endpoints = [f"{a}:7070" for a in nodes.addresses]
         for i, s in enumerate(servers):
             with client.session(s.socket):
-                client.set_ring("ring-bench", i, endpoints)
+                dist.set_ring("ring-bench", i, endpoints)
         sd = gpt_state_dict(size)
         times = []
         with client.override(socket=servers[0].socket, job="ring-bench", on_unavailable="raise"):
