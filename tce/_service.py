@@ -1,23 +1,14 @@
-"""The internal service API: what the public API, the integrations and the
-tools call to reach the cache.
-
-* the session: :func:`client`, :func:`with_client`, :func:`close`;
-* torch's own functions, never the patch: :data:`torch_save`, :data:`torch_load`;
-* :func:`save_file` and :func:`load_file`: ``tce.save`` / ``tce.load`` on a
-  path, with what callers need beyond the public result (the committed file,
-  or None after a fallback; whether a load came from the cache);
-* :func:`wait_files`: ``tce.wait``;
-* the small rules every caller shares: :func:`is_path`, :func:`norm`,
-  :func:`job_or_default`, :func:`uncacheable`;
-* files that are not one torch zip (DCP's data files): :func:`allocate_file`
-  (write bytes into a mapped buffer, then commit), :func:`object_layout` (the
-  bytes ``torch.save`` writes for an object, to place in such a buffer),
-  :func:`open_cached` (:func:`open_cached_file`: with the file's record) and
-  :func:`load_range` (a torch zip inside a cached or mapped file, read
-  without copying the rest), :func:`stage_later` (work for the staging
-  thread, waited for by the fence).
-
-Not public: names here may change with the package.
+"""The internal service API: what ``tce``'s public modules share on top of the
+client core. ``tce.api`` (``tce.save``, ``tce.load``, ``tce.wait``,
+``tce.remove``), ``tce.client``, ``tce.buffers``, ``tce.objects``,
+``tce.weights`` and ``tce.vllm`` call it for the session with the node's
+server, the rules every caller applies to a path and a job (:func:`norm`,
+:func:`job_or_default`, :func:`is_path`, :func:`uncacheable`), a save or a
+load of a path with its fallback to torch's own functions, and the cached
+files' bytes, mappings and write buffers that ``tce.buffers`` hands out;
+tests import it to reach the session directly. Integrations and tools never
+import it (tests/test_package.py checks): they use the public modules, so
+names here may change with the package.
 """
 
 from __future__ import annotations
