@@ -49,9 +49,8 @@ except ImportError:  # a torch without the config: mmap is off by default
     _serialization_config = None
 
 __all__ = ["allocate_file", "client", "close", "is_path", "job_or_default", "load_file",
-           "load_range", "norm", "object_layout", "open_cached", "open_cached_file", "range_buffer", "read_range",
-           "read_range_piece", "remove_file", "save_file",
-           "stage_later", "torch_load", "torch_save", "uncacheable", "wait_files", "wait_staged",
+           "norm", "object_layout", "open_cached", "open_cached_file", "range_buffer", "read_range_piece",
+           "remove_file", "save_file", "stage_later", "torch_load", "torch_save", "uncacheable", "wait_files", "wait_staged",
            "with_client"]
 
 log = logging.getLogger(__name__)
@@ -470,29 +469,6 @@ _RANGE_SOURCES = {pb.RANGE_SOURCE_LOCAL: "local", pb.RANGE_SOURCE_HELD: "peer",
                   pb.RANGE_SOURCE_PEER: "peer", pb.RANGE_SOURCE_STORAGE: "storage"}
 
 
-def read_range(path: str | os.PathLike, offset: int, length: int, *,
-               job: str | None = None) -> tuple[bytearray, str] | None:
-    """Bytes ``[offset, offset + length)`` of the file at ``path`` through the
-    server: from its cache (source ``"local"``), else from another node's file
-    as the ring keeps it, the copy held here or a peer's memory (``"peer"``).
-    Only the range moves. None when neither has the file (or no server).
-
-    Raises:
-        ValueError: the range is not inside the file.
-    """
-    out = bytearray(length)
-    source = "local"
-    for at in range(0, length, _client.MAX_RANGE):
-        n = min(length - at, _client.MAX_RANGE)
-        got = read_range_piece(path, offset + at, n, job=job)
-        if got is None:
-            return None
-        out[at:at + n] = got[0]
-        if got[1] == "peer":
-            source = "peer"
-    return out, source
-
-
 def range_buffer() -> tuple[int, int] | None:
     """The server's range buffer for this process's session: (a read-only fd,
     its size), or None when there is none (see ``Client.range_buffer``)."""
@@ -524,7 +500,7 @@ def read_range_piece(path: str | os.PathLike, offset: int, length: int, *,
                      job: str | None = None, buffer_offset: int | None = None,
                      pin: ObjectPin | None = None) -> tuple[Any, str] | None:
     """One ReadRange call (``length`` at most :data:`_client.MAX_RANGE`), as
-    :func:`read_range`: (the bytes, where they came from). The bytes are the
+    :func:`tce.buffers.read_range`: (the bytes, where they came from). The bytes are the
     reply's (no copy), or with ``buffer_offset`` (fd, offset): where they lie
     in the session's range buffer (:func:`range_buffer`), when this
     session has one. A range from storage pins its object in ``pin``, or is
@@ -559,12 +535,6 @@ def read_range_piece(path: str | os.PathLike, offset: int, length: int, *,
             return None
         raise
     return piece, _RANGE_SOURCES.get(source, "local")
-
-
-def load_range(mm: Any, offset: int, length: int, *, map_location: Any = None) -> Any:
-    """``torch.load(weights_only=True)`` of the torch zip in
-    ``mm[offset:offset + length]``: tensors view the mapping (no copy)."""
-    return load_mapping(mm, length, map_location, weights_only=True, offset=offset)
 
 
 def stage_later(path: str, size: int, work: Any) -> StagedSave:
