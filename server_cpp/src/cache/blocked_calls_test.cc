@@ -19,7 +19,11 @@ constexpr auto kNoDeadline = Clock::TimePoint::max();
 
 class BlockedCallsTest : public ::testing::Test {
  protected:
-  BlockedCallsTest() : cache_(64 << 20, {}, Env::Default(), std::chrono::seconds(30), 0, &clock_) {
+  BlockedCallsTest() : cache_([this] {
+    CacheOptions o(64 << 20);
+    o.clock = &clock_;
+    return o;
+  }()) {
     session_ = cache_.OpenSession(getuid(), getpid(), getgid());
   }
 
@@ -68,7 +72,10 @@ TEST_F(BlockedCallsTest, AWaitForPersistenceEndsWhenTheCallerGoesOrItsSessionClo
   // the file stays CACHED and Wait blocks.
   char dir[] = "/tmp/tce-blocked-XXXXXX";
   ASSERT_NE(mkdtemp(dir), nullptr);
-  Cache cache(64 << 20, {dir}, Env::Default(), std::chrono::seconds(30), 0, &clock_);
+  CacheOptions o(64 << 20);
+  o.storage_roots = {dir};
+  o.clock = &clock_;
+  Cache cache(o);
   const std::string s = cache.OpenSession(getuid(), getpid(), getgid());
   const std::string path = std::string(dir) + "/x.pt";
   AllocateResult a;

@@ -52,14 +52,33 @@ void Cache::Restore(std::vector<FileInfo> files) {
   TCE_LOG(kInfo, "cache") << "re-indexed " << files_.size() << " file(s) from metadata";
 }
 
-Cache::Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots, Env* env,
-             std::chrono::milliseconds full_timeout, size_t keep_last, Clock* clock)
-    : budget_(budget_bytes), full_timeout_(full_timeout), keep_last_(keep_last), env_(env), clock_(clock),
-      prober_(std::make_unique<Prober>(check_timeout_, clock)), sessions_(clock), restores_(clock) {
-  for (const std::string& root : storage_roots) {
+Cache::Cache(CacheOptions options)
+    : budget_(options.budget_bytes),
+      full_timeout_(options.full_timeout),
+      keep_last_(options.keep_last),
+      env_(options.env),
+      clock_(options.clock),
+      objects_(std::move(options.object_roots)),
+      fetch_files_(options.fetch_files),
+      check_timeout_(options.storage_check_timeout),
+      prober_(std::make_unique<Prober>(options.storage_check_timeout, options.clock)),
+      sessions_(options.clock),
+      restores_(options.clock),
+      restore_wait_(options.restore_wait) {
+  for (const std::string& root : options.storage_roots) {
     std::string resolved;
     roots_.push_back(env_->ResolvePath(root, &resolved).ok() ? resolved : root);
   }
+  const SessionLimits& limits = options.limits;
+  MutexLock lock(&mu_);
+  owners_.set_root_is_admin(limits.root_is_admin);
+  sessions_.set_max_leases(limits.max_leases_per_session);
+  version_lease_ = limits.version_lease;
+  version_lease_max_ = limits.version_lease_max;
+  grants_.SetServerWide(limits.read_grants);
+  owners_.set_max_jobs_per_uid(limits.metadata.max_jobs_per_uid);
+  grants_.set_max_per_job(limits.metadata.max_grants_per_job);
+  quota_.SetLimits(limits.metadata);
 }
 
 void Cache::RecordFate(uint64_t id, Fate fate) {

@@ -43,6 +43,7 @@
 #include "cache/cache_types.h"
 #include "cache/cache_buf.h"
 #include "cache/cache_counters.h"
+#include "cache/cache_options.h"
 #include "cache/client_store.h"
 #include "cache/job_owners.h"
 #include "cache/meta_sink.h"
@@ -74,16 +75,11 @@ class Cache : public PoolBudget,
               public PersistSource,
               public RingStore {
  public:
-  // `storage_roots`: absolute directories files may be persisted under;
-  // empty means memory only. `full_timeout`: how long an allocation that finds
-  // the cache full of not-yet-persisted files waits for persistence.
-  // `keep_last`: per job, files of tags older than the newest `keep_last` are
-  // evicted once persisted (0: keep all while there is room). `clock`: what
-  // every timeout and time stamp of the cache is read from.
-  explicit Cache(uint64_t budget_bytes, std::vector<std::string> storage_roots = {},
-                 Env* env = Env::Default(),
-                 std::chrono::milliseconds full_timeout = std::chrono::seconds(30),
-                 size_t keep_last = 0, Clock* clock = Clock::Real());
+  // Its settings and storage roots: cache/cache_options.h. The collaborators
+  // made after it, because they take the Cache (the persister's and the
+  // ring's feeds, the metadata sink, the buffer pool, the retention's tag
+  // listener, the peer endpoint once bound), are set before serving.
+  explicit Cache(CacheOptions options);
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
@@ -214,7 +210,6 @@ class Cache : public PoolBudget,
   void GiveBack(uint64_t bytes) override EXCLUDES(mu_);
 
   // ---- for the daemon (and tests) ----
-  void SetSessionLimits(const SessionLimits& limits) EXCLUDES(mu_);
   // ClientStore::List unchecked: every file. For the daemon itself and tests.
   std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
   // ClientStore::ListTags unchecked. For the daemon itself and tests.
@@ -232,8 +227,6 @@ class Cache : public PoolBudget,
   // EVICTED (loads read storage); the rest are FAILED as lost.
   void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
   bool persistence_enabled() const { return !roots_.empty() || (objects_ && !objects_->empty()); }
-  // The object storage roots (storage/object_store.h). Set before serving.
-  void SetObjectRoots(std::shared_ptr<const ObjectRoots> roots);
   // A load that missed: brings the file at `path` (an object root's, or a
   // directory root's read as the session's user) into the cache as a
   // PERSISTED file of `job`, owned by the session's uid; one read at a
@@ -244,10 +237,6 @@ class Cache : public PoolBudget,
   Status FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) override
       EXCLUDES(mu_);
   bool FetchesOnMiss(const std::string& path) override EXCLUDES(mu_);
-  // Whether a directory root's file a load missed is read into the cache
-  // here, so the ranks of a node share one read (cooperative_restore).
-  // Set before serving.
-  void SetFetchFiles(bool on) { fetch_files_ = on; }
   std::vector<JobLoadSplit> LoadSplits(bool admin, uid_t uid) override EXCLUDES(mu_);
   void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) override { loads_.Note(job, from, bytes); }
   Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) override
@@ -265,10 +254,6 @@ class Cache : public PoolBudget,
   // listed nor published any more, here or, once recorded, after a restart.
   void ForgetTag(const std::string& job, const std::string& tag) override EXCLUDES(mu_);
 
-  // How long a load (or a save's look at its directory) waits for storage to
-  // answer a stat before it serves the cache (goes on unchecked). Default 2 s;
-  // <= 0: no limit. Set before serving.
-  void SetStorageCheckTimeout(std::chrono::milliseconds timeout) EXCLUDES(mu_);
   // What new buffers are made of (default 4k), and the pool they come from
   // first (null: none; it must outlive the Cache's use of it). A hugetlb
   // buffer's capacity is rounded up to 2 MiB; when no huge page is left, a
@@ -280,9 +265,6 @@ class Cache : public PoolBudget,
   // Rings recorded in metadata before a restart: joined again, and (the
   // memory being empty) this node's files recovered from the ring.
   void RestoreRings(std::vector<RingInfo> rings) EXCLUDES(mu_);
-  // How long a load waits for an in-flight ring restore of its job. Set
-  // before serving.
-  void SetRestoreWait(std::chrono::milliseconds wait) EXCLUDES(mu_);
   // The server stops: loads and listings waiting for a restore get
   // UNAVAILABLE now (so the RPC server's shutdown does not wait for them).
   void StopRestoreWaits();
@@ -499,7 +481,7 @@ class Cache : public PoolBudget,
   Env* const env_;
   Clock* const clock_;
   std::vector<std::string> roots_;  // resolved; immutable after construction
-  std::shared_ptr<const ObjectRoots> objects_;  // set before serving
+  const std::shared_ptr<const ObjectRoots> objects_;
   std::set<FileKey> waiting_markers_ GUARDED_BY(mu_);
   std::map<FileKey, uint64_t> peers_durable_ GUARDED_BY(mu_);  // marker -> the version the ring confirmed
   SingleFlight<FileKey> fetching_;  // reads of storage under way (FetchStored)
@@ -511,7 +493,7 @@ class Cache : public PoolBudget,
     Clock::TimePoint at;
   };
   std::map<FileKey, ReadClaim> read_claims_ GUARDED_BY(mu_);  // ClaimRead
-  std::atomic<bool> fetch_files_{false};                       // SetFetchFiles
+  const bool fetch_files_;
   Mutex mu_;
   CondVar done_cv_;     // a file was persisted or failed
   CondVar quiet_cv_;    // no allocation pending or starting any more
@@ -520,8 +502,8 @@ class Cache : public PoolBudget,
   bool stopping_ GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> storage_fallbacks_{0};
   std::atomic<uint64_t> disk_seq_{0};
-  std::chrono::milliseconds check_timeout_{2000};  // immutable once serving
-  std::unique_ptr<Prober> prober_;                 // immutable once serving
+  const std::chrono::milliseconds check_timeout_;
+  const std::unique_ptr<Prober> prober_;
   LogLimiter storage_log_{5, std::chrono::seconds(10)};
   uint64_t used_ GUARDED_BY(mu_) = 0;  // capacity of every buffer in buffers_
   uint64_t reserved_ GUARDED_BY(mu_) = 0;  // bytes of buffers being created
@@ -562,7 +544,7 @@ class Cache : public PoolBudget,
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
   RingTable rings_ GUARDED_BY(mu_);
   RestoreTracker restores_;  // its own lock, taken inside mu_ (or alone)
-  std::chrono::milliseconds restore_wait_{120000};  // set before serving
+  const std::chrono::milliseconds restore_wait_;
   bool accepting_ GUARDED_BY(mu_) = true;
   BackupFeed* backups_ GUARDED_BY(mu_) = nullptr;
   uint64_t backup_failing_ GUARDED_BY(mu_) = 0;  // in a row; 0 after any success

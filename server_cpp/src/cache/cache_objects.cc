@@ -8,8 +8,6 @@
 
 namespace tce {
 
-void Cache::SetObjectRoots(std::shared_ptr<const ObjectRoots> roots) { objects_ = std::move(roots); }
-
 const ObjectRoot* Cache::ObjectRootOf(const std::string& path, std::string* key) const {
   return objects_ ? objects_->Find(path, key) : nullptr;
 }

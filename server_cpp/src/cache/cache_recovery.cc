@@ -265,8 +265,6 @@ Status Cache::RefuseStaleCopy(const FileKey& key, const FileInfo& copy, const st
                                     "): storage serves it");
 }
 
-void Cache::SetRestoreWait(std::chrono::milliseconds wait) { restore_wait_ = wait; }
-
 Status Cache::WaitForRestore(const std::string& job, bool* waited,
                              Clock::TimePoint call_deadline) {
   const auto now = clock_->Now();

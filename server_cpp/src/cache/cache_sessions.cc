@@ -86,18 +86,6 @@ Status Cache::CallerIds(const std::string& session, uid_t* uid, gid_t* gid) {
   return s;
 }
 
-void Cache::SetSessionLimits(const SessionLimits& limits) {
-  MutexLock lock(&mu_);
-  owners_.set_root_is_admin(limits.root_is_admin);
-  sessions_.set_max_leases(limits.max_leases_per_session);
-  version_lease_ = limits.version_lease;
-  version_lease_max_ = limits.version_lease_max;
-  grants_.SetServerWide(limits.read_grants);
-  owners_.set_max_jobs_per_uid(limits.metadata.max_jobs_per_uid);
-  grants_.set_max_per_job(limits.metadata.max_grants_per_job);
-  quota_.SetLimits(limits.metadata);
-}
-
 std::vector<std::string> Cache::IdleSessions(std::chrono::milliseconds idle) {
   MutexLock lock(&mu_);
   std::set<std::string> busy;

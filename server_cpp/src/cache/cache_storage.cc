@@ -156,10 +156,4 @@ void Cache::Revalidate(const FileKey& key) {
   }
 }
 
-void Cache::SetStorageCheckTimeout(std::chrono::milliseconds timeout) {
-  MutexLock lock(&mu_);
-  check_timeout_ = timeout;
-  prober_ = std::make_unique<Prober>(timeout, clock_);
-}
-
 }  // namespace tce

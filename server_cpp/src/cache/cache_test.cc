@@ -19,8 +19,14 @@ class CacheTest : public ::testing::Test {
  protected:
   // With `manual_clock`, the cache's time is clock_'s (moved by the test).
   explicit CacheTest(uint64_t budget = 64 * kMiB, bool manual_clock = false)
-      : cache_(budget, {}, Env::Default(), std::chrono::seconds(30), 0,
-               manual_clock ? static_cast<Clock*>(&clock_) : Clock::Real()) {}
+      : CacheTest(budget, manual_clock, SessionLimits()) {}
+  CacheTest(uint64_t budget, bool manual_clock, const SessionLimits& limits)
+      : cache_([&] {
+          CacheOptions o(budget);
+          o.clock = manual_clock ? static_cast<Clock*>(&clock_) : Clock::Real();
+          o.limits = limits;
+          return o;
+        }()) {}
 
   AllocateResult Alloc(const std::string& session, const std::string& path, uint64_t size,
                        Status* status = nullptr, const std::string& job = "job") {
@@ -400,7 +406,7 @@ namespace {
 // Two users and root on one server: what each may do with the others' jobs.
 class CacheAccessTest : public CacheTest {
  protected:
-  CacheAccessTest() : CacheTest(64 * kMiB, true) {}
+  explicit CacheAccessTest(const SessionLimits& limits = SessionLimits()) : CacheTest(64 * kMiB, true, limits) {}
   const std::string alice_ = cache_.OpenSession(1001, 11), bob_ = cache_.OpenSession(1002, 12),
                     root_ = cache_.OpenSession(0, 13);
 };
@@ -491,7 +497,7 @@ TEST_F(CacheAccessTest, ListShowsANonRootCallerOnlyItsOwnJobs) {
   EXPECT_EQ(cache_.List("stolen", "", "", &seen).code(), Status::Code::kUnauthenticated);
 }
 
-TEST_F(CacheAccessTest, RootIsAnAdministratorUnlessTurnedOff) {
+TEST_F(CacheAccessTest, RootIsAnAdministrator) {
   Save(alice_, "/c/a.pt", 1000);
   FileInfo f;
   uint64_t lease = 0;
@@ -500,7 +506,19 @@ TEST_F(CacheAccessTest, RootIsAnAdministratorUnlessTurnedOff) {
   ASSERT_TRUE(cache_.CheckCaller(root_, &admin).ok());
   EXPECT_TRUE(admin);
   EXPECT_TRUE(cache_.Lookup(root_, "job", "/c/a.pt", false, &f, &lease, &unmap).ok());
-  cache_.SetSessionLimits(SessionLimits{/*root_is_admin=*/false, 4096});
+}
+
+class NoRootAdminTest : public CacheAccessTest {
+ protected:
+  NoRootAdminTest() : CacheAccessTest(SessionLimits{/*root_is_admin=*/false, 4096}) {}
+};
+
+TEST_F(NoRootAdminTest, RootIsNoAdministratorWhenTurnedOff) {
+  Save(alice_, "/c/a.pt", 1000);
+  FileInfo f;
+  uint64_t lease = 0;
+  std::vector<uint64_t> unmap;
+  bool admin = true;
   ASSERT_TRUE(cache_.CheckCaller(root_, &admin).ok());
   EXPECT_FALSE(admin);
   EXPECT_EQ(cache_.Lookup(root_, "job", "/c/a.pt", false, &f, &lease, &unmap).code(),
@@ -520,8 +538,12 @@ TEST_F(CacheAccessTest, AFreeBufferIsNeverHandedToAnotherUid) {
   EXPECT_EQ(again.buffer_id, a.buffer_id);  // reused for its own uid
 }
 
-TEST_F(CacheAccessTest, LeasesPerSessionAreCapped) {
-  cache_.SetSessionLimits(SessionLimits{true, 2});
+class TwoLeasesTest : public CacheAccessTest {
+ protected:
+  TwoLeasesTest() : CacheAccessTest(SessionLimits{/*root_is_admin=*/true, /*max_leases_per_session=*/2}) {}
+};
+
+TEST_F(TwoLeasesTest, LeasesPerSessionAreCapped) {
   Save(alice_, "/c/a.pt", 1000);
   FileInfo f;
   uint64_t l1 = 0, l2 = 0, l3 = 0;

@@ -149,7 +149,7 @@ class ClientStore {
   virtual bool IsObjectPath(const std::string& path) const = 0;
   // Whether a load of `path` that missed memory and the ring is read from
   // storage into the cache by this server (FetchFromStorage): an object
-  // root's file always, a directory root's when SetFetchFiles said so.
+  // root's file always, a directory root's when CacheOptions::fetch_files says so.
   virtual bool FetchesOnMiss(const std::string& path) = 0;
   virtual Status FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) = 0;
   // A load of `job` took `bytes` from `from` (counted per job: Status'

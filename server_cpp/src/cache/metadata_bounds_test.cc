@@ -49,16 +49,25 @@ TEST(MetadataQuota, ChargesAUidsShareThenTheBudgetAndCreditsBack) {
 
 class MetadataBoundsTest : public ::testing::Test {
  protected:
-  MetadataBoundsTest() : cache_(64 << 20, {}, Env::Default(), std::chrono::seconds(30), 0, &clock_) {
-    limits_.metadata.budget = 1 << 20;
-    limits_.metadata.share_per_uid_percent = 50;
-    limits_.metadata.max_jobs_per_uid = 3;
-    limits_.metadata.max_tags_per_job = 4;
-    limits_.metadata.max_grants_per_job = 5;
-    limits_.metadata.max_version_leases_per_uid = 6;
-    limits_.max_leases_per_session = 4;
-    cache_.SetSessionLimits(limits_);
+  MetadataBoundsTest() : cache_([this] {
+    CacheOptions o(64 << 20);
+    o.clock = &clock_;
+    o.limits = limits_;
+    return o;
+  }()) {
     owner_ = cache_.OpenSession(kOwner, 1, kOwner);
+  }
+
+  static SessionLimits Limits() {
+    SessionLimits l;
+    l.metadata.budget = 1 << 20;
+    l.metadata.share_per_uid_percent = 50;
+    l.metadata.max_jobs_per_uid = 3;
+    l.metadata.max_tags_per_job = 4;
+    l.metadata.max_grants_per_job = 5;
+    l.metadata.max_version_leases_per_uid = 6;
+    l.max_leases_per_session = 4;
+    return l;
   }
 
   Status Save(const std::string& session, const std::string& job, const std::string& tag,
@@ -93,7 +102,7 @@ class MetadataBoundsTest : public ::testing::Test {
     return out;
   }
 
-  SessionLimits limits_;
+  const SessionLimits limits_ = Limits();  // before cache_, which is built with them
   ManualClock clock_;
   Cache cache_;
   std::string owner_;

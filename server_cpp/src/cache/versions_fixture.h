@@ -29,11 +29,15 @@ inline TagInfo Tag(const std::string& job, const std::string& name, std::vector<
 
 class VersionsTest : public ::testing::Test {
  protected:
-  VersionsTest() : cache_(64 << 20, {}, Env::Default(), std::chrono::seconds(30), 0, &clock_) {
-    SessionLimits limits;
-    limits.version_lease = std::chrono::seconds(60);
-    limits.version_lease_max = std::chrono::seconds(120);
-    cache_.SetSessionLimits(limits);
+  // Version leases of 60 s unless named, at most 120 s; `readers` read every job.
+  explicit VersionsTest(ReadGrants::Ids readers = {}) : cache_([&] {
+    CacheOptions o(64 << 20);
+    o.clock = &clock_;
+    o.limits.version_lease = std::chrono::seconds(60);
+    o.limits.version_lease_max = std::chrono::seconds(120);
+    o.limits.read_grants = std::move(readers);
+    return o;
+  }()) {
     owner_ = cache_.OpenSession(kOwner, 1, kOwner);
   }
 

@@ -284,7 +284,7 @@ TEST_F(VersionsTest, OtherUsersReadOnlyWithAGrantAndOnlyPublishedVersions) {
   EXPECT_EQ(cache_.Stats().buffers_reused, 0u);
 }
 
-TEST_F(VersionsTest, AGroupGrantAndTheServersGrantsLetReadersIn) {
+TEST_F(VersionsTest, AGroupGrantLetsItsMembersIn) {
   Save("s1", "/c/model.pt", 4096);
   Publish("s1", {{0, "/c/model.pt", 4096}});
   std::string reader = cache_.OpenSession(kReader, 3, kReaders);
@@ -294,10 +294,22 @@ TEST_F(VersionsTest, AGroupGrantAndTheServersGrantsLetReadersIn) {
   EXPECT_TRUE(cache_.GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
   std::string other = cache_.OpenSession(kStranger, 4, kStranger);
   EXPECT_FALSE(cache_.GetVersion(other, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
-  SessionLimits limits;
-  limits.read_grants.uids = {kStranger};
-  cache_.SetSessionLimits(limits);
+}
+
+class ServerGrantsTest : public VersionsTest {
+ protected:
+  ServerGrantsTest() : VersionsTest(ReadGrants::Ids{{kStranger}, {}, {}}) {}
+};
+
+TEST_F(ServerGrantsTest, TheServersGrantsLetReadersOfEveryJobIn) {
+  Save("s1", "/c/model.pt", 4096);
+  Publish("s1", {{0, "/c/model.pt", 4096}});
+  TagInfo t;
+  std::string other = cache_.OpenSession(kStranger, 4, kStranger);
   EXPECT_TRUE(cache_.GetVersion(other, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
+  std::string reader = cache_.OpenSession(kReader, 3, kReaders);  // granted nothing
+  EXPECT_EQ(cache_.GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).code(),
+            Status::Code::kPermissionDenied);
 }
 
 TEST_F(VersionsTest, AFileHeldByAnotherNodeIsListedWithoutMemory) {

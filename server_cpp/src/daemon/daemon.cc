@@ -254,10 +254,20 @@ int Daemon::MakeCache() {
                             &prealloc_why)).ok())
     return Fail("prealloc: " + s.message(), 2);
   backups_ = std::make_unique<BackupStore>(backup_budget);
-  cache_ = std::make_unique<Cache>(budget_, roots_, Env::Default(),
-                                   std::chrono::milliseconds(opt_.cache_full_timeout_ms),
-                                   static_cast<size_t>(opt_.keep_last));
-  cache_->SetObjectRoots(objects_);
+  CacheOptions co(budget_);
+  co.storage_roots = roots_;
+  co.object_roots = objects_;
+  co.full_timeout = std::chrono::milliseconds(opt_.cache_full_timeout_ms);
+  co.keep_last = static_cast<size_t>(opt_.keep_last);
+  co.storage_check_timeout = std::chrono::milliseconds(opt_.storage_check_timeout_ms);
+  co.restore_wait = std::chrono::milliseconds(opt_.ring_restore_wait_ms);
+  co.fetch_files = opt_.cooperative_restore;  // a node's ranks share one read of a file
+  std::string metadata_why;
+  if (!(s = MakeSessionLimits(opt_, budget_ + backup_budget, limits_, &co.limits, &metadata_why)).ok())
+    return Fail(s.message(), 2);
+  TCE_LOG(kInfo, "daemon") << "metadata_budget=" << HumanBytes(co.limits.metadata.budget) << " (" << metadata_why
+                           << ")";
+  cache_ = std::make_unique<Cache>(std::move(co));
   popt_.objects = objects_;
   retention_ = std::make_unique<StorageRetention>(cache_.get(), objects_, opt_.storage_keep_last);
   cache_->SetTagListener([r = retention_.get()](const std::string& job) { r->Note(job); });
@@ -267,15 +277,6 @@ int Daemon::MakeCache() {
   if (pool_)
     TCE_LOG(kInfo, "daemon") << "prealloc=" << opt_.prealloc << ": " << HumanBytes(prealloc) << " ("
                              << prealloc_why << ")";
-  cache_->SetStorageCheckTimeout(std::chrono::milliseconds(opt_.storage_check_timeout_ms));
-  cache_->SetRestoreWait(std::chrono::milliseconds(opt_.ring_restore_wait_ms));
-  cache_->SetFetchFiles(opt_.cooperative_restore);  // a node's ranks share one read of a file
-  SessionLimits limits;
-  std::string metadata_why;
-  if (!(s = MakeSessionLimits(opt_, budget_ + backup_budget, limits_, &limits, &metadata_why)).ok())
-    return Fail(s.message(), 2);
-  TCE_LOG(kInfo, "daemon") << "metadata_budget=" << HumanBytes(limits.metadata.budget) << " (" << metadata_why << ")";
-  cache_->SetSessionLimits(limits);
   return 0;
 }
 

@@ -167,8 +167,8 @@ TEST_F(CoherenceTest, StorageErrorsServeTheCache) {
 }
 
 TEST_F(CoherenceTest, HungStorageServesTheCacheAfterTheTimeout) {
+  check_timeout_ = 100ms;
   Start();
-  cache_->SetStorageCheckTimeout(100ms);
   const std::string path = root_ + "/x.pt";
   Save(path, 'a');
   Persisted(path);

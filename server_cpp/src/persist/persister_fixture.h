@@ -54,11 +54,15 @@ class PersisterTest : public ::testing::Test {
   // `run` false: the persister starts only when the test calls persister_->Start().
   // `failed_retry`: PersistOptions::failed_retry.
   // With manual_clock_ set first, the cache and the persister run on clock_
-  // (moved by the test; a timed wait on it never ends by itself).
+  // (moved by the test; a timed wait on it never ends by itself); the cache
+  // waits check_timeout_ for storage to answer a stat.
   void Start(int retries = 3, bool direct_io = true, bool run = true,
              std::chrono::milliseconds failed_retry = std::chrono::seconds(30)) {
     Clock* clock = manual_clock_ ? static_cast<Clock*>(&clock_) : Clock::Real();
-    cache_.reset(new Cache(64 << 20, {root_}, &env_, std::chrono::seconds(30), 0, clock));
+    CacheOptions co = DiskCache();
+    co.clock = clock;
+    co.storage_check_timeout = check_timeout_;
+    cache_.reset(new Cache(co));
     PersistOptions o;
     o.clock = clock;
     o.threads = 2;
@@ -69,6 +73,13 @@ class PersisterTest : public ::testing::Test {
     persister_.reset(new Persister(cache_.get(), &env_, o));
     if (run) persister_->Start();
     session_ = cache_->OpenSession(getuid(), getpid());
+  }
+  // A cache of `budget` bytes persisting under root_, through env_.
+  CacheOptions DiskCache(uint64_t budget = 64 << 20) {
+    CacheOptions co(budget);
+    co.storage_roots = {root_};
+    co.env = &env_;
+    return co;
   }
   // Saves a FakeZip whose payload is `fill` bytes at `path` (its directory
   // made first, as torch.save needs it).
@@ -127,6 +138,7 @@ class PersisterTest : public ::testing::Test {
 
   std::string root_;
   bool manual_clock_ = false;
+  std::chrono::milliseconds check_timeout_ = std::chrono::seconds(2);
   ManualClock clock_;
   FaultInjectionEnv env_{Env::Default()};
   std::unique_ptr<Cache> cache_;

@@ -133,7 +133,9 @@ namespace {
 class EvictionTest : public PersisterTest {
  protected:
   void StartSmall(std::chrono::milliseconds full_timeout) {
-    cache_.reset(new Cache(3 * Buffer::CapacityFor(FakeZip::kSize), {root_}, &env_, full_timeout));
+    CacheOptions co = DiskCache(3 * Buffer::CapacityFor(FakeZip::kSize));
+    co.full_timeout = full_timeout;
+    cache_.reset(new Cache(co));
     PersistOptions o;
     o.backoff = 5ms;
     o.retries = 0;
@@ -207,7 +209,10 @@ namespace tce {
 namespace {
 
 TEST_F(PersisterTest, KeepLastEvictsOlderTagsOncePersisted) {
-  cache_.reset(new Cache(64 << 20, {root_}, &env_, 1s, /*keep_last=*/2));
+  CacheOptions co = DiskCache();
+  co.full_timeout = 1s;
+  co.keep_last = 2;
+  cache_.reset(new Cache(co));
   PersistOptions o;
   o.backoff = 5ms;
   o.retries = 0;
@@ -309,7 +314,7 @@ namespace tce {
 namespace {
 
 TEST_F(PersisterTest, RetryAfterAFailureMidFileKeepsTheCrcsRight) {
-  cache_.reset(new Cache(64 << 20, {root_}, &env_));
+  cache_.reset(new Cache(DiskCache()));
   PersistOptions o;
   o.backoff = 5ms;
   o.retries = 2;
@@ -365,7 +370,7 @@ TEST_F(PersisterTest, WritesInFlightGiveTheSameFileAsOneAtATime) {
   std::memcpy(&bytes[kCentral], "PK\x01\x02", 4);
   for (int depth : {1, 8}) {
     persister_.reset();
-    cache_.reset(new Cache(64 << 20, {root_}, &env_));
+    cache_.reset(new Cache(DiskCache()));
     PersistOptions o;
     o.chunk = 8192;  // 38 chunks
     o.io_depth = depth;

@@ -77,9 +77,15 @@ class FollowWatchTest : public ::testing::Test {
     return jobs.empty() ? FollowedJobInfo() : jobs[0];
   }
 
+  static CacheOptions OnClock(Clock* clock) {
+    CacheOptions o(64 << 20);
+    o.clock = clock;
+    return o;
+  }
+
   ManualClock clock_;
-  Cache source_{64 << 20, {}, Env::Default(), std::chrono::seconds(30), 0, &clock_};
-  Cache here_{64 << 20, {}, Env::Default(), std::chrono::seconds(30), 0, &clock_};
+  Cache source_{OnClock(&clock_)};
+  Cache here_{OnClock(&clock_)};
   BackupStore store_{16 << 20};
   LinkBreaker breaker_;
   std::unique_ptr<Transport> transport_ = NewTcpTransport(1);

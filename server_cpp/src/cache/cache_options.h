@@ -1,0 +1,51 @@
+// CacheOptions: how a Cache is built (cache/cache.h). The daemon fills it from
+// the settings (daemon/daemon.cc: MakeCache); a test names what it needs and
+// leaves the rest to the defaults. Nothing here changes once the Cache serves.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/session_limits.h"
+#include "common/clock.h"
+#include "env/env.h"
+#include "storage/object_roots.h"
+
+namespace tce {
+
+struct CacheOptions {
+  // A budget alone, the rest the defaults: `Cache cache(64 << 20)`.
+  CacheOptions(uint64_t budget = 0) : budget_bytes(budget) {}  // NOLINT(google-explicit-constructor)
+
+  uint64_t budget_bytes;  // every buffer's bytes, the pool's included
+  // Absolute directories files may be persisted under (resolved once, at
+  // construction); with no object roots either, the cache is memory only.
+  std::vector<std::string> storage_roots;
+  // The object storage roots (storage/object_roots.h); null: none.
+  std::shared_ptr<const ObjectRoots> object_roots;
+  Env* env = Env::Default();
+  Clock* clock = Clock::Real();  // what every timeout and time stamp is read from
+  // How long an allocation that finds the cache full of not-yet-persisted
+  // files waits for persistence.
+  std::chrono::milliseconds full_timeout = std::chrono::seconds(30);
+  // Per job, files of tags older than the newest `keep_last` are evicted
+  // once persisted (0: keep all while there is room).
+  size_t keep_last = 0;
+  // How long a load (or a save's look at its directory) waits for storage
+  // to answer a stat before it serves the cache (goes on unchecked); <= 0:
+  // no limit.
+  std::chrono::milliseconds storage_check_timeout = std::chrono::seconds(2);
+  // How long a load waits for an in-flight ring restore of its job.
+  std::chrono::milliseconds restore_wait = std::chrono::seconds(120);
+  // Whether a directory root's file a load missed is read into the cache
+  // here, so the ranks of a node share one read (cooperative_restore). An
+  // object root's always is.
+  bool fetch_files = false;
+  SessionLimits limits;  // authorization and per-session, per-uid bounds
+};
+
+}  // namespace tce
