@@ -10,6 +10,7 @@
 
 #include "cache/cache.h"
 #include "common/manual_clock.h"
+#include "common/testing.h"
 #include "env/env.h"
 
 namespace tce {
@@ -70,14 +71,13 @@ TEST_F(BlockedCallsTest, AWaitForAVersionEndsWhenItsSessionCloses) {
 TEST_F(BlockedCallsTest, AWaitForPersistenceEndsWhenTheCallerGoesOrItsSessionCloses) {
   // A cache with a storage root whose persistence never runs (no feed):
   // the file stays CACHED and Wait blocks.
-  char dir[] = "/tmp/tce-blocked-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string dir = MakeTempDir("tce-blocked");
   CacheOptions o(64 << 20);
   o.storage_roots = {dir};
   o.clock = &clock_;
   Cache cache(o);
   const std::string s = cache.OpenSession(getuid(), getpid(), getgid());
-  const std::string path = std::string(dir) + "/x.pt";
+  const std::string path = dir + "/x.pt";
   AllocateResult a;
   ASSERT_TRUE(cache.Allocate({s, "job", "t", path, 0, 100}, &a).ok());
   FileInfo f;
@@ -98,7 +98,7 @@ TEST_F(BlockedCallsTest, AWaitForPersistenceEndsWhenTheCallerGoesOrItsSessionClo
   cache.CloseSession(s);
   t.join();
   EXPECT_EQ(result.code(), Status::Code::kUnauthenticated);
-  rmdir(dir);
+  rmdir(dir.c_str());
 }
 
 }  // namespace

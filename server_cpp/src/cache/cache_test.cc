@@ -407,6 +407,18 @@ namespace {
 class CacheAccessTest : public CacheTest {
  protected:
   explicit CacheAccessTest(const SessionLimits& limits = SessionLimits()) : CacheTest(64 * kMiB, true, limits) {}
+  // Alice saves a file; root's session looks it up. `admin`: what the
+  // cache says of root.
+  Status RootLooksUpAlicesFile(bool* admin) {
+    Save(alice_, "/c/a.pt", 1000);
+    Status s = cache_.CheckCaller(root_, admin);
+    if (!s.ok()) return s;
+    FileInfo f;
+    uint64_t lease = 0;
+    std::vector<uint64_t> unmap;
+    return cache_.Lookup(root_, "job", "/c/a.pt", false, &f, &lease, &unmap);
+  }
+
   const std::string alice_ = cache_.OpenSession(1001, 11), bob_ = cache_.OpenSession(1002, 12),
                     root_ = cache_.OpenSession(0, 13);
 };
@@ -498,14 +510,9 @@ TEST_F(CacheAccessTest, ListShowsANonRootCallerOnlyItsOwnJobs) {
 }
 
 TEST_F(CacheAccessTest, RootIsAnAdministrator) {
-  Save(alice_, "/c/a.pt", 1000);
-  FileInfo f;
-  uint64_t lease = 0;
-  std::vector<uint64_t> unmap;
   bool admin = false;
-  ASSERT_TRUE(cache_.CheckCaller(root_, &admin).ok());
+  EXPECT_TRUE(RootLooksUpAlicesFile(&admin).ok());
   EXPECT_TRUE(admin);
-  EXPECT_TRUE(cache_.Lookup(root_, "job", "/c/a.pt", false, &f, &lease, &unmap).ok());
 }
 
 class NoRootAdminTest : public CacheAccessTest {
@@ -514,15 +521,9 @@ class NoRootAdminTest : public CacheAccessTest {
 };
 
 TEST_F(NoRootAdminTest, RootIsNoAdministratorWhenTurnedOff) {
-  Save(alice_, "/c/a.pt", 1000);
-  FileInfo f;
-  uint64_t lease = 0;
-  std::vector<uint64_t> unmap;
   bool admin = true;
-  ASSERT_TRUE(cache_.CheckCaller(root_, &admin).ok());
+  EXPECT_EQ(RootLooksUpAlicesFile(&admin).code(), Status::Code::kPermissionDenied);
   EXPECT_FALSE(admin);
-  EXPECT_EQ(cache_.Lookup(root_, "job", "/c/a.pt", false, &f, &lease, &unmap).code(),
-            Status::Code::kPermissionDenied);
 }
 
 TEST_F(CacheAccessTest, AFreeBufferIsNeverHandedToAnotherUid) {
