@@ -56,9 +56,9 @@ def test_rows_restart_and_ls(tmp_path, mariadb):
             st = tce.status()
             assert st["metadata_healthy"]
             assert st["metadata_url"] == mariadb.url.replace(mariadb.password, "***")  # never leaked
-            deadline = time.monotonic() + 20
-            while len(_rows(mariadb)) < 2 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            # The writer is asynchronous: the rows may exist, still CACHED,
+            # before the PERSISTED changes tce.wait() saw are written.
+            wait_metadata_written()
             assert _rows(mariadb) == [(str(storage / "step1.pt"), "step1", "1", "PERSISTED"),
                                       (str(storage / "step2.pt"), "step2", "1", "PERSISTED")]
             assert mariadb.sql("SELECT COUNT(*) FROM tce.schema_version").strip() == "1"
@@ -70,6 +70,10 @@ def test_rows_restart_and_ls(tmp_path, mariadb):
             assert set(states.values()) == {"FILE_STATE_EVICTED"} and len(states) == 2
             assert tce.load(storage / "step2.pt", weights_only=True)["w"][0].item() == 2.0
             assert mariadb.sql("SELECT COUNT(*) FROM tce.schema_version").strip() == "1"
+            # tce ls reads the database while the server runs: the re-index
+            # (EVICTED) and the load (step2 PERSISTED again) are written
+            # asynchronously.
+            wait_metadata_written()
             api.close()
         p = subprocess.run(["python3", "-m", "tce.cli", "ls", "--metadata", mariadb.url,
                             "--job", "mysql-job", "--json"], capture_output=True, text=True)
