@@ -73,7 +73,7 @@ TEST_F(BlockedCallsTest, AWaitForPersistenceEndsWhenTheCallerGoesOrItsSessionClo
   // the file stays CACHED and Wait blocks.
   const std::string dir = MakeTempDir("tce-blocked");
   CacheOptions o(64 << 20);
-  o.storage_roots = {dir};
+  o.storage = std::make_shared<const StorageRoots>(std::vector<std::string>{dir}, nullptr, PosixStoreOptions());
   o.clock = &clock_;
   Cache cache(o);
   const std::string s = cache.OpenSession(getuid(), getpid(), getgid());

@@ -58,17 +58,13 @@ Cache::Cache(CacheOptions options)
       keep_last_(options.keep_last),
       env_(options.env),
       clock_(options.clock),
-      objects_(std::move(options.object_roots)),
+      storage_(options.storage ? std::move(options.storage) : std::make_shared<const StorageRoots>()),
       fetch_files_(options.fetch_files),
       check_timeout_(options.storage_check_timeout),
       prober_(std::make_unique<Prober>(options.storage_check_timeout, options.clock)),
       sessions_(options.clock),
       restores_(options.clock),
       restore_wait_(options.restore_wait) {
-  for (const std::string& root : options.storage_roots) {
-    std::string resolved;
-    roots_.push_back(env_->ResolvePath(root, &resolved).ok() ? resolved : root);
-  }
   const SessionLimits& limits = options.limits;
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
@@ -118,11 +114,9 @@ CacheStats Cache::TallyLocked() const {
   s.held_markers = waiting_markers_.size();
   s.marker_rounds = counts_.marker_rounds;
   s.object_fetches_shared = fetches_shared_.load();
-  if (objects_) {
-    for (const ObjectRoot& r : objects_->all()) {
-      s.object_roots.push_back(r.dir + "=" + r.url);
-      s.object_retries += r.store->retries();
-    }
+  for (const ObjectRoot& r : storage_->objects().all()) {
+    s.object_roots.push_back(r.dir + "=" + r.url);
+    s.object_retries += r.store->retries();
   }
   s.buffers_created = counts_.buffers_created;
   s.buffers_reused = counts_.buffers_reused;
@@ -192,7 +186,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
   if (s.ok()) s = ValidateName("tag", req.tag, /*allow_empty=*/true, /*allow_slash=*/false);
   if (s.ok()) s = ValidatePath(req.path);
   if (s.ok() && req.size == 0) s = Status::InvalidArgument("size must be > 0");
-  if (s.ok()) s = CheckUnderRoots(req.path);
+  if (s.ok()) s = storage_->CheckUnder(req.path);
   DiskIdentity disk;
   if (s.ok()) s = SnapshotFor(req.session, req.path, &disk);
   if (s.ok() && req.size > budget_)

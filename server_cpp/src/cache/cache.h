@@ -110,6 +110,7 @@ class Cache : public PoolBudget,
   Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
                uint64_t* capacity, bool keep_mapped = false) override EXCLUDES(mu_);
   CacheStats Stats() override EXCLUDES(mu_);
+  const StorageRoots& storage() const override { return *storage_; }
   Status Wait(const std::string& session, const std::string& job,
               const std::vector<std::string>& paths, std::chrono::milliseconds timeout,
               std::vector<FileInfo>* out, const CallerGone& gone = {}) override EXCLUDES(mu_);
@@ -134,7 +135,6 @@ class Cache : public PoolBudget,
   size_t ExpireVersionLeases() override EXCLUDES(mu_);
 
   // ---- PersistSource (cache/persist_source.h) ----
-  const std::vector<std::string>& storage_roots() const override { return roots_; }  // ClientStore's too
   void SetPersistFeed(PersistFeed* feed) override EXCLUDES(mu_);
   bool StartPersist(const FileKey& key, bool retry, PersistJob* out) override EXCLUDES(mu_);
   bool IsCurrent(const PersistJob& job) override EXCLUDES(mu_);
@@ -226,7 +226,7 @@ class Cache : public PoolBudget,
   // Re-indexes files recorded before a restart: those on storage become
   // EVICTED (loads read storage); the rest are FAILED as lost.
   void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
-  bool persistence_enabled() const { return !roots_.empty() || (objects_ && !objects_->empty()); }
+  bool persistence_enabled() const { return !storage_->empty(); }
   // A load that missed: brings the file at `path` (an object root's, or a
   // directory root's read as the session's user) into the cache as a
   // PERSISTED file of `job`, owned by the session's uid; one read at a
@@ -246,7 +246,7 @@ class Cache : public PoolBudget,
   Status ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
                          uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
                          ObjectId* id) override EXCLUDES(mu_);
-  bool IsObjectPath(const std::string& path) const override { return ObjectRootOf(path, nullptr) != nullptr; }
+  bool IsObjectPath(const std::string& path) const override { return storage_->ObjectRootOf(path, nullptr) != nullptr; }
   // Called (under the cache's lock: it must only queue work) with the job of
   // every tag recorded complete. Set before serving.
   void SetTagListener(std::function<void(const std::string& job)> listener) { tag_listener_ = std::move(listener); }
@@ -363,9 +363,6 @@ class Cache : public PoolBudget,
   void Evict(FileInfo& f, const char* why) REQUIRES(mu_);
   void EnforceKeepLast(const std::string& job) REQUIRES(mu_);
   void Note(const FileInfo& f, bool removed) REQUIRES(mu_);
-  // PERMISSION_DENIED unless `path` lies under a storage root; under an
-  // object root, INVALID_ARGUMENT when its store cannot hold its key.
-  Status CheckUnderRoots(const std::string& path);  // filesystem calls; no lock
   // Makes room for `need` more bytes; appends ids this session must unmap.
   // `passes`: 1 destroys only free buffers nobody maps; 2 also the ones only
   // this session maps; 3 also retires the ones other sessions map.
@@ -406,10 +403,11 @@ class Cache : public PoolBudget,
   // persisted file that changed there loses its copy (EVICTED), an
   // unpersisted one is DISCARDED; storage unavailable: counted and logged.
   void Revalidate(const FileKey& key);
-  // Object roots (cache_objects.cc): the root of `path` and its key (null:
-  // not an object path); what the key holds now, as a save's snapshot or
-  // compared with `expected`.
-  const ObjectRoot* ObjectRootOf(const std::string& path, std::string* key) const;
+  // Object roots (cache_objects.cc): what the key holds now, as a save's
+  // snapshot or compared with `expected`.
+  const ObjectRoot* ObjectRootOf(const std::string& path, std::string* key) const {
+    return storage_->ObjectRootOf(path, key);
+  }
   // What the key holds, asked on the prober (bounded by the storage check
   // timeout: UNAVAILABLE past it).
   Status ProbeObject(const ObjectRoot& root, const std::string& key, ObjectId* out);
@@ -433,7 +431,7 @@ class Cache : public PoolBudget,
   // into a new PERSISTED file, once at a time per file (a second load waits
   // for the read under way and shares its outcome); from an object root's
   // store, else from the directory root the file's directory resolves under
-  // (opened beneath it as the user, OpenAsUser); *size: the bytes read.
+  // (opened through its store as the user, OpenAsUser); *size: the bytes read.
   // `read_here` (optional) is set when this call read it (not another
   // load's read, nor a file here already).
   Status FetchStored(const std::string& job, const std::string& path, uid_t uid, gid_t gid, bool for_peer,
@@ -480,8 +478,7 @@ class Cache : public PoolBudget,
   const size_t keep_last_;
   Env* const env_;
   Clock* const clock_;
-  std::vector<std::string> roots_;  // resolved; immutable after construction
-  const std::shared_ptr<const ObjectRoots> objects_;
+  const std::shared_ptr<const StorageRoots> storage_;  // never null (empty: memory only)
   std::set<FileKey> waiting_markers_ GUARDED_BY(mu_);
   std::map<FileKey, uint64_t> peers_durable_ GUARDED_BY(mu_);  // marker -> the version the ring confirmed
   SingleFlight<FileKey> fetching_;  // reads of storage under way (FetchStored)

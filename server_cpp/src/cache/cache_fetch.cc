@@ -86,7 +86,7 @@ size_t Cache::DropClaims(const std::string& job, const std::string& node) {
 
 bool Cache::UnderStorage(const std::string& path) {
   if (ObjectRootOf(path, nullptr)) return true;
-  return !roots_.empty() && CheckUnderRoots(path).ok();
+  return storage_->has_dirs() && storage_->CheckUnder(path).ok();
 }
 
 Status Cache::LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) {
@@ -298,13 +298,7 @@ Status Cache::JobOwnerIdsLocked(const std::string& job, uid_t* uid, gid_t* gid) 
 Status Cache::OpenAsUser(const std::string& dir, uid_t uid, gid_t gid, std::unique_ptr<Directory>* d) {
   FsIdentity as_user(uid, gid);
   if (!as_user.ok(uid)) return Status::PermissionDenied("cannot read storage as uid " + std::to_string(uid));
-  std::string resolved;
-  Status s = env_->ResolvePath(dir, &resolved);
-  const std::string* root = s.ok() ? RootOf(resolved, roots_) : nullptr;
-  if (s.ok() && !root)
-    return Status::PermissionDenied(dir + " resolves to " + resolved + ", which is not under a storage root");
-  if (s.ok()) s = env_->OpenDirectory(*root, resolved, /*create=*/false, d);
-  return s;
+  return storage_->OpenDirectory(dir, d);
 }
 
 Status Cache::InstallFetched(const std::string& job, const std::string& path, std::unique_ptr<Buffer> mem,

@@ -8,10 +8,6 @@
 
 namespace tce {
 
-const ObjectRoot* Cache::ObjectRootOf(const std::string& path, std::string* key) const {
-  return objects_ ? objects_->Find(path, key) : nullptr;
-}
-
 Status Cache::ProbeObject(const ObjectRoot& root, const std::string& key, ObjectId* out) {
   auto result = std::make_shared<std::pair<Status, ObjectId>>();
   std::shared_ptr<ObjectStore> store = root.store;

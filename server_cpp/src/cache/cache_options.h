@@ -13,7 +13,7 @@
 #include "cache/session_limits.h"
 #include "common/clock.h"
 #include "env/env.h"
-#include "storage/object_roots.h"
+#include "storage/storage_roots.h"
 
 namespace tce {
 
@@ -22,11 +22,9 @@ struct CacheOptions {
   CacheOptions(uint64_t budget = 0) : budget_bytes(budget) {}  // NOLINT(google-explicit-constructor)
 
   uint64_t budget_bytes;  // every buffer's bytes, the pool's included
-  // Absolute directories files may be persisted under (resolved once, at
-  // construction); with no object roots either, the cache is memory only.
-  std::vector<std::string> storage_roots;
-  // The object storage roots (storage/object_roots.h); null: none.
-  std::shared_ptr<const ObjectRoots> object_roots;
+  // Where files are persisted (storage/storage_roots.h), shared with the
+  // persister; null or empty: the cache is memory only.
+  std::shared_ptr<const StorageRoots> storage;
   Env* env = Env::Default();
   Clock* clock = Clock::Real();  // what every timeout and time stamp is read from
   // How long an allocation that finds the cache full of not-yet-persisted

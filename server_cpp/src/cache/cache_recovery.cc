@@ -47,12 +47,11 @@ Status Cache::CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>&
     const std::string names = "tag " + tag.tag + " names " + f->path + " (" + std::to_string(f->size) + " bytes), ";
     if (listed.count(f->path))
       return Status::FailedPrecondition(names + "which the ring listed as this node's but did not give back");
-    if (roots_.empty() || ObjectRootOf(f->path, nullptr)) continue;  // memory only, or an object (not checked here)
+    if (!storage_->has_dirs() || ObjectRootOf(f->path, nullptr)) continue;  // memory only, or an object (not checked here)
     auto result = std::make_shared<std::pair<Status, DiskIdentity>>();
-    Env* env = env_;
-    std::vector<std::string> roots = roots_;
+    std::shared_ptr<const StorageRoots> roots = storage_;
     std::string p = f->path;
-    if (!prober_->Run([=] { result->first = SnapshotPath(env, roots, p, &result->second); }))
+    if (!prober_->Run([=] { result->first = SnapshotPath(*roots, p, &result->second); }))
       continue;  // storage cannot say
     const DiskIdentity& now = result->second;
     if (result->first.code() == Status::Code::kPermissionDenied)  // outside the roots, or a symlink on the way
@@ -103,7 +102,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   Status s = ValidateName("job", f.job, /*allow_empty=*/false, /*allow_slash=*/true);
   if (s.ok()) s = ValidateName("tag", f.tag, /*allow_empty=*/true, /*allow_slash=*/false);
   if (s.ok()) s = ValidatePath(f.path);
-  if (s.ok()) s = CheckUnderRoots(f.path);
+  if (s.ok()) s = storage_->CheckUnder(f.path);
   // And against storage (filesystem calls: before the lock): a copy is
   // never written over a file that changed since it was made, nor brings
   // back one that was deleted.
@@ -219,18 +218,17 @@ StorageCheck Cache::CheckRecovered(const FileInfo& f, DiskIdentity* here) {
     return c;
   }
   auto result = std::make_shared<std::pair<StorageCheck, DiskIdentity>>();
-  Env* env = env_;
-  std::vector<std::string> roots = roots_;
+  std::shared_ptr<const StorageRoots> roots = storage_;
   DiskIdentity theirs = f.disk;
   std::string path = f.path;
   if (!prober_->Run([=] {
         if (theirs.known) {
-          result->first = CheckPeerIdentity(env, roots, path, theirs, &result->second);
+          result->first = CheckPeerIdentity(*roots, path, theirs, &result->second);
           return;
         }
         // Nothing to compare with: what the path holds now (no directory:
         // nothing, and the persist makes it).
-        Status s = SnapshotPath(env, roots, path, &result->second);
+        Status s = SnapshotPath(*roots, path, &result->second);
         if (s.ok() || s.code() == Status::Code::kNotFound)
           result->first = {Verdict::kElsewhere, "the copy says nothing of what storage held"};
         else if (s.code() == Status::Code::kPermissionDenied || s.code() == Status::Code::kFailedPrecondition)

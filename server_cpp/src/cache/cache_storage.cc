@@ -8,30 +8,6 @@
 
 namespace tce {
 
-Status Cache::CheckUnderRoots(const std::string& path) {
-  if (!persistence_enabled()) return Status::OK();
-  std::string key;
-  if (const ObjectRoot* root = ObjectRootOf(path, &key)) {
-    Status s = root->store->CheckKey(key);
-    return s.ok() ? s : Status::InvalidArgument("path: " + path + ": " + s.message());
-  }
-  std::string resolved;
-  Status s = env_->ResolvePath(path, &resolved);
-  if (!s.ok()) return Status::PermissionDenied("cannot resolve " + path + ": " + s.message());
-  for (const std::string& root : roots_) {
-    if (root == "/" || resolved == root ||
-        (resolved.size() > root.size() && resolved.compare(0, root.size(), root) == 0 &&
-         resolved[root.size()] == '/'))
-      return Status::OK();
-  }
-  std::string list;
-  for (const std::string& root : roots_) list += (list.empty() ? "" : ", ") + root;
-  if (objects_)
-    for (const ObjectRoot& o : objects_->all()) list += (list.empty() ? "" : ", ") + o.dir + "=" + o.url;
-  return Status::PermissionDenied(path + (resolved != path ? " (resolves to " + resolved + ")" : "") +
-                                  " is not under a storage root (" + list + ")");
-}
-
 Status Cache::SnapshotFor(const std::string& session, const std::string& path, DiskIdentity* out) {
   if (!persistence_enabled()) return Status::OK();  // memory only: a path is a name
   std::string key;
@@ -44,10 +20,9 @@ Status Cache::SnapshotFor(const std::string& session, const std::string& path, D
   // write that lands meanwhile) is known to be newer.
   const uint64_t seq = ++disk_seq_;
   auto result = std::make_shared<std::pair<Status, DiskIdentity>>();
-  Env* env = env_;
-  std::vector<std::string> roots = roots_;
+  std::shared_ptr<const StorageRoots> roots = storage_;
   std::string p = path;
-  if (!prober_->Run([=] { result->first = SnapshotPath(env, roots, p, &result->second); })) {
+  if (!prober_->Run([=] { result->first = SnapshotPath(*roots, p, &result->second); })) {
     NoteStorageFallback(path, "storage did not answer in time; the save goes on unchecked");
     return Status::OK();
   }
@@ -131,14 +106,13 @@ void Cache::Revalidate(const FileKey& key) {
     version = it->second.version;
   }
   auto result = std::make_shared<StorageCheck>();
-  Env* env = env_;
-  std::vector<std::string> roots = roots_;
+  std::shared_ptr<const StorageRoots> roots = storage_;
   std::string path = key.second;
   StorageCheck c;
   std::string object_key;
   if (const ObjectRoot* root = ObjectRootOf(path, &object_key))
     c = CheckObject(*root, object_key, expected);
-  else if (prober_->Run([=] { *result = CheckPath(env, roots, path, expected); }))
+  else if (prober_->Run([=] { *result = CheckPath(*roots, path, expected); }))
     c = *result;
   else
     c = {Verdict::kUnavailable, "storage did not answer within " + std::to_string(check_timeout_.count()) + " ms"};

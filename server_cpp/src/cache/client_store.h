@@ -30,6 +30,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "storage/identity.h"  // ObjectId
+#include "storage/storage_roots.h"
 
 namespace tce {
 
@@ -142,8 +143,8 @@ class ClientStore {
   virtual Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
                        uint64_t* capacity, bool keep_mapped) = 0;
   virtual CacheStats Stats() = 0;
-  // As PersistSource::storage_roots (cache/persist_source.h).
-  virtual const std::vector<std::string>& storage_roots() const = 0;
+  // Where files are persisted (storage/storage_roots.h; empty: memory only).
+  virtual const StorageRoots& storage() const = 0;
   // Whether `path` lies under an object storage root (a client cannot
   // read it itself).
   virtual bool IsObjectPath(const std::string& path) const = 0;

@@ -23,9 +23,6 @@ namespace tce {
 class PersistSource {
  public:
   virtual ~PersistSource() = default;
-  // The directories files may be persisted under, resolved (empty: memory
-  // only). Immutable.
-  virtual const std::vector<std::string>& storage_roots() const = 0;
   // Where committed files are queued for persistence (persist/persist_queue.h;
   // null: nowhere, they stay in memory). Set before serving.
   virtual void SetPersistFeed(PersistFeed* feed) = 0;

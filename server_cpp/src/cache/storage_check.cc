@@ -16,25 +16,13 @@ std::string Basename(const std::string& path) { return path.substr(path.rfind('/
 StorageCheck Changed(std::string why) { return {Verdict::kChanged, std::move(why)}; }
 StorageCheck Unavailable(std::string why) { return {Verdict::kUnavailable, std::move(why)}; }
 
-// Resolves `dir` and opens it beneath its root, without creating anything.
-Status OpenResolved(Env* env, const std::vector<std::string>& roots, const std::string& dir,
-                    std::string* resolved, std::unique_ptr<Directory>* out) {
-  Status s = env->ResolvePath(dir, resolved);
-  if (!s.ok()) return s;
-  const std::string* root = RootOf(*resolved, roots);
-  if (!root)
-    return Status::PermissionDenied(dir + " resolves to " + *resolved + ", which is not under a storage root");
-  return env->OpenDirectory(*root, *resolved, /*create=*/false, out);
-}
-
 }  // namespace
 
-Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
-                    DiskIdentity* out) {
+Status SnapshotPath(const StorageRoots& roots, const std::string& path, DiskIdentity* out) {
   const std::string dir = Dirname(path);
   std::string resolved;
   std::unique_ptr<Directory> d;
-  Status s = OpenResolved(env, roots, dir, &resolved, &d);
+  Status s = roots.OpenDirectory(dir, &d, &resolved);
   if (s.code() == Status::Code::kNotFound)
     return Status::NotFound("No such file or directory: " + dir + " (the directory of " + path +
                             ") does not exist");
@@ -60,13 +48,12 @@ Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::
   return Status::OK();
 }
 
-StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
-                       const DiskIdentity& expected) {
+StorageCheck CheckPath(const StorageRoots& roots, const std::string& path, const DiskIdentity& expected) {
   const std::string dir = Dirname(path);
   std::string resolved;
   std::unique_ptr<Directory> d;
-  Status s = OpenResolved(env, roots, dir, &resolved, &d);
-  if (!s.ok()) return ClassifyOpenFailure(env, resolved.empty() ? dir : resolved, s, expected);
+  Status s = roots.OpenDirectory(dir, &d, &resolved);
+  if (!s.ok()) return ClassifyOpenFailure(roots.env(), resolved.empty() ? dir : resolved, s, expected);
   StorageCheck c = CheckDirectory(d.get(), path, expected);
   if (c.verdict != Verdict::kSame) return c;
   FileStat now;
@@ -74,13 +61,13 @@ StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const st
   return CheckEntry(d.get(), path, Basename(path), expected, &now, &exists);
 }
 
-StorageCheck CheckPeerIdentity(Env* env, const std::vector<std::string>& roots, const std::string& path,
-                               const DiskIdentity& theirs, DiskIdentity* now) {
-  Status s = SnapshotPath(env, roots, path, now);
+StorageCheck CheckPeerIdentity(const StorageRoots& roots, const std::string& path, const DiskIdentity& theirs,
+                               DiskIdentity* now) {
+  Status s = SnapshotPath(roots, path, now);
   if (s.code() == Status::Code::kNotFound) {  // no directory: removed here, or other storage?
     const std::string dir = Dirname(path);
     FileStat parent;
-    Status p = env->Stat(Dirname(dir), &parent);
+    Status p = roots.env()->Stat(Dirname(dir), &parent);
     if (p.ok() && theirs.parent_ino != 0 && parent.ino == theirs.parent_ino)
       return Changed("directory " + dir + " was removed");
     if (!p.ok() && p.code() != Status::Code::kNotFound) return Unavailable(p.ToString());

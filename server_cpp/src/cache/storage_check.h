@@ -31,25 +31,24 @@
 #include "common/status.h"
 #include "env/env.h"
 #include "storage/identity.h"
+#include "storage/storage_roots.h"
 
 namespace tce {
 
 // What `path` (absolute, normalised) holds now, into `out` (known = true).
 // NOT_FOUND: its directory does not exist; PERMISSION_DENIED: it does not
-// resolve under one of `roots`, or a symlink or a file stands on the way;
+// resolve under a directory root of `roots`, or a symlink or a file stands on the way;
 // any other error: storage could not be read.
-Status SnapshotPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
-                    DiskIdentity* out);
+Status SnapshotPath(const StorageRoots& roots, const std::string& path, DiskIdentity* out);
 
 // Compares what `path` holds now with `expected` (known).
-StorageCheck CheckPath(Env* env, const std::vector<std::string>& roots, const std::string& path,
-                       const DiskIdentity& expected);
+StorageCheck CheckPath(const StorageRoots& roots, const std::string& path, const DiskIdentity& expected);
 
 // Compares what `path` holds now with `theirs`, an identity another node
 // recorded (a ring copy's: inodes, sizes and times; no device numbers).
 // kSame: `now` gets this node's own identity of the path (known).
-StorageCheck CheckPeerIdentity(Env* env, const std::vector<std::string>& roots, const std::string& path,
-                               const DiskIdentity& theirs, DiskIdentity* now);
+StorageCheck CheckPeerIdentity(const StorageRoots& roots, const std::string& path, const DiskIdentity& theirs,
+                               DiskIdentity* now);
 
 // Runs storage checks on threads of its own and waits for each at most a
 // timeout, so that a hung filesystem (an NFS server that stopped answering)

@@ -101,21 +101,8 @@ int Daemon::ClaimSockets() {
 }
 
 int Daemon::CheckStorageRoots() {
-  Status s;
-  std::vector<std::pair<std::string, std::string>> objects;
-  if (!(s = ParseStorageRoots(opt_.storage_roots, &roots_, &objects)).ok())
-    return Fail("storage_roots: " + s.message(), 2);
-  if (!objects.empty() && !(s = OpenObjectRoots(objects, StorageSettings(opt_), &objects_)).ok())
-    return Fail("storage_roots: " + s.message(), 2);
-  for (const std::string& root : roots_) {  // never created: a missing root is a missing mount
-    struct stat st;
-    const bool exists = stat(root.c_str(), &st) == 0;
-    if (!exists || !S_ISDIR(st.st_mode))
-      return Fail("storage_roots: " + root + (exists ? " is not a directory" : " does not exist") +
-                      ": the server never creates a storage root (mount or create it first, or leave it out)",
-                  2);
-  }
-  return 0;
+  Status s = StorageRoots::Open(opt_.storage_roots, StorageSettings(opt_), &storage_);
+  return s.ok() ? 0 : Fail("storage_roots: " + s.message(), 2);
 }
 
 // The cluster token (and node certificates) peers prove themselves with.
@@ -163,8 +150,7 @@ int Daemon::MakeCache() {
     return Fail("prealloc: " + s.message(), 2);
   backups_ = std::make_unique<BackupStore>(backup_budget);
   CacheOptions co(budget_);
-  co.storage_roots = roots_;
-  co.object_roots = objects_;
+  co.storage = storage_;
   co.full_timeout = std::chrono::milliseconds(opt_.cache_full_timeout_ms);
   co.keep_last = static_cast<size_t>(opt_.keep_last);
   co.storage_check_timeout = std::chrono::milliseconds(opt_.storage_check_timeout_ms);
@@ -176,8 +162,8 @@ int Daemon::MakeCache() {
   TCE_LOG(kInfo, "daemon") << "metadata_budget=" << HumanBytes(co.limits.metadata.budget) << " (" << metadata_why
                            << ")";
   cache_ = std::make_unique<Cache>(std::move(co));
-  popt_.objects = objects_;
-  retention_ = std::make_unique<StorageRetention>(cache_.get(), objects_, opt_.storage_keep_last);
+  popt_.storage = storage_;
+  retention_ = std::make_unique<StorageRetention>(cache_.get(), storage_, opt_.storage_keep_last);
   cache_->SetTagListener([r = retention_.get()](const std::string& job) { r->Note(job); });
   if (prealloc > 0) pool_ = std::make_unique<BufferPool>(prealloc, backing_, cache_.get());
   cache_->SetMemory(backing_, pool_.get());
@@ -212,7 +198,7 @@ int Daemon::OpenMetadata() {
   // a symlink.
   std::vector<std::string> recorded_paths;
   for (const FileInfo& f : recorded) recorded_paths.push_back(f.path);
-  Persister::RemoveStaleTemps(Env::Default(), cache_->storage_roots(), recorded_paths, popt_.temp_prefix);
+  Persister::RemoveStaleTemps(*storage_, recorded_paths, StorageSettings(opt_).file.temp_prefix);
   meta_ = std::make_unique<MetaWriter>(std::move(store), server_id, getpid());
   Cache* cache = cache_.get();
   meta_->SetResync([cache] { cache->RecordAll(); });
@@ -227,7 +213,7 @@ int Daemon::OpenMetadata() {
 void Daemon::StartPersister() {
   persister_ = std::make_unique<Persister>(cache_.get(), Env::Default(), popt_);
   if (cache_->persistence_enabled()) persister_->Start();
-  if (objects_) objects_->AbandonUnfinishedInBackground();  // a crashed run's uploads
+  storage_->objects().AbandonUnfinishedInBackground();  // a crashed run's uploads
   retention_->Start();
 }
 
@@ -279,7 +265,7 @@ void Daemon::ServeUntilSignal() {
   if (pool_) pool_->Start();  // fills in the background while the server serves
   TCE_LOG(kInfo, "daemon") << "ready socket=" << opt_.socket << " budget=" << budget_ << " ("
                            << HumanBytes(budget_) << ") storage_roots="
-                           << (roots_.empty() ? "(none: memory only)" : opt_.storage_roots)
+                           << (storage_->empty() ? "(none: memory only)" : storage_->Describe())
                            << " pid=" << getpid();
   int sig = 0;
   sigwait(&stop_, &sig);
@@ -294,7 +280,7 @@ void Daemon::Shutdown() {
   if (pool_) pool_->Stop();  // its memory goes back now, not after the drain
   Drain(cache_.get(), &stop_, std::chrono::milliseconds(opt_.drain_timeout_ms));
   retention_->Stop();
-  if (objects_) objects_->CancelAll();  // transfers in flight end (their files stay FAILED)
+  if (storage_) storage_->objects().CancelAll();  // transfers in flight end (their files stay FAILED)
   persister_->Stop();  // wakes Wait() callers before the RPC server drains
   // What still waits on a peer (a backup, a restore, a ranged read or a
   // fetch for a load: each up to peer_timeout_ms, a restore wait up to

@@ -1,6 +1,7 @@
 #include "daemon/options.h"
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cctype>
 #include <cstdlib>
@@ -190,8 +191,20 @@ std::string EffectiveMetadataUrl(const Options& o) {
   return "sqlite://" + o.state_dir + "/tce.db";
 }
 
+std::string TempPrefix(const std::string& id) {
+  const uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(id.data()),
+                                                   static_cast<uInt>(id.size())));
+  char hex[9];
+  snprintf(hex, sizeof(hex), "%08x", crc);
+  return std::string(".tce-") + hex + ".";
+}
+
 StorageOptions StorageSettings(const Options& o) {
   StorageOptions all;
+  all.file.env = Env::Default();
+  all.file.direct_io = o.persist_direct_io;
+  all.file.io_depth = o.persist_io_depth;
+  all.file.temp_prefix = TempPrefix(EffectiveServerId(o));
   S3StoreOptions& s = all.s3;
   s.endpoint = o.s3_endpoint;
   s.region = o.s3_region;

@@ -155,9 +155,14 @@ std::string EffectiveMetadataUrl(const Options& o);
 // server_id, or "<hostname>:<socket>" when it is empty.
 std::string EffectiveServerId(const Options& o);
 
-// "/a, /b" -> {"/a", "/b"}; each must be absolute.
-// The s3_* settings, for the object stores of storage_roots (unfinished
-// uploads journaled under state_dir).
+// This server's temp-file prefix, from its identity (server_id: the host and
+// socket by default), so servers sharing a directory (a shared filesystem)
+// never take each other's temp files for their own.
+std::string TempPrefix(const std::string& id);
+
+// Every storage backend's options: how directory roots write (the
+// persist_* settings, this server's temp prefix) and the s3_* settings
+// (unfinished uploads journaled under state_dir).
 StorageOptions StorageSettings(const Options& o);
 
 // "" -> {self, 0}; "1000,1001" -> {1000, 1001}.

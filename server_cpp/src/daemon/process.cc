@@ -10,7 +10,6 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -27,28 +26,15 @@ extern char** environ;
 
 namespace tce {
 
-// This server's temp-file prefix, from its identity (server_id: the host and
-// socket by default), so servers sharing a directory (a shared filesystem)
-// never take each other's temp files for their own.
 PersistOptions PersistSettings(const Options& opt) {
   PersistOptions popt;
   popt.threads = opt.persist_threads;
   popt.retries = opt.persist_retries;
   popt.backoff = std::chrono::milliseconds(opt.persist_backoff_ms);
-  popt.direct_io = opt.persist_direct_io;
-  popt.io_depth = opt.persist_io_depth;
   popt.failed_retry = std::chrono::milliseconds(opt.persist_failed_retry_ms);
-  popt.temp_prefix = TempPrefix(EffectiveServerId(opt));
   return popt;
 }
 
-std::string TempPrefix(const std::string& id) {
-  const uint32_t crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(id.data()),
-                                                   static_cast<uInt>(id.size())));
-  char hex[9];
-  snprintf(hex, sizeof(hex), "%08x", crc);
-  return std::string(".tce-") + hex + ".";
-}
 
 int Fail(const std::string& msg, int code) {
   std::cerr << "tce-server: " << msg << std::endl;

@@ -22,8 +22,6 @@
 
 namespace tce {
 
-// This server's temp-file prefix, from its identity (server_id).
-std::string TempPrefix(const std::string& id);
 // The persister's settings (its metrics are the daemon's to point at).
 PersistOptions PersistSettings(const Options& opt);
 // Prints "tce-server: msg" on stderr; returns `code` (the exit code).

@@ -101,8 +101,7 @@ class Daemon {
   std::set<uid_t> uids_;
   gid_t socket_gid_ = static_cast<gid_t>(-1);
   sigset_t stop_{};  // SIGTERM and SIGINT, taken by sigwait
-  std::vector<std::string> roots_;
-  std::shared_ptr<ObjectRoots> objects_;
+  std::shared_ptr<StorageRoots> storage_;  // every root: the cache's, the persister's, the retention's
 
   // The ring: a share of the budget holds the predecessor's backups.
   bool ring_ = false;

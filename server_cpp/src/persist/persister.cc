@@ -17,7 +17,6 @@
 #include "common/mutex.h"
 #include "persist/crc.h"
 #include "cache/storage_check.h"
-#include "storage/posix_store.h"
 
 namespace tce {
 namespace {
@@ -28,13 +27,13 @@ uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 namespace {
 // Lane 0: the directory roots; lane i: object root i - 1.
-size_t Lanes(const PersistOptions& o) { return 1 + (o.objects ? o.objects->all().size() : 0); }
+size_t Lanes(const PersistOptions& o) { return 1 + (o.storage ? o.storage->objects().all().size() : 0); }
 PersistQueue::LaneOf LaneOf(const PersistOptions& o) {
-  std::shared_ptr<const ObjectRoots> objects = o.objects;
-  if (!objects || objects->empty()) return nullptr;
-  return [objects](const FileKey& key) -> size_t {
-    const ObjectRoot* root = objects->Find(key.second, nullptr);
-    return root ? 1 + static_cast<size_t>(root - objects->all().data()) : 0;
+  std::shared_ptr<const StorageRoots> roots = o.storage;
+  if (!roots || roots->objects().empty()) return nullptr;
+  return [roots](const FileKey& key) -> size_t {
+    const ObjectRoot* root = roots->ObjectRootOf(key.second, nullptr);
+    return root ? 1 + static_cast<size_t>(root - roots->objects().all().data()) : 0;
   };
 }
 }  // namespace
@@ -53,17 +52,16 @@ Persister::~Persister() {
 }
 
 
-int Persister::RemoveStaleTemps(Env* env, const std::vector<std::string>& roots,
-                                const std::vector<std::string>& paths, const std::string& temp_prefix) {
+int Persister::RemoveStaleTemps(const StorageRoots& roots, const std::vector<std::string>& paths,
+                                const std::string& temp_prefix) {
   std::set<std::string> dirs;
-  for (const std::string& p : paths) dirs.insert(Dirname(p));
+  for (const std::string& p : paths)
+    if (!roots.ObjectRootOf(p, nullptr)) dirs.insert(Dirname(p));
   int total = 0;
   for (const std::string& dir : dirs) {
     std::string resolved;
-    if (!env->ResolvePath(dir, &resolved).ok()) continue;
-    const std::string* root = RootOf(resolved, roots);
     std::unique_ptr<Directory> d;
-    if (!root || !env->OpenDirectory(*root, resolved, /*create=*/false, &d).ok()) continue;
+    if (!roots.OpenDirectory(dir, &d, &resolved).ok()) continue;
     int removed = 0;
     if (d->RemoveTemps(temp_prefix, &removed).ok()) total += removed;
     if (removed > 0)
@@ -134,50 +132,21 @@ void Persister::Loop(size_t lane) {
 }
 
 Status Persister::StoreOf(const PersistJob& job, ObjectStore** store, std::string* key) {
-  if (const ObjectRoot* root = options_.objects ? options_.objects->Find(job.path, key) : nullptr) {
-    *store = root->store.get();
-    return Status::OK();
-  }
-  // A directory root: the one the file's directory resolves under now (the
-  // root check at Allocate is not trusted at write time).
-  const std::string dir = Dirname(job.path);
-  std::string resolved;
-  Status s = env_->ResolvePath(dir, &resolved);
-  const std::string* root = s.ok() ? RootOf(resolved, cache_->storage_roots()) : nullptr;
-  if (s.ok() && !root)
-    s = Status::PermissionDenied(dir + " now resolves to " + resolved +
-                                 ", which is not under a storage root: nothing is written there");
-  if (s.ok()) s = DirStore(*root, store);
+  if (!options_.storage) return Status::FailedPrecondition("no storage root: " + job.path + " stays in memory");
+  // Located now, at each attempt: the root check at Allocate is not trusted
+  // at write time.
+  StorageRoots::Location at;
+  Status s = options_.storage->Locate(job.path, &at);
   if (!s.ok()) {
     if (job.expected.known) {
-      StorageCheck c = ClassifyOpenFailure(env_, dir, s, job.expected);
+      StorageCheck c = ClassifyOpenFailure(env_, Dirname(job.path), s, job.expected);
       if (c.verdict == Verdict::kChanged) return Status::Cancelled(c.why);
     }
+    if (s.code() == Status::Code::kPermissionDenied) s = Status::PermissionDenied(s.message() + ": nothing is written there");
     return s;
   }
-  const size_t skip = *root == "/" ? 1 : root->size() + 1;
-  *key = (resolved.size() > skip ? resolved.substr(skip) + "/" : "") + job.path.substr(job.path.rfind('/') + 1);
-  return Status::OK();
-}
-
-Status Persister::DirStore(const std::string& root, ObjectStore** out) {
-  MutexLock l(&stores_mu_);
-  std::shared_ptr<ObjectStore>& store = dir_stores_[root];
-  if (!store) {
-    PosixStoreOptions o;
-    o.env = env_;
-    o.chunk = options_.chunk;
-    o.direct_io = options_.direct_io;
-    o.io_depth = options_.io_depth;
-    o.temp_prefix = options_.temp_prefix;
-    std::string prefix;
-    Status s = PosixStore::Open(root, o, &store, &prefix);
-    if (!s.ok()) {
-      dir_stores_.erase(root);
-      return s;
-    }
-  }
-  *out = store.get();
+  *store = at.store;
+  *key = at.key;
   return Status::OK();
 }
 

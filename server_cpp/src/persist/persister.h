@@ -49,8 +49,8 @@
 #include "env/env.h"
 #include "persist/crc.h"
 #include "persist/persist_queue.h"
-#include "storage/object_roots.h"
 #include "storage/object_store.h"
+#include "storage/storage_roots.h"
 
 namespace tce {
 
@@ -59,26 +59,19 @@ struct PersistOptions {
   int threads = 2;  // per lane: the directory roots, and each object root
   int retries = 5;  // attempts after the first
   std::chrono::milliseconds backoff{200};  // doubled per attempt
-  size_t chunk = 16 << 20;                 // bytes per write()
-  bool direct_io = true;                   // O_DIRECT where the filesystem supports it
-  // O_DIRECT writes in flight per file: one write at a time leaves a disk
-  // idle between requests (the page cache hides that for buffered writes).
-  int io_depth = 4;
   // Between chunks a worker waits while a save is being written (training
   // comes first), at most this long in all for one file.
   std::chrono::milliseconds max_yield{5000};
   int nice = 10;                           // CPU priority of the workers (0: unchanged)
-  // Temp files are named this + 16 random hex digits (where the filesystem
-  // has no unnamed files); one prefix per server, so a restart removes its
-  // own crashed temp files and never another server's in a shared directory.
-  std::string temp_prefix = ".tce-";
   // A file whose persistence failed for a reason that may clear (disk full,
   // I/O errors) is tried again after this long while in memory (0: never).
   std::chrono::milliseconds failed_retry{30000};
   Clock* clock = Clock::Real();  // backoff, retries and timings are measured on it
-  // Object storage roots (storage/object_store.h): files under them are
-  // written as objects (persist/object_persist.cc), not files.
-  std::shared_ptr<const ObjectRoots> objects;
+  // Where each file is written (storage/storage_roots.h: the store and key
+  // of its path, asked at each attempt); null: nowhere (every attempt fails).
+  // How a directory root writes (chunks, O_DIRECT, writes in flight, temp
+  // names) is its PosixStore's, StorageOptions::file.
+  std::shared_ptr<const StorageRoots> storage;
 };
 
 class Persister {
@@ -89,18 +82,16 @@ class Persister {
   void Stop();  // abandons retries; in-flight writes finish their current attempt
 
   // At start: removes the temp files a crash left (those `temp_prefix` could
-  // have named) from the directories of `paths` that lie under `roots`.
-  // Returns how many it removed.
-  static int RemoveStaleTemps(Env* env, const std::vector<std::string>& roots,
-                              const std::vector<std::string>& paths, const std::string& temp_prefix);
+  // have named) from the directories of `paths` that lie under a directory
+  // root of `roots`. Returns how many it removed.
+  static int RemoveStaleTemps(const StorageRoots& roots, const std::vector<std::string>& paths,
+                              const std::string& temp_prefix);
 
  private:
   void Loop(size_t lane);  // a worker of the queue's lane
-  // The store and key `job`'s path is written to now: its object root's,
-  // else the directory root its directory resolves under at this moment.
+  // The store and key `job`'s path is written to now (StorageRoots::Locate);
+  // CANCELLED when its directory is not the one the save found any more.
   Status StoreOf(const PersistJob& job, ObjectStore** store, std::string* key);
-  // The PosixStore of the directory root `root` (opened once).
-  Status DirStore(const std::string& root, ObjectStore** out);
   // Writes the job's buffer through its store, retried with backoff;
   // `written`: the file or object now at the path (on success).
   Status Persist(const PersistJob& job, std::vector<Record>* records, FileStat* written);
@@ -110,8 +101,6 @@ class Persister {
   Env* const env_;
   const PersistOptions options_;
   std::vector<std::thread> threads_;
-  Mutex stores_mu_;
-  std::map<std::string, std::shared_ptr<ObjectStore>> dir_stores_ GUARDED_BY(stores_mu_);
   Mutex stop_mu_;
   CondVar stop_cv_;
   bool stop_ GUARDED_BY(stop_mu_) = false;

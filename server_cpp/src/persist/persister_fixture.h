@@ -59,25 +59,34 @@ class PersisterTest : public ::testing::Test {
   void Start(int retries = 3, bool direct_io = true, bool run = true,
              std::chrono::milliseconds failed_retry = std::chrono::seconds(30)) {
     Clock* clock = manual_clock_ ? static_cast<Clock*>(&clock_) : Clock::Real();
+    PosixStoreOptions file;
+    file.direct_io = direct_io;
     CacheOptions co = DiskCache();
+    co.storage = DiskRoots(file);
     co.clock = clock;
     co.storage_check_timeout = check_timeout_;
     cache_.reset(new Cache(co));
     PersistOptions o;
+    o.storage = co.storage;
     o.clock = clock;
     o.threads = 2;
     o.retries = retries;
     o.backoff = 5ms;
-    o.direct_io = direct_io;
     o.failed_retry = failed_retry;
     persister_.reset(new Persister(cache_.get(), &env_, o));
     if (run) persister_->Start();
     session_ = cache_->OpenSession(getuid(), getpid());
   }
-  // A cache of `budget` bytes persisting under root_, through env_.
+  // root_ as the one storage root, through env_; `file`: how it writes.
+  std::shared_ptr<const StorageRoots> DiskRoots(PosixStoreOptions file = PosixStoreOptions()) {
+    file.env = &env_;
+    return std::make_shared<const StorageRoots>(std::vector<std::string>{root_}, nullptr, file);
+  }
+  // A cache of `budget` bytes persisting under root_, through env_ (a
+  // persister made for it writes through co.storage).
   CacheOptions DiskCache(uint64_t budget = 64 << 20) {
     CacheOptions co(budget);
-    co.storage_roots = {root_};
+    co.storage = DiskRoots();
     co.env = &env_;
     return co;
   }

@@ -137,6 +137,7 @@ class EvictionTest : public PersisterTest {
     co.full_timeout = full_timeout;
     cache_.reset(new Cache(co));
     PersistOptions o;
+    o.storage = co.storage;
     o.backoff = 5ms;
     o.retries = 0;
     persister_.reset(new Persister(cache_.get(), &env_, o));
@@ -214,6 +215,7 @@ TEST_F(PersisterTest, KeepLastEvictsOlderTagsOncePersisted) {
   co.keep_last = 2;
   cache_.reset(new Cache(co));
   PersistOptions o;
+  o.storage = co.storage;
   o.backoff = 5ms;
   o.retries = 0;
   persister_.reset(new Persister(cache_.get(), &env_, o));
@@ -314,11 +316,15 @@ namespace tce {
 namespace {
 
 TEST_F(PersisterTest, RetryAfterAFailureMidFileKeepsTheCrcsRight) {
-  cache_.reset(new Cache(DiskCache()));
+  PosixStoreOptions file;
+  file.chunk = 4096;  // a file of several chunks
+  CacheOptions co = DiskCache();
+  co.storage = DiskRoots(file);
+  cache_.reset(new Cache(co));
   PersistOptions o;
+  o.storage = co.storage;
   o.backoff = 5ms;
   o.retries = 2;
-  o.chunk = 4096;  // a file of several chunks
   persister_.reset(new Persister(cache_.get(), &env_, o));
   persister_->Start();
   session_ = cache_->OpenSession(getuid(), getpid());
@@ -370,10 +376,14 @@ TEST_F(PersisterTest, WritesInFlightGiveTheSameFileAsOneAtATime) {
   std::memcpy(&bytes[kCentral], "PK\x01\x02", 4);
   for (int depth : {1, 8}) {
     persister_.reset();
-    cache_.reset(new Cache(DiskCache()));
+    PosixStoreOptions file;
+    file.chunk = 8192;  // 38 chunks
+    file.io_depth = depth;
+    CacheOptions co = DiskCache();
+    co.storage = DiskRoots(file);
+    cache_.reset(new Cache(co));
     PersistOptions o;
-    o.chunk = 8192;  // 38 chunks
-    o.io_depth = depth;
+    o.storage = co.storage;
     persister_.reset(new Persister(cache_.get(), &env_, o));
     persister_->Start();
     session_ = cache_->OpenSession(getuid(), getpid());
@@ -476,8 +486,9 @@ TEST_F(ConfinementTest, RestartRemovesOnlyItsOwnTempFiles) {
   const std::string beyond = outside_ + "/d/.tce-0000abcd.0123456789abcdef";
   { std::ofstream(beyond) << "x"; }
   fs::create_directory_symlink(outside_ + "/d", root_ + "/link");
+  const StorageRoots roots({root_}, nullptr, PosixStoreOptions());
   const int removed = Persister::RemoveStaleTemps(
-      Env::Default(), {root_}, {root_ + "/d/x.pt", root_ + "/d/y.pt", root_ + "/link/z.pt"}, ".tce-0000abcd.");
+      roots, {root_ + "/d/x.pt", root_ + "/d/y.pt", root_ + "/link/z.pt"}, ".tce-0000abcd.");
   EXPECT_EQ(removed, 1);
   EXPECT_FALSE(fs::exists(mine));
   EXPECT_TRUE(fs::exists(theirs));  // another server's, in a shared directory

@@ -5,13 +5,13 @@
 #include "common/logging.h"
 
 namespace tce {
-StorageRetention::StorageRetention(PersistSource* cache, std::shared_ptr<const ObjectRoots> roots, size_t keep_last)
+StorageRetention::StorageRetention(PersistSource* cache, std::shared_ptr<const StorageRoots> roots, size_t keep_last)
     : cache_(cache), roots_(std::move(roots)), keep_last_(keep_last) {}
 
 StorageRetention::~StorageRetention() { Stop(); }
 
 void StorageRetention::Start() {
-  if (keep_last_ == 0 || !roots_ || roots_->empty() || thread_.joinable()) return;
+  if (keep_last_ == 0 || !roots_ || roots_->objects().empty() || thread_.joinable()) return;
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -69,7 +69,7 @@ void StorageRetention::Apply(const std::string& job) {
     size_t deleted = 0;
     for (const std::string& path : DeleteOrder(tag)) {
       std::string key;
-      const ObjectRoot* root = roots_->Find(path, &key);
+      const ObjectRoot* root = roots_->ObjectRootOf(path, &key);
       if (!root) continue;  // not on object storage
       any = true;
       if (kept.count(path)) continue;  // still a kept tag's

@@ -19,15 +19,15 @@
 
 #include "cache/persist_source.h"
 #include "common/mutex.h"
-#include "storage/object_roots.h"
 #include "storage/object_store.h"
+#include "storage/storage_roots.h"
 
 namespace tce {
 
 
 class StorageRetention {
  public:
-  StorageRetention(PersistSource* cache, std::shared_ptr<const ObjectRoots> roots, size_t keep_last);
+  StorageRetention(PersistSource* cache, std::shared_ptr<const StorageRoots> roots, size_t keep_last);
   ~StorageRetention();
   void Start();
   void Stop();
@@ -44,7 +44,7 @@ class StorageRetention {
   void Loop();
 
   PersistSource* const cache_;
-  const std::shared_ptr<const ObjectRoots> roots_;
+  const std::shared_ptr<const StorageRoots> roots_;
   const size_t keep_last_;
   Mutex mu_;
   CondVar cv_;

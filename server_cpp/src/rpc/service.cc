@@ -313,7 +313,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t 
   resp->set_pool_taken(s.pool.taken);
   resp->set_pool_missed(s.pool.missed);
   resp->set_pool_filling(s.pool.filling);
-  for (const std::string& root : cache_->storage_roots()) resp->add_storage_roots(root);
+  for (const std::string& root : cache_->storage().dirs()) resp->add_storage_roots(root);
   resp->set_persist_queue(s.persist_queue);
   resp->set_persisted_files(s.persisted_files);
   resp->set_persisted_bytes(s.persisted_bytes);

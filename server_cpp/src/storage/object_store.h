@@ -3,8 +3,8 @@
 // visible only complete, with an identity coherence compares
 // (storage/identity.h). Directory roots are PosixStores (temp file, fsync,
 // rename, beneath the root without following symlinks), object roots
-// S3Stores; ObjectRoots (storage/object_roots.h) maps path prefixes to
-// object stores: with `storage_roots = /ckpt=s3://bucket/run1`, the file
+// S3Stores; StorageRoots (storage/storage_roots.h) maps a path to its store
+// and key: with `storage_roots = /ckpt=s3://bucket/run1`, the file
 // /ckpt/a/x.pt is the object run1/a/x.pt of bucket `bucket`, holding
 // exactly the file's bytes.
 //

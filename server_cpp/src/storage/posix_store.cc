@@ -149,6 +149,12 @@ Status PosixStore::OpenDir(const std::string& key, bool create, std::unique_ptr<
   return options_.env->OpenDirectory(root_, *dir_path, create, dir);
 }
 
+Status PosixStore::OpenDirectory(const std::string& dir_key, bool create, std::unique_ptr<Directory>* out) const {
+  if (!dir_key.empty() && !ValidKey(dir_key))
+    return Status::InvalidArgument("'" + dir_key + "' is not a directory below " + root_);
+  return options_.env->OpenDirectory(root_, dir_key.empty() ? root_ : Url(dir_key), create, out);
+}
+
 Status PosixStore::Write(const std::string& key, const char* data, uint64_t n, const WriteOptions& options,
                          FileStat* out) {
   FsIdentity as_client(options.uid, options.gid);

@@ -76,6 +76,12 @@ class PosixStore : public ObjectStore {
   // compare what Stat says across calls.
   static std::string EtagOf(const FileStat& st);
 
+  // The directory `dir_key` below the root ("": the root itself), opened
+  // from the root one component at a time without following symlinks
+  // (created where missing only if `create`): the reads, listings and
+  // checks of storage/storage_roots.h open directories here, as writes do.
+  Status OpenDirectory(const std::string& dir_key, bool create, std::unique_ptr<Directory>* out) const;
+
  private:
   // The key's directory (created where missing only if `create`) and name.
   Status OpenDir(const std::string& key, bool create, std::unique_ptr<Directory>* dir, std::string* name,
