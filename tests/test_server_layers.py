@@ -127,7 +127,7 @@ def _cache_reaches(src: Path = SRC) -> list[str]:
 
 def test_the_cache_callers_see_it_through_their_interface():
     reaches = _cache_reaches()
-    assert reaches == [], ("include the caller's interface (cache/client_store.h, "
+    assert reaches == [], ("include the caller's interfaces (cache/client_store.h, "
                            "cache/persist_source.h, cache/ring_store.h), not cache/cache.h:\n"
                            + "\n".join(reaches))
 
@@ -150,3 +150,26 @@ def test_the_check_finds_cache_h_through_another_header(tmp_path):
     assert _cache_reaches(fake) == [
         "ring/b.h -> cache/wide.h -> cache/cache.h",
         "rpc/c.cc -> cache/cache.h"]
+
+
+def _interfaces() -> dict[str, int]:
+    """Each interface of the Cache that docs/architecture.md lists (its
+    table's rows: `Name` (`header`)), with the methods it declares."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    found = {}
+    for name, header in re.findall(r"^\| `(\w+)` \(`(\w+)`\) \|", text, re.M):
+        body = (SRC / "cache" / f"{header}.h").read_text()
+        cls = re.search(r"\nclass " + name + r" \{(.*?)\n\};", body, re.S)
+        assert cls, f"cache/{header}.h declares no class {name}"
+        found[name] = len(re.findall(r"\bvirtual\b[^;]*?=\s*0\s*;", cls.group(1), re.S))
+    return found
+
+
+def test_each_interface_of_the_cache_stays_narrow():
+    """One interface per concern, 20 methods at most (the architecture's
+    rule): a concern that outgrows it is split, not widened."""
+    found = _interfaces()
+    assert {"ClientStore", "RingStore", "PersistSource", "VersionStore", "PeerVersions"} <= set(found)
+    wide = {name: n for name, n in found.items() if n > 20}
+    assert wide == {}, f"interfaces over 20 methods: {wide}"
+    assert all(n > 0 for n in found.values()), found

@@ -72,8 +72,13 @@ namespace tce {
 class Cache : public PoolBudget,
               public MemoryBudget,
               public ClientStore,
+              public SessionStore,
+              public StoredFiles,
+              public VersionStore,
               public PersistSource,
-              public RingStore {
+              public RingStore,
+              public RecoveryStore,
+              public PeerVersions {
  public:
   // Its settings and storage roots: cache/cache_options.h. The collaborators
   // made after it, because they take the Cache (the persister's and the
@@ -83,14 +88,17 @@ class Cache : public PoolBudget,
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
-  // ---- ClientStore (cache/client_store.h) ----
   // (The interfaces take every argument; the defaults here serve the
   // daemon's and the tests' calls.)
+  // ---- SessionStore (cache/session_store.h) ----
   std::string OpenSession(uid_t uid, pid_t pid, gid_t gid = static_cast<gid_t>(-1)) override EXCLUDES(mu_);
   void CloseSession(const std::string& session) override EXCLUDES(mu_);
   std::vector<std::string> IdleSessions(std::chrono::milliseconds idle) override EXCLUDES(mu_);
   Status CheckCaller(const std::string& session, bool* admin, uid_t* uid = nullptr) override EXCLUDES(mu_);
   Status CallerIds(const std::string& session, uid_t* uid, gid_t* gid) override EXCLUDES(mu_);
+  Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
+               uint64_t* capacity, bool keep_mapped = false) override EXCLUDES(mu_);
+  // ---- ClientStore (cache/client_store.h) ----
   Status Allocate(const AllocateRequest& req, AllocateResult* out) override EXCLUDES(mu_);
   Status Commit(const std::string& session, uint64_t allocation_id, std::vector<Record> records,
                 FileInfo* out, bool zip_crc32 = true) override EXCLUDES(mu_);
@@ -107,8 +115,6 @@ class Cache : public PoolBudget,
   Status CommitTag(const std::string& session, TagInfo tag, TagInfo* out) override EXCLUDES(mu_);
   Status ListTags(const std::string& session, const std::string& job,
                   std::vector<TagInfo>* out) override EXCLUDES(mu_);
-  Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
-               uint64_t* capacity, bool keep_mapped = false) override EXCLUDES(mu_);
   CacheStats Stats() override EXCLUDES(mu_);
   const StorageRoots& storage() const override { return *storage_; }
   Status Wait(const std::string& session, const std::string& job,
@@ -122,6 +128,7 @@ class Cache : public PoolBudget,
   bool Restoring(const std::string& job) const override;
   Status WaitForRestore(const std::string& job, bool* waited,
                         Clock::TimePoint call_deadline) override EXCLUDES(mu_);
+  // ---- VersionStore (cache/version_store.h) ----
   Status GetVersion(const std::string& session, const std::string& job, uint64_t after,
                     std::chrono::milliseconds wait, Clock::TimePoint call_deadline,
                     TagInfo* out, const CallerGone& gone = {}) override EXCLUDES(mu_);
@@ -227,6 +234,7 @@ class Cache : public PoolBudget,
   // EVICTED (loads read storage); the rest are FAILED as lost.
   void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
   bool persistence_enabled() const { return !storage_->empty(); }
+  // ---- StoredFiles (cache/stored_files.h) ----
   // A load that missed: brings the file at `path` (an object root's, or a
   // directory root's read as the session's user) into the cache as a
   // PERSISTED file of `job`, owned by the session's uid; one read at a
@@ -247,6 +255,7 @@ class Cache : public PoolBudget,
                          uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
                          ObjectId* id) override EXCLUDES(mu_);
   bool IsObjectPath(const std::string& path) const override { return storage_->ObjectRootOf(path, nullptr) != nullptr; }
+  // ---- for the daemon (and tests), continued ----
   // Called (under the cache's lock: it must only queue work) with the job of
   // every tag recorded complete. Set before serving.
   void SetTagListener(std::function<void(const std::string& job)> listener) { tag_listener_ = std::move(listener); }

@@ -132,7 +132,7 @@ TEST_F(FollowTest, AVersionsDigestsAreThoseItsPublisherComputesOfItsOwnFiles) {
   TagInfo out;
   ASSERT_TRUE(cache_.CommitTag(owner_, t, &out).ok());
   EXPECT_FALSE(out.files[0].has_crc32 || out.files[1].has_crc32);
-  std::vector<RingStore::DigestPin> pins;
+  std::vector<PeerVersions::DigestPin> pins;
   cache_.VersionDigests(&out, &pins);
   ASSERT_EQ(pins.size(), 1u) << "this node's own file in memory only";
   EXPECT_EQ(out.files[pins[0].file].path, "/c/m.safetensors");

@@ -4,7 +4,9 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -91,5 +93,11 @@ struct BackupJob {
   int fd = -1;
   const unsigned char* data = nullptr;  // the server's mapping of the buffer (pinned)
 };
+
+// Whether the caller of a blocked call went away (its RPC was cancelled:
+// the client closed its channel or died). Empty: never asked.
+using CallerGone = std::function<bool()>;
+// How often a blocked call asks it, on the Cache's clock.
+constexpr std::chrono::milliseconds kCallerGonePoll{500};
 
 }  // namespace tce

@@ -1,6 +1,9 @@
-// ClientStore: the Cache as the RPC layer sees it: what local clients ask of
-// it through the gRPC service (rpc/service.h) and the fd socket
-// (rpc/fd_server.h): sessions, saves, loads, listings, tags, waits.
+// ClientStore: the files of the Cache as the RPC layer (rpc/service.h)
+// serves them to local clients: saves, loads, listings, tags, waits, a job's
+// ring. The rest of what clients reach is an interface per concern, put
+// together as ClientStores: sessions and buffers' fds (session_store.h),
+// files as storage holds them (stored_files.h), published versions
+// (version_store.h).
 //
 // Security: every client call names a session (opened by the fd socket after
 // its SO_PEERCRED check) and acts with that session's uid: a job's files and
@@ -27,6 +30,9 @@
 #include "cache/load_split.h"
 #include "cache/read_grants.h"
 #include "cache/record.h"
+#include "cache/session_store.h"
+#include "cache/stored_files.h"
+#include "cache/version_store.h"
 #include "common/clock.h"
 #include "common/status.h"
 #include "storage/identity.h"  // ObjectId
@@ -45,15 +51,6 @@ struct AllocateResult {
   uint64_t allocation_id = 0;
   uint64_t buffer_id = 0;
   uint64_t capacity = 0;
-  std::vector<uint64_t> unmap_buffer_ids;
-};
-
-// A reader's lease on a published version (AcquireVersion).
-struct VersionGrant {
-  TagInfo tag;
-  uint64_t lease_id = 0;
-  std::chrono::milliseconds lease{0};  // as granted
-  std::vector<FileInfo> files;         // one per file of the tag, in its order
   std::vector<uint64_t> unmap_buffer_ids;
 };
 
@@ -82,30 +79,9 @@ struct CacheStats {
   PoolStats pool;                     // all zero without a pool
 };
 
-// Whether the caller of a blocked call went away (its RPC was cancelled:
-// the client closed its channel or died). Empty: never asked.
-using CallerGone = std::function<bool()>;
-// How often a blocked call asks it, on the Cache's clock.
-constexpr std::chrono::milliseconds kCallerGonePoll{500};
-
 class ClientStore {
  public:
   virtual ~ClientStore() = default;
-
-  // Sessions: one per client connection on the fd socket.
-  // `gid` -1: unknown (persistence then keeps the server's group).
-  virtual std::string OpenSession(uid_t uid, pid_t pid, gid_t gid) = 0;
-  // Aborts the session's PENDING allocations, drops its leases and mappings.
-  virtual void CloseSession(const std::string& session) = 0;
-  // Sessions with no request for `idle`, no lease and no PENDING allocation
-  // (the fd socket closes them).
-  virtual std::vector<std::string> IdleSessions(std::chrono::milliseconds idle) = 0;
-  // UNAUTHENTICATED for an unknown session; else whether its uid is an
-  // administrator (sees everything), and its uid (`uid` may be null).
-  virtual Status CheckCaller(const std::string& session, bool* admin, uid_t* uid) = 0;
-  // The session's uid and primary gid (-1: unknown); UNAUTHENTICATED for an
-  // unknown session.
-  virtual Status CallerIds(const std::string& session, uid_t* uid, gid_t* gid) = 0;
 
   virtual Status Allocate(const AllocateRequest& req, AllocateResult* out) = 0;
   // Without `zip_crc32` the zip headers keep the 0 CRCs the saver wrote.
@@ -136,47 +112,9 @@ class ClientStore {
   // uid's job.
   virtual Status ListTags(const std::string& session, const std::string& job,
                           std::vector<TagInfo>* out) = 0;
-  // A new fd for a buffer: writable when it is PENDING for this session,
-  // read-only when this session leases it. The caller owns the fd. With
-  // `keep_mapped` (a leased buffer), the session is told to unmap the
-  // buffer when it goes (FdRequest.keep_mapped).
-  virtual Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
-                       uint64_t* capacity, bool keep_mapped) = 0;
   virtual CacheStats Stats() = 0;
   // Where files are persisted (storage/storage_roots.h; empty: memory only).
   virtual const StorageRoots& storage() const = 0;
-  // Whether `path` lies under an object storage root (a client cannot
-  // read it itself).
-  virtual bool IsObjectPath(const std::string& path) const = 0;
-  // Whether a load of `path` that missed memory and the ring is read from
-  // storage into the cache by this server (FetchFromStorage): an object
-  // root's file always, a directory root's when CacheOptions::fetch_files says so.
-  virtual bool FetchesOnMiss(const std::string& path) = 0;
-  virtual Status FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) = 0;
-  // A load of `job` took `bytes` from `from` (counted per job: Status'
-  // job_loads); where each job's loads took their bytes from so far: every
-  // job's for an administrator, else the jobs of `uid`.
-  virtual void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) = 0;
-  virtual std::vector<JobLoadSplit> LoadSplits(bool admin, uid_t uid) = 0;
-  // Bytes [offset, offset + length) of the object at `path` (under an object
-  // root), into `into` when given, else into `data`. `*id`: on entry, the
-  // identity the caller pinned (etag and size; an empty etag: none), read
-  // only while the object is still that one, with no look at it first;
-  // FAILED_PRECONDITION, naming the object, when it was replaced or deleted
-  // since. With none pinned, the object is looked up first. On success,
-  // `*id` is the identity the bytes came from. NOT_FOUND: no such object;
-  // OUT_OF_RANGE: past its end.
-  virtual Status ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
-                                 uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
-                                 ObjectId* id) = 0;
-  // Deletes the object at `path` (under an object root) from storage; absent: OK.
-  virtual Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) = 0;
-  // The files object storage holds under the directory `dir` (under an
-  // object root), as PERSISTED files of `job` with their sizes, by path.
-  // INVALID_ARGUMENT when `dir` is not under an object root.
-  virtual Status ListStored(const std::string& session, const std::string& job, const std::string& dir,
-                            std::vector<FileInfo>* out) = 0;
-
   // Blocks until every named file is PERSISTED or FAILED (infos in `out`, in
   // order), or `timeout` passes (DEADLINE_EXCEEDED); <= 0 waits forever. A
   // blocked call ends when its caller goes: its session closes
@@ -214,38 +152,19 @@ class ClientStore {
   virtual Status WaitForRestore(const std::string& job, bool* waited,
                                 Clock::TimePoint call_deadline) = 0;
 
-  // ---- published versions (docs/weights.md) ----
-  // Readers: the job's owner, an administrator, or a uid/gid granted read
-  // (GrantRead, the read_grants setting); anyone else is PERMISSION_DENIED
-  // with the reason (a revoked grant is named).
-  //
-  // The job's newest version above `after`; when there is none, waits until
-  // one is published, up to `wait` and `call_deadline` (DEADLINE_EXCEEDED),
-  // or with `wait` <= 0 answers NOT_FOUND at once. It ends when its caller
-  // goes, as Wait does.
-  virtual Status GetVersion(const std::string& session, const std::string& job, uint64_t after,
-                            std::chrono::milliseconds wait, Clock::TimePoint call_deadline,
-                            TagInfo* out, const CallerGone& gone) = 0;
-  // A lease on version `version` (0: the newest) for `lease` (<= 0: the
-  // default; capped): each file of it in memory here is leased (neither
-  // reused nor evicted, keep_last included). FAILED_PRECONDITION when a
-  // file of the version was saved again after it was published.
-  virtual Status AcquireVersion(const std::string& session, const std::string& job, uint64_t version,
-                                std::chrono::milliseconds lease, VersionGrant* out) = 0;
-  // Extends the session's version lease by `lease` from now (as in
-  // AcquireVersion); NOT_FOUND when it ended.
-  virtual Status RenewVersion(const std::string& session, uint64_t lease_id,
-                              std::chrono::milliseconds lease, std::chrono::milliseconds* granted) = 0;
-  virtual Status ReleaseVersion(const std::string& session, uint64_t lease_id) = 0;
-  // The owner (or an administrator) grants read of the job's published
-  // versions to uids/gids, or to following nodes (peer endpoints), or
-  // revokes it; `ids` becomes the job's grants now in force.
-  virtual Status GrantRead(const std::string& session, const std::string& job, ReadGrants::Ids* ids,
-                           bool revoke) = 0;
-  // Ends the version leases whose time ran out (called periodically): their
-  // files can be evicted again, and their buffers are never reused (the
-  // reader may still map them). Returns how many ended.
-  virtual size_t ExpireVersionLeases() = 0;
+};
+
+// What the RPC layer serves, one interface per concern; the Cache is each
+// of them (ClientStores::Of(&cache)).
+struct ClientStores {
+  ClientStore* files = nullptr;
+  SessionStore* sessions = nullptr;
+  StoredFiles* stored = nullptr;
+  VersionStore* versions = nullptr;
+  template <class T>
+  static ClientStores Of(T* all) {
+    return {all, all, all, all};
+  }
 };
 
 }  // namespace tce

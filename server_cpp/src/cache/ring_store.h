@@ -1,10 +1,13 @@
 // RingStore: the Cache as the ring (ring/) sees it: the backup workers
 // (ring/replicator.h) take the files and tags to send and report how it
-// went, put back what a recovery pulled from the ring, and end restores;
-// the peer port (ring/peer_server.h) and ranged reads (ring/range_reader.h)
-// check who may hand over or read a job's files, and read this node's own
-// files in memory; a load that misses (ring/ring_fetch.h) asks whether the
-// ring may hold the file.
+// went; the peer port (ring/peer_server.h) and ranged reads
+// (ring/range_reader.h) check who may hand over or read a job's files, and
+// read this node's own files in memory; a load that misses
+// (ring/ring_fetch.h) asks whether the ring may hold the file; tag markers
+// wait for every node's files (ring/tag_barrier.h). What the ring brings
+// back is RecoveryStore's (recovery_store.h), and the versions other nodes
+// follow are PeerVersions' (peer_versions.h); RingStores puts the three
+// together.
 //
 // Trust: peers are other servers of the cluster, authenticated by the
 // caller (ring/peer_link.h), but what they say of a job is checked here
@@ -30,6 +33,8 @@
 #include "cache/buffer.h"
 #include "cache/cache_types.h"
 #include "cache/load_split.h"
+#include "cache/peer_versions.h"
+#include "cache/recovery_store.h"
 #include "common/status.h"
 #include "storage/object_store.h"  // ListedObject
 
@@ -64,27 +69,6 @@ class RingStore {
   // copy goes when the original is evicted).
   virtual bool MayBeInRing(const std::string& job, const std::string& path) = 0;
 
-  // ---- cooperative restore: a tag read from storage once (docs/ring.md) ----
-  // Whether `path` lies under a storage root (a directory or object root).
-  virtual bool UnderStorage(const std::string& path) = 0;
-  // Reads (job, path) from storage into the cache as the job's owner (once
-  // a client set its ring here: NOT_FOUND before), unless it is in memory already
-  // (OK); once at a time per file, every other load waits for that read.
-  // `for_peer`: another node's plan named this one (counted apart).
-  virtual Status LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) = 0;
-  // The files directly in `dir` on storage, with their sizes (as the job's
-  // owner, for a directory root).
-  virtual Status ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) = 0;
-  // A load of `job` took `bytes` from `from`.
-  virtual void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) = 0;
-  // As the file's node in the restore plan: the node that reads (job,
-  // path) from storage for the ring, the first one named (for a while),
-  // else `node` from now on.
-  virtual std::string ClaimRead(const std::string& job, const std::string& path, const std::string& node) = 0;
-  // `node` stopped answering: its claims on the job's files are dropped
-  // (the next node that asks reads them). Returns how many.
-  virtual size_t DropClaims(const std::string& job, const std::string& node) = 0;
-
   // ---- backups ----
   // Where the ring's work is queued (ring/backup_queue.h; null: nowhere, no
   // file is backed up). Set before serving.
@@ -109,40 +93,6 @@ class RingStore {
   // kBackupsFailingLoudly or more) is logged as an error (at most once a
   // minute); any success ends the run (Stats' backup_failing).
   virtual void NoteRingAttempt(const Status& result, const std::string& what) = 0;
-
-  // ---- recovery: this node's files and tags back from the ring ----
-  // Room (within the budget) for a file pulled back from the ring.
-  virtual Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) = 0;
-  // Installs a pulled file (CRCs verified) as BACKED_UP at `f.backup_holder`,
-  // unless a save of the path arrived meanwhile (FAILED_PRECONDITION) or its
-  // size or CRCs differ from those metadata recorded for the path (DATA_LOSS:
-  // the copy is not the file metadata knows, and storage serves it instead).
-  // Nothing the peer says is taken on trust: the job, tag and path must be
-  // valid names under the storage roots (else PERMISSION_DENIED), and the
-  // owner is metadata's, or the job's owner once a client set its ring
-  // here; a file with neither is refused (PERMISSION_DENIED).
-  virtual Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) = 0;
-  virtual void AbandonRecovery(std::unique_ptr<Buffer> mem) = 0;
-  // Complete tags of `job` this node recorded before it was replaced, as
-  // its successor held them (checked by the caller: valid, of `job`). Each
-  // is kept unless one as new is recorded here, and told to metadata.
-  // Returns how many were kept.
-  virtual size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) = 0;
-  // Whether a complete tag the ring gave back agrees with the files it
-  // names: each is in memory here at the tag's size; or, not being one of
-  // `listed` (the holder's copies of this node's files: those must be back),
-  // it is another node's, and storage holds nothing else at its path
-  // (nothing, or a file of the tag's size; storage that does not answer
-  // cannot refuse). FAILED_PRECONDITION naming the first file that
-  // disagrees: such a tag is not listed again.
-  virtual Status CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) = 0;
-  // The Replicator pulled back what the ring held of `job` (whatever it
-  // got): loads waiting for it go on.
-  // `from` non-empty: only a restore from that peer ends.
-  virtual void RestoreEnded(const std::string& job, const std::string& from) = 0;
-  // Files of `job` that metadata recorded here and that are not in memory
-  // (after a restore: what the ring could not give back).
-  virtual std::vector<FileInfo> NotInMemory(const std::string& job) = 0;
 
   // ---- tag markers on object storage across nodes ----
   // A tag's marker (DCP's `.metadata`, DeepSpeed's `latest`) under an object
@@ -175,74 +125,18 @@ class RingStore {
   virtual Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) = 0;
   virtual void EndPeerRead(uint64_t buffer_id) = 0;
 
-  // ---- published versions for nodes that follow a job (docs/weights.md) ----
-  // For a following node (`node`: the endpoint its link authenticated,
-  // never a request's field): OK when the job's owner granted that node
-  // read of its versions (GrantRead, or as the source of a job this node
-  // follows passed the grants on), then the newest version above `after`
-  // (any version, when `epoch`, the numbering `after` is of, is set and is
-  // not the job's here),
-  // waiting up to `wait` (DEADLINE_EXCEEDED when none came; *nodes set).
-  // NOT_FOUND when the job is not here; PERMISSION_DENIED, naming no uid,
-  // when the node is not granted. The tag lists the version's weight files only
-  // (cache/weight_files.h). *nodes: the nodes granted the job.
-  virtual Status PeerGetVersion(const std::string& job, uint64_t after, uint64_t epoch,
-                                std::chrono::milliseconds wait, const std::string& node, TagInfo* out,
-                                std::vector<std::string>* nodes) = 0;
-  // The digests (TagFile.crc32) a following node is given with a version,
-  // which only the node that published it computes, from its own memory
-  // (ring/peer_server_reads.cc): fills *tag's files with those recorded for
-  // that version here, and gives a pinned read-only fd of each other file
-  // of it this node holds of its own in memory as that version (never a
-  // replica's: a replica's digest is its source's). EndPeerRead each pin.
-  struct DigestPin {
-    size_t file = 0;  // its index in tag->files
-    uint64_t buffer_id = 0;
-    int fd = -1;
-  };
-  virtual void VersionDigests(TagInfo* tag, std::vector<DigestPin>* pins) = 0;
-  // Records the digests of `tag`'s files this node computed (those set).
-  virtual void RecordDigests(const TagInfo& tag) = 0;
-  // For such a node's ranged read: OK when the node is granted and `path`
-  // is a weight file of the version recorded here as `tag`.
-  virtual Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
-                                      const std::string& node) = 0;
-  // A buffer for a replica of `size` bytes of `job`'s version: a FREE buffer
-  // of the job's owner that fits, reused (its id, and the sessions that keep
-  // it mapped, stay: a reader's mapping of it is current again once the
-  // replica is adopted), else a new one as ReserveRecovery makes. Give it
-  // to AdoptReplica or AbandonRecovery.
-  virtual Status ReserveReplica(const std::string& job, uint64_t size, std::unique_ptr<Buffer>* out) = 0;
-  // A local user of uid `reader` follows `job`: the job belongs here to
-  // `owner` (this server's own uid, never a uid a source names;
-  // FAILED_PRECONDITION when another uid's job has the name) and `reader`
-  // may read its versions.
-  virtual Status AddFollower(const std::string& job, uid_t owner, uid_t reader) = 0;
-  // A version of a job this node follows (AddFollower first), as a source
-  // gave it: recorded with its number and epoch (TagRegistry::Follow:
-  // DATA_LOSS for a version that jumps too far).
-  virtual Status AdoptFollowed(TagInfo tag) = 0;
-  // The nodes a source of a job this node follows says the owner granted:
-  // this node serves them the versions it holds (a chain of nodes).
-  virtual void PassOnGrants(const std::string& job, const std::vector<std::string>& nodes) = 0;
-  // A file of a followed version, brought here into `mem` (from
-  // ReserveRecovery): held as a replica of that version (never persisted,
-  // backed up or recorded; evictable once no lease holds it).
-  virtual Status AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) = 0;
-  // As StartPeerRead, for a follower's reader (CheckPeerVersionRead passed):
-  // the file as the version recorded here as `tag` published it (this
-  // node's own, or the replica brought for it); NOT_FOUND when this node
-  // does not hold that version of it.
-  virtual Status StartVersionRead(const std::string& job, const std::string& path, const std::string& tag,
-                                  FileInfo* out, int* fd) = 0;
-  // A following node's ranged read of a version was served (from memory or
-  // a transfer in flight here): counted for Status.
-  virtual void NoteVersionRangeServed() = 0;
-  // The version recorded here as (job, tag); false when none.
-  virtual bool VersionTag(const std::string& job, const std::string& tag, TagInfo* out) = 0;
-  // Whether this node holds (job, path) in memory for the version recorded
-  // as `tag`: its own file, or a replica brought for that version.
-  virtual bool HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) = 0;
+};
+
+// What the ring reaches of this node, one interface per concern; the Cache
+// is each of them (RingStores::Of(&cache)).
+struct RingStores {
+  RingStore* ring = nullptr;
+  RecoveryStore* recovery = nullptr;
+  PeerVersions* versions = nullptr;
+  template <class T>
+  static RingStores Of(T* all) {
+    return {all, all, all};
+  }
 };
 
 }  // namespace tce

@@ -230,7 +230,7 @@ int Daemon::StartRing() {
   po.max_connections = opt_.peer_max_connections;
   po.max_handshakes = opt_.peer_max_handshakes;
   po.max_handshakes_per_source = opt_.peer_max_handshakes_per_source;
-  peers_ = std::make_unique<PeerServer>(po, transport_.get(), backups_.get(), cache_.get());
+  peers_ = std::make_unique<PeerServer>(po, transport_.get(), backups_.get(), RingStores::Of(cache_.get()));
   Status s;
   if (!(s = peers_->Start()).ok()) return Fail("peer_listen: " + s.ToString(), 1);
   ReplicatorOptions ro;
@@ -243,7 +243,7 @@ int Daemon::StartRing() {
   ro.breaker = &peer_links_;
   ro.prefetch = opt_.restore_prefetch;
   ro.cooperative = opt_.cooperative_restore;
-  replicator_ = std::make_unique<Replicator>(cache_.get(), transport_.get(), ro);
+  replicator_ = std::make_unique<Replicator>(RingStores::Of(cache_.get()), transport_.get(), ro);
   replicator_->Start();
   cache_->SetSelfEndpoint(peers_->endpoint());
   Replicator* r = replicator_.get();

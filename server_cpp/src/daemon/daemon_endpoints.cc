@@ -19,7 +19,7 @@ namespace tce {
 
 // The cache service and what it reads ranges with; served by StartControl.
 void Daemon::MakeService() {
-  service_ = std::make_unique<CacheService>(cache_.get(), opt_.socket, meta_.get(), RedactUrl(meta_url_),
+  service_ = std::make_unique<CacheService>(ClientStores::Of(cache_.get()), opt_.socket, meta_.get(), RedactUrl(meta_url_),
                                             backups_.get(), peers_ ? peers_->endpoint() : "");
   if (ring_) service_->SetRing(ring_fetch_.get(), opt_.ring_transport, replicator_.get());
   RangeReaderOptions rro;  // ranged reads: this cache, then (with a ring) the ring's
@@ -149,7 +149,7 @@ int Daemon::StartFdSocket() {
   fo.max_sessions_per_uid = static_cast<size_t>(opt_.max_sessions_per_uid);
   fo.idle_timeout = std::chrono::seconds(opt_.session_idle_timeout_s);
   fo.socket_gid = socket_gid_;
-  fds_ = std::make_unique<FdServer>(cache_.get(), fo);
+  fds_ = std::make_unique<FdServer>(cache_.get(), cache_.get(), fo);
   fds_->SetRangeBuffers(range_buffers_.get());
   Status s;
   if (!(s = fds_->Start()).ok()) {

@@ -30,7 +30,7 @@ class FollowWatchTest : public ::testing::Test {
     signal(SIGPIPE, SIG_IGN);
     PeerServerOptions po = LoopbackPeerOptions();
     po.clock = &clock_;
-    server_ = std::make_unique<PeerServer>(po, transport_.get(), &store_, &source_);
+    server_ = std::make_unique<PeerServer>(po, transport_.get(), &store_, RingStores::Of(&source_));
     ASSERT_TRUE(server_->Start().ok());
     owner_ = source_.OpenSession(getuid(), getpid());
     RangeReaderOptions ro;

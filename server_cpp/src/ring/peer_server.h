@@ -59,9 +59,10 @@ struct PeerServerOptions {
 
 class PeerServer {
  public:
-  // `cache` (may be null): told when a peer asks for its backups again.
+  // `stores` (may be all null: a backup holder only): this node's cache,
+  // told when a peer asks for its backups again, and serving peers' reads.
   PeerServer(PeerServerOptions options, Transport* transport, BackupStore* store,
-             RingStore* cache = nullptr);
+             RingStores stores = RingStores());
   ~PeerServer();
   Status Start();
   void Stop();
@@ -114,7 +115,7 @@ class PeerServer {
   // up to kMaxVersionWaitMs for one); answers with a PeerVersionReply.
   Status ServeVersion(PeerLink* link, const v1::PeerVersion& req);
   static constexpr uint32_t kMaxVersionWaitMs = 20000;  // well within a link's io timeout
-  // Fills in the digests of `tag`'s files (RingStore::VersionDigests):
+  // Fills in the digests of `tag`'s files (PeerVersions::VersionDigests):
   // computes those of this node's own files once, one computation of a
   // version at a time however many following nodes ask.
   void DigestVersion(TagInfo* tag);
@@ -126,6 +127,8 @@ class PeerServer {
   Transport* const transport_;
   BackupStore* const store_;
   RingStore* const cache_;
+  RecoveryStore* const recovery_;
+  PeerVersions* const versions_;
   std::atomic<VersionFollower*> follower_{nullptr};
   SingleFlight<std::pair<std::string, std::string>> digests_;  // by (job, tag)
   std::string endpoint_;

@@ -36,9 +36,9 @@ Status CrcOfFile(int fd, uint64_t size, uint32_t* crc) {
 
 void PeerServer::DigestVersion(TagInfo* tag) {
   auto work = [&] {
-    std::vector<RingStore::DigestPin> pins;
-    cache_->VersionDigests(tag, &pins);
-    for (const RingStore::DigestPin& p : pins) {
+    std::vector<PeerVersions::DigestPin> pins;
+    versions_->VersionDigests(tag, &pins);
+    for (const PeerVersions::DigestPin& p : pins) {
       TagFile& f = tag->files[p.file];
       uint32_t crc = 0;
       if (CrcOfFile(p.fd, f.size, &crc).ok()) {
@@ -48,7 +48,7 @@ void PeerServer::DigestVersion(TagInfo* tag) {
       ::close(p.fd);
       cache_->EndPeerRead(p.buffer_id);
     }
-    if (!pins.empty()) cache_->RecordDigests(*tag);
+    if (!pins.empty()) versions_->RecordDigests(*tag);
     return Status::OK();
   };
   bool shared = false;
@@ -69,10 +69,10 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
     s = MayRead(held.file.job, peer, held.owner, req.has_job_uid(), req.job_uid(), &held.job_uid);
     reply.set_held(true);
   } else if (cache_ && following) {  // granted to the node its link authenticated
-    s = cache_->CheckPeerVersionRead(req.job(), req.version_tag(), req.path(), peer);
+    s = versions_->CheckPeerVersionRead(req.job(), req.version_tag(), req.path(), peer);
     VersionFollower* follower = follower_.load();
     if (s.ok()) {
-      s = cache_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
+      s = versions_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
       if (s.ok()) pinned = held.file.buffer_id;
     }
     if (s.code() == Status::Code::kNotFound && follower) {  // on its way here: served as it lands
@@ -82,7 +82,7 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
         transfer = follower;
         held.file.size = size;
       } else if (s.code() == Status::Code::kNotFound) {  // it just landed whole
-        s = cache_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
+        s = versions_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
         if (s.ok()) pinned = held.file.buffer_id;
       }
     }
@@ -120,7 +120,7 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
     // The bytes go from the buffer the CRC was computed on (a held copy
     // replaced meanwhile fails the asker's check of that CRC).
     if (sent.ok() && req.raw()) sent = link->SendFile(fd, req.offset(), req.length());
-    if (sent.ok() && following) cache_->NoteVersionRangeServed();
+    if (sent.ok() && following) versions_->NoteVersionRangeServed();
   }
   if (fd >= 0) ::close(fd);
   if (pinned) cache_->EndPeerRead(pinned);
@@ -136,7 +136,7 @@ Status PeerServer::ServeVersion(PeerLink* link, const v1::PeerVersion& req) {
                     : Status::NotFound("this server holds no published versions");
   if (s.ok()) {  // asked as the node the link authenticated, whatever uid asked there
     const auto wait = std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), kMaxVersionWaitMs));
-    s = cache_->PeerGetVersion(req.job(), req.after(), req.epoch(), wait, link->peer(), &tag, &nodes);
+    s = versions_->PeerGetVersion(req.job(), req.after(), req.epoch(), wait, link->peer(), &tag, &nodes);
   }
   if (s.code() == Status::Code::kPermissionDenied)
     TCE_LOG(kWarning, "ring") << "refused the versions of job=" << req.job() << " to " << link->peer() << ": "

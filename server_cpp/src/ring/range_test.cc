@@ -52,7 +52,7 @@ class PeerRangeTest : public ::testing::Test {
  protected:
   void SetUp() override {
     signal(SIGPIPE, SIG_IGN);
-    server_ = std::make_unique<PeerServer>(LoopbackPeerOptions(), transport_.get(), &store_, &cache_);
+    server_ = std::make_unique<PeerServer>(LoopbackPeerOptions(), transport_.get(), &store_, RingStores::Of(&cache_));
     ASSERT_TRUE(server_->Start().ok());
     session_ = cache_.OpenSession(getuid(), getpid());
     std::string successor;

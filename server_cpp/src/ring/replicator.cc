@@ -36,13 +36,16 @@ TagBarrierOptions BarrierOptions(const ReplicatorOptions& o) {
 }
 }  // namespace
 
-Replicator::Replicator(RingStore* cache, Transport* transport, ReplicatorOptions options)
-    : cache_(cache),
+Replicator::Replicator(RingStores stores, Transport* transport, ReplicatorOptions options)
+    : cache_(stores.ring),
+      recovery_(stores.recovery),
       transport_(transport),
       options_(std::move(options)),
-      barrier_(cache, BarrierOptions(options_)),
-      plans_([cache](const std::string& job, const std::string& dir,
-                     std::vector<ListedObject>* out) { return cache->ListStorageDir(job, dir, out); },
+      barrier_(stores.ring, BarrierOptions(options_)),
+      plans_([recovery = stores.recovery](const std::string& job, const std::string& dir,
+                                          std::vector<ListedObject>* out) {
+        return recovery->ListStorageDir(job, dir, out);
+      },
              options_.clock),
       prefetch_log_(10, std::chrono::seconds(10), options_.clock) {
   cache_->SetBackupFeed(&queue_);
@@ -141,7 +144,7 @@ void Replicator::Loop() {
         // to give back; retrying here would hold every backup behind it.
         TCE_LOG(kInfo, "ring") << "the restore of job=" << recover.job << " from " << recover.peer
                                << " ends: that peer is no longer the job's successor here";
-        cache_->RestoreEnded(recover.job, recover.peer);
+        recovery_->RestoreEnded(recover.job, recover.peer);
         continue;
       }
       s = Recover(recover, &links);
@@ -154,7 +157,7 @@ void Replicator::Loop() {
           TCE_LOG(kWarning, "ring") << "the restore of job=" << recover.job << " from " << recover.peer
                                     << " failed " << again.failures << " times (" << s.ToString()
                                     << "): loads no longer wait for it; it is retried in the background";
-          cache_->RestoreEnded(recover.job, recover.peer);
+          recovery_->RestoreEnded(recover.job, recover.peer);
         }
         queue_.Recover(again);
       }
@@ -263,17 +266,17 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
   for (const v1::PeerBackup& f : list.files()) listed.insert(f.path());
   std::vector<TagInfo> sound;
   for (TagInfo& tag : tags) {
-    Status bad = cache_->CheckRecoveredTag(tag, listed);
+    Status bad = recovery_->CheckRecoveredTag(tag, listed);
     if (bad.ok()) sound.push_back(std::move(tag));
     else TCE_LOG(kWarning, "ring") << "not recovered: a tag from " << job.peer << ": " << bad.message();
   }
   if (!sound.empty()) {
-    const size_t kept = cache_->AdoptTags(job.job, std::move(sound));
+    const size_t kept = recovery_->AdoptTags(job.job, std::move(sound));
     TCE_LOG(kInfo, "ring") << "recovered " << kept << " complete tag(s) of job=" << job.job << " from "
                            << job.peer;
   }
   ReportRecovery(job, pulled, list.files_size(), list.own_files());
-  cache_->RestoreEnded(job.job, job.peer);  // loads waiting for the restore go on
+  recovery_->RestoreEnded(job.job, job.peer);  // loads waiting for the restore go on
   if (job.predecessor.empty() || job.predecessor == options_.self) return Status::OK();
   PeerLink* pred = nullptr;
   if (!(s = Link(job.predecessor, links, &pred)).ok()) return s;
@@ -286,7 +289,7 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
 
 void Replicator::ReportRecovery(const RecoverJob& job, int pulled, int listed, uint64_t peer_own) {
   // What metadata says this node held and the ring did not give back.
-  const std::vector<FileInfo> missing = cache_->NotInMemory(job.job);
+  const std::vector<FileInfo> missing = recovery_->NotInMemory(job.job);
   if (pulled == listed && missing.empty() && (listed > 0 || peer_own == 0)) {  // all, or a new job
     TCE_LOG(kInfo, "ring") << "recovered " << pulled << " of " << listed << " file(s) of job="
                            << job.job << " from " << job.peer;
@@ -352,18 +355,18 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
     room = Status::PermissionDenied("peer " + peer + " sent back job=" + header.job().substr(0, 256) +
                                     " path=" + header.path().substr(0, 4096) + " when asked for job=" +
                                     job + " path=" + path);
-  if (room.ok()) room = cache_->ReserveRecovery(header.size(), &mem);
+  if (room.ok()) room = recovery_->ReserveRecovery(header.size(), &mem);
   void* map = MAP_FAILED;
   if (room.ok())
     map = mmap(nullptr, mem->capacity(), PROT_READ | PROT_WRITE, MAP_SHARED, mem->fd(), 0);
   if (!room.ok() || map == MAP_FAILED) {  // take the bytes anyway: the stream stays in step
     if (room.ok()) room = Status::FromErrno(errno, "mmap recovery buffer");
     if (room.code() == Status::Code::kPermissionDenied) {  // out of step: never read what it says follows
-      cache_->AbandonRecovery(std::move(mem));
+      recovery_->AbandonRecovery(std::move(mem));
       return Status::Unavailable(room.message());
     }
     s = transport_->Refuse(link, header.size(), room);
-    cache_->AbandonRecovery(std::move(mem));
+    recovery_->AbandonRecovery(std::move(mem));
     return s.ok() ? room : s;
   }
   // Checksummed as the bytes land, while they are in the CPU's cache.
@@ -391,12 +394,12 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
   if (header.check_ranges()) f.records.clear();  // the transfer's, not the file's
   munmap(map, mem->capacity());
   if (!s.ok()) {
-    cache_->AbandonRecovery(std::move(mem));
+    recovery_->AbandonRecovery(std::move(mem));
     return s;
   }
   const uint64_t size = f.size;
-  s = cache_->AdoptRecovered(std::move(f), std::move(mem));
-  if (s.ok()) cache_->NoteLoad(job, LoadFrom::kPeer, size);
+  s = recovery_->AdoptRecovered(std::move(f), std::move(mem));
+  if (s.ok()) recovery_->NoteLoad(job, LoadFrom::kPeer, size);
   return s;
 }
 
@@ -408,7 +411,7 @@ Status Replicator::PullHeld(const std::string& job, const std::string& path) {
   if (!s.ok()) return s;
   const uint64_t size = held.file.size;
   std::unique_ptr<Buffer> mem;
-  s = cache_->ReserveRecovery(size, &mem);
+  s = recovery_->ReserveRecovery(size, &mem);
   void* src = MAP_FAILED;
   if (s.ok() && size > 0) {
     src = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
@@ -424,13 +427,13 @@ Status Replicator::PullHeld(const std::string& job, const std::string& path) {
   if (src != MAP_FAILED) munmap(src, size);
   ::close(fd);
   if (!s.ok()) {
-    cache_->AbandonRecovery(std::move(mem));
+    recovery_->AbandonRecovery(std::move(mem));
     return s;
   }
   FileInfo f = held.file;
   if (held.check_ranges) f.records.clear();  // the transfer's, not the file's
   f.backup_holder = options_.self;  // the copy stays held here too
-  return cache_->AdoptRecovered(std::move(f), std::move(mem));
+  return recovery_->AdoptRecovered(std::move(f), std::move(mem));
 }
 
 Status Replicator::CopyInto(const Buffer& mem, const unsigned char* src, uint64_t size, RecordCrcs* crcs) {

@@ -65,7 +65,7 @@ struct ReplicatorOptions {
 
 class Replicator {
  public:
-  Replicator(RingStore* cache, Transport* transport, ReplicatorOptions options);
+  Replicator(RingStores stores, Transport* transport, ReplicatorOptions options);
   ~Replicator();
   void Start();
   void Stop();
@@ -179,6 +179,7 @@ class Replicator {
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   RingStore* const cache_;
+  RecoveryStore* const recovery_;
   BackupQueue queue_;  // fed by the cache (RingStore::SetBackupFeed)
   Transport* const transport_;
   const ReplicatorOptions options_;

@@ -34,7 +34,7 @@ Status GrantedNodes(const std::string& source, const v1::PeerVersionReply& reply
 
 }  // namespace
 
-VersionFollower::VersionFollower(RingStore* cache, RangeReader* ranges, VersionFollowerOptions options)
+VersionFollower::VersionFollower(PeerVersions* cache, RangeReader* ranges, VersionFollowerOptions options)
     : cache_(cache), ranges_(ranges), options_(std::move(options)) {}
 
 VersionFollower::~VersionFollower() { Stop(); }

@@ -7,9 +7,9 @@
 // endpoints, asked in order). This node asks them as itself: a source
 // answers a node the job's owner granted (PeerVersion, checked against the
 // endpoint the link authenticated), whatever uid asked here. Here the job
-// is this server's own (RingStore::AddFollower: never the uid a source
+// is this server's own (PeerVersions::AddFollower: never the uid a source
 // names) and each local user that follows it may read its versions. The
-// version a source names is recorded here (RingStore::AdoptFollowed) and
+// version a source names is recorded here (PeerVersions::AdoptFollowed) and
 // one watcher thread per job then asks the sources for each newer version,
 // holding the question open at the source (no polling), and records each
 // one as it comes; after a round no source answered it pauses, longer each
@@ -94,7 +94,7 @@ struct FollowedJobInfo {
 
 class VersionFollower {
  public:
-  VersionFollower(RingStore* cache, RangeReader* ranges, VersionFollowerOptions options);
+  VersionFollower(PeerVersions* cache, RangeReader* ranges, VersionFollowerOptions options);
   ~VersionFollower();  // Stop()
 
   // Follows `job` for the local user `uid`: the first source that answers
@@ -189,7 +189,7 @@ class VersionFollower {
 
   static constexpr std::chrono::minutes kPullDeadline{10};
   static constexpr std::chrono::seconds kLearnWait{5};  // for a version a following node knows already
-  RingStore* const cache_;
+  PeerVersions* const cache_;
   RangeReader* const ranges_;
   const VersionFollowerOptions options_;
   Mutex mu_;  // taken before the cache's own lock, never after it

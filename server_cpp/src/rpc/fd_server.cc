@@ -29,8 +29,8 @@ std::string Hello(const Status& s, const std::string& session) {
 }
 }  // namespace
 
-FdServer::FdServer(ClientStore* cache, FdServerOptions options)
-    : cache_(cache), opt_(std::move(options)),
+FdServer::FdServer(SessionStore* sessions, VersionStore* versions, FdServerOptions options)
+    : cache_(sessions), versions_(versions), opt_(std::move(options)),
       per_uid_(opt_.max_sessions_per_uid, "sessions", "max_sessions_per_uid") {}
 
 FdServer::~FdServer() { Stop(); }
@@ -146,7 +146,7 @@ void FdServer::CloseIdle() {
                                 std::chrono::seconds(5), opt_.idle_timeout / 4 + std::chrono::milliseconds(1))
                           : std::chrono::milliseconds(std::chrono::seconds(5));
   next_idle_check_ = opt_.clock->Now() + period;
-  cache_->ExpireVersionLeases();
+  versions_->ExpireVersionLeases();
   if (opt_.idle_timeout.count() <= 0) return;
   std::vector<std::string> idle = cache_->IdleSessions(opt_.idle_timeout);
   if (idle.empty()) return;

@@ -11,9 +11,9 @@
 // what keeps one user from taking every session) gets a refusing
 // SessionHello and is closed at once (such log lines are rate-limited). Out
 // of fds, accept sheds and backs off (rpc/acceptor.h).
-// Sessions idle for `idle_timeout` (ClientStore::IdleSessions) are closed.
+// Sessions idle for `idle_timeout` (SessionStore::IdleSessions) are closed.
 // The same periodic check (every 5 s at most) ends version leases whose time
-// ran out (ClientStore::ExpireVersionLeases).
+// ran out (VersionStore::ExpireVersionLeases).
 #pragma once
 
 #include <sys/types.h>
@@ -24,7 +24,8 @@
 #include <string>
 #include <thread>
 
-#include "cache/client_store.h"
+#include "cache/session_store.h"
+#include "cache/version_store.h"
 #include "common/clock.h"
 #include "common/log_limiter.h"
 #include "rpc/acceptor.h"
@@ -45,7 +46,7 @@ struct FdServerOptions {
 
 class FdServer {
  public:
-  FdServer(ClientStore* cache, FdServerOptions options);
+  FdServer(SessionStore* sessions, VersionStore* versions, FdServerOptions options);
   ~FdServer();
 
   // The sessions' range buffers (set before Start; without it an FdRequest
@@ -67,7 +68,8 @@ class FdServer {
   // How long poll may sleep: until the accept pause ends or the next idle check.
   int PollTimeoutMs() const;
 
-  ClientStore* const cache_;
+  SessionStore* const cache_;  // the sessions
+  VersionStore* const versions_;  // ends the version leases whose time ran out
   const FdServerOptions opt_;
   RangeBuffers* range_buffers_ = nullptr;
   int listen_fd_ = -1;

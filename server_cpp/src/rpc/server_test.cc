@@ -30,7 +30,7 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   std::string dir = MakeTempDir("tce-srv");
   std::string sock = dir + "/tce.sock";
   Cache cache(64 << 20);
-  CacheService service(&cache, sock);
+  CacheService service(ClientStores::Of(&cache), sock);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -40,7 +40,7 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   struct stat sb;
   ASSERT_EQ(stat(sock.c_str(), &sb), 0);
   EXPECT_EQ(sb.st_mode & 0777, 0660u);
-  FdServer fds(&cache, FdServerOptions{sock + ".fd", {getuid()}, 16});
+  FdServer fds(&cache, &cache, FdServerOptions{sock + ".fd", {getuid()}, 16});
   ASSERT_TRUE(fds.Start().ok());
 
   int c = socket(AF_UNIX, SOCK_SEQPACKET, 0);
@@ -208,13 +208,13 @@ class PerUidCapsTest : public ::testing::Test {
 
   std::string dir_, sock_;
   Cache cache_{64 << 20};
-  CacheService service_{&cache_, "unused"};
+  CacheService service_{ClientStores::Of(&cache_), "unused"};
   std::unique_ptr<grpc::Server> server_;
 };
 
 TEST_F(PerUidCapsTest, AUidBeyondItsSessionsIsRefusedAndAnotherUidIsNot) {
   const uid_t me = getuid();
-  FdServer fds(&cache_, FdServerOptions{sock_ + ".fd", {me, kNobody}, 16, 2});
+  FdServer fds(&cache_, &cache_, FdServerOptions{sock_ + ".fd", {me, kNobody}, 16, 2});
   ASSERT_TRUE(fds.Start().ok());
   chmod((sock_ + ".fd").c_str(), 0666);
   int held[2];

@@ -50,10 +50,14 @@ void ToProto(const FileInfo& f, v1::FileInfo* out) {
 
 void ToProto(const TagInfo& t, v1::TagInfo* out) { TagToProto(t, out); }
 
-CacheService::CacheService(ClientStore* cache, std::string socket_path, MetaWriter* meta,
+CacheService::CacheService(ClientStores stores, std::string socket_path, MetaWriter* meta,
                            std::string metadata_url, BackupStore* backups, std::string peer_endpoint,
                            Clock* clock)
-    : cache_(cache), socket_path_(std::move(socket_path)), meta_(meta),
+    : cache_(stores.files),
+      sessions_(stores.sessions),
+      stored_(stores.stored),
+      versions_(stores.versions),
+      socket_path_(std::move(socket_path)), meta_(meta),
       metadata_url_(std::move(metadata_url)), backups_(backups),
       peer_endpoint_(std::move(peer_endpoint)), clock_(clock), started_(clock->Now()) {}
 
@@ -92,7 +96,7 @@ grpc::Status CacheService::Abort(grpc::ServerContext*, const v1::AbortRequest* r
 tce::Status CacheService::AdmitPeerCall(const std::string& session, CallLimiter::Slot* slot) {
   bool admin = false;
   uid_t uid = 0;
-  tce::Status s = cache_->CheckCaller(session, &admin, &uid);
+  tce::Status s = sessions_->CheckCaller(session, &admin, &uid);
   if (!s.ok() || !peer_calls_) return s;
   return peer_calls_->Enter(uid, slot);
 }
@@ -112,19 +116,19 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
                   : cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f,
                                    &lease, &unmap);
   if (s.code() == tce::Status::Code::kNotFound && req->lease() && !req->local_only() &&
-      cache_->FetchesOnMiss(req->path())) {
+      stored_->FetchesOnMiss(req->path())) {
     // Not in memory, nor in the ring: read from storage into the cache, once
     // for all the ranks of this node that load it. A directory root's file
     // this server cannot read, the client still can try to (with its own
     // rights); an object root's, it cannot.
     tce::Status admitted = slot.held() ? tce::Status::OK() : AdmitPeerCall(req->session(), &slot);
     tce::Status fetched =
-        admitted.ok() ? cache_->FetchFromStorage(req->session(), req->job(), req->path()) : admitted;
+        admitted.ok() ? stored_->FetchFromStorage(req->session(), req->job(), req->path()) : admitted;
     if (fetched.ok() || fetched.code() == tce::Status::Code::kFailedPrecondition) {
       unmap.clear();
       if (fetched.ok()) from = LoadFrom::kStorage;
       s = cache_->Lookup(req->session(), req->job(), req->path(), req->lease(), &f, &lease, &unmap);
-    } else if (fetched.code() != tce::Status::Code::kNotFound && cache_->IsObjectPath(req->path())) {
+    } else if (fetched.code() != tce::Status::Code::kNotFound && stored_->IsObjectPath(req->path())) {
       s = fetched;
     } else if (fetched.code() != tce::Status::Code::kNotFound) {
       TCE_LOG(kInfo, "cache") << "load of " << req->path() << " left to the client: " << fetched.ToString();
@@ -138,7 +142,7 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
     resp->set_source(from == LoadFrom::kCache     ? v1::LOAD_SOURCE_CACHE
                      : from == LoadFrom::kPeer    ? v1::LOAD_SOURCE_PEER
                                                   : v1::LOAD_SOURCE_STORAGE);
-    if (from == LoadFrom::kCache) cache_->NoteLoad(req->job(), LoadFrom::kCache, f.size);
+    if (from == LoadFrom::kCache) stored_->NoteLoad(req->job(), LoadFrom::kCache, f.size);
   }
   return grpc::Status::OK;
 }
@@ -146,7 +150,7 @@ grpc::Status CacheService::Lookup(grpc::ServerContext* ctx, const v1::LookupRequ
 grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRangeRequest* req,
                                      v1::ReadRangeResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
-  const bool object = cache_->IsObjectPath(req->path());
+  const bool object = stored_->IsObjectPath(req->path());
   if (!ranges_ && !object) return ToGrpc(tce::Status::NotSupported("this server reads no ranges"));
   tce::Status s = cache_->CheckRangeRead(req->session(), req->job());
   RangeRead r;
@@ -181,7 +185,7 @@ grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRan
     tce::Status admitted = slot.held() ? tce::Status::OK() : AdmitPeerCall(req->session(), &slot);
     object_id.etag = req->expect_etag();
     object_id.size = req->expect_size();
-    s = admitted.ok() ? cache_->ReadObjectRange(req->session(), req->job(), req->path(), req->offset(),
+    s = admitted.ok() ? stored_->ReadObjectRange(req->session(), req->job(), req->path(), req->offset(),
                                                 req->length(), &r.data, into, &object_id)
                       : admitted;
     r.source = v1::RANGE_SOURCE_STORAGE;
@@ -210,11 +214,11 @@ grpc::Status CacheService::Remove(grpc::ServerContext*, const v1::RemoveRequest*
   FileInfo f;
   tce::Status s = cache_->Remove(req->session(), req->job(), req->path(), &f);
   if (s.ok()) ToProto(f, resp->mutable_file());
-  if (req->from_storage() && cache_->IsObjectPath(req->path()) &&
+  if (req->from_storage() && stored_->IsObjectPath(req->path()) &&
       (s.ok() || s.code() == tce::Status::Code::kNotFound)) {
     CallLimiter::Slot slot;  // a network call, bounded like the other waits on others
     s = AdmitPeerCall(req->session(), &slot);
-    if (s.ok()) s = cache_->DeleteObject(req->session(), req->job(), req->path());
+    if (s.ok()) s = stored_->DeleteObject(req->session(), req->job(), req->path());
   }
   return ToGrpc(s);
 }
@@ -224,7 +228,7 @@ grpc::Status CacheService::List(grpc::ServerContext* ctx, const v1::ListRequest*
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   if (req->wait_for_restore() && !req->job().empty()) {
     bool admin = false;  // only a caller with a session waits
-    tce::Status s = cache_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
+    tce::Status s = sessions_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
     CallLimiter::Slot slot;  // held while it waits for the ring
     if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
     if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx, clock_));
@@ -233,7 +237,7 @@ grpc::Status CacheService::List(grpc::ServerContext* ctx, const v1::ListRequest*
   std::vector<FileInfo> files;
   tce::Status s = req->storage_dir().empty()
                       ? cache_->List(req->session(), req->job(), req->tag(), &files, req->check_storage())
-                      : cache_->ListStored(req->session(), req->job(), req->storage_dir(), &files);
+                      : stored_->ListStored(req->session(), req->job(), req->storage_dir(), &files);
   for (const FileInfo& f : files) ToProto(f, resp->add_files());
   return ToGrpc(s);
 }
@@ -243,7 +247,7 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   bool admin = false;
   uid_t uid = 0;
-  tce::Status s = cache_->CheckCaller(req->session(), &admin, &uid);
+  tce::Status s = sessions_->CheckCaller(req->session(), &admin, &uid);
   if (!s.ok()) return ToGrpc(s);
   FillStatus(resp, admin, uid);
   if (follower_) {
@@ -292,7 +296,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t 
   resp->set_held_markers(s.held_markers);
   resp->set_marker_rounds(s.marker_rounds);
   resp->set_object_fetches_shared(s.object_fetches_shared);
-  for (const JobLoadSplit& j : cache_->LoadSplits(loads_admin, loads_uid)) {
+  for (const JobLoadSplit& j : stored_->LoadSplits(loads_admin, loads_uid)) {
     v1::JobLoads* out = resp->add_job_loads();
     out->set_job(j.job);
     out->set_cache_bytes(j.cache_bytes);
@@ -389,7 +393,7 @@ grpc::Status CacheService::ListTags(grpc::ServerContext* ctx, const v1::ListTags
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   if (req->wait_for_restore()) {  // the tags come back with the files
     bool admin = false;  // only a caller with a session waits
-    tce::Status s = cache_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
+    tce::Status s = sessions_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
     CallLimiter::Slot slot;  // held while it waits for the ring
     if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
     if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx, clock_));
@@ -446,7 +450,7 @@ grpc::Status CacheService::Retry(grpc::ServerContext*, const v1::RetryRequest* r
 tce::Status CacheService::AdmitWait(const std::string& session, CallLimiter::Slot* slot) {
   bool admin = false;
   uid_t uid = 0;
-  tce::Status s = cache_->CheckCaller(session, &admin, &uid);
+  tce::Status s = sessions_->CheckCaller(session, &admin, &uid);
   if (!s.ok()) return s;
   return waits_->Enter(uid, slot);
 }
@@ -460,7 +464,7 @@ grpc::Status CacheService::GetVersion(grpc::ServerContext* ctx, const v1::GetVer
     if (tce::Status busy = AdmitWait(req->session(), &slot); !busy.ok()) return ToGrpc(busy);
   }
   TagInfo tag;
-  tce::Status s = cache_->GetVersion(req->session(), req->job(), req->after(), std::chrono::milliseconds(wait_ms),
+  tce::Status s = versions_->GetVersion(req->session(), req->job(), req->after(), std::chrono::milliseconds(wait_ms),
                                      AnswerBy(ctx, clock_), &tag, [ctx] { return ctx->IsCancelled(); });
   if (s.ok()) ToProto(tag, resp->mutable_tag());
   return ToGrpc(s);
@@ -472,7 +476,7 @@ grpc::Status CacheService::AcquireVersion(grpc::ServerContext* ctx, const v1::Ac
   if (tce::Status bad = CheckRequest(*req, &lease_ms); !bad.ok()) return ToGrpc(bad);
   const auto lease = std::chrono::milliseconds(lease_ms);
   VersionGrant g;
-  tce::Status s = cache_->AcquireVersion(req->session(), req->job(), req->version(), lease, &g);
+  tce::Status s = versions_->AcquireVersion(req->session(), req->job(), req->version(), lease, &g);
   if (!s.ok()) return ToGrpc(s);
   // A followed job: the files asked for that are not here come from the
   // sources first, then the version is leased again with them.
@@ -486,12 +490,12 @@ grpc::Status CacheService::AcquireVersion(grpc::ServerContext* ctx, const v1::Ac
     s = AdmitPeerCall(req->session(), &slot);
     if (s.ok()) s = follower_->Fetch(g.tag, missing, AnswerBy(ctx, clock_));
     const uint64_t version = g.tag.version;
-    tce::Status released = cache_->ReleaseVersion(req->session(), g.lease_id);
+    tce::Status released = versions_->ReleaseVersion(req->session(), g.lease_id);
     if (!s.ok()) return ToGrpc(s);
     if (!released.ok()) return ToGrpc(released);
     std::vector<uint64_t> unmap = std::move(g.unmap_buffer_ids);
     g = VersionGrant();
-    s = cache_->AcquireVersion(req->session(), req->job(), version, lease, &g);
+    s = versions_->AcquireVersion(req->session(), req->job(), version, lease, &g);
     if (!s.ok()) return ToGrpc(s);
     g.unmap_buffer_ids.insert(g.unmap_buffer_ids.begin(), unmap.begin(), unmap.end());
   }
@@ -508,7 +512,7 @@ grpc::Status CacheService::RenewVersion(grpc::ServerContext*, const v1::RenewVer
   int64_t lease_ms = 0;
   if (tce::Status bad = CheckRequest(*req, &lease_ms); !bad.ok()) return ToGrpc(bad);
   std::chrono::milliseconds granted{0};
-  tce::Status s = cache_->RenewVersion(req->session(), req->lease_id(), std::chrono::milliseconds(lease_ms),
+  tce::Status s = versions_->RenewVersion(req->session(), req->lease_id(), std::chrono::milliseconds(lease_ms),
                                        &granted);
   if (s.ok()) resp->set_lease_s(granted.count() / 1000.0);
   return ToGrpc(s);
@@ -517,7 +521,7 @@ grpc::Status CacheService::RenewVersion(grpc::ServerContext*, const v1::RenewVer
 grpc::Status CacheService::ReleaseVersion(grpc::ServerContext*, const v1::ReleaseVersionRequest* req,
                                           v1::ReleaseVersionResponse*) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
-  return ToGrpc(cache_->ReleaseVersion(req->session(), req->lease_id()));
+  return ToGrpc(versions_->ReleaseVersion(req->session(), req->lease_id()));
 }
 
 grpc::Status CacheService::GrantRead(grpc::ServerContext*, const v1::GrantReadRequest* req,
@@ -526,7 +530,7 @@ grpc::Status CacheService::GrantRead(grpc::ServerContext*, const v1::GrantReadRe
   ReadGrants::Ids ids{{req->uids().begin(), req->uids().end()},
                       {req->gids().begin(), req->gids().end()},
                       {req->nodes().begin(), req->nodes().end()}};
-  tce::Status s = cache_->GrantRead(req->session(), req->job(), &ids, req->revoke());
+  tce::Status s = versions_->GrantRead(req->session(), req->job(), &ids, req->revoke());
   if (!s.ok()) return ToGrpc(s);
   for (uid_t u : ids.uids) resp->add_uids(u);
   for (gid_t g : ids.gids) resp->add_gids(g);
@@ -542,7 +546,7 @@ grpc::Status CacheService::Follow(grpc::ServerContext* ctx, const v1::FollowRequ
         "this server takes part in no ring: start it with peer_listen and a peer token to follow a job"));
   uid_t uid = 0;
   gid_t gid = 0;
-  tce::Status s = cache_->CallerIds(req->session(), &uid, &gid);
+  tce::Status s = sessions_->CallerIds(req->session(), &uid, &gid);
   CallLimiter::Slot slot;
   if (s.ok()) s = AdmitPeerCall(req->session(), &slot);
   TagInfo newest;

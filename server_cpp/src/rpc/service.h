@@ -40,7 +40,7 @@ class CacheService final : public v1::Cache::Service {
 
   // `meta` (may be null): the metadata writer whose health Status reports.
   // `clock`: what the calls' deadlines and the uptime are measured on.
-  CacheService(ClientStore* cache, std::string socket_path, MetaWriter* meta = nullptr,
+  CacheService(ClientStores stores, std::string socket_path, MetaWriter* meta = nullptr,
                std::string metadata_url = "", BackupStore* backups = nullptr,
                std::string peer_endpoint = "", Clock* clock = Clock::Real());
 
@@ -112,7 +112,10 @@ class CacheService final : public v1::Cache::Service {
   }
 
  private:
-  ClientStore* const cache_;
+  ClientStore* const cache_;  // files
+  SessionStore* const sessions_;
+  StoredFiles* const stored_;
+  VersionStore* const versions_;
   const std::string socket_path_;
   MetaWriter* const meta_;
   const std::string metadata_url_;
