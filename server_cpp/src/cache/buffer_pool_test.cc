@@ -265,9 +265,11 @@ class PoolCacheTest : public ::testing::Test {
 };
 
 TEST_F(PoolCacheTest, PooledBytesAndBuffersStayWithinTheBudget) {
-  Cache cache(64 * kMiB);
-  BufferPool pool(64 * kMiB, Backing::k4k, &cache);
-  cache.SetMemory(Backing::k4k, &pool);
+  CacheOptions o(64 * kMiB);
+  o.backing = Backing::k4k;
+  o.prealloc = 64 * kMiB;
+  Cache cache(o);
+  BufferPool& pool = *cache.pool();
   pool.Start();
   ASSERT_TRUE(pool.WaitIdle(10000));
   EXPECT_EQ(cache.Stats().pool.held, 64 * kMiB);
@@ -289,9 +291,11 @@ TEST_F(PoolCacheTest, PooledBytesAndBuffersStayWithinTheBudget) {
 }
 
 TEST_F(PoolCacheTest, AnotherUidsBufferFromThePoolHoldsZeros) {
-  Cache cache(64 * kMiB);
-  BufferPool pool(32 * kMiB, Backing::k4k, &cache);
-  cache.SetMemory(Backing::k4k, &pool);
+  CacheOptions o(64 * kMiB);
+  o.backing = Backing::k4k;
+  o.prealloc = 32 * kMiB;
+  Cache cache(o);
+  BufferPool& pool = *cache.pool();
   pool.Start();
   ASSERT_TRUE(pool.WaitIdle(10000));
   std::string alice = cache.OpenSession(1001, 1);
@@ -360,8 +364,9 @@ TEST_F(PoolCacheTest, HugetlbBuffersAreRoundedAndFallBackTo4kWhenPagesRunOut) {
   EXPECT_EQ(Buffer::Create(1, kHugePage + 4096, Backing::kHugetlb, &odd).code(),
             Status::Code::kInvalidArgument);
   {
-    Cache cache(256 * kMiB);
-    cache.SetMemory(Backing::kHugetlb, nullptr);
+    CacheOptions o(256 * kMiB);
+    o.backing = Backing::kHugetlb;
+    Cache cache(o);
     std::string s = cache.OpenSession(getuid(), getpid());
     AllocateResult a = Alloc(cache, s, "/ckpt/small.pt", 10000);
     EXPECT_EQ(a.capacity, kHugePage);
@@ -388,9 +393,11 @@ TEST_F(PoolCacheTest, HugetlbBuffersAreRoundedAndFallBackTo4kWhenPagesRunOut) {
 TEST_F(PoolCacheTest, AHugetlbPoolHandsOutHugePages) {
   HugePages pages(16);  // 32 MiB
   if (!pages.ok()) GTEST_SKIP() << "cannot reserve huge pages (needs root): /proc/sys/vm/nr_hugepages";
-  Cache cache(256 * kMiB);
-  BufferPool pool(16 * kMiB, Backing::kHugetlb, &cache);
-  cache.SetMemory(Backing::kHugetlb, &pool);
+  CacheOptions o(256 * kMiB);
+  o.backing = Backing::kHugetlb;
+  o.prealloc = 16 * kMiB;
+  Cache cache(o);
+  BufferPool& pool = *cache.pool();
   pool.Start();
   ASSERT_TRUE(pool.WaitIdle(10000));
   EXPECT_EQ(pool.Stats().held, 16 * kMiB);

@@ -62,6 +62,7 @@ Cache::Cache(CacheOptions options)
       fetch_files_(options.fetch_files),
       check_timeout_(options.storage_check_timeout),
       prober_(std::make_unique<Prober>(options.storage_check_timeout, options.clock)),
+      backing_(options.backing),
       sessions_(options.clock),
       restores_(options.clock),
       restore_wait_(options.restore_wait) {
@@ -75,6 +76,8 @@ Cache::Cache(CacheOptions options)
   owners_.set_max_jobs_per_uid(limits.metadata.max_jobs_per_uid);
   grants_.set_max_per_job(limits.metadata.max_grants_per_job);
   quota_.SetLimits(limits.metadata);
+  lock.Unlock();
+  if (options.prealloc > 0) pool_ = std::make_unique<BufferPool>(options.prealloc, backing_, this);
 }
 
 void Cache::RecordFate(uint64_t id, Fate fate) {

@@ -263,11 +263,9 @@ class Cache : public PoolBudget,
   // listed nor published any more, here or, once recorded, after a restart.
   void ForgetTag(const std::string& job, const std::string& tag) override EXCLUDES(mu_);
 
-  // What new buffers are made of (default 4k), and the pool they come from
-  // first (null: none; it must outlive the Cache's use of it). A hugetlb
-  // buffer's capacity is rounded up to 2 MiB; when no huge page is left, a
-  // buffer is made with 4 KiB pages (logged, counted). Set before serving.
-  void SetMemory(Backing backing, BufferPool* pool) EXCLUDES(mu_);
+  // The pool new buffers come from first (CacheOptions::prealloc; null:
+  // none), for the daemon to start and stop its filler.
+  BufferPool* pool() { return pool_.get(); }
 
   // This server's peer endpoint: rings it is told are recorded for it.
   void SetSelfEndpoint(const std::string& endpoint) EXCLUDES(mu_);
@@ -516,8 +514,7 @@ class Cache : public PoolBudget,
   uint64_t lent_ GUARDED_BY(mu_) = 0;      // bytes borrowed (MemoryBudget)
   int starting_ GUARDED_BY(mu_) = 0;       // allocations making their new buffer
   uint64_t pooled_ GUARDED_BY(mu_) = 0;    // bytes the pool holds or is making
-  Backing backing_ = Backing::k4k;  // immutable once serving
-  BufferPool* pool_ = nullptr;      // immutable once serving
+  const Backing backing_;
   std::atomic<uint64_t> hugetlb_fallbacks_{0};
   LogLimiter fallback_log_{1, std::chrono::seconds(60)};
   uint64_t next_buffer_id_ GUARDED_BY(mu_) = 1;
@@ -579,6 +576,8 @@ class Cache : public PoolBudget,
   std::string InstallRing(const std::string& job, int32_t node_rank,
                           std::vector<std::string> endpoints) REQUIRES(mu_);
   void QueueDrop(const FileInfo& f) REQUIRES(mu_);
+  // Last: destroyed first, while the budget it gives its bytes back to is whole.
+  std::unique_ptr<BufferPool> pool_;
 };
 
 }  // namespace tce

@@ -12,12 +12,6 @@
 
 namespace tce {
 
-void Cache::SetMemory(Backing backing, BufferPool* pool) {
-  MutexLock lock(&mu_);
-  backing_ = backing;
-  pool_ = pool;
-}
-
 bool Cache::ReservePool(uint64_t bytes) {
   MutexLock lock(&mu_);
   if (!accepting_ || Held() + pooled_ + bytes > budget_) return false;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/memory_backing.h"
 #include "cache/session_limits.h"
 #include "common/clock.h"
 #include "env/env.h"
@@ -44,6 +45,13 @@ struct CacheOptions {
   // object root's always is.
   bool fetch_files = false;
   SessionLimits limits;  // authorization and per-session, per-uid bounds
+  // What new buffers are made of. A hugetlb buffer's capacity is rounded up
+  // to 2 MiB; when no huge page is left, a buffer is made with 4 KiB pages
+  // (logged, counted).
+  Backing backing = Backing::k4k;
+  // Bytes of buffers made ahead by a pool (cache/buffer_pool.h) that new
+  // buffers come from first (0: none); it fills once Cache::pool() starts.
+  uint64_t prealloc = 0;
 };
 
 }  // namespace tce

@@ -156,6 +156,8 @@ int Daemon::MakeCache() {
   co.storage_check_timeout = std::chrono::milliseconds(opt_.storage_check_timeout_ms);
   co.restore_wait = std::chrono::milliseconds(opt_.ring_restore_wait_ms);
   co.fetch_files = opt_.cooperative_restore;  // a node's ranks share one read of a file
+  co.backing = backing_;
+  co.prealloc = prealloc;
   std::string metadata_why;
   if (!(s = MakeSessionLimits(opt_, budget_ + backup_budget, limits_, &co.limits, &metadata_why)).ok())
     return Fail(s.message(), 2);
@@ -165,10 +167,8 @@ int Daemon::MakeCache() {
   popt_.storage = storage_;
   retention_ = std::make_unique<StorageRetention>(cache_.get(), storage_, opt_.storage_keep_last);
   cache_->SetTagListener([r = retention_.get()](const std::string& job) { r->Note(job); });
-  if (prealloc > 0) pool_ = std::make_unique<BufferPool>(prealloc, backing_, cache_.get());
-  cache_->SetMemory(backing_, pool_.get());
   TCE_LOG(kInfo, "daemon") << backing_why_;
-  if (pool_)
+  if (cache_->pool())
     TCE_LOG(kInfo, "daemon") << "prealloc=" << opt_.prealloc << ": " << HumanBytes(prealloc) << " ("
                              << prealloc_why << ")";
   return 0;
@@ -262,7 +262,7 @@ int Daemon::StartRing() {
 // Ready: serves until SIGTERM or SIGINT.
 void Daemon::ServeUntilSignal() {
   SetReady(true);
-  if (pool_) pool_->Start();  // fills in the background while the server serves
+  if (BufferPool* pool = cache_->pool()) pool->Start();  // fills in the background while the server serves
   TCE_LOG(kInfo, "daemon") << "ready socket=" << opt_.socket << " budget=" << budget_ << " ("
                            << HumanBytes(budget_) << ") storage_roots="
                            << (storage_->empty() ? "(none: memory only)" : storage_->Describe())
@@ -277,7 +277,7 @@ void Daemon::ServeUntilSignal() {
 // the order that lets each one's threads end.
 void Daemon::Shutdown() {
   SetReady(false);
-  if (pool_) pool_->Stop();  // its memory goes back now, not after the drain
+  if (BufferPool* pool = cache_->pool()) pool->Stop();  // its memory goes back now, not after the drain
   Drain(cache_.get(), &stop_, std::chrono::milliseconds(opt_.drain_timeout_ms));
   retention_->Stop();
   if (storage_) storage_->objects().CancelAll();  // transfers in flight end (their files stay FAILED)

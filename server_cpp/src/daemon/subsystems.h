@@ -111,7 +111,6 @@ class Daemon {
   // Memory.
   std::unique_ptr<BackupStore> backups_;
   std::unique_ptr<Cache> cache_;
-  std::unique_ptr<BufferPool> pool_;  // destroyed before the cache it counts its bytes in
 
   // Persistence and metadata.
   PersistOptions popt_;
