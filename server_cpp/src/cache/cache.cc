@@ -22,11 +22,6 @@ constexpr size_t kFatesKept = 65536;
 
 }  // namespace
 
-void Cache::SetMetaSink(MetaSink* sink) {
-  MutexLock lock(&mu_);
-  meta_ = sink;
-}
-
 void Cache::Note(const FileInfo& f, bool removed) {
   if (meta_) meta_->Record(f, removed);
 }
@@ -54,6 +49,7 @@ void Cache::Restore(std::vector<FileInfo> files) {
 
 Cache::Cache(CacheOptions options)
     : budget_(options.budget_bytes),
+      meta_(options.meta),
       full_timeout_(options.full_timeout),
       keep_last_(options.keep_last),
       env_(options.env),

@@ -223,10 +223,8 @@ class Cache : public PoolBudget,
   std::vector<TagInfo> ListTags(const std::string& job) override EXCLUDES(mu_);
   // Tags recorded before a restart (from metadata); the oldest beyond
   // max_tags_per_job are forgotten. After Restore (the files tell the jobs'
-  // owners) and SetMetaSink (what is forgotten is recorded).
+  // owners; what is forgotten is recorded).
   void RestoreTags(std::vector<TagInfo> tags) EXCLUDES(mu_);
-  // Every later state change is reported to `sink` (null: none). Set before serving.
-  void SetMetaSink(MetaSink* sink) EXCLUDES(mu_);
   // Reports every file, tag and ring to the sink again (the metadata
   // database was lost and a fresh one must hold the full state).
   void RecordAll() EXCLUDES(mu_);
@@ -480,7 +478,7 @@ class Cache : public PoolBudget,
   void DropStale(FileInfo& f, const std::string& why) REQUIRES(mu_);
 
   const uint64_t budget_;
-  MetaSink* meta_ GUARDED_BY(mu_) = nullptr;
+  MetaSink* const meta_;  // every state change is recorded there (null: nowhere)
   const std::chrono::milliseconds full_timeout_;
   const size_t keep_last_;
   Env* const env_;

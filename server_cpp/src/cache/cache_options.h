@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cache/memory_backing.h"
+#include "cache/meta_sink.h"
 #include "cache/session_limits.h"
 #include "common/clock.h"
 #include "env/env.h"
@@ -45,6 +46,8 @@ struct CacheOptions {
   // object root's always is.
   bool fetch_files = false;
   SessionLimits limits;  // authorization and per-session, per-uid bounds
+  // Where every state change is recorded (cache/meta_sink.h; null: nowhere).
+  MetaSink* meta = nullptr;
   // What new buffers are made of. A hugetlb buffer's capacity is rounded up
   // to 2 MiB; when no huge page is left, a buffer is made with 4 KiB pages
   // (logged, counted).

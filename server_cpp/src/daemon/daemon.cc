@@ -156,6 +156,7 @@ int Daemon::MakeCache() {
   co.storage_check_timeout = std::chrono::milliseconds(opt_.storage_check_timeout_ms);
   co.restore_wait = std::chrono::milliseconds(opt_.ring_restore_wait_ms);
   co.fetch_files = opt_.cooperative_restore;  // a node's ranks share one read of a file
+  co.meta = meta_.get();
   co.backing = backing_;
   co.prealloc = prealloc;
   std::string metadata_why;
@@ -174,8 +175,9 @@ int Daemon::MakeCache() {
   return 0;
 }
 
-// Metadata: re-index what was recorded before a restart, remove the temp
-// files of persists that a crash interrupted, then record every change.
+// Metadata, before the cache: read what was recorded before a restart,
+// remove the temp files of persists that a crash interrupted, and make the
+// writer every later change is recorded through (the cache's sink).
 int Daemon::OpenMetadata() {
   meta_url_ = EffectiveMetadataUrl(opt_);
   if (meta_url_.empty()) return 0;
@@ -184,10 +186,8 @@ int Daemon::OpenMetadata() {
   std::unique_ptr<MetaStore> store;
   const std::string server_id = EffectiveServerId(opt_);
   if (!(s = OpenMetaStore(meta_url_, &store, server_id)).ok()) return Fail("metadata_url: " + s.ToString(), 2);
-  std::vector<FileInfo> recorded;
-  if (!(s = store->LoadFiles(&recorded)).ok()) return Fail("metadata: " + s.ToString(), 1);
-  std::vector<TagInfo> tags;
-  if (!(s = store->LoadTags(&tags)).ok()) return Fail("metadata: " + s.ToString(), 1);
+  if (!(s = store->LoadFiles(&recorded_files_)).ok()) return Fail("metadata: " + s.ToString(), 1);
+  if (!(s = store->LoadTags(&recorded_tags_)).ok()) return Fail("metadata: " + s.ToString(), 1);
   // The rings this server was told before a restart (found by its peer
   // endpoint, so only a fixed one finds them).
   if (ring_ && !(s = store->LoadRings(opt_.peer_advertise.empty() ? opt_.peer_listen : opt_.peer_advertise,
@@ -197,16 +197,22 @@ int Daemon::OpenMetadata() {
   // found only by this server's temp prefix and removed without following
   // a symlink.
   std::vector<std::string> recorded_paths;
-  for (const FileInfo& f : recorded) recorded_paths.push_back(f.path);
+  for (const FileInfo& f : recorded_files_) recorded_paths.push_back(f.path);
   Persister::RemoveStaleTemps(*storage_, recorded_paths, StorageSettings(opt_).file.temp_prefix);
   meta_ = std::make_unique<MetaWriter>(std::move(store), server_id, getpid());
+  return 0;
+}
+
+// The cache re-indexes what metadata recorded, then the writer starts
+// recording (and, when the database is lost, has the cache record it all
+// again).
+void Daemon::RestoreFromMetadata() {
+  if (!meta_) return;
   Cache* cache = cache_.get();
   meta_->SetResync([cache] { cache->RecordAll(); });
-  cache_->SetMetaSink(meta_.get());
-  cache_->Restore(std::move(recorded));
-  cache_->RestoreTags(std::move(tags));
+  cache_->Restore(std::move(recorded_files_));
+  cache_->RestoreTags(std::move(recorded_tags_));
   meta_->Start();
-  return 0;
 }
 
 // Made even without storage roots: Shutdown stops it either way.
@@ -325,8 +331,9 @@ int RunDaemon(int argc, char** argv, const DaemonHooks& hooks) {
   if (int rc = daemon.CheckStorageRoots()) return rc;
   if (int rc = daemon.ReadRingKey()) return rc;
   if (int rc = daemon.MakeTransport()) return rc;
-  if (int rc = daemon.MakeCache()) return rc;
   if (int rc = daemon.OpenMetadata()) return rc;
+  if (int rc = daemon.MakeCache()) return rc;
+  daemon.RestoreFromMetadata();
   daemon.StartPersister();
   if (int rc = daemon.StartRing()) return rc;
   daemon.MakeService();

@@ -72,6 +72,7 @@ class Daemon {
   int MakeTransport();
   int MakeCache();
   int OpenMetadata();
+  void RestoreFromMetadata();
   void StartPersister();
   int StartRing();
   void MakeService();
@@ -118,6 +119,8 @@ class Daemon {
   std::string meta_url_;
   std::unique_ptr<MetaWriter> meta_;
   std::vector<RingInfo> recorded_rings_;  // from the metadata, for StartRing
+  std::vector<FileInfo> recorded_files_;  // ... for the cache (RestoreFromMetadata)
+  std::vector<TagInfo> recorded_tags_;
   std::unique_ptr<StorageRetention> retention_;
   std::unique_ptr<Persister> persister_;
 
