@@ -60,8 +60,8 @@ Cache::Cache(CacheOptions options)
       prober_(std::make_unique<Prober>(options.storage_check_timeout, options.clock)),
       backing_(options.backing),
       sessions_(options.clock),
-      restores_(options.clock),
-      restore_wait_(options.restore_wait) {
+      restores_(options.restores ? std::move(options.restores)
+                                 : std::make_shared<RestoreTracker>(options.clock, options.restore_wait)) {
   const SessionLimits& limits = options.limits;
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);

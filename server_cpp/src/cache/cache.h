@@ -125,9 +125,6 @@ class Cache : public PoolBudget,
   Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
                  std::vector<std::string> endpoints, std::string* successor) override EXCLUDES(mu_);
   Status CheckRangeRead(const std::string& session, const std::string& job) override EXCLUDES(mu_);
-  bool Restoring(const std::string& job) const override;
-  Status WaitForRestore(const std::string& job, bool* waited,
-                        Clock::TimePoint call_deadline) override EXCLUDES(mu_);
   // ---- VersionStore (cache/version_store.h) ----
   Status GetVersion(const std::string& session, const std::string& job, uint64_t after,
                     std::chrono::milliseconds wait, Clock::TimePoint call_deadline,
@@ -177,7 +174,6 @@ class Cache : public PoolBudget,
   void AbandonRecovery(std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
   size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) override EXCLUDES(mu_);
   Status CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) override EXCLUDES(mu_);
-  void RestoreEnded(const std::string& job, const std::string& from) override EXCLUDES(mu_);
   std::vector<FileInfo> NotInMemory(const std::string& job) override EXCLUDES(mu_);
   size_t InMemoryCount(const std::string& job) override EXCLUDES(mu_);
   std::vector<HeldMarker> MarkersAwaitingPeers() override EXCLUDES(mu_);
@@ -264,15 +260,19 @@ class Cache : public PoolBudget,
   // The pool new buffers come from first (CacheOptions::prealloc; null:
   // none), for the daemon to start and stop its filler.
   BufferPool* pool() { return pool_.get(); }
+  // The jobs being pulled back from the ring (CacheOptions::restores, or
+  // the Cache's own): loads wait for them, the replicator ends them.
+  RestoreTracker* restores() { return restores_.get(); }
 
   // This server's peer endpoint: rings it is told are recorded for it.
   void SetSelfEndpoint(const std::string& endpoint) EXCLUDES(mu_);
   // Rings recorded in metadata before a restart: joined again, and (the
   // memory being empty) this node's files recovered from the ring.
   void RestoreRings(std::vector<RingInfo> rings) EXCLUDES(mu_);
-  // The server stops: loads and listings waiting for a restore get
-  // UNAVAILABLE now (so the RPC server's shutdown does not wait for them).
-  void StopRestoreWaits();
+  // The server stops: loads and listings waiting for a restore, and
+  // readers waiting for a version, get UNAVAILABLE now (so the RPC server's
+  // shutdown does not wait for them).
+  void StopWaits();
 
   // Shutdown: new allocations are refused (UNAVAILABLE) from now on; saves
   // already allocated may still commit, loads are served as before.
@@ -544,8 +544,7 @@ class Cache : public PoolBudget,
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
   RingTable rings_ GUARDED_BY(mu_);
-  RestoreTracker restores_;  // its own lock, taken inside mu_ (or alone)
-  const std::chrono::milliseconds restore_wait_;
+  const std::shared_ptr<RestoreTracker> restores_;  // its own lock, taken inside mu_ (or alone)
   bool accepting_ GUARDED_BY(mu_) = true;
   BackupFeed* backups_ GUARDED_BY(mu_) = nullptr;
   uint64_t backup_failing_ GUARDED_BY(mu_) = 0;  // in a row; 0 after any success

@@ -12,6 +12,7 @@
 
 #include "cache/memory_backing.h"
 #include "cache/meta_sink.h"
+#include "cache/restore_tracker.h"
 #include "cache/session_limits.h"
 #include "common/clock.h"
 #include "env/env.h"
@@ -39,8 +40,12 @@ struct CacheOptions {
   // to answer a stat before it serves the cache (goes on unchecked); <= 0:
   // no limit.
   std::chrono::milliseconds storage_check_timeout = std::chrono::seconds(2);
-  // How long a load waits for an in-flight ring restore of its job.
+  // How long a load waits for an in-flight ring restore of its job (for the
+  // Cache's own tracker, when `restores` is null).
   std::chrono::milliseconds restore_wait = std::chrono::seconds(120);
+  // The jobs being restored from the ring, shared with the loads that wait
+  // for them (null: the Cache makes one).
+  std::shared_ptr<RestoreTracker> restores;
   // Whether a directory root's file a load missed is read into the cache
   // here, so the ranks of a node share one read (cooperative_restore). An
   // object root's always is.

@@ -263,23 +263,8 @@ Status Cache::RefuseStaleCopy(const FileKey& key, const FileInfo& copy, const st
                                     "): storage serves it");
 }
 
-Status Cache::WaitForRestore(const std::string& job, bool* waited,
-                             Clock::TimePoint call_deadline) {
-  const auto now = clock_->Now();
-  if (call_deadline < now + restore_wait_) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline - now);
-    return restores_.Wait(job, std::max(left, std::chrono::milliseconds(0)), waited,
-                          "the caller's deadline, before ring_restore_wait_ms");
-  }
-  return restores_.Wait(job, restore_wait_, waited);
-}
-
-void Cache::RestoreEnded(const std::string& job, const std::string& from) { restores_.End(job, from); }
-
-bool Cache::Restoring(const std::string& job) const { return restores_.InProgress(job); }
-
-void Cache::StopRestoreWaits() {
-  restores_.StopWaits();
+void Cache::StopWaits() {
+  restores_->StopWaits();
   MutexLock lock(&mu_);
   versions_stopped_ = true;
   versions_cv_.SignalAll();

@@ -83,7 +83,7 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
   for (const auto& [key, f] : files_) empty = empty && !(key.first == job && f.buffer_id != 0);
   for (const auto& [id, a] : pending_) empty = empty && a.file.job != job;
   if (empty && !ring.successor.empty() && backups_) {
-    restores_.Begin(job, ring.successor, node_rank);  // loads of the job wait for it
+    restores_->Begin(job, ring.successor, node_rank);  // loads of the job wait for it
     backups_->Recover(RecoverJob{job, node_rank, ring.successor, ring.Predecessor()});
   }
   TCE_LOG(kInfo, "ring") << "job=" << job << " node " << node_rank << " of "

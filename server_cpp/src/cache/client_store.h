@@ -3,7 +3,8 @@
 // ring. The rest of what clients reach is an interface per concern, put
 // together as ClientStores: sessions and buffers' fds (session_store.h),
 // files as storage holds them (stored_files.h), published versions
-// (version_store.h).
+// (version_store.h); and beside the Cache, the restores a load waits for
+// (restore_tracker.h).
 //
 // Security: every client call names a session (opened by the fd socket after
 // its SO_PEERCRED check) and acts with that session's uid: a job's files and
@@ -30,6 +31,7 @@
 #include "cache/load_split.h"
 #include "cache/read_grants.h"
 #include "cache/record.h"
+#include "cache/restore_tracker.h"
 #include "cache/session_store.h"
 #include "cache/stored_files.h"
 #include "cache/version_store.h"
@@ -140,17 +142,6 @@ class ClientStore {
   // into it or told its ring), or is an administrator. UNAUTHENTICATED for
   // an unknown session, else PERMISSION_DENIED saying why.
   virtual Status CheckRangeRead(const std::string& session, const std::string& job) = 0;
-  // Whether `job`'s files are being pulled back from the ring now (a load
-  // that misses would wait for them).
-  virtual bool Restoring(const std::string& job) const = 0;
-  // OK at once unless this server is pulling `job`'s files back from the
-  // ring (a fresh or restarted node); then waits for that restore to end, up
-  // to the restore wait: DEADLINE_EXCEEDED, naming the job and the peer, if
-  // it does not. *waited (`waited` may be null): whether a restore was in
-  // flight. `call_deadline`: the caller's own deadline, when sooner (the
-  // answer then comes before the caller gives up, and says so).
-  virtual Status WaitForRestore(const std::string& job, bool* waited,
-                                Clock::TimePoint call_deadline) = 0;
 
 };
 
@@ -161,9 +152,10 @@ struct ClientStores {
   SessionStore* sessions = nullptr;
   StoredFiles* stored = nullptr;
   VersionStore* versions = nullptr;
+  RestoreTracker* restores = nullptr;  // the jobs a load waits for (the Cache's tracker)
   template <class T>
   static ClientStores Of(T* all) {
-    return {all, all, all, all};
+    return {all, all, all, all, all->restores()};
   }
 };
 

@@ -58,10 +58,6 @@ class RecoveryStore {
   // cannot refuse). FAILED_PRECONDITION naming the first file that
   // disagrees: such a tag is not listed again.
   virtual Status CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) = 0;
-  // The Replicator pulled back what the ring held of `job` (whatever it
-  // got): loads waiting for it go on.
-  // `from` non-empty: only a restore from that peer ends.
-  virtual void RestoreEnded(const std::string& job, const std::string& from) = 0;
   // Files of `job` that metadata recorded here and that are not in memory
   // (after a restore: what the ring could not give back).
   virtual std::vector<FileInfo> NotInMemory(const std::string& job) = 0;

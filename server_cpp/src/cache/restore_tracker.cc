@@ -1,5 +1,7 @@
 #include "cache/restore_tracker.h"
 
+#include <algorithm>
+
 namespace tce {
 
 void RestoreTracker::Begin(const std::string& job, const std::string& peer, int32_t node_rank) {
@@ -23,6 +25,16 @@ void RestoreTracker::StopWaits() {
     stopping_ = true;
   }
   ended_.SignalAll();
+}
+
+Status RestoreTracker::WaitFor(const std::string& job, bool* waited, Clock::TimePoint call_deadline) {
+  const auto now = clock_->Now();
+  if (call_deadline < now + restore_wait_) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call_deadline - now);
+    return Wait(job, std::max(left, std::chrono::milliseconds(0)), waited,
+                "the caller's deadline, before ring_restore_wait_ms");
+  }
+  return Wait(job, restore_wait_, waited);
 }
 
 bool RestoreTracker::InProgress(const std::string& job) const {

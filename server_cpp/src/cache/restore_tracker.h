@@ -5,8 +5,10 @@
 // A restore begins when the Cache queues a job's recovery and ends when the
 // Replicator has pulled what the successor holds (whatever it got), or has
 // failed a few times in a row (the successor may be gone: the restore goes
-// on in the background, loads no longer wait). Waits are bounded by the
-// timeout their caller gives.
+// on in the background, loads no longer wait). Loads (rpc/service.h,
+// ring/ring_fetch.h) ask it directly: it is a component beside the Cache,
+// made by the daemon (or by the Cache when none is given) and shared.
+// Waits are bounded by the restore wait or the timeout their caller gives.
 //
 // Thread-safe (its own mutex, a leaf: nothing is called while it is held).
 #pragma once
@@ -24,8 +26,11 @@ namespace tce {
 
 class RestoreTracker {
  public:
-  // Waits are measured on `clock`.
-  explicit RestoreTracker(Clock* clock = Clock::Real()) : clock_(clock) {}
+  // Waits are measured on `clock`; WaitFor waits up to `restore_wait`
+  // (ring_restore_wait_ms).
+  explicit RestoreTracker(Clock* clock = Clock::Real(),
+                          std::chrono::milliseconds restore_wait = std::chrono::seconds(120))
+      : clock_(clock), restore_wait_(restore_wait) {}
 
   // The job's files are being pulled from `peer` (node `node_rank`'s copies).
   void Begin(const std::string& job, const std::string& peer, int32_t node_rank);
@@ -39,6 +44,10 @@ class RestoreTracker {
   // *waited (optional): whether it did.
   Status Wait(const std::string& job, std::chrono::milliseconds timeout, bool* waited = nullptr,
               const std::string& bound = "ring_restore_wait_ms");
+  // Wait for a load: up to the restore wait, or until `call_deadline`, the
+  // caller's own deadline, when that is sooner (the answer then comes before
+  // the caller gives up, and says so).
+  Status WaitFor(const std::string& job, bool* waited, Clock::TimePoint call_deadline);
   bool InProgress(const std::string& job) const;
   // The server stops: every wait ends now, and later ones at once
   // (UNAVAILABLE), though the restores may go on.
@@ -51,6 +60,7 @@ class RestoreTracker {
     Clock::TimePoint since;
   };
   Clock* const clock_;
+  const std::chrono::milliseconds restore_wait_;
   mutable Mutex mu_;
   CondVar ended_;
   std::map<std::string, Restore> restores_ GUARDED_BY(mu_);  // by job

@@ -35,6 +35,7 @@
 #include "cache/load_split.h"
 #include "cache/peer_versions.h"
 #include "cache/recovery_store.h"
+#include "cache/restore_tracker.h"
 #include "common/status.h"
 #include "storage/object_store.h"  // ListedObject
 
@@ -133,9 +134,10 @@ struct RingStores {
   RingStore* ring = nullptr;
   RecoveryStore* recovery = nullptr;
   PeerVersions* versions = nullptr;
+  RestoreTracker* restores = nullptr;  // the replicator ends the restores it began
   template <class T>
   static RingStores Of(T* all) {
-    return {all, all, all};
+    return {all, all, all, all->restores()};
   }
 };
 

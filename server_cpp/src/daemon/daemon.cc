@@ -254,7 +254,7 @@ int Daemon::StartRing() {
   cache_->SetSelfEndpoint(peers_->endpoint());
   Replicator* r = replicator_.get();
   ring_fetch_ = std::make_unique<RingFetch>(
-      cache_.get(), cache_.get(),
+      cache_.get(), cache_.get(), cache_->restores(),
       [r](const std::string& job, const std::string& path, LoadFrom* from, Clock::TimePoint deadline) {
         return r->FetchForLoad(job, path, from, deadline);
       },
@@ -291,7 +291,7 @@ void Daemon::Shutdown() {
   // What still waits on a peer (a backup, a restore, a ranged read or a
   // fetch for a load: each up to peer_timeout_ms, a restore wait up to
   // ring_restore_wait_ms) would hold the threads joined below: end it now.
-  cache_->StopRestoreWaits();
+  cache_->StopWaits();
   StopRing();
   health_states_.Shutdown();  // ends Watch streams, which would hold the shutdowns
   control_->Stop();

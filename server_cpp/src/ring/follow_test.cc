@@ -52,7 +52,7 @@ class FollowWatchTest : public ::testing::Test {
   }
   void TearDown() override {
     breaker_.BreakAll();  // as the daemon stops: the questions held at the source end
-    source_.StopRestoreWaits();
+    source_.StopWaits();
     follower_->Stop();
     server_->Stop();
   }

@@ -37,6 +37,7 @@ TagBarrierOptions BarrierOptions(const ReplicatorOptions& o) {
 Replicator::Replicator(RingStores stores, Transport* transport, ReplicatorOptions options)
     : cache_(stores.ring),
       recovery_(stores.recovery),
+      restores_(stores.restores),
       transport_(transport),
       options_(std::move(options)),
       barrier_(stores.ring, BarrierOptions(options_)),
@@ -142,7 +143,7 @@ void Replicator::Loop() {
         // to give back; retrying here would hold every backup behind it.
         TCE_LOG(kInfo, "ring") << "the restore of job=" << recover.job << " from " << recover.peer
                                << " ends: that peer is no longer the job's successor here";
-        recovery_->RestoreEnded(recover.job, recover.peer);
+        restores_->End(recover.job, recover.peer);
         continue;
       }
       s = Recover(recover, &links);
@@ -155,7 +156,7 @@ void Replicator::Loop() {
           TCE_LOG(kWarning, "ring") << "the restore of job=" << recover.job << " from " << recover.peer
                                     << " failed " << again.failures << " times (" << s.ToString()
                                     << "): loads no longer wait for it; it is retried in the background";
-          recovery_->RestoreEnded(recover.job, recover.peer);
+          restores_->End(recover.job, recover.peer);
         }
         queue_.Recover(again);
       }

@@ -180,6 +180,7 @@ class Replicator {
 
   RingStore* const cache_;
   RecoveryStore* const recovery_;
+  RestoreTracker* const restores_;  // ends what a recovery began
   BackupQueue queue_;  // fed by the cache (RingStore::SetBackupFeed)
   Transport* const transport_;
   const ReplicatorOptions options_;

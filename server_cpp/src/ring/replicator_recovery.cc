@@ -87,7 +87,7 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
                            << job.peer;
   }
   ReportRecovery(job, pulled, list.files_size(), list.own_files());
-  recovery_->RestoreEnded(job.job, job.peer);  // loads waiting for the restore go on
+  restores_->End(job.job, job.peer);  // loads waiting for the restore go on
   if (job.predecessor.empty() || job.predecessor == options_.self) return Status::OK();
   PeerLink* pred = nullptr;
   if (!(s = Link(job.predecessor, links, &pred)).ok()) return s;

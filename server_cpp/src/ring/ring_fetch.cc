@@ -7,9 +7,15 @@ namespace {
 constexpr size_t kMaxRemembered = 4096;
 }  // namespace
 
-RingFetch::RingFetch(ClientStore* cache, RingStore* ring, Fetch fetch, Stage stage,
+RingFetch::RingFetch(ClientStore* cache, RingStore* ring, RestoreTracker* restores, Fetch fetch, Stage stage,
                      std::chrono::milliseconds miss_ttl, Clock* clock)
-    : cache_(cache), ring_(ring), fetch_(std::move(fetch)), stage_(std::move(stage)), miss_ttl_(miss_ttl), clock_(clock) {}
+    : cache_(cache),
+      ring_(ring),
+      restores_(restores),
+      fetch_(std::move(fetch)),
+      stage_(std::move(stage)),
+      miss_ttl_(miss_ttl),
+      clock_(clock) {}
 
 Status RingFetch::Lookup(const std::string& session, const std::string& job,
                          const std::string& path, bool lease, FileInfo* out, uint64_t* lease_id,
@@ -26,12 +32,12 @@ Status RingFetch::Lookup(const std::string& session, const std::string& job,
     admitted = a.ok();
     return a;
   };
-  if (cache_->Restoring(job)) {
+  if (restores_->InProgress(job)) {
     if (Status a = may_wait(); !a.ok()) return a;
     TCE_LOG(kDebug, "ring") << "a load of job=" << job << " path=" << path << " waits for the ring restore";
   }
   bool waited = false;  // the file may be on its way back from the ring
-  Status restored = cache_->WaitForRestore(job, &waited, call_deadline);
+  Status restored = restores_->WaitFor(job, &waited, call_deadline);
   if (!restored.ok()) return restored;
   if (waited) {
     unmap_buffer_ids->clear();

@@ -43,11 +43,11 @@ class RingFetch {
   // restore plan names, for ranged reads (Replicator::LoadByPlan, `stage`).
   using Stage = std::function<Status(const std::string& job, const std::string& path, Clock::TimePoint deadline)>;
 
-  RingFetch(ClientStore* cache, RingStore* ring, Fetch fetch, Stage stage = nullptr,
+  RingFetch(ClientStore* cache, RingStore* ring, RestoreTracker* restores, Fetch fetch, Stage stage = nullptr,
             std::chrono::milliseconds miss_ttl = std::chrono::seconds(5), Clock* clock = Clock::Real());
 
   // ClientStore::Lookup; on a miss while the job's files are being restored
-  // from the ring, waits for the restore (WaitForRestore: bounded, and
+  // from the ring, waits for the restore (RestoreTracker::WaitFor: bounded, and
   // DEADLINE_EXCEEDED naming it) and looks again; then the ring as above. A fetch that found the
   // file (OK), or found a newer save already here (FAILED_PRECONDITION),
   // is followed by a second lookup, whose answer is returned.
@@ -83,6 +83,7 @@ class RingFetch {
 
   ClientStore* const cache_;
   RingStore* const ring_;
+  RestoreTracker* const restores_;
   const Fetch fetch_;
   const Stage stage_;
   const std::chrono::milliseconds miss_ttl_;

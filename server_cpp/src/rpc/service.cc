@@ -57,6 +57,7 @@ CacheService::CacheService(ClientStores stores, std::string socket_path, MetaWri
       sessions_(stores.sessions),
       stored_(stores.stored),
       versions_(stores.versions),
+      restores_(stores.restores),
       socket_path_(std::move(socket_path)), meta_(meta),
       metadata_url_(std::move(metadata_url)), backups_(backups),
       peer_endpoint_(std::move(peer_endpoint)), clock_(clock), started_(clock->Now()) {}
@@ -230,8 +231,8 @@ grpc::Status CacheService::List(grpc::ServerContext* ctx, const v1::ListRequest*
     bool admin = false;  // only a caller with a session waits
     tce::Status s = sessions_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
     CallLimiter::Slot slot;  // held while it waits for the ring
-    if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
-    if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx, clock_));
+    if (s.ok() && restores_->InProgress(req->job())) s = AdmitPeerCall(req->session(), &slot);
+    if (s.ok()) s = restores_->WaitFor(req->job(), nullptr, AnswerBy(ctx, clock_));
     if (!s.ok()) return ToGrpc(s);
   }
   std::vector<FileInfo> files;
@@ -275,8 +276,8 @@ grpc::Status CacheService::ListTags(grpc::ServerContext* ctx, const v1::ListTags
     bool admin = false;  // only a caller with a session waits
     tce::Status s = sessions_->CheckCaller(req->session(), &admin, /*uid=*/nullptr);
     CallLimiter::Slot slot;  // held while it waits for the ring
-    if (s.ok() && cache_->Restoring(req->job())) s = AdmitPeerCall(req->session(), &slot);
-    if (s.ok()) s = cache_->WaitForRestore(req->job(), nullptr, AnswerBy(ctx, clock_));
+    if (s.ok() && restores_->InProgress(req->job())) s = AdmitPeerCall(req->session(), &slot);
+    if (s.ok()) s = restores_->WaitFor(req->job(), nullptr, AnswerBy(ctx, clock_));
     if (!s.ok()) return ToGrpc(s);
   }
   std::vector<TagInfo> tags;

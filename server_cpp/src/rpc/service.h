@@ -116,6 +116,7 @@ class CacheService final : public v1::Cache::Service {
   SessionStore* const sessions_;
   StoredFiles* const stored_;
   VersionStore* const versions_;
+  RestoreTracker* const restores_;
   const std::string socket_path_;
   MetaWriter* const meta_;
   const std::string metadata_url_;
