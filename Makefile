@@ -26,7 +26,7 @@ STAMPS      := build/.stamps
 APT_PACKAGES := build-essential cmake ninja-build pkg-config \
 	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
 	libsqlite3-dev libfabric-dev libmariadb-dev libcurl4-openssl-dev mariadb-server libgtest-dev libfuse2 clang \
-	podman runc catatonit debootstrap iptables prometheus openssl stress-ng
+	podman runc catatonit debootstrap iptables prometheus openssl stress-ng fio
 
 .PHONY: setup build vllm-env test test-cpp test-thread-safety test-sanitize test-py test-stress soak demo bench gpu-check image clean
 

@@ -73,11 +73,37 @@ def _dd(path: str, nbytes: int) -> float:
     return seconds * nbytes / (count * (16 << 20))
 
 
+# fio's figure for the disk: O_DIRECT writes of 4 MiB, 16 in flight (libaio),
+# one fsync at the end; what a writer that keeps the disk busy gets.
+_FIO_BS = 4 << 20
+_FIO_NOTE = "fio O_DIRECT 4 MiB iodepth 16"
+
+
+def _fio(path: str, nbytes: int) -> float:
+    """Seconds for fio to write nbytes to path: O_DIRECT, 4 MiB blocks, 16
+    in flight (libaio), fsync at the end; from fio's own bandwidth figure."""
+    size = max(1, nbytes // _FIO_BS) * _FIO_BS
+    try:
+        out = subprocess.run(
+            ["fio", "--name=w", f"--filename={path}", "--rw=write", f"--bs={_FIO_BS}", "--iodepth=16",
+             "--ioengine=libaio", "--direct=1", f"--size={size}", "--end_fsync=1",
+             "--output-format=json"], check=True, capture_output=True, text=True).stdout
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    write = json.loads(out[out.index("{"):])["jobs"][0]["write"]  # fio may print notes first
+    return nbytes / write["bw_bytes"]
+
+
 def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
                  directory: str) -> dict[str, Any]:
     """Time-to-persisted through a server with `directory` as storage root,
-    against dd conv=fsync of the same bytes on the same filesystem."""
+    against dd conv=fsync and fio (O_DIRECT) of the same bytes on the same
+    filesystem."""
     res: dict[str, Any] = {}
+    fio = shutil.which("fio") is not None
+    if not fio:
+        res["fio_missing"] = "fio not found on PATH (make setup installs it)"
     root = os.path.join(directory, "storage")
     os.makedirs(root)
     server = LocalServer(memory_budget=str(4 * nbytes + (256 << 20)), storage_roots=[root]).start()
@@ -87,9 +113,9 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
             for p in (a, b):  # warm both buffers
                 tce.save(sd, p)
             tce.wait()
-            # Pairs (persist, dd) in turn: a disk's speed drifts, so only
+            # Pairs (persist, dd, fio) in turn: a disk's speed drifts, so only
             # ratios taken side by side mean something.
-            persist, dd, during, durable, torch_fsync = [], [], [], [], []
+            persist, dd, fio_s, during, durable, torch_fsync = [], [], [], [], [], []
             for _ in range(repeats):
                 t_save = time.perf_counter()
                 tce.save(sd, a)
@@ -99,6 +125,8 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
                 durable.append(time.perf_counter() - t_save)  # patch_torch(durable=True)
                 torch_fsync.append(_time(lambda: _torch_save_fsync(sd, os.path.join(root, "t.pt"))))
                 dd.append(_dd(os.path.join(root, "dd.bin"), nbytes))
+                if fio:
+                    fio_s.append(_fio(os.path.join(root, "fio.bin"), nbytes))
                 tce.save(sd, a)  # a's persistence now runs in the background...
                 t0 = time.perf_counter()
                 tce.save(sd, b)  # ...while this save blocks the "training rank"
@@ -107,6 +135,9 @@ def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
             res["tce_persist_s"] = statistics.median(persist)
             res["dd_fsync_s"] = statistics.median(dd)
             res["persist_vs_dd"] = statistics.median(d / p for p, d in zip(persist, dd))
+            if fio:
+                res["fio_direct_s"] = statistics.median(fio_s)
+                res["persist_vs_fio"] = statistics.median(f / p for p, f in zip(persist, fio_s))
             res["tce_save_while_persisting_s"] = statistics.median(during)
             res["tce_durable_s"] = statistics.median(durable)
             res["durable_vs_torch_fsync"] = statistics.median(t / d for d, t in zip(durable, torch_fsync))
@@ -367,6 +398,8 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
     add("floor", "pinned device-to-host copy (PCIe)", "pinned_copy_s")
     add("floor", "memcpy (warm, same bytes)", "memcpy_s")
     add("floor", "dd conv=fsync, same bytes, same fs", "dd_fsync_s")
+    add("floor", "fio O_DIRECT 4 MiB x16, same bytes, same fs", "fio_direct_s",
+        lambda: "libaio, --end_fsync=1; fio's own bandwidth")
     add("stall", "tce.save, blocking, steady state", "tce_save_s",
         lambda: f"{res['tce_save_vs_memcpy']:.0%} of memcpy"
         + (f", {res['tce_save_speedup_vs_torch_save']:.1f}x torch.save" if "torch_save_s" in res else ""))
@@ -396,7 +429,9 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
     add("modifiable", "tce.save, async: tensors free (fence)", "tce_async_modifiable_s")
     add("modifiable", "DCP async_save, pinned stager: staged", "dcp_async_pinned_modifiable_s")
     add("durable", "tce: commit -> persisted", "tce_persist_s",
-        lambda: f"{res['persist_vs_dd']:.0%} of dd conv=fsync (median of paired runs)")
+        lambda: (f"{res['persist_vs_fio']:.0%} of {_FIO_NOTE}, " if "persist_vs_fio" in res else
+                 f"no {_FIO_NOTE} figure: {res['fio_missing']}; " if "fio_missing" in res else "")
+        + f"{res['persist_vs_dd']:.0%} of dd conv=fsync (median of paired runs)")
     add("durable", "tce.save + wait (patch_torch durable=True)", "tce_durable_s",
         lambda: f"{res['durable_vs_torch_fsync']:.2f}x torch.save + fsync (median of paired runs)")
     add("durable", "DCP async_save: durable", "dcp_async_durable_s")
@@ -467,7 +502,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--persist-repeats", type=int, default=5,
                    help="timed runs of the persistence figures (they write to disk)")
     p.add_argument("--dir", default=None,
-                   help="directory for torch.save, dd and persisted files "
+                   help="directory for torch.save, dd, fio and persisted files "
                         "(default: a temp dir under /tmp)")
     p.add_argument("--use-running-server", action="store_true",
                    help="use the server on --socket / $TCE_SOCKET instead of starting one")
