@@ -55,7 +55,9 @@ class TempFile : public WritableFile {
   virtual Status SetMode(uint32_t mode) = 0;
   // fstat of the file (after Publish: the file now at its name).
   virtual Status Stat(FileStat* out) = 0;
-  // Call after Sync, before Close.
+  // Call after Sync, before Close. A file the name held stays referenced
+  // (not open for I/O) until this TempFile is destroyed: freeing a large
+  // file's blocks is slow, and the writer decides where that time is spent.
   virtual Status Publish(const std::string& name) = 0;
   // Removes the temp file's name, if it has one (after a failure).
   virtual void Discard() = 0;

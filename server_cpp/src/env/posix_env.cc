@@ -128,7 +128,10 @@ class PosixTempFile final : public TempFile {
   PosixTempFile(int dirfd, std::string dir, int fd, std::string name, std::string prefix)
       : file_(dir + "/" + (name.empty() ? "(unnamed)" : name), fd), dirfd_(dirfd), dir_(std::move(dir)),
         fd_(fd), name_(std::move(name)), prefix_(std::move(prefix)) {}
-  ~PosixTempFile() override { ::close(dirfd_); }
+  ~PosixTempFile() override {
+    if (replaced_ >= 0) ::close(replaced_);  // the replaced file's blocks are freed now
+    ::close(dirfd_);
+  }
   Status Append(const char* data, size_t n) override { return file_.Append(data, n); }
   Status WriteAt(uint64_t offset, const char* data, size_t n) override { return file_.WriteAt(offset, data, n); }
   Status Truncate(uint64_t size) override { return file_.Truncate(size); }
@@ -155,6 +158,10 @@ class PosixTempFile final : public TempFile {
         }
       }
     }
+    // Holds what the rename replaces (a path reference: no I/O, no access
+    // needed), so dropping its last link does not free its blocks inside the
+    // rename (ext4: ~140 ms a GiB); they are freed when this is destroyed.
+    if (replaced_ < 0) replaced_ = ::openat(dirfd_, name.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC);
     if (::renameat(dirfd_, name_.c_str(), dirfd_, name.c_str()) != 0) {
       const int err = errno;
       Discard();
@@ -175,6 +182,7 @@ class PosixTempFile final : public TempFile {
   const int fd_;      // owned by file_
   std::string name_;  // empty: unnamed, or published
   const std::string prefix_;
+  int replaced_ = -1;  // O_PATH: the file Publish replaced, until destroyed
 };
 
 class PosixDirectory final : public Directory {

@@ -50,6 +50,38 @@ TEST(PosixEnv, DirectWritesAlignedBlocksThenTruncates) {
   fs::remove_all(dir);
 }
 
+// Descriptors of this process that still reach the removed file once at `path`.
+int HeldDeleted(const std::string& path) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (fs::read_symlink(e.path(), ec).string() == path + " (deleted)") ++n;
+  }
+  return n;
+}
+
+TEST(PosixEnv, PublishHoldsTheReplacedFileUntilTheTempFileIsDestroyed) {
+  const std::string dir = fs::canonical(MakeTempDir("tce-envr")).string();
+  Env* env = Env::Default();
+  std::unique_ptr<Directory> d;
+  ASSERT_TRUE(env->OpenDirectory(dir, dir, /*create=*/false, &d).ok());
+  std::ofstream(dir + "/final") << "old";
+  std::unique_ptr<TempFile> f;
+  ASSERT_TRUE(d->NewTempFile(".tce-test.", /*direct=*/false, &f).ok());
+  ASSERT_TRUE(f->Append("new", 3).ok());
+  ASSERT_TRUE(f->Sync().ok());
+  ASSERT_TRUE(f->Publish("final").ok());
+  ASSERT_TRUE(f->Close().ok());
+  ASSERT_TRUE(d->Sync().ok());
+  std::ifstream in(dir + "/final");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "new");
+  // The old version's blocks are freed when the writer lets go, not in the rename.
+  EXPECT_EQ(HeldDeleted(dir + "/final"), 1);
+  f.reset();
+  EXPECT_EQ(HeldDeleted(dir + "/final"), 0);
+  fs::remove_all(dir);
+}
+
 }  // namespace tce
 
 namespace tce {

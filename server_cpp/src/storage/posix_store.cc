@@ -130,6 +130,49 @@ Status PosixStore::Open(const std::string& location, const PosixStoreOptions& op
 PosixStore::PosixStore(std::string root, const PosixStoreOptions& options)
     : root_(std::move(root)), options_(options) {}
 
+PosixStore::~PosixStore() {
+  std::thread releaser;
+  {
+    MutexLock l(&release_mu_);
+    stopping_ = true;
+    releaser = std::move(releaser_);
+  }
+  release_cv_.SignalAll();
+  if (releaser.joinable()) releaser.join();  // it frees what is queued before it ends
+}
+
+void PosixStore::Release(std::unique_ptr<TempFile> file) {
+  MutexLock l(&release_mu_);
+  if (!releaser_.joinable() && !stopping_) {
+    try {
+      releaser_ = std::thread([this] { ReleaseLoop(); });
+    } catch (const std::system_error& e) {  // out of threads (a pids limit): freed here
+      TCE_LOG(kWarning, "persist") << "cannot start the thread that frees replaced files (" << e.what()
+                                   << "): this write frees its own";
+    }
+  }
+  if (!releaser_.joinable()) {
+    l.Unlock();
+    file.reset();
+    return;
+  }
+  released_.push_back(std::move(file));
+  release_cv_.SignalAll();
+}
+
+void PosixStore::ReleaseLoop() {
+  MutexLock l(&release_mu_);
+  for (;;) {
+    while (released_.empty() && !stopping_) release_cv_.Wait(&release_mu_);
+    if (released_.empty()) return;
+    std::vector<std::unique_ptr<TempFile>> batch = std::move(released_);
+    released_.clear();
+    l.Unlock();
+    batch.clear();  // each closes the file it replaced: its blocks are freed here
+    l.Lock();
+  }
+}
+
 std::string PosixStore::Url(const std::string& key) const { return root_ == "/" ? "/" + key : root_ + "/" + key; }
 
 std::string PosixStore::EtagOf(const FileStat& st) {
@@ -247,8 +290,9 @@ Status PosixStore::WriteOnce(const std::string& key, const char* data, uint64_t 
   if (!s.ok()) file->Discard();
   Status closed = file->Close();
   if (s.ok()) s = closed;
-  if (!s.ok()) return s;
-  return dir->Sync();
+  if (s.ok()) s = dir->Sync();
+  Release(std::move(file));  // the replaced version is freed after this returns
+  return s;
 }
 
 Status PosixStore::Read(const std::string& key, uint64_t offset, uint64_t n, char* into, const std::string& etag,
