@@ -109,8 +109,9 @@ void Persister::Loop(size_t lane) {
     if (!cache_->StartPersist(item.key, item.retry, &job)) continue;
     std::vector<Record> records = job.records;
     FileStat written;
+    Mapping map;  // unmapped after FinishPersist
     const Stopwatch took(options_.clock);
-    Status s = Persist(job, &records, &written);
+    Status s = Persist(job, &map, &records, &written);
     const double secs = took.Seconds();
     ::close(job.fd);
     if (s.code() == Status::Code::kAborted) {
@@ -150,14 +151,20 @@ Status Persister::StoreOf(const PersistJob& job, ObjectStore** store, std::strin
   return Status::OK();
 }
 
-Status Persister::Persist(const PersistJob& job, std::vector<Record>* records, FileStat* written) {
+Persister::Mapping::~Mapping() {
+  if (addr) munmap(addr, len);
+}
+
+Status Persister::Persist(const PersistJob& job, Mapping* map, std::vector<Record>* records, FileStat* written) {
   Status s = ValidateZipTable(job.fd, job.size, *records);
   if (!s.ok()) return Status::InvalidArgument("the record table does not match the file: " + s.message());
   // Map whole blocks (O_DIRECT writes whole blocks; the tail is truncated).
   const uint64_t mapped = std::max<uint64_t>(std::min<uint64_t>(RoundUp(job.size, kBlock), job.capacity), 1);
-  void* map = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, job.fd, 0);
-  if (map == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer " + std::to_string(job.buffer_id));
-  auto* data = static_cast<unsigned char*>(map);
+  void* addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, job.fd, 0);
+  if (addr == MAP_FAILED) return Status::FromErrno(errno, "mmap buffer " + std::to_string(job.buffer_id));
+  map->addr = addr;
+  map->len = mapped;
+  auto* data = static_cast<unsigned char*>(addr);
   ZipCrcStream crcs(*records, job.size, /*patch=*/job.zip_crc32);
   // The CRCs are computed (and patched in) as the bytes go: those below
   // `end` before the chunk or part that ends there is written. A CRC patch
@@ -201,7 +208,6 @@ Status Persister::Persist(const PersistJob& job, std::vector<Record>* records, F
   }
   w.prepare(job.size);  // every CRC, even when the write failed before the end (a retry resumes)
   *records = crcs.records();
-  munmap(map, mapped);
   if (yielded.count() > 0)
     TCE_LOG(kDebug, "persist") << "path=" << job.path << " yielded " << yielded.count()
                                << "ms to saves in flight";
