@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -70,6 +71,10 @@ def test_bench_json(tmp_path):
                 "tce_persist_s", "tce_save_while_persisting_s", "dd_fsync_s", "persist_vs_dd",
                 "dcp_save_s", "dcp_async_blocking_s", "dcp_async_durable_s", "dcp_load_s"):
         assert res[key] > 0, key
+    if shutil.which("fio"):  # the disk's O_DIRECT figure, paired with each persist
+        assert res["fio_direct_s"] > 0 and res["persist_vs_fio"] > 0
+    else:
+        assert "fio" in res["fio_missing"]
     assert res["device"] == "cpu" and res["dtype"] == "float32"
     assert 30 << 20 <= res["bytes"] <= 40 << 20
     # A new process's first save and restore, from a filled pool, against
