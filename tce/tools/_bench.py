@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,23 +25,12 @@ import tce
 from tce import api, client
 from tce.tools import _coldbench, _dcpbench, _ringbench, _s3bench
 from tce.tools._server import LocalServer
-from tce.tools._workload import gpt_state_dict, parse_size
+from tce.tools._persistbench import FIO_NOTE, persistence, torch_save_fsync
+from tce.tools._workload import TINY, gpt_state_dict, median_s, parse_size, time_s
 
 
 def _nbytes(sd: dict[str, torch.Tensor]) -> int:
     return sum(v.untyped_storage().nbytes() for v in sd.values())
-
-
-def _time(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def _median(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    return statistics.median(_time(fn) for _ in range(repeats))
 
 
 @contextlib.contextmanager
@@ -62,103 +50,8 @@ def _restore_into(dst: dict[str, torch.Tensor], src: dict[str, torch.Tensor]) ->
         v.copy_(src[k])
 
 
-def _dd(path: str, nbytes: int) -> float:
-    """Seconds for `dd conv=fsync` to write nbytes (16 MiB blocks) to path."""
-    count = max(1, nbytes // (16 << 20))
-    t0 = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", f"count={count}", "conv=fsync"],
-                   check=True, capture_output=True)
-    seconds = time.perf_counter() - t0
-    os.unlink(path)
-    return seconds * nbytes / (count * (16 << 20))
-
-
-# fio's figure for the disk: O_DIRECT writes of 4 MiB, 16 in flight (libaio),
-# one fsync at the end; what a writer that keeps the disk busy gets.
-_FIO_BS = 4 << 20
-_FIO_NOTE = "fio O_DIRECT 4 MiB iodepth 16"
-
-
-def _fio(path: str, nbytes: int) -> float:
-    """Seconds for fio to write nbytes to path: O_DIRECT, 4 MiB blocks, 16
-    in flight (libaio), fsync at the end; from fio's own bandwidth figure."""
-    size = max(1, nbytes // _FIO_BS) * _FIO_BS
-    try:
-        out = subprocess.run(
-            ["fio", "--name=w", f"--filename={path}", "--rw=write", f"--bs={_FIO_BS}", "--iodepth=16",
-             "--ioengine=libaio", "--direct=1", f"--size={size}", "--end_fsync=1",
-             "--output-format=json"], check=True, capture_output=True, text=True).stdout
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    write = json.loads(out[out.index("{"):])["jobs"][0]["write"]  # fio may print notes first
-    return nbytes / write["bw_bytes"]
-
-
-def _persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
-                 directory: str) -> dict[str, Any]:
-    """Time-to-persisted through a server with `directory` as storage root,
-    against dd conv=fsync and fio (O_DIRECT) of the same bytes on the same
-    filesystem."""
-    res: dict[str, Any] = {}
-    fio = shutil.which("fio") is not None
-    if not fio:
-        res["fio_missing"] = "fio not found on PATH (make setup installs it)"
-    root = os.path.join(directory, "storage")
-    os.makedirs(root)
-    server = LocalServer(memory_budget=str(4 * nbytes + (256 << 20)), storage_roots=[root]).start()
-    try:
-        with client.override(socket=server.socket, on_unavailable="raise"):
-            a, b = os.path.join(root, "a.pt"), os.path.join(root, "b.pt")
-            for p in (a, b):  # warm both buffers
-                tce.save(sd, p)
-            tce.wait()
-            # Pairs (persist, dd, fio) in turn: a disk's speed drifts, so only
-            # ratios taken side by side mean something.
-            persist, dd, fio_s, during, durable, torch_fsync = [], [], [], [], [], []
-            for _ in range(repeats):
-                t_save = time.perf_counter()
-                tce.save(sd, a)
-                t0 = time.perf_counter()
-                tce.wait([a])
-                persist.append(time.perf_counter() - t0)
-                durable.append(time.perf_counter() - t_save)  # patch_torch(durable=True)
-                torch_fsync.append(_time(lambda: _torch_save_fsync(sd, os.path.join(root, "t.pt"))))
-                dd.append(_dd(os.path.join(root, "dd.bin"), nbytes))
-                if fio:
-                    fio_s.append(_fio(os.path.join(root, "fio.bin"), nbytes))
-                tce.save(sd, a)  # a's persistence now runs in the background...
-                t0 = time.perf_counter()
-                tce.save(sd, b)  # ...while this save blocks the "training rank"
-                during.append(time.perf_counter() - t0)
-                tce.wait()
-            res["tce_persist_s"] = statistics.median(persist)
-            res["dd_fsync_s"] = statistics.median(dd)
-            res["persist_vs_dd"] = statistics.median(d / p for p, d in zip(persist, dd))
-            if fio:
-                res["fio_direct_s"] = statistics.median(fio_s)
-                res["persist_vs_fio"] = statistics.median(f / p for p, f in zip(persist, fio_s))
-            res["tce_save_while_persisting_s"] = statistics.median(during)
-            res["tce_durable_s"] = statistics.median(durable)
-            res["durable_vs_torch_fsync"] = statistics.median(t / d for d, t in zip(durable, torch_fsync))
-            # A load of a persisted file first compares it with storage.
-            tiny = os.path.join(root, "tiny.pt")
-            tce.save(_TINY, tiny)
-            tce.wait([tiny])
-            res["tiny_load_checked_s"] = _median(lambda: tce.load(tiny), 200)
-            api.close()
-    finally:
-        server.stop()
-        server.cleanup()
-    return res
-
-
 class _Skipped(Exception):
     pass
-
-
-# A 1 KiB state dict: its load time is the per-file cost, not the bytes'.
-_TINY = {"w": torch.zeros(256)}
 
 
 def _sync(device: str) -> None:
@@ -175,7 +68,7 @@ def _pinned_copy_s(sd: dict[str, torch.Tensor], nbytes: int, repeats: int) -> fl
         dst.copy_(src, non_blocking=True)
         torch.cuda.synchronize()
 
-    seconds = _median(copy, repeats)
+    seconds = median_s(copy, repeats)
     del src, dst
     return seconds
 
@@ -195,7 +88,7 @@ def _dcp(sd: dict[str, torch.Tensor], directory: str, repeats: int) -> dict[str,
     def save() -> None:
         dcp.save(sd, checkpoint_id=fresh(), no_dist=True)
 
-    res["dcp_save_s"] = _median(save, repeats)
+    res["dcp_save_s"] = median_s(save, repeats)
 
     def async_run(stager: Any) -> tuple[float, float, float]:
         fresh()
@@ -242,7 +135,7 @@ def _dcp(sd: dict[str, torch.Tensor], directory: str, repeats: int) -> dict[str,
         dcp.load(target, checkpoint_id=where, no_dist=True)
         _sync(str(next(iter(sd.values())).device))
 
-    res["dcp_load_s"] = _median(load, repeats)
+    res["dcp_load_s"] = median_s(load, repeats)
     shutil.rmtree(where, ignore_errors=True)
     return res
 
@@ -264,7 +157,7 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
     # Floor: a warm-to-warm copy of the same number of bytes (the copy TCE does).
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)
     dst = torch.empty(nbytes, dtype=torch.uint8).fill_(0)
-    res["memcpy_s"] = _median(lambda: dst.copy_(src), repeats)
+    res["memcpy_s"] = median_s(lambda: dst.copy_(src), repeats)
     del src, dst
 
     def restore(load: Callable[[], Any]) -> Callable[[], None]:
@@ -294,7 +187,7 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
             if "tce" in skip:
                 raise _Skipped
             path = os.path.join(directory, "tce_bench_cache.pt")
-            res["tce_save_first_s"] = _time(lambda: tce.save(sd, path, tag="bench"))
+            res["tce_save_first_s"] = time_s(lambda: tce.save(sd, path, tag="bench"))
             res["memory_backing"] = api.status()["memory_backing"]
             # The steady state: the two buffers the saves alternate between,
             # and the pool refilled after them (between a job's checkpoints
@@ -303,7 +196,7 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
                 tce.save(sd, path, tag="bench")
             if server is not None:
                 _coldbench.wait_pool(server, close=False)
-            res["tce_save_s"] = _median(lambda: tce.save(sd, path, tag="bench"), repeats, warmup=0)
+            res["tce_save_s"] = median_s(lambda: tce.save(sd, path, tag="bench"), repeats, warmup=0)
             blocked, modifiable = [], []
             for _ in range(repeats + 1):
                 t0 = time.perf_counter()
@@ -317,12 +210,12 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
             def tce_load():
                 return tce.load(path, weights_only=True, map_location=device)
 
-            res["tce_load_s"] = _median(tce_load, repeats)
-            res["tce_restore_s"] = _median(restore(tce_load), repeats)
+            res["tce_load_s"] = median_s(tce_load, repeats)
+            res["tce_restore_s"] = median_s(restore(tce_load), repeats)
             tce.remove(path)
             tiny = os.path.join(directory, "tce_bench_tiny.pt")
-            tce.save(_TINY, tiny)
-            res["tiny_load_s"] = _median(lambda: tce.load(tiny), 200)
+            tce.save(TINY, tiny)
+            res["tiny_load_s"] = median_s(lambda: tce.load(tiny), 200)
             tce.remove(tiny)
             api.close()
     except _Skipped:
@@ -339,7 +232,7 @@ def run(size: int, *, repeats: int, directory: str, socket_path: str | None,
                                       repeats=repeats, device=device))
     if "persist" not in skip:
         with _part("persist"):
-            res.update(_persistence(sd, nbytes, repeats=persist_repeats, directory=directory))
+            res.update(persistence(sd, nbytes, repeats=persist_repeats, directory=directory))
     if "torch" not in skip:
         with _part("torch"):
             res.update(_torch(sd, model, restore, repeats=repeats, directory=directory,
@@ -367,24 +260,15 @@ def _torch(sd: dict[str, torch.Tensor], model: dict[str, torch.Tensor], restore:
     res: dict[str, Any] = {}
     fpath = os.path.join(directory, "tce_bench_torch.pt")
 
-    res["torch_save_s"] = _median(lambda: torch.save(sd, fpath), repeats)
-    res["torch_save_fsync_s"] = _median(lambda: _torch_save_fsync(sd, fpath), repeats)
-    res["torch_load_s"] = _median(lambda: torch.load(fpath, weights_only=True, map_location=device),
+    res["torch_save_s"] = median_s(lambda: torch.save(sd, fpath), repeats)
+    res["torch_save_fsync_s"] = median_s(lambda: torch_save_fsync(sd, fpath), repeats)
+    res["torch_load_s"] = median_s(lambda: torch.load(fpath, weights_only=True, map_location=device),
                                   repeats)
-    res["torch_restore_s"] = _median(
+    res["torch_restore_s"] = median_s(
         restore(lambda: torch.load(fpath, weights_only=True, map_location=device)), repeats
     )
     os.unlink(fpath)
     return res
-
-
-def _torch_save_fsync(sd: dict[str, torch.Tensor], path: str) -> None:
-    torch.save(sd, path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
@@ -429,8 +313,8 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str, float, str]]:
     add("modifiable", "tce.save, async: tensors free (fence)", "tce_async_modifiable_s")
     add("modifiable", "DCP async_save, pinned stager: staged", "dcp_async_pinned_modifiable_s")
     add("durable", "tce: commit -> persisted", "tce_persist_s",
-        lambda: (f"{res['persist_vs_fio']:.0%} of {_FIO_NOTE}, " if "persist_vs_fio" in res else
-                 f"no {_FIO_NOTE} figure: {res['fio_missing']}; " if "fio_missing" in res else "")
+        lambda: (f"{res['persist_vs_fio']:.0%} of {FIO_NOTE}, " if "persist_vs_fio" in res else
+                 f"no {FIO_NOTE} figure: {res['fio_missing']}; " if "fio_missing" in res else "")
         + f"{res['persist_vs_dd']:.0%} of dd conv=fsync (median of paired runs)")
     add("durable", "tce.save + wait (patch_torch durable=True)", "tce_durable_s",
         lambda: f"{res['durable_vs_torch_fsync']:.2f}x torch.save + fsync (median of paired runs)")

@@ -1,12 +1,16 @@
-"""What the benchmarks save: sizes as people write them, and GPT-shaped state dicts.
+"""What the benchmarks save and how they time it: sizes as people write
+them, GPT-shaped state dicts, a tiny one, and the median of timed runs.
 
-Shared by ``tce bench`` (:mod:`tce.tools._bench`) and ``tce bench --ring``
-(:mod:`tce.tools._ringbench`).
+Shared by ``tce bench`` (:mod:`tce.tools._bench`, :mod:`tce.tools._persistbench`)
+and ``tce bench --ring`` (:mod:`tce.tools._ringbench`).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+import time
+from typing import Any, Callable
 
 import torch
 
@@ -70,3 +74,21 @@ def gpt_state_dict(nbytes: int, *, dtype: torch.dtype = torch.float32,
             sd[f"h.{i}.{name}"] = t(*shape)
     sd["ln_f.weight"], sd["ln_f.bias"] = t(hidden), t(hidden)
     return sd
+
+
+# A 1 KiB state dict: its load time is the per-file cost, not the bytes'.
+TINY = {"w": torch.zeros(256)}
+
+
+def time_s(fn: Callable[[], Any]) -> float:
+    """Seconds one call of `fn` takes."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_s(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
+    """The median of `repeats` timed calls, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(time_s(fn) for _ in range(repeats))
