@@ -15,9 +15,11 @@ Status StorageRoots::Open(const std::string& setting, const StorageOptions& opti
   Status s = ParseStorageRoots(setting, &dirs, &urls);
   if (!s.ok()) return s;
   Env* env = options.file.env ? options.file.env : Env::Default();
-  for (const std::string& dir : dirs) {
+  for (const std::string& dir : dirs) {  // a root may be a symlink to its directory
+    std::string resolved;
     FileStat st;
-    s = env->Stat(dir, &st);
+    s = env->ResolvePath(dir, &resolved);
+    if (s.ok()) s = env->Stat(resolved, &st);
     if (s.code() == Status::Code::kNotFound || (s.ok() && !S_ISDIR(st.mode)))
       return Status::NotFound(dir + (s.ok() ? " is not a directory" : " does not exist") +
                               ": the server never creates a storage root (mount or create it first, or leave it out)");

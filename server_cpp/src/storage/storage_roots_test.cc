@@ -117,6 +117,12 @@ TEST_F(StorageRootsTest, OpenRefusesAMissingDirectoryRootAndReadsBothKinds) {
                                 "(mount or create it first, or leave it out)");
   ASSERT_TRUE(StorageRoots::Open(top_ + "/ckpt, " + top_ + "/outside", o, &roots).ok());
   EXPECT_EQ(roots->dirs(), (std::vector<std::string>{top_ + "/ckpt", top_ + "/outside"}));
+  // A root that is a symlink to a directory (a mount point's alias) is that directory.
+  Status linked = StorageRoots::Open(top_ + "/alias", o, &roots);
+  ASSERT_TRUE(linked.ok()) << linked.ToString();
+  EXPECT_EQ(roots->dirs(), std::vector<std::string>{top_ + "/ckpt/run1"});
+  fs::create_symlink(top_ + "/missing", top_ + "/dangling");
+  EXPECT_EQ(StorageRoots::Open(top_ + "/dangling", o, &roots).code(), Status::Code::kNotFound);
   EXPECT_TRUE(roots->objects().empty());
   EXPECT_EQ(StorageRoots::Open("relative", o, &roots).code(), Status::Code::kInvalidArgument);
 }
