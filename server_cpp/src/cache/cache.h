@@ -410,9 +410,6 @@ class Cache : public PoolBudget,
   void Revalidate(const FileKey& key);
   // Object roots (cache_objects.cc): what the key holds now, as a save's
   // snapshot or compared with `expected`.
-  const ObjectRoot* ObjectRootOf(const std::string& path, std::string* key) const {
-    return storage_->ObjectRootOf(path, key);
-  }
   // What the key holds, asked on the prober (bounded by the storage check
   // timeout: UNAVAILABLE past it).
   Status ProbeObject(const ObjectRoot& root, const std::string& key, ObjectId* out);

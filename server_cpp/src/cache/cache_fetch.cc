@@ -22,14 +22,14 @@ constexpr size_t kFillPiece = 256 << 10;
 }  // namespace
 
 bool Cache::FetchesOnMiss(const std::string& path) {
-  if (ObjectRootOf(path, nullptr)) return true;
+  if (storage_->ObjectRootOf(path, nullptr)) return true;
   return fetch_files_ && UnderStorage(path);
 }
 
 Status Cache::FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) {
   // Whether the path lies under a root is the caller's question
   // (FetchesOnMiss); the read itself opens nothing outside one (OpenAsUser).
-  if (!fetch_files_ && !ObjectRootOf(path, nullptr))
+  if (!fetch_files_ && !storage_->ObjectRootOf(path, nullptr))
     return Status::NotFound(path + " is not read from storage by this server");
   uid_t uid = 0;
   gid_t gid = 0;
@@ -85,7 +85,7 @@ size_t Cache::DropClaims(const std::string& job, const std::string& node) {
 }
 
 bool Cache::UnderStorage(const std::string& path) {
-  if (ObjectRootOf(path, nullptr)) return true;
+  if (storage_->ObjectRootOf(path, nullptr)) return true;
   return storage_->has_dirs() && storage_->CheckUnder(path).ok();
 }
 
@@ -99,7 +99,7 @@ Status Cache::LoadFromStorage(const std::string& job, const std::string& path, b
 Status Cache::ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) {
   out->clear();
   std::string key;  // the key a file in `dir` named "x" would have: its prefix is dir's
-  if (const ObjectRoot* root = ObjectRootOf(dir + "/x", &key)) {
+  if (const ObjectRoot* root = storage_->ObjectRootOf(dir + "/x", &key)) {
     std::vector<ListedObject> listed;  // the job's owner's (and unowned) objects
     Status s = root->store->List(key.substr(0, key.size() - 1), JobRequester(job), &listed);
     if (!s.ok()) return s;
@@ -139,7 +139,7 @@ Status Cache::FetchStored(const std::string& job, const std::string& path, uid_t
     }
     std::string key;
     uint64_t size = 0;
-    const ObjectRoot* root = ObjectRootOf(path, &key);
+    const ObjectRoot* root = storage_->ObjectRootOf(path, &key);
     Status r = root ? FetchObjectOnce(*root, key, job, path, uid, gid, &size) : FetchFileOnce(job, path, uid, gid, &size);
     if (r.ok()) loads_.Note(job, LoadFrom::kStorage, size, for_peer);
     if (r.ok() && read_here) *read_here = true;  // only the call that reads runs this

@@ -66,7 +66,7 @@ Status Cache::ReadObjectRange(const std::string& session, const std::string& job
                               uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
                               ObjectId* id) {
   std::string key;
-  const ObjectRoot* root = ObjectRootOf(path, &key);
+  const ObjectRoot* root = storage_->ObjectRootOf(path, &key);
   if (!root) return Status::NotFound(path + " is not under an object storage root");
   Requester who;
   {
@@ -120,7 +120,7 @@ Status Cache::ReadObjectRange(const std::string& session, const std::string& job
 
 Status Cache::DeleteObject(const std::string& session, const std::string& job, const std::string& path) {
   std::string key;
-  const ObjectRoot* root = ObjectRootOf(path, &key);
+  const ObjectRoot* root = storage_->ObjectRootOf(path, &key);
   if (!root) return Status::InvalidArgument(path + " is not under an object storage root");
   Requester who;
   {
@@ -144,7 +144,7 @@ Status Cache::ListStored(const std::string& session, const std::string& job, con
                          std::vector<FileInfo>* out) {
   out->clear();
   std::string key;  // the key a file in `dir` named "x" would have: its prefix is dir's
-  const ObjectRoot* root = ObjectRootOf(dir + "/x", &key);
+  const ObjectRoot* root = storage_->ObjectRootOf(dir + "/x", &key);
   if (!root) return Status::InvalidArgument(dir + " is not under an object storage root");
   Requester who;
   {
@@ -170,7 +170,7 @@ Status Cache::ListStored(const std::string& session, const std::string& job, con
 }
 
 bool Cache::MarkerMustWait(const FileKey& key, const FileInfo& f) const {
-  if (f.tag.empty() || !IsTagMarker(f.path) || !ObjectRootOf(f.path, nullptr)) return false;
+  if (f.tag.empty() || !IsTagMarker(f.path) || !storage_->ObjectRootOf(f.path, nullptr)) return false;
   return LocalTagFilesPending(key, f) || PeersMustConfirm(key, f, nullptr);
 }
 

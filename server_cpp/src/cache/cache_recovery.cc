@@ -47,7 +47,7 @@ Status Cache::CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>&
     const std::string names = "tag " + tag.tag + " names " + f->path + " (" + std::to_string(f->size) + " bytes), ";
     if (listed.count(f->path))
       return Status::FailedPrecondition(names + "which the ring listed as this node's but did not give back");
-    if (!storage_->has_dirs() || ObjectRootOf(f->path, nullptr)) continue;  // memory only, or an object (not checked here)
+    if (!storage_->has_dirs() || storage_->ObjectRootOf(f->path, nullptr)) continue;  // memory only, or an object (not checked here)
     auto result = std::make_shared<std::pair<Status, DiskIdentity>>();
     std::shared_ptr<const StorageRoots> roots = storage_;
     std::string p = f->path;
@@ -200,7 +200,7 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
 StorageCheck Cache::CheckRecovered(const FileInfo& f, DiskIdentity* here) {
   if (!persistence_enabled()) return {Verdict::kElsewhere, "nothing to compare"};
   std::string key;
-  if (const ObjectRoot* root = ObjectRootOf(f.path, &key)) {
+  if (const ObjectRoot* root = storage_->ObjectRootOf(f.path, &key)) {
     if (!f.disk.known) {  // what the bucket holds, to compare with nothing
       ObjectId now;
       Status s = ProbeObject(*root, key, &now);

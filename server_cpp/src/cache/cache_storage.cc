@@ -11,7 +11,7 @@ namespace tce {
 Status Cache::SnapshotFor(const std::string& session, const std::string& path, DiskIdentity* out) {
   if (!persistence_enabled()) return Status::OK();  // memory only: a path is a name
   std::string key;
-  if (const ObjectRoot* root = ObjectRootOf(path, &key)) {
+  if (const ObjectRoot* root = storage_->ObjectRootOf(path, &key)) {
     Requester who;
     Status s = SessionRequester(session, &who);
     return s.ok() ? SnapshotObject(*root, key, path, who, out) : s;
@@ -110,7 +110,7 @@ void Cache::Revalidate(const FileKey& key) {
   std::string path = key.second;
   StorageCheck c;
   std::string object_key;
-  if (const ObjectRoot* root = ObjectRootOf(path, &object_key))
+  if (const ObjectRoot* root = storage_->ObjectRootOf(path, &object_key))
     c = CheckObject(*root, object_key, expected);
   else if (prober_->Run([=] { *result = CheckPath(*roots, path, expected); }))
     c = *result;

@@ -198,7 +198,7 @@ int Daemon::OpenMetadata() {
   // a symlink.
   std::vector<std::string> recorded_paths;
   for (const FileInfo& f : recorded_files_) recorded_paths.push_back(f.path);
-  Persister::RemoveStaleTemps(*storage_, recorded_paths, StorageSettings(opt_).file.temp_prefix);
+  Persister::RemoveStaleTemps(*storage_, recorded_paths, TempPrefix(EffectiveServerId(opt_)));
   meta_ = std::make_unique<MetaWriter>(std::move(store), server_id, getpid());
   return 0;
 }

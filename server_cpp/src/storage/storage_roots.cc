@@ -7,6 +7,15 @@
 #include "storage/identity.h"
 
 namespace tce {
+namespace {
+
+// `resolved` (under `root`) below the root: "" for the root itself.
+std::string Below(const std::string& root, const std::string& resolved) {
+  const size_t skip = root == "/" ? 1 : root.size() + 1;
+  return resolved.size() > skip ? resolved.substr(skip) : "";
+}
+
+}  // namespace
 
 Status StorageRoots::Open(const std::string& setting, const StorageOptions& options,
                           std::shared_ptr<StorageRoots>* out) {
@@ -74,8 +83,8 @@ Status StorageRoots::Locate(const std::string& path, Location* out) const {
     return Status::PermissionDenied(dir + " resolves to " + out->dir + ", which is not under a storage root");
   out->store = dir_stores_[i].get();
   out->root = dirs_[i];
-  const size_t skip = out->root == "/" ? 1 : out->root.size() + 1;
-  out->key = (out->dir.size() > skip ? out->dir.substr(skip) + "/" : "") + path.substr(path.rfind('/') + 1);
+  const std::string below = Below(out->root, out->dir);
+  out->key = (below.empty() ? "" : below + "/") + path.substr(path.rfind('/') + 1);
   return Status::OK();
 }
 
@@ -102,8 +111,7 @@ Status StorageRoots::OpenDirectory(const std::string& dir, std::unique_ptr<Direc
   if (!s.ok()) return s;
   const int i = DirRootOf(r);
   if (i < 0) return Status::PermissionDenied(dir + " resolves to " + r + ", which is not under a storage root");
-  const size_t skip = dirs_[i] == "/" ? 1 : dirs_[i].size() + 1;
-  return dir_stores_[i]->OpenDirectory(r.size() > skip ? r.substr(skip) : "", /*create=*/false, out);
+  return dir_stores_[i]->OpenDirectory(Below(dirs_[i], r), /*create=*/false, out);
 }
 
 }  // namespace tce
