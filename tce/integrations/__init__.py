@@ -6,7 +6,8 @@ private modules; the package itself (:mod:`tce`) takes what it re-exports
 from here.
 """
 
-from tce.integrations._deepspeed import attach, engine_class, install_deepspeed
+from tce.integrations._deepspeed import engine_class
+from tce.integrations._deepspeed_hook import attach, install_deepspeed
 from tce.integrations._patch import patch_torch, unpatch_torch
 
 __all__ = ["attach", "engine_class", "install_deepspeed", "patch_torch", "unpatch_torch"]
