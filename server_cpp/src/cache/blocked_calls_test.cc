@@ -46,7 +46,7 @@ TEST_F(BlockedCallsTest, AWaitForAVersionEndsWhenTheCallerGoes) {
   Status result;
   TagInfo tag;
   std::thread t = Blocked([&] {
-    result = cache_.GetVersion(session_, "nobodys", 0, std::chrono::hours(24), kNoDeadline, &tag,
+    result = cache_.publication()->GetVersion(session_, "nobodys", 0, std::chrono::hours(24), kNoDeadline, &tag,
                                [&] { return gone.load(); });
   });
   gone = true;
@@ -60,7 +60,7 @@ TEST_F(BlockedCallsTest, AWaitForAVersionEndsWhenItsSessionCloses) {
   Status result;
   TagInfo tag;
   std::thread t = Blocked([&] {
-    result = cache_.GetVersion(session_, "nobodys", 0, std::chrono::hours(24), kNoDeadline, &tag,
+    result = cache_.publication()->GetVersion(session_, "nobodys", 0, std::chrono::hours(24), kNoDeadline, &tag,
                                [] { return false; });
   });
   cache_.CloseSession(session_);  // no time passes: the close itself wakes it

@@ -20,6 +20,15 @@ namespace {
 
 constexpr size_t kFatesKept = 65536;
 
+PublicationOptions PublicationOf(const SessionLimits& limits) {
+  PublicationOptions o;
+  o.version_lease = limits.version_lease;
+  o.version_lease_max = limits.version_lease_max;
+  o.read_grants = limits.read_grants;
+  o.max_grants_per_job = limits.metadata.max_grants_per_job;
+  return o;
+}
+
 }  // namespace
 
 void Cache::Note(const FileInfo& f, bool removed) {
@@ -61,16 +70,15 @@ Cache::Cache(CacheOptions options)
       backing_(options.backing),
       sessions_(options.clock),
       restores_(options.restores ? std::move(options.restores)
-                                 : std::make_shared<RestoreTracker>(options.clock, options.restore_wait)) {
+                                 : std::make_shared<RestoreTracker>(options.clock, options.restore_wait)),
+      publication_side_(MakePublicationSide()),
+      publication_(std::make_unique<Publication>(PublicationOf(options.limits), options.clock, &tags_,
+                                                 publication_side_.get())) {
   const SessionLimits& limits = options.limits;
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
   sessions_.set_max_leases(limits.max_leases_per_session);
-  version_lease_ = limits.version_lease;
-  version_lease_max_ = limits.version_lease_max;
-  grants_.SetServerWide(limits.read_grants);
   owners_.set_max_jobs_per_uid(limits.metadata.max_jobs_per_uid);
-  grants_.set_max_per_job(limits.metadata.max_grants_per_job);
   quota_.SetLimits(limits.metadata);
   lock.Unlock();
   if (options.prealloc > 0) pool_ = std::make_unique<BufferPool>(options.prealloc, backing_, this);
@@ -102,7 +110,7 @@ CacheStats Cache::TallyLocked() const {
   s.files = files_.size();
   s.sessions = sessions_.size();
   s.leases = sessions_.leases();
-  s.version_leases = version_leases_.size();
+  s.version_leases = publication_->leases();
   s.metadata_bytes = quota_.used();
   s.metadata_budget = quota_.limits().budget;
   s.replica_files = replicas_.size();

@@ -50,7 +50,7 @@
 #include "cache/metadata_quota.h"
 #include "cache/persist_feed.h"
 #include "cache/persist_source.h"
-#include "cache/read_grants.h"
+#include "cache/publication.h"
 #include "cache/restore_tracker.h"
 #include "cache/ring_store.h"
 #include "cache/ring_table.h"
@@ -65,7 +65,6 @@
 #include "storage/object_store.h"
 #include "cache/storage_check.h"
 #include "cache/tag_registry.h"
-#include "cache/version_leases.h"
 
 namespace tce {
 
@@ -74,7 +73,6 @@ class Cache : public PoolBudget,
               public ClientStore,
               public SessionStore,
               public StoredFiles,
-              public VersionStore,
               public PersistSource,
               public RingStore,
               public RecoveryStore,
@@ -125,19 +123,6 @@ class Cache : public PoolBudget,
   Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
                  std::vector<std::string> endpoints, std::string* successor) override EXCLUDES(mu_);
   Status CheckRangeRead(const std::string& session, const std::string& job) override EXCLUDES(mu_);
-  // ---- VersionStore (cache/version_store.h) ----
-  Status GetVersion(const std::string& session, const std::string& job, uint64_t after,
-                    std::chrono::milliseconds wait, Clock::TimePoint call_deadline,
-                    TagInfo* out, const CallerGone& gone = {}) override EXCLUDES(mu_);
-  Status AcquireVersion(const std::string& session, const std::string& job, uint64_t version,
-                        std::chrono::milliseconds lease, VersionGrant* out) override EXCLUDES(mu_);
-  Status RenewVersion(const std::string& session, uint64_t lease_id, std::chrono::milliseconds lease,
-                      std::chrono::milliseconds* granted) override EXCLUDES(mu_);
-  Status ReleaseVersion(const std::string& session, uint64_t lease_id) override EXCLUDES(mu_);
-  Status GrantRead(const std::string& session, const std::string& job, ReadGrants::Ids* ids, bool revoke) override
-      EXCLUDES(mu_);
-  size_t ExpireVersionLeases() override EXCLUDES(mu_);
-
   // ---- PersistSource (cache/persist_source.h) ----
   void SetPersistFeed(PersistFeed* feed) override EXCLUDES(mu_);
   bool StartPersist(const FileKey& key, bool retry, PersistJob* out) override EXCLUDES(mu_);
@@ -182,16 +167,9 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
-  Status PeerGetVersion(const std::string& job, uint64_t after, uint64_t epoch, std::chrono::milliseconds wait,
-                        const std::string& node, TagInfo* out, std::vector<std::string>* nodes) override
-      EXCLUDES(mu_);
-  Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
-                              const std::string& node) override EXCLUDES(mu_);
   void VersionDigests(TagInfo* tag, std::vector<DigestPin>* pins) override EXCLUDES(mu_);
   void RecordDigests(const TagInfo& tag) override EXCLUDES(mu_);
-  Status AddFollower(const std::string& job, uid_t owner, uid_t reader) override EXCLUDES(mu_);
   Status AdoptFollowed(TagInfo tag) override EXCLUDES(mu_);
-  void PassOnGrants(const std::string& job, const std::vector<std::string>& nodes) override EXCLUDES(mu_);
   Status ReserveReplica(const std::string& job, uint64_t size, std::unique_ptr<Buffer>* out) override
       EXCLUDES(mu_);
   Status AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
@@ -260,6 +238,10 @@ class Cache : public PoolBudget,
   // The pool new buffers come from first (CacheOptions::prealloc; null:
   // none), for the daemon to start and stop its filler.
   BufferPool* pool() { return pool_.get(); }
+  // Who may read the published versions, and the readers' leases on them
+  // (cache/publication.h): the RPC layer's VersionStore, the peer port's
+  // and the follower's NodeGrants.
+  Publication* publication() { return publication_.get(); }
   // The jobs being pulled back from the ring (CacheOptions::restores, or
   // the Cache's own): loads wait for them, the replicator ends them.
   RestoreTracker* restores() { return restores_.get(); }
@@ -295,6 +277,9 @@ class Cache : public PoolBudget,
   // SessionTable::Check, then JobOwners::Check (or Claim) with the session's uid.
   Status CheckAccess(const std::string& session, const std::string& job, const std::string& what,
                      bool claim = false) REQUIRES(mu_);
+  // CloseSession under mu_: its allocations, leases and mappings end;
+  // false when there is no such session.
+  bool CloseSessionHere(const std::string& session) EXCLUDES(mu_);
   // Ends the lease and lets go of the buffer it held.
   void DropLease(uint64_t lease_id) REQUIRES(mu_);
   // Makes `mem` one of the cache's buffers (counted in used_; `created`: a
@@ -303,29 +288,16 @@ class Cache : public PoolBudget,
   // A buffer nobody holds any more: FREE for reuse, or destroyed when it
   // may not be reused (Buf::no_reuse). `buf` may be gone after.
   void FreeBuffer(Buf& buf) REQUIRES(mu_);
-  // SessionTable::Check, then may the session's uid read the job's
-  // published versions (owner, administrator or grant)?
-  Status CheckReader(const std::string& session, const std::string& job) REQUIRES(mu_);
-  // May uid/gid read the job's published versions (`admin_ok`: an
-  // administrator may)? PERMISSION_DENIED saying why.
-  Status ReaderAllowed(uid_t uid, gid_t gid, const std::string& job, bool admin_ok) REQUIRES(mu_);
   // The file (job, path) for a reader of the version recorded as `tag`: the
   // node's own, else a replica brought for that version; null when neither
   // (a replica of another version is not it).
   const FileInfo* VersionFile(const std::string& job, const std::string& path, const std::string& tag) const
       REQUIRES(mu_);
-  // Ends a version lease: its file leases are dropped; with a reason `why`
-  // (it did not end by its reader's choice: expired, revoked) its buffers
-  // are also marked no_reuse, and it is logged.
-  void EndVersionLease(uint64_t id, const char* why) REQUIRES(mu_);
-  // What MetadataQuota counts for a version lease holding `file_leases`.
-  static uint64_t LeaseBytes(size_t file_leases);
-  // Ends the leases on the job's versions whose readers may not read it
-  // any more (a grant was revoked).
-  void EndRevokedLeases(const std::string& job) REQUIRES(mu_);
-  // ReaderAllowed's rule, quietly: *why says why not.
-  bool MayRead(uid_t uid, gid_t gid, const std::string& job, bool admin_ok, std::string* why) const
-      REQUIRES(mu_);
+  // PublicationHost::PinVersion (cache/publication.h).
+  Status PinVersion(const std::string& session, const TagInfo& tag, size_t session_leases, size_t uid_leases,
+                    VersionGrant* out, std::vector<uint64_t>* file_leases, uid_t* uid, uint64_t* charged)
+      EXCLUDES(mu_);
+  std::unique_ptr<PublicationHost> MakePublicationSide();
   // Tags (cache_tags.cc). Forgets the job's oldest other tags while it would hold more than
   // max_tags_per_job, or while `tag`'s record does not fit its owner's share
   // of metadata_budget; RESOURCE_EXHAUSTED when it cannot fit at all.
@@ -342,7 +314,6 @@ class Cache : public PoolBudget,
   uid_t TagOwner(const std::string& job) const REQUIRES(mu_);
   // JobOwners::Restore, counting a job new here against MetadataQuota.
   void RestoreOwner(const std::string& job, uid_t uid, gid_t gid = JobOwners::kNoGid) REQUIRES(mu_);
-  std::chrono::milliseconds LeaseLength(std::chrono::milliseconds asked) const REQUIRES(mu_);
   // One wait of a blocked call on `cv` until `deadline`: false once the
   // deadline passed. With `gone`, it wakes at least every kCallerGonePoll
   // and *status is CANCELLED when the caller went away.
@@ -523,10 +494,6 @@ class Cache : public PoolBudget,
   SessionTable sessions_ GUARDED_BY(mu_);  // sessions and their leases
   JobOwners owners_ GUARDED_BY(mu_);
   MetadataQuota quota_ GUARDED_BY(mu_);  // tags, job names, grants, version leases
-  ReadGrants grants_ GUARDED_BY(mu_);
-  VersionLeases version_leases_ GUARDED_BY(mu_);
-  std::chrono::milliseconds version_lease_ GUARDED_BY(mu_){std::chrono::seconds(300)};
-  std::chrono::milliseconds version_lease_max_ GUARDED_BY(mu_){std::chrono::seconds(3600)};
   // (job, tag) -> the version of each of its files held here when it was
   // published: a file saved again since is not that version's any more.
   std::map<std::pair<std::string, std::string>, std::map<std::string, uint64_t>> published_ GUARDED_BY(mu_);
@@ -536,8 +503,6 @@ class Cache : public PoolBudget,
   // Buffers lent out for a replica (ReserveReplica) -> the sessions that
   // keep them mapped, given back to the buffer when it is adopted.
   std::map<uint64_t, std::set<std::string>> lent_readers_ GUARDED_BY(mu_);
-  CondVar versions_cv_;  // a version was published, or waits must end
-  bool versions_stopped_ GUARDED_BY(mu_) = false;
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
   RingTable rings_ GUARDED_BY(mu_);
@@ -570,6 +535,11 @@ class Cache : public PoolBudget,
   std::string InstallRing(const std::string& job, int32_t node_rank,
                           std::vector<std::string> endpoints) REQUIRES(mu_);
   void QueueDrop(const FileInfo& f) REQUIRES(mu_);
+  // The publication asks the Cache through PublicationSide
+  // (cache_versions.cc), which holds no state of its own.
+  class PublicationSide;
+  const std::unique_ptr<PublicationHost> publication_side_;
+  const std::unique_ptr<Publication> publication_;  // the TagRegistry and PublicationSide outlive it
   // Last: destroyed first, while the budget it gives its bytes back to is whole.
   std::unique_ptr<BufferPool> pool_;
 };

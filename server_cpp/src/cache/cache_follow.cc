@@ -24,62 +24,6 @@ const FileInfo* Cache::VersionFile(const std::string& job, const std::string& pa
   return at != snapshot->second.end() && at->second == replica->second.version ? &replica->second : nullptr;
 }
 
-namespace {
-
-// A following node's refusal: why, and never whose the job is.
-Status NodeRefused(const std::string& job, const std::string& node, const std::string& why) {
-  return Status::PermissionDenied("node " + node + " may not follow job '" + job + "' here: " + why);
-}
-
-}  // namespace
-
-Status Cache::PeerGetVersion(const std::string& job, uint64_t after, uint64_t epoch, std::chrono::milliseconds wait,
-                             const std::string& node, TagInfo* out, std::vector<std::string>* nodes) {
-  // `after` of another numbering than the job's here (a restarted source,
-  // or a node that followed another): any version is newer.
-  if (epoch && epoch != tags_.Epoch(job)) after = 0;
-  MutexLock lock(&mu_);
-  const Clock::TimePoint deadline = clock_->Now() + wait;
-  *out = TagInfo();
-  bool found = false;
-  for (;;) {  // the grant again after each wait: it may be gone
-    uid_t owner = 0;
-    if (!owners_.Owner(job, &owner)) return Status::NotFound("job '" + job + "' has no published version here");
-    std::string why;
-    if (!grants_.AllowsNode(job, node, &why)) return NodeRefused(job, node, why);
-    if ((found = tags_.Newest(job, after, out))) {
-      *out = WeightFilesOf(std::move(*out));  // never the optimizer's state
-      break;
-    }
-    if (versions_stopped_) return Status::Unavailable("the server is shutting down");
-    if (clock_->Now() >= deadline) break;
-    clock_->WaitUntil(&versions_cv_, &mu_, deadline);
-  }
-  const std::set<std::string> granted = grants_.Nodes(job);
-  nodes->assign(granted.begin(), granted.end());
-  if (!found)
-    return Status::DeadlineExceeded("job '" + job + "' has no version newer than " + std::to_string(after) + " here");
-  return Status::OK();
-}
-
-Status Cache::CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
-                                   const std::string& node) {
-  MutexLock lock(&mu_);
-  uid_t owner = 0;
-  if (!owners_.Owner(job, &owner)) return Status::NotFound("job '" + job + "' has no published version here");
-  std::string why;
-  if (!grants_.AllowsNode(job, node, &why)) return NodeRefused(job, node, why);
-  TagInfo t;
-  if (!tags_.Find(job, tag, &t)) return Status::NotFound("no version " + tag + " of job '" + job + "' here");
-  if (!IsWeightFile(path))
-    return Status::PermissionDenied(path + " is no weight file of job '" + job +
-                                    "': optimizer, scheduler and RNG states are not given to following nodes");
-  for (const TagFile& f : t.files)
-    if (f.path == path) return Status::OK();
-  return Status::PermissionDenied(path + " is not a file of version " + std::to_string(t.version) + " (" + tag +
-                                  ") of job '" + job + "' here");
-}
-
 void Cache::VersionDigests(TagInfo* tag, std::vector<DigestPin>* pins) {
   pins->clear();
   MutexLock lock(&mu_);
@@ -116,25 +60,6 @@ void Cache::RecordDigests(const TagInfo& tag) {
   tags_.SetDigests(tag.job, tag.tag, tag.version, crc32);
 }
 
-Status Cache::AddFollower(const std::string& job, uid_t owner, uid_t reader) {
-  Status s = ValidateName("job", job, /*allow_empty=*/false, /*allow_slash=*/true);
-  if (!s.ok()) return s;
-  MutexLock lock(&mu_);
-  uid_t here = 0;
-  if (owners_.Owner(job, &here) && here != owner)
-    return Status::FailedPrecondition("job '" + job + "' belongs to uid " + std::to_string(here) +
-                                      " here: a followed job is this server's own (uid " + std::to_string(owner) +
-                                      "), so it cannot follow a job of that name");
-  RestoreOwner(job, owner);
-  if (reader != owner) return grants_.Change(job, ReadGrants::Ids{{reader}, {}, {}}, /*revoke=*/false, nullptr);
-  return Status::OK();
-}
-
-void Cache::PassOnGrants(const std::string& job, const std::vector<std::string>& nodes) {
-  MutexLock lock(&mu_);
-  grants_.PassOn(job, {nodes.begin(), nodes.end()});
-}
-
 Status Cache::AdoptFollowed(TagInfo tag) {
   Status s = ValidateName("job", tag.job, /*allow_empty=*/false, /*allow_slash=*/true);
   if (s.ok()) {
@@ -166,7 +91,7 @@ Status Cache::AdoptFollowed(TagInfo tag) {
                                  << " is numbered " << recorded.version << " here";
   published_.erase({job, name});  // its files here are the replicas brought for it
   TCE_LOG(kInfo, "weights") << "followed job=" << job << " tag=" << name << " version=" << recorded.version;
-  versions_cv_.SignalAll();
+  publication_->Changed();
   return Status::OK();
 }
 

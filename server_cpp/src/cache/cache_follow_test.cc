@@ -32,30 +32,30 @@ TEST_F(FollowTest, AFollowingNodeIsCheckedAgainstTheNodesTheOwnerGranted) {
   TagInfo t;
   std::vector<std::string> nodes;
   const auto now = std::chrono::milliseconds(0);
-  Status s = cache_.PeerGetVersion("job", 0, 0, now, granted, &t, &nodes);
+  Status s = cache_.publication()->PeerGetVersion("job", 0, 0, now, granted, &t, &nodes);
   EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
   EXPECT_EQ(s.message(), "node 10.0.0.2:7070 may not follow job 'job' here: no read grant for node 10.0.0.2:7070");
   EXPECT_EQ(s.message().find(std::to_string(kOwner)), std::string::npos) << "a peer is not told whose the job is";
   ReadGrants::Ids ids{{}, {}, {granted}};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
+  ASSERT_TRUE(cache_.publication()->GrantRead(owner_, "job", &ids, false).ok());
   EXPECT_EQ(ids.nodes, std::set<std::string>{granted});
-  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, 0, now, granted, &t, &nodes).ok());
+  ASSERT_TRUE(cache_.publication()->PeerGetVersion("job", 0, 0, now, granted, &t, &nodes).ok());
   EXPECT_EQ(t.version, 1u);
   EXPECT_EQ(nodes, std::vector<std::string>{granted});
-  EXPECT_EQ(cache_.PeerGetVersion("job", 0, 0, now, other, &t, &nodes).code(), Status::Code::kPermissionDenied);
-  EXPECT_EQ(cache_.PeerGetVersion("job", 1, 0, now, granted, &t, &nodes).code(), Status::Code::kDeadlineExceeded);
-  EXPECT_EQ(cache_.PeerGetVersion("job", 1, t.epoch, now, granted, &t, &nodes).code(),
+  EXPECT_EQ(cache_.publication()->PeerGetVersion("job", 0, 0, now, other, &t, &nodes).code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(cache_.publication()->PeerGetVersion("job", 1, 0, now, granted, &t, &nodes).code(), Status::Code::kDeadlineExceeded);
+  EXPECT_EQ(cache_.publication()->PeerGetVersion("job", 1, t.epoch, now, granted, &t, &nodes).code(),
             Status::Code::kDeadlineExceeded);
-  ASSERT_TRUE(cache_.PeerGetVersion("job", 5, t.epoch + 1, now, granted, &t, &nodes).ok())
+  ASSERT_TRUE(cache_.publication()->PeerGetVersion("job", 5, t.epoch + 1, now, granted, &t, &nodes).ok())
       << "a version above 5 of another numbering: any version here is newer";
   EXPECT_EQ(t.version, 1u);
-  EXPECT_EQ(cache_.PeerGetVersion("nojob", 0, 0, now, granted, &t, &nodes).code(), Status::Code::kNotFound);
-  EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "s1", "/c/m.pt", granted).ok());
-  EXPECT_EQ(cache_.CheckPeerVersionRead("job", "s1", "/c/other.pt", granted).message(),
+  EXPECT_EQ(cache_.publication()->PeerGetVersion("nojob", 0, 0, now, granted, &t, &nodes).code(), Status::Code::kNotFound);
+  EXPECT_TRUE(cache_.publication()->CheckPeerVersionRead("job", "s1", "/c/m.pt", granted).ok());
+  EXPECT_EQ(cache_.publication()->CheckPeerVersionRead("job", "s1", "/c/other.pt", granted).message(),
             "/c/other.pt is not a file of version 1 (s1) of job 'job' here");
-  EXPECT_EQ(cache_.CheckPeerVersionRead("job", "s1", "/c/m.pt", other).code(), Status::Code::kPermissionDenied);
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, /*revoke=*/true).ok());
-  s = cache_.CheckPeerVersionRead("job", "s1", "/c/m.pt", granted);
+  EXPECT_EQ(cache_.publication()->CheckPeerVersionRead("job", "s1", "/c/m.pt", other).code(), Status::Code::kPermissionDenied);
+  ASSERT_TRUE(cache_.publication()->GrantRead(owner_, "job", &ids, /*revoke=*/true).ok());
+  s = cache_.publication()->CheckPeerVersionRead("job", "s1", "/c/m.pt", granted);
   EXPECT_EQ(s.message(),
             "node 10.0.0.2:7070 may not follow job 'job' here: the owner revoked the read grant of node 10.0.0.2:7070");
 }
@@ -76,21 +76,21 @@ TEST_F(FollowTest, AFollowingNodeIsGivenTheWeightFilesOfAVersionOnly) {
           {{0, "/c/mp_rank_00_model_states.pt", 4096}, {0, "/c/zero_pp_rank_0_mp_rank_00_optim_states.pt", 8192}});
   const std::string node = "10.0.0.2:7070";
   ReadGrants::Ids ids{{}, {}, {node}};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
+  ASSERT_TRUE(cache_.publication()->GrantRead(owner_, "job", &ids, false).ok());
   TagInfo t;
   std::vector<std::string> nodes;
-  ASSERT_TRUE(cache_.PeerGetVersion("job", 0, 0, std::chrono::milliseconds(0), node, &t, &nodes).ok());
+  ASSERT_TRUE(cache_.publication()->PeerGetVersion("job", 0, 0, std::chrono::milliseconds(0), node, &t, &nodes).ok());
   ASSERT_EQ(t.files.size(), 1u);
   EXPECT_EQ(t.files[0].path, "/c/mp_rank_00_model_states.pt");
-  EXPECT_TRUE(cache_.CheckPeerVersionRead("job", "s1", "/c/mp_rank_00_model_states.pt", node).ok());
-  Status s = cache_.CheckPeerVersionRead("job", "s1", "/c/zero_pp_rank_0_mp_rank_00_optim_states.pt", node);
+  EXPECT_TRUE(cache_.publication()->CheckPeerVersionRead("job", "s1", "/c/mp_rank_00_model_states.pt", node).ok());
+  Status s = cache_.publication()->CheckPeerVersionRead("job", "s1", "/c/zero_pp_rank_0_mp_rank_00_optim_states.pt", node);
   EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
   EXPECT_EQ(s.message(), "/c/zero_pp_rank_0_mp_rank_00_optim_states.pt is no weight file of job 'job': optimizer, "
                          "scheduler and RNG states are not given to following nodes");
 }
 
 TEST_F(FollowTest, AFollowedJobKeepsItsSourcesEpochAndRefusesAbsurdJumps) {
-  ASSERT_TRUE(cache_.AddFollower("fj", kOwner, kReader).ok());
+  ASSERT_TRUE(cache_.publication()->AddFollower("fj", kOwner, kReader).ok());
   auto version = [](const std::string& tag, uint64_t v, uint64_t epoch) {
     TagInfo t = Tag("fj", tag, {{0, "/c/" + tag + ".safetensors", 5}});
     t.complete_unix_ns = static_cast<int64_t>(v) * 100 + static_cast<int64_t>(epoch), t.version = v, t.epoch = epoch;
@@ -107,19 +107,19 @@ TEST_F(FollowTest, AFollowedJobKeepsItsSourcesEpochAndRefusesAbsurdJumps) {
   ASSERT_TRUE(cache_.AdoptFollowed(version("s4", 4, 7)).ok());
   const std::string reader = cache_.OpenSession(kReader, 9, kReader);
   TagInfo got;
-  ASSERT_TRUE(cache_.GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(got.version, 4u);
   // The source lost its state and numbers from 1 again, in a new epoch: a
   // reader that saw version 4 is given version 1 of it.
   EXPECT_EQ(cache_.AdoptFollowed(version("r0", TagRegistry::kMaxVersionJump + 1, 9)).code(),
             Status::Code::kDataLoss);
   ASSERT_TRUE(cache_.AdoptFollowed(version("r1", 1, 9)).ok());
-  ASSERT_TRUE(cache_.GetVersion(reader, "fj", 4, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 4, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(std::make_pair(got.tag, got.version), std::make_pair(std::string("r1"), uint64_t{1}));
-  EXPECT_EQ(cache_.GetVersion(reader, "fj", 1, std::chrono::milliseconds(0), kNoDeadline, &got).code(),
+  EXPECT_EQ(cache_.publication()->GetVersion(reader, "fj", 1, std::chrono::milliseconds(0), kNoDeadline, &got).code(),
             Status::Code::kNotFound);
   ASSERT_TRUE(cache_.AdoptFollowed(version("r2", 2, 9)).ok());
-  ASSERT_TRUE(cache_.GetVersion(reader, "fj", 1, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 1, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(got.version, 2u);
   EXPECT_FALSE(cache_.VersionTag("fj", "s3", &got)) << "the old numbering's versions are gone";
 }
@@ -149,7 +149,7 @@ TEST_F(FollowTest, AVersionsDigestsAreThoseItsPublisherComputesOfItsOwnFiles) {
   EXPECT_EQ(again.files[0].crc32, 42u);
   EXPECT_FALSE(again.files[1].has_crc32) << "not held here";
   // A followed version keeps its source's digests; a replica is never digested here.
-  ASSERT_TRUE(cache_.AddFollower("fj", kOwner, kReader).ok());
+  ASSERT_TRUE(cache_.publication()->AddFollower("fj", kOwner, kReader).ok());
   TagInfo v = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}, {0, "/c/x.safetensors", 5}});
   v.complete_unix_ns = 1, v.version = 1, v.epoch = 3, v.files[0].crc32 = 99, v.files[0].has_crc32 = true;
   ASSERT_TRUE(cache_.AdoptFollowed(v).ok());
@@ -169,23 +169,23 @@ TEST_F(FollowTest, AFollowedJobIsThisServersAndItsFollowersRead) {
   TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});
   v1.complete_unix_ns = 100, v1.version = 1, v1.epoch = 7;
   EXPECT_EQ(cache_.AdoptFollowed(v1).code(), Status::Code::kFailedPrecondition) << "not followed here";
-  ASSERT_TRUE(cache_.AddFollower("fj", kServer, kReader).ok());
+  ASSERT_TRUE(cache_.publication()->AddFollower("fj", kServer, kReader).ok());
   ASSERT_TRUE(cache_.AdoptFollowed(v1).ok());
   uid_t owner = 0;
   ASSERT_TRUE(cache_.JobUid("fj", &owner));
   EXPECT_EQ(owner, kServer) << "never a uid a source names";
   TagInfo got;
   const std::string reader = cache_.OpenSession(kReader, 9, kReader);
-  EXPECT_TRUE(cache_.GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  EXPECT_TRUE(cache_.publication()->GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   const std::string stranger = cache_.OpenSession(kStranger, 10, kStranger);
-  EXPECT_EQ(cache_.GetVersion(stranger, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).code(),
+  EXPECT_EQ(cache_.publication()->GetVersion(stranger, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).code(),
             Status::Code::kPermissionDenied);
   AllocateResult a;
   EXPECT_EQ(cache_.Allocate({reader, "fj", "t", "/c/x.pt", 0, 10}, &a).code(), Status::Code::kPermissionDenied)
       << "a follower reads the versions, nothing else";
   // A local user's job of that name is not followed over.
   Save("s1", "/c/m.pt", 4096);
-  Status s = cache_.AddFollower("job", kServer, kReader);
+  Status s = cache_.publication()->AddFollower("job", kServer, kReader);
   EXPECT_EQ(s.code(), Status::Code::kFailedPrecondition);
   EXPECT_EQ(s.message(), "job 'job' belongs to uid 1000 here: a followed job is this server's own (uid 500), so "
                          "it cannot follow a job of that name");
@@ -195,11 +195,11 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   // This cache follows "fj", owned by kOwner at the source; kReader reads.
   TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});
   v1.complete_unix_ns = 100, v1.version = 1, v1.epoch = 7;
-  ASSERT_TRUE(cache_.AddFollower("fj", kOwner, kReader).ok());
+  ASSERT_TRUE(cache_.publication()->AddFollower("fj", kOwner, kReader).ok());
   ASSERT_TRUE(cache_.AdoptFollowed(v1).ok());
   std::string reader = cache_.OpenSession(kReader, 9, kReader);
   TagInfo got;
-  ASSERT_TRUE(cache_.GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
+  ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(got.version, 1u);
   EXPECT_FALSE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step1"));
   FileInfo f;
@@ -208,15 +208,15 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   EXPECT_TRUE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step1"));
   EXPECT_EQ(cache_.Stats().replica_files, 1u);
   VersionGrant g;
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "fj", 1, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "fj", 1, std::chrono::milliseconds(0), &g).ok());
   ASSERT_NE(g.files[0].buffer_id, 0u);
-  ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
+  ASSERT_TRUE(cache_.publication()->ReleaseVersion(reader, g.lease_id).ok());
   // Version 2 names the same path: the replica is version 1's, not its.
   TagInfo v2 = Tag("fj", "step2", {{0, "/c/w.safetensors", 5}});
   v2.complete_unix_ns = 200, v2.version = 2, v2.epoch = 7;
   ASSERT_TRUE(cache_.AdoptFollowed(v2).ok());
   EXPECT_FALSE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step2"));
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "fj", 2, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "fj", 2, std::chrono::milliseconds(0), &g).ok());
   EXPECT_EQ(g.files[0].buffer_id, 0u);
   FileInfo out;
   int fd = -1;
@@ -233,7 +233,7 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   EXPECT_EQ(cache_.AdoptReplica(f, 7, Filled("hello")).code(), Status::Code::kNotFound);
   // The replica of version 1 is free once version 2's is adopted; version
   // 3's reuses its buffer (same id), and a reader keeping it mapped stays.
-  ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
+  ASSERT_TRUE(cache_.publication()->ReleaseVersion(reader, g.lease_id).ok());
   std::unique_ptr<Buffer> mem2 = Filled("world");
   f.size = 5;
   ASSERT_TRUE(cache_.AdoptReplica(f, 2, std::move(mem2)).ok());

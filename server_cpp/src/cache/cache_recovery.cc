@@ -27,7 +27,7 @@ size_t Cache::AdoptTags(const std::string& job, std::vector<TagInfo> tags) {
     if (meta_ && tags_.Find(job, name, &recorded)) meta_->RecordTag(recorded);
   }
   if (kept) TrimTags(job);
-  if (kept) versions_cv_.SignalAll();
+  if (kept) publication_->Changed();
   return kept;
 }
 
@@ -265,9 +265,7 @@ Status Cache::RefuseStaleCopy(const FileKey& key, const FileInfo& copy, const st
 
 void Cache::StopWaits() {
   restores_->StopWaits();
-  MutexLock lock(&mu_);
-  versions_stopped_ = true;
-  versions_cv_.SignalAll();
+  publication_->Stop();
 }
 
 std::vector<FileInfo> Cache::NotInMemory(const std::string& job) {

@@ -15,9 +15,13 @@ std::string Cache::OpenSession(uid_t uid, pid_t pid, gid_t gid) {
 }
 
 void Cache::CloseSession(const std::string& session) {
+  if (CloseSessionHere(session)) publication_->SessionClosed(session);  // its version leases, its waits
+}
+
+bool Cache::CloseSessionHere(const std::string& session) {
   MutexLock lock(&mu_);
   const SessionTable::Session* sess = sessions_.Find(session);
-  if (!sess) return;
+  if (!sess) return false;
   const pid_t pid = sess->pid;
   size_t aborted = 0;
   for (auto it = pending_.begin(); it != pending_.end();) {
@@ -31,7 +35,6 @@ void Cache::CloseSession(const std::string& session) {
       ++it;
     }
   }
-  for (uint64_t id : version_leases_.OfSession(session)) EndVersionLease(id, nullptr);
   const std::vector<uint64_t> leases = sessions_.LeasesOf(session);
   for (uint64_t id : leases) DropLease(id);
   std::vector<uint64_t> ids;
@@ -42,11 +45,11 @@ void Cache::CloseSession(const std::string& session) {
   }
   for (auto& [id, readers] : lent_readers_) readers.erase(session);
   if (pending_.empty()) quiet_cv_.SignalAll();
-  done_cv_.SignalAll();      // its blocked calls end (Wait,
-  versions_cv_.SignalAll();  // GetVersion)
+  done_cv_.SignalAll();  // its blocked calls end (Wait)
   TCE_LOG(kInfo, "session") << "closed session=" << session.substr(0, 8) << " pid=" << pid
                             << " aborted=" << aborted << " leases_dropped=" << leases.size();
   sessions_.Erase(session);
+  return true;
 }
 
 Status Cache::CheckAccess(const std::string& session, const std::string& job,

@@ -1,67 +1,83 @@
-// Cache: published versions for readers (docs/weights.md): the newest
-// version and the wait for a newer one, version leases, read grants.
-#include <algorithm>
-
+// Cache: its side of published versions (cache/publication.h). The
+// Publication keeps grants and leases; here are the files a version lease
+// pins, and the answers about sessions, job owners and the metadata quota
+// it asks for (PublicationSide, each under the Cache's lock).
 #include "cache/cache.h"
 #include "common/logging.h"
 
 namespace tce {
 
-namespace {
+class Cache::PublicationSide : public PublicationHost {
+ public:
+  explicit PublicationSide(Cache* cache) : c_(cache) {}
 
-std::string Seconds(std::chrono::milliseconds d) {
-  return std::to_string(d.count() / 1000) + "." + std::to_string(d.count() % 1000 / 100) + " s";
-}
+  Status CallerIds(const std::string& session, uid_t* uid, gid_t* gid) override {
+    return c_->CallerIds(session, uid, gid);
+  }
 
-}  // namespace
+  bool OwnerOf(const std::string& job, uid_t* uid) override {
+    MutexLock lock(&c_->mu_);
+    return c_->owners_.Owner(job, uid);
+  }
 
-Status Cache::CheckReader(const std::string& session, const std::string& job) {
-  Status s = sessions_.Check(session);
-  if (!s.ok()) return s;
-  const SessionTable::Session* sess = sessions_.Find(session);
-  return ReaderAllowed(sess->uid, sess->gid, job, /*admin_ok=*/true);
-}
+  bool IsAdmin(uid_t uid) override {
+    MutexLock lock(&c_->mu_);
+    return c_->owners_.IsAdmin(uid);
+  }
 
-bool Cache::MayRead(uid_t uid, gid_t gid, const std::string& job, bool admin_ok, std::string* why) const {
-  uid_t owner = 0;
-  if (!owners_.Owner(job, &owner) || owner == uid || (admin_ok && owners_.IsAdmin(uid))) return true;
-  return grants_.Allows(job, uid, gid, why);
-}
-
-Status Cache::ReaderAllowed(uid_t uid, gid_t gid, const std::string& job, bool admin_ok) {
-  std::string why;
-  if (MayRead(uid, gid, job, admin_ok, &why)) return Status::OK();
-  uid_t owner = 0;
-  owners_.Owner(job, &owner);
-  uint64_t dropped = 0;
-  const std::string msg = "uid " + std::to_string(uid) + " may not read the published versions of job '" +
-                          job + "' (it belongs to uid " + std::to_string(owner) + "): " + why;
-  if (refused_log_.Allow(&dropped)) TCE_LOG(kWarning, "access") << "refused: " << msg << Suppressed(dropped);
-  return Status::PermissionDenied(msg);
-}
-
-Status Cache::GetVersion(const std::string& session, const std::string& job, uint64_t after,
-                         std::chrono::milliseconds wait, Clock::TimePoint call_deadline, TagInfo* out,
-                         const CallerGone& gone) {
-  MutexLock lock(&mu_);
-  const Clock::TimePoint start = clock_->Now();
-  const Clock::TimePoint deadline =
-      wait.count() <= 0 ? start : std::min(call_deadline, start + wait);
-  for (;;) {
-    Status s = CheckReader(session, job);  // again after each wait: a grant may be gone
+  Status ClaimJob(const std::string& session, const std::string& job, const std::string& what,
+                  uid_t* owner) override {
+    MutexLock lock(&c_->mu_);
+    Status s = c_->CheckAccess(session, job, what, /*claim=*/true);
     if (!s.ok()) return s;
-    if (tags_.Newest(job, after, out)) return Status::OK();
-    const std::string what = after ? "newer than " + std::to_string(after) : "published";
-    if (wait.count() <= 0) return Status::NotFound("job '" + job + "' has no version " + what);
-    if (versions_stopped_) return Status::Unavailable("the server is shutting down");
-    if (clock_->Now() >= deadline || !BlockedWait(&versions_cv_, deadline, gone, &s)) {
-      if (!s.ok()) return s;
-      return Status::DeadlineExceeded("no version of job '" + job + "' " + what + " within " +
-                                      Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                          clock_->Now() - start)));
+    *owner = c_->sessions_.Find(session)->uid;
+    c_->owners_.Owner(job, owner);  // an administrator acts for the job's owner
+    return Status::OK();
+  }
+
+  Status AdoptJob(const std::string& job, uid_t owner) override {
+    MutexLock lock(&c_->mu_);
+    uid_t here = 0;
+    if (c_->owners_.Owner(job, &here) && here != owner)
+      return Status::FailedPrecondition("job '" + job + "' belongs to uid " + std::to_string(here) +
+                                        " here: a followed job is this server's own (uid " +
+                                        std::to_string(owner) + "), so it cannot follow a job of that name");
+    c_->RestoreOwner(job, owner);
+    return Status::OK();
+  }
+
+  Status Charge(uid_t uid, uint64_t bytes, const std::string& what) override {
+    MutexLock lock(&c_->mu_);
+    return c_->quota_.Charge(uid, bytes, what);
+  }
+
+  void Credit(uid_t uid, uint64_t bytes) override {
+    MutexLock lock(&c_->mu_);
+    c_->quota_.Credit(uid, bytes);
+  }
+
+  Status PinVersion(const std::string& session, const TagInfo& tag, size_t session_leases, size_t uid_leases,
+                    VersionGrant* out, std::vector<uint64_t>* file_leases, uid_t* uid,
+                    uint64_t* charged) override {
+    return c_->PinVersion(session, tag, session_leases, uid_leases, out, file_leases, uid, charged);
+  }
+
+  void Unpin(const std::vector<uint64_t>& file_leases, bool no_reuse) override {
+    MutexLock lock(&c_->mu_);
+    for (uint64_t lease : file_leases) {
+      if (no_reuse) {
+        auto b = c_->buffers_.find(c_->sessions_.BufferOf(lease));
+        if (b != c_->buffers_.end()) b->second.no_reuse = true;
+      }
+      c_->DropLease(lease);
     }
   }
-}
+
+ private:
+  Cache* const c_;
+};
+
+std::unique_ptr<PublicationHost> Cache::MakePublicationSide() { return std::make_unique<PublicationSide>(this); }
 
 bool Cache::IsVersionsFile(const TagInfo& tag, const TagFile& tf, const FileInfo& f) const {
   if (f.size != tf.size) return false;
@@ -73,26 +89,12 @@ bool Cache::IsVersionsFile(const TagInfo& tag, const TagFile& tf, const FileInfo
   return f.committed_unix_ns <= tag.complete_unix_ns;
 }
 
-std::chrono::milliseconds Cache::LeaseLength(std::chrono::milliseconds asked) const {
-  if (asked.count() <= 0) asked = version_lease_;
-  return std::min(asked, version_lease_max_);
-}
-
-Status Cache::AcquireVersion(const std::string& session, const std::string& job, uint64_t version,
-                             std::chrono::milliseconds lease, VersionGrant* out) {
+Status Cache::PinVersion(const std::string& session, const TagInfo& tag, size_t session_leases, size_t uid_leases,
+                         VersionGrant* out, std::vector<uint64_t>* file_leases, uid_t* uid, uint64_t* charged) {
   MutexLock lock(&mu_);
-  Status s = CheckReader(session, job);
+  Status s = sessions_.Check(session);
   if (!s.ok()) return s;
-  TagInfo tag;
-  const bool found = version == 0 ? tags_.Newest(job, 0, &tag) : tags_.FindVersion(job, version, &tag);
-  if (!found) {
-    TagInfo newest;
-    const std::string now = tags_.Newest(job, 0, &newest) ? "newest: " + std::to_string(newest.version)
-                                                           : "none is published";
-    return Status::NotFound("job '" + job + "' has no version " +
-                            (version ? std::to_string(version) : std::string("published")) +
-                            (version ? " (" + now + ")" : std::string()));
-  }
+  const std::string& job = tag.job;
   // First every check, then the leases: a refusal leaves nothing behind.
   std::vector<const FileInfo*> known;  // per file of the tag: what this node knows of it, or null
   std::vector<bool> held;              // ... and whether its bytes are in memory here
@@ -109,30 +111,24 @@ Status Cache::AcquireVersion(const std::string& session, const std::string& job,
     held.push_back(in_memory);
     leases += in_memory;
   }
-  // Every version lease counts against the session's leases (one, beside
-  // the files it holds in memory) and the uid's version leases, whatever
-  // the version holds here.
-  s = sessions_.CanLease(session, leases + 1 + version_leases_.CountOfSession(session));
+  // A version lease counts as one of the session's leases, beside the
+  // files it holds in memory.
+  s = sessions_.CanLease(session, leases + 1 + session_leases);
   if (!s.ok()) return s;
-  const uid_t uid = sessions_.Find(session)->uid;
-  if (version_leases_.CountOfUid(uid) >= quota_.limits().max_version_leases_per_uid)
-    return Status::ResourceExhausted("uid " + std::to_string(uid) + " holds " +
-                                     std::to_string(version_leases_.CountOfUid(uid)) +
+  const uid_t who = sessions_.Find(session)->uid;
+  if (uid_leases >= quota_.limits().max_version_leases_per_uid)
+    return Status::ResourceExhausted("uid " + std::to_string(who) + " holds " + std::to_string(uid_leases) +
                                      " version leases (max_version_leases_per_uid): release one first");
-  const uint64_t bytes = LeaseBytes(leases);
-  s = quota_.Charge(uid, bytes, "a lease on version " + std::to_string(tag.version) + " of job '" + job + "'");
+  const uint64_t bytes = MetadataQuota::kLeaseBytes + leases * MetadataQuota::kFileLeaseBytes;
+  s = quota_.Charge(who, bytes, "a lease on version " + std::to_string(tag.version) + " of job '" + job + "'");
   if (!s.ok()) return s;
-  VersionLease vl;
-  vl.session = session;
-  vl.job = job;
-  vl.uid = uid;
-  vl.version = tag.version;
   out->files.clear();
+  file_leases->clear();
   for (size_t i = 0; i < tag.files.size(); ++i) {
     const TagFile& tf = tag.files[i];
     if (held[i]) {
       out->files.push_back(*known[i]);
-      vl.file_leases.push_back(sessions_.AddLease(session, known[i]->buffer_id));
+      file_leases->push_back(sessions_.AddLease(session, known[i]->buffer_id));
       ++buffers_[known[i]->buffer_id].leases;
       continue;
     }
@@ -151,104 +147,10 @@ Status Cache::AcquireVersion(const std::string& session, const std::string& job,
     }
     out->files.push_back(std::move(f));
   }
-  out->lease = LeaseLength(lease);
-  vl.expires = clock_->Now() + out->lease;
-  out->tag = tag;
-  out->lease_id = version_leases_.Add(std::move(vl));
   sessions_.TakeUnmaps(session, &out->unmap_buffer_ids);
-  TCE_LOG(kInfo, "weights") << "leased job=" << job << " version=" << tag.version << " tag=" << tag.tag
-                            << " session=" << session.substr(0, 8) << " files=" << tag.files.size()
-                            << " in_memory=" << leases << " lease=" << Seconds(out->lease);
+  *uid = who;
+  *charged = bytes;
   return Status::OK();
-}
-
-Status Cache::RenewVersion(const std::string& session, uint64_t lease_id, std::chrono::milliseconds lease,
-                           std::chrono::milliseconds* granted) {
-  MutexLock lock(&mu_);
-  Status s = sessions_.Check(session);
-  if (!s.ok()) return s;
-  VersionLease* vl = version_leases_.Find(session, lease_id);
-  if (!vl)
-    return Status::NotFound("no version lease " + std::to_string(lease_id) +
-                            " in this session (released, expired, revoked, or never granted)");
-  s = CheckReader(session, vl->job);  // a revoked grant renews nothing
-  if (!s.ok()) {
-    EndVersionLease(lease_id, "its reader may not read the job any more");
-    return s;
-  }
-  *granted = LeaseLength(lease);
-  vl->expires = clock_->Now() + *granted;
-  return Status::OK();
-}
-
-Status Cache::ReleaseVersion(const std::string& session, uint64_t lease_id) {
-  MutexLock lock(&mu_);
-  Status s = sessions_.Check(session);
-  if (!s.ok()) return s;
-  if (!version_leases_.Find(session, lease_id))
-    return Status::NotFound("no version lease " + std::to_string(lease_id) +
-                            " in this session (released, expired, revoked, or never granted)");
-  EndVersionLease(lease_id, nullptr);
-  return Status::OK();
-}
-
-uint64_t Cache::LeaseBytes(size_t file_leases) {
-  return MetadataQuota::kLeaseBytes + file_leases * MetadataQuota::kFileLeaseBytes;
-}
-
-void Cache::EndVersionLease(uint64_t id, const char* why) {
-  VersionLease vl;
-  if (!version_leases_.Take(id, &vl)) return;
-  quota_.Credit(vl.uid, LeaseBytes(vl.file_leases.size()));
-  for (uint64_t lease : vl.file_leases) {
-    if (why) {
-      auto b = buffers_.find(sessions_.BufferOf(lease));
-      if (b != buffers_.end()) b->second.no_reuse = true;  // the reader may still map it
-    }
-    DropLease(lease);
-  }
-  if (why)
-    TCE_LOG(kWarning, "weights") << "version lease " << id << " of job=" << vl.job << " version=" << vl.version
-                                 << " (session " << vl.session.substr(0, 8) << ") ended: " << why
-                                 << "; its memory may be evicted, its buffers are not reused";
-}
-
-size_t Cache::ExpireVersionLeases() {
-  MutexLock lock(&mu_);
-  const std::vector<uint64_t> ended = version_leases_.Expired(clock_->Now());
-  for (uint64_t id : ended) EndVersionLease(id, "it expired unrenewed");
-  return ended.size();
-}
-
-Status Cache::GrantRead(const std::string& session, const std::string& job, ReadGrants::Ids* ids, bool revoke) {
-  MutexLock lock(&mu_);
-  Status s = CheckAccess(session, job, std::string(revoke ? "revoke" : "grant") + " read of job '" + job + "'",
-                         /*claim=*/true);
-  if (!s.ok()) return s;
-  uid_t owner = sessions_.Find(session)->uid;
-  owners_.Owner(job, &owner);  // an administrator's grant counts against the job's owner
-  const size_t added = grants_.Unknown(job, *ids);
-  s = grants_.CanChange(job, *ids);
-  if (s.ok())
-    s = quota_.Charge(owner, added * MetadataQuota::kGrantBytes,
-                      std::to_string(added) + " read grant(s) of job '" + job + "'");
-  if (!s.ok()) return s;
-  TCE_LOG(kInfo, "weights") << (revoke ? "revoked" : "granted") << " read of job=" << job << " uids="
-                            << ids->uids.size() << " gids=" << ids->gids.size() << " nodes=" << ids->nodes.size();
-  s = grants_.Change(job, *ids, revoke, ids);  // (checked above)
-  if (!s.ok()) return s;
-  if (revoke) EndRevokedLeases(job);
-  return Status::OK();
-}
-
-void Cache::EndRevokedLeases(const std::string& job) {
-  for (uint64_t id : version_leases_.OfJob(job)) {
-    const VersionLease* vl = version_leases_.Get(id);
-    const SessionTable::Session* sess = sessions_.Find(vl->session);
-    std::string why;
-    if (sess && MayRead(sess->uid, sess->gid, job, /*admin_ok=*/true, &why)) continue;
-    EndVersionLease(id, "its reader's grant was revoked");
-  }
 }
 
 }  // namespace tce

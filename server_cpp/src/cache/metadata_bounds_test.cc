@@ -94,7 +94,7 @@ class MetadataBoundsTest : public ::testing::Test {
   Status Grant(const std::string& session, const std::string& job, const std::vector<uid_t>& uids,
                const std::vector<gid_t>& gids, bool revoke) {
     ReadGrants::Ids ids{{uids.begin(), uids.end()}, {gids.begin(), gids.end()}, {}};
-    return cache_.GrantRead(session, job, &ids, revoke);
+    return cache_.publication()->GrantRead(session, job, &ids, revoke);
   }
   std::vector<std::string> TagNames(const std::string& job) {
     std::vector<std::string> out;
@@ -161,7 +161,7 @@ TEST_F(MetadataBoundsTest, AJobKeepsItsNewestMaxTagsPerJobTags) {
   }
   EXPECT_EQ(TagNames("job"), (std::vector<std::string>{"s3", "s4", "s5", "s6"}));
   TagInfo t;
-  ASSERT_TRUE(cache_.GetVersion(owner_, "job", 0, std::chrono::milliseconds(0), Clock::TimePoint::max(), &t).ok());
+  ASSERT_TRUE(cache_.publication()->GetVersion(owner_, "job", 0, std::chrono::milliseconds(0), Clock::TimePoint::max(), &t).ok());
   EXPECT_EQ(t.tag, "s6");  // the newest is the version readers see
   EXPECT_EQ(t.version, 6u);
   // Recording an old tag again replaces it: no other tag goes.
@@ -232,15 +232,15 @@ TEST_F(MetadataBoundsTest, VersionLeasesCountWhateverTheVersionHolds) {
   // A lease on version 1 is 2 of the session's 4 leases (its file, itself).
   const std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 1, std::chrono::milliseconds(0), &g).ok());
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 1, std::chrono::milliseconds(0), &g).ok());
-  Status s = cache_.AcquireVersion(reader, "job", 1, std::chrono::milliseconds(0), &g);
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 1, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 1, std::chrono::milliseconds(0), &g).ok());
+  Status s = cache_.publication()->AcquireVersion(reader, "job", 1, std::chrono::milliseconds(0), &g);
   EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
   // One on version 2, which holds nothing here, is one lease all the same.
   const std::string far = cache_.OpenSession(kOwner, 3, kOwner);
   int taken = 0;
   for (int i = 0; i < 100; ++i) {
-    s = cache_.AcquireVersion(far, "job", 2, std::chrono::milliseconds(0), &g);
+    s = cache_.publication()->AcquireVersion(far, "job", 2, std::chrono::milliseconds(0), &g);
     if (!s.ok()) break;
     EXPECT_TRUE(g.files.at(0).buffer_id == 0);
     ++taken;
@@ -250,14 +250,14 @@ TEST_F(MetadataBoundsTest, VersionLeasesCountWhateverTheVersionHolds) {
   // Per uid, over all its sessions: 6.
   EXPECT_EQ(cache_.Stats().version_leases, 6u);
   const std::string third = cache_.OpenSession(kOwner, 4, kOwner);
-  s = cache_.AcquireVersion(third, "job", 2, std::chrono::milliseconds(0), &g);
+  s = cache_.publication()->AcquireVersion(third, "job", 2, std::chrono::milliseconds(0), &g);
   EXPECT_EQ(s.message(), "uid 1000 holds 6 version leases (max_version_leases_per_uid): release one first");
   // Another uid still gets its own (a granted reader).
   std::vector<uid_t> uids{kReader};
   std::vector<gid_t> gids;
   ASSERT_TRUE(Grant(owner_, "job", uids, gids, false).ok());
   const std::string granted = cache_.OpenSession(kReader, 5, kReader);
-  EXPECT_TRUE(cache_.AcquireVersion(granted, "job", 2, std::chrono::milliseconds(0), &g).ok());
+  EXPECT_TRUE(cache_.publication()->AcquireVersion(granted, "job", 2, std::chrono::milliseconds(0), &g).ok());
   // Closing the sessions gives every lease and its bytes back.
   const uint64_t with = cache_.Stats().metadata_bytes;
   for (const std::string& sess : {reader, far, third, granted}) cache_.CloseSession(sess);
@@ -275,14 +275,14 @@ TEST_F(MetadataBoundsTest, ARevokedGrantEndsTheReadersLeases) {
   ASSERT_TRUE(Grant(owner_, "job", uids, gids, false).ok());
   const std::string reader = cache_.OpenSession(kReader, 2, kReader);
   VersionGrant g;
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   std::chrono::milliseconds granted{0};
-  ASSERT_TRUE(cache_.RenewVersion(reader, g.lease_id, std::chrono::milliseconds(0), &granted).ok());
+  ASSERT_TRUE(cache_.publication()->RenewVersion(reader, g.lease_id, std::chrono::milliseconds(0), &granted).ok());
   EXPECT_EQ(cache_.Stats().version_leases, 1u);
   uids = {kReader};
   ASSERT_TRUE(Grant(owner_, "job", uids, gids, true).ok());
   EXPECT_EQ(cache_.Stats().version_leases, 0u);  // ended at the revocation
-  Status s = cache_.RenewVersion(reader, g.lease_id, std::chrono::milliseconds(0), &granted);
+  Status s = cache_.publication()->RenewVersion(reader, g.lease_id, std::chrono::milliseconds(0), &granted);
   EXPECT_EQ(s.code(), Status::Code::kNotFound);
   EXPECT_EQ(s.message(), "no version lease " + std::to_string(g.lease_id) +
                              " in this session (released, expired, revoked, or never granted)");

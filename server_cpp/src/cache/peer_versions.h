@@ -5,7 +5,8 @@
 // and holds their files as replicas (ring/version_follower.h).
 //
 // Trust: a following node is the endpoint its link authenticated, never a
-// request's field, and reads only what the job's owner granted it.
+// request's field, and reads only what the job's owner granted it; who is
+// granted is the publication's (cache/node_grants.h).
 //
 // The Cache is one. Thread-safe.
 #pragma once
@@ -32,19 +33,6 @@ class PeerVersions {
  public:
   virtual ~PeerVersions() = default;
 
-  // For a following node (`node`: the endpoint its link authenticated,
-  // never a request's field): OK when the job's owner granted that node
-  // read of its versions (GrantRead, or as the source of a job this node
-  // follows passed the grants on), then the newest version above `after`
-  // (any version, when `epoch`, the numbering `after` is of, is set and is
-  // not the job's here),
-  // waiting up to `wait` (DEADLINE_EXCEEDED when none came; *nodes set).
-  // NOT_FOUND when the job is not here; PERMISSION_DENIED, naming no uid,
-  // when the node is not granted. The tag lists the version's weight files only
-  // (cache/weight_files.h). *nodes: the nodes granted the job.
-  virtual Status PeerGetVersion(const std::string& job, uint64_t after, uint64_t epoch,
-                                std::chrono::milliseconds wait, const std::string& node, TagInfo* out,
-                                std::vector<std::string>* nodes) = 0;
   // The digests (TagFile.crc32) a following node is given with a version,
   // which only the node that published it computes, from its own memory
   // (ring/peer_server_reads.cc): fills *tag's files with those recorded for
@@ -59,36 +47,24 @@ class PeerVersions {
   virtual void VersionDigests(TagInfo* tag, std::vector<DigestPin>* pins) = 0;
   // Records the digests of `tag`'s files this node computed (those set).
   virtual void RecordDigests(const TagInfo& tag) = 0;
-  // For such a node's ranged read: OK when the node is granted and `path`
-  // is a weight file of the version recorded here as `tag`.
-  virtual Status CheckPeerVersionRead(const std::string& job, const std::string& tag, const std::string& path,
-                                      const std::string& node) = 0;
   // A buffer for a replica of `size` bytes of `job`'s version: a FREE buffer
   // of the job's owner that fits, reused (its id, and the sessions that keep
   // it mapped, stay: a reader's mapping of it is current again once the
   // replica is adopted), else a new one as ReserveRecovery makes. Give it
   // to AdoptReplica or AbandonRecovery.
   virtual Status ReserveReplica(const std::string& job, uint64_t size, std::unique_ptr<Buffer>* out) = 0;
-  // A local user of uid `reader` follows `job`: the job belongs here to
-  // `owner` (this server's own uid, never a uid a source names;
-  // FAILED_PRECONDITION when another uid's job has the name) and `reader`
-  // may read its versions.
-  virtual Status AddFollower(const std::string& job, uid_t owner, uid_t reader) = 0;
-  // A version of a job this node follows (AddFollower first), as a source
-  // gave it: recorded with its number and epoch (TagRegistry::Follow:
-  // DATA_LOSS for a version that jumps too far).
+  // A version of a job this node follows (NodeGrants::AddFollower first),
+  // as a source gave it: recorded with its number and epoch
+  // (TagRegistry::Follow: DATA_LOSS for a version that jumps too far).
   virtual Status AdoptFollowed(TagInfo tag) = 0;
-  // The nodes a source of a job this node follows says the owner granted:
-  // this node serves them the versions it holds (a chain of nodes).
-  virtual void PassOnGrants(const std::string& job, const std::vector<std::string>& nodes) = 0;
   // A file of a followed version, brought here into `mem` (from
   // ReserveRecovery): held as a replica of that version (never persisted,
   // backed up or recorded; evictable once no lease holds it).
   virtual Status AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) = 0;
-  // As StartPeerRead, for a follower's reader (CheckPeerVersionRead passed):
-  // the file as the version recorded here as `tag` published it (this
-  // node's own, or the replica brought for it); NOT_FOUND when this node
-  // does not hold that version of it.
+  // As StartPeerRead, for a follower's reader (NodeGrants::
+  // CheckPeerVersionRead passed): the file as the version recorded here as
+  // `tag` published it (this node's own, or the replica brought for it);
+  // NOT_FOUND when this node does not hold that version of it.
   virtual Status StartVersionRead(const std::string& job, const std::string& path, const std::string& tag,
                                   FileInfo* out, int* fd) = 0;
   // A following node's ranged read of a version was served (from memory or

@@ -33,6 +33,7 @@
 #include "cache/buffer.h"
 #include "cache/cache_types.h"
 #include "cache/load_split.h"
+#include "cache/node_grants.h"
 #include "cache/peer_versions.h"
 #include "cache/recovery_store.h"
 #include "cache/restore_tracker.h"
@@ -134,10 +135,11 @@ struct RingStores {
   RingStore* ring = nullptr;
   RecoveryStore* recovery = nullptr;
   PeerVersions* versions = nullptr;
+  NodeGrants* grants = nullptr;        // which nodes may follow a job (the Cache's publication)
   RestoreTracker* restores = nullptr;  // the replicator ends the restores it began
   template <class T>
   static RingStores Of(T* all) {
-    return {all, all, all, all->restores()};
+    return {all, all, all, all->publication(), all->restores()};
   }
 };
 

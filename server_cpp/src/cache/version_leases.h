@@ -25,6 +25,7 @@ struct VersionLease {
   uid_t uid = 0;  // the session's
   uint64_t version = 0;
   std::vector<uint64_t> file_leases;  // SessionTable lease ids
+  uint64_t charged = 0;               // metadata bytes charged to uid (MetadataQuota)
   Clock::TimePoint expires;
 };
 

@@ -84,15 +84,15 @@ TEST(TagRegistry, EachJobsNumberingHasAnEpochThatARestartKeepsAndLostStateDoesNo
 
 TEST_F(VersionsTest, NewestVersionAndNotFoundWithoutWaiting) {
   TagInfo t;
-  Status s = cache_.GetVersion(owner_, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t);
+  Status s = cache_.publication()->GetVersion(owner_, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t);
   EXPECT_EQ(s.code(), Status::Code::kNotFound);
   EXPECT_EQ(s.message(), "job 'job' has no version published");
   Save("s1", "/c/s1.pt", 100);
   Publish("s1", {{0, "/c/s1.pt", 100}});
-  ASSERT_TRUE(cache_.GetVersion(owner_, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
+  ASSERT_TRUE(cache_.publication()->GetVersion(owner_, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
   EXPECT_EQ(t.version, 1u);
   EXPECT_EQ(t.tag, "s1");
-  s = cache_.GetVersion(owner_, "job", 1, std::chrono::milliseconds(0), kNoDeadline, &t);
+  s = cache_.publication()->GetVersion(owner_, "job", 1, std::chrono::milliseconds(0), kNoDeadline, &t);
   EXPECT_EQ(s.message(), "job 'job' has no version newer than 1");
 }
 
@@ -103,7 +103,7 @@ TEST_F(VersionsTest, AWaitingReaderIsAnsweredWhenTheVersionIsPublished) {
   TagInfo got;
   Status result;
   std::thread reader([&] {
-    result = cache_.GetVersion(owner_, "job", 1, std::chrono::seconds(30), kNoDeadline, &got);
+    result = cache_.publication()->GetVersion(owner_, "job", 1, std::chrono::seconds(30), kNoDeadline, &got);
   });
   while (clock_.waits() == before) std::this_thread::yield();  // it waits now
   Save("s2", "/c/s2.pt", 100);
@@ -119,7 +119,7 @@ TEST_F(VersionsTest, AWaitEndsAtItsTimeoutAndNotBefore) {
   TagInfo got;
   Status result;
   std::thread reader([&] {
-    result = cache_.GetVersion(owner_, "job", 0, std::chrono::seconds(5), kNoDeadline, &got);
+    result = cache_.publication()->GetVersion(owner_, "job", 0, std::chrono::seconds(5), kNoDeadline, &got);
   });
   while (clock_.waits() == before) std::this_thread::yield();
   clock_.Advance(std::chrono::milliseconds(4999));
@@ -134,7 +134,7 @@ TEST_F(VersionsTest, ALeaseKeepsTheVersionsBytesWhenThePathIsSavedAgain) {
   Publish("s1", {{0, "/c/model.pt", 4096}});
   std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   EXPECT_EQ(g.tag.version, 1u);
   EXPECT_EQ(g.lease, std::chrono::seconds(60));  // the default
   ASSERT_EQ(g.files.size(), 1u);
@@ -151,13 +151,13 @@ TEST_F(VersionsTest, ALeaseKeepsTheVersionsBytesWhenThePathIsSavedAgain) {
   close(fd);
   // Version 1 is gone for a new reader: its file was saved again.
   VersionGrant again;
-  Status s = cache_.AcquireVersion(owner_, "job", 1, std::chrono::milliseconds(0), &again);
+  Status s = cache_.publication()->AcquireVersion(owner_, "job", 1, std::chrono::milliseconds(0), &again);
   EXPECT_EQ(s.code(), Status::Code::kFailedPrecondition);
   EXPECT_EQ(s.message(),
             "version 1 of job 'job' is gone: /c/model.pt was saved again after it was published "
             "(read a newer version)");
-  ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
-  EXPECT_EQ(cache_.ReleaseVersion(reader, g.lease_id).code(), Status::Code::kNotFound);
+  ASSERT_TRUE(cache_.publication()->ReleaseVersion(reader, g.lease_id).ok());
+  EXPECT_EQ(cache_.publication()->ReleaseVersion(reader, g.lease_id).code(), Status::Code::kNotFound);
   EXPECT_EQ(cache_.Stats().version_leases, 0u);
   EXPECT_EQ(cache_.Stats().leases, 0u);
 }
@@ -167,18 +167,18 @@ TEST_F(VersionsTest, AnUnrenewedLeaseEndsAtItsTimeAndItsBuffersAreNotReused) {
   Publish("s1", {{0, "/c/model.pt", 4096}});
   std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 1, std::chrono::seconds(1000), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 1, std::chrono::seconds(1000), &g).ok());
   EXPECT_EQ(g.lease, std::chrono::seconds(120));  // cut to the maximum
   clock_.Advance(std::chrono::seconds(100));
   std::chrono::milliseconds granted{0};
-  ASSERT_TRUE(cache_.RenewVersion(reader, g.lease_id, std::chrono::seconds(10), &granted).ok());
+  ASSERT_TRUE(cache_.publication()->RenewVersion(reader, g.lease_id, std::chrono::seconds(10), &granted).ok());
   EXPECT_EQ(granted, std::chrono::seconds(10));
   clock_.Advance(std::chrono::milliseconds(9999));
-  EXPECT_EQ(cache_.ExpireVersionLeases(), 0u);
+  EXPECT_EQ(cache_.publication()->ExpireVersionLeases(), 0u);
   clock_.Advance(std::chrono::milliseconds(1));
-  EXPECT_EQ(cache_.ExpireVersionLeases(), 1u);
+  EXPECT_EQ(cache_.publication()->ExpireVersionLeases(), 1u);
   EXPECT_EQ(cache_.Stats().leases, 0u);
-  EXPECT_EQ(cache_.RenewVersion(reader, g.lease_id, std::chrono::seconds(10), &granted).code(),
+  EXPECT_EQ(cache_.publication()->RenewVersion(reader, g.lease_id, std::chrono::seconds(10), &granted).code(),
             Status::Code::kNotFound);
   // The reader may still map the old bytes: that buffer is destroyed, not reused.
   const uint64_t buffers = cache_.Stats().buffers;
@@ -193,13 +193,13 @@ TEST_F(VersionsTest, AReaderKeepingAMappingNeitherStopsReuseNorMissesTheBuffersE
   Publish("s1", {{0, "/c/a.pt", 4096}});
   std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   int fd = -1;
   bool writable = true;
   uint64_t cap = 0;
   ASSERT_TRUE(cache_.FdFor(reader, first, &fd, &writable, &cap, /*keep_mapped=*/true).ok());
   close(fd);
-  ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
+  ASSERT_TRUE(cache_.publication()->ReleaseVersion(reader, g.lease_id).ok());
   // Saved again: the file's old buffer is free and the reader still maps
   // it; the next save of the owner reuses it all the same.
   const uint64_t second = Save("s2", "/c/a.pt", 4096);
@@ -216,7 +216,7 @@ TEST_F(VersionsTest, AReaderKeepingAMappingNeitherStopsReuseNorMissesTheBuffersE
   Status s = cache_.Allocate({owner_, "job", "big", "/c/big.pt", 0, 64448ull << 10}, &a);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(a.capacity, (64ull << 20) - (64 << 10));
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   EXPECT_EQ(g.unmap_buffer_ids, std::vector<uint64_t>{first});
 }
 
@@ -225,7 +225,7 @@ TEST_F(VersionsTest, ASessionsEndEndsItsVersionLeases) {
   Publish("s1", {{0, "/c/model.pt", 4096}});
   std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   cache_.CloseSession(reader);
   EXPECT_EQ(cache_.Stats().version_leases, 0u);
   EXPECT_EQ(cache_.Stats().leases, 0u);
@@ -238,18 +238,18 @@ TEST_F(VersionsTest, OtherUsersReadOnlyWithAGrantAndOnlyPublishedVersions) {
   std::string stranger = cache_.OpenSession(kStranger, 4, kStranger);
   TagInfo t;
   VersionGrant g;
-  Status s = cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g);
+  Status s = cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g);
   EXPECT_EQ(s.code(), Status::Code::kPermissionDenied);
   EXPECT_EQ(s.message(), "uid 1001 may not read the published versions of job 'job' (it belongs to uid 1000): "
                          "no read grant for uid 1001 or gid 1002");
   // Only the owner grants.
   ReadGrants::Ids ids{{kReader}, {}, {}};
-  EXPECT_EQ(cache_.GrantRead(stranger, "job", &ids, false).code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(cache_.publication()->GrantRead(stranger, "job", &ids, false).code(), Status::Code::kPermissionDenied);
   ids = {{kReader}, {}, {}};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
+  ASSERT_TRUE(cache_.publication()->GrantRead(owner_, "job", &ids, false).ok());
   EXPECT_EQ(ids.uids, std::set<uid_t>{kReader});
-  ASSERT_TRUE(cache_.GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
-  ASSERT_TRUE(cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   int fd = -1;
   bool writable = true;
   uint64_t cap = 0;
@@ -267,14 +267,14 @@ TEST_F(VersionsTest, OtherUsersReadOnlyWithAGrantAndOnlyPublishedVersions) {
   AllocateRequest r{reader, "job", "x", "/c/x.pt", 0, 10};
   AllocateResult a;
   EXPECT_EQ(cache_.Allocate(r, &a).code(), Status::Code::kPermissionDenied);
-  EXPECT_EQ(cache_.GetVersion(stranger, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).code(),
+  EXPECT_EQ(cache_.publication()->GetVersion(stranger, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).code(),
             Status::Code::kPermissionDenied);
   // Revoked: the next read is refused, saying so.
-  ASSERT_TRUE(cache_.ReleaseVersion(reader, g.lease_id).ok());
+  ASSERT_TRUE(cache_.publication()->ReleaseVersion(reader, g.lease_id).ok());
   ids = {{kReader}, {}, {}};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, true).ok());
+  ASSERT_TRUE(cache_.publication()->GrantRead(owner_, "job", &ids, true).ok());
   EXPECT_TRUE(ids.uids.empty());
-  s = cache_.AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g);
+  s = cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g);
   EXPECT_EQ(s.message(), "uid 1001 may not read the published versions of job 'job' (it belongs to uid 1000): "
                          "the owner revoked the read grant of uid 1001");
   // A buffer another uid held an fd of is never reused: replaced, it goes.
@@ -289,11 +289,11 @@ TEST_F(VersionsTest, AGroupGrantLetsItsMembersIn) {
   Publish("s1", {{0, "/c/model.pt", 4096}});
   std::string reader = cache_.OpenSession(kReader, 3, kReaders);
   ReadGrants::Ids ids{{}, {kReaders}, {}};
-  ASSERT_TRUE(cache_.GrantRead(owner_, "job", &ids, false).ok());
+  ASSERT_TRUE(cache_.publication()->GrantRead(owner_, "job", &ids, false).ok());
   TagInfo t;
-  EXPECT_TRUE(cache_.GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
+  EXPECT_TRUE(cache_.publication()->GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
   std::string other = cache_.OpenSession(kStranger, 4, kStranger);
-  EXPECT_FALSE(cache_.GetVersion(other, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
+  EXPECT_FALSE(cache_.publication()->GetVersion(other, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
 }
 
 class ServerGrantsTest : public VersionsTest {
@@ -306,9 +306,9 @@ TEST_F(ServerGrantsTest, TheServersGrantsLetReadersOfEveryJobIn) {
   Publish("s1", {{0, "/c/model.pt", 4096}});
   TagInfo t;
   std::string other = cache_.OpenSession(kStranger, 4, kStranger);
-  EXPECT_TRUE(cache_.GetVersion(other, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
+  EXPECT_TRUE(cache_.publication()->GetVersion(other, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
   std::string reader = cache_.OpenSession(kReader, 3, kReaders);  // granted nothing
-  EXPECT_EQ(cache_.GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).code(),
+  EXPECT_EQ(cache_.publication()->GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).code(),
             Status::Code::kPermissionDenied);
 }
 
@@ -319,7 +319,7 @@ TEST_F(VersionsTest, AFileHeldByAnotherNodeIsListedWithoutMemory) {
   TagInfo out;
   ASSERT_TRUE(cache_.CommitTag(owner_, tag, &out).ok());
   VersionGrant g;
-  ASSERT_TRUE(cache_.AcquireVersion(owner_, "job", 0, std::chrono::milliseconds(0), &g).ok());
+  ASSERT_TRUE(cache_.publication()->AcquireVersion(owner_, "job", 0, std::chrono::milliseconds(0), &g).ok());
   ASSERT_EQ(g.files.size(), 2u);
   EXPECT_NE(g.files[0].buffer_id, 0u);
   EXPECT_EQ(g.files[1].buffer_id, 0u);

@@ -42,7 +42,7 @@ void Daemon::MakeService() {
     fo.io_timeout = std::chrono::milliseconds(opt_.peer_timeout_ms);
     fo.breaker = &peer_links_;
     fo.max_jobs = opt_.max_follows, fo.max_jobs_per_uid = opt_.max_follows_per_uid;  // (settings: >= 1)
-    follower_ = std::make_unique<VersionFollower>(cache_.get(), ranges_.get(), fo);
+    follower_ = std::make_unique<VersionFollower>(cache_.get(), cache_->publication(), ranges_.get(), fo);
     service_->SetFollower(follower_.get());
     peers_->SetFollower(follower_.get());
   }
@@ -149,7 +149,7 @@ int Daemon::StartFdSocket() {
   fo.max_sessions_per_uid = static_cast<size_t>(opt_.max_sessions_per_uid);
   fo.idle_timeout = std::chrono::seconds(opt_.session_idle_timeout_s);
   fo.socket_gid = socket_gid_;
-  fds_ = std::make_unique<FdServer>(cache_.get(), cache_.get(), fo);
+  fds_ = std::make_unique<FdServer>(cache_.get(), cache_->publication(), fo);
   fds_->SetRangeBuffers(range_buffers_.get());
   Status s;
   if (!(s = fds_->Start()).ok()) {

@@ -48,7 +48,7 @@ class FollowWatchTest : public ::testing::Test {
     fo.owner = getuid();
     fo.clock = &clock_;
     fo.breaker = &breaker_;
-    follower_ = std::make_unique<VersionFollower>(&here_, ranges_.get(), fo);
+    follower_ = std::make_unique<VersionFollower>(&here_, here_.publication(), ranges_.get(), fo);
   }
   void TearDown() override {
     breaker_.BreakAll();  // as the daemon stops: the questions held at the source end
@@ -60,7 +60,7 @@ class FollowWatchTest : public ::testing::Test {
   // The source's owner saves and publishes `tag` (one file) and grants this node.
   void Publish(const std::string& tag) {
     ReadGrants::Ids ids{{}, {}, {kSelf}};
-    ASSERT_TRUE(source_.GrantRead(owner_, "job", &ids, false).ok());
+    ASSERT_TRUE(source_.publication()->GrantRead(owner_, "job", &ids, false).ok());
     AllocateResult a;
     ASSERT_TRUE(source_.Allocate({owner_, "job", tag, "/c/" + tag + ".safetensors", 0, 4096}, &a).ok());
     FileInfo f;
@@ -135,7 +135,7 @@ TEST_F(FollowWatchTest, ANewFollowOfAFailingJobAsksAgainAtOnce) {
 TEST_F(FollowWatchTest, AJobGrantedBeforeItsFirstVersionIsFollowedAndItsFirstVersionArrives) {
   // The trainer's user granted this node at its start; nothing is published yet.
   ReadGrants::Ids ids{{}, {}, {kSelf}};
-  ASSERT_TRUE(source_.GrantRead(owner_, "job", &ids, false).ok());
+  ASSERT_TRUE(source_.publication()->GrantRead(owner_, "job", &ids, false).ok());
   TagInfo newest;
   ASSERT_TRUE(Follow(kUser, &newest).ok());  // followed, no version yet
   EXPECT_EQ(newest.version, 0u);

@@ -30,7 +30,8 @@ PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupSt
       store_(store),
       cache_(stores.ring),
       recovery_(stores.recovery),
-      versions_(stores.versions) {}
+      versions_(stores.versions),
+      grants_(stores.grants) {}
 
 PeerServer::~PeerServer() { Stop(); }
 

@@ -129,6 +129,7 @@ class PeerServer {
   RingStore* const cache_;
   RecoveryStore* const recovery_;
   PeerVersions* const versions_;
+  NodeGrants* const grants_;
   std::atomic<VersionFollower*> follower_{nullptr};
   SingleFlight<std::pair<std::string, std::string>> digests_;  // by (job, tag)
   std::string endpoint_;

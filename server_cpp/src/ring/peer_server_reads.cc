@@ -69,7 +69,7 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
     s = MayRead(held.file.job, peer, held.owner, req.has_job_uid(), req.job_uid(), &held.job_uid);
     reply.set_held(true);
   } else if (cache_ && following) {  // granted to the node its link authenticated
-    s = versions_->CheckPeerVersionRead(req.job(), req.version_tag(), req.path(), peer);
+    s = grants_->CheckPeerVersionRead(req.job(), req.version_tag(), req.path(), peer);
     VersionFollower* follower = follower_.load();
     if (s.ok()) {
       s = versions_->StartVersionRead(req.job(), req.path(), req.version_tag(), &held.file, &fd);
@@ -136,7 +136,7 @@ Status PeerServer::ServeVersion(PeerLink* link, const v1::PeerVersion& req) {
                     : Status::NotFound("this server holds no published versions");
   if (s.ok()) {  // asked as the node the link authenticated, whatever uid asked there
     const auto wait = std::chrono::milliseconds(std::min<uint32_t>(req.wait_ms(), kMaxVersionWaitMs));
-    s = versions_->PeerGetVersion(req.job(), req.after(), req.epoch(), wait, link->peer(), &tag, &nodes);
+    s = grants_->PeerGetVersion(req.job(), req.after(), req.epoch(), wait, link->peer(), &tag, &nodes);
   }
   if (s.code() == Status::Code::kPermissionDenied)
     TCE_LOG(kWarning, "ring") << "refused the versions of job=" << req.job() << " to " << link->peer() << ": "

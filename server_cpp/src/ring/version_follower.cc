@@ -34,8 +34,9 @@ Status GrantedNodes(const std::string& source, const v1::PeerVersionReply& reply
 
 }  // namespace
 
-VersionFollower::VersionFollower(PeerVersions* cache, RangeReader* ranges, VersionFollowerOptions options)
-    : cache_(cache), ranges_(ranges), options_(std::move(options)) {}
+VersionFollower::VersionFollower(PeerVersions* cache, NodeGrants* grants, RangeReader* ranges,
+                                 VersionFollowerOptions options)
+    : cache_(cache), grants_(grants), ranges_(ranges), options_(std::move(options)) {}
 
 VersionFollower::~VersionFollower() { Stop(); }
 
@@ -160,9 +161,9 @@ Status VersionFollower::Follow(const std::string& job, std::vector<std::string> 
   MutexLock lock(&mu_);  // (the cache's lock is taken inside this one)
   if (stopping_) return Status::Unavailable("the server is shutting down");
   Status s = Admit(job, uid);
-  if (s.ok()) s = cache_->AddFollower(job, options_.owner, uid);
+  if (s.ok()) s = grants_->AddFollower(job, options_.owner, uid);
   if (s.ok() && known) {
-    cache_->PassOnGrants(job, nodes);
+    grants_->PassOnGrants(job, nodes);
     s = cache_->AdoptFollowed(*newest);
   }
   if (!s.ok()) return s;
@@ -202,13 +203,13 @@ Status VersionFollower::Round(const std::string& job, const std::vector<std::str
     Status s = Ask(source, job, after, epoch, options_.hold, options_.io_timeout, &tag, &nodes);
     if (s.code() == Status::Code::kDeadlineExceeded) {  // it held the question: nothing newer yet
       if (options_.clock->Now() - asked >= options_.hold / 2) {
-        cache_->PassOnGrants(job, nodes);
+        grants_->PassOnGrants(job, nodes);
         return Status::OK();
       }
       s = Status::Unavailable(source + ": said nothing is newer without holding the question");
     }
     if (s.ok()) {
-      cache_->PassOnGrants(job, nodes);
+      grants_->PassOnGrants(job, nodes);
       s = cache_->AdoptFollowed(tag);
       if (s.ok()) {
         MutexLock lock(&mu_);

@@ -7,7 +7,7 @@
 // endpoints, asked in order). This node asks them as itself: a source
 // answers a node the job's owner granted (PeerVersion, checked against the
 // endpoint the link authenticated), whatever uid asked here. Here the job
-// is this server's own (PeerVersions::AddFollower: never the uid a source
+// is this server's own (NodeGrants::AddFollower: never the uid a source
 // names) and each local user that follows it may read its versions. The
 // version a source names is recorded here (PeerVersions::AdoptFollowed) and
 // one watcher thread per job then asks the sources for each newer version,
@@ -94,7 +94,8 @@ struct FollowedJobInfo {
 
 class VersionFollower {
  public:
-  VersionFollower(PeerVersions* cache, RangeReader* ranges, VersionFollowerOptions options);
+  // `grants`: the Cache's publication (who may read what it follows).
+  VersionFollower(PeerVersions* cache, NodeGrants* grants, RangeReader* ranges, VersionFollowerOptions options);
   ~VersionFollower();  // Stop()
 
   // Follows `job` for the local user `uid`: the first source that answers
@@ -190,6 +191,7 @@ class VersionFollower {
   static constexpr std::chrono::minutes kPullDeadline{10};
   static constexpr std::chrono::seconds kLearnWait{5};  // for a version a following node knows already
   PeerVersions* const cache_;
+  NodeGrants* const grants_;
   RangeReader* const ranges_;
   const VersionFollowerOptions options_;
   Mutex mu_;  // taken before the cache's own lock, never after it
