@@ -64,7 +64,6 @@ Cache::Cache(CacheOptions options)
       env_(options.env),
       clock_(options.clock),
       storage_(options.storage ? std::move(options.storage) : std::make_shared<const StorageRoots>()),
-      fetch_files_(options.fetch_files),
       check_timeout_(options.storage_check_timeout),
       prober_(std::make_unique<Prober>(options.storage_check_timeout, options.clock)),
       backing_(options.backing),
@@ -73,7 +72,10 @@ Cache::Cache(CacheOptions options)
                                  : std::make_shared<RestoreTracker>(options.clock, options.restore_wait)),
       publication_side_(MakePublicationSide()),
       publication_(std::make_unique<Publication>(PublicationOf(options.limits), options.clock, &tags_,
-                                                 publication_side_.get())) {
+                                                 publication_side_.get())),
+      storage_side_(MakeStorageSide()),
+      storage_access_(std::make_unique<StorageAccess>(storage_, StorageAccessOptions{options.fetch_files},
+                                                      options.clock, storage_side_.get())) {
   const SessionLimits& limits = options.limits;
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
@@ -117,10 +119,10 @@ CacheStats Cache::TallyLocked() const {
   s.version_ranges_served = counts_.version_ranges_served;
   s.objects_fetched = counts_.fetched_objects;
   s.object_bytes_fetched = counts_.fetched_bytes;
-  s.object_ranges_read = counts_.object_ranges_read;
+  s.object_ranges_read = storage_access_->ranges_read();
   s.held_markers = waiting_markers_.size();
   s.marker_rounds = counts_.marker_rounds;
-  s.object_fetches_shared = fetches_shared_.load();
+  s.object_fetches_shared = storage_access_->fetches_shared();
   for (const ObjectRoot& r : storage_->objects().all()) {
     s.object_roots.push_back(r.dir + "=" + r.url);
     s.object_retries += r.store->retries();

@@ -63,6 +63,7 @@
 #include "env/env.h"
 #include "storage/object_roots.h"
 #include "storage/object_store.h"
+#include "cache/storage_access.h"
 #include "cache/storage_check.h"
 #include "cache/tag_registry.h"
 
@@ -72,7 +73,6 @@ class Cache : public PoolBudget,
               public MemoryBudget,
               public ClientStore,
               public SessionStore,
-              public StoredFiles,
               public PersistSource,
               public RingStore,
               public RecoveryStore,
@@ -133,13 +133,6 @@ class Cache : public PoolBudget,
   void StopPersistence() override EXCLUDES(mu_);
 
   // ---- RingStore (cache/ring_store.h) ----
-  bool UnderStorage(const std::string& path) override EXCLUDES(mu_);
-  Status LoadFromStorage(const std::string& job, const std::string& path, bool for_peer) override EXCLUDES(mu_);
-  Status ListStorageDir(const std::string& job, const std::string& dir, std::vector<ListedObject>* out) override
-      EXCLUDES(mu_);
-  std::string ClaimRead(const std::string& job, const std::string& path, const std::string& node) override
-      EXCLUDES(mu_);
-  size_t DropClaims(const std::string& job, const std::string& node) override EXCLUDES(mu_);
   std::vector<std::string> RingPeers(const std::string& job) override EXCLUDES(mu_);
   std::vector<std::string> RingNodes(const std::string& job) override EXCLUDES(mu_);
   Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) override EXCLUDES(mu_);
@@ -206,27 +199,6 @@ class Cache : public PoolBudget,
   // EVICTED (loads read storage); the rest are FAILED as lost.
   void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
   bool persistence_enabled() const { return !storage_->empty(); }
-  // ---- StoredFiles (cache/stored_files.h) ----
-  // A load that missed: brings the file at `path` (an object root's, or a
-  // directory root's read as the session's user) into the cache as a
-  // PERSISTED file of `job`, owned by the session's uid; one read at a
-  // time per file, shared by the loads that ask meanwhile. NOT_FOUND when
-  // storage has no such file, or this server reads no such path
-  // (FetchesOnMiss); FAILED_PRECONDITION when the file reached the cache
-  // meanwhile (look it up again).
-  Status FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) override
-      EXCLUDES(mu_);
-  bool FetchesOnMiss(const std::string& path) override EXCLUDES(mu_);
-  std::vector<JobLoadSplit> LoadSplits(bool admin, uid_t uid) override EXCLUDES(mu_);
-  void NoteLoad(const std::string& job, LoadFrom from, uint64_t bytes) override { loads_.Note(job, from, bytes); }
-  Status DeleteObject(const std::string& session, const std::string& job, const std::string& path) override
-      EXCLUDES(mu_);
-  Status ListStored(const std::string& session, const std::string& job, const std::string& dir,
-                    std::vector<FileInfo>* out) override EXCLUDES(mu_);
-  Status ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
-                         uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
-                         ObjectId* id) override EXCLUDES(mu_);
-  bool IsObjectPath(const std::string& path) const override { return storage_->ObjectRootOf(path, nullptr) != nullptr; }
   // ---- for the daemon (and tests), continued ----
   // Called (under the cache's lock: it must only queue work) with the job of
   // every tag recorded complete. Set before serving.
@@ -238,6 +210,9 @@ class Cache : public PoolBudget,
   // The pool new buffers come from first (CacheOptions::prealloc; null:
   // none), for the daemon to start and stop its filler.
   BufferPool* pool() { return pool_.get(); }
+  // Storage read on behalf of clients and the ring (cache/storage_access.h):
+  // the RPC layer's StoredFiles, the ring's StorageLoads.
+  StorageAccess* storage_access() { return storage_access_.get(); }
   // Who may read the published versions, and the readers' leases on them
   // (cache/publication.h): the RPC layer's VersionStore, the peer port's
   // and the follower's NodeGrants.
@@ -298,6 +273,7 @@ class Cache : public PoolBudget,
                     VersionGrant* out, std::vector<uint64_t>* file_leases, uid_t* uid, uint64_t* charged)
       EXCLUDES(mu_);
   std::unique_ptr<PublicationHost> MakePublicationSide();
+  std::unique_ptr<StorageAccessHost> MakeStorageSide();
   // Tags (cache_tags.cc). Forgets the job's oldest other tags while it would hold more than
   // max_tags_per_job, or while `tag`'s record does not fit its owner's share
   // of metadata_budget; RESOURCE_EXHAUSTED when it cannot fit at all.
@@ -400,31 +376,6 @@ class Cache : public PoolBudget,
   // durable (PeersMustConfirm; `remote` gets those files);
   // ReleaseMarkers queues the waiting markers of `job` that may go now.
   bool MarkerMustWait(const FileKey& key, const FileInfo& f) const REQUIRES(mu_);
-  // Storage into the cache (cache_fetch.cc): (job, path) read as uid/gid
-  // into a new PERSISTED file, once at a time per file (a second load waits
-  // for the read under way and shares its outcome); from an object root's
-  // store, else from the directory root the file's directory resolves under
-  // (opened through its store as the user, OpenAsUser); *size: the bytes read.
-  // `read_here` (optional) is set when this call read it (not another
-  // load's read, nor a file here already).
-  Status FetchStored(const std::string& job, const std::string& path, uid_t uid, gid_t gid, bool for_peer,
-                     bool* read_here = nullptr) EXCLUDES(mu_);
-  Status FetchObjectOnce(const ObjectRoot& root, const std::string& key, const std::string& job,
-                         const std::string& path, uid_t uid, gid_t gid, uint64_t* size) EXCLUDES(mu_);
-  Status FetchFileOnce(const std::string& job, const std::string& path, uid_t uid, gid_t gid, uint64_t* size)
-      EXCLUDES(mu_);
-  Status OpenAsUser(const std::string& dir, uid_t uid, gid_t gid, std::unique_ptr<Directory>* d);
-  // A new buffer of `size` bytes (ReserveRecovery) filled by `read` through
-  // a mapping of it; given back when anything fails. *secs: the read's time.
-  Status ReadIntoBuffer(uint64_t size, const std::string& path, const std::function<Status(char*)>& read,
-                        std::unique_ptr<Buffer>* mem, double* secs) EXCLUDES(mu_);
-  // The same for a reader that hands its bytes over in pieces (a file's):
-  // they are written into the buffer's memfd, which costs about 60% of
-  // faulting in a mapping of new shmem pages (hugetlb: through a mapping).
-  Status FillBuffer(uint64_t size, const std::string& path, const std::function<Status(const Directory::Sink&)>& read,
-                    std::unique_ptr<Buffer>* mem, double* secs) EXCLUDES(mu_);
-  Status ReadThroughMapping(const Buffer& mem, uint64_t size, const std::string& path,
-                            const std::function<Status(char*)>& read, double* secs);
   // Whom the server reads storage as for `job` when no client of it asks
   // (the ring's reads, prefetches; a recovered file's owner): the job's
   // owner (JobOwners), whoever set its ring. NOT_FOUND when no client set
@@ -454,16 +405,7 @@ class Cache : public PoolBudget,
   const std::shared_ptr<const StorageRoots> storage_;  // never null (empty: memory only)
   std::set<FileKey> waiting_markers_ GUARDED_BY(mu_);
   std::map<FileKey, uint64_t> peers_durable_ GUARDED_BY(mu_);  // marker -> the version the ring confirmed
-  SingleFlight<FileKey> fetching_;  // reads of storage under way (FetchStored)
-  std::atomic<uint64_t> fetches_shared_{0};
   std::function<void(const std::string&)> tag_listener_;  // set before serving
-  LoadSplit loads_;
-  struct ReadClaim {
-    std::string node;
-    Clock::TimePoint at;
-  };
-  std::map<FileKey, ReadClaim> read_claims_ GUARDED_BY(mu_);  // ClaimRead
-  const bool fetch_files_;
   Mutex mu_;
   CondVar done_cv_;     // a file was persisted or failed
   CondVar quiet_cv_;    // no allocation pending or starting any more
@@ -540,6 +482,9 @@ class Cache : public PoolBudget,
   class PublicationSide;
   const std::unique_ptr<PublicationHost> publication_side_;
   const std::unique_ptr<Publication> publication_;  // the TagRegistry and PublicationSide outlive it
+  class StorageSide;  // the same for StorageAccess (cache_fetch.cc)
+  const std::unique_ptr<StorageAccessHost> storage_side_;
+  const std::unique_ptr<StorageAccess> storage_access_;
   // Last: destroyed first, while the budget it gives its bytes back to is whole.
   std::unique_ptr<BufferPool> pool_;
 };

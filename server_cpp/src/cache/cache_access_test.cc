@@ -33,19 +33,19 @@ class CacheAccessTest : public CacheTest {
 };
 
 TEST_F(CacheAccessTest, AClaimHoldsTenMinutesUnlessItsNodeIsDroppedForTheJob) {
-  EXPECT_EQ(cache_.ClaimRead("job", "/c/a.pt", "c:1"), "c:1");
-  EXPECT_EQ(cache_.ClaimRead("job", "/c/b.pt", "c:1"), "c:1");
-  EXPECT_EQ(cache_.ClaimRead("other", "/c/a.pt", "c:1"), "c:1");
-  EXPECT_EQ(cache_.ClaimRead("job", "/c/a.pt", "b:1"), "c:1");  // the first node that asked reads it
+  EXPECT_EQ(cache_.storage_access()->ClaimRead("job", "/c/a.pt", "c:1"), "c:1");
+  EXPECT_EQ(cache_.storage_access()->ClaimRead("job", "/c/b.pt", "c:1"), "c:1");
+  EXPECT_EQ(cache_.storage_access()->ClaimRead("other", "/c/a.pt", "c:1"), "c:1");
+  EXPECT_EQ(cache_.storage_access()->ClaimRead("job", "/c/a.pt", "b:1"), "c:1");  // the first node that asked reads it
   clock_.Advance(std::chrono::minutes(10) - std::chrono::milliseconds(1));
-  EXPECT_EQ(cache_.ClaimRead("job", "/c/a.pt", "b:1"), "c:1");
-  EXPECT_EQ(cache_.DropClaims("job", "b:1"), 0u);
-  EXPECT_EQ(cache_.DropClaims("job", "c:1"), 2u);  // c stopped answering: its claims on the job's files go
-  EXPECT_EQ(cache_.ClaimRead("job", "/c/a.pt", "b:1"), "b:1");
-  EXPECT_EQ(cache_.ClaimRead("job", "/c/b.pt", "a:1"), "a:1");
-  EXPECT_EQ(cache_.ClaimRead("other", "/c/a.pt", "b:1"), "c:1");  // another job's stay
+  EXPECT_EQ(cache_.storage_access()->ClaimRead("job", "/c/a.pt", "b:1"), "c:1");
+  EXPECT_EQ(cache_.storage_access()->DropClaims("job", "b:1"), 0u);
+  EXPECT_EQ(cache_.storage_access()->DropClaims("job", "c:1"), 2u);  // c stopped answering: its claims on the job's files go
+  EXPECT_EQ(cache_.storage_access()->ClaimRead("job", "/c/a.pt", "b:1"), "b:1");
+  EXPECT_EQ(cache_.storage_access()->ClaimRead("job", "/c/b.pt", "a:1"), "a:1");
+  EXPECT_EQ(cache_.storage_access()->ClaimRead("other", "/c/a.pt", "b:1"), "c:1");  // another job's stay
   clock_.Advance(std::chrono::milliseconds(1));
-  EXPECT_EQ(cache_.ClaimRead("other", "/c/a.pt", "b:1"), "b:1");  // ten minutes: the claim lapsed
+  EXPECT_EQ(cache_.storage_access()->ClaimRead("other", "/c/a.pt", "b:1"), "b:1");  // ten minutes: the claim lapsed
 }
 
 TEST_F(CacheAccessTest, AnotherUidCannotReadRemoveOverwriteOrWaitForAJobsFiles) {

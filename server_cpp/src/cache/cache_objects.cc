@@ -1,8 +1,8 @@
 // Cache: files under object storage roots (storage/object_store.h). Their
 // coherence compares an object's identity (ETag and size) where a file's is
-// its inode; a load that misses is served by fetching the object into the
-// cache (cache_fetch.cc); and a tag's completeness marker is written only
-// after the tag's other files are durable.
+// its inode; and a tag's completeness marker is written only after the
+// tag's other files are durable. (A load that misses reads the object into
+// the cache through StorageAccess.)
 #include "cache/cache.h"
 #include "common/logging.h"
 
@@ -62,111 +62,9 @@ StorageCheck Cache::CheckObject(const ObjectRoot& root, const std::string& key, 
   return CompareObject(root.store->Url(key), expected, now);
 }
 
-Status Cache::ReadObjectRange(const std::string& session, const std::string& job, const std::string& path,
-                              uint64_t offset, uint64_t length, std::string* data, unsigned char* into,
-                              ObjectId* id) {
-  std::string key;
-  const ObjectRoot* root = storage_->ObjectRootOf(path, &key);
-  if (!root) return Status::NotFound(path + " is not under an object storage root");
-  Requester who;
-  {
-    MutexLock lock(&mu_);
-    Status s = CheckAccess(session, job, "read " + path + " of job '" + job + "'");
-    if (!s.ok()) return s;
-    const uid_t uid = sessions_.Find(session)->uid;
-    who = {uid, owners_.IsAdmin(uid)};
-  }
-  const std::string url = root->store->Url(key);
-  // Pinned: the load saw this identity at its first range; no look now,
-  // the read itself (If-Match) tells whether the object is still that one.
-  const bool pinned = !id->etag.empty();
-  ObjectId obj = *id;
-  obj.exists = true;
-  if (!pinned) {
-    Status s = root->store->Stat(key, &obj);
-    if (!s.ok()) return s;
-    if (!obj.exists) return Status::NotFound(url + " does not exist");
-    s = MayUse(who, obj, url, "read");
-    if (!s.ok()) return s;
-  }
-  if (offset > obj.size || length > obj.size - offset)
-    return Status::FromCode(Status::Code::kOutOfRange, "bytes " + std::to_string(offset) + "+" +
-                                                           std::to_string(length) + " lie past the end of " + url +
-                                                           " (" + std::to_string(obj.size) + " bytes)");
-  Status s;
-  if (length > 0) {
-    if (!into) {
-      data->resize(length);
-      into = reinterpret_cast<unsigned char*>(&(*data)[0]);
-    }
-    s = root->store->Read(key, offset, length, reinterpret_cast<char*>(into), obj.etag, who);  // owner checked again
-  }
-  if (pinned && (s.code() == Status::Code::kFailedPrecondition || s.code() == Status::Code::kNotFound ||
-                 s.code() == Status::Code::kOutOfRange)) {
-    // 412 (another ETag), 404 (deleted), or a range the object no longer
-    // has: not the object this load began reading.
-    return Status::FailedPrecondition(url + " was " + (s.code() == Status::Code::kNotFound ? "deleted" : "replaced") +
-                                      " on object storage since this load began (it read ETag " + obj.etag + ", " +
-                                      std::to_string(obj.size) + " bytes): " + s.message());
-  }
-  if (!s.ok()) return s;
-  *id = obj;
-  if (length > 0) {
-    MutexLock lock(&mu_);
-    ++counts_.object_ranges_read;
-  }
-  return Status::OK();
-}
-
-Status Cache::DeleteObject(const std::string& session, const std::string& job, const std::string& path) {
-  std::string key;
-  const ObjectRoot* root = storage_->ObjectRootOf(path, &key);
-  if (!root) return Status::InvalidArgument(path + " is not under an object storage root");
-  Requester who;
-  {
-    MutexLock lock(&mu_);
-    Status s = CheckAccess(session, job, "delete " + path + " of job '" + job + "'");
-    if (!s.ok()) return s;
-    const uid_t uid = sessions_.Find(session)->uid;
-    who = {uid, owners_.IsAdmin(uid)};
-  }
-  Status s = root->store->Delete(key, who);
-  if (s.ok()) TCE_LOG(kInfo, "cache") << "deleted " << root->store->Url(key) << " (job=" << job << ")";
-  return s;
-}
-
 void Cache::ForgetTag(const std::string& job, const std::string& tag) {
   MutexLock lock(&mu_);
   DropTag(job, tag, "deleted from storage");
-}
-
-Status Cache::ListStored(const std::string& session, const std::string& job, const std::string& dir,
-                         std::vector<FileInfo>* out) {
-  out->clear();
-  std::string key;  // the key a file in `dir` named "x" would have: its prefix is dir's
-  const ObjectRoot* root = storage_->ObjectRootOf(dir + "/x", &key);
-  if (!root) return Status::InvalidArgument(dir + " is not under an object storage root");
-  Requester who;
-  {
-    MutexLock lock(&mu_);
-    Status s = CheckAccess(session, job, "list " + dir + " for job '" + job + "'");
-    if (!s.ok()) return s;
-    const uid_t uid = sessions_.Find(session)->uid;
-    who = {uid, owners_.IsAdmin(uid)};
-  }
-  std::vector<ListedObject> listed;  // another uid's objects left out
-  Status s = root->store->List(key.substr(0, key.size() - 1), who, &listed);
-  if (!s.ok()) return s;
-  for (const ListedObject& o : listed) {
-    if (o.key.compare(0, root->prefix.size(), root->prefix) != 0) continue;
-    FileInfo f;
-    f.job = job;
-    f.path = root->dir + "/" + o.key.substr(root->prefix.size());
-    f.size = o.size;
-    f.state = FileState::kPersisted;
-    out->push_back(std::move(f));
-  }
-  return Status::OK();
 }
 
 bool Cache::MarkerMustWait(const FileKey& key, const FileInfo& f) const {

@@ -48,17 +48,8 @@ void Cache::NoteStorageFallback(const std::string& path, const std::string& why)
 }
 
 DiskIdentity Cache::Written(const DiskIdentity& before, const FileStat& st) {
-  DiskIdentity d = before;  // the same directory
-  if (!before.known) return d;  // a recovered file: its directory was never seen
-  d.exists = true;
-  d.written = true;
-  d.dev = st.dev;
-  d.ino = st.ino;
-  d.size = st.size;
-  d.mtime_ns = st.mtime_ns;
-  d.mode = st.mode & 07777;
-  d.etag = st.etag;
-  d.seq = ++disk_seq_;
+  DiskIdentity d = FileIn(before, st);
+  if (before.known) d.seq = ++disk_seq_;
   return d;
 }
 

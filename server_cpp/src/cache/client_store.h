@@ -155,7 +155,7 @@ struct ClientStores {
   RestoreTracker* restores = nullptr;  // the jobs a load waits for (the Cache's tracker)
   template <class T>
   static ClientStores Of(T* all) {
-    return {all, all, all, all->publication(), all->restores()};
+    return {all, all, all->storage_access(), all->publication(), all->restores()};
   }
 };
 

@@ -37,6 +37,7 @@
 #include "cache/peer_versions.h"
 #include "cache/recovery_store.h"
 #include "cache/restore_tracker.h"
+#include "cache/storage_loads.h"
 #include "common/status.h"
 #include "storage/object_store.h"  // ListedObject
 
@@ -136,10 +137,11 @@ struct RingStores {
   RecoveryStore* recovery = nullptr;
   PeerVersions* versions = nullptr;
   NodeGrants* grants = nullptr;        // which nodes may follow a job (the Cache's publication)
+  StorageLoads* loads = nullptr;       // reads of storage for the ring (the Cache's storage access)
   RestoreTracker* restores = nullptr;  // the replicator ends the restores it began
   template <class T>
   static RingStores Of(T* all) {
-    return {all, all, all, all->publication(), all->restores()};
+    return {all, all, all, all->publication(), all->storage_access(), all->restores()};
   }
 };
 

@@ -3,7 +3,7 @@
 // load missed into the cache, ranged reads, deletes and listings of object
 // storage, and where each job's loads took their bytes from.
 //
-// The Cache is one. Thread-safe.
+// The StorageAccess is one (cache/storage_access.h). Thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +30,13 @@ class StoredFiles {
   // storage into the cache by this server (FetchFromStorage): an object
   // root's file always, a directory root's when CacheOptions::fetch_files says so.
   virtual bool FetchesOnMiss(const std::string& path) = 0;
+  // A load that missed: brings the file at `path` (an object root's, or a
+  // directory root's read as the session's user) into the cache as a
+  // PERSISTED file of `job`, owned by the session's uid; one read at a
+  // time per file, shared by the loads that ask meanwhile. NOT_FOUND when
+  // storage has no such file, or this server reads no such path
+  // (FetchesOnMiss); FAILED_PRECONDITION when the file reached the cache
+  // meanwhile (look it up again).
   virtual Status FetchFromStorage(const std::string& session, const std::string& job, const std::string& path) = 0;
   // A load of `job` took `bytes` from `from` (counted per job: Status'
   // job_loads); where each job's loads took their bytes from so far: every

@@ -54,7 +54,7 @@ Status Replicator::PeerFailedLoad(const std::string& job, const std::string& pat
 
 void Replicator::MarkPeerDown(const std::string& job, const std::string& peer) {
   plans_.MarkDown(job, peer);  // asked nothing for a while, its share read by the others
-  const size_t dropped = recovery_->DropClaims(job, peer);
+  const size_t dropped = loads_->DropClaims(job, peer);
   if (dropped > 0)
     TCE_LOG(kWarning, "ring") << "dropped " << dropped << " claim(s) of " << peer << " on files of job=" << job
                               << ": it stopped answering; the next node that asks reads them";
@@ -63,7 +63,7 @@ void Replicator::MarkPeerDown(const std::string& job, const std::string& peer) {
 Status Replicator::LoadByPlan(const std::string& job, const std::string& path, bool stage, LoadFrom* from,
                               Clock::TimePoint deadline) {
   if (!options_.cooperative) return Status::NotFound("cooperative restore is off");
-  if (!recovery_->UnderStorage(path)) return Status::NotFound(path + " is not under a storage root");
+  if (!loads_->UnderStorage(path)) return Status::NotFound(path + " is not under a storage root");
   const std::vector<std::string> nodes = cache_->RingNodes(job);
   if (nodes.empty()) return Status::NotFound("job " + job + " has no ring of several nodes");
   if (from) *from = LoadFrom::kPeer;
@@ -78,8 +78,8 @@ Status Replicator::LoadByPlan(const std::string& job, const std::string& path, b
     std::string reader;
     Status s;
     if (owner == options_.self) {
-      if (!down.empty()) recovery_->DropClaims(job, down);
-      reader = recovery_->ClaimRead(job, path, options_.self);
+      if (!down.empty()) loads_->DropClaims(job, down);
+      reader = loads_->ClaimRead(job, path, options_.self);
     } else {
       s = PullFrom(owner, job, path, stage, &reader, deadline, down);
       if (s.ok() && reader.empty()) {
@@ -127,7 +127,7 @@ Status Replicator::LoadByPlan(const std::string& job, const std::string& path, b
     TCE_LOG(kInfo, "ring") << "no other node of job=" << job << " reads " << path << " (" << last.ToString()
                            << "): reading it from storage here";
   if (from) *from = LoadFrom::kStorage;
-  return recovery_->LoadFromStorage(job, path, /*for_peer=*/false);
+  return loads_->LoadFromStorage(job, path, /*for_peer=*/false);
 }
 
 Status Replicator::OnLink(const std::string& peer, const std::function<Status(PeerLink*)>& fn,
@@ -209,7 +209,7 @@ bool Replicator::PrefetchStep(PrefetchJob* p) {
     if (p->only_if_empty && cache_->InMemoryCount(p->job) > 0) return true;  // not a restart
     if (p->paths.empty()) {
       std::vector<ListedObject> listed;
-      Status s = recovery_->ListStorageDir(p->job, p->dir, &listed);
+      Status s = loads_->ListStorageDir(p->job, p->dir, &listed);
       uint64_t dropped = 0;
       if (!s.ok() && prefetch_log_.Allow(&dropped))
         TCE_LOG(kWarning, "ring") << "prefetch of " << p->dir << " for job=" << p->job << ": " << s.ToString()
@@ -224,10 +224,10 @@ bool Replicator::PrefetchStep(PrefetchJob* p) {
   while (p->next < p->paths.size()) {  // the next file of this node's share; one read per step
     if (prefetches_.stopped()) return true;
     const std::string& path = p->paths[p->next++];
-    if (!recovery_->UnderStorage(path) || plans_.OwnerOf(p->job, nodes, path) != options_.self) continue;
+    if (!loads_->UnderStorage(path) || plans_.OwnerOf(p->job, nodes, path) != options_.self) continue;
     ++p->mine;
-    if (recovery_->ClaimRead(p->job, path, options_.self) != options_.self) continue;  // a node that needs it reads it
-    Status s = recovery_->LoadFromStorage(p->job, path, /*for_peer=*/false);
+    if (loads_->ClaimRead(p->job, path, options_.self) != options_.self) continue;  // a node that needs it reads it
+    Status s = loads_->LoadFromStorage(p->job, path, /*for_peer=*/false);
     if (s.ok()) {
       ++p->read;
     } else if (p->failed++ == 0) {

@@ -30,6 +30,7 @@ PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupSt
       store_(store),
       cache_(stores.ring),
       recovery_(stores.recovery),
+      loads_(stores.loads),
       versions_(stores.versions),
       grants_(stores.grants) {}
 

@@ -128,6 +128,7 @@ class PeerServer {
   BackupStore* const store_;
   RingStore* const cache_;
   RecoveryStore* const recovery_;
+  StorageLoads* const loads_;  // the cooperative restore's reads of storage
   PeerVersions* const versions_;
   NodeGrants* const grants_;
   std::atomic<VersionFollower*> follower_{nullptr};

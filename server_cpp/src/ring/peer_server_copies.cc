@@ -109,9 +109,9 @@ Status PeerServer::LoadForPeer(PeerLink* link, const std::string& job, const std
     Status result GUARDED_BY(mu);
   };
   auto read = std::make_shared<Read>();
-  RecoveryStore* recovery = recovery_;
-  std::thread reader([recovery, read, job, path] {
-    Status s = recovery->LoadFromStorage(job, path, /*for_peer=*/true);
+  StorageLoads* loads = loads_;
+  std::thread reader([loads, read, job, path] {
+    Status s = loads->LoadFromStorage(job, path, /*for_peer=*/true);
     MutexLock l(&read->mu);
     read->done = true;
     read->result = s;
@@ -149,7 +149,7 @@ void PeerServer::DropClaimsOfDown(const v1::PeerFetch& req, const std::string& a
   for (const std::string& node : req.down()) {
     if (++seen > 16) break;  // a ring member reports the reader it found down: one
     if (node == endpoint() || std::find(nodes.begin(), nodes.end(), node) == nodes.end()) continue;
-    const size_t n = recovery_->DropClaims(req.job(), node);
+    const size_t n = loads_->DropClaims(req.job(), node);
     if (n > 0)
       TCE_LOG(kWarning, "ring") << "dropped " << n << " claim(s) of " << node << " on files of job=" << req.job()
                                 << ": " << asker << " found it not answering; the next node that asks reads them";
@@ -171,7 +171,7 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
       if (found.ok()) found = ValidatePath(req.path());  // a name storage is read at: checked as a client's
       if (found.ok() && req.claim()) DropClaimsOfDown(req, link->peer());
       // Not begun here: the first node that asks reads it (it needs it).
-      const std::string reader = found.ok() && req.claim() ? recovery_->ClaimRead(req.job(), req.path(), link->peer())
+      const std::string reader = found.ok() && req.claim() ? loads_->ClaimRead(req.job(), req.path(), link->peer())
                                                            : endpoint();
       if (found.ok() && reader != endpoint()) {
         v1::PeerReply redirect;

@@ -37,14 +37,13 @@ TagBarrierOptions BarrierOptions(const ReplicatorOptions& o) {
 Replicator::Replicator(RingStores stores, Transport* transport, ReplicatorOptions options)
     : cache_(stores.ring),
       recovery_(stores.recovery),
+      loads_(stores.loads),
       restores_(stores.restores),
       transport_(transport),
       options_(std::move(options)),
       barrier_(stores.ring, BarrierOptions(options_)),
-      plans_([recovery = stores.recovery](const std::string& job, const std::string& dir,
-                                          std::vector<ListedObject>* out) {
-        return recovery->ListStorageDir(job, dir, out);
-      },
+      plans_([loads = stores.loads](const std::string& job, const std::string& dir,
+                                    std::vector<ListedObject>* out) { return loads->ListStorageDir(job, dir, out); },
              options_.clock),
       prefetch_log_(10, std::chrono::seconds(10), options_.clock) {
   cache_->SetBackupFeed(&queue_);

@@ -180,6 +180,7 @@ class Replicator {
 
   RingStore* const cache_;
   RecoveryStore* const recovery_;
+  StorageLoads* const loads_;  // the cooperative restore's reads of storage
   RestoreTracker* const restores_;  // ends what a recovery began
   BackupQueue queue_;  // fed by the cache (RingStore::SetBackupFeed)
   Transport* const transport_;

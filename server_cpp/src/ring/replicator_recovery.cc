@@ -210,7 +210,7 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
   }
   const uint64_t size = f.size;
   s = recovery_->AdoptRecovered(std::move(f), std::move(mem));
-  if (s.ok()) recovery_->NoteLoad(job, LoadFrom::kPeer, size);
+  if (s.ok()) loads_->NoteLoad(job, LoadFrom::kPeer, size);
   return s;
 }
 

@@ -83,6 +83,20 @@ bool SameStoredFile(const DiskIdentity& was, const DiskIdentity& now) {
   return was.ino == now.ino && was.mtime_ns == now.mtime_ns && (was.dev == 0 || was.dev == now.dev);
 }
 
+DiskIdentity FileIn(const DiskIdentity& dir, const FileStat& st) {
+  DiskIdentity d = dir;  // the same directory
+  if (!dir.known) return d;  // a recovered file: its directory was never seen
+  d.exists = true;
+  d.written = true;
+  d.dev = st.dev;
+  d.ino = st.ino;
+  d.size = st.size;
+  d.mtime_ns = st.mtime_ns;
+  d.mode = st.mode & 07777;
+  d.etag = st.etag;
+  return d;
+}
+
 DiskIdentity IdentityOf(const ObjectId& o) {
   DiskIdentity d;
   d.known = true;

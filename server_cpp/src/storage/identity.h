@@ -89,6 +89,10 @@ StorageCheck CompareObject(const std::string& url, const DiskIdentity& expected,
 // (and device, where `was` knows it: a peer's identity leaves it 0).
 bool SameStoredFile(const DiskIdentity& was, const DiskIdentity& now);
 
+// The identity of the file `st` written (or read) in the directory `dir`
+// records (as `dir`, when that directory is unknown); `seq` is the caller's.
+DiskIdentity FileIn(const DiskIdentity& dir, const FileStat& st);
+
 // The directory of an absolute `path` ("/" for a file at the root).
 std::string Dirname(const std::string& path);
 
