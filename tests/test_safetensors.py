@@ -4,6 +4,7 @@ patch of safetensors.torch, and Hugging Face's save_pretrained under it."""
 from __future__ import annotations
 
 import os
+import types
 import warnings
 
 import pytest
@@ -17,7 +18,8 @@ from tce.tools._server import LocalServer
 from conftest import run_python
 
 st = pytest.importorskip("safetensors.torch")
-_ORIGINAL_SAVE, _ORIGINAL_LOAD = st.save_file, st.load_file
+# Not module attributes: the patch rebinds those that are these functions.
+_ORIGINAL = types.SimpleNamespace(save=st.save_file, load=st.load_file)
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -73,8 +75,8 @@ def test_load_file_views_one_private_mapping_of_the_cache(server, tmp_path):
     path = tmp_path / "m.safetensors"
     tst.save_file(tensors, path)
     out = tst.load_file(path)
-    _ORIGINAL_SAVE(tensors, tmp_path / "disk.safetensors")
-    assert list(out) == list(_ORIGINAL_LOAD(tmp_path / "disk.safetensors"))  # file order
+    _ORIGINAL.save(tensors, tmp_path / "disk.safetensors")
+    assert list(out) == list(_ORIGINAL.load(tmp_path / "disk.safetensors"))  # file order
     for name, t in tensors.items():
         assert out[name].dtype == t.dtype and out[name].shape == t.shape
         assert torch.equal(out[name].view(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8))
@@ -140,7 +142,7 @@ def test_persisted_file_is_the_safetensors_file(persisting):
     tst.save_file(tensors, path, metadata={"format": "pt"})
     tce.wait([path])
     assert path.read_bytes() == st.save(tensors, metadata={"format": "pt"})
-    assert torch.equal(_ORIGINAL_LOAD(path)["bf16"], tensors["bf16"])
+    assert torch.equal(_ORIGINAL.load(path)["bf16"], tensors["bf16"])
 
 
 @pytest.mark.gpu
@@ -213,11 +215,11 @@ def test_unpatch_restores_safetensors(server, tmp_path):
     tce.patch_torch([tmp_path])
     tce.patch_torch([tmp_path / "b"])  # never wraps twice
     try:
-        assert st.save_file is not _ORIGINAL_SAVE and st.load_file is not _ORIGINAL_LOAD
+        assert st.save_file is not _ORIGINAL.save and st.load_file is not _ORIGINAL.load
     finally:
         tce.unpatch_torch()
         tce.unpatch_torch()
-    assert st.save_file is _ORIGINAL_SAVE and st.load_file is _ORIGINAL_LOAD
+    assert st.save_file is _ORIGINAL.save and st.load_file is _ORIGINAL.load
     st.save_file({"a": torch.ones(1)}, tmp_path / "x.safetensors")
     assert (tmp_path / "x.safetensors").exists() and not tce.cached(tmp_path / "x.safetensors")
 
@@ -261,7 +263,7 @@ def test_save_pretrained_goes_through_the_cache(persisting, tmp_path):
         tce.wait()
     finally:
         tce.unpatch_torch()
-    assert mu.safe_save_file is _ORIGINAL_SAVE
+    assert mu.safe_save_file is _ORIGINAL.save
     assert weights.read_bytes() == (plain / "model.safetensors").read_bytes()
     loaded = type(model).from_pretrained(target)
     assert loaded.state_dict().keys() == model.state_dict().keys()

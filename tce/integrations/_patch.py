@@ -10,14 +10,19 @@ at import (``tce.buffers.torch_save``), so they never recurse into the patch.
 
 Where safetensors is installed, ``safetensors.torch.save_file`` and
 ``load_file`` are replaced the same way (paths under the prefixes go to
-:mod:`tce.integrations.safetensors`), and so are the names libraries that
-save models bound to them at import (``transformers.modeling_utils``'s
-``safe_save_file``, which ``save_pretrained`` calls): those of the modules
-already imported are rebound now, and a module imported later binds the
-patched functions itself.
+:mod:`tce.integrations.safetensors`).
 
-Code that bound the functions before patching (``from torch import save``)
-keeps the originals, libraries in :data:`REBOUND` aside.
+Names that modules bound to these functions at import (``from torch import
+save``, ``from safetensors.torch import save_file``, transformers'
+``safe_save_file``, which ``save_pretrained`` calls) are rebound too: the
+patch walks the imported modules and replaces each module attribute that is
+the original function object (by identity) with the patched one, and
+unpatching puts the original back in each attribute that is the patched
+function. A module imported later binds the patched functions itself, through
+the attributes of ``torch`` and ``safetensors.torch``. TCE's own modules keep
+the originals (its fallbacks call them), and torch's and safetensors' modules
+are left to the explicit assignments above. A module whose attribute cannot
+be set keeps the unpatched function, with one warning naming it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import os
 import pickle
 import sys
 import threading
+import types
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -37,6 +44,7 @@ _lock = threading.Lock()
 _prefixes: tuple[str, ...] = ()
 _durable = False
 _patched = False
+_warned: set[tuple[str, str]] = set()  # (module, what it kept) warned of already
 
 
 def _under_prefix(f: Any) -> bool:
@@ -100,45 +108,88 @@ def _load_safetensors(filename: str | os.PathLike, device: Any = "cpu",
     return _st.originals()[1](filename, device, **options)
 
 
-# Packages whose modules bind safetensors' functions by name at import
-# (transformers: ``from safetensors.torch import save_file as
-# safe_save_file`` in modeling_utils): the patch rebinds those names too.
-REBOUND = ("transformers", "accelerate", "peft", "diffusers")
+# Packages the walk over the imported modules leaves alone: TCE's own
+# modules hold the originals its fallbacks call, and torch and safetensors
+# get the patch by the assignments below.
+_LEFT_ALONE = ("tce", "torch", "safetensors")
 
 
-def _rebind(old: tuple[Callable[..., Any], ...], new: tuple[Callable[..., Any], ...]) -> None:
-    """In every imported module of :data:`REBOUND`, each name bound to one
-    of ``old`` is bound to its counterpart in ``new``."""
+def _functions() -> list[tuple[Callable[..., Any], Callable[..., Any]]]:
+    """(original, patched) for each function the patch replaces."""
+    pairs = [(buffers.torch_save, _save), (buffers.torch_load, _load)]
+    try:
+        pairs += zip(_st.originals(), (_save_safetensors, _load_safetensors))
+    except ImportError:  # safetensors is not installed
+        pass
+    return pairs
+
+
+def _package(name: str, module: types.ModuleType) -> str:
+    """The top-level package of ``module`` (for ``__main__``, that of the
+    module it was run as, ``python -m``)."""
+    spec = vars(module).get("__spec__")
+    return (getattr(spec, "name", None) or name).split(".", 1)[0]
+
+
+def _rebind(swaps: list[tuple[Callable[..., Any], Callable[..., Any]]]) -> list[tuple[str, str]]:
+    """In every imported module outside :data:`_LEFT_ALONE`, each attribute
+    that is one of the first functions of ``swaps`` (by identity) is set to
+    its counterpart. Returns (module, attribute) for each attribute that could
+    not be set, which keeps its function."""
+    kept: list[tuple[str, str]] = []
     for name, module in list(sys.modules.items()):
-        if module is None or name.split(".", 1)[0] not in REBOUND:
+        if not isinstance(module, types.ModuleType):
             continue
-        namespace = getattr(module, "__dict__", {})
+        try:
+            namespace = vars(module)
+            if _package(name, module) in _LEFT_ALONE:
+                continue
+        except Exception:  # a module type that hides its namespace: nothing to see
+            continue
         for attr, value in list(namespace.items()):
-            for o, n in zip(old, new):
-                if value is o:
-                    namespace[attr] = n
+            for old, new in swaps:
+                if value is not old:
+                    continue
+                try:
+                    setattr(module, attr, new)
+                except Exception:  # its module type refuses: the check below tells
+                    pass
+                if namespace.get(attr) is not new:
+                    kept.append((name, attr))
+                break
+    return kept
+
+
+def _warn_kept(kept: list[tuple[str, str]], what: str, outcome: str) -> None:
+    """Warn, once per module and process, that a module kept ``what``
+    (called without the lock: a warning filter may raise)."""
+    for name, attr in kept:
+        with _lock:
+            if (name, what) in _warned:
+                continue
+            _warned.add((name, what))
+        warnings.warn(f"TCE: module {name!r} keeps {what} as {attr!r} (the attribute cannot "
+                      f"be set): {outcome}", RuntimeWarning, stacklevel=3)
 
 
 def _patch_safetensors(on: bool) -> None:
-    """Install (``on``) or remove the safetensors patch; nothing when
-    safetensors is not installed."""
+    """Set ``safetensors.torch``'s ``save_file``/``load_file`` to the patched
+    functions (``on``) or the originals; nothing when safetensors is not
+    installed."""
     try:
         originals = _st.originals()
         import safetensors.torch as st
     except ImportError:
         return
-    patched = (_save_safetensors, _load_safetensors)
-    old, new = (originals, patched) if on else (patched, originals)
-    st.save_file, st.load_file = new
-    _rebind(old, new)
+    st.save_file, st.load_file = (_save_safetensors, _load_safetensors) if on else originals
 
 
 def patch_torch(prefixes: list[str | os.PathLike] | tuple[str | os.PathLike, ...],
                 durable: bool = False) -> None:
     """Route ``torch.save``/``torch.load`` on paths under ``prefixes`` through TCE,
-    and ``safetensors.torch.save_file``/``load_file`` (with the names
-    Hugging Face libraries bound to them: ``save_pretrained``) where
-    safetensors is installed.
+    and ``safetensors.torch.save_file``/``load_file`` where safetensors is
+    installed, with the names imported modules bound to them (``from torch
+    import save``; transformers' for ``save_pretrained``).
 
     With ``durable``, the patched saves return only once the file
     is on storage (``tce.wait`` on its path), for scripts that read the path
@@ -148,6 +199,10 @@ def patch_torch(prefixes: list[str | os.PathLike] | tuple[str | os.PathLike, ...
 
     Raises:
         ValueError: no prefix given, or a prefix that is not a path.
+
+    Warns:
+        RuntimeWarning: once per module whose attribute bound to an original
+            cannot be set (it keeps the original).
     """
     global _prefixes, _patched, _durable
     if isinstance(prefixes, (str, os.PathLike)):
@@ -159,6 +214,7 @@ def patch_torch(prefixes: list[str | os.PathLike] | tuple[str | os.PathLike, ...
         if not isinstance(p, (str, os.PathLike)) or not os.fspath(p):
             raise ValueError(f"patch_torch: {p!r} is not a path prefix")
         resolved.append(os.path.abspath(os.fspath(p)))
+    kept: list[tuple[str, str]] = []
     with _lock:
         _prefixes = tuple(resolved)
         _durable = bool(durable)
@@ -167,20 +223,28 @@ def patch_torch(prefixes: list[str | os.PathLike] | tuple[str | os.PathLike, ...
             torch.load = torch.serialization.load = _load
             _patch_safetensors(True)
             _patched = True
+            # After the assignments: a module imported meanwhile binds the patch.
+            kept = _rebind(_functions())
+    _warn_kept(kept, "the unpatched function", "its calls bypass the cache")
 
 
 def unpatch_torch() -> None:
     """Restore the original ``torch.save``/``torch.load`` and safetensors'
-    functions, wherever the patch put its own (idempotent)."""
+    functions, in ``torch``, ``safetensors.torch`` and each module attribute
+    that is a patched function (idempotent)."""
     global _prefixes, _patched, _durable
+    kept: list[tuple[str, str]] = []
     with _lock:
         if _patched:
             torch.save = torch.serialization.save = buffers.torch_save
             torch.load = torch.serialization.load = buffers.torch_load
             _patch_safetensors(False)
             _patched = False
+            kept = _rebind([(new, old) for old, new in _functions()])
         _prefixes = ()
         _durable = False
+    _warn_kept(kept, "TCE's patched function",
+               "its calls reach the originals until patch_torch is called again")
 
 
 def patched_prefixes() -> tuple[str, ...]:
