@@ -7,7 +7,7 @@ import json
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from tce import api, client
 from tce.errors import PersistFailedError, TCEError
@@ -28,6 +28,21 @@ def _cmd_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
     binary = server_binary()
     os.execv(binary, [binary, *rest])
     return 1  # not reached
+
+
+def _persist_lines(st: dict[str, Any]) -> list[str]:
+    """The persistence part of `tce status`: each storage root, directory
+    (``storage_roots``) and object storage (``object_roots``) alike, then
+    the counters, which the server keeps for all roots together (so says
+    their label)."""
+    dirs, objects = st.get("storage_roots") or [], st.get("object_roots") or []
+    if not dirs and not objects:
+        return ["persist   off (no storage_roots): files live in memory only"]
+    lines = [f"directory root {r}" for r in dirs] + [f"object root {r}" for r in objects]
+    lines.append(f"all roots: queue {st['persist_queue']}, "
+                 f"{st['persisted_files']} written ({_human(int(st['persisted_bytes']))}), "
+                 f"{st['failed_files']} FAILED, {st['evicted_files']} evicted")
+    return ["persist   " + lines[0]] + ["          " + l for l in lines[1:]]
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -57,13 +72,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"metadata  {st['metadata_url']} ({health}, {st.get('metadata_queue', 0)} queued)")
     else:
         print("metadata  none")
-    roots = st.get("storage_roots") or []
-    if roots:
-        print(f"persist   roots {', '.join(roots)}; queue {st['persist_queue']}, "
-              f"{st['persisted_files']} written ({_human(int(st['persisted_bytes']))}), "
-              f"{st['failed_files']} FAILED, {st['evicted_files']} evicted")
-    else:
-        print("persist   off (no storage_roots): files live in memory only")
+    for line in _persist_lines(st):
+        print(line)
     if st.get("peer_endpoint"):
         print(f"ring      peer {st['peer_endpoint']} ({st.get('ring_transport', 'tcp')}); "
               f"backup queue {st['backup_queue']} "

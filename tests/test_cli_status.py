@@ -1,0 +1,114 @@
+"""`tce status` (human output) describes each storage root, directory and
+object storage alike, and the persistence and object storage counters,
+against real servers and moto's S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+import torch
+
+import tce
+from tce import api, client
+from tce.core import _knobs
+from tce.tools._moto import credentials_env
+from tce.tools._server import LocalServer
+from s3_helpers import FaultProxy
+
+OFF = "persist   off (no storage_roots): files live in memory only"
+
+
+def _status(socket: str) -> tuple[str, dict]:
+    """`tce status` and `tce status --json` of the server on `socket`."""
+    cmd = [sys.executable, "-m", "tce.cli", "--socket", socket, "status"]
+    human = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert human.returncode == 0, human.stderr
+    st = subprocess.run(cmd + ["--json"], capture_output=True, text=True, timeout=60)
+    assert st.returncode == 0, st.stderr
+    return human.stdout, json.loads(st.stdout)
+
+
+class _Server:
+    """A tce-server with these storage roots (an object root's S3 requests
+    go through `proxy`), and this process's client pointed at it."""
+
+    def __init__(self, roots: list[str], proxy: FaultProxy | None = None) -> None:
+        extra = ["--memory-backing", "4k", "--persist-backoff-ms", "10"]
+        if proxy is not None:
+            extra += ["--s3-endpoint", proxy.endpoint, "--s3-path-style", "true", "--s3-backoff-ms", "10"]
+        self.server = LocalServer(memory_budget="256MiB", storage_roots=roots, extra_args=extra,
+                                  env={**os.environ, **credentials_env()})
+
+    def __enter__(self) -> LocalServer:
+        self.server.start()
+        self._knobs = _knobs.override(socket=self.server.socket, job=f"status-{uuid.uuid4().hex[:8]}",
+                                      on_unavailable="raise")
+        self._knobs.__enter__()
+        return self.server
+
+    def __exit__(self, *exc) -> None:
+        api.close()
+        self._knobs.__exit__(*exc)
+        code = self.server.stop()
+        log = self.server.log()
+        self.server.cleanup()
+        assert code == 0, log
+
+
+def _save(path: str) -> int:
+    """Saves a small state dict at `path` and waits until it is durable; its size."""
+    tce.save({"w": torch.arange(1000)}, path)
+    tce.wait([path])
+    return client.lookup(path).size
+
+
+def test_a_server_without_roots_says_persistence_is_off(server):
+    human, _ = _status(server.socket)
+    assert OFF + "\n" in human
+
+
+@pytest.mark.s3
+def test_a_server_with_an_object_root_only_persists_and_says_so(tmp_path, s3_bucket, fault_proxy):
+    root = str(tmp_path / "ckpt")  # an object root has no directory
+    with _Server([f"{root}=s3://{s3_bucket}/run1"], fault_proxy) as server:
+        size = _save(f"{root}/a.pt")
+        human, st = _status(server.socket)
+    assert "persist   off" not in human, human
+    assert int(st["persisted_bytes"]) == size
+    assert (f"persist   object root {root}=s3://{s3_bucket}/run1\n"
+            f"          all roots: queue 0, 1 written ({_kib(size)}), 0 FAILED, 0 evicted\n") in human, human
+
+
+def test_a_server_with_a_directory_root_only_shows_no_object_storage(tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    with _Server([str(root)]) as server:
+        size = _save(str(root / "a.pt"))
+        human, _ = _status(server.socket)
+    assert (f"persist   directory root {root}\n"
+            f"          all roots: queue 0, 1 written ({_kib(size)}), 0 FAILED, 0 evicted\n"
+            "ring      ") in human, human
+
+
+@pytest.mark.s3
+def test_a_server_with_both_kinds_of_root_shows_each(tmp_path, s3_bucket, fault_proxy):
+    disk, bucket_root = tmp_path / "disk", str(tmp_path / "ckpt")
+    disk.mkdir()
+    with _Server([f"{bucket_root}=s3://{s3_bucket}/run1", str(disk)], fault_proxy) as server:
+        sizes = _save(str(disk / "a.pt")) + _save(f"{bucket_root}/b.pt")
+        human, _ = _status(server.socket)
+    assert (f"persist   directory root {disk}\n"
+            f"          object root {bucket_root}=s3://{s3_bucket}/run1\n"
+            f"          all roots: queue 0, 2 written ({_kib(sizes)}), 0 FAILED, 0 evicted\n") in human, human
+
+
+def _kib(n: int) -> str:
+    """`n` bytes as `tce status` prints a size of 1 KiB to 1 MiB."""
+    assert 1024 <= n < 1 << 20, n
+    return f"{n / 1024:.1f} KiB"
+
