@@ -4,6 +4,7 @@ against real servers and moto's S3 server."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -73,15 +74,25 @@ def test_a_server_without_roots_says_persistence_is_off(server):
 
 
 @pytest.mark.s3
-def test_a_server_with_an_object_root_only_persists_and_says_so(tmp_path, s3_bucket, fault_proxy):
+def test_a_server_with_an_object_root_only_persists_and_says_so(tmp_path, s3_bucket, fault_proxy, moto):
     root = str(tmp_path / "ckpt")  # an object root has no directory
     with _Server([f"{root}=s3://{s3_bucket}/run1"], fault_proxy) as server:
+        fault_proxy.throttle(1)  # the first request is answered 503 SlowDown: retried
         size = _save(f"{root}/a.pt")
+        buf = io.BytesIO()  # another writer's object: a load fetches it into the cache
+        torch.save({"w": torch.ones(64)}, buf)
+        moto.boto3().put_object(Bucket=s3_bucket, Key="run1/other.pt", Body=buf.getvalue())
+        assert torch.equal(tce.load(f"{root}/other.pt", weights_only=True)["w"], torch.ones(64))
         human, st = _status(server.socket)
     assert "persist   off" not in human, human
-    assert int(st["persisted_bytes"]) == size
+    assert int(st["persisted_bytes"]) == size and int(st["object_retries"]) == 1
+    fetched = len(buf.getvalue())
+    assert int(st["object_bytes_fetched"]) == fetched
     assert (f"persist   object root {root}=s3://{s3_bucket}/run1\n"
-            f"          all roots: queue 0, 1 written ({_kib(size)}), 0 FAILED, 0 evicted\n") in human, human
+            f"          all roots: queue 0, 1 written ({_kib(size)}), 0 FAILED, 0 evicted\n"
+            f"          all object roots: 1 object(s) fetched ({_kib(fetched)}), 0 ranged read(s), "
+            "0 load(s) shared a fetch, 1 request(s) retried, 0 tag marker(s) held, "
+            "0 round(s) asking the ring\n") in human, human
 
 
 def test_a_server_with_a_directory_root_only_shows_no_object_storage(tmp_path):
@@ -104,7 +115,10 @@ def test_a_server_with_both_kinds_of_root_shows_each(tmp_path, s3_bucket, fault_
         human, _ = _status(server.socket)
     assert (f"persist   directory root {disk}\n"
             f"          object root {bucket_root}=s3://{s3_bucket}/run1\n"
-            f"          all roots: queue 0, 2 written ({_kib(sizes)}), 0 FAILED, 0 evicted\n") in human, human
+            f"          all roots: queue 0, 2 written ({_kib(sizes)}), 0 FAILED, 0 evicted\n"
+            "          all object roots: 0 object(s) fetched (0 B), 0 ranged read(s), "
+            "0 load(s) shared a fetch, 0 request(s) retried, 0 tag marker(s) held, "
+            "0 round(s) asking the ring\n") in human, human
 
 
 def _kib(n: int) -> str:

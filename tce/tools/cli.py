@@ -33,8 +33,9 @@ def _cmd_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
 def _persist_lines(st: dict[str, Any]) -> list[str]:
     """The persistence part of `tce status`: each storage root, directory
     (``storage_roots``) and object storage (``object_roots``) alike, then
-    the counters, which the server keeps for all roots together (so says
-    their label)."""
+    the counters, which the server keeps for all roots together, and
+    those of object storage, which it keeps for all object roots together
+    (so say their labels)."""
     dirs, objects = st.get("storage_roots") or [], st.get("object_roots") or []
     if not dirs and not objects:
         return ["persist   off (no storage_roots): files live in memory only"]
@@ -42,6 +43,14 @@ def _persist_lines(st: dict[str, Any]) -> list[str]:
     lines.append(f"all roots: queue {st['persist_queue']}, "
                  f"{st['persisted_files']} written ({_human(int(st['persisted_bytes']))}), "
                  f"{st['failed_files']} FAILED, {st['evicted_files']} evicted")
+    if objects:
+        lines.append(f"all object roots: {st.get('objects_fetched', 0)} object(s) fetched "
+                     f"({_human(int(st.get('object_bytes_fetched', 0)))}), "
+                     f"{st.get('object_ranges_read', 0)} ranged read(s), "
+                     f"{st.get('object_fetches_shared', 0)} load(s) shared a fetch, "
+                     f"{st.get('object_retries', 0)} request(s) retried, "
+                     f"{st.get('held_markers', 0)} tag marker(s) held, "
+                     f"{st.get('marker_rounds', 0)} round(s) asking the ring")
     return ["persist   " + lines[0]] + ["          " + l for l in lines[1:]]
 
 
