@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
+import signal
 import sys
 import time
 from typing import Any, Sequence
@@ -307,6 +309,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one ``tce`` command; its exit status. Output into a pipe whose
+    reader went away (``tce status | head -1``) ends the command quietly,
+    with the status a shell gives a command SIGPIPE killed (141)."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a reader that went away shows here, not at the interpreter's exit
+        return code
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # another pipe or socket of the command's: a failure to report
+        # What is still buffered goes nowhere: the interpreter flushes stdout
+        # again at exit, and would report the broken pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) no one reads any more: poll
+    reports an error condition on the writing end once every reader closed."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced or closed: not a pipe of ours
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "server":  # everything else goes to the daemon untouched
