@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from tce import api, client
+from tce import api, client, objects
 from tce.errors import PersistFailedError, TCEError
 from tce.tools import _bench, _demo, _doctor, _vllm_cli
 from tce.tools._server import server_binary
@@ -38,14 +38,14 @@ def _persist_lines(st: dict[str, Any]) -> list[str]:
     the counters, which the server keeps for all roots together, and
     those of object storage, which it keeps for all object roots together
     (so say their labels)."""
-    dirs, objects = st.get("storage_roots") or [], st.get("object_roots") or []
-    if not dirs and not objects:
+    dirs, buckets = st.get("storage_roots") or [], st.get("object_roots") or []
+    if not dirs and not buckets:
         return ["persist   off (no storage_roots): files live in memory only"]
-    lines = [f"directory root {r}" for r in dirs] + [f"object root {r}" for r in objects]
+    lines = [f"directory root {r}" for r in dirs] + [f"object root {r}" for r in buckets]
     lines.append(f"all roots: queue {st['persist_queue']}, "
                  f"{st['persisted_files']} written ({_human(int(st['persisted_bytes']))}), "
                  f"{st['failed_files']} FAILED, {st['evicted_files']} evicted")
-    if objects:
+    if buckets:
         lines.append(f"all object roots: {st.get('objects_fetched', 0)} object(s) fetched "
                      f"({_human(int(st.get('object_bytes_fetched', 0)))}), "
                      f"{st.get('object_ranges_read', 0)} ranged read(s), "
@@ -210,6 +210,14 @@ def _cmd_retry(args: argparse.Namespace) -> int:
     return 0
 
 
+def _on_storage(path: str, job: str | None) -> bool:
+    """Whether storage holds ``path``: its directory root's filesystem, or
+    the bucket of its object root (asked through the server, as ``job``)."""
+    if not objects.is_object_path(path):
+        return os.path.exists(path)
+    return any(p == path for p, _ in objects.stored_files(os.path.dirname(path), job=job))
+
+
 def _cmd_wait(args: argparse.Namespace) -> int:
     paths = [os.path.abspath(p) for p in args.paths]
     by_job: dict[str, list[str]] = {}
@@ -219,7 +227,7 @@ def _cmd_wait(args: argparse.Namespace) -> int:
     code = 0
     for p in paths:
         if p not in held:  # written directly, or persisted and forgotten: only storage can say
-            if os.path.exists(p):
+            if _on_storage(p, args.job):
                 print(f"durable   {p} (not in the cache)")
             else:
                 print(f"missing   {p}: neither in the cache nor on storage", file=sys.stderr)
