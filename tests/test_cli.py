@@ -44,6 +44,28 @@ def test_status_and_ls(server, tmp_path):
     assert p.returncode == 0 and "budget" in p.stdout
 
 
+def test_ls_shows_the_tag_a_file_saved_without_one_was_published_as(server, tmp_path):
+    """The patched torch.save gives its files no tag; weights.publish(tag,
+    paths) names them. `tce ls` shows that tag, and `--tag` finds them, until
+    the path is saved again."""
+    from tce import weights
+    job = f"cli-pub-{os.getpid()}"
+    (tmp_path / "step1").mkdir()
+    a, b = tmp_path / "step1" / "model.pt", tmp_path / "other.pt"
+    tce.save({"w": torch.ones(100)}, a, job=job)
+    tce.save({"w": torch.ones(10)}, b, job=job)
+    weights.publish("step1", [tmp_path / "step1"], job=job)
+    rows = json.loads(_tce("ls", "--job", job, "--json", socket=server.socket).stdout)
+    assert sorted((r["tag"], r["path"]) for r in rows) == [("-", str(b)), ("step1", str(a))]
+    rows = json.loads(_tce("ls", "--job", job, "--tag", "step1", "--json", socket=server.socket).stdout)
+    assert [(r["tag"], r["path"]) for r in rows] == [("step1", str(a))]
+    p = _tce("show", str(a), "--job", job, socket=server.socket)
+    assert "tag       step1" in p.stdout, p.stdout
+    tce.save({"w": torch.zeros(100)}, a, job=job)  # saved again: no longer what step1 published
+    rows = json.loads(_tce("ls", "--job", job, "--json", socket=server.socket).stdout)
+    assert sorted((r["tag"], r["path"]) for r in rows) == [("-", str(b)), ("-", str(a))]
+
+
 def test_status_without_server(tmp_path):
     p = _tce("status", socket=str(tmp_path / "none.sock"))
     assert p.returncode == 1

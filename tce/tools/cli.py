@@ -123,6 +123,26 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tags_shown(files: list[pb.FileInfo]) -> dict[tuple[str, str], str]:
+    """The tag to show for each (job, path): the file's own, else, for a file
+    saved without one (the patched torch.save), the newest recorded tag that
+    names it as saved now (its size, recorded after its commit), as
+    ``weights.publish(tag, paths)`` records one."""
+    shown = {(f.job, f.path): f.tag for f in files if f.tag}
+    untagged = {(f.job, f.path): f for f in files if not f.tag}
+    for job in sorted({job for job, _ in untagged}):
+        try:
+            recorded = client.tags(job)  # oldest first: the newest naming a file wins
+        except TCEError:
+            continue
+        for t in recorded:
+            for tf in t.files:
+                f = untagged.get((job, tf.path))
+                if f is not None and tf.size == f.size and t.complete_unix_ns >= f.committed_unix_ns:
+                    shown[(job, tf.path)] = t.tag
+    return shown
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
     rows = [("JOB", "TAG", "RANK", "STATE", "SIZE", "PATH")]
     if args.metadata:  # straight from the metadata store: works with no server
@@ -130,9 +150,14 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         for f in client.metadata_files(args.metadata, job=args.job or "", tag=args.tag or ""):
             rows.append((f.job, f.tag or "-", str(f.rank), f.state, _human(f.size), f.path))
     else:
-        for f in client.files(args.job or "", args.tag or ""):
+        files = client.files(args.job or "")
+        shown = _tags_shown(files)
+        for f in files:
+            tag = shown.get((f.job, f.path), "")
+            if args.tag and tag != args.tag:
+                continue
             state = pb.FileState.Name(f.state).removeprefix("FILE_STATE_")
-            rows.append((f.job, f.tag or "-", str(f.rank), state, _human(f.size), f.path))
+            rows.append((f.job, tag or "-", str(f.rank), state, _human(f.size), f.path))
     if args.json:
         print(json.dumps([dict(zip((h.lower() for h in rows[0]), r)) for r in rows[1:]], indent=2))
         return 0
@@ -165,8 +190,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
     def when(ns: int) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ns / 1e9)) if ns else "-"
 
+    shown = _tags_shown(files)
     for f in files:
-        print(f"path      {f.path}\njob       {f.job}\ntag       {f.tag or '-'}\nrank      {f.rank}")
+        print(f"path      {f.path}\njob       {f.job}\ntag       {shown.get((f.job, f.path)) or '-'}\n"
+              f"rank      {f.rank}")
         print(f"state     {pb.FileState.Name(f.state).removeprefix('FILE_STATE_')}")
         print(f"size      {f.size} ({_human(f.size)}), buffer {f.buffer_id or '-'}")
         print(f"created   {when(f.created_unix_ns)}\ncommitted {when(f.committed_unix_ns)}\n"
