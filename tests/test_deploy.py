@@ -5,7 +5,8 @@ drain fits the grace period, the probes speak gRPC health on the health
 port, the socket directory is shared, the memory limit holds the budget, the
 ConfigMap and the DaemonSet's environment make a configuration the real
 server accepts, each overlay sets what it is for, and the s3 overlay's keys
-come from a Secret and appear in no ConfigMap. The Prometheus alert
+come from a Secret and appear in no ConfigMap, and every setup carries the
+Grafana dashboard's ConfigMap for Grafana's sidecar. The Prometheus alert
 rules pass promtool's check and their unit tests, and name only metrics the
 real server exports."""
 
@@ -35,6 +36,8 @@ DEPLOY = os.path.join(REPO, "deploy")
 K8S_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 TARGETS = [".", "base", "overlays/single-node", "overlays/cluster-mysql", "overlays/rdma",
            "overlays/hugepages", "overlays/s3"]
+# Kustomizations that only the base includes (not a setup of their own).
+INCLUDED = ["grafana"]
 CLUSTER = ["overlays/cluster-mysql", "overlays/rdma", "overlays/hugepages", "overlays/s3"]
 CONFIG_PATH = "/etc/tce/tce.toml"  # where the DaemonSet mounts the ConfigMap
 # What the kubelet would put in the server's environment (stand-ins).
@@ -48,11 +51,12 @@ S3_SECRET_EXAMPLE = os.path.join(DEPLOY, "overlays", "s3", "secret.example.yaml"
 # The only kustomization fields used: Debian 12's kubectl 1.20 (kustomize
 # v2.0.3) must render the same files as a current kubectl.
 KUSTOMIZE_V2_FIELDS = {"apiVersion", "kind", "namespace", "resources", "bases", "configMapGenerator",
-                       "patchesStrategicMerge", "images"}
+                       "patchesStrategicMerge", "images", "generatorOptions"}
 
 ALERTS = os.path.join(DEPLOY, "prometheus", "tce-alerts.yaml")
 ALERT_TESTS = os.path.join(DEPLOY, "prometheus", "tce-alerts.test.yaml")
 OPERATIONS_DOC = os.path.join(REPO, "docs", "operations.md")
+DASHBOARD = os.path.join(DEPLOY, "grafana", "tce-dashboard.json")
 
 pytestmark = pytest.mark.deploy
 
@@ -204,7 +208,7 @@ def _print_config(docs, tmp_path, output: list[str] | None = None) -> tuple[dict
 def test_every_rendered_manifest_validates(target):
     docs = _render(target)
     assert sorted(d["kind"] for d in docs) == sorted(
-        ["Namespace", "ServiceAccount", "ConfigMap", "ConfigMap", "DaemonSet", "Service", "Job"])
+        ["Namespace", "ServiceAccount", "ConfigMap", "ConfigMap", "ConfigMap", "DaemonSet", "Service", "Job"])
     for d in docs:
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(d, version, strict=True)  # raises on any error
@@ -241,7 +245,19 @@ def test_kustomizations_use_only_what_kustomize_v2_renders():
             assert os.path.isfile(os.path.join(root, r)), f"{root}: resource {r} must be a file"
         for b in k.get("bases", []):
             assert os.path.isdir(os.path.join(root, b)), f"{root}: base {b} must be a directory"
-    assert len(found) == len(TARGETS), found
+    assert len(found) == len(TARGETS) + len(INCLUDED), found
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_setup_carries_the_grafana_dashboard_for_the_sidecar(target):
+    """Grafana's sidecar loads the dashboards of ConfigMaps labelled
+    grafana_dashboard: "1"; the label is on that ConfigMap only."""
+    docs = _render(target)
+    cm = _one(docs, "ConfigMap", "tce-dashboard")
+    assert cm["metadata"].get("labels") == {"grafana_dashboard": "1"}, cm["metadata"]
+    assert json.loads(cm["data"]["tce-dashboard.json"]) == json.load(open(DASHBOARD))
+    labelled = [d["metadata"]["name"] for d in docs if "grafana_dashboard" in d["metadata"].get("labels", {})]
+    assert labelled == [cm["metadata"]["name"]], labelled
 
 
 @pytest.mark.parametrize("target", TARGETS)
