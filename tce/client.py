@@ -187,8 +187,9 @@ def prefetch(dir: str | os.PathLike | None = None, *, paths: list[str | os.PathL
     already under way (docs/ring.md, "Cooperative restore"). Every rank may
     call it; each server queues one prefetch of it. Returns whether this
     node's server queued it (False: no ring of several nodes, the
-    ``restore_prefetch`` setting is off, it is queued already, or the job's
-    uid has its share of the server's prefetch queue, 8, queued)."""
+    ``restore_prefetch`` setting is off, nothing it names lies under a
+    storage root, it is queued already, or the job's uid has its share of
+    the server's prefetch queue, 8, queued)."""
     job = _service.job_or_default(job)
     d = _service.norm(dir) if dir is not None else ""
     ps = [_service.norm(p) for p in paths or []]

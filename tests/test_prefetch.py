@@ -12,8 +12,10 @@ import tempfile
 
 import pytest
 
-from helpers import until
-from tce import client
+from helpers import call_on, until
+from tce import _service, api, client
+from tce.tools._ports import free_port
+from tce.tools._server import LocalServer
 from test_cooperative_restore import Cluster
 from test_security_local import Node, _peer_endpoint, users  # noqa: F401  (users: a fixture)
 
@@ -100,3 +102,23 @@ def _owned(path: str, uid: int, data: bytes) -> None:
         f.write(data)
     os.chown(path, uid, -1)
     os.chmod(path, 0o600)
+
+
+def test_a_memory_only_server_queues_no_prefetch_and_warns_of_nothing(tmp_path):
+    """A server with no storage root reads nothing from storage: the
+    prefetch DeepSpeed's engine asks for at each resume (a tag's directory)
+    is not queued, nor one naming files, and nothing is logged as wrong."""
+    server = LocalServer(memory_budget="64MiB", socket_path=str(tmp_path / "tce.sock"),
+                         extra_args=["--peer-listen", f"127.0.0.1:{free_port()}", "--peer-token", "t"]).start()
+    try:
+        job = "memory-only"
+        endpoint = call_on(server.socket, job, api.status)["peer_endpoint"]
+        other = f"127.0.0.1:{free_port()}"  # a ring of two: prefetches need one
+        call_on(server.socket, job, lambda: _service.client().set_ring(job, 0, [endpoint, other]))
+        tag_dir = str(tmp_path / "ckpt" / "global_step1")
+        assert call_on(server.socket, job, lambda: client.prefetch(tag_dir, job=job)) is False
+        assert call_on(server.socket, job,
+                       lambda: client.prefetch(paths=[os.path.join(tag_dir, "model.pt")], job=job)) is False
+        assert "prefetch" not in server.log(), server.log()
+    finally:
+        server.stop()

@@ -5,6 +5,8 @@
 // its checkpoint from storage once, whichever ranks of whichever nodes load
 // it. A node that stops answering is marked down for the job and its claims
 // dropped, and no load waits on a peer past its caller's deadline.
+#include <algorithm>
+
 #include "common/logging.h"
 #include "ring/replicator.h"
 
@@ -184,6 +186,12 @@ Status Replicator::PullFrom(const std::string& node, const std::string& job, con
 bool Replicator::Prefetch(const std::string& job, const std::string& dir, std::vector<std::string> paths,
                           bool only_if_empty) {
   if (!options_.prefetch || !options_.cooperative || cache_->RingNodes(job).empty()) return false;
+  // What lies under no storage root is never read from storage (a memory
+  // only server's files, a directory outside the roots): nothing to queue,
+  // and nothing wrong to log.
+  auto unstored = [&](const std::string& path) { return !loads_->UnderStorage(path); };
+  paths.erase(std::remove_if(paths.begin(), paths.end(), unstored), paths.end());
+  if (paths.empty() && (dir.empty() || !loads_->UnderStorage(dir + "/x"))) return false;  // x: a file in `dir`
   uid_t uid = 0;  // the job's owner's share of the queue
   if (!cache_->JobUid(job, &uid)) return false;
   PrefetchJob p;

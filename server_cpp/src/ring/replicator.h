@@ -101,9 +101,9 @@ class Replicator {
   // workers (kPrefetchThreads), fair between the uids owning the jobs
   // (ring/prefetch_queue.h); with `only_if_empty`, only while this node
   // holds none of the job's files in memory (a restart). False when
-  // nothing was queued (no ring of several nodes, prefetch off, the same
-  // one queued already, or the queue's share of the job's uid, or the
-  // queue, full).
+  // nothing was queued (no ring of several nodes, prefetch off, nothing
+  // under a storage root named, the same one queued already, or the
+  // queue's share of the job's uid, or the queue, full).
   bool Prefetch(const std::string& job, const std::string& dir, std::vector<std::string> paths,
                 bool only_if_empty = false);
   static constexpr int kPrefetchThreads = 2;
