@@ -40,7 +40,8 @@ RATE_INTERVAL = "1m"
 # drained by then) need only return data.
 SHOW_WORK = {"Servers up", "Client sessions", "Cache memory vs budget", "Files by state", "Saves",
              "Persisted", "Persisted files", "Persist latency", "Backed up", "Backup latency",
-             "Held for the predecessor", "Client records vs budget", "Mapped files", "Loads by source"}
+             "Held for the predecessor", "Client records vs budget", "Mapped files", "Versions published",
+             "Version readers", "Loads by source"}
 
 
 def _dashboard() -> dict:

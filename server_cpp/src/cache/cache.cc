@@ -117,6 +117,7 @@ CacheStats Cache::TallyLocked() const {
   s.metadata_budget = quota_.limits().budget;
   s.replica_files = replicas_.size();
   s.version_ranges_served = counts_.version_ranges_served;
+  s.versions_published = counts_.versions_published;
   s.objects_fetched = counts_.fetched_objects;
   s.object_bytes_fetched = counts_.fetched_bytes;
   s.object_ranges_read = storage_access_->ranges_read();

@@ -91,6 +91,7 @@ Status Cache::AdoptFollowed(TagInfo tag) {
                                  << " is numbered " << recorded.version << " here";
   published_.erase({job, name});  // its files here are the replicas brought for it
   TCE_LOG(kInfo, "weights") << "followed job=" << job << " tag=" << name << " version=" << recorded.version;
+  ++counts_.versions_published;
   publication_->Changed();
   return Status::OK();
 }

@@ -63,6 +63,7 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
     auto f = files_.find({out->job, tf.path});
     if (f != files_.end()) held[tf.path] = f->second.version;
   }
+  ++counts_.versions_published;
   publication_->Changed();  // readers waiting for a newer version
   TCE_LOG(kInfo, "cache") << "published job=" << out->job << " tag=" << out->tag
                           << " version=" << out->version;

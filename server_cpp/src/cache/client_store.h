@@ -60,6 +60,7 @@ struct CacheStats {
   uint64_t budget = 0, used = 0, cached = 0, pending = 0, free = 0, retiring = 0;
   uint64_t buffers = 0, files = 0, sessions = 0, leases = 0, version_leases = 0;
   uint64_t replica_files = 0, version_ranges_served = 0;  // followed versions (docs/weights.md)
+  uint64_t versions_published = 0;  // complete tags recorded, followed versions learned, since start
   uint64_t metadata_bytes = 0, metadata_budget = 0;        // MetadataQuota (cache/metadata_quota.h)
   std::vector<std::string> object_roots;  // "DIR=URL"
   uint64_t objects_fetched = 0, object_bytes_fetched = 0, object_retries = 0, object_ranges_read = 0;

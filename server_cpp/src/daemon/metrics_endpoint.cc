@@ -277,6 +277,19 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
             static_cast<double>(st.hugetlb_fallbacks()));
   m.Gauge("tce_sessions", "open client sessions", static_cast<double>(st.sessions()));
   m.Gauge("tce_leases", "files mapped by loading clients", static_cast<double>(st.leases()));
+  m.Gauge("tce_version_leases", "readers' leases on published versions", static_cast<double>(st.version_leases()));
+  m.Counter("tce_versions_published_total", "versions recorded: complete tags, and followed jobs' versions learned",
+            static_cast<double>(st.versions_published()));
+  m.Gauge("tce_replica_files", "files of followed versions brought from other nodes",
+          static_cast<double>(st.replica_files()));
+  m.Counter("tce_version_ranges_served_total", "ranged reads of published versions served to following nodes",
+            static_cast<double>(st.version_ranges_served()));
+  uint64_t following = 0, retrying = 0;
+  for (const v1::FollowedJob& j : st.followed_jobs()) (j.state() == v1::FOLLOW_STATE_RETRYING ? retrying : following)++;
+  m.Gauge("tce_followed_jobs", "jobs this node follows, by state", static_cast<double>(following),
+          {{"state", "following"}});
+  m.Gauge("tce_followed_jobs", "jobs this node follows, by state", static_cast<double>(retrying),
+          {{"state", "retrying"}});
   for (const FileStateRow& row : kFileStates)
     m.Gauge("tce_files", "files the server knows, by state",
             static_cast<double>(stats.files_by_state[static_cast<int>(row.state)]), {{"state", row.metrics_label}});

@@ -91,8 +91,8 @@ class CacheService final : public v1::Cache::Service {
   // with into_buffer is UNIMPLEMENTED).
   void SetRangeBuffers(RangeBuffers* buffers) { range_buffers_ = buffers; }
   // The whole server's status, unfiltered: for the daemon's own metrics.
-  // `loads_admin` / `loads_uid`: whose jobs' load splits it shows (every
-  // job's for an administrator, else that uid's).
+  // `loads_admin` / `loads_uid`: whose jobs' load splits and followed jobs
+  // it shows (every job's for an administrator, else that uid's).
   void FillStatus(v1::StatusResponse* resp, bool loads_admin = true, uid_t loads_uid = 0);
   // At most `n` calls that block until something happens (Wait, a
   // GetVersion that waits) at once, `per_uid` of them for one uid (set

@@ -18,18 +18,6 @@ grpc::Status CacheService::Status(grpc::ServerContext*, const v1::StatusRequest*
   tce::Status s = sessions_->CheckCaller(req->session(), &admin, &uid);
   if (!s.ok()) return ToGrpc(s);
   FillStatus(resp, admin, uid);
-  if (follower_) {
-    for (const FollowedJobInfo& j : follower_->Jobs(admin, uid)) {
-      v1::FollowedJob* out = resp->add_followed_jobs();
-      out->set_job(j.job);
-      for (const std::string& s : j.sources) out->add_sources(s);
-      out->set_version(j.version);
-      out->set_state(j.failures ? v1::FOLLOW_STATE_RETRYING : v1::FOLLOW_STATE_FOLLOWING);
-      out->set_failures(j.failures);
-      out->set_last_error(j.last_error);
-      out->set_retry_in_s(j.retry_in.count() / 1000.0);
-    }
-  }
   if (!admin) {  // they may name other users' jobs and paths
     resp->clear_backup_error();
     resp->clear_metadata_error();
@@ -56,6 +44,7 @@ void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t 
   resp->set_metadata_budget(s.metadata_budget);
   resp->set_replica_files(s.replica_files);
   resp->set_version_ranges_served(s.version_ranges_served);
+  resp->set_versions_published(s.versions_published);
   for (const std::string& r : s.object_roots) resp->add_object_roots(r);
   resp->set_objects_fetched(s.objects_fetched);
   resp->set_object_bytes_fetched(s.object_bytes_fetched);
@@ -127,6 +116,18 @@ void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t 
     resp->set_metadata_healthy(m.healthy);
     resp->set_metadata_queue(m.queued);
     resp->set_metadata_error(m.last_error);
+  }
+  if (follower_) {
+    for (const FollowedJobInfo& j : follower_->Jobs(loads_admin, loads_uid)) {
+      v1::FollowedJob* out = resp->add_followed_jobs();
+      out->set_job(j.job);
+      for (const std::string& source : j.sources) out->add_sources(source);
+      out->set_version(j.version);
+      out->set_state(j.failures ? v1::FOLLOW_STATE_RETRYING : v1::FOLLOW_STATE_FOLLOWING);
+      out->set_failures(j.failures);
+      out->set_last_error(j.last_error);
+      out->set_retry_in_s(j.retry_in.count() / 1000.0);
+    }
   }
 }
 
