@@ -88,7 +88,8 @@ def test_a_server_with_an_object_root_only_persists_and_says_so(tmp_path, s3_buc
     assert int(st["persisted_bytes"]) == size and int(st["object_retries"]) == 1
     fetched = len(buf.getvalue())
     assert int(st["object_bytes_fetched"]) == fetched
-    assert (f"persist   object root {root}=s3://{s3_bucket}/run1\n"
+    assert (f"persist   object root {root}=s3://{s3_bucket}/run1: queue 0 (0 B), 1 written ({_kib(size)}), "
+            "0 FAILED, 1 request(s) retried, 0 tag marker(s) held\n"
             f"          all roots: queue 0, 1 written ({_kib(size)}), 0 FAILED, 0 evicted\n"
             f"          all object roots: 1 object(s) fetched ({_kib(fetched)}), 0 ranged read(s), "
             "0 load(s) shared a fetch, 1 request(s) retried, 0 tag marker(s) held, "
@@ -101,21 +102,32 @@ def test_a_server_with_a_directory_root_only_shows_no_object_storage(tmp_path):
     with _Server([str(root)]) as server:
         size = _save(str(root / "a.pt"))
         human, _ = _status(server.socket)
-    assert (f"persist   directory root {root}\n"
+    assert (f"persist   directory root {root}: queue 0 (0 B), 1 written ({_kib(size)}), 0 FAILED\n"
             f"          all roots: queue 0, 1 written ({_kib(size)}), 0 FAILED, 0 evicted\n"
             "ring      ") in human, human
 
 
 @pytest.mark.s3
 def test_a_server_with_both_kinds_of_root_shows_each(tmp_path, s3_bucket, fault_proxy):
+    """Each root's own figures: a file held on its way to the bucket is in
+    the object root's queue, not the directory root's."""
     disk, bucket_root = tmp_path / "disk", str(tmp_path / "ckpt")
     disk.mkdir()
     with _Server([f"{bucket_root}=s3://{s3_bucket}/run1", str(disk)], fault_proxy) as server:
-        sizes = _save(str(disk / "a.pt")) + _save(f"{bucket_root}/b.pt")
-        human, _ = _status(server.socket)
-    assert (f"persist   directory root {disk}\n"
-            f"          object root {bucket_root}=s3://{s3_bucket}/run1\n"
-            f"          all roots: queue 0, 2 written ({_kib(sizes)}), 0 FAILED, 0 evicted\n"
+        a, b = _save(str(disk / "a.pt")), _save(f"{bucket_root}/b.pt")
+        fault_proxy.hold(lambda q: q.kind == "PutObject")
+        tce.save({"w": torch.arange(1000)}, f"{bucket_root}/c.pt")
+        fault_proxy.wait_held()
+        c = client.lookup(f"{bucket_root}/c.pt").size
+        human, st = _status(server.socket)
+        fault_proxy.release()
+        tce.wait([f"{bucket_root}/c.pt"])
+    assert [(r["root"], r["url"], int(r["queued_files"]), int(r["written_files"])) for r in st["roots"]] == [
+        (str(disk), "", 0, 1), (bucket_root, f"s3://{s3_bucket}/run1", 1, 1)]
+    assert (f"persist   directory root {disk}: queue 0 (0 B), 1 written ({_kib(a)}), 0 FAILED\n"
+            f"          object root {bucket_root}=s3://{s3_bucket}/run1: queue 1 ({_kib(c)}), "
+            f"1 written ({_kib(b)}), 0 FAILED, 0 request(s) retried, 0 tag marker(s) held\n"
+            f"          all roots: queue 1, 2 written ({_kib(a + b)}), 0 FAILED, 0 evicted\n"
             "          all object roots: 0 object(s) fetched (0 B), 0 ranged read(s), "
             "0 load(s) shared a fetch, 0 request(s) retried, 0 tag marker(s) held, "
             "0 round(s) asking the ring\n") in human, human

@@ -195,7 +195,8 @@ class _Prometheus:
 def test_every_panel_has_a_title_a_unit_and_exported_metrics(tmp_path):
     dash = _dashboard()
     assert dash["uid"] and dash["title"] and dash["schemaVersion"] >= 36, dash.get("schemaVersion")
-    with LocalServer(memory_budget="256MiB",
+    (tmp_path / "ckpt").mkdir()  # a storage root: the per-root families are exported for each root
+    with LocalServer(memory_budget="256MiB", storage_roots=[str(tmp_path / "ckpt")],
                      extra_args=["--memory-backing", "4k", "--metrics-listen", "127.0.0.1:0"]) as s:
         exported = _exported(_metrics_text(s))
     assert "tce_up" in exported and "tce_persist_seconds_bucket" in exported, sorted(exported)

@@ -34,14 +34,24 @@ def _cmd_server(args: argparse.Namespace, rest: Sequence[str]) -> int:
 
 def _persist_lines(st: dict[str, Any]) -> list[str]:
     """The persistence part of `tce status`: each storage root, directory
-    (``storage_roots``) and object storage (``object_roots``) alike, then
-    the counters, which the server keeps for all roots together, and
-    those of object storage, which it keeps for all object roots together
-    (so say their labels)."""
+    (``storage_roots``) and object storage (``object_roots``) alike, with
+    its queue, what was written to it and what failed (``roots``), then the
+    counters of all roots together, and those of object storage."""
     dirs, buckets = st.get("storage_roots") or [], st.get("object_roots") or []
     if not dirs and not buckets:
         return ["persist   off (no storage_roots): files live in memory only"]
-    lines = [f"directory root {r}" for r in dirs] + [f"object root {r}" for r in buckets]
+    lines = []
+    for r in st.get("roots") or []:
+        n = {k: int(r.get(k, 0)) for k in ("queued_files", "queued_bytes", "written_files", "written_bytes",
+                                           "failed_files", "retries", "held_markers")}
+        line = (f"{'object root ' + r['root'] + '=' + r['url'] if r.get('url') else 'directory root ' + r['root']}: "
+                f"queue {n['queued_files']} ({_human(n['queued_bytes'])}), "
+                f"{n['written_files']} written ({_human(n['written_bytes'])}), {n['failed_files']} FAILED")
+        if r.get("url"):
+            line += f", {n['retries']} request(s) retried, {n['held_markers']} tag marker(s) held"
+        lines.append(line)
+    if not lines:  # a server that reports no figures by root
+        lines = [f"directory root {r}" for r in dirs] + [f"object root {r}" for r in buckets]
     lines.append(f"all roots: queue {st['persist_queue']}, "
                  f"{st['persisted_files']} written ({_human(int(st['persisted_bytes']))}), "
                  f"{st['failed_files']} FAILED, {st['evicted_files']} evicted")
@@ -53,7 +63,7 @@ def _persist_lines(st: dict[str, Any]) -> list[str]:
                      f"{st.get('object_retries', 0)} request(s) retried, "
                      f"{st.get('held_markers', 0)} tag marker(s) held, "
                      f"{st.get('marker_rounds', 0)} round(s) asking the ring")
-    return ["persist   " + lines[0]] + ["          " + l for l in lines[1:]]
+    return ["persist   " + lines[0]] + ["          " + line for line in lines[1:]]
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

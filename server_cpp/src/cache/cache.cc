@@ -150,6 +150,7 @@ CacheStats Cache::TallyLocked() const {
     const int n = static_cast<int>(f.state);
     if (n > 0 && n < kFileStateSlots) ++s.files_by_state[n];
   }
+  TallyRoots(&s);
   s.evicted_files = counts_.evicted_files;
   s.discarded_files = counts_.discarded_files;
   s.stale_drops = counts_.stale_drops;
@@ -160,6 +161,41 @@ CacheStats Cache::TallyLocked() const {
     if (b.mem && b.mem->backing() != Backing::k4k) ++s.huge_page_buffers;
   s.hugetlb_fallbacks = hugetlb_fallbacks_;
   return s;
+}
+
+void Cache::TallyRoots(CacheStats* s) const {
+  std::map<std::string, size_t> at;  // root -> its index in s->roots
+  for (const std::string& dir : storage_->dirs()) {
+    at[dir] = s->roots.size();
+    s->roots.push_back({dir, ""});
+  }
+  for (const ObjectRoot& r : storage_->objects().all()) {
+    at[r.dir] = s->roots.size();
+    s->roots.push_back({r.dir, r.url});
+    s->roots.back().retries = r.store->retries();
+  }
+  if (s->roots.empty()) return;
+  auto of = [&](const std::string& path) -> CacheStats::RootStats* {
+    auto it = at.find(storage_->RootName(path));
+    return it == at.end() ? nullptr : &s->roots[it->second];
+  };
+  for (const auto& [key, f] : files_) {
+    CacheStats::RootStats* r = of(key.second);
+    if (!r) continue;
+    if (f.state == FileState::kFailed) ++r->failed_files;
+    if (f.buffer_id != 0 && (f.state == FileState::kCached || f.state == FileState::kBackedUp)) {
+      ++r->queued_files;
+      r->queued_bytes += f.size;
+    }
+  }
+  for (const FileKey& key : waiting_markers_)
+    if (CacheStats::RootStats* r = of(key.second)) ++r->held_markers;
+  for (const auto& [root, written] : written_by_root_) {
+    auto it = at.find(root);
+    if (it == at.end()) continue;
+    s->roots[it->second].written_files = written.first;
+    s->roots[it->second].written_bytes = written.second;
+  }
 }
 
 void Cache::StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,

@@ -331,6 +331,8 @@ class Cache : public PoolBudget,
   void OweUnmaps(const std::set<std::string>& sessions, uint64_t buffer_id) REQUIRES(mu_);
   std::string FullMessage(uint64_t need) const REQUIRES(mu_);
   CacheStats TallyLocked() const REQUIRES(mu_);
+  // Persistence by root (CacheStats::roots).
+  void TallyRoots(CacheStats* s) const REQUIRES(mu_);
   void StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,
                        AllocateResult* out) REQUIRES(mu_);
   // A new buffer of `capacity` bytes (already counted in reserved_): from
@@ -433,6 +435,7 @@ class Cache : public PoolBudget,
   std::deque<uint64_t> fate_order_ GUARDED_BY(mu_);
   std::map<FileKey, FileInfo> files_ GUARDED_BY(mu_);
   CacheCounters counts_ GUARDED_BY(mu_);  // what Stats() reports as done since start
+  std::map<std::string, std::pair<uint64_t, uint64_t>> written_by_root_ GUARDED_BY(mu_);  // files, bytes
   SessionTable sessions_ GUARDED_BY(mu_);  // sessions and their leases
   JobOwners owners_ GUARDED_BY(mu_);
   MetadataQuota quota_ GUARDED_BY(mu_);  // tags, job names, grants, version leases

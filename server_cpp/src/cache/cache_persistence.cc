@@ -229,6 +229,9 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
     TellHolderPersisted(it->second);
     ++counts_.persisted_files;
     counts_.persisted_bytes += job.size;
+    std::pair<uint64_t, uint64_t>& by_root = written_by_root_[storage_->RootName(job.path)];
+    ++by_root.first;
+    by_root.second += job.size;
     Note(it->second, false);
     EnforceKeepLast(job.job);
     if (!waiting_markers_.empty()) ReleaseMarkers(job.job);

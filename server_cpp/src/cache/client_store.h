@@ -63,6 +63,15 @@ struct CacheStats {
   uint64_t versions_published = 0;  // complete tags recorded, followed versions learned, since start
   uint64_t metadata_bytes = 0, metadata_budget = 0;        // MetadataQuota (cache/metadata_quota.h)
   std::vector<std::string> object_roots;  // "DIR=URL"
+  // Persistence by root (StorageRoots::RootName), directory roots first.
+  struct RootStats {
+    std::string root, url;  // url: an object root's ("" for a directory root)
+    uint64_t queued_files = 0, queued_bytes = 0;    // committed, waiting for or in persistence
+    uint64_t written_files = 0, written_bytes = 0;  // persisted since start
+    uint64_t failed_files = 0;
+    uint64_t retries = 0, held_markers = 0;  // object roots: requests retried, tag markers held
+  };
+  std::vector<RootStats> roots;
   uint64_t objects_fetched = 0, object_bytes_fetched = 0, object_retries = 0, object_ranges_read = 0;
   uint64_t held_markers = 0, marker_rounds = 0, object_fetches_shared = 0;
   uint64_t buffers_created = 0, buffers_reused = 0;

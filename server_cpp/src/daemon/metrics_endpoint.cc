@@ -294,6 +294,23 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
     m.Gauge("tce_files", "files the server knows, by state",
             static_cast<double>(stats.files_by_state[static_cast<int>(row.state)]), {{"state", row.metrics_label}});
   m.Gauge("tce_persist_queue", "files waiting for or in persistence", static_cast<double>(st.persist_queue()));
+  // By storage root, labelled as storage_roots names it (each family's samples together).
+  auto by_root = [&](const char* name, const char* help, bool counter, uint64_t (v1::RootStatus::*field)() const) {
+    for (const v1::RootStatus& r : st.roots()) {
+      const double value = static_cast<double>((r.*field)());
+      if (counter) {
+        m.Counter(name, help, value, {{"root", r.root()}});
+      } else {
+        m.Gauge(name, help, value, {{"root", r.root()}});
+      }
+    }
+  };
+  by_root("tce_root_queue_files", "committed files waiting for or in persistence, by storage root", false,
+          &v1::RootStatus::queued_files);
+  by_root("tce_root_queue_bytes", "bytes of those files, by storage root", false, &v1::RootStatus::queued_bytes);
+  by_root("tce_root_written_bytes_total", "bytes persisted, by storage root", true, &v1::RootStatus::written_bytes);
+  by_root("tce_root_failed_files", "files persistence gave up on, by storage root", false,
+          &v1::RootStatus::failed_files);
   m.Gauge("tce_backup_queue", "files waiting for or in a backup", static_cast<double>(st.backup_queue()));
   m.Gauge("tce_backup_lag_bytes", "bytes cached but not yet backed up", static_cast<double>(st.backup_lag_bytes()));
   m.Gauge("tce_backup_consecutive_failures",

@@ -45,6 +45,18 @@ void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t 
   resp->set_replica_files(s.replica_files);
   resp->set_version_ranges_served(s.version_ranges_served);
   resp->set_versions_published(s.versions_published);
+  for (const CacheStats::RootStats& r : s.roots) {
+    v1::RootStatus* out = resp->add_roots();
+    out->set_root(r.root);
+    out->set_url(r.url);
+    out->set_queued_files(r.queued_files);
+    out->set_queued_bytes(r.queued_bytes);
+    out->set_written_files(r.written_files);
+    out->set_written_bytes(r.written_bytes);
+    out->set_failed_files(r.failed_files);
+    out->set_retries(r.retries);
+    out->set_held_markers(r.held_markers);
+  }
   for (const std::string& r : s.object_roots) resp->add_object_roots(r);
   resp->set_objects_fetched(s.objects_fetched);
   resp->set_object_bytes_fetched(s.object_bytes_fetched);

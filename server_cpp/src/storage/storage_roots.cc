@@ -48,6 +48,7 @@ StorageRoots::StorageRoots(const std::vector<std::string>& dirs, std::shared_ptr
   for (const std::string& dir : dirs) {
     std::string resolved;
     dirs_.push_back(env_->ResolvePath(dir, &resolved).ok() ? resolved : dir);
+    configured_.push_back(dir);
     dir_stores_.push_back(std::make_shared<PosixStore>(dirs_.back(), file));
   }
 }
@@ -62,6 +63,15 @@ std::string StorageRoots::Describe() const {
 int StorageRoots::DirRootOf(const std::string& resolved) const {
   const std::string* root = RootOf(resolved, dirs_);
   return root ? static_cast<int>(root - dirs_.data()) : -1;
+}
+
+std::string StorageRoots::RootName(const std::string& path) const {
+  if (const ObjectRoot* root = objects_->Find(path, nullptr)) return root->dir;
+  const std::string* resolved = RootOf(path, dirs_);
+  const std::string* configured = RootOf(path, configured_);
+  if (configured && (!resolved || configured->size() > resolved->size()))
+    return dirs_[configured - configured_.data()];
+  return resolved ? *resolved : "";
 }
 
 const ObjectRoot* StorageRoots::ObjectRootOf(const std::string& path, std::string* key) const {

@@ -73,6 +73,11 @@ class StorageRoots {
   // resolving outside every directory root counts); the resolution's error
   // (NOT_FOUND: no such directory) as it is.
   Status Locate(const std::string& path, Location* out) const;
+  // The root `path` is stored under, as `dirs()` and the object roots' DIR
+  // name it, judged by the path as written (the root as configured or as
+  // resolved): lexical, no filesystem call; "" when it lies under none.
+  // For status figures by root.
+  std::string RootName(const std::string& path) const;
   // The object root `path` lies under and its key (null: none). Lexical: no
   // filesystem call.
   const ObjectRoot* ObjectRootOf(const std::string& path, std::string* key) const;
@@ -93,6 +98,7 @@ class StorageRoots {
 
   Env* const env_;
   std::vector<std::string> dirs_;
+  std::vector<std::string> configured_;  // configured_[i]: dirs_[i] as the setting names it
   std::vector<std::shared_ptr<PosixStore>> dir_stores_;  // dir_stores_[i] holds dirs_[i]
   const std::shared_ptr<ObjectRoots> objects_;
 };

@@ -127,5 +127,21 @@ TEST_F(StorageRootsTest, OpenRefusesAMissingDirectoryRootAndReadsBothKinds) {
   EXPECT_EQ(StorageRoots::Open("relative", o, &roots).code(), Status::Code::kInvalidArgument);
 }
 
+TEST_F(StorageRootsTest, RootNameGroupsAPathByTheRootItIsWrittenUnder) {
+  EXPECT_EQ(roots_->RootName(top_ + "/ckpt/run1/x.pt"), top_ + "/ckpt");
+  EXPECT_EQ(roots_->RootName(top_ + "/ckpt/obj/run1/x.pt"), top_ + "/ckpt/obj");  // the object root below it
+  EXPECT_EQ(roots_->RootName(top_ + "/outside/x.pt"), "");
+  EXPECT_EQ(roots_->RootName(top_ + "/ckptx/x.pt"), "");  // a name that merely begins like the root
+  // A root configured as a symlink: paths written through it, or through
+  // the directory it names, are its (named as resolved, as dirs() names it).
+  StorageOptions o;
+  o.file.env = Env::Default();
+  std::shared_ptr<StorageRoots> linked;
+  ASSERT_TRUE(StorageRoots::Open(top_ + "/alias", o, &linked).ok());
+  EXPECT_EQ(linked->RootName(top_ + "/alias/step1/x.pt"), top_ + "/ckpt/run1");
+  EXPECT_EQ(linked->RootName(top_ + "/ckpt/run1/step1/x.pt"), top_ + "/ckpt/run1");
+  EXPECT_EQ(StorageRoots().RootName("/any/x.pt"), "");
+}
+
 }  // namespace
 }  // namespace tce
