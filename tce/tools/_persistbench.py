@@ -24,6 +24,15 @@ from tce.tools._server import LocalServer
 from tce.tools._workload import TINY, median_s, time_s
 
 
+def _quiesce() -> None:
+    """Lets the disk settle before a timed write: what earlier runs left
+    (dirty pages, and the discards of the files they freed, which ext4
+    mounted with ``discard`` issues at its next journal commit) is written
+    now, not inside the next timing. Each timed run of the persistence
+    rows, the persist and every floor alike, starts from here."""
+    os.sync()
+
+
 def _dd(path: str, nbytes: int) -> float:
     """Seconds for `dd conv=fsync` to write nbytes (16 MiB blocks) to path."""
     count = max(1, nbytes // (16 << 20))
@@ -79,15 +88,19 @@ def persistence(sd: dict[str, torch.Tensor], nbytes: int, *, repeats: int,
             # ratios taken side by side mean something.
             persist, dd, fio_s, during, durable, torch_fsync = [], [], [], [], [], []
             for _ in range(repeats):
+                _quiesce()
                 t_save = time.perf_counter()
                 tce.save(sd, a)
                 t0 = time.perf_counter()
                 tce.wait([a])
                 persist.append(time.perf_counter() - t0)
                 durable.append(time.perf_counter() - t_save)  # patch_torch(durable=True)
+                _quiesce()
                 torch_fsync.append(time_s(lambda: torch_save_fsync(sd, os.path.join(root, "t.pt"))))
+                _quiesce()
                 dd.append(_dd(os.path.join(root, "dd.bin"), nbytes))
                 if fio:
+                    _quiesce()
                     fio_s.append(_fio(os.path.join(root, "fio.bin"), nbytes))
                 tce.save(sd, a)  # a's persistence now runs in the background...
                 t0 = time.perf_counter()
