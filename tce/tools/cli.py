@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from tce import api, client, objects
 from tce.errors import PersistFailedError, TCEError
-from tce.tools import _bench, _demo, _doctor, _vllm_cli
+from tce.tools import _bench, _demo, _doctor, _vllm_cli, _wait_progress
 from tce.tools._server import server_binary
 from tce.v1 import tce_pb2 as pb
 
@@ -269,12 +269,20 @@ def _cmd_wait(args: argparse.Namespace) -> int:
             else:
                 print(f"missing   {p}: neither in the cache nor on storage", file=sys.stderr)
                 code = 1
+    progress = (_wait_progress.WaitProgress(sys.stderr, by_job, _human)
+                if by_job and _wait_progress.shown(args.progress, sys.stderr) else None)
     for job, ps in sorted(by_job.items()):
         failed: dict[str, str] = {}
         try:
-            api.wait(ps, timeout=args.timeout, job=job)
+            if progress is None:
+                api.wait(ps, timeout=args.timeout, job=job)
+            else:
+                progress.wait(ps, job=job, timeout=args.timeout)
         except PersistFailedError as e:
             failed = e.failures
+        finally:
+            if progress is not None:
+                progress.clear()
 
         now = {f.path: f for f in _matching(ps, job)}
         for p in ps:
@@ -334,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("paths", nargs="+", metavar="PATH")
     s.add_argument("--job", help="only this job's files")
     s.add_argument("--timeout", type=float, default=None, help="seconds (default: as long as it takes)")
+    s.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="show the files and bytes left and the rate on stderr, one line redrawn "
+                        "(default: when stderr is a terminal)")
 
     s = sub.add_parser("drop", help="let go of cached files (a FAILED one is then never persisted)")
     s.add_argument("paths", nargs="+", metavar="PATH")
