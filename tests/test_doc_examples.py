@@ -15,12 +15,15 @@ A block that cannot run on one machine says why in an HTML comment on the
 line just before its fence, and is skipped for that reason only::
 
     <!-- example: needs gpu -->            a CUDA device
-    <!-- example: needs cluster -->        several nodes (a ring, DeepSpeed across nodes, following a job)
-    <!-- example: needs vllm -->           a vLLM installation
+    <!-- example: needs cluster -->        several nodes (a ring, DeepSpeed across nodes, following a job,
+                                           engines on other hosts)
     <!-- example: fragment -->             a piece of a larger program (keep these few)
 
-``needs`` takes one or more of the words above, comma-separated. Any other
-marker fails its block, and so does a block with no marker that does not run.
+``needs`` takes one or more of the words above, comma-separated. A block
+marked ``<!-- example: vllm -->`` runs too, with the vLLM environment's
+python (build/vllm-venv, which ``make test`` makes) and ``/models/base``
+standing for a small Qwen2 model written for it. Any other marker fails its
+block, and so does a block with no marker that does not run.
 Each case is named ``FILE:LINE`` of the block's opening fence.
 """
 
@@ -42,8 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NEEDS = {
     "gpu": "needs a CUDA device",
     "cluster": "needs several nodes",
-    "vllm": "needs vLLM",
 }
+VLLM = "vllm"  # the marker of a block run in the vLLM environment
+_MODEL = re.compile(r"(?<![\w./-])/models/base(?=[/\"'\s]|$)", re.M)
 _MARKER = re.compile(r"<!--\s*example:\s*(.*?)\s*-->\s*$")
 _CKPT = re.compile(r"(?<![\w./-])/ckpt(?=[/\"'\s\]]|$)", re.M)
 TIMEOUT_S = 240  # within pytest's 300 s: the first DeepSpeed run builds an extension (~45 s)
@@ -87,7 +91,7 @@ ALL = [b for p in doc_files() for b in blocks(p)]
 def skip_reason(marker: str) -> str | None:
     """Why a marked block is skipped; None for an unmarked one. An unknown
     marker fails the test: the vocabulary is the module docstring's."""
-    if not marker:
+    if not marker or marker == VLLM:
         return None
     if marker == "fragment":
         return "a fragment of a larger program (marked <!-- example: fragment -->)"
@@ -114,9 +118,10 @@ def test_docs_have_examples():
 
 def test_markers():
     assert skip_reason("") is None
-    assert skip_reason("needs gpu, vllm") == "needs a CUDA device; needs vLLM"
+    assert skip_reason("needs gpu, cluster") == "needs a CUDA device; needs several nodes"
+    assert skip_reason(VLLM) is None  # it runs, in the vLLM environment
     assert "fragment" in skip_reason("fragment")
-    for unknown in ("needs tpu", "skip", "needs"):
+    for unknown in ("needs tpu", "skip", "needs", "needs vllm"):
         with pytest.raises(pytest.fail.Exception, match="unknown example marker"):
             skip_reason(unknown)
 
@@ -129,15 +134,29 @@ def test_example_runs(block: Block, tmp_path: Path):
     work = tmp_path / "work"
     (work / "ckpt").mkdir(parents=True)
     script = work / "example.py"
-    script.write_text(_CKPT.sub(str(work / "ckpt"), block.code))
+    code = _CKPT.sub(str(work / "ckpt"), block.code)
+    python, extra_env = sys.executable, {}
+    if block.marker == VLLM:  # vLLM's own environment, on a small model of the docs' /models/base
+        from tce.tools import _vllm_env
+        from tce.tools._vllm_model import build
+
+        python = str(_vllm_env.ensure(say=print))
+        build(work / "models" / "base")
+        code = _MODEL.sub(str(work / "models" / "base"), code)
+        extra_env = dict(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false",
+                         HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    script.write_text(code)
     server = LocalServer(socket_path=str(tmp_path / "tce.sock"), memory_budget="1GiB",
                          storage_roots=[str(work / "ckpt")],
                          extra_args=["--memory-backing", "4k"]).start()
     try:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TCE_") or k.endswith("_BIN")}
+        own = python == sys.executable  # the vLLM environment has TCE installed: no PYTHONPATH of ours
+        env = {k: v for k, v in os.environ.items()
+               if (not k.startswith("TCE_") or k.endswith("_BIN")) and (own or k != "PYTHONPATH")}
+        env.update(extra_env)
         env.update(TCE_SOCKET=server.socket, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
                    LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-        p = subprocess.run([sys.executable, script.name], cwd=work, env=env, capture_output=True,
+        p = subprocess.run([python, script.name], cwd=work, env=env, capture_output=True,
                            text=True, timeout=TIMEOUT_S)
     finally:
         code = server.stop()
