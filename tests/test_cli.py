@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,11 +17,13 @@ import tce
 from tce.tools import _server
 
 
-def _tce(*args: str, socket: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def _tce(*args: str, socket: str | None = None, timeout: float = 300,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "tce.cli"]
     if socket:
         cmd += ["--socket", socket]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
+                          env=env)
 
 
 def test_status_and_ls(server, tmp_path):
@@ -194,9 +197,17 @@ def test_bench_dcp(tmp_path):
 @pytest.mark.deepspeed
 @pytest.mark.timeout(1800)  # a hang bound: three DeepSpeed processes on a loaded machine
 def test_demo_resumes_bitwise(tmp_path):
+    # torch's JIT extensions land here: the demo must build none (DeepSpeed's
+    # shared-memory allreduce would take ~45 s before the first step)
+    extensions = tmp_path / "torch_extensions"
     p = _tce("demo", "--steps", "16", "--every", "2", "--crash-at", "9", "--dim", "64",
-             "--layers", "2", "--vocab", "256", "--memory-budget", "256MiB", timeout=1500)
+             "--layers", "2", "--vocab", "256", "--memory-budget", "256MiB", timeout=1500,
+             env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions)))
     assert p.returncode == 0, p.stdout + p.stderr
+    assert not extensions.exists() or list(extensions.iterdir()) == [], list(extensions.rglob("*"))
+    # each phase with the time since the demo started
+    phases = re.findall(r"^\[\s*\d+\.\d s\] (\S+)", p.stdout, re.M)
+    assert phases == ["1.", "2.", "3.", "done"], p.stdout
     assert "simulated crash" in p.stdout
     assert "(identical)" in p.stdout
     assert "[TCE] checkpoint engine active: TCECheckpointEngine" in p.stdout

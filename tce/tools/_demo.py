@@ -80,6 +80,7 @@ def train(args: argparse.Namespace) -> int:
     """One DeepSpeed training process (the orchestrator runs this as a child)."""
     import deepspeed  # only the training processes need it (seconds to import)
 
+    _skip_shm_allreduce()
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     model = TinyGPT(vocab=args.vocab, dim=args.dim, layers=args.layers, heads=4, seq=args.seq)
@@ -141,6 +142,24 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _skip_shm_allreduce() -> None:
+    """Keeps DeepSpeed from compiling its shared-memory allreduce (about 45 s
+    on 2 cores, the first time on a machine) when it sets up communication.
+
+    That op only speeds up collectives among ranks of one machine; every
+    training process of the demo is one rank alone on its node, so gloo does
+    the little communicating there is. DeepSpeed asks ``deepspeed.ops``'s
+    table of compatible ops before it builds the op and skips it when that
+    says no.
+    """
+    import deepspeed.ops
+
+    try:
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    except (AttributeError, TypeError):  # a DeepSpeed without the table builds the op
+        pass
+
+
 def _buffers() -> tuple[int, int]:
     """(buffers the server created, buffers this process has mapped)."""
     return int(tce.status()["buffers_created"]), client.mapped_buffers()
@@ -195,6 +214,11 @@ def main(args: argparse.Namespace) -> int:
 
         return _demo_nodes.main(args)
     print("TCE demo: DeepSpeed trains a small GPT on CPU with \"checkpoint_engine\": \"tce\".\n")
+    t0 = time.monotonic()
+
+    def phase(text: str) -> None:
+        print(f"\n[{time.monotonic() - t0:5.1f} s] {text}", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="tce-demo-") as work:
         storage = os.path.join(work, "storage")
         os.makedirs(storage)
@@ -206,23 +230,24 @@ def main(args: argparse.Namespace) -> int:
             ckpt, ref = os.path.join(storage, "ckpt"), os.path.join(storage, "reference")
             report = os.path.join(work, "report.jsonl")
 
-            print(f"\n[1] DeepSpeed + TCE, checkpoint every {args.every} steps, crash at step "
-                  f"{args.crash_at} (the first run compiles a DeepSpeed extension once, ~45 s)")
+            phase(f"1. DeepSpeed + TCE, checkpoint every {args.every} steps, crash at step "
+                  f"{args.crash_at}")
             if not _child(args, server.socket, ckpt, report, "--crash-at", str(args.crash_at),
                           expect=-signal.SIGKILL):
                 return 1
             print("    training process killed")
 
-            print("\n[2] a new process: engine.load_checkpoint(dir) reads the newest complete "
+            phase("2. a new process: engine.load_checkpoint(dir) reads the newest complete "
                   "checkpoint from the cache")
             if not _child(args, server.socket, ckpt, report, "--resume"):
                 return 1
 
-            print("\n[3] reference: the same run without a crash, DeepSpeed's default engine")
+            phase("3. reference: the same run without a crash, DeepSpeed's default engine")
             if not _child(args, server.socket, ref, report, "--engine", "torch", "--restore-own"):
                 return 1
             with open(report) as f:
                 events = [json.loads(line) for line in f]
+            phase("done")
     return _print_table(events)
 
 
