@@ -75,7 +75,9 @@ Cache::Cache(CacheOptions options)
                                                  publication_side_.get())),
       storage_side_(MakeStorageSide()),
       storage_access_(std::make_unique<StorageAccess>(storage_, StorageAccessOptions{options.fetch_files},
-                                                      options.clock, storage_side_.get())) {
+                                                      options.clock, storage_side_.get())),
+      replica_side_(MakeReplicaSide()),
+      replicas_(std::make_unique<Replicas>(&tags_, replica_side_.get())) {
   const SessionLimits& limits = options.limits;
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
@@ -115,8 +117,8 @@ CacheStats Cache::TallyLocked() const {
   s.version_leases = publication_->leases();
   s.metadata_bytes = quota_.used();
   s.metadata_budget = quota_.limits().budget;
-  s.replica_files = replicas_.size();
-  s.version_ranges_served = counts_.version_ranges_served;
+  s.replica_files = replica_files_.size();
+  s.version_ranges_served = replicas_->ranges_served();
   s.versions_published = counts_.versions_published;
   s.objects_fetched = counts_.fetched_objects;
   s.object_bytes_fetched = counts_.fetched_bytes;

@@ -51,6 +51,7 @@
 #include "cache/persist_feed.h"
 #include "cache/persist_source.h"
 #include "cache/publication.h"
+#include "cache/replicas.h"
 #include "cache/restore_tracker.h"
 #include "cache/ring_store.h"
 #include "cache/ring_table.h"
@@ -75,8 +76,7 @@ class Cache : public PoolBudget,
               public SessionStore,
               public PersistSource,
               public RingStore,
-              public RecoveryStore,
-              public PeerVersions {
+              public RecoveryStore {
  public:
   // Its settings and storage roots: cache/cache_options.h. The collaborators
   // made after it, because they take the Cache (the persister's and the
@@ -160,20 +160,6 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
-  void VersionDigests(TagInfo* tag, std::vector<DigestPin>* pins) override EXCLUDES(mu_);
-  void RecordDigests(const TagInfo& tag) override EXCLUDES(mu_);
-  Status AdoptFollowed(TagInfo tag) override EXCLUDES(mu_);
-  Status ReserveReplica(const std::string& job, uint64_t size, std::unique_ptr<Buffer>* out) override
-      EXCLUDES(mu_);
-  Status AdoptReplica(FileInfo f, uint64_t tag_version, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
-  bool HoldsInMemory(const std::string& job, const std::string& path, const std::string& tag) override
-      EXCLUDES(mu_);
-  void NoteVersionRangeServed() override EXCLUDES(mu_);
-  bool VersionTag(const std::string& job, const std::string& tag, TagInfo* out) override {
-    return tags_.Find(job, tag, out);
-  }
-  Status StartVersionRead(const std::string& job, const std::string& path, const std::string& tag,
-                          FileInfo* out, int* fd) override EXCLUDES(mu_);
 
   // PoolBudget: pooled bytes fit in the budget beside every buffer.
   bool ReservePool(uint64_t bytes) override EXCLUDES(mu_);
@@ -217,6 +203,9 @@ class Cache : public PoolBudget,
   // (cache/publication.h): the RPC layer's VersionStore, the peer port's
   // and the follower's NodeGrants.
   Publication* publication() { return publication_.get(); }
+  // Published versions across nodes (cache/replicas.h): the peer port's
+  // and the version follower's PeerVersions.
+  Replicas* replicas() { return replicas_.get(); }
   // The jobs being pulled back from the ring (CacheOptions::restores, or
   // the Cache's own): loads wait for them, the replicator ends them.
   RestoreTracker* restores() { return restores_.get(); }
@@ -274,6 +263,7 @@ class Cache : public PoolBudget,
       EXCLUDES(mu_);
   std::unique_ptr<PublicationHost> MakePublicationSide();
   std::unique_ptr<StorageAccessHost> MakeStorageSide();
+  std::unique_ptr<ReplicaHost> MakeReplicaSide();
   // Tags (cache_tags.cc). Forgets the job's oldest other tags while it would hold more than
   // max_tags_per_job, or while `tag`'s record does not fit its owner's share
   // of metadata_budget; RESOURCE_EXHAUSTED when it cannot fit at all.
@@ -444,8 +434,8 @@ class Cache : public PoolBudget,
   std::map<std::pair<std::string, std::string>, std::map<std::string, uint64_t>> published_ GUARDED_BY(mu_);
   // Files of followed versions brought from other nodes: never persisted,
   // backed up or recorded; read under version leases; evicted once unleased.
-  std::map<FileKey, FileInfo> replicas_ GUARDED_BY(mu_);
-  // Buffers lent out for a replica (ReserveReplica) -> the sessions that
+  std::map<FileKey, FileInfo> replica_files_ GUARDED_BY(mu_);
+  // Buffers lent out for a replica (ReplicaHost::LendBuffer) -> the sessions that
   // keep them mapped, given back to the buffer when it is adopted.
   std::map<uint64_t, std::set<std::string>> lent_readers_ GUARDED_BY(mu_);
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
@@ -488,6 +478,9 @@ class Cache : public PoolBudget,
   class StorageSide;  // the same for StorageAccess (cache_fetch.cc)
   const std::unique_ptr<StorageAccessHost> storage_side_;
   const std::unique_ptr<StorageAccess> storage_access_;
+  class ReplicaSide;  // the same for Replicas (cache_follow.cc)
+  const std::unique_ptr<ReplicaHost> replica_side_;
+  const std::unique_ptr<Replicas> replicas_;
   // Last: destroyed first, while the budget it gives its bytes back to is whole.
   std::unique_ptr<BufferPool> pool_;
 };

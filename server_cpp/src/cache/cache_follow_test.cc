@@ -96,32 +96,32 @@ TEST_F(FollowTest, AFollowedJobKeepsItsSourcesEpochAndRefusesAbsurdJumps) {
     t.complete_unix_ns = static_cast<int64_t>(v) * 100 + static_cast<int64_t>(epoch), t.version = v, t.epoch = epoch;
     return t;
   };
-  for (uint64_t v : {1, 2, 3}) ASSERT_TRUE(cache_.AdoptFollowed(version("s" + std::to_string(v), v, 7)).ok());
-  EXPECT_EQ(cache_.AdoptFollowed(version("noepoch", 4, 0)).code(), Status::Code::kDataLoss);
+  for (uint64_t v : {1, 2, 3}) ASSERT_TRUE(cache_.replicas()->AdoptFollowed(version("s" + std::to_string(v), v, 7)).ok());
+  EXPECT_EQ(cache_.replicas()->AdoptFollowed(version("noepoch", 4, 0)).code(), Status::Code::kDataLoss);
   // A forged number far above the newest would leave every real one unseen.
   const uint64_t forged = 3 + TagRegistry::kMaxVersionJump + 1;
-  Status s = cache_.AdoptFollowed(version("forged", forged, 7));
+  Status s = cache_.replicas()->AdoptFollowed(version("forged", forged, 7));
   EXPECT_EQ(s.code(), Status::Code::kDataLoss);
   EXPECT_EQ(s.message(), "the source's version of job 'fj': version " + std::to_string(forged) +
                              " is more than 1048576 above 3, the newest here of its numbering (epoch 7)");
-  ASSERT_TRUE(cache_.AdoptFollowed(version("s4", 4, 7)).ok());
+  ASSERT_TRUE(cache_.replicas()->AdoptFollowed(version("s4", 4, 7)).ok());
   const std::string reader = cache_.OpenSession(kReader, 9, kReader);
   TagInfo got;
   ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(got.version, 4u);
   // The source lost its state and numbers from 1 again, in a new epoch: a
   // reader that saw version 4 is given version 1 of it.
-  EXPECT_EQ(cache_.AdoptFollowed(version("r0", TagRegistry::kMaxVersionJump + 1, 9)).code(),
+  EXPECT_EQ(cache_.replicas()->AdoptFollowed(version("r0", TagRegistry::kMaxVersionJump + 1, 9)).code(),
             Status::Code::kDataLoss);
-  ASSERT_TRUE(cache_.AdoptFollowed(version("r1", 1, 9)).ok());
+  ASSERT_TRUE(cache_.replicas()->AdoptFollowed(version("r1", 1, 9)).ok());
   ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 4, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(std::make_pair(got.tag, got.version), std::make_pair(std::string("r1"), uint64_t{1}));
   EXPECT_EQ(cache_.publication()->GetVersion(reader, "fj", 1, std::chrono::milliseconds(0), kNoDeadline, &got).code(),
             Status::Code::kNotFound);
-  ASSERT_TRUE(cache_.AdoptFollowed(version("r2", 2, 9)).ok());
+  ASSERT_TRUE(cache_.replicas()->AdoptFollowed(version("r2", 2, 9)).ok());
   ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 1, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(got.version, 2u);
-  EXPECT_FALSE(cache_.VersionTag("fj", "s3", &got)) << "the old numbering's versions are gone";
+  EXPECT_FALSE(cache_.replicas()->VersionTag("fj", "s3", &got)) << "the old numbering's versions are gone";
 }
 
 TEST_F(FollowTest, AVersionsDigestsAreThoseItsPublisherComputesOfItsOwnFiles) {
@@ -133,16 +133,16 @@ TEST_F(FollowTest, AVersionsDigestsAreThoseItsPublisherComputesOfItsOwnFiles) {
   ASSERT_TRUE(cache_.CommitTag(owner_, t, &out).ok());
   EXPECT_FALSE(out.files[0].has_crc32 || out.files[1].has_crc32);
   std::vector<PeerVersions::DigestPin> pins;
-  cache_.VersionDigests(&out, &pins);
+  cache_.replicas()->VersionDigests(&out, &pins);
   ASSERT_EQ(pins.size(), 1u) << "this node's own file in memory only";
   EXPECT_EQ(out.files[pins[0].file].path, "/c/m.safetensors");
   close(pins[0].fd);
   cache_.EndPeerRead(pins[0].buffer_id);
   out.files[pins[0].file].crc32 = 42, out.files[pins[0].file].has_crc32 = true;
-  cache_.RecordDigests(out);
+  cache_.replicas()->RecordDigests(out);
   TagInfo again;
-  ASSERT_TRUE(cache_.VersionTag("job", "s1", &again));
-  cache_.VersionDigests(&again, &pins);
+  ASSERT_TRUE(cache_.replicas()->VersionTag("job", "s1", &again));
+  cache_.replicas()->VersionDigests(&again, &pins);
   EXPECT_TRUE(pins.empty()) << "computed once";
   ASSERT_EQ(again.files[0].path, "/c/m.safetensors");  // sorted by (rank, path)
   EXPECT_TRUE(again.files[0].has_crc32);
@@ -152,13 +152,13 @@ TEST_F(FollowTest, AVersionsDigestsAreThoseItsPublisherComputesOfItsOwnFiles) {
   ASSERT_TRUE(cache_.publication()->AddFollower("fj", kOwner, kReader).ok());
   TagInfo v = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}, {0, "/c/x.safetensors", 5}});
   v.complete_unix_ns = 1, v.version = 1, v.epoch = 3, v.files[0].crc32 = 99, v.files[0].has_crc32 = true;
-  ASSERT_TRUE(cache_.AdoptFollowed(v).ok());
+  ASSERT_TRUE(cache_.replicas()->AdoptFollowed(v).ok());
   FileInfo f;
   f.job = "fj", f.path = "/c/x.safetensors", f.size = 5;
-  ASSERT_TRUE(cache_.AdoptReplica(f, 1, Filled("hello")).ok());
+  ASSERT_TRUE(cache_.replicas()->AdoptReplica(f, 1, Filled("hello")).ok());
   TagInfo followed;
-  ASSERT_TRUE(cache_.VersionTag("fj", "step1", &followed));
-  cache_.VersionDigests(&followed, &pins);
+  ASSERT_TRUE(cache_.replicas()->VersionTag("fj", "step1", &followed));
+  cache_.replicas()->VersionDigests(&followed, &pins);
   EXPECT_TRUE(pins.empty());
   EXPECT_EQ(followed.files[0].crc32, 99u);
   EXPECT_FALSE(followed.files[1].has_crc32);
@@ -168,9 +168,9 @@ TEST_F(FollowTest, AFollowedJobIsThisServersAndItsFollowersRead) {
   constexpr uid_t kServer = 500;
   TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});
   v1.complete_unix_ns = 100, v1.version = 1, v1.epoch = 7;
-  EXPECT_EQ(cache_.AdoptFollowed(v1).code(), Status::Code::kFailedPrecondition) << "not followed here";
+  EXPECT_EQ(cache_.replicas()->AdoptFollowed(v1).code(), Status::Code::kFailedPrecondition) << "not followed here";
   ASSERT_TRUE(cache_.publication()->AddFollower("fj", kServer, kReader).ok());
-  ASSERT_TRUE(cache_.AdoptFollowed(v1).ok());
+  ASSERT_TRUE(cache_.replicas()->AdoptFollowed(v1).ok());
   uid_t owner = 0;
   ASSERT_TRUE(cache_.JobUid("fj", &owner));
   EXPECT_EQ(owner, kServer) << "never a uid a source names";
@@ -196,16 +196,16 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   TagInfo v1 = Tag("fj", "step1", {{0, "/c/w.safetensors", 5}});
   v1.complete_unix_ns = 100, v1.version = 1, v1.epoch = 7;
   ASSERT_TRUE(cache_.publication()->AddFollower("fj", kOwner, kReader).ok());
-  ASSERT_TRUE(cache_.AdoptFollowed(v1).ok());
+  ASSERT_TRUE(cache_.replicas()->AdoptFollowed(v1).ok());
   std::string reader = cache_.OpenSession(kReader, 9, kReader);
   TagInfo got;
   ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(got.version, 1u);
-  EXPECT_FALSE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step1"));
+  EXPECT_FALSE(cache_.replicas()->HoldsInMemory("fj", "/c/w.safetensors", "step1"));
   FileInfo f;
   f.job = "fj", f.path = "/c/w.safetensors", f.size = 5;
-  ASSERT_TRUE(cache_.AdoptReplica(f, 1, Filled("hello")).ok());
-  EXPECT_TRUE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step1"));
+  ASSERT_TRUE(cache_.replicas()->AdoptReplica(f, 1, Filled("hello")).ok());
+  EXPECT_TRUE(cache_.replicas()->HoldsInMemory("fj", "/c/w.safetensors", "step1"));
   EXPECT_EQ(cache_.Stats().replica_files, 1u);
   VersionGrant g;
   ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "fj", 1, std::chrono::milliseconds(0), &g).ok());
@@ -214,40 +214,40 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   // Version 2 names the same path: the replica is version 1's, not its.
   TagInfo v2 = Tag("fj", "step2", {{0, "/c/w.safetensors", 5}});
   v2.complete_unix_ns = 200, v2.version = 2, v2.epoch = 7;
-  ASSERT_TRUE(cache_.AdoptFollowed(v2).ok());
-  EXPECT_FALSE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step2"));
+  ASSERT_TRUE(cache_.replicas()->AdoptFollowed(v2).ok());
+  EXPECT_FALSE(cache_.replicas()->HoldsInMemory("fj", "/c/w.safetensors", "step2"));
   ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "fj", 2, std::chrono::milliseconds(0), &g).ok());
   EXPECT_EQ(g.files[0].buffer_id, 0u);
   FileInfo out;
   int fd = -1;
-  EXPECT_EQ(cache_.StartVersionRead("fj", "/c/w.safetensors", "step2", &out, &fd).code(),
+  EXPECT_EQ(cache_.replicas()->StartVersionRead("fj", "/c/w.safetensors", "step2", &out, &fd).code(),
             Status::Code::kNotFound);
-  ASSERT_TRUE(cache_.StartVersionRead("fj", "/c/w.safetensors", "step1", &out, &fd).ok());
+  ASSERT_TRUE(cache_.replicas()->StartVersionRead("fj", "/c/w.safetensors", "step1", &out, &fd).ok());
   close(fd);
   cache_.EndPeerRead(out.buffer_id);
   // A replica of a size the version does not list, or of a version not
   // here, is refused.
   f.size = 6;
-  EXPECT_EQ(cache_.AdoptReplica(f, 2, Filled("hello!")).code(), Status::Code::kInvalidArgument);
+  EXPECT_EQ(cache_.replicas()->AdoptReplica(f, 2, Filled("hello!")).code(), Status::Code::kInvalidArgument);
   f.size = 5;
-  EXPECT_EQ(cache_.AdoptReplica(f, 7, Filled("hello")).code(), Status::Code::kNotFound);
+  EXPECT_EQ(cache_.replicas()->AdoptReplica(f, 7, Filled("hello")).code(), Status::Code::kNotFound);
   // The replica of version 1 is free once version 2's is adopted; version
   // 3's reuses its buffer (same id), and a reader keeping it mapped stays.
   ASSERT_TRUE(cache_.publication()->ReleaseVersion(reader, g.lease_id).ok());
   std::unique_ptr<Buffer> mem2 = Filled("world");
   f.size = 5;
-  ASSERT_TRUE(cache_.AdoptReplica(f, 2, std::move(mem2)).ok());
+  ASSERT_TRUE(cache_.replicas()->AdoptReplica(f, 2, std::move(mem2)).ok());
   TagInfo v3 = Tag("fj", "step3", {{0, "/c/w.safetensors", 5}});
   v3.complete_unix_ns = 300, v3.version = 3, v3.epoch = 7;
-  ASSERT_TRUE(cache_.AdoptFollowed(v3).ok());
+  ASSERT_TRUE(cache_.replicas()->AdoptFollowed(v3).ok());
   const uint64_t reused_before = cache_.Stats().buffers_reused;
   std::unique_ptr<Buffer> mem3;
-  ASSERT_TRUE(cache_.ReserveReplica("fj", 5, &mem3).ok());
+  ASSERT_TRUE(cache_.replicas()->ReserveReplica("fj", 5, &mem3).ok());
   EXPECT_EQ(mem3->id(), out.buffer_id) << "version 1's replica buffer, free again";
   EXPECT_EQ(cache_.Stats().buffers_reused, reused_before + 1);
   ASSERT_EQ(pwrite(mem3->fd(), "third", 5, 0), 5);
-  ASSERT_TRUE(cache_.AdoptReplica(f, 3, std::move(mem3)).ok());
-  EXPECT_TRUE(cache_.HoldsInMemory("fj", "/c/w.safetensors", "step3"));
+  ASSERT_TRUE(cache_.replicas()->AdoptReplica(f, 3, std::move(mem3)).ok());
+  EXPECT_TRUE(cache_.replicas()->HoldsInMemory("fj", "/c/w.safetensors", "step3"));
 }
 
 }  // namespace

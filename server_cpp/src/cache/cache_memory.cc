@@ -218,19 +218,19 @@ bool Cache::EvictOne() {
   }
   // A replica of a followed version nobody reads goes as a persisted file
   // does: the node it came from still holds it.
-  auto replica = replicas_.end();
-  for (auto it = replicas_.begin(); it != replicas_.end(); ++it) {
+  auto replica = replica_files_.end();
+  for (auto it = replica_files_.begin(); it != replica_files_.end(); ++it) {
     const Buf& b = buffers_[it->second.buffer_id];
     if (b.leases == 0 && b.pins == 0 &&
-        (replica == replicas_.end() || it->second.committed_unix_ns < replica->second.committed_unix_ns))
+        (replica == replica_files_.end() || it->second.committed_unix_ns < replica->second.committed_unix_ns))
       replica = it;
   }
-  if (replica != replicas_.end() &&
+  if (replica != replica_files_.end() &&
       (!victim || replica->second.committed_unix_ns < victim->committed_unix_ns)) {
     TCE_LOG(kInfo, "cache") << "evicted replica job=" << replica->second.job << " path=" << replica->second.path
                             << " (cache full)";
     ReleaseBuffer(replica->second.buffer_id);
-    replicas_.erase(replica);
+    replica_files_.erase(replica);
     return true;
   }
   if (!victim) return false;

@@ -8,7 +8,7 @@
 // request's field, and reads only what the job's owner granted it; who is
 // granted is the publication's (cache/node_grants.h).
 //
-// The Cache is one. Thread-safe.
+// Replicas is one (cache/replicas.h). Thread-safe.
 #pragma once
 
 #include <sys/types.h>

@@ -135,13 +135,13 @@ class RingStore {
 struct RingStores {
   RingStore* ring = nullptr;
   RecoveryStore* recovery = nullptr;
-  PeerVersions* versions = nullptr;
+  PeerVersions* versions = nullptr;    // published versions across nodes (the Cache's replicas)
   NodeGrants* grants = nullptr;        // which nodes may follow a job (the Cache's publication)
   StorageLoads* loads = nullptr;       // reads of storage for the ring (the Cache's storage access)
   RestoreTracker* restores = nullptr;  // the replicator ends the restores it began
   template <class T>
   static RingStores Of(T* all) {
-    return {all, all, all, all->publication(), all->storage_access(), all->restores()};
+    return {all, all, all->replicas(), all->publication(), all->storage_access(), all->restores()};
   }
 };
 

@@ -42,7 +42,7 @@ void Daemon::MakeService() {
     fo.io_timeout = std::chrono::milliseconds(opt_.peer_timeout_ms);
     fo.breaker = &peer_links_;
     fo.max_jobs = opt_.max_follows, fo.max_jobs_per_uid = opt_.max_follows_per_uid;  // (settings: >= 1)
-    follower_ = std::make_unique<VersionFollower>(cache_.get(), cache_->publication(), ranges_.get(), fo);
+    follower_ = std::make_unique<VersionFollower>(cache_->replicas(), cache_->publication(), ranges_.get(), fo);
     service_->SetFollower(follower_.get());
     peers_->SetFollower(follower_.get());
   }

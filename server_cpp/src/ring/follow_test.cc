@@ -48,7 +48,7 @@ class FollowWatchTest : public ::testing::Test {
     fo.owner = getuid();
     fo.clock = &clock_;
     fo.breaker = &breaker_;
-    follower_ = std::make_unique<VersionFollower>(&here_, here_.publication(), ranges_.get(), fo);
+    follower_ = std::make_unique<VersionFollower>(here_.replicas(), here_.publication(), ranges_.get(), fo);
   }
   void TearDown() override {
     breaker_.BreakAll();  // as the daemon stops: the questions held at the source end
@@ -119,7 +119,7 @@ TEST_F(FollowWatchTest, AJobTheSourceDoesNotKnowIsAskedAgainAfterAPauseThatDoubl
   ASSERT_TRUE(Eventually([&] { return Job().version == 1 && Job().failures == 0; }));
   EXPECT_EQ(Job().last_error, "");
   TagInfo t;
-  EXPECT_TRUE(here_.VersionTag("job", "step1", &t));
+  EXPECT_TRUE(here_.replicas()->VersionTag("job", "step1", &t));
 }
 
 TEST_F(FollowWatchTest, ANewFollowOfAFailingJobAsksAgainAtOnce) {
@@ -143,7 +143,7 @@ TEST_F(FollowWatchTest, AJobGrantedBeforeItsFirstVersionIsFollowedAndItsFirstVer
   Publish("step1");  // the question held at the source is answered
   ASSERT_TRUE(Eventually([&] { return Job().version == 1 && Job().failures == 0; }));
   TagInfo t;
-  EXPECT_TRUE(here_.VersionTag("job", "step1", &t));
+  EXPECT_TRUE(here_.replicas()->VersionTag("job", "step1", &t));
 }
 
 }  // namespace
