@@ -35,10 +35,11 @@ define apt_install
 	@mkdir -p $(STAMPS)
 	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done; $(2)); \
 	if [ -n "$$missing" ]; then \
-	  echo "installing Debian packages:" $$missing; \
+	  echo "installing Debian packages:" $$missing "(log: $(STAMPS)/apt.log)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    $$SUDO apt-get install -y -qq --no-install-recommends $$missing; } >$(STAMPS)/apt.log 2>&1 || \
+	  { tail -n 30 $(STAMPS)/apt.log; exit 1; }; \
 	fi
 	@touch $@
 endef
