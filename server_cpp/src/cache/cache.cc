@@ -77,7 +77,9 @@ Cache::Cache(CacheOptions options)
       storage_access_(std::make_unique<StorageAccess>(storage_, StorageAccessOptions{options.fetch_files},
                                                       options.clock, storage_side_.get())),
       replica_side_(MakeReplicaSide()),
-      replicas_(std::make_unique<Replicas>(&tags_, replica_side_.get())) {
+      replicas_(std::make_unique<Replicas>(&tags_, replica_side_.get())),
+      persist_side_(MakePersistSide()),
+      persistence_(std::make_unique<Persistence>(options.persist_feed, storage_.get(), persist_side_.get())) {
   const SessionLimits& limits = options.limits;
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
@@ -132,7 +134,7 @@ CacheStats Cache::TallyLocked() const {
   }
   s.buffers_created = counts_.buffers_created;
   s.buffers_reused = counts_.buffers_reused;
-  s.persist_queue = (persist_ ? persist_->Queued() : 0) + in_flight_.size();
+  s.persist_queue = persistence_->Backlog();
   const std::vector<FileKey> waiting = backups_ ? backups_->Waiting() : std::vector<FileKey>();
   s.backup_queue = waiting.size() + backups_in_flight_;
   for (const FileKey& key : waiting) {
@@ -145,8 +147,9 @@ CacheStats Cache::TallyLocked() const {
   s.recovered_files = counts_.recovered_files;
   s.ring_checksum_mismatches = counts_.recovery_mismatches;
   s.backup_error = backup_error_;
-  s.persisted_files = counts_.persisted_files;
-  s.persisted_bytes = counts_.persisted_bytes;
+  const PersistFigures persisted = persistence_->Figures();
+  s.persisted_files = persisted.files;
+  s.persisted_bytes = persisted.bytes;
   for (const auto& [key, f] : files_) {
     s.failed_files += f.state == FileState::kFailed;
     const int n = static_cast<int>(f.state);
@@ -192,7 +195,7 @@ void Cache::TallyRoots(CacheStats* s) const {
   }
   for (const FileKey& key : waiting_markers_)
     if (CacheStats::RootStats* r = of(key.second)) ++r->held_markers;
-  for (const auto& [root, written] : written_by_root_) {
+  for (const auto& [root, written] : persistence_->Figures().by_root) {
     auto it = at.find(root);
     if (it == at.end()) continue;
     s->roots[it->second].written_files = written.first;
@@ -273,7 +276,7 @@ Status Cache::Allocate(const AllocateRequest& req, AllocateResult* out) {
     if (EvictOne()) continue;
     // 4. Only unpersisted files hold the memory: wait for persistence to
     //    finish some (never evict what is not on storage), within bounds.
-    if (persistence_enabled() && (PersistQueued() || !in_flight_.empty() || AwaitingPersistence()) &&
+    if (persistence_enabled() && (persistence_->Busy() || AwaitingPersistence()) &&
         !stopping_ && clock_->WaitUntil(&done_cv_, &mu_, deadline)) {
       if (!sessions_.Find(req.session)) return sessions_.Check(req.session);
       continue;

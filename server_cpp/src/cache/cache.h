@@ -8,7 +8,8 @@
 //
 // Each kind of caller sees it through its own interface: clients (rpc/)
 // through ClientStore, whose header states the security contract,
-// persistence through PersistSource, the ring through RingStore.
+// persistence through PersistSource (served by its Persistence component,
+// cache/persistence.h), the ring through RingStore.
 //
 // All public methods are thread-safe: they take the one mutex, `mu_` (they
 // are EXCLUDES(mu_); the private helpers that run under it are REQUIRES(mu_),
@@ -49,7 +50,7 @@
 #include "cache/meta_sink.h"
 #include "cache/metadata_quota.h"
 #include "cache/persist_feed.h"
-#include "cache/persist_source.h"
+#include "cache/persistence.h"
 #include "cache/publication.h"
 #include "cache/replicas.h"
 #include "cache/restore_tracker.h"
@@ -74,14 +75,14 @@ class Cache : public PoolBudget,
               public MemoryBudget,
               public ClientStore,
               public SessionStore,
-              public PersistSource,
               public RingStore,
               public RecoveryStore {
  public:
   // Its settings and storage roots: cache/cache_options.h. The collaborators
-  // made after it, because they take the Cache (the persister's and the
-  // ring's feeds, the metadata sink, the buffer pool, the retention's tag
-  // listener, the peer endpoint once bound), are set before serving.
+  // made after it, because they take the Cache (the ring's feed, the
+  // metadata sink, the buffer pool, the retention's tag listener, the peer
+  // endpoint once bound), are set before serving. The persistence feed is
+  // made before it (CacheOptions::persist_feed).
   explicit Cache(CacheOptions options);
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
@@ -123,14 +124,6 @@ class Cache : public PoolBudget,
   Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
                  std::vector<std::string> endpoints, std::string* successor) override EXCLUDES(mu_);
   Status CheckRangeRead(const std::string& session, const std::string& job) override EXCLUDES(mu_);
-  // ---- PersistSource (cache/persist_source.h) ----
-  void SetPersistFeed(PersistFeed* feed) override EXCLUDES(mu_);
-  bool StartPersist(const FileKey& key, bool retry, PersistJob* out) override EXCLUDES(mu_);
-  bool IsCurrent(const PersistJob& job) override EXCLUDES(mu_);
-  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override EXCLUDES(mu_);
-  void FinishPersist(const PersistJob& job, const Status& result, std::vector<Record> records,
-                     const FileStat& written) override EXCLUDES(mu_);
-  void StopPersistence() override EXCLUDES(mu_);
 
   // ---- RingStore (cache/ring_store.h) ----
   std::vector<std::string> RingPeers(const std::string& job) override EXCLUDES(mu_);
@@ -161,9 +154,11 @@ class Cache : public PoolBudget,
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
 
-  // PoolBudget: pooled bytes fit in the budget beside every buffer.
+  // PoolBudget: pooled bytes fit in the budget beside every buffer; the
+  // filler waits for saves in flight (PersistSource's rule too).
   bool ReservePool(uint64_t bytes) override EXCLUDES(mu_);
   void ReturnPool(uint64_t bytes) override EXCLUDES(mu_);
+  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override EXCLUDES(mu_);
   // MemoryBudget: borrowed bytes count as held, like a buffer's; a save
   // cannot reclaim them (they come back when the borrower frees them).
   bool Borrow(uint64_t bytes) override EXCLUDES(mu_);
@@ -173,7 +168,7 @@ class Cache : public PoolBudget,
   // ClientStore::List unchecked: every file. For the daemon itself and tests.
   std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
   // ClientStore::ListTags unchecked. For the daemon itself and tests.
-  std::vector<TagInfo> ListTags(const std::string& job) override EXCLUDES(mu_);
+  std::vector<TagInfo> ListTags(const std::string& job) EXCLUDES(mu_);
   // Tags recorded before a restart (from metadata); the oldest beyond
   // max_tags_per_job are forgotten. After Restore (the files tell the jobs'
   // owners; what is forgotten is recorded).
@@ -189,13 +184,13 @@ class Cache : public PoolBudget,
   // Called (under the cache's lock: it must only queue work) with the job of
   // every tag recorded complete. Set before serving.
   void SetTagListener(std::function<void(const std::string& job)> listener) { tag_listener_ = std::move(listener); }
-  // Forgets a complete tag (its files were deleted from storage): neither
-  // listed nor published any more, here or, once recorded, after a restart.
-  void ForgetTag(const std::string& job, const std::string& tag) override EXCLUDES(mu_);
 
   // The pool new buffers come from first (CacheOptions::prealloc; null:
   // none), for the daemon to start and stop its filler.
   BufferPool* pool() { return pool_.get(); }
+  // Writing committed files to storage (cache/persistence.h): the
+  // persister's and the storage retention's PersistSource.
+  Persistence* persistence() { return persistence_.get(); }
   // Storage read on behalf of clients and the ring (cache/storage_access.h):
   // the RPC layer's StoredFiles, the ring's StorageLoads.
   StorageAccess* storage_access() { return storage_access_.get(); }
@@ -264,6 +259,16 @@ class Cache : public PoolBudget,
   std::unique_ptr<PublicationHost> MakePublicationSide();
   std::unique_ptr<StorageAccessHost> MakeStorageSide();
   std::unique_ptr<ReplicaHost> MakeReplicaSide();
+  std::unique_ptr<PersistHost> MakePersistSide();
+  // PersistHost's steps (cache_persistence.cc), each under mu_.
+  bool PinCurrent(const FileKey& key, bool retry, PersistJob* out) EXCLUDES(mu_);
+  bool IsCurrentVersion(const PersistJob& job) EXCLUDES(mu_);
+  void RecordPersisted(const PersistJob& job, const Status& result, std::vector<Record> records,
+                       const FileStat& written) EXCLUDES(mu_);
+  void EndPersistence() EXCLUDES(mu_);
+  // Forgets a complete tag (its files were deleted from storage): neither
+  // listed nor published any more, here or, once recorded, after a restart.
+  void ForgetTag(const std::string& job, const std::string& tag) EXCLUDES(mu_);
   // Tags (cache_tags.cc). Forgets the job's oldest other tags while it would hold more than
   // max_tags_per_job, or while `tag`'s record does not fit its owner's share
   // of metadata_budget; RESOURCE_EXHAUSTED when it cannot fit at all.
@@ -359,7 +364,7 @@ class Cache : public PoolBudget,
   // is); an administrator when that is root and root_is_admin.
   Status SessionRequester(const std::string& session, Requester* out) EXCLUDES(mu_);
   Requester RequesterOf(uid_t uid) EXCLUDES(mu_);
-  Requester JobRequester(const std::string& job) override EXCLUDES(mu_);
+  Requester JobRequester(const std::string& job) EXCLUDES(mu_);
   StorageCheck CheckObject(const ObjectRoot& root, const std::string& key, const DiskIdentity& expected);
   // A tag's completeness marker (`.metadata`, `latest`) under an object
   // root waits while another file of its tag is not yet on storage: one of
@@ -401,8 +406,6 @@ class Cache : public PoolBudget,
   Mutex mu_;
   CondVar done_cv_;     // a file was persisted or failed
   CondVar quiet_cv_;    // no allocation pending or starting any more
-  PersistFeed* persist_ GUARDED_BY(mu_) = nullptr;
-  std::map<std::pair<std::string, std::string>, uint64_t> in_flight_ GUARDED_BY(mu_);  // key -> version
   bool stopping_ GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> storage_fallbacks_{0};
   std::atomic<uint64_t> disk_seq_{0};
@@ -425,7 +428,6 @@ class Cache : public PoolBudget,
   std::deque<uint64_t> fate_order_ GUARDED_BY(mu_);
   std::map<FileKey, FileInfo> files_ GUARDED_BY(mu_);
   CacheCounters counts_ GUARDED_BY(mu_);  // what Stats() reports as done since start
-  std::map<std::string, std::pair<uint64_t, uint64_t>> written_by_root_ GUARDED_BY(mu_);  // files, bytes
   SessionTable sessions_ GUARDED_BY(mu_);  // sessions and their leases
   JobOwners owners_ GUARDED_BY(mu_);
   MetadataQuota quota_ GUARDED_BY(mu_);  // tags, job names, grants, version leases
@@ -459,7 +461,6 @@ class Cache : public PoolBudget,
   // Reopen, and queue it for persistence now.
   void Requeue(FileInfo& f) REQUIRES(mu_);
   void QueuePersist(const FileKey& key) REQUIRES(mu_);
-  bool PersistQueued() const REQUIRES(mu_);
   bool JobUidLocked(const std::string& job, uid_t* uid) const REQUIRES(mu_);  // JobUid
   // Whether a committed file in memory is still to be persisted (not FAILED).
   bool AwaitingPersistence() const REQUIRES(mu_);
@@ -481,6 +482,9 @@ class Cache : public PoolBudget,
   class ReplicaSide;  // the same for Replicas (cache_follow.cc)
   const std::unique_ptr<ReplicaHost> replica_side_;
   const std::unique_ptr<Replicas> replicas_;
+  class PersistSide;  // the same for Persistence (cache_persistence.cc)
+  const std::unique_ptr<PersistHost> persist_side_;
+  const std::unique_ptr<Persistence> persistence_;
   // Last: destroyed first, while the budget it gives its bytes back to is whole.
   std::unique_ptr<BufferPool> pool_;
 };

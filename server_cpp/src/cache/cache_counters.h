@@ -9,7 +9,7 @@ namespace tce {
 
 struct CacheCounters {
   uint64_t buffers_created = 0, buffers_reused = 0;
-  uint64_t persisted_files = 0, persisted_bytes = 0, evicted_files = 0;
+  uint64_t evicted_files = 0;
   uint64_t discarded_files = 0, stale_drops = 0;  // coherence with storage
   uint64_t fetched_objects = 0, fetched_bytes = 0, marker_rounds = 0;  // object roots
   uint64_t backed_up_files = 0, backup_failures = 0, recovered_files = 0, recovery_mismatches = 0;  // the ring

@@ -12,6 +12,7 @@
 
 #include "cache/memory_backing.h"
 #include "cache/meta_sink.h"
+#include "cache/persist_feed.h"
 #include "cache/restore_tracker.h"
 #include "cache/session_limits.h"
 #include "common/clock.h"
@@ -28,6 +29,10 @@ struct CacheOptions {
   // Where files are persisted (storage/storage_roots.h), shared with the
   // persister; null or empty: the cache is memory only.
   std::shared_ptr<const StorageRoots> storage;
+  // Where committed files are queued for persistence (persist/persist_queue.h,
+  // made before the Cache and taken by the persister; null: nowhere, they
+  // stay in memory). It outlives the Cache.
+  PersistFeed* persist_feed = nullptr;
   Env* env = Env::Default();
   Clock* clock = Clock::Real();  // what every timeout and time stamp is read from
   // How long an allocation that finds the cache full of not-yet-persisted

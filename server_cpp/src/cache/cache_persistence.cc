@@ -1,7 +1,8 @@
-// Cache: the files' side of persistence. Committed files go to the
-// PersistFeed (persist/persist_queue.h); workers take the current version
-// (StartPersist) and report back (FinishPersist); failures that may clear
-// are retried, and Wait blocks until files are on storage.
+// Cache: the files' side of persistence (cache/persistence.h). Committed
+// files are queued through Persistence; its workers' steps (the current
+// version pinned, the outcome recorded) are PersistSide's, each under the
+// Cache's lock; failures that may clear are retried, and Wait blocks until
+// files are on storage.
 #include "cache/cache.h"
 
 #include "common/clock.h"
@@ -59,22 +60,13 @@ bool Cache::BlockedWait(CondVar* cv, Clock::TimePoint deadline, const CallerGone
   return clock_->Now() < deadline;
 }
 
-void Cache::SetPersistFeed(PersistFeed* feed) {
-  MutexLock lock(&mu_);
-  persist_ = feed;
-}
-
-void Cache::QueuePersist(const FileKey& key) {
-  if (persistence_enabled() && persist_) persist_->Queue(key);
-}
-
-bool Cache::PersistQueued() const { return persist_ && persist_->Queued() > 0; }
+void Cache::QueuePersist(const FileKey& key) { persistence_->Queue(key); }
 
 bool Cache::AwaitingPersistence() const {
   // A committed file not yet on storage (and not FAILED) is queued, taken by
   // a worker that has not started it yet, or being written: either way its
-  // persistence will end and wake the waiters. The queue and in_flight_
-  // alone miss the moment between a worker's taking a file and starting it.
+  // persistence will end and wake the waiters. Persistence's queue and
+  // files in flight alone miss the moment between a worker's taking a file and starting it.
   for (const auto& [key, f] : files_)
     if (f.buffer_id != 0 && (f.state == FileState::kCached || f.state == FileState::kBackedUp)) return true;
   return false;
@@ -83,15 +75,7 @@ bool Cache::AwaitingPersistence() const {
 void Cache::FailPersist(FileInfo& f, const Status& why) {
   f.state = FileState::kFailed;
   f.reason = why.ToString();
-  const Status::Code c = why.code();
-  const bool may_clear = c == Status::Code::kResourceExhausted || c == Status::Code::kInternal ||
-                         c == Status::Code::kUnavailable || c == Status::Code::kDeadlineExceeded;
-  if (may_clear && f.buffer_id != 0 && persist_) {
-    const std::chrono::milliseconds every = persist_->RetryLater({f.job, f.path});
-    if (every.count() > 0)
-      f.reason += " (persisted again every " + std::to_string(every.count() / 1000.0).substr(0, 4) +
-                  " s while in memory)";
-  }
+  if (f.buffer_id != 0) f.reason += persistence_->ScheduleRetry({f.job, f.path}, why);
   Note(f, false);
   done_cv_.SignalAll();
 }
@@ -105,7 +89,7 @@ void Cache::Reopen(FileInfo& f) {
 }
 
 void Cache::Requeue(FileInfo& f) {
-  if (persist_) persist_->CancelRetry({f.job, f.path});
+  persistence_->CancelRetry({f.job, f.path});
   Reopen(f);
   QueuePersist({f.job, f.path});
 }
@@ -141,7 +125,7 @@ Status Cache::RetryFailed(const std::string& session, const std::string& job,
   return Status::OK();
 }
 
-bool Cache::StartPersist(const FileKey& key, bool retry, PersistJob* out) {
+bool Cache::PinCurrent(const FileKey& key, bool retry, PersistJob* out) {
   MutexLock lock(&mu_);
   if (stopping_) return false;
   auto it = files_.find(key);
@@ -152,8 +136,7 @@ bool Cache::StartPersist(const FileKey& key, bool retry, PersistJob* out) {
     Reopen(f);
   }
   if (f.state != FileState::kCached && f.state != FileState::kBackedUp) return false;  // gone or done
-  auto flying = in_flight_.find(key);
-  if (flying != in_flight_.end() && flying->second == f.version) return false;
+  if (persistence_->InFlightAt(key, f.version)) return false;
   if (MarkerMustWait(key, f)) {  // queued again once the tag's other files are durable
     waiting_markers_.insert(key);
     return false;
@@ -166,7 +149,7 @@ bool Cache::StartPersist(const FileKey& key, bool retry, PersistJob* out) {
     return false;
   }
   ++buf.pins;
-  in_flight_[key] = f.version;
+  persistence_->TakeOff(key, f.version);
   out->job = key.first;
   out->path = key.second;
   out->version = f.version;
@@ -194,22 +177,21 @@ std::chrono::milliseconds Cache::WaitForNoSaves(std::chrono::milliseconds max) {
   return waited.Millis();
 }
 
-bool Cache::IsCurrent(const PersistJob& job) {
+bool Cache::IsCurrentVersion(const PersistJob& job) {
   MutexLock lock(&mu_);
   auto it = files_.find({job.job, job.path});
   return it != files_.end() && it->second.version == job.version;
 }
 
-void Cache::FinishPersist(const PersistJob& job, const Status& result,
-                          std::vector<Record> records, const FileStat& written) {
+void Cache::RecordPersisted(const PersistJob& job, const Status& result, std::vector<Record> records,
+                            const FileStat& written) {
   MutexLock lock(&mu_);
   auto b = buffers_.find(job.buffer_id);
   if (b != buffers_.end()) {
     --b->second.pins;
     MaybeFree(b->second);
   }
-  auto flying = in_flight_.find({job.job, job.path});
-  if (flying != in_flight_.end() && flying->second == job.version) in_flight_.erase(flying);
+  persistence_->Land({job.job, job.path}, job.version);
   auto it = files_.find({job.job, job.path});
   if (it != files_.end() && it->second.version != job.version && result.ok() &&
       it->second.disk.known && job.expected.known) {
@@ -227,11 +209,7 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
     it->second.persisted_unix_ns = clock_->UnixNowNs();
     it->second.records = std::move(records);
     TellHolderPersisted(it->second);
-    ++counts_.persisted_files;
-    counts_.persisted_bytes += job.size;
-    std::pair<uint64_t, uint64_t>& by_root = written_by_root_[storage_->RootName(job.path)];
-    ++by_root.first;
-    by_root.second += job.size;
+    persistence_->CountWritten(job.path, job.size);
     Note(it->second, false);
     EnforceKeepLast(job.job);
     if (!waiting_markers_.empty()) ReleaseMarkers(job.job);
@@ -241,11 +219,36 @@ void Cache::FinishPersist(const PersistJob& job, const Status& result,
   done_cv_.SignalAll();
 }
 
-void Cache::StopPersistence() {
+void Cache::EndPersistence() {
   MutexLock lock(&mu_);
   stopping_ = true;
   done_cv_.SignalAll();
   quiet_cv_.SignalAll();
 }
+
+class Cache::PersistSide : public PersistHost {
+ public:
+  explicit PersistSide(Cache* cache) : c_(cache) {}
+  bool PinCurrent(const FileKey& key, bool retry, PersistJob* out) override {
+    return c_->PinCurrent(key, retry, out);
+  }
+  bool IsCurrent(const PersistJob& job) override { return c_->IsCurrentVersion(job); }
+  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override {
+    return c_->WaitForNoSaves(max);
+  }
+  void Record(const PersistJob& job, const Status& result, std::vector<tce::Record> records,
+              const FileStat& written) override {
+    c_->RecordPersisted(job, result, std::move(records), written);
+  }
+  void StopPersistence() override { c_->EndPersistence(); }
+  std::vector<TagInfo> CompleteTags(const std::string& job) override { return c_->ListTags(job); }
+  void ForgetTag(const std::string& job, const std::string& tag) override { c_->ForgetTag(job, tag); }
+  Requester JobRequester(const std::string& job) override { return c_->JobRequester(job); }
+
+ private:
+  Cache* const c_;
+};
+
+std::unique_ptr<PersistHost> Cache::MakePersistSide() { return std::make_unique<PersistSide>(this); }
 
 }  // namespace tce

@@ -56,7 +56,7 @@ DiskIdentity Cache::Written(const DiskIdentity& before, const FileStat& st) {
 void Cache::LetGo(FileInfo& f, FileState state, const std::string& why) {
   ReleaseBuffer(f.buffer_id);
   QueueDrop(f);
-  if (persist_) persist_->CancelRetry({f.job, f.path});
+  persistence_->CancelRetry({f.job, f.path});
   f.state = state;
   f.reason = why;
   f.buffer_id = 0;
@@ -91,8 +91,7 @@ void Cache::Revalidate(const FileKey& key) {
       return;
     // Being written now: the path changes under our own hand (the persister
     // makes the same check itself just before its rename).
-    auto flying = in_flight_.find(key);
-    if (flying != in_flight_.end() && flying->second == it->second.version) return;
+    if (persistence_->InFlightAt(key, it->second.version)) return;
     expected = it->second.disk;
     version = it->second.version;
   }
@@ -111,7 +110,7 @@ void Cache::Revalidate(const FileKey& key) {
   MutexLock lock(&mu_);
   auto it = files_.find(key);
   if (it == files_.end() || it->second.version != version || it->second.buffer_id == 0) return;
-  if (it->second.disk.seq != expected.seq || in_flight_.count(key)) return;  // we wrote it meanwhile
+  if (it->second.disk.seq != expected.seq || persistence_->InFlight(key)) return;  // we wrote it meanwhile
   if (c.verdict == Verdict::kUnavailable) {
     NoteStorageFallback(key.second, c.why + "; the cached copy is served");
   } else if (it->second.state == FileState::kPersisted) {

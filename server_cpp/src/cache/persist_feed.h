@@ -3,9 +3,10 @@
 // The Cache says which (job, path) has a version to write and which failed
 // for a reason that may clear; persist/persist_queue.h keeps the queue and
 // the retry schedule, and its workers ask the Cache for each file's current
-// version when they get to it (PersistSource::StartPersist). The Cache calls
-// these with its lock held: an implementation takes only its own lock and
-// never calls back into the Cache. Any thread.
+// version when they get to it (PersistSource::StartPersist). The cache's
+// Persistence (cache/persistence.h) calls these with the Cache's lock held:
+// an implementation takes only its own lock and never calls back into the
+// Cache. Any thread.
 #pragma once
 
 #include <chrono>

@@ -1,10 +1,11 @@
-// PersistSource: the Cache as persistence (persist/persister.h) sees it.
+// PersistSource: the cache as persistence (persist/persister.h) sees it.
 //
-// The Cache queues each committed file's key on the PersistFeed it is given;
+// The cache queues each committed file's key on the PersistFeed it is built
+// with (CacheOptions::persist_feed);
 // a worker that takes a key asks here for the file's current version
 // (StartPersist: the buffer stays pinned), writes it, checks before the
 // rename that it is still current, and reports the outcome (FinishPersist).
-// The Cache is one. Thread-safe: the persistence workers call it at once.
+// The Cache's Persistence (cache/persistence.h) is one. Thread-safe: the persistence workers call it at once.
 #pragma once
 
 #include <chrono>
@@ -23,9 +24,6 @@ namespace tce {
 class PersistSource {
  public:
   virtual ~PersistSource() = default;
-  // Where committed files are queued for persistence (persist/persist_queue.h;
-  // null: nowhere, they stay in memory). Set before serving.
-  virtual void SetPersistFeed(PersistFeed* feed) = 0;
   // The current version of `key` to write, pinned, in `out`; false when
   // there is nothing to do (removed, persisted or being written, or, for a
   // scheduled `retry`, no longer FAILED with its memory), or after

@@ -159,14 +159,18 @@ int Daemon::MakeCache() {
   co.meta = meta_.get();
   co.backing = backing_;
   co.prealloc = prealloc;
+  // The persistence queue first: the cache feeds it from its first commit,
+  // the persister (made after the cache, which it asks) takes from it.
+  popt_.storage = storage_;
+  persist_queue_ = Persister::MakeQueue(popt_);
+  co.persist_feed = persist_queue_.get();
   std::string metadata_why;
   if (!(s = MakeSessionLimits(opt_, budget_ + backup_budget, limits_, &co.limits, &metadata_why)).ok())
     return Fail(s.message(), 2);
   TCE_LOG(kInfo, "daemon") << "metadata_budget=" << HumanBytes(co.limits.metadata.budget) << " (" << metadata_why
                            << ")";
   cache_ = std::make_unique<Cache>(std::move(co));
-  popt_.storage = storage_;
-  retention_ = std::make_unique<StorageRetention>(cache_.get(), storage_, opt_.storage_keep_last);
+  retention_ = std::make_unique<StorageRetention>(cache_->persistence(), storage_, opt_.storage_keep_last);
   cache_->SetTagListener([r = retention_.get()](const std::string& job) { r->Note(job); });
   TCE_LOG(kInfo, "daemon") << backing_why_;
   if (cache_->pool())
@@ -217,7 +221,7 @@ void Daemon::RestoreFromMetadata() {
 
 // Made even without storage roots: Shutdown stops it either way.
 void Daemon::StartPersister() {
-  persister_ = std::make_unique<Persister>(cache_.get(), Env::Default(), popt_);
+  persister_ = std::make_unique<Persister>(cache_->persistence(), persist_queue_.get(), Env::Default(), popt_);
   if (cache_->persistence_enabled()) persister_->Start();
   storage_->objects().AbandonUnfinishedInBackground();  // a crashed run's uploads
   retention_->Start();

@@ -111,6 +111,8 @@ class Daemon {
 
   // Memory.
   std::unique_ptr<BackupStore> backups_;
+  // Made before the cache, which feeds it; the persister takes from it.
+  std::unique_ptr<PersistQueue> persist_queue_;
   std::unique_ptr<Cache> cache_;
 
   // Persistence and metadata.

@@ -38,18 +38,14 @@ PersistQueue::LaneOf LaneOf(const PersistOptions& o) {
 }
 }  // namespace
 
-Persister::Persister(PersistSource* cache, Env* env, PersistOptions options)
-    : cache_(cache),
-      queue_(options.failed_retry, options.clock, Lanes(options), LaneOf(options)),
-      env_(env),
-      options_(options) {
-  cache_->SetPersistFeed(&queue_);
+std::unique_ptr<PersistQueue> Persister::MakeQueue(const PersistOptions& options) {
+  return std::make_unique<PersistQueue>(options.failed_retry, options.clock, Lanes(options), LaneOf(options));
 }
 
-Persister::~Persister() {
-  Stop();
-  cache_->SetPersistFeed(nullptr);
-}
+Persister::Persister(PersistSource* cache, PersistQueue* queue, Env* env, PersistOptions options)
+    : cache_(cache), queue_(queue), env_(env), options_(options) {}
+
+Persister::~Persister() { Stop(); }
 
 
 int Persister::RemoveStaleTemps(const StorageRoots& roots, const std::vector<std::string>& paths,
@@ -71,7 +67,7 @@ int Persister::RemoveStaleTemps(const StorageRoots& roots, const std::vector<std
 }
 
 void Persister::Start() {
-  for (size_t lane = 0; lane < queue_.lanes(); ++lane)
+  for (size_t lane = 0; lane < queue_->lanes(); ++lane)
     for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this, lane] { Loop(lane); });
 }
 
@@ -81,7 +77,7 @@ void Persister::Stop() {
     stop_ = true;
   }
   stop_cv_.SignalAll();
-  queue_.Stop();
+  queue_->Stop();
   cache_->StopPersistence();
   for (auto& t : threads_) t.join();
   threads_.clear();
@@ -105,7 +101,7 @@ void Persister::Loop(size_t lane) {
   }
   PersistQueue::Item item;
   PersistJob job;
-  while (queue_.Next(&item, lane)) {
+  while (queue_->Next(&item, lane)) {
     if (!cache_->StartPersist(item.key, item.retry, &job)) continue;
     std::vector<Record> records = job.records;
     FileStat written;

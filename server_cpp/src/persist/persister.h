@@ -76,7 +76,13 @@ struct PersistOptions {
 
 class Persister {
  public:
-  Persister(PersistSource* cache, Env* env, PersistOptions options);
+  // The queue its workers take from (made by MakeQueue with the same
+  // options, and given to the Cache as its CacheOptions::persist_feed
+  // first) and `cache` outlive it.
+  Persister(PersistSource* cache, PersistQueue* queue, Env* env, PersistOptions options);
+  // The queue for a Persister of `options`: its retry interval and clock,
+  // a lane for the directory roots and one for each object root.
+  static std::unique_ptr<PersistQueue> MakeQueue(const PersistOptions& options);
   ~Persister();
   void Start();
   void Stop();  // abandons retries; in-flight writes finish their current attempt
@@ -108,7 +114,7 @@ class Persister {
   Status Persist(const PersistJob& job, Mapping* map, std::vector<Record>* records, FileStat* written);
   bool SleepUnlessStopping(std::chrono::milliseconds d);
   PersistSource* const cache_;
-  PersistQueue queue_;  // fed by the cache (PersistSource::SetPersistFeed)
+  PersistQueue* const queue_;  // fed by the cache (CacheOptions::persist_feed)
   Env* const env_;
   const PersistOptions options_;
   std::vector<std::thread> threads_;

@@ -65,15 +65,25 @@ class PersisterTest : public ::testing::Test {
     co.storage = DiskRoots(file);
     co.clock = clock;
     co.storage_check_timeout = check_timeout_;
-    cache_.reset(new Cache(co));
     PersistOptions o;
-    o.storage = co.storage;
     o.clock = clock;
     o.threads = 2;
     o.retries = retries;
     o.backoff = 5ms;
     o.failed_retry = failed_retry;
-    persister_.reset(new Persister(cache_.get(), &env_, o));
+    Build(co, o, run);
+  }
+  // A cache of `co` and a persister of `o` (writing through co.storage)
+  // over one queue, as the daemon builds them; the persister starts when
+  // `run`; session_ is a session of this process.
+  void Build(CacheOptions co, PersistOptions o, bool run = true) {
+    persister_.reset();
+    cache_.reset();
+    o.storage = co.storage;
+    queue_ = Persister::MakeQueue(o);
+    co.persist_feed = queue_.get();
+    cache_.reset(new Cache(co));
+    persister_.reset(new Persister(cache_->persistence(), queue_.get(), &env_, o));
     if (run) persister_->Start();
     session_ = cache_->OpenSession(getuid(), getpid());
   }
@@ -150,6 +160,7 @@ class PersisterTest : public ::testing::Test {
   std::chrono::milliseconds check_timeout_ = std::chrono::seconds(2);
   ManualClock clock_;
   FaultInjectionEnv env_{Env::Default()};
+  std::unique_ptr<PersistQueue> queue_;  // the cache feeds it, the persister takes from it
   std::unique_ptr<Cache> cache_;
   std::unique_ptr<Persister> persister_;
   std::string session_;

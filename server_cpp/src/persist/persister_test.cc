@@ -135,14 +135,10 @@ class EvictionTest : public PersisterTest {
   void StartSmall(std::chrono::milliseconds full_timeout) {
     CacheOptions co = DiskCache(3 * Buffer::CapacityFor(FakeZip::kSize));
     co.full_timeout = full_timeout;
-    cache_.reset(new Cache(co));
     PersistOptions o;
-    o.storage = co.storage;
     o.backoff = 5ms;
     o.retries = 0;
-    persister_.reset(new Persister(cache_.get(), &env_, o));
-    persister_->Start();
-    session_ = cache_->OpenSession(getuid(), getpid());
+    Build(co, o);
   }
   // Allocates a file of FakeZip size; returns the status only.
   Status TryAllocate(const std::string& path) {
@@ -213,14 +209,10 @@ TEST_F(PersisterTest, KeepLastEvictsOlderTagsOncePersisted) {
   CacheOptions co = DiskCache();
   co.full_timeout = 1s;
   co.keep_last = 2;
-  cache_.reset(new Cache(co));
   PersistOptions o;
-  o.storage = co.storage;
   o.backoff = 5ms;
   o.retries = 0;
-  persister_.reset(new Persister(cache_.get(), &env_, o));
-  persister_->Start();
-  session_ = cache_->OpenSession(getuid(), getpid());
+  Build(co, o);
   env_.FailAppends(EIO, 2);  // step1's two files fail: FAILED files are never evicted
   for (int step = 1; step <= 4; ++step) {
     for (const char* rank : {"r0", "r1"}) {
@@ -320,14 +312,10 @@ TEST_F(PersisterTest, RetryAfterAFailureMidFileKeepsTheCrcsRight) {
   file.chunk = 4096;  // a file of several chunks
   CacheOptions co = DiskCache();
   co.storage = DiskRoots(file);
-  cache_.reset(new Cache(co));
   PersistOptions o;
-  o.storage = co.storage;
   o.backoff = 5ms;
   o.retries = 2;
-  persister_.reset(new Persister(cache_.get(), &env_, o));
-  persister_->Start();
-  session_ = cache_->OpenSession(getuid(), getpid());
+  Build(co, o);
   const uint64_t kPayload = 20000, kData = 64, kDesc = kData + kPayload, kCentral = kDesc + 24,
                  kSize = kCentral + 64;
   env_.FailAppends(ENOSPC, 1, /*skip=*/2);  // the 3rd chunk of the first attempt fails
@@ -381,12 +369,8 @@ TEST_F(PersisterTest, WritesInFlightGiveTheSameFileAsOneAtATime) {
     file.io_depth = depth;
     CacheOptions co = DiskCache();
     co.storage = DiskRoots(file);
-    cache_.reset(new Cache(co));
     PersistOptions o;
-    o.storage = co.storage;
-    persister_.reset(new Persister(cache_.get(), &env_, o));
-    persister_->Start();
-    session_ = cache_->OpenSession(getuid(), getpid());
+    Build(co, o);
     std::string path = root_ + "/depth" + std::to_string(depth) + ".pt";
     ASSERT_NO_FATAL_FAILURE(CommitBytes(path, bytes, {{"x/data/0", 0, kData, kPayload, 0, kCentral}}));
     std::vector<FileInfo> out;
