@@ -15,10 +15,12 @@ import pytest
 import torch
 
 import tce
-from tce import api, client
+from tce import _service, api, client
 from tce.core import _knobs
 from tce.tools._moto import credentials_env
+from tce.tools._ports import free_port
 from tce.tools._server import LocalServer
+from helpers import until
 from s3_helpers import FaultProxy
 
 OFF = "persist   off (no storage_roots): files live in memory only"
@@ -38,8 +40,8 @@ class _Server:
     """A tce-server with these storage roots (an object root's S3 requests
     go through `proxy`), and this process's client pointed at it."""
 
-    def __init__(self, roots: list[str], proxy: FaultProxy | None = None) -> None:
-        extra = ["--memory-backing", "4k", "--persist-backoff-ms", "10"]
+    def __init__(self, roots: list[str], proxy: FaultProxy | None = None, extra: list[str] | None = None) -> None:
+        extra = ["--memory-backing", "4k", "--persist-backoff-ms", "10", *(extra or [])]
         if proxy is not None:
             extra += ["--s3-endpoint", proxy.endpoint, "--s3-path-style", "true", "--s3-backoff-ms", "10"]
         self.server = LocalServer(memory_budget="256MiB", storage_roots=roots, extra_args=extra,
@@ -138,3 +140,35 @@ def _kib(n: int) -> str:
     assert 1024 <= n < 1 << 20, n
     return f"{n / 1024:.1f} KiB"
 
+
+
+@pytest.mark.s3
+def test_a_running_prefetch_is_shown_with_its_progress_until_it_ends(tmp_path, s3_bucket, fault_proxy, moto):
+    """A prefetch of a tag of four 64 KiB objects on a node of a ring of
+    two: this node's share is two of them. The second one's GET is held at
+    the S3 endpoint: status shows the prefetch at 1/2 files, 64 KiB of 128,
+    in the human and the JSON output; released, the prefetch ends and its
+    line goes."""
+    root = str(tmp_path / "ckpt")
+    for i in range(4):  # equal sizes: the plan gives shard0 and shard2 to node 0
+        moto.boto3().put_object(Bucket=s3_bucket, Key=f"run1/step200/shard{i}.pt", Body=bytes([i]) * 65536)
+    peer = ["--peer-listen", f"127.0.0.1:{free_port()}", "--peer-token", "t"]
+    with _Server([f"{root}=s3://{s3_bucket}/run1"], fault_proxy, extra=peer) as server:
+        job = _knobs.get("job")
+        endpoint = api.status()["peer_endpoint"]
+        _service.client().set_ring(job, 0, [endpoint, f"127.0.0.1:{free_port()}"])  # node 1: never asked
+        fault_proxy.hold(lambda q: q.kind == "GetObject" and q.path.endswith("/shard2.pt"))
+        assert client.prefetch(f"{root}/step200") is True
+        fault_proxy.wait_held()
+        until(lambda: [int(o.get("files_done", 0)) for o in _status(server.socket)[1].get("operations", [])] == [1],
+              what="the prefetch at its second file")
+        human, st = _status(server.socket)
+        [op] = st["operations"]
+        assert (op["kind"], op["job"], op["tag"], int(op["files_total"]), int(op["bytes_done"]),
+                int(op["bytes_total"])) == ("prefetch", job, "step200", 2, 65536, 131072), op
+        assert f"running   prefetch job={job} tag=step200: 1/2 files, 64.0 KiB/128.0 KiB, " in human, human
+        fault_proxy.release()
+        until(lambda: not _status(server.socket)[1].get("operations"), what="the prefetch to end")
+        human, _ = _status(server.socket)
+        assert "running   " not in human, human
+        assert client.lookup(f"{root}/step200/shard2.pt").size == 65536  # it was read, into the cache

@@ -66,6 +66,26 @@ def _persist_lines(st: dict[str, Any]) -> list[str]:
     return ["persist   " + lines[0]] + ["          " + line for line in lines[1:]]
 
 
+def _operation_lines(st: dict[str, Any]) -> list[str]:
+    """The operations under way (``operations``), one line each: what runs
+    for which job, the files and bytes done of the total (where known),
+    the rate and the time so far. A finished one is not listed."""
+    lines = []
+    for op in st.get("operations") or []:
+        n = {k: int(op.get(k, 0)) for k in ("files_done", "files_total", "files_failed", "bytes_done",
+                                            "bytes_total")}
+        secs = float(op.get("elapsed_s", 0))
+        what = f"{op['kind']} job={op['job']}"
+        what += f" tag={op['tag']}" if op.get("tag") else ""
+        what += f" from={op['from']}" if op.get("from") else ""
+        files = f"{n['files_done']}/{n['files_total']}" if n["files_total"] else f"{n['files_done']}"
+        done = _human(n["bytes_done"]) + (f"/{_human(n['bytes_total'])}" if n["bytes_total"] else "")
+        rate = f"{_human(n['bytes_done'] / secs)}/s" if secs > 0 else "-"
+        failed = f" ({n['files_failed']} failed)" if n["files_failed"] else ""
+        lines.append(f"running   {what}: {files} files{failed}, {done}, {rate}, {secs:.0f} s")
+    return lines
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     st = api.status()
     if args.json:
@@ -127,6 +147,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{_human(int(j.get('peer_bytes', 0)))} from other nodes', "
               f"{_human(int(j.get('storage_bytes', 0)))} read from storage "
               f"({_human(int(j.get('for_peers_bytes', 0)))} of it for other nodes)")
+    for line in _operation_lines(st):
+        print(line)
     ops = [f"metrics http://{st['metrics_endpoint']}/metrics" if st.get("metrics_endpoint") else "",
            f"gRPC health {st['health_endpoint']}" if st.get("health_endpoint") else ""]
     print("ops       " + ("; ".join(o for o in ops if o) or "no metrics or health endpoint"))

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
+#include <utility>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -254,6 +256,35 @@ void MetricsServer::Serve(int fd) {
   ::close(fd);
 }
 
+namespace {
+
+// The operations under way (StatusResponse.operations): how many of each
+// kind, and per kind and job what is left of those whose totals are known.
+void RenderOperations(const v1::StatusResponse& st, PromText* m) {
+  std::map<std::string, uint64_t> running = {{"prefetch", 0}, {"ring_restore", 0}};
+  std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> left;  // (kind, job) -> files, bytes
+  for (const v1::RunningOperation& op : st.operations()) {
+    std::string kind = op.kind();
+    std::replace(kind.begin(), kind.end(), ' ', '_');
+    ++running[kind];
+    if (op.files_total() == 0) continue;
+    std::pair<uint64_t, uint64_t>& l = left[{kind, op.job()}];
+    l.first += op.files_total() > op.files_done() ? op.files_total() - op.files_done() : 0;
+    l.second += op.bytes_total() > op.bytes_done() ? op.bytes_total() - op.bytes_done() : 0;
+  }
+  for (const auto& [kind, n] : running)
+    m->Gauge("tce_operations", "operations under way, by kind (prefetch, ring_restore)", static_cast<double>(n),
+             {{"kind", kind}});
+  for (const auto& [key, l] : left)
+    m->Gauge("tce_operation_files_left", "files the operations under way have still to read, by kind and job",
+             static_cast<double>(l.first), {{"kind", key.first}, {"job", key.second}});
+  for (const auto& [key, l] : left)
+    m->Gauge("tce_operation_bytes_left", "bytes of those files (where their sizes are known), by kind and job",
+             static_cast<double>(l.second), {{"kind", key.first}, {"job", key.second}});
+}
+
+}  // namespace
+
 std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
                           const TransferMetrics& persist, const TransferMetrics& backup) {
   PromText m;
@@ -290,6 +321,7 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
           {{"state", "following"}});
   m.Gauge("tce_followed_jobs", "jobs this node follows, by state", static_cast<double>(retrying),
           {{"state", "retrying"}});
+  RenderOperations(st, &m);
   for (const FileStateRow& row : kFileStates)
     m.Gauge("tce_files", "files the server knows, by state",
             static_cast<double>(stats.files_by_state[static_cast<int>(row.state)]), {{"state", row.metrics_label}});

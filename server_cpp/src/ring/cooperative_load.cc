@@ -6,6 +6,7 @@
 // it. A node that stops answering is marked down for the job and its claims
 // dropped, and no load waits on a peer past its caller's deadline.
 #include <algorithm>
+#include <map>
 
 #include "common/logging.h"
 #include "ring/replicator.h"
@@ -206,17 +207,41 @@ void Replicator::PrefetchLoop() {
   uid_t uid = 0;
   PrefetchJob p;
   while (prefetches_.Take(&uid, &p)) {
-    const bool finished = PrefetchStep(&p);
+    const bool finished = PrefetchStep(uid, &p);
+    if (finished) p.shown.End();  // off tce status now, not when the next one is taken
     prefetches_.Done(uid, &p, finished);
   }
 }
 
-bool Replicator::PrefetchStep(PrefetchJob* p) {
+namespace {
+
+// The directory all of `paths` lie in ("" when they lie in several).
+std::string CommonDir(const std::vector<std::string>& paths) {
+  std::string dir;
+  for (const std::string& path : paths) {
+    const size_t slash = path.rfind('/');
+    const std::string d = slash == std::string::npos ? "" : path.substr(0, slash);
+    if (&path != &paths.front() && d != dir) return "";
+    dir = d;
+  }
+  return dir;
+}
+
+std::string BaseName(const std::string& dir) {
+  const size_t slash = dir.rfind('/');
+  return slash == std::string::npos ? dir : dir.substr(slash + 1);
+}
+
+}  // namespace
+
+bool Replicator::PrefetchStep(uid_t uid, PrefetchJob* p) {
   if (!p->started) {
     p->started = true;
     if (p->only_if_empty && cache_->InMemoryCount(p->job) > 0) return true;  // not a restart
+    const std::string dir = p->paths.empty() ? p->dir : CommonDir(p->paths);
+    p->shown = progress_.Begin(ProgressBoard::kPrefetch, p->job, BaseName(dir), "", uid);
+    std::vector<ListedObject> listed;  // the sizes of this node's share (one listing: this step)
     if (p->paths.empty()) {
-      std::vector<ListedObject> listed;
       Status s = loads_->ListStorageDir(p->job, p->dir, &listed);
       uint64_t dropped = 0;
       if (!s.ok() && prefetch_log_.Allow(&dropped))
@@ -224,6 +249,25 @@ bool Replicator::PrefetchStep(PrefetchJob* p) {
                                   << Suppressed(dropped);
       if (!s.ok()) return true;
       for (const ListedObject& o : listed) p->paths.push_back(o.key);
+    } else if (!dir.empty() && loads_->UnderStorage(dir + "/x")) {  // x: a file in `dir`
+      if (!loads_->ListStorageDir(p->job, dir, &listed).ok()) listed.clear();  // the sizes stay unknown
+    }
+    // This node's share, as the plan of the one directory names it (the
+    // same plan the reads ask next); named paths in several directories
+    // would cost a listing each here: their total is not shown.
+    const std::vector<std::string> nodes = cache_->RingNodes(p->job);
+    if (!dir.empty() && !nodes.empty()) {
+      std::map<std::string, uint64_t> sizes;
+      for (const ListedObject& o : listed) sizes[o.key] = o.size;
+      uint64_t files = 0, bytes = 0;
+      for (const std::string& path : p->paths) {
+        if (!loads_->UnderStorage(path) || plans_.OwnerOf(p->job, nodes, path) != options_.self) continue;
+        ++files;
+        auto it = sizes.find(path);
+        if (it != sizes.end()) bytes += it->second;
+        p->sizes.push_back(it != sizes.end() ? it->second : 0);
+      }
+      p->shown.SetTotal(files, sizes.empty() ? 0 : bytes);
     }
     return false;  // the files, from the next step on
   }
@@ -233,14 +277,19 @@ bool Replicator::PrefetchStep(PrefetchJob* p) {
     if (prefetches_.stopped()) return true;
     const std::string& path = p->paths[p->next++];
     if (!loads_->UnderStorage(path) || plans_.OwnerOf(p->job, nodes, path) != options_.self) continue;
+    const uint64_t size = p->mine < p->sizes.size() ? p->sizes[p->mine] : 0;
     ++p->mine;
-    if (loads_->ClaimRead(p->job, path, options_.self) != options_.self) continue;  // a node that needs it reads it
+    if (loads_->ClaimRead(p->job, path, options_.self) != options_.self) {  // a node that needs it reads it
+      p->shown.AddDone(1, size);
+      continue;
+    }
     Status s = loads_->LoadFromStorage(p->job, path, /*for_peer=*/false);
     if (s.ok()) {
       ++p->read;
     } else if (p->failed++ == 0) {
       p->first_error = path + ": " + s.ToString();
     }
+    p->shown.AddDone(1, s.ok() ? size : 0, s.ok() ? 0 : 1);
     if (p->next < p->paths.size()) return false;
   }
   const std::string what = "prefetched " + std::to_string(p->read) + " of the " + std::to_string(p->mine) +

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/progress_board.h"
 
 namespace tce {
 
@@ -29,6 +30,8 @@ struct PrefetchJob {
   size_t next = 0;                 // the next of `paths` to look at
   size_t mine = 0, read = 0, failed = 0;
   std::string first_error;
+  std::vector<uint64_t> sizes;  // of this node's share, in order, where listed (0: unknown)
+  ProgressBoard::Entry shown;   // on tce status while it runs (from its first step)
 };
 
 class PrefetchQueue {

@@ -41,6 +41,7 @@ Replicator::Replicator(RingStores stores, Transport* transport, ReplicatorOption
       restores_(stores.restores),
       transport_(transport),
       options_(std::move(options)),
+      progress_(options_.clock),
       barrier_(stores.ring, BarrierOptions(options_)),
       plans_([loads = stores.loads](const std::string& job, const std::string& dir,
                                     std::vector<ListedObject>* out) { return loads->ListStorageDir(job, dir, out); },

@@ -24,6 +24,7 @@
 #include "common/log_limiter.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
+#include "common/progress_board.h"
 #include "persist/crc.h"
 #include "ring/backup_queue.h"
 #include "ring/backup_store.h"
@@ -107,6 +108,9 @@ class Replicator {
   bool Prefetch(const std::string& job, const std::string& dir, std::vector<std::string> paths,
                 bool only_if_empty = false);
   static constexpr int kPrefetchThreads = 2;
+  // The prefetches and ring restores running now, with their progress
+  // (common/progress_board.h): all of them (`all`), else those of `uid`'s jobs.
+  std::vector<OperationProgress> Running(bool all, uid_t uid) const { return progress_.Running(all, uid); }
   // Whether `peer` is marked down for `job` (loads ask it nothing for a while).
   bool PeerDown(const std::string& job, const std::string& peer) { return plans_.IsDown(job, peer); }
   // `peer` stopped answering a load of `job`: marked down, its claims here dropped.
@@ -117,7 +121,7 @@ class Replicator {
   void PrefetchLoop();
   // One step of `p`: its listing, or its next file of this node's share;
   // true when it is finished.
-  bool PrefetchStep(PrefetchJob* p);
+  bool PrefetchStep(uid_t uid, PrefetchJob* p);
   // One job of each kind: a file to the successor, a copy a peer lets go of.
   Status Backup(const BackupJob& job, std::map<std::string, std::unique_ptr<PeerLink>>* links);
   Status Drop(const DropCopy& drop, std::map<std::string, std::unique_ptr<PeerLink>>* links);
@@ -185,6 +189,7 @@ class Replicator {
   BackupQueue queue_;  // fed by the cache (RingStore::SetBackupFeed)
   Transport* const transport_;
   const ReplicatorOptions options_;
+  ProgressBoard progress_;  // before what holds its entries (prefetches_), which go first
   std::vector<std::thread> threads_;
   TagBarrier barrier_;  // markers of object storage wait for the other nodes' files
   RestorePlans plans_;  // who reads which file from storage in a cooperative restore

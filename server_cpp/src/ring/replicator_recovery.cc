@@ -60,6 +60,10 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
   for (const v1::PeerBackup& f : list.files()) order.push_back(&f);
   std::stable_sort(order.begin(), order.end(),
                    [](const v1::PeerBackup* a, const v1::PeerBackup* b) { return a->version() > b->version(); });
+  ProgressBoard::Entry shown = progress_.Begin(ProgressBoard::kRingRestore, job.job, "", job.peer, uid);
+  uint64_t listed_bytes = 0;
+  for (const v1::PeerBackup& f : list.files()) listed_bytes += f.size();
+  shown.SetTotal(list.files_size(), listed_bytes);
   int pulled = 0;
   for (const v1::PeerBackup* file : order) {
     const v1::PeerBackup& f = *file;
@@ -72,7 +76,9 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
                                 << p.ToString();
       cache_->NoteBackupError("recovery of " + f.path() + ": " + p.ToString());
     }
+    shown.AddDone(1, p.ok() ? f.size() : 0, p.ok() ? 0 : 1);
   }
+  shown.End();
   std::set<std::string> listed;  // this node's files, as the holder listed them
   for (const v1::PeerBackup& f : list.files()) listed.insert(f.path());
   std::vector<TagInfo> sound;

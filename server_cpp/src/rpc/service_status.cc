@@ -75,6 +75,22 @@ void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t 
     out->set_peer_files(j.peer_files);
     out->set_for_peers_bytes(j.for_peers_bytes);
   }
+  if (prefetch_) {
+    for (const OperationProgress& op : prefetch_->Running(loads_admin, loads_uid)) {
+      v1::RunningOperation* out = resp->add_operations();
+      out->set_kind(op.kind);
+      out->set_job(op.job);
+      out->set_tag(op.tag);
+      out->set_from(op.from);
+      out->set_files_done(op.files_done);
+      out->set_files_total(op.files_total);
+      out->set_files_failed(op.files_failed);
+      out->set_bytes_done(op.bytes_done);
+      out->set_bytes_total(op.bytes_total);
+      out->set_started_unix_ms(op.started_unix_ms);
+      out->set_elapsed_s(op.elapsed_s);
+    }
+  }
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
