@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import tce
-from tce import _service, api, client
+from tce import _service, api, client, weights
 from tce.core import _knobs
 from tce.tools._moto import credentials_env
 from tce.tools._ports import free_port
@@ -172,3 +172,25 @@ def test_a_running_prefetch_is_shown_with_its_progress_until_it_ends(tmp_path, s
         human, _ = _status(server.socket)
         assert "running   " not in human, human
         assert client.lookup(f"{root}/step200/shard2.pt").size == 65536  # it was read, into the cache
+
+
+def test_readers_behind_the_newest_version_are_shown_with_their_lag(tmp_path):
+    """A reader holds version 1 of a job while version 2 is published:
+    status shows the job's readers one version behind; once the reader
+    closes, the line goes."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    with _Server([str(root)]) as server:
+        job = _knobs.get("job")
+        tce.save({"w": torch.ones(8)}, str(root / "v1.pt"), tag="step1")
+        assert weights.publish("step1").version == 1
+        reader = weights.open()
+        tce.save({"w": torch.ones(8)}, str(root / "v2.pt"), tag="step2")
+        assert weights.publish("step2").version == 2
+        human, st = _status(server.socket)
+        assert [(r["job"], int(r["newest_version"]), int(r["oldest_leased"]), int(r["leases"]))
+                for r in st["version_readers"]] == [(job, 2, 1, 1)]
+        assert f"readers   job {job}: 1 lease(s), oldest on version 1, newest 2 (1 behind)\n" in human, human
+        reader.close()
+        human, st = _status(server.socket)
+        assert st["version_readers"] == [] and "readers   " not in human, human

@@ -2,7 +2,7 @@
 has a title and a unit and queries only metrics, and label values, that the
 real server exports; and with Debian's Prometheus scraping two real servers
 in a ring, after saves, persistence, a backup, a load and a published
-version with a reader, every panel's query returns data (and the panels of
+version with a reader a version behind, every panel's query returns data (and the panels of
 the work done show it).
 """
 
@@ -41,7 +41,7 @@ RATE_INTERVAL = "1m"
 SHOW_WORK = {"Servers up", "Client sessions", "Cache memory vs budget", "Files by state", "Saves",
              "Persisted", "Persisted files", "Persist latency", "Backed up", "Backup latency",
              "Held for the predecessor", "Client records vs budget", "Mapped files", "Versions published",
-             "Version readers", "Loads by source"}
+             "Version readers", "Readers' lag", "Loads by source"}
 
 
 def _dashboard() -> dict:
@@ -64,10 +64,7 @@ def _variables(dash: dict) -> dict[str, dict]:
     return {v["name"]: v for v in dash["templating"]["list"]}
 
 
-def _metrics_text(server: LocalServer) -> str:
-    with _knobs.override(socket=server.socket):
-        endpoint = api.status()["metrics_endpoint"]
-        api.close()
+def _metrics_text(endpoint: str) -> str:
     with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as r:
         return r.read().decode()
 
@@ -198,7 +195,12 @@ def test_every_panel_has_a_title_a_unit_and_exported_metrics(tmp_path):
     (tmp_path / "ckpt").mkdir()  # a storage root: the per-root families are exported for each root
     with LocalServer(memory_budget="256MiB", storage_roots=[str(tmp_path / "ckpt")],
                      extra_args=["--memory-backing", "4k", "--metrics-listen", "127.0.0.1:0"]) as s:
-        exported = _exported(_metrics_text(s))
+        with _knobs.override(socket=s.socket, job=JOB, on_unavailable="raise"):  # a version with a reader:
+            tce.save({"w": torch.ones(4)}, tmp_path / "ckpt" / "model.pt", tag="step1")  # the per-job families
+            weights.publish("step1")
+            with weights.open():
+                exported = _exported(_metrics_text(api.status()["metrics_endpoint"]))
+            api.close()
     assert "tce_up" in exported and "tce_persist_seconds_bucket" in exported, sorted(exported)
     assert _problems(dash, exported) == []
 
@@ -261,6 +263,10 @@ def test_every_panel_shows_data_from_real_servers(tmp_path):
             assert weights.publish("step1").version == 1
             reader = weights.open()
             assert torch.equal(reader.state_dict()["w"], sd["w"])
+            tce.save(sd, storage / "model2.pt", tag="step2")  # a newer version: the reader lags by one
+            assert weights.publish("step2").version == 2
+            until(lambda: [int(r["newest_version"]) - int(r["oldest_leased"])
+                           for r in tce.status().get("version_readers", [])] == [1], 60, "the reader's lag")
 
             dash = _dashboard()
             node = _variables(dash)["node"]["definition"]

@@ -86,6 +86,17 @@ def _operation_lines(st: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _reader_lines(st: dict[str, Any]) -> list[str]:
+    """Per job whose versions readers lease (``version_readers``): how far
+    the oldest lease is behind the newest version."""
+    lines = []
+    for r in st.get("version_readers") or []:
+        newest, oldest = int(r.get("newest_version", 0)), int(r.get("oldest_leased", 0))
+        lines.append(f"readers   job {r['job']}: {r.get('leases', 0)} lease(s), oldest on version {oldest}, "
+                     f"newest {newest} ({max(newest - oldest, 0)} behind)")
+    return lines
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     st = api.status()
     if args.json:
@@ -147,7 +158,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
               f"{_human(int(j.get('peer_bytes', 0)))} from other nodes', "
               f"{_human(int(j.get('storage_bytes', 0)))} read from storage "
               f"({_human(int(j.get('for_peers_bytes', 0)))} of it for other nodes)")
-    for line in _operation_lines(st):
+    for line in _reader_lines(st) + _operation_lines(st):
         print(line)
     ops = [f"metrics http://{st['metrics_endpoint']}/metrics" if st.get("metrics_endpoint") else "",
            f"gRPC health {st['health_endpoint']}" if st.get("health_endpoint") else ""]

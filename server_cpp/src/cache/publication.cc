@@ -2,6 +2,7 @@
 #include "cache/publication.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -185,6 +186,27 @@ size_t Publication::ExpireVersionLeases() {
   const std::vector<uint64_t> ended = leases_.Expired(clock_->Now());
   for (uint64_t id : ended) EndLease(id, "it expired unrenewed");
   return ended.size();
+}
+
+std::vector<JobReaders> Publication::Readers(bool all, uid_t uid) {
+  std::map<std::string, JobReaders> by_job;
+  {
+    MutexLock lock(&mu_);
+    for (const VersionLease& l : leases_.All()) {
+      JobReaders& r = by_job[l.job];
+      r.oldest_leased = r.leases++ == 0 ? l.version : std::min(r.oldest_leased, l.version);
+    }
+  }
+  std::vector<JobReaders> out;
+  for (auto& [job, r] : by_job) {
+    uid_t owner = 0;
+    if (!all && (!host_->OwnerOf(job, &owner) || owner != uid)) continue;
+    r.job = job;
+    TagInfo newest;
+    if (tags_->Newest(job, 0, &newest)) r.newest = newest.version;
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 void Publication::SessionClosed(const std::string& session) {

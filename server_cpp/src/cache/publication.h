@@ -102,6 +102,7 @@ class Publication : public VersionStore, public NodeGrants {
   Status GrantRead(const std::string& session, const std::string& job, ReadGrants::Ids* ids,
                    bool revoke) override EXCLUDES(mu_);
   size_t ExpireVersionLeases() override EXCLUDES(mu_);
+  std::vector<JobReaders> Readers(bool all, uid_t uid) override EXCLUDES(mu_);
 
   // ---- NodeGrants (cache/node_grants.h) ----
   Status PeerGetVersion(const std::string& job, uint64_t after, uint64_t epoch, std::chrono::milliseconds wait,

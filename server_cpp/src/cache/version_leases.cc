@@ -68,6 +68,12 @@ std::vector<uint64_t> VersionLeases::OfJob(const std::string& job) const {
   return out;
 }
 
+std::vector<VersionLease> VersionLeases::All() const {
+  std::vector<VersionLease> out;
+  for (const auto& [id, l] : leases_) out.push_back(l);
+  return out;
+}
+
 size_t VersionLeases::CountOfSession(const std::string& session) const { return CountOf(by_session_, session); }
 
 size_t VersionLeases::CountOfUid(uid_t uid) const { return CountOf(by_uid_, uid); }

@@ -44,6 +44,8 @@ class VersionLeases {
   // The session's leases; the job's.
   std::vector<uint64_t> OfSession(const std::string& session) const;
   std::vector<uint64_t> OfJob(const std::string& job) const;
+  // Every lease, in the order they were taken.
+  std::vector<VersionLease> All() const;
   // How many leases the session holds; the uid's sessions together.
   size_t CountOfSession(const std::string& session) const;
   size_t CountOfUid(uid_t uid) const;

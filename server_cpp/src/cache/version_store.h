@@ -6,6 +6,8 @@
 // The Cache is one. Thread-safe.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -25,6 +27,15 @@ struct VersionGrant {
   std::chrono::milliseconds lease{0};  // as granted
   std::vector<FileInfo> files;         // one per file of the tag, in its order
   std::vector<uint64_t> unmap_buffer_ids;
+};
+
+// How far the readers of one job's versions are behind (VersionStore::Readers).
+struct JobReaders {
+  std::string job;
+  uint64_t newest = 0;         // the newest version here (0: none left)
+  uint64_t oldest_leased = 0;  // the lowest version a reader holds a lease on
+  uint64_t leases = 0;
+  uint64_t lag() const { return newest > oldest_leased ? newest - oldest_leased : 0; }
 };
 
 class VersionStore {
@@ -62,6 +73,9 @@ class VersionStore {
   // files can be evicted again, and their buffers are never reused (the
   // reader may still map them). Returns how many ended.
   virtual size_t ExpireVersionLeases() = 0;
+  // Each job whose versions readers hold leases on, with how far they are
+  // behind its newest: every job for an administrator (`all`), else `uid`'s.
+  virtual std::vector<JobReaders> Readers(bool all, uid_t uid) = 0;
 };
 
 }  // namespace tce

@@ -321,6 +321,11 @@ std::string RenderMetrics(const v1::StatusResponse& st, const CacheStats& stats,
           {{"state", "following"}});
   m.Gauge("tce_followed_jobs", "jobs this node follows, by state", static_cast<double>(retrying),
           {{"state", "retrying"}});
+  for (const v1::VersionReaders& r : st.version_readers())
+    m.Gauge("tce_version_reader_lag",
+            "versions between a job's newest version and the oldest one a reader holds a lease on (0: all on the newest)",
+            static_cast<double>(r.newest_version() > r.oldest_leased() ? r.newest_version() - r.oldest_leased() : 0),
+            {{"job", r.job()}});
   RenderOperations(st, &m);
   for (const FileStateRow& row : kFileStates)
     m.Gauge("tce_files", "files the server knows, by state",

@@ -91,6 +91,13 @@ void CacheService::FillStatus(v1::StatusResponse* resp, bool loads_admin, uid_t 
       out->set_elapsed_s(op.elapsed_s);
     }
   }
+  for (const JobReaders& r : versions_ ? versions_->Readers(loads_admin, loads_uid) : std::vector<JobReaders>{}) {
+    v1::VersionReaders* out = resp->add_version_readers();
+    out->set_job(r.job);
+    out->set_newest_version(r.newest);
+    out->set_oldest_leased(r.oldest_leased);
+    out->set_leases(r.leases);
+  }
   resp->set_socket(socket_path_);
   resp->set_buffers_created(s.buffers_created);
   resp->set_buffers_reused(s.buffers_reused);
