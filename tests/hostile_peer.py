@@ -179,15 +179,7 @@ class LyingPeer:
                 conn.close()
 
     def _link(self, conn: socket.socket) -> None:
-        hello = recv_msg(conn, pb.PeerHello)
-        nonce = os.urandom(32)
-        conn.sendall(frame(pb.PeerHello(nonce=nonce, endpoint=self.endpoint, version=PROTOCOL)))
-        recv_msg(conn, pb.PeerAuth)  # the connector's proof: a liar does not care
-        if PROTOCOL == 1:  # the servers' first protocol, to show what it let through
-            mac = hmac.new(self.token.encode(), b"S" + hello.nonce, hashlib.sha256).digest()
-        else:
-            mac = proof(self.token, b"A", hello.nonce, nonce, hello.endpoint, self.endpoint)
-        conn.sendall(frame(pb.PeerAuth(mac=mac)))
+        self._handshake(conn)
         while True:
             req = recv_msg(conn, pb.PeerRequest)
             kind = req.WhichOneof("body")
@@ -197,17 +189,57 @@ class LyingPeer:
                     tags=self.tags)))
             elif kind == "fetch":
                 self.fetches += 1
-                conn.sendall(frame(pb.PeerReply(code=0)))
-                conn.sendall(frame(pb.PeerBackup(job=self.job, tag="t", path=self.sent,
-                                                 size=len(self.data), version=1)))
-                conn.sendall(self.data)
+                self._send_file(conn, self.sent)
             else:
                 conn.sendall(frame(pb.PeerReply(code=0)))
+
+    def _send_file(self, conn: socket.socket, path: str) -> None:
+        conn.sendall(frame(pb.PeerReply(code=0)))
+        conn.sendall(frame(pb.PeerBackup(job=self.job, tag="t", path=path, size=len(self.data), version=1)))
+        conn.sendall(self.data)
+
+    def _handshake(self, conn: socket.socket) -> None:
+        hello = recv_msg(conn, pb.PeerHello)
+        nonce = os.urandom(32)
+        conn.sendall(frame(pb.PeerHello(nonce=nonce, endpoint=self.endpoint, version=PROTOCOL)))
+        recv_msg(conn, pb.PeerAuth)  # the connector's proof: a liar does not care
+        if PROTOCOL == 1:  # the servers' first protocol, to show what it let through
+            mac = hmac.new(self.token.encode(), b"S" + hello.nonce, hashlib.sha256).digest()
+        else:
+            mac = proof(self.token, b"A", hello.nonce, nonce, hello.endpoint, self.endpoint)
+        conn.sendall(frame(pb.PeerAuth(mac=mac)))
 
     def close(self) -> None:
         self._stop = True
         self.listener.close()
         self._thread.join(timeout=5)
+
+
+class HoldingPeer(LyingPeer):
+    """Lists `paths` as the recovering server's files and sends each asked
+    for, but holds its answer for `held` until `release` is set: the
+    server's restore stays under way between two files."""
+
+    def __init__(self, token: str, job: str, paths: list[str], held: str, data: bytes):
+        self.paths, self.held, self.release = paths, held, threading.Event()
+        super().__init__(token, job, paths[0], paths[0], data)
+
+    def _link(self, conn: socket.socket) -> None:
+        self._handshake(conn)
+        conn.settimeout(None)  # the held answer waits for the test
+        while True:
+            req = recv_msg(conn, pb.PeerRequest)
+            kind = req.WhichOneof("body")
+            if kind == "list":
+                conn.sendall(frame(pb.PeerListReply(files=[
+                    pb.PeerBackup(job=self.job, path=p, size=len(self.data)) for p in self.paths])))
+            elif kind == "fetch":
+                self.fetches += 1
+                if req.fetch.path == self.held:
+                    self.release.wait(120)
+                self._send_file(conn, req.fetch.path)
+            else:
+                conn.sendall(frame(pb.PeerReply(code=0)))
 
 
 class SilentPeer:

@@ -21,7 +21,9 @@ from tce.tools._moto import credentials_env
 from tce.tools._ports import free_port
 from tce.tools._server import LocalServer
 from helpers import until
+from hostile_peer import HoldingPeer
 from s3_helpers import FaultProxy
+from test_ring import TOKEN, _ring_server, _status as _ring_status, _stop
 
 OFF = "persist   off (no storage_roots): files live in memory only"
 
@@ -194,3 +196,32 @@ def test_readers_behind_the_newest_version_are_shown_with_their_lag(tmp_path):
         reader.close()
         human, st = _status(server.socket)
         assert st["version_readers"] == [] and "readers   " not in human, human
+
+
+def test_a_running_ring_restore_is_shown_with_its_progress_until_it_ends(tmp_path):
+    """A fresh node of a ring recovers its files from its successor, a peer
+    (test code) that lists two and holds its answer for the second: status
+    shows the restore from that peer at 1/2 files until it answers, then
+    nothing."""
+    roots = tmp_path / "roots"
+    roots.mkdir()
+    paths = [str(roots / "a.pt"), str(roots / "b.pt")]
+    peer = HoldingPeer(TOKEN, "ring-job", paths, held=paths[1], data=b"x" * 4096)
+    server = _ring_server(tmp_path, "tcp", "a", storage=roots,
+                          extra=["--ring-streams", "1", "--peer-timeout-ms", "300000"])
+    try:
+        endpoint = _ring_status(server)["peer_endpoint"]
+        with _knobs.override(socket=server.socket):  # a fresh node 0: it recovers from node 1
+            _service.client().set_ring("ring-job", 0, [endpoint, peer.endpoint])
+            api.close()
+        until(lambda: [int(o.get("files_done", 0)) for o in _ring_status(server).get("operations", [])] == [1],
+              what="the restore at its second file")
+        [op] = _ring_status(server)["operations"]
+        assert (op["kind"], op["job"], op["from"], int(op["files_total"]), int(op["bytes_total"])) == \
+            ("ring restore", "ring-job", peer.endpoint, 2, 8192), op
+        peer.release.set()
+        until(lambda: not _ring_status(server).get("operations"), what="the restore to end")
+    finally:
+        peer.release.set()
+        peer.close()
+        _stop(server)
