@@ -2,9 +2,9 @@
 //
 // Five kinds of job, each its own type: a file's current version to send
 // to the job's ring successor (named by its key; the worker asks the Cache
-// for the version when it gets to it, RingStore::StartBackup, and gets a
+// for the version when it gets to it, RingBackups::StartBackup, and gets a
 // BackupJob), a complete tag to send there too (TagCopy, likewise named:
-// RingStore::StartTagBackup), a copy a peer must let go of (DropCopy), the
+// RingBackups::StartTagBackup), a copy a peer must let go of (DropCopy), the
 // storage identity of a copy's file once persisted (PersistedCopy), and a job
 // whose files and tags this node pulls back from the ring (RecoverJob). The Cache calls these with
 // its lock held: an implementation takes only its own lock and never calls

@@ -79,7 +79,9 @@ Cache::Cache(CacheOptions options)
       replica_side_(MakeReplicaSide()),
       replicas_(std::make_unique<Replicas>(&tags_, replica_side_.get())),
       persist_side_(MakePersistSide()),
-      persistence_(std::make_unique<Persistence>(options.persist_feed, storage_.get(), persist_side_.get())) {
+      persistence_(std::make_unique<Persistence>(options.persist_feed, storage_.get(), persist_side_.get())),
+      backup_side_(MakeBackupSide()),
+      backups_(std::make_unique<Backups>(options.backup_feed, backup_side_.get(), options.clock)) {
   const SessionLimits& limits = options.limits;
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
@@ -135,18 +137,19 @@ CacheStats Cache::TallyLocked() const {
   s.buffers_created = counts_.buffers_created;
   s.buffers_reused = counts_.buffers_reused;
   s.persist_queue = persistence_->Backlog();
-  const std::vector<FileKey> waiting = backups_ ? backups_->Waiting() : std::vector<FileKey>();
-  s.backup_queue = waiting.size() + backups_in_flight_;
+  const BackupFigures backups = backups_->Figures();
+  const std::vector<FileKey> waiting = backups_->Waiting();
+  s.backup_queue = waiting.size() + backups.in_flight;
   for (const FileKey& key : waiting) {
     auto it = files_.find(key);
     if (it != files_.end()) s.backup_lag_bytes += it->second.size;
   }
-  s.backed_up_files = counts_.backed_up_files;
-  s.backup_failures = counts_.backup_failures;
-  s.backup_failing = backup_failing_;
+  s.backed_up_files = backups.backed_up_files;
+  s.backup_failures = backups.failures;
+  s.backup_failing = backups.failing;
   s.recovered_files = counts_.recovered_files;
   s.ring_checksum_mismatches = counts_.recovery_mismatches;
-  s.backup_error = backup_error_;
+  s.backup_error = backups.error;
   const PersistFigures persisted = persistence_->Figures();
   s.persisted_files = persisted.files;
   s.persisted_bytes = persisted.bytes;

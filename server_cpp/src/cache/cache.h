@@ -9,7 +9,8 @@
 // Each kind of caller sees it through its own interface: clients (rpc/)
 // through ClientStore, whose header states the security contract,
 // persistence through PersistSource (served by its Persistence component,
-// cache/persistence.h), the ring through RingStore.
+// cache/persistence.h), the ring through RingStore and, for its backups,
+// RingBackups (served by its Backups component, cache/backups.h).
 //
 // All public methods are thread-safe: they take the one mutex, `mu_` (they
 // are EXCLUDES(mu_); the private helpers that run under it are REQUIRES(mu_),
@@ -37,6 +38,7 @@
 #include <vector>
 
 #include "cache/backup_feed.h"
+#include "cache/backups.h"
 #include "cache/buffer.h"
 #include "cache/buffer_pool.h"
 #include "cache/memory_backing.h"
@@ -79,10 +81,10 @@ class Cache : public PoolBudget,
               public RecoveryStore {
  public:
   // Its settings and storage roots: cache/cache_options.h. The collaborators
-  // made after it, because they take the Cache (the ring's feed, the
-  // metadata sink, the buffer pool, the retention's tag listener, the peer
-  // endpoint once bound), are set before serving. The persistence feed is
-  // made before it (CacheOptions::persist_feed).
+  // made after it, because they take the Cache (the retention's tag
+  // listener, the peer endpoint once bound), are set before serving. The
+  // persistence and backup feeds are made before it
+  // (CacheOptions::persist_feed, backup_feed).
   explicit Cache(CacheOptions options);
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
@@ -133,13 +135,6 @@ class Cache : public PoolBudget,
   Status CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
                       const std::string& what, bool claim) override EXCLUDES(mu_);
   bool MayBeInRing(const std::string& job, const std::string& path) override EXCLUDES(mu_);
-  void SetBackupFeed(BackupFeed* feed) override EXCLUDES(mu_);
-  bool StartBackup(const FileKey& key, BackupJob* out) override EXCLUDES(mu_);
-  void FinishBackup(const BackupJob& job, const Status& result) override EXCLUDES(mu_);
-  bool StartTagBackup(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) override EXCLUDES(mu_);
-  void ResendBackups(const std::string& job, const std::string& peer) override EXCLUDES(mu_);
-  void NoteBackupError(const std::string& message) override EXCLUDES(mu_);
-  void NoteRingAttempt(const Status& result, const std::string& what) override EXCLUDES(mu_);
   Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) override EXCLUDES(mu_);
   Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
   void AbandonRecovery(std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
@@ -191,6 +186,9 @@ class Cache : public PoolBudget,
   // Writing committed files to storage (cache/persistence.h): the
   // persister's and the storage retention's PersistSource.
   Persistence* persistence() { return persistence_.get(); }
+  // Backing files up around the ring (cache/backups.h): the replicator's
+  // and the peer port's RingBackups.
+  Backups* backups() { return backups_.get(); }
   // Storage read on behalf of clients and the ring (cache/storage_access.h):
   // the RPC layer's StoredFiles, the ring's StorageLoads.
   StorageAccess* storage_access() { return storage_access_.get(); }
@@ -260,6 +258,12 @@ class Cache : public PoolBudget,
   std::unique_ptr<StorageAccessHost> MakeStorageSide();
   std::unique_ptr<ReplicaHost> MakeReplicaSide();
   std::unique_ptr<PersistHost> MakePersistSide();
+  std::unique_ptr<BackupHost> MakeBackupSide();
+  // BackupHost's steps (cache_ring.cc), each under mu_.
+  bool PinForBackup(const FileKey& key, BackupJob* out) EXCLUDES(mu_);
+  void RecordBackup(const BackupJob& job, const Status& result) EXCLUDES(mu_);
+  bool TagToSend(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) EXCLUDES(mu_);
+  size_t ForgetHolder(const std::string& job, const std::string& peer) EXCLUDES(mu_);
   // PersistHost's steps (cache_persistence.cc), each under mu_.
   bool PinCurrent(const FileKey& key, bool retry, PersistJob* out) EXCLUDES(mu_);
   bool IsCurrentVersion(const PersistJob& job) EXCLUDES(mu_);
@@ -445,15 +449,7 @@ class Cache : public PoolBudget,
   RingTable rings_ GUARDED_BY(mu_);
   const std::shared_ptr<RestoreTracker> restores_;  // its own lock, taken inside mu_ (or alone)
   bool accepting_ GUARDED_BY(mu_) = true;
-  BackupFeed* backups_ GUARDED_BY(mu_) = nullptr;
-  uint64_t backup_failing_ GUARDED_BY(mu_) = 0;  // in a row; 0 after any success
-  uint64_t backups_in_flight_ GUARDED_BY(mu_) = 0;
-  std::string backup_error_ GUARDED_BY(mu_);
   std::string self_endpoint_ GUARDED_BY(mu_);
-  static constexpr uint64_t kBackupsFailingLoudly = 3;
-  // Tells the holder of `f`'s copy what storage holds now that `f` is
-  // persisted (nothing unless both are so).
-  void TellHolderPersisted(const FileInfo& f) REQUIRES(mu_);
   // Marks the file FAILED with `why`, and schedules another attempt if `why` may clear.
   void FailPersist(FileInfo& f, const Status& why) REQUIRES(mu_);
   // Makes a FAILED file (with memory) CACHED/BACKED_UP again.
@@ -485,6 +481,9 @@ class Cache : public PoolBudget,
   class PersistSide;  // the same for Persistence (cache_persistence.cc)
   const std::unique_ptr<PersistHost> persist_side_;
   const std::unique_ptr<Persistence> persistence_;
+  class BackupSide;  // the same for Backups (cache_ring.cc)
+  const std::unique_ptr<BackupHost> backup_side_;
+  const std::unique_ptr<Backups> backups_;
   // Last: destroyed first, while the budget it gives its bytes back to is whole.
   std::unique_ptr<BufferPool> pool_;
 };

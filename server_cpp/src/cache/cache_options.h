@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/backup_feed.h"
 #include "cache/memory_backing.h"
 #include "cache/meta_sink.h"
 #include "cache/persist_feed.h"
@@ -33,6 +34,10 @@ struct CacheOptions {
   // made before the Cache and taken by the persister; null: nowhere, they
   // stay in memory). It outlives the Cache.
   PersistFeed* persist_feed = nullptr;
+  // Where the ring's work is queued (ring/backup_queue.h, made before the
+  // Cache and taken by the replicator; null: nowhere, no file is backed
+  // up). It outlives the Cache.
+  BackupFeed* backup_feed = nullptr;
   Env* env = Env::Default();
   Clock* clock = Clock::Real();  // what every timeout and time stamp is read from
   // How long an allocation that finds the cache full of not-yet-persisted

@@ -208,7 +208,7 @@ void Cache::RecordPersisted(const PersistJob& job, const Status& result, std::ve
     it->second.state = FileState::kPersisted;
     it->second.persisted_unix_ns = clock_->UnixNowNs();
     it->second.records = std::move(records);
-    TellHolderPersisted(it->second);
+    backups_->TellPersisted(it->second);
     persistence_->CountWritten(job.path, job.size);
     Note(it->second, false);
     EnforceKeepLast(job.job);

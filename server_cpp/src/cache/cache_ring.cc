@@ -1,30 +1,26 @@
 // Cache: the files' side of the ring. The job's ring (RingTable) decides
-// what goes to the BackupFeed (ring/backup_queue.h); backup workers pin the
-// current version (StartBackup); peers are checked against the ring and the
-// job's uid. Files pulled back from the ring: cache_recovery.cc.
+// what goes to the BackupFeed (ring/backup_queue.h, through the Backups
+// component); BackupSide's steps pin the current version for a backup
+// worker and record how it went, each under the Cache's lock; peers are
+// checked against the ring and the job's uid. Files pulled back from the
+// ring: cache_recovery.cc.
 #include "cache/cache.h"
 
 #include "common/clock.h"
-#include "common/log_limiter.h"
 #include "common/logging.h"
 
 namespace tce {
 
-void Cache::SetBackupFeed(BackupFeed* feed) {
-  MutexLock lock(&mu_);
-  backups_ = feed;
-}
-
 void Cache::QueueBackup(const FileKey& key) {
-  if (!rings_.Successor(key.first).empty() && backups_) backups_->Send(key);
+  if (!rings_.Successor(key.first).empty()) backups_->Send(key);
 }
 
 void Cache::QueueTags(const std::string& job) {
-  if (rings_.Successor(job).empty() || !backups_) return;
+  if (rings_.Successor(job).empty() || !backups_->feeding()) return;
   for (const TagInfo& t : tags_.List(job)) backups_->SendTag(TagCopy{job, t.tag});
 }
 
-bool Cache::StartTagBackup(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) {
+bool Cache::TagToSend(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) {
   MutexLock lock(&mu_);
   const Ring* ring = rings_.Find(copy.job);
   if (!ring || ring->successor.empty() || !tags_.Find(copy.job, copy.tag, tag)) return false;
@@ -33,10 +29,7 @@ bool Cache::StartTagBackup(const TagCopy& copy, TagInfo* tag, std::string* peer,
   return true;
 }
 
-void Cache::QueueDrop(const FileInfo& f) {
-  if (f.backup_holder.empty() || !backups_) return;
-  backups_->Drop(DropCopy{f.job, f.path, f.backup_holder, f.version});
-}
+void Cache::QueueDrop(const FileInfo& f) { backups_->Drop(f); }
 
 Status Cache::SetRing(const std::string& session, const std::string& job, int32_t node_rank,
                       std::vector<std::string> endpoints, std::string* successor) {
@@ -82,7 +75,7 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
   bool empty = true;  // nothing of this job in memory: a fresh or restarted node
   for (const auto& [key, f] : files_) empty = empty && !(key.first == job && f.buffer_id != 0);
   for (const auto& [id, a] : pending_) empty = empty && a.file.job != job;
-  if (empty && !ring.successor.empty() && backups_) {
+  if (empty && !ring.successor.empty() && backups_->feeding()) {
     restores_->Begin(job, ring.successor, node_rank);  // loads of the job wait for it
     backups_->Recover(RecoverJob{job, node_rank, ring.successor, ring.Predecessor()});
   }
@@ -103,7 +96,7 @@ std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::v
   return successor;
 }
 
-bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
+bool Cache::PinForBackup(const FileKey& key, BackupJob* out) {
   MutexLock lock(&mu_);
   auto it = files_.find(key);
   const Ring* ring = rings_.Find(key.first);
@@ -117,7 +110,6 @@ bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
   int fd = -1;
   if (!buf.mem->NewFd(/*writable=*/false, &fd).ok()) return false;
   ++buf.pins;
-  ++backups_in_flight_;
   *out = BackupJob();
   out->job = f.job;
   out->tag = f.tag;
@@ -138,9 +130,8 @@ bool Cache::StartBackup(const FileKey& key, BackupJob* out) {
   return true;
 }
 
-void Cache::FinishBackup(const BackupJob& job, const Status& result) {
+void Cache::RecordBackup(const BackupJob& job, const Status& result) {
   MutexLock lock(&mu_);
-  --backups_in_flight_;
   auto b = buffers_.find(job.buffer_id);
   if (b != buffers_.end()) {
     --b->second.pins;
@@ -150,22 +141,14 @@ void Cache::FinishBackup(const BackupJob& job, const Status& result) {
   const bool current = it != files_.end() && it->second.version == job.version &&
                        it->second.buffer_id != 0;
   if (!result.ok()) {
-    ++counts_.backup_failures;
-    backup_error_ = job.peer + ": " + result.ToString();
-    if (current && backups_) backups_->Send({job.job, job.path});  // again, after the worker's backoff
+    if (current) backups_->Send({job.job, job.path});  // again, after the worker's backoff
     return;
   }
-  ++counts_.backed_up_files;
   if (!current) return;  // superseded or evicted meanwhile; the next version goes too
   it->second.backup_holder = job.peer;
   if (it->second.state == FileState::kCached) it->second.state = FileState::kBackedUp;
-  if (!job.disk.written) TellHolderPersisted(it->second);  // persisted while the copy was on its way
+  if (!job.disk.written) backups_->TellPersisted(it->second);  // persisted while the copy was on its way
   Note(it->second, false);
-}
-
-void Cache::TellHolderPersisted(const FileInfo& f) {
-  if (!backups_ || f.backup_holder.empty() || !f.disk.written || f.disk.from_peer) return;
-  backups_->Persisted(PersistedCopy{f.job, f.path, f.backup_holder, f.version, f.disk});
 }
 
 Status Cache::CheckRingSender(const std::string& job, int32_t node, const std::string& peer) {
@@ -235,7 +218,7 @@ bool Cache::MayBeInRing(const std::string& job, const std::string& path) {
                                  it->second.state != FileState::kDiscarded);
 }
 
-void Cache::ResendBackups(const std::string& job, const std::string& peer) {
+size_t Cache::ForgetHolder(const std::string& job, const std::string& peer) {
   MutexLock lock(&mu_);
   size_t n = 0;
   for (auto& [key, f] : files_) {
@@ -246,8 +229,7 @@ void Cache::ResendBackups(const std::string& job, const std::string& peer) {
     ++n;
   }
   if (rings_.Successor(job) == peer) QueueTags(job);
-  TCE_LOG(kInfo, "ring") << peer << " lost its copies of job=" << job << ": re-sending " << n
-                         << " file(s)";
+  return n;
 }
 
 size_t Cache::InMemoryCount(const std::string& job) {
@@ -280,30 +262,6 @@ void Cache::EndPeerRead(uint64_t buffer_id) {
   MaybeFree(b->second);
 }
 
-void Cache::NoteBackupError(const std::string& message) {
-  MutexLock lock(&mu_);
-  ++counts_.backup_failures;
-  backup_error_ = message;
-}
-
-void Cache::NoteRingAttempt(const Status& result, const std::string& what) {
-  MutexLock lock(&mu_);
-  if (result.ok()) {
-    backup_failing_ = 0;
-    return;
-  }
-  ++backup_failing_;
-  // Each attempt is a warning of its own; a run of them means the node's
-  // files have no copy on the next node, which an operator must hear of.
-  static LogLimiter loud(1, std::chrono::minutes(1));
-  uint64_t suppressed = 0;
-  if (backup_failing_ >= kBackupsFailingLoudly && loud.Allow(&suppressed))
-    TCE_LOG(kError, "ring") << "ring backups have failed " << backup_failing_
-                            << " times in a row: files cached here have no copy on the next node "
-                               "(a lost node loses them); last: "
-                            << what << ": " << result.ToString() << Suppressed(suppressed);
-}
-
 Status Cache::CheckRangeRead(const std::string& session, const std::string& job) {
   MutexLock lock(&mu_);
   Status s = CheckAccess(session, job, "read ranges of job '" + job + "'");
@@ -313,5 +271,23 @@ Status Cache::CheckRangeRead(const std::string& session, const std::string& job)
                                     "join its ring before reading ranges of its files");
   return Status::OK();
 }
+
+class Cache::BackupSide : public BackupHost {
+ public:
+  explicit BackupSide(Cache* cache) : c_(cache) {}
+  bool PinForBackup(const FileKey& key, BackupJob* out) override { return c_->PinForBackup(key, out); }
+  void RecordBackup(const BackupJob& job, const Status& result) override { c_->RecordBackup(job, result); }
+  bool TagToSend(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) override {
+    return c_->TagToSend(copy, tag, peer, node);
+  }
+  size_t ForgetHolder(const std::string& job, const std::string& peer) override {
+    return c_->ForgetHolder(job, peer);
+  }
+
+ private:
+  Cache* const c_;
+};
+
+std::unique_ptr<BackupHost> Cache::MakeBackupSide() { return std::make_unique<BackupSide>(this); }
 
 }  // namespace tce

@@ -1,12 +1,12 @@
 // RingStore: the Cache as the ring (ring/) sees it: the backup workers
-// (ring/replicator.h) take the files and tags to send and report how it
-// went; the peer port (ring/peer_server.h) and ranged reads
+// (ring/replicator.h) learn the job's ring (what they send and report is
+// RingBackups', ring_backups.h); the peer port (ring/peer_server.h) and ranged reads
 // (ring/range_reader.h) check who may hand over or read a job's files, and
 // read this node's own files in memory; a load that misses
 // (ring/ring_fetch.h) asks whether the ring may hold the file; tag markers
 // wait for every node's files (ring/tag_barrier.h). What the ring brings
 // back is RecoveryStore's (recovery_store.h), and the versions other nodes
-// follow are PeerVersions' (peer_versions.h); RingStores puts the three
+// follow are PeerVersions' (peer_versions.h); RingStores puts them
 // together.
 //
 // Trust: peers are other servers of the cluster, authenticated by the
@@ -29,13 +29,13 @@
 #include <string>
 #include <vector>
 
-#include "cache/backup_feed.h"
 #include "cache/buffer.h"
 #include "cache/cache_types.h"
 #include "cache/load_split.h"
 #include "cache/node_grants.h"
 #include "cache/peer_versions.h"
 #include "cache/recovery_store.h"
+#include "cache/ring_backups.h"
 #include "cache/restore_tracker.h"
 #include "cache/storage_loads.h"
 #include "common/status.h"
@@ -71,31 +71,6 @@ class RingStore {
   // unknown here, or lost from memory, but not evicted by us (the ring's
   // copy goes when the original is evicted).
   virtual bool MayBeInRing(const std::string& job, const std::string& path) = 0;
-
-  // ---- backups ----
-  // Where the ring's work is queued (ring/backup_queue.h; null: nowhere, no
-  // file is backed up). Set before serving.
-  virtual void SetBackupFeed(BackupFeed* feed) = 0;
-  // For backup workers: the current version of `key` to send to the job's
-  // successor, pinned (until FinishBackup), in `out`; false when there is
-  // nothing to send (no successor, not in memory, already held there).
-  virtual bool StartBackup(const FileKey& key, BackupJob* out) = 0;
-  // Records the outcome. A failed backup is queued again (the worker backs
-  // off); the file itself is unaffected.
-  virtual void FinishBackup(const BackupJob& job, const Status& result) = 0;
-  // For backup workers: the complete tag `copy` names, the job's successor
-  // to send it to and this node's rank in the ring; false when there is
-  // nothing to send (no successor, no such tag).
-  virtual bool StartTagBackup(const TagCopy& copy, TagInfo* tag, std::string* peer, int32_t* node) = 0;
-  // `peer` lost the copies it held for us: send the job's files again.
-  virtual void ResendBackups(const std::string& job, const std::string& peer) = 0;
-  // Counts a ring failure that belongs to no queued job (shown in Stats).
-  virtual void NoteBackupError(const std::string& message) = 0;
-  // The outcome of one attempt of the backup workers (a backup, a tag, a
-  // drop or a restore) with the next node: a run of failures (the Cache's
-  // kBackupsFailingLoudly or more) is logged as an error (at most once a
-  // minute); any success ends the run (Stats' backup_failing).
-  virtual void NoteRingAttempt(const Status& result, const std::string& what) = 0;
 
   // ---- tag markers on object storage across nodes ----
   // A tag's marker (DCP's `.metadata`, DeepSpeed's `latest`) under an object
@@ -134,6 +109,7 @@ class RingStore {
 // is each of them (RingStores::Of(&cache)).
 struct RingStores {
   RingStore* ring = nullptr;
+  RingBackups* backups = nullptr;      // backups to the successor (the Cache's backups)
   RecoveryStore* recovery = nullptr;
   PeerVersions* versions = nullptr;    // published versions across nodes (the Cache's replicas)
   NodeGrants* grants = nullptr;        // which nodes may follow a job (the Cache's publication)
@@ -141,7 +117,7 @@ struct RingStores {
   RestoreTracker* restores = nullptr;  // the replicator ends the restores it began
   template <class T>
   static RingStores Of(T* all) {
-    return {all, all, all->replicas(), all->publication(), all->storage_access(), all->restores()};
+    return {all, all->backups(), all, all->replicas(), all->publication(), all->storage_access(), all->restores()};
   }
 };
 

@@ -164,6 +164,10 @@ int Daemon::MakeCache() {
   popt_.storage = storage_;
   persist_queue_ = Persister::MakeQueue(popt_);
   co.persist_feed = persist_queue_.get();
+  // Likewise the ring's queue (with a ring): the cache feeds it, the
+  // replicator (made after the cache, which it asks) takes from it.
+  if (ring_) backup_queue_ = std::make_unique<BackupQueue>();
+  co.backup_feed = backup_queue_.get();
   std::string metadata_why;
   if (!(s = MakeSessionLimits(opt_, budget_ + backup_budget, limits_, &co.limits, &metadata_why)).ok())
     return Fail(s.message(), 2);
@@ -253,7 +257,7 @@ int Daemon::StartRing() {
   ro.breaker = &peer_links_;
   ro.prefetch = opt_.restore_prefetch;
   ro.cooperative = opt_.cooperative_restore;
-  replicator_ = std::make_unique<Replicator>(RingStores::Of(cache_.get()), transport_.get(), ro);
+  replicator_ = std::make_unique<Replicator>(RingStores::Of(cache_.get()), backup_queue_.get(), transport_.get(), ro);
   replicator_->Start();
   cache_->SetSelfEndpoint(peers_->endpoint());
   Replicator* r = replicator_.get();

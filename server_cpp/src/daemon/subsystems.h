@@ -113,6 +113,9 @@ class Daemon {
   std::unique_ptr<BackupStore> backups_;
   // Made before the cache, which feeds it; the persister takes from it.
   std::unique_ptr<PersistQueue> persist_queue_;
+  // Made before the cache, which feeds it (with a ring); the replicator
+  // takes from it.
+  std::unique_ptr<BackupQueue> backup_queue_;
   std::unique_ptr<Cache> cache_;
 
   // Persistence and metadata.

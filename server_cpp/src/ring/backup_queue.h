@@ -14,7 +14,7 @@ namespace tce {
 
 class BackupQueue : public BackupFeed {
  public:
-  // A FileKey is a file to send (RingStore::StartBackup says what, if anything).
+  // A FileKey is a file to send (RingBackups::StartBackup says what, if anything).
   using Job = std::variant<FileKey, DropCopy, RecoverJob, TagCopy, PersistedCopy>;
 
   void Send(const FileKey& key) override;

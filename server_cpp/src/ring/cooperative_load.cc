@@ -37,7 +37,7 @@ Status Replicator::FetchForLoad(const std::string& job, const std::string& path,
       if (!gone.ok()) return gone;  // unreachable, or silent: the next one
     } else if (s.code() != Status::Code::kNotFound) {
       TCE_LOG(kWarning, "ring") << "remote read of " << path << " from " << peer << ": " << s.ToString();
-      cache_->NoteBackupError("remote read of " + path + ": " + s.ToString());
+      backups_->NoteBackupError("remote read of " + path + ": " + s.ToString());
       last = s;
     }
   }
@@ -121,7 +121,7 @@ Status Replicator::LoadByPlan(const std::string& job, const std::string& path, b
     if (s.code() == Status::Code::kDataLoss) {  // corrupt on the way: storage has the bytes
       TCE_LOG(kWarning, "ring") << "the copy of " << path << " from " << owner << ": " << s.ToString()
                                 << "; reading it from storage here";
-      cache_->NoteBackupError("restore of " + path + " from " + owner + ": " + s.ToString());
+      backups_->NoteBackupError("restore of " + path + " from " + owner + ": " + s.ToString());
       break;
     }
     return s;  // storage has no such file, or the owner could not read it: the load sees why
@@ -180,7 +180,7 @@ Status Replicator::PullFrom(const std::string& node, const std::string& job, con
     return Pull(link, job, node, path, stage ? PullMode::kStage : PullMode::kLoad, reader, down);
   }, deadline);
   if (s.code() == Status::Code::kDataLoss)
-    cache_->NoteBackupError("restore of " + path + " from " + node + ": " + s.ToString());
+    backups_->NoteBackupError("restore of " + path + " from " + node + ": " + s.ToString());
   return s;
 }
 

@@ -29,6 +29,7 @@ PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupSt
       transport_(transport),
       store_(store),
       cache_(stores.ring),
+      backups_(stores.backups),
       recovery_(stores.recovery),
       loads_(stores.loads),
       versions_(stores.versions),
@@ -267,7 +268,7 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
       s = ServeDurable(link, req.durable());
       continue;
     } else if (req.has_resync()) {
-      if (cache_) cache_->ResendBackups(req.resync().job(), link->peer());
+      if (backups_) backups_->ResendBackups(req.resync().job(), link->peer());
     } else {
       result = Status::InvalidArgument("unknown peer request");
     }

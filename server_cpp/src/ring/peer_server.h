@@ -127,6 +127,7 @@ class PeerServer {
   Transport* const transport_;
   BackupStore* const store_;
   RingStore* const cache_;
+  RingBackups* const backups_;  // told when a peer lost our copies
   RecoveryStore* const recovery_;
   StorageLoads* const loads_;  // the cooperative restore's reads of storage
   PeerVersions* const versions_;

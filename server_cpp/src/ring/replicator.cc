@@ -34,11 +34,13 @@ TagBarrierOptions BarrierOptions(const ReplicatorOptions& o) {
 }
 }  // namespace
 
-Replicator::Replicator(RingStores stores, Transport* transport, ReplicatorOptions options)
+Replicator::Replicator(RingStores stores, BackupQueue* queue, Transport* transport, ReplicatorOptions options)
     : cache_(stores.ring),
+      backups_(stores.backups),
       recovery_(stores.recovery),
       loads_(stores.loads),
       restores_(stores.restores),
+      queue_(queue),
       transport_(transport),
       options_(std::move(options)),
       progress_(options_.clock),
@@ -46,14 +48,9 @@ Replicator::Replicator(RingStores stores, Transport* transport, ReplicatorOption
       plans_([loads = stores.loads](const std::string& job, const std::string& dir,
                                     std::vector<ListedObject>* out) { return loads->ListStorageDir(job, dir, out); },
              options_.clock),
-      prefetch_log_(10, std::chrono::seconds(10), options_.clock) {
-  cache_->SetBackupFeed(&queue_);
-}
+      prefetch_log_(10, std::chrono::seconds(10), options_.clock) {}
 
-Replicator::~Replicator() {
-  Stop();
-  cache_->SetBackupFeed(nullptr);
-}
+Replicator::~Replicator() { Stop(); }
 
 void Replicator::Start() {
   for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Loop(); });
@@ -68,7 +65,7 @@ void Replicator::Stop() {
     stop_ = true;
   }
   cv_.SignalAll();
-  queue_.Stop();
+  queue_->Stop();
   prefetches_.Stop();
   barrier_.Stop();
   for (auto& t : threads_) t.join();
@@ -87,16 +84,16 @@ void Replicator::Loop() {
   std::map<std::string, std::unique_ptr<PeerLink>> links;  // this thread's, by peer
   auto backoff = options_.backoff;
   BackupQueue::Job next;
-  while (queue_.Next(&next)) {
+  while (queue_->Next(&next)) {
     Status s;
     std::string what, peer, predecessor;  // for the log, and the links to re-make
     if (const FileKey* key = std::get_if<FileKey>(&next)) {
       BackupJob job;
-      if (!cache_->StartBackup(*key, &job)) continue;
+      if (!backups_->StartBackup(*key, &job)) continue;
       const Stopwatch took(options_.clock);
       s = Backup(job, &links);
       if (job.fd >= 0) ::close(job.fd);
-      cache_->FinishBackup(job, s);  // a failure is queued again
+      backups_->FinishBackup(job, s);  // a failure is queued again
       if (s.ok()) {
         const double secs = took.Seconds();
         if (options_.metrics) options_.metrics->Succeeded(job.size, secs);
@@ -109,13 +106,13 @@ void Replicator::Loop() {
     } else if (const TagCopy* copy = std::get_if<TagCopy>(&next)) {
       TagInfo tag;
       int32_t node = 0;
-      if (!cache_->StartTagBackup(*copy, &tag, &peer, &node)) continue;
+      if (!backups_->StartTagBackup(*copy, &tag, &peer, &node)) continue;
       s = SendTag(tag, node, peer, &links);
       if (s.ok()) {
         TCE_LOG(kInfo, "ring") << "backed up tag job=" << tag.job << " tag=" << tag.tag << " to " << peer;
       } else {  // again, after the backoff (to whoever is the successor then)
-        cache_->NoteBackupError("tag " + tag.tag + " to " + peer + ": " + s.ToString());
-        queue_.SendTag(*copy);
+        backups_->NoteBackupError("tag " + tag.tag + " to " + peer + ": " + s.ToString());
+        queue_->SendTag(*copy);
       }
       what = "backup of tag " + copy->tag;
     } else if (const PersistedCopy* persisted = std::get_if<PersistedCopy>(&next)) {
@@ -125,14 +122,14 @@ void Replicator::Loop() {
       if (!s.ok() && persisted->failures + 1 < kPersistedNoticeAttempts) {
         PersistedCopy again = *persisted;
         ++again.failures;
-        queue_.Persisted(std::move(again));
+        queue_->Persisted(std::move(again));
       }
       what = "persisted identity of " + persisted->path;
       peer = persisted->peer;
     } else if (const DropCopy* drop = std::get_if<DropCopy>(&next)) {
       s = Drop(*drop, &links);
       // A drop that failed leaves a stale copy; the holder replaces it with the next version.
-      if (!s.ok()) cache_->NoteBackupError(s.ToString());
+      if (!s.ok()) backups_->NoteBackupError(s.ToString());
       what = "drop of " + drop->path;
       peer = drop->peer;
     } else {
@@ -148,7 +145,7 @@ void Replicator::Loop() {
       }
       s = Recover(recover, &links);
       if (!s.ok()) {  // again, after the backoff
-        cache_->NoteBackupError("recovery from " + recover.peer + ": " + s.ToString());
+        backups_->NoteBackupError("recovery from " + recover.peer + ": " + s.ToString());
         RecoverJob again = recover;
         if (++again.failures == kRecoverFailuresBeforeLoadsGoOn) {
           // The successor may be gone for good: loads stop waiting for a
@@ -158,13 +155,13 @@ void Replicator::Loop() {
                                     << "): loads no longer wait for it; it is retried in the background";
           restores_->End(recover.job, recover.peer);
         }
-        queue_.Recover(again);
+        queue_->Recover(again);
       }
       what = "recovery of " + recover.job;
       peer = recover.peer;
       predecessor = recover.predecessor;
     }
-    cache_->NoteRingAttempt(s, what + " with " + peer);
+    backups_->NoteRingAttempt(s, what + " with " + peer);
     if (s.ok()) {
       backoff = options_.backoff;
       continue;

@@ -66,7 +66,9 @@ struct ReplicatorOptions {
 
 class Replicator {
  public:
-  Replicator(RingStores stores, Transport* transport, ReplicatorOptions options);
+  // `queue`: the ring's work, which the Cache feeds (CacheOptions::
+  // backup_feed); made before the Cache, it outlives the Replicator.
+  Replicator(RingStores stores, BackupQueue* queue, Transport* transport, ReplicatorOptions options);
   ~Replicator();
   void Start();
   void Stop();
@@ -183,10 +185,11 @@ class Replicator {
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   RingStore* const cache_;
+  RingBackups* const backups_;  // what the workers send and how it went
   RecoveryStore* const recovery_;
   StorageLoads* const loads_;  // the cooperative restore's reads of storage
   RestoreTracker* const restores_;  // ends what a recovery began
-  BackupQueue queue_;  // fed by the cache (RingStore::SetBackupFeed)
+  BackupQueue* const queue_;  // fed by the cache (CacheOptions::backup_feed)
   Transport* const transport_;
   const ReplicatorOptions options_;
   ProgressBoard progress_;  // before what holds its entries (prefetches_), which go first

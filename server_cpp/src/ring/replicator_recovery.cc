@@ -74,7 +74,7 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
     } else {  // this file: storage serves it
       TCE_LOG(kWarning, "ring") << "not recovered job=" << job.job << " path=" << f.path() << ": "
                                 << p.ToString();
-      cache_->NoteBackupError("recovery of " + f.path() + ": " + p.ToString());
+      backups_->NoteBackupError("recovery of " + f.path() + ": " + p.ToString());
     }
     shown.AddDone(1, p.ok() ? f.size() : 0, p.ok() ? 0 : 1);
   }
