@@ -160,11 +160,11 @@ soak: build
 # torch's and DeepSpeed's install, and says how long each phase took.
 demo:
 	@t0=$$(date +%s); phase() { echo "[make demo, $$(( $$(date +%s) - t0 )) s] $$*"; }; \
-	phase "Debian packages the server builds with"; \
+	phase "Debian packages the server builds with" && \
 	$(MAKE) -s $(STAMPS)/apt-demo && \
-	phase "torch and DeepSpeed, and tce-server built beside them"; \
+	phase "torch and DeepSpeed, and tce-server built beside them" && \
 	$(MAKE) -s -j2 $(STAMPS)/python-demo build-server && \
-	phase "tce demo"; \
+	phase "tce demo" && \
 	$(PYTHON) -m tce.cli demo && \
 	phase "done"
 
