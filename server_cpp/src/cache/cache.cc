@@ -153,12 +153,7 @@ CacheStats Cache::TallyLocked() const {
   const PersistFigures persisted = persistence_->Figures();
   s.persisted_files = persisted.files;
   s.persisted_bytes = persisted.bytes;
-  for (const auto& [key, f] : files_) {
-    s.failed_files += f.state == FileState::kFailed;
-    const int n = static_cast<int>(f.state);
-    if (n > 0 && n < kFileStateSlots) ++s.files_by_state[n];
-  }
-  TallyRoots(&s);
+  TallyFiles(persisted, &s);
   s.evicted_files = counts_.evicted_files;
   s.discarded_files = counts_.discarded_files;
   s.stale_drops = counts_.stale_drops;
@@ -171,7 +166,7 @@ CacheStats Cache::TallyLocked() const {
   return s;
 }
 
-void Cache::TallyRoots(CacheStats* s) const {
+void Cache::TallyFiles(const PersistFigures& persisted, CacheStats* s) const {
   std::map<std::string, size_t> at;  // root -> its index in s->roots
   for (const std::string& dir : storage_->dirs()) {
     at[dir] = s->roots.size();
@@ -182,12 +177,15 @@ void Cache::TallyRoots(CacheStats* s) const {
     s->roots.push_back({r.dir, r.url});
     s->roots.back().retries = r.store->retries();
   }
-  if (s->roots.empty()) return;
   auto of = [&](const std::string& path) -> CacheStats::RootStats* {
+    if (at.empty()) return nullptr;  // memory only
     auto it = at.find(storage_->RootName(path));
     return it == at.end() ? nullptr : &s->roots[it->second];
   };
   for (const auto& [key, f] : files_) {
+    s->failed_files += f.state == FileState::kFailed;
+    const int n = static_cast<int>(f.state);
+    if (n > 0 && n < kFileStateSlots) ++s->files_by_state[n];
     CacheStats::RootStats* r = of(key.second);
     if (!r) continue;
     if (f.state == FileState::kFailed) ++r->failed_files;
@@ -198,7 +196,7 @@ void Cache::TallyRoots(CacheStats* s) const {
   }
   for (const FileKey& key : waiting_markers_)
     if (CacheStats::RootStats* r = of(key.second)) ++r->held_markers;
-  for (const auto& [root, written] : persistence_->Figures().by_root) {
+  for (const auto& [root, written] : persisted.by_root) {
     auto it = at.find(root);
     if (it == at.end()) continue;
     s->roots[it->second].written_files = written.first;

@@ -330,8 +330,9 @@ class Cache : public PoolBudget,
   void OweUnmaps(const std::set<std::string>& sessions, uint64_t buffer_id) REQUIRES(mu_);
   std::string FullMessage(uint64_t need) const REQUIRES(mu_);
   CacheStats TallyLocked() const REQUIRES(mu_);
-  // Persistence by root (CacheStats::roots).
-  void TallyRoots(CacheStats* s) const REQUIRES(mu_);
+  // The files by state and persistence by root (CacheStats::roots), in
+  // one pass over the file table; `persisted`: persistence_'s figures.
+  void TallyFiles(const PersistFigures& persisted, CacheStats* s) const REQUIRES(mu_);
   void StartAllocation(const AllocateRequest& req, const DiskIdentity& disk, Buf& buf,
                        AllocateResult* out) REQUIRES(mu_);
   // A new buffer of `capacity` bytes (already counted in reserved_): from
