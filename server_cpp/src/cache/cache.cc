@@ -59,6 +59,7 @@ void Cache::Restore(std::vector<FileInfo> files) {
 Cache::Cache(CacheOptions options)
     : budget_(options.budget_bytes),
       meta_(options.meta),
+      tag_feed_(options.tag_feed),
       full_timeout_(options.full_timeout),
       keep_last_(options.keep_last),
       env_(options.env),
@@ -89,7 +90,7 @@ Cache::Cache(CacheOptions options)
   owners_.set_max_jobs_per_uid(limits.metadata.max_jobs_per_uid);
   quota_.SetLimits(limits.metadata);
   lock.Unlock();
-  if (options.prealloc > 0) pool_ = std::make_unique<BufferPool>(options.prealloc, backing_, this);
+  if (options.prealloc > 0) pool_ = std::make_unique<BufferPool>(options.prealloc, backing_, &budget_side_);
 }
 
 void Cache::RecordFate(uint64_t id, Fate fate) {

@@ -17,8 +17,8 @@
 // checked by clang, see common/thread_annotations.h). Creating a memfd (slow:
 // fallocate zero-fills it) and filesystem checks happen outside the lock.
 // New buffers come from the pre-faulted pool when there is one
-// (buffer_pool.h); the pool's bytes count against the budget (the Cache is
-// its PoolBudget) but never stop an allocation: a new buffer takes the
+// (buffer_pool.h); the pool's bytes count against the budget (the Cache's
+// BudgetSide is its PoolBudget) but never stop an allocation: a new buffer takes the
 // pool's memory first, and the pool sheds what no longer fits.
 #pragma once
 
@@ -73,9 +73,7 @@
 
 namespace tce {
 
-class Cache : public PoolBudget,
-              public MemoryBudget,
-              public ClientStore,
+class Cache : public ClientStore,
               public SessionStore,
               public RingStore,
               public RecoveryStore {
@@ -149,15 +147,6 @@ class Cache : public PoolBudget,
   Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
   void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
 
-  // PoolBudget: pooled bytes fit in the budget beside every buffer; the
-  // filler waits for saves in flight (PersistSource's rule too).
-  bool ReservePool(uint64_t bytes) override EXCLUDES(mu_);
-  void ReturnPool(uint64_t bytes) override EXCLUDES(mu_);
-  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override EXCLUDES(mu_);
-  // MemoryBudget: borrowed bytes count as held, like a buffer's; a save
-  // cannot reclaim them (they come back when the borrower frees them).
-  bool Borrow(uint64_t bytes) override EXCLUDES(mu_);
-  void GiveBack(uint64_t bytes) override EXCLUDES(mu_);
 
   // ---- for the daemon (and tests) ----
   // ClientStore::List unchecked: every file. For the daemon itself and tests.
@@ -176,13 +165,14 @@ class Cache : public PoolBudget,
   void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
   bool persistence_enabled() const { return !storage_->empty(); }
   // ---- for the daemon (and tests), continued ----
-  // Called (under the cache's lock: it must only queue work) with the job of
-  // every tag recorded complete. Set before serving.
-  void SetTagListener(std::function<void(const std::string& job)> listener) { tag_listener_ = std::move(listener); }
-
   // The pool new buffers come from first (CacheOptions::prealloc; null:
   // none), for the daemon to start and stop its filler.
   BufferPool* pool() { return pool_.get(); }
+  // The budget as a borrower of memory sees it (cache/memory_budget.h; the
+  // RPC layer's ranged-read buffers): borrowed bytes count as held, like a
+  // buffer's; a save cannot reclaim them (they come back when the borrower
+  // frees them).
+  MemoryBudget* memory_budget() { return &budget_side_; }
   // Writing committed files to storage (cache/persistence.h): the
   // persister's and the storage retention's PersistSource.
   Persistence* persistence() { return persistence_.get(); }
@@ -254,6 +244,28 @@ class Cache : public PoolBudget,
   Status PinVersion(const std::string& session, const TagInfo& tag, size_t session_leases, size_t uid_leases,
                     VersionGrant* out, std::vector<uint64_t>* file_leases, uid_t* uid, uint64_t* charged)
       EXCLUDES(mu_);
+  // The budget's side of the pool and of borrowers (BudgetSide; the steps
+  // are in cache_memory.cc): pooled bytes fit in the budget beside every buffer;
+  // the pool's filler waits for saves in flight (PersistSource's rule too).
+  bool ReservePool(uint64_t bytes) EXCLUDES(mu_);
+  void ReturnPool(uint64_t bytes) EXCLUDES(mu_);
+  std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) EXCLUDES(mu_);
+  bool Borrow(uint64_t bytes) EXCLUDES(mu_);
+  void GiveBack(uint64_t bytes) EXCLUDES(mu_);
+  class BudgetSide : public PoolBudget, public MemoryBudget {
+   public:
+    explicit BudgetSide(Cache* cache) : c_(cache) {}
+    bool ReservePool(uint64_t bytes) override { return c_->ReservePool(bytes); }
+    void ReturnPool(uint64_t bytes) override { c_->ReturnPool(bytes); }
+    std::chrono::milliseconds WaitForNoSaves(std::chrono::milliseconds max) override {
+      return c_->WaitForNoSaves(max);
+    }
+    bool Borrow(uint64_t bytes) override { return c_->Borrow(bytes); }
+    void GiveBack(uint64_t bytes) override { c_->GiveBack(bytes); }
+
+   private:
+    Cache* const c_;
+  };
   std::unique_ptr<PublicationHost> MakePublicationSide();
   std::unique_ptr<StorageAccessHost> MakeStorageSide();
   std::unique_ptr<ReplicaHost> MakeReplicaSide();
@@ -400,6 +412,7 @@ class Cache : public PoolBudget,
 
   const uint64_t budget_;
   MetaSink* const meta_;  // every state change is recorded there (null: nowhere)
+  TagFeed* const tag_feed_;  // null: nobody is told of complete tags
   const std::chrono::milliseconds full_timeout_;
   const size_t keep_last_;
   Env* const env_;
@@ -407,7 +420,6 @@ class Cache : public PoolBudget,
   const std::shared_ptr<const StorageRoots> storage_;  // never null (empty: memory only)
   std::set<FileKey> waiting_markers_ GUARDED_BY(mu_);
   std::map<FileKey, uint64_t> peers_durable_ GUARDED_BY(mu_);  // marker -> the version the ring confirmed
-  std::function<void(const std::string&)> tag_listener_;  // set before serving
   Mutex mu_;
   CondVar done_cv_;     // a file was persisted or failed
   CondVar quiet_cv_;    // no allocation pending or starting any more
@@ -486,6 +498,9 @@ class Cache : public PoolBudget,
   const std::unique_ptr<BackupHost> backup_side_;
   const std::unique_ptr<Backups> backups_;
   // Last: destroyed first, while the budget it gives its bytes back to is whole.
+  // The pool's PoolBudget and the borrowers' MemoryBudget; made before the
+  // pool, which it outlives.
+  BudgetSide budget_side_{this};
   std::unique_ptr<BufferPool> pool_;
 };
 

@@ -16,6 +16,7 @@
 #include "cache/persist_feed.h"
 #include "cache/restore_tracker.h"
 #include "cache/session_limits.h"
+#include "cache/tag_feed.h"
 #include "common/clock.h"
 #include "env/env.h"
 #include "storage/storage_roots.h"
@@ -38,6 +39,9 @@ struct CacheOptions {
   // Cache and taken by the replicator; null: nowhere, no file is backed
   // up). It outlives the Cache.
   BackupFeed* backup_feed = nullptr;
+  // Told the job of every tag recorded complete (persist/storage_retention.h's
+  // queue, made before the Cache; null: nobody). It outlives the Cache.
+  TagFeed* tag_feed = nullptr;
   Env* env = Env::Default();
   Clock* clock = Clock::Real();  // what every timeout and time stamp is read from
   // How long an allocation that finds the cache full of not-yet-persisted

@@ -70,7 +70,7 @@ Status Cache::CommitTag(const std::string& session, TagInfo tag, TagInfo* out) {
   if (meta_) meta_->RecordTag(*out);
   if (!waiting_markers_.empty()) ReleaseMarkers(out->job);  // a marker may have waited for this record
   if (!rings_.Successor(out->job).empty()) backups_->SendTag(TagCopy{out->job, out->tag});
-  if (tag_listener_) tag_listener_(out->job);
+  if (tag_feed_) tag_feed_->TagComplete(out->job);
   return Status::OK();
 }
 

@@ -168,14 +168,17 @@ int Daemon::MakeCache() {
   // replicator (made after the cache, which it asks) takes from it.
   if (ring_) backup_queue_ = std::make_unique<BackupQueue>();
   co.backup_feed = backup_queue_.get();
+  // And the retention's queue of jobs with a new complete tag.
+  retention_queue_ = std::make_unique<RetentionQueue>(opt_.storage_keep_last > 0);
+  co.tag_feed = retention_queue_.get();
   std::string metadata_why;
   if (!(s = MakeSessionLimits(opt_, budget_ + backup_budget, limits_, &co.limits, &metadata_why)).ok())
     return Fail(s.message(), 2);
   TCE_LOG(kInfo, "daemon") << "metadata_budget=" << HumanBytes(co.limits.metadata.budget) << " (" << metadata_why
                            << ")";
   cache_ = std::make_unique<Cache>(std::move(co));
-  retention_ = std::make_unique<StorageRetention>(cache_->persistence(), storage_, opt_.storage_keep_last);
-  cache_->SetTagListener([r = retention_.get()](const std::string& job) { r->Note(job); });
+  retention_ = std::make_unique<StorageRetention>(cache_->persistence(), retention_queue_.get(), storage_,
+                                                  opt_.storage_keep_last);
   TCE_LOG(kInfo, "daemon") << backing_why_;
   if (cache_->pool())
     TCE_LOG(kInfo, "daemon") << "prealloc=" << opt_.prealloc << ": " << HumanBytes(prealloc) << " ("

@@ -48,7 +48,7 @@ void Daemon::MakeService() {
   }
   // ReadRange into the session's buffer (the fd socket hands it out), its
   // bytes within the cache's budget.
-  range_buffers_ = std::make_unique<RangeBuffers>(cache_.get(), static_cast<size_t>(opt_.max_range_buffers_per_uid));
+  range_buffers_ = std::make_unique<RangeBuffers>(cache_->memory_budget(), static_cast<size_t>(opt_.max_range_buffers_per_uid));
   service_->SetRangeBuffers(range_buffers_.get());
   service_->SetMaxWaits(static_cast<size_t>(opt_.max_waits), static_cast<size_t>(opt_.max_waits_per_uid));
   service_->SetMaxPeerCalls(static_cast<size_t>(opt_.max_peer_calls),

@@ -116,6 +116,9 @@ class Daemon {
   // Made before the cache, which feeds it (with a ring); the replicator
   // takes from it.
   std::unique_ptr<BackupQueue> backup_queue_;
+  // Made before the cache, which tells it each complete tag; the storage
+  // retention takes from it.
+  std::unique_ptr<RetentionQueue> retention_queue_;
   std::unique_ptr<Cache> cache_;
 
   // Persistence and metadata.

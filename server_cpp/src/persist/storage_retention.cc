@@ -5,8 +5,33 @@
 #include "common/logging.h"
 
 namespace tce {
-StorageRetention::StorageRetention(PersistSource* cache, std::shared_ptr<const StorageRoots> roots, size_t keep_last)
-    : cache_(cache), roots_(std::move(roots)), keep_last_(keep_last) {}
+void RetentionQueue::TagComplete(const std::string& job) {
+  if (!enabled_) return;
+  MutexLock l(&mu_);
+  if (std::find(jobs_.begin(), jobs_.end(), job) == jobs_.end() && jobs_.size() < kMax) jobs_.push_back(job);
+  cv_.Signal();
+}
+
+bool RetentionQueue::Take(std::string* job) {
+  MutexLock l(&mu_);
+  while (jobs_.empty() && !stop_) cv_.Wait(&mu_);
+  if (stop_) return false;
+  *job = std::move(jobs_.front());
+  jobs_.pop_front();
+  return true;
+}
+
+void RetentionQueue::Stop() {
+  {
+    MutexLock l(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+}
+
+StorageRetention::StorageRetention(PersistSource* cache, RetentionQueue* queue,
+                                   std::shared_ptr<const StorageRoots> roots, size_t keep_last)
+    : cache_(cache), queue_(queue), roots_(std::move(roots)), keep_last_(keep_last) {}
 
 StorageRetention::~StorageRetention() { Stop(); }
 
@@ -16,32 +41,13 @@ void StorageRetention::Start() {
 }
 
 void StorageRetention::Stop() {
-  {
-    MutexLock l(&mu_);
-    stop_ = true;
-  }
-  cv_.SignalAll();
+  queue_->Stop();
   if (thread_.joinable()) thread_.join();
 }
 
-void StorageRetention::Note(const std::string& job) {
-  if (keep_last_ == 0) return;
-  MutexLock l(&mu_);
-  if (std::find(jobs_.begin(), jobs_.end(), job) == jobs_.end() && jobs_.size() < 4096) jobs_.push_back(job);
-  cv_.Signal();
-}
-
 void StorageRetention::Loop() {
-  MutexLock l(&mu_);
-  for (;;) {
-    while (jobs_.empty() && !stop_) cv_.Wait(&mu_);
-    if (stop_) return;
-    std::string job = jobs_.front();
-    jobs_.pop_front();
-    l.Unlock();
-    Apply(job);
-    l.Lock();
-  }
+  std::string job;
+  while (queue_->Take(&job)) Apply(job);
 }
 
 std::vector<std::string> StorageRetention::DeleteOrder(const TagInfo& tag) {

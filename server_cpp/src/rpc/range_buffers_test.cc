@@ -18,7 +18,7 @@ constexpr uint64_t kSize = RangeBuffers::kSize;
 
 TEST(RangeBuffers, EachSessionGetsItsOwnBufferAndReadsWhatWasPlacedThere) {
   Cache cache(2 * kSize);
-  RangeBuffers rb(&cache, RangeBuffers::kMax);
+  RangeBuffers rb(cache.memory_budget(), RangeBuffers::kMax);
   const uid_t me = getuid();
   int fd = -1;
   uint64_t capacity = 0;
@@ -60,7 +60,7 @@ TEST(RangeBuffers, EachSessionGetsItsOwnBufferAndReadsWhatWasPlacedThere) {
 
 TEST(RangeBuffers, AtMostkMaxExistAtOnce) {
   Cache cache((RangeBuffers::kMax + 1) * kSize);
-  RangeBuffers rb(&cache, RangeBuffers::kMax);
+  RangeBuffers rb(cache.memory_budget(), RangeBuffers::kMax);
   uint64_t capacity = 0;
   for (size_t i = 0; i < RangeBuffers::kMax; ++i) {
     int fd = -1;
@@ -79,7 +79,7 @@ TEST(RangeBuffers, AtMostkMaxExistAtOnce) {
 
 TEST(RangeBuffers, AUidAtItsCapIsRefusedWhileAnotherUidGetsOne) {
   Cache cache(RangeBuffers::kMax * kSize);
-  RangeBuffers rb(&cache, 2);
+  RangeBuffers rb(cache.memory_budget(), 2);
   uint64_t capacity = 0;
   int fd = -1;
   for (const char* session : {"a1", "a2"}) {
@@ -102,7 +102,7 @@ TEST(RangeBuffers, AUidAtItsCapIsRefusedWhileAnotherUidGetsOne) {
 
 TEST(RangeBuffers, BuffersBorrowTheirBytesFromTheCachesBudgetUntilFreed) {
   Cache cache(kSize + kSize / 2);
-  RangeBuffers rb(&cache, RangeBuffers::kMax);
+  RangeBuffers rb(cache.memory_budget(), RangeBuffers::kMax);
   const uid_t me = getuid();
   uint64_t capacity = 0;
   int kept = -1;
