@@ -35,7 +35,7 @@ void Cache::Note(const FileInfo& f, bool removed) {
   if (meta_) meta_->Record(f, removed);
 }
 
-void Cache::Restore(std::vector<FileInfo> files) {
+void Cache::Restore(std::vector<FileInfo> files, std::vector<TagInfo> tags) {
   MutexLock lock(&mu_);
   for (FileInfo& f : files) {
     if (f.state == FileState::kPersisted || f.state == FileState::kEvicted) {
@@ -54,6 +54,7 @@ void Cache::Restore(std::vector<FileInfo> files) {
     files_[{f.job, f.path}] = std::move(f);
   }
   TCE_LOG(kInfo, "cache") << "re-indexed " << files_.size() << " file(s) from metadata";
+  RestoreTags(std::move(tags));  // after the files, which tell the jobs' owners
 }
 
 Cache::Cache(CacheOptions options)

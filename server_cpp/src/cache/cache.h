@@ -153,16 +153,14 @@ class Cache : public ClientStore,
   std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
   // ClientStore::ListTags unchecked. For the daemon itself and tests.
   std::vector<TagInfo> ListTags(const std::string& job) EXCLUDES(mu_);
-  // Tags recorded before a restart (from metadata); the oldest beyond
-  // max_tags_per_job are forgotten. After Restore (the files tell the jobs'
-  // owners; what is forgotten is recorded).
-  void RestoreTags(std::vector<TagInfo> tags) EXCLUDES(mu_);
   // Reports every file, tag and ring to the sink again (the metadata
   // database was lost and a fresh one must hold the full state).
   void RecordAll() EXCLUDES(mu_);
-  // Re-indexes files recorded before a restart: those on storage become
-  // EVICTED (loads read storage); the rest are FAILED as lost.
-  void Restore(std::vector<FileInfo> files) EXCLUDES(mu_);
+  // Re-indexes files and tags recorded before a restart (from metadata):
+  // files on storage become EVICTED (loads read storage); the rest are
+  // FAILED as lost. Of the tags, the oldest beyond max_tags_per_job are
+  // forgotten (and that is recorded).
+  void Restore(std::vector<FileInfo> files, std::vector<TagInfo> tags = {}) EXCLUDES(mu_);
   bool persistence_enabled() const { return !storage_->empty(); }
   // ---- for the daemon (and tests), continued ----
   // The pool new buffers come from first (CacheOptions::prealloc; null:
@@ -407,6 +405,8 @@ class Cache : public ClientStore,
   DiskIdentity Written(const DiskIdentity& before, const FileStat& st);
   // Frees the file's memory and ring copy, with `state` and `why` recorded.
   void LetGo(FileInfo& f, FileState state, const std::string& why) REQUIRES(mu_);
+  // Restore's tags, after its files.
+  void RestoreTags(std::vector<TagInfo> tags) REQUIRES(mu_);
   void Discard(FileInfo& f, const std::string& why) REQUIRES(mu_);
   void DropStale(FileInfo& f, const std::string& why) REQUIRES(mu_);
 

@@ -153,7 +153,6 @@ Status Cache::ListTags(const std::string& session, const std::string& job, std::
 }
 
 void Cache::RestoreTags(std::vector<TagInfo> tags) {
-  MutexLock lock(&mu_);
   const size_t n = tags_.Restore(std::move(tags));
   std::set<std::string> jobs;
   for (const TagInfo& t : tags_.All()) {

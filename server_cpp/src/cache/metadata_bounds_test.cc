@@ -301,7 +301,7 @@ TEST_F(MetadataBoundsTest, ARestartKeepsTheNewestMaxTagsPerJob) {
     t.version = i;
     recorded.push_back(t);
   }
-  cache_.RestoreTags(recorded);
+  cache_.Restore({}, recorded);
   EXPECT_EQ(TagNames("job"), (std::vector<std::string>{"s4", "s5", "s6", "s7"}));
   EXPECT_GT(cache_.Stats().metadata_bytes, 0u);
 }

@@ -221,8 +221,7 @@ void Daemon::RestoreFromMetadata() {
   if (!meta_) return;
   Cache* cache = cache_.get();
   meta_->SetResync([cache] { cache->RecordAll(); });
-  cache_->Restore(std::move(recorded_files_));
-  cache_->RestoreTags(std::move(recorded_tags_));
+  cache_->Restore(std::move(recorded_files_), std::move(recorded_tags_));
   meta_->Start();
 }
 
