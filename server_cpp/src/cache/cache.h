@@ -161,7 +161,6 @@ class Cache : public ClientStore,
   // FAILED as lost. Of the tags, the oldest beyond max_tags_per_job are
   // forgotten (and that is recorded).
   void Restore(std::vector<FileInfo> files, std::vector<TagInfo> tags = {}) EXCLUDES(mu_);
-  bool persistence_enabled() const { return !storage_->empty(); }
   // ---- for the daemon (and tests), continued ----
   // The pool new buffers come from first (CacheOptions::prealloc; null:
   // none), for the daemon to start and stop its filler.
@@ -405,6 +404,8 @@ class Cache : public ClientStore,
   DiskIdentity Written(const DiskIdentity& before, const FileStat& st);
   // Frees the file's memory and ring copy, with `state` and `why` recorded.
   void LetGo(FileInfo& f, FileState state, const std::string& why) REQUIRES(mu_);
+  // Whether files are persisted (some storage root), or stay in memory.
+  bool persistence_enabled() const { return !storage_->empty(); }
   // Restore's tags, after its files.
   void RestoreTags(std::vector<TagInfo> tags) REQUIRES(mu_);
   void Discard(FileInfo& f, const std::string& why) REQUIRES(mu_);

@@ -228,7 +228,7 @@ void Daemon::RestoreFromMetadata() {
 // Made even without storage roots: Shutdown stops it either way.
 void Daemon::StartPersister() {
   persister_ = std::make_unique<Persister>(cache_->persistence(), persist_queue_.get(), Env::Default(), popt_);
-  if (cache_->persistence_enabled()) persister_->Start();
+  if (!storage_->empty()) persister_->Start();
   storage_->objects().AbandonUnfinishedInBackground();  // a crashed run's uploads
   retention_->Start();
 }
