@@ -70,6 +70,8 @@ Cache::Cache(CacheOptions options)
       prober_(std::make_unique<Prober>(options.storage_check_timeout, options.clock)),
       backing_(options.backing),
       sessions_(options.clock),
+      rings_side_(MakeRingsSide()),
+      rings_(options.meta, rings_side_.get()),
       restores_(options.restores ? std::move(options.restores)
                                  : std::make_shared<RestoreTracker>(options.clock, options.restore_wait)),
       publication_side_(MakePublicationSide()),
@@ -531,8 +533,7 @@ void Cache::RecordAll() {
   if (!meta_) return;
   for (const auto& [key, f] : files_) meta_->Record(f, false);
   for (const TagInfo& t : tags_.All()) meta_->RecordTag(t);
-  if (!self_endpoint_.empty())
-    for (const RingInfo& r : rings_.All(self_endpoint_)) meta_->RecordRing(r);
+  for (const RingInfo& r : rings_.Recorded()) meta_->RecordRing(r);
   TCE_LOG(kInfo, "cache") << "recorded " << files_.size() << " file(s) and " << tags_.size()
                           << " tag(s) again for a fresh metadata database";
 }

@@ -10,7 +10,9 @@
 // through ClientStore, whose header states the security contract,
 // persistence through PersistSource (served by its Persistence component,
 // cache/persistence.h), the ring through RingStore and, for its backups,
-// RingBackups (served by its Backups component, cache/backups.h).
+// RingBackups (served by its Backups component, cache/backups.h). A job's
+// ring membership is its Rings component's (cache/rings.h): clients set a
+// ring through ClientRings, the ring asks RingMembers.
 //
 // All public methods are thread-safe: they take the one mutex, `mu_` (they
 // are EXCLUDES(mu_); the private helpers that run under it are REQUIRES(mu_),
@@ -58,6 +60,7 @@
 #include "cache/restore_tracker.h"
 #include "cache/ring_store.h"
 #include "cache/ring_table.h"
+#include "cache/rings.h"
 #include "cache/session_limits.h"
 #include "cache/session_table.h"
 #include "common/log_limiter.h"
@@ -121,18 +124,8 @@ class Cache : public ClientStore,
               std::vector<FileInfo>* out, const CallerGone& gone = {}) override EXCLUDES(mu_);
   Status RetryFailed(const std::string& session, const std::string& job,
                      const std::vector<std::string>& paths, std::vector<FileInfo>* out) override EXCLUDES(mu_);
-  Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
-                 std::vector<std::string> endpoints, std::string* successor) override EXCLUDES(mu_);
-  Status CheckRangeRead(const std::string& session, const std::string& job) override EXCLUDES(mu_);
 
   // ---- RingStore (cache/ring_store.h) ----
-  std::vector<std::string> RingPeers(const std::string& job) override EXCLUDES(mu_);
-  std::vector<std::string> RingNodes(const std::string& job) override EXCLUDES(mu_);
-  Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) override EXCLUDES(mu_);
-  bool JobUid(const std::string& job, uid_t* uid) override EXCLUDES(mu_);
-  Status CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
-                      const std::string& what, bool claim) override EXCLUDES(mu_);
-  bool MayBeInRing(const std::string& job, const std::string& path) override EXCLUDES(mu_);
   Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) override EXCLUDES(mu_);
   Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
   void AbandonRecovery(std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
@@ -189,12 +182,10 @@ class Cache : public ClientStore,
   // The jobs being pulled back from the ring (CacheOptions::restores, or
   // the Cache's own): loads wait for them, the replicator ends them.
   RestoreTracker* restores() { return restores_.get(); }
+  // The jobs' rings (cache/rings.h): the RPC layer's ClientRings, the
+  // ring's RingMembers; the daemon sets the self endpoint and restores.
+  Rings* rings() { return &rings_; }
 
-  // This server's peer endpoint: rings it is told are recorded for it.
-  void SetSelfEndpoint(const std::string& endpoint) EXCLUDES(mu_);
-  // Rings recorded in metadata before a restart: joined again, and (the
-  // memory being empty) this node's files recovered from the ring.
-  void RestoreRings(std::vector<RingInfo> rings) EXCLUDES(mu_);
   // The server stops: loads and listings waiting for a restore, and
   // readers waiting for a version, get UNAVAILABLE now (so the RPC server's
   // shutdown does not wait for them).
@@ -268,6 +259,7 @@ class Cache : public ClientStore,
   std::unique_ptr<ReplicaHost> MakeReplicaSide();
   std::unique_ptr<PersistHost> MakePersistSide();
   std::unique_ptr<BackupHost> MakeBackupSide();
+  std::unique_ptr<RingsHost> MakeRingsSide();
   // BackupHost's steps (cache_ring.cc), each under mu_.
   bool PinForBackup(const FileKey& key, BackupJob* out) EXCLUDES(mu_);
   void RecordBackup(const BackupJob& job, const Status& result) EXCLUDES(mu_);
@@ -460,10 +452,11 @@ class Cache : public ClientStore,
   std::map<uint64_t, std::set<std::string>> lent_readers_ GUARDED_BY(mu_);
   LogLimiter refused_log_{5, std::chrono::seconds(10)};  // refusals by JobOwners (thread-safe)
   TagRegistry tags_;  // its own lock, taken inside mu_ (or alone)
-  RingTable rings_ GUARDED_BY(mu_);
+  class RingsSide;  // Rings' host, as BackupSide below (cache_rings.cc)
+  const std::unique_ptr<RingsHost> rings_side_;
+  Rings rings_;  // its own lock, taken inside mu_ (or alone)
   const std::shared_ptr<RestoreTracker> restores_;  // its own lock, taken inside mu_ (or alone)
   bool accepting_ GUARDED_BY(mu_) = true;
-  std::string self_endpoint_ GUARDED_BY(mu_);
   // Marks the file FAILED with `why`, and schedules another attempt if `why` may clear.
   void FailPersist(FileInfo& f, const Status& why) REQUIRES(mu_);
   // Makes a FAILED file (with memory) CACHED/BACKED_UP again.
@@ -477,9 +470,8 @@ class Cache : public ClientStore,
   void QueueBackup(const FileKey& key) REQUIRES(mu_);
   // Every complete tag of `job` recorded here, to the job's successor.
   void QueueTags(const std::string& job) REQUIRES(mu_);
-  // Sets the job's ring; returns the successor ("" for one node).
-  std::string InstallRing(const std::string& job, int32_t node_rank,
-                          std::vector<std::string> endpoints) REQUIRES(mu_);
+  // RingsHost::JoinRing (cache_rings.cc); returns the successor ("" for one node).
+  std::string JoinRing(const JoinedRing& ring) EXCLUDES(mu_);
   void QueueDrop(const FileInfo& f) REQUIRES(mu_);
   // The publication asks the Cache through PublicationSide
   // (cache_versions.cc), which holds no state of its own.

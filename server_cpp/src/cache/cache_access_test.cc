@@ -92,14 +92,14 @@ TEST_F(CacheAccessTest, TagsAndRingsBelongToTheJobsOwner) {
   EXPECT_EQ(s.message(), "tag 't' names no file job 'bobs' holds on this server: a tag is recorded on a node "
                          "that saved files of it");
   uid_t owner = 0;
-  EXPECT_FALSE(cache_.JobUid("bobs", &owner));
+  EXPECT_FALSE(cache_.rings()->JobUid("bobs", &owner));
   Save(bob_, "/c/b.pt", 1, "bobs");
   ASSERT_TRUE(cache_.CommitTag(bob_, first, &out).ok());
   AllocateResult a;
   s = cache_.Allocate({alice_, "bobs", "t", "/c/b2.pt", 0, 100}, &a);
   EXPECT_EQ(s.message(), "uid 1001 may not write /c/b2.pt in job 'bobs': job 'bobs' belongs to uid 1002");
   std::string successor;
-  s = cache_.SetRing(alice_, "bobs", 0, {"h:1"}, &successor);
+  s = cache_.rings()->SetRing(alice_, "bobs", 0, {"h:1"}, &successor);
   EXPECT_EQ(s.message(), "uid 1001 may not set the ring of job 'bobs': job 'bobs' belongs to uid 1002");
 }
 

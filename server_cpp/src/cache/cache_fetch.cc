@@ -27,7 +27,7 @@ class Cache::StorageSide : public StorageAccessHost {
   }
   Requester JobRequester(const std::string& job) override { return c_->JobRequester(job); }
   Requester RequesterOf(uid_t uid) override { return c_->RequesterOf(uid); }
-  bool JobUid(const std::string& job, uid_t* uid) override { return c_->JobUid(job, uid); }
+  bool JobUid(const std::string& job, uid_t* uid) override { return c_->rings_.JobUid(job, uid); }
 
   bool InMemory(const std::string& job, const std::string& path) override {
     MutexLock lock(&c_->mu_);

@@ -172,7 +172,7 @@ TEST_F(FollowTest, AFollowedJobIsThisServersAndItsFollowersRead) {
   ASSERT_TRUE(cache_.publication()->AddFollower("fj", kServer, kReader).ok());
   ASSERT_TRUE(cache_.replicas()->AdoptFollowed(v1).ok());
   uid_t owner = 0;
-  ASSERT_TRUE(cache_.JobUid("fj", &owner));
+  ASSERT_TRUE(cache_.rings()->JobUid("fj", &owner));
   EXPECT_EQ(owner, kServer) << "never a uid a source names";
   TagInfo got;
   const std::string reader = cache_.OpenSession(kReader, 9, kReader);

@@ -1,8 +1,8 @@
-// Cache: the files' side of the ring. The job's ring (RingTable) decides
-// what goes to the BackupFeed (ring/backup_queue.h, through the Backups
-// component); BackupSide's steps pin the current version for a backup
-// worker and record how it went, each under the Cache's lock; peers are
-// checked against the ring and the job's uid. Files pulled back from the
+// Cache: the files' side of the ring. The job's ring (the Rings component,
+// cache/rings.h) decides what goes to the BackupFeed (ring/backup_queue.h,
+// through the Backups component); BackupSide's steps pin the current
+// version for a backup worker and record how it went, each under the
+// Cache's lock. Joining a ring: cache_rings.cc. Files pulled back from the
 // ring: cache_recovery.cc.
 #include "cache/cache.h"
 
@@ -30,71 +30,6 @@ bool Cache::TagToSend(const TagCopy& copy, TagInfo* tag, std::string* peer, int3
 }
 
 void Cache::QueueDrop(const FileInfo& f) { backups_->Drop(f); }
-
-Status Cache::SetRing(const std::string& session, const std::string& job, int32_t node_rank,
-                      std::vector<std::string> endpoints, std::string* successor) {
-  MutexLock lock(&mu_);
-  Status s = sessions_.Check(session);
-  if (!s.ok()) return s;
-  if (job.empty()) return Status::InvalidArgument("a ring needs a job");
-  s = CheckAccess(session, job, "set the ring of job '" + job + "'", /*claim=*/true);
-  if (!s.ok()) return s;
-  s = RingTable::Check(job, node_rank, endpoints);
-  if (!s.ok()) return s;
-  // A ring names this server as one of its nodes, or it is not this
-  // server's ring: nobody makes a server another node of a job.
-  if (!self_endpoint_.empty() && endpoints.size() > 1 &&
-      endpoints[static_cast<size_t>(node_rank)] != self_endpoint_)
-    return Status::InvalidArgument("endpoints[" + std::to_string(node_rank) + "] is " +
-                                   endpoints[static_cast<size_t>(node_rank)] + ", but this server is " +
-                                   self_endpoint_ + ": a ring names each server as its own node");
-  if (meta_ && !self_endpoint_.empty()) meta_->RecordRing(RingInfo{job, self_endpoint_, node_rank, endpoints});
-  *successor = InstallRing(job, node_rank, std::move(endpoints));
-  const SessionTable::Session* who = sessions_.Find(session);
-  rings_.SetOwner(job, who->uid, who->gid);
-  return Status::OK();
-}
-
-void Cache::SetSelfEndpoint(const std::string& endpoint) {
-  MutexLock lock(&mu_);
-  self_endpoint_ = endpoint;
-}
-
-void Cache::RestoreRings(std::vector<RingInfo> rings) {
-  MutexLock lock(&mu_);
-  for (RingInfo& r : rings) {
-    if (!RingTable::Check(r.job, r.node_rank, r.endpoints).ok()) continue;
-    TCE_LOG(kInfo, "ring") << "rejoining the ring of job=" << r.job << " recorded in metadata";
-    InstallRing(r.job, r.node_rank, std::move(r.endpoints));
-  }
-}
-
-std::string Cache::InstallRing(const std::string& job, int32_t node_rank, std::vector<std::string> endpoints) {
-  const bool changed = rings_.Install(job, node_rank, std::move(endpoints));
-  const Ring& ring = *rings_.Find(job);
-  bool empty = true;  // nothing of this job in memory: a fresh or restarted node
-  for (const auto& [key, f] : files_) empty = empty && !(key.first == job && f.buffer_id != 0);
-  for (const auto& [id, a] : pending_) empty = empty && a.file.job != job;
-  if (empty && !ring.successor.empty() && backups_->feeding()) {
-    restores_->Begin(job, ring.successor, node_rank);  // loads of the job wait for it
-    backups_->Recover(RecoverJob{job, node_rank, ring.successor, ring.Predecessor()});
-  }
-  TCE_LOG(kInfo, "ring") << "job=" << job << " node " << node_rank << " of "
-                         << ring.endpoints.size() << ", successor "
-                         << (ring.successor.empty() ? "none" : ring.successor);
-  const std::string successor = ring.successor;
-  if (changed) {  // back up what is cached already (to the new successor)
-    QueueTags(job);
-    for (auto& [key, f] : files_) {
-      if (key.first != job || f.buffer_id == 0 || f.state == FileState::kEvicted ||
-          f.state == FileState::kFailed)
-        continue;
-      f.backup_holder.clear();
-      QueueBackup(key);
-    }
-  }
-  return successor;
-}
 
 bool Cache::PinForBackup(const FileKey& key, BackupJob* out) {
   MutexLock lock(&mu_);
@@ -151,73 +86,6 @@ void Cache::RecordBackup(const BackupJob& job, const Status& result) {
   Note(it->second, false);
 }
 
-Status Cache::CheckRingSender(const std::string& job, int32_t node, const std::string& peer) {
-  MutexLock lock(&mu_);
-  const Ring* ring = rings_.Find(job);
-  if (!ring)
-    return Status::PermissionDenied("this server was not told job " + job + "'s ring: it takes copies "
-                                    "only from the node the ring names (tell it the ring)");
-  if (node < 0 || static_cast<size_t>(node) >= ring->endpoints.size() || node == ring->node_rank)
-    return Status::PermissionDenied("node " + std::to_string(node) + " is not another node of job " + job +
-                                    "'s ring here");
-  if (ring->endpoints[static_cast<size_t>(node)] != peer)
-    return Status::PermissionDenied(peer + " is not node " + std::to_string(node) + " of job " + job +
-                                    "'s ring here (" + ring->endpoints[static_cast<size_t>(node)] + " is)");
-  return Status::OK();
-}
-
-bool Cache::JobUid(const std::string& job, uid_t* uid) {
-  MutexLock lock(&mu_);
-  return JobUidLocked(job, uid);
-}
-
-bool Cache::JobUidLocked(const std::string& job, uid_t* uid) const {
-  if (owners_.Owner(job, uid)) return true;
-  const Ring* ring = rings_.Find(job);
-  if (!ring || !ring->has_owner) return false;
-  *uid = ring->owner_uid;
-  return true;
-}
-
-Status Cache::CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
-                           const std::string& what, bool claim) {
-  if (!named)
-    return Status::PermissionDenied(peer + " names no uid for job " + job + ": it may not " + what);
-  uid_t here = 0;
-  MutexLock lock(&mu_);
-  if (!JobUidLocked(job, &here)) {
-    if (!claim)
-      return Status::PermissionDenied("job " + job + " belongs to no uid here yet: " + peer + " may not " + what);
-    RestoreOwner(job, uid);  // the ring's node vouches for its job's uid
-    return Status::OK();
-  }
-  if (here != uid)
-    return Status::PermissionDenied("job " + job + " belongs to uid " + std::to_string(here) + " here, and " + peer +
-                                    " acts for it as uid " + std::to_string(uid) + ": it may not " + what +
-                                    " (a job belongs to one uid on every node of its ring)");
-  return Status::OK();
-}
-
-std::vector<std::string> Cache::RingPeers(const std::string& job) {
-  MutexLock lock(&mu_);
-  const Ring* ring = rings_.Find(job);
-  return ring ? ring->Peers() : std::vector<std::string>();
-}
-
-std::vector<std::string> Cache::RingNodes(const std::string& job) {
-  MutexLock lock(&mu_);
-  const Ring* ring = rings_.Find(job);
-  return ring && ring->endpoints.size() > 1 ? ring->endpoints : std::vector<std::string>();
-}
-
-bool Cache::MayBeInRing(const std::string& job, const std::string& path) {
-  MutexLock lock(&mu_);
-  if (rings_.Successor(job).empty()) return false;
-  auto it = files_.find({job, path});
-  return it == files_.end() || (it->second.buffer_id == 0 && it->second.state != FileState::kEvicted &&
-                                 it->second.state != FileState::kDiscarded);
-}
-
 size_t Cache::ForgetHolder(const std::string& job, const std::string& peer) {
   MutexLock lock(&mu_);
   size_t n = 0;
@@ -260,16 +128,6 @@ void Cache::EndPeerRead(uint64_t buffer_id) {
   if (b == buffers_.end()) return;
   --b->second.pins;
   MaybeFree(b->second);
-}
-
-Status Cache::CheckRangeRead(const std::string& session, const std::string& job) {
-  MutexLock lock(&mu_);
-  Status s = CheckAccess(session, job, "read ranges of job '" + job + "'");
-  if (!s.ok()) return s;
-  if (!owners_.Visible(sessions_.Find(session)->uid, job))
-    return Status::PermissionDenied("job '" + job + "' has no owner on this server: save into it or "
-                                    "join its ring before reading ranges of its files");
-  return Status::OK();
 }
 
 class Cache::BackupSide : public BackupHost {

@@ -1,10 +1,10 @@
 // ClientStore: the files of the Cache as the RPC layer (rpc/service.h)
-// serves them to local clients: saves, loads, listings, tags, waits, a job's
-// ring. The rest of what clients reach is an interface per concern, put
-// together as ClientStores: sessions and buffers' fds (session_store.h),
-// files as storage holds them (stored_files.h), published versions
-// (version_store.h); and beside the Cache, the restores a load waits for
-// (restore_tracker.h).
+// serves them to local clients: saves, loads, listings, tags, waits. The
+// rest of what clients reach is an interface per concern, put together as
+// ClientStores: sessions and buffers' fds (session_store.h), files as
+// storage holds them (stored_files.h), published versions
+// (version_store.h), a job's ring (client_rings.h); and beside the Cache,
+// the restores a load waits for (restore_tracker.h).
 //
 // Security: every client call names a session (opened by the fd socket after
 // its SO_PEERCRED check) and acts with that session's uid: a job's files and
@@ -27,6 +27,7 @@
 
 #include "cache/buffer_pool.h"  // PoolStats
 #include "cache/cache_types.h"
+#include "cache/client_rings.h"
 #include "cache/file_state.h"
 #include "cache/load_split.h"
 #include "cache/read_grants.h"
@@ -142,17 +143,6 @@ class ClientStore {
   virtual Status RetryFailed(const std::string& session, const std::string& job,
                              const std::vector<std::string>& paths, std::vector<FileInfo>* out) = 0;
 
-  // Sets the job's ring: this node's rank and every node's peer endpoint.
-  // Committed files of the job (and every later commit) are then backed up to
-  // the successor, node (rank + 1) mod n; with one node there is none.
-  virtual Status SetRing(const std::string& session, const std::string& job, int32_t node_rank,
-                         std::vector<std::string> endpoints, std::string* successor) = 0;
-  // Whether `session` may read ranges of `job`'s files from this node's
-  // memory and its ring (ReadRange): its uid owns the job here (it saved
-  // into it or told its ring), or is an administrator. UNAUTHENTICATED for
-  // an unknown session, else PERMISSION_DENIED saying why.
-  virtual Status CheckRangeRead(const std::string& session, const std::string& job) = 0;
-
 };
 
 // What the RPC layer serves, one interface per concern; the Cache is each
@@ -163,9 +153,10 @@ struct ClientStores {
   StoredFiles* stored = nullptr;
   VersionStore* versions = nullptr;
   RestoreTracker* restores = nullptr;  // the jobs a load waits for (the Cache's tracker)
+  ClientRings* rings = nullptr;        // a job's ring, ranged reads' check (the Cache's rings)
   template <class T>
   static ClientStores Of(T* all) {
-    return {all, all, all->storage_access(), all->publication(), all->restores()};
+    return {all, all, all->storage_access(), all->publication(), all->restores(), all->rings()};
   }
 };
 

@@ -118,7 +118,7 @@ TEST_F(MetadataBoundsTest, AUidOwnsAtMostMaxJobsPerUidJobs) {
   s = Grant(owner_, "e", uids, gids, false);  // a grant would claim a name too
   EXPECT_EQ(s.message(), "uid 1000 may not grant read of job 'e': it owns 3 jobs on this server (max_jobs_per_uid)");
   uid_t owner = 0;
-  EXPECT_FALSE(cache_.JobUid("d", &owner));
+  EXPECT_FALSE(cache_.rings()->JobUid("d", &owner));
   // Another uid still gets its own.
   const std::string other = cache_.OpenSession(kOther, 2, kOther);
   EXPECT_TRUE(Save(other, "d", "t", "/c/d").ok());

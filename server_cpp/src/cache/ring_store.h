@@ -1,19 +1,16 @@
-// RingStore: the Cache as the ring (ring/) sees it: the backup workers
-// (ring/replicator.h) learn the job's ring (what they send and report is
-// RingBackups', ring_backups.h); the peer port (ring/peer_server.h) and ranged reads
-// (ring/range_reader.h) check who may hand over or read a job's files, and
-// read this node's own files in memory; a load that misses
-// (ring/ring_fetch.h) asks whether the ring may hold the file; tag markers
-// wait for every node's files (ring/tag_barrier.h). What the ring brings
-// back is RecoveryStore's (recovery_store.h), and the versions other nodes
-// follow are PeerVersions' (peer_versions.h); RingStores puts them
-// together.
+// RingStore: the Cache's files as the ring (ring/) sees them: the peer port
+// (ring/peer_server.h) and ranged reads (ring/range_reader.h) read this
+// node's own files in memory; tag markers wait for every node's files
+// (ring/tag_barrier.h). The job's ring itself, and who may act for a job,
+// are RingMembers' (ring_members.h); what the backup workers send and
+// report is RingBackups' (ring_backups.h); what the ring brings back is
+// RecoveryStore's (recovery_store.h), and the versions other nodes follow
+// are PeerVersions' (peer_versions.h); RingStores puts them together.
 //
 // Trust: peers are other servers of the cluster, authenticated by the
-// caller (ring/peer_link.h), but what they say of a job is checked here
-// against the ring this server was told (CheckRingSender) and the uid the
-// job belongs to here (CheckPeerUid); a recovered file is checked again on
-// adoption (AdoptRecovered).
+// caller (ring/peer_link.h), and checked against the job's ring and uid
+// (RingMembers) before they read here; a recovered file is checked again
+// on adoption (AdoptRecovered).
 //
 // The Cache is one. Thread-safe: the backup workers, the peer port's
 // connection threads and RPC threads call it at once.
@@ -37,6 +34,7 @@
 #include "cache/recovery_store.h"
 #include "cache/ring_backups.h"
 #include "cache/restore_tracker.h"
+#include "cache/ring_members.h"
 #include "cache/storage_loads.h"
 #include "common/status.h"
 #include "storage/object_store.h"  // ListedObject
@@ -46,31 +44,6 @@ namespace tce {
 class RingStore {
  public:
   virtual ~RingStore() = default;
-
-  // ---- the ring and who may act for a job ----
-  // The other members of the job's ring, the successor first (empty: no ring).
-  virtual std::vector<std::string> RingPeers(const std::string& job) = 0;
-  // Every node of the job's ring, by node rank (empty: no ring, or one node).
-  virtual std::vector<std::string> RingNodes(const std::string& job) = 0;
-  // OK when `peer` is node `node` of the job's ring as this server was told
-  // it: only that node may hand it copies and tags as that node's.
-  // PERMISSION_DENIED naming who is, or that no ring is known.
-  virtual Status CheckRingSender(const std::string& job, int32_t node, const std::string& peer) = 0;
-  // The uid `job` belongs to here: the owner of its files, else the uid
-  // that set its ring; false when nobody owns it here yet. A job belongs to
-  // one uid on every node of its ring: peers name it with every copy, tag
-  // and request (ring/peer_server.h), so a ring is the job's name and its
-  // uid, not the name alone.
-  virtual bool JobUid(const std::string& job, uid_t* uid) = 0;
-  // OK when `peer` (acting for `job` as uid `uid`; `named` false: it named
-  // none) may do `what`: the job belongs to that uid here, or to nobody
-  // yet and `claim` (then it does from now on). Else PERMISSION_DENIED.
-  virtual Status CheckPeerUid(const std::string& job, bool named, uid_t uid, const std::string& peer,
-                              const std::string& what, bool claim) = 0;
-  // Whether a load that missed (job, path) may find it in the ring: it is
-  // unknown here, or lost from memory, but not evicted by us (the ring's
-  // copy goes when the original is evicted).
-  virtual bool MayBeInRing(const std::string& job, const std::string& path) = 0;
 
   // ---- tag markers on object storage across nodes ----
   // A tag's marker (DCP's `.metadata`, DeepSpeed's `latest`) under an object
@@ -109,6 +82,7 @@ class RingStore {
 // is each of them (RingStores::Of(&cache)).
 struct RingStores {
   RingStore* ring = nullptr;
+  RingMembers* members = nullptr;      // the job's ring, who may act for it (the Cache's rings)
   RingBackups* backups = nullptr;      // backups to the successor (the Cache's backups)
   RecoveryStore* recovery = nullptr;
   PeerVersions* versions = nullptr;    // published versions across nodes (the Cache's replicas)
@@ -117,7 +91,8 @@ struct RingStores {
   RestoreTracker* restores = nullptr;  // the replicator ends the restores it began
   template <class T>
   static RingStores Of(T* all) {
-    return {all, all->backups(), all, all->replicas(), all->publication(), all->storage_access(), all->restores()};
+    return {all,           all->rings(),        all->backups(),        all,
+            all->replicas(), all->publication(), all->storage_access(), all->restores()};
   }
 };
 

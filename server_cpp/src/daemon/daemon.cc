@@ -261,17 +261,17 @@ int Daemon::StartRing() {
   ro.cooperative = opt_.cooperative_restore;
   replicator_ = std::make_unique<Replicator>(RingStores::Of(cache_.get()), backup_queue_.get(), transport_.get(), ro);
   replicator_->Start();
-  cache_->SetSelfEndpoint(peers_->endpoint());
+  cache_->rings()->SetSelfEndpoint(peers_->endpoint());
   Replicator* r = replicator_.get();
   ring_fetch_ = std::make_unique<RingFetch>(
-      cache_.get(), cache_.get(), cache_->restores(),
+      cache_.get(), cache_->rings(), cache_->restores(),
       [r](const std::string& job, const std::string& path, LoadFrom* from, Clock::TimePoint deadline) {
         return r->FetchForLoad(job, path, from, deadline);
       },
       [r](const std::string& job, const std::string& path, Clock::TimePoint deadline) {
         return r->LoadByPlan(job, path, /*stage=*/true, nullptr, deadline);
       });
-  cache_->RestoreRings(std::move(recorded_rings_));
+  cache_->rings()->RestoreRings(std::move(recorded_rings_));
   return 0;
 }
 

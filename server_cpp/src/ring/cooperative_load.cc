@@ -24,7 +24,7 @@ Status Replicator::FetchForLoad(const std::string& job, const std::string& path,
   if (here.code() != Status::Code::kNotFound)
     TCE_LOG(kWarning, "ring") << "the copy of " << path << " held here: " << here.ToString();
   Status last = Status::NotFound(path + " is held by no peer of job " + job);
-  for (const std::string& peer : cache_->RingPeers(job)) {
+  for (const std::string& peer : members_->RingPeers(job)) {
     if (plans_.IsDown(job, peer)) continue;  // it did not answer a moment ago
     Status s = OnLink(peer, [&](PeerLink* link) { return Pull(link, job, peer, path); }, deadline);
     if (s.ok() || s.code() == Status::Code::kFailedPrecondition) {
@@ -67,7 +67,7 @@ Status Replicator::LoadByPlan(const std::string& job, const std::string& path, b
                               Clock::TimePoint deadline) {
   if (!options_.cooperative) return Status::NotFound("cooperative restore is off");
   if (!loads_->UnderStorage(path)) return Status::NotFound(path + " is not under a storage root");
-  const std::vector<std::string> nodes = cache_->RingNodes(job);
+  const std::vector<std::string> nodes = members_->RingNodes(job);
   if (nodes.empty()) return Status::NotFound("job " + job + " has no ring of several nodes");
   if (from) *from = LoadFrom::kPeer;
   Status last;
@@ -186,7 +186,7 @@ Status Replicator::PullFrom(const std::string& node, const std::string& job, con
 
 bool Replicator::Prefetch(const std::string& job, const std::string& dir, std::vector<std::string> paths,
                           bool only_if_empty) {
-  if (!options_.prefetch || !options_.cooperative || cache_->RingNodes(job).empty()) return false;
+  if (!options_.prefetch || !options_.cooperative || members_->RingNodes(job).empty()) return false;
   // What lies under no storage root is never read from storage (a memory
   // only server's files, a directory outside the roots): nothing to queue,
   // and nothing wrong to log.
@@ -194,7 +194,7 @@ bool Replicator::Prefetch(const std::string& job, const std::string& dir, std::v
   paths.erase(std::remove_if(paths.begin(), paths.end(), unstored), paths.end());
   if (paths.empty() && (dir.empty() || !loads_->UnderStorage(dir + "/x"))) return false;  // x: a file in `dir`
   uid_t uid = 0;  // the job's owner's share of the queue
-  if (!cache_->JobUid(job, &uid)) return false;
+  if (!members_->JobUid(job, &uid)) return false;
   PrefetchJob p;
   p.job = job;
   p.dir = dir;
@@ -255,7 +255,7 @@ bool Replicator::PrefetchStep(uid_t uid, PrefetchJob* p) {
     // This node's share, as the plan of the one directory names it (the
     // same plan the reads ask next); named paths in several directories
     // would cost a listing each here: their total is not shown.
-    const std::vector<std::string> nodes = cache_->RingNodes(p->job);
+    const std::vector<std::string> nodes = members_->RingNodes(p->job);
     if (!dir.empty() && !nodes.empty()) {
       std::map<std::string, uint64_t> sizes;
       for (const ListedObject& o : listed) sizes[o.key] = o.size;
@@ -271,7 +271,7 @@ bool Replicator::PrefetchStep(uid_t uid, PrefetchJob* p) {
     }
     return false;  // the files, from the next step on
   }
-  const std::vector<std::string> nodes = cache_->RingNodes(p->job);
+  const std::vector<std::string> nodes = members_->RingNodes(p->job);
   if (nodes.empty()) return true;
   while (p->next < p->paths.size()) {  // the next file of this node's share; one read per step
     if (prefetches_.stopped()) return true;

@@ -29,6 +29,7 @@ PeerServer::PeerServer(PeerServerOptions options, Transport* transport, BackupSt
       transport_(transport),
       store_(store),
       cache_(stores.ring),
+      members_(stores.members),
       backups_(stores.backups),
       recovery_(stores.recovery),
       loads_(stores.loads),
@@ -290,9 +291,9 @@ Status PeerServer::HoldTag(PeerLink* link, const v1::PeerTag& req) {
     s = Status::InvalidArgument("tag " + tag.tag + " has no completion time");
   if (s.ok() && (req.owner_node() < 0 || static_cast<size_t>(req.owner_node()) >= kMaxRingNodes))
     s = Status::InvalidArgument("owner_node " + std::to_string(req.owner_node()) + " is outside a ring");
-  if (s.ok() && cache_) s = cache_->CheckRingSender(tag.job, req.owner_node(), link->peer());
-  if (s.ok() && cache_)
-    s = cache_->CheckPeerUid(tag.job, req.has_job_uid(), req.job_uid(), link->peer(), "hold its tags", /*claim=*/true);
+  if (s.ok() && members_) s = members_->CheckRingSender(tag.job, req.owner_node(), link->peer());
+  if (s.ok() && members_)
+    s = members_->CheckPeerUid(tag.job, req.has_job_uid(), req.job_uid(), link->peer(), "hold its tags", /*claim=*/true);
   if (s.ok()) s = store_->HoldTag(HeldTag{tag, link->peer(), req.owner_node(), req.job_uid()});
   if (!s.ok()) {
     TCE_LOG(kWarning, "ring") << "refused a tag from " << link->peer() << ": " << s.ToString();
@@ -306,7 +307,7 @@ Status PeerServer::HoldTag(PeerLink* link, const v1::PeerTag& req) {
 Status PeerServer::MayRead(const std::string& job, const std::string& peer, const std::string& owner, bool named,
                            uint32_t uid, const uid_t* held_uid) {
   Status member;
-  const std::vector<std::string> ring = cache_ ? cache_->RingPeers(job) : std::vector<std::string>();
+  const std::vector<std::string> ring = members_ ? members_->RingPeers(job) : std::vector<std::string>();
   if (!ring.empty()) {
     if (std::find(ring.begin(), ring.end(), peer) == ring.end())
       member = Status::PermissionDenied(peer + " is not a member of job " + job + "'s ring here");
@@ -316,7 +317,7 @@ Status PeerServer::MayRead(const std::string& job, const std::string& peer, cons
   }
   if (!member.ok()) return member;
   // The ring's members are nodes; the job is also a uid's on each of them.
-  if (!held_uid) return cache_->CheckPeerUid(job, named, uid, peer, "read its files", /*claim=*/false);
+  if (!held_uid) return members_->CheckPeerUid(job, named, uid, peer, "read its files", /*claim=*/false);
   if (!named) return Status::PermissionDenied(peer + " names no uid for job " + job + ": it may not read its copies");
   if (*held_uid != uid)
     return Status::PermissionDenied("the copies of job " + job + " held here are uid " + std::to_string(*held_uid) +

@@ -127,6 +127,7 @@ class PeerServer {
   Transport* const transport_;
   BackupStore* const store_;
   RingStore* const cache_;
+  RingMembers* const members_;  // the job's ring and uid: who may hand over or read
   RingBackups* const backups_;  // told when a peer lost our copies
   RecoveryStore* const recovery_;
   StorageLoads* const loads_;  // the cooperative restore's reads of storage

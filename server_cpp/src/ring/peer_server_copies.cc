@@ -38,10 +38,10 @@ Status FillCrcs(int fd, FileInfo* f) {
 Status PeerServer::ServeBackup(PeerLink* link, const v1::PeerBackup& req) {
   std::unique_ptr<MappedBuffer> buffer;
   // Only the node the job's ring names sends copies as that node.
-  Status reserved = cache_ ? cache_->CheckRingSender(req.job(), req.owner_node(), link->peer()) : Status::OK();
-  if (reserved.ok() && cache_)  // and only as the uid the job belongs to here
-    reserved = cache_->CheckPeerUid(req.job(), req.has_job_uid(), req.job_uid(), link->peer(), "hold its copies",
-                                    /*claim=*/true);
+  Status reserved = members_ ? members_->CheckRingSender(req.job(), req.owner_node(), link->peer()) : Status::OK();
+  if (reserved.ok() && members_)  // and only as the uid the job belongs to here
+    reserved = members_->CheckPeerUid(req.job(), req.has_job_uid(), req.job_uid(), link->peer(), "hold its copies",
+                                      /*claim=*/true);
   if (!reserved.ok())
     TCE_LOG(kWarning, "ring") << "refused a backup of job=" << req.job().substr(0, 256) << " from "
                               << link->peer() << ": " << reserved.message();
@@ -144,7 +144,7 @@ Status PeerServer::LoadForPeer(PeerLink* link, const std::string& job, const std
 
 void PeerServer::DropClaimsOfDown(const v1::PeerFetch& req, const std::string& asker) {
   if (req.down().empty()) return;
-  const std::vector<std::string> nodes = cache_->RingNodes(req.job());
+  const std::vector<std::string> nodes = members_->RingNodes(req.job());
   int seen = 0;
   for (const std::string& node : req.down()) {
     if (++seen > 16) break;  // a ring member reports the reader it found down: one

@@ -18,8 +18,8 @@ std::chrono::milliseconds RangeReader::ConnectTimeout(Clock::TimePoint deadline)
   return std::max(std::chrono::milliseconds(1), std::min(options_.clock->Left(deadline), options_.io_timeout));
 }
 
-RangeReader::RangeReader(RingStore* cache, RangeReaderOptions options)
-    : cache_(cache), options_(std::move(options)) {}
+RangeReader::RangeReader(RingStore* cache, RingMembers* members, RangeReaderOptions options)
+    : cache_(cache), members_(members), options_(std::move(options)) {}
 
 Status RangeReader::Read(const std::string& job, const std::string& path, uint64_t offset,
                          uint64_t length, RangeRead* out, unsigned char* into, const PeerWait& wait) {
@@ -43,7 +43,7 @@ Status RangeReader::ReadInto(const std::string& job, const std::string& path, ui
   s = ReadHeld(job, path, offset, length, out, to);
   if (s.code() != Status::Code::kNotFound) return s;
   if (options_.self.empty()) return s;
-  std::vector<std::string> peers = cache_->RingPeers(job);
+  std::vector<std::string> peers = members_->RingPeers(job);
   {
     MutexLock l(&mu_);
     auto it = holder_.find({job, path});
@@ -112,10 +112,10 @@ Status RangeReader::ReadHeld(const std::string& job, const std::string& path, ui
   if (!options_.held) return Status::NotFound("no copies are held here");
   HeldBackup held;
   int fd = -1;
-  Status s = options_.held->OpenForRing(job, path, cache_->RingPeers(job), &held, &fd);
+  Status s = options_.held->OpenForRing(job, path, members_->RingPeers(job), &held, &fd);
   if (!s.ok()) return Status::NotFound(s.message());  // then the ring's peers, or storage
   uid_t uid = 0;
-  if (!cache_->JobUid(job, &uid) || uid != held.job_uid) {  // another uid's job of the same name
+  if (!members_->JobUid(job, &uid) || uid != held.job_uid) {  // another uid's job of the same name
     ::close(fd);
     return Status::NotFound("the copy of " + path + " held here is of uid " + std::to_string(held.job_uid) +
                             "'s job " + job);
@@ -156,7 +156,7 @@ Status RangeReader::ReadPeer(const std::string& peer, const std::string& job, co
   uid_t uid = 0;
   if (!tag.empty()) {
     r->set_version_tag(tag);
-  } else if (cache_->JobUid(job, &uid)) {
+  } else if (members_->JobUid(job, &uid)) {
     r->set_job_uid(uid);
   }
   v1::PeerRangeReply reply;

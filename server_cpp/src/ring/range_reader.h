@@ -66,7 +66,7 @@ class RangeReader {
  public:
   static constexpr size_t kIdleLinks = 4;  // kept per peer
 
-  RangeReader(RingStore* cache, RangeReaderOptions options);
+  RangeReader(RingStore* cache, RingMembers* members, RangeReaderOptions options);
   // Bytes [offset, offset + length) of (job, path). NOT_FOUND when neither
   // this server nor any reachable ring member has the file (the message says
   // which member failed, if one did); OUT_OF_RANGE or
@@ -113,6 +113,7 @@ class RangeReader {
   void ReturnLink(const std::string& peer, std::unique_ptr<PeerLink> link) EXCLUDES(mu_);
 
   RingStore* const cache_;
+  RingMembers* const members_;  // the job's peers and uid
   const RangeReaderOptions options_;
   std::atomic<uint64_t> local_reads_{0}, held_reads_{0}, peer_reads_{0}, peer_bytes_{0};
   Mutex mu_;

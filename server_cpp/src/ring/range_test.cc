@@ -56,7 +56,7 @@ class PeerRangeTest : public ::testing::Test {
     ASSERT_TRUE(server_->Start().ok());
     session_ = cache_.OpenSession(getuid(), getpid());
     std::string successor;
-    ASSERT_TRUE(cache_.SetRing(session_, "j", 0, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
+    ASSERT_TRUE(cache_.rings()->SetRing(session_, "j", 0, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
     own_ = Pattern(kSize, 1);
     AllocateResult a;
     ASSERT_TRUE(cache_.Allocate({session_, "j", "t", "/c/own", 0, kSize}, &a).ok());
@@ -226,12 +226,12 @@ TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
   Cache mine(16 << 20);  // the asking node: file-less, in the same ring as "127.0.0.1:1"
   const std::string s = mine.OpenSession(getuid(), getpid());
   std::string successor;
-  ASSERT_TRUE(mine.SetRing(s, "j", 1, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
+  ASSERT_TRUE(mine.rings()->SetRing(s, "j", 1, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
   RangeReaderOptions o;
   o.self = "127.0.0.1:1";
   o.key = "t";
   o.io_timeout = 2000ms;
-  RangeReader reader(&mine, o);
+  RangeReader reader(&mine, mine.rings(), o);
   RangeRead got;
   for (int i = 0; i < 3; ++i) {  // the link is kept and reused
     Status st = reader.Read("j", "/c/own", 2000000 + i, 4096, &got);
@@ -267,12 +267,12 @@ TEST_F(PeerRangeTest, OnlyAReadThatAsksAPeerIsAdmittedAndARefusalIsItsAnswer) {
   Cache mine(16 << 20);
   const std::string s = mine.OpenSession(getuid(), getpid());
   std::string successor;
-  ASSERT_TRUE(mine.SetRing(s, "j", 1, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
+  ASSERT_TRUE(mine.rings()->SetRing(s, "j", 1, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
   RangeReaderOptions o;
   o.self = "127.0.0.1:1";
   o.key = "t";
   o.io_timeout = 2000ms;
-  RangeReader reader(&mine, o);
+  RangeReader reader(&mine, mine.rings(), o);
   int asked = 0;
   PeerWait refuse;
   refuse.admit = [&] {
@@ -324,12 +324,12 @@ struct Asker {
   explicit Asker(const std::string& peer) : cache(16 << 20) {
     const std::string s = cache.OpenSession(getuid(), getpid());
     std::string successor;
-    EXPECT_TRUE(cache.SetRing(s, "j", 0, {"127.0.0.1:1", peer}, &successor).ok());
+    EXPECT_TRUE(cache.rings()->SetRing(s, "j", 0, {"127.0.0.1:1", peer}, &successor).ok());
     RangeReaderOptions o;
     o.self = "127.0.0.1:1";
     o.key = "t";
     o.io_timeout = 2000ms;
-    reader = std::make_unique<RangeReader>(&cache, o);
+    reader = std::make_unique<RangeReader>(&cache, cache.rings(), o);
   }
   Cache cache;
   std::unique_ptr<RangeReader> reader;

@@ -36,6 +36,7 @@ TagBarrierOptions BarrierOptions(const ReplicatorOptions& o) {
 
 Replicator::Replicator(RingStores stores, BackupQueue* queue, Transport* transport, ReplicatorOptions options)
     : cache_(stores.ring),
+      members_(stores.members),
       backups_(stores.backups),
       recovery_(stores.recovery),
       loads_(stores.loads),
@@ -44,7 +45,7 @@ Replicator::Replicator(RingStores stores, BackupQueue* queue, Transport* transpo
       transport_(transport),
       options_(std::move(options)),
       progress_(options_.clock),
-      barrier_(stores.ring, BarrierOptions(options_)),
+      barrier_(stores.ring, stores.members, BarrierOptions(options_)),
       plans_([loads = stores.loads](const std::string& job, const std::string& dir,
                                     std::vector<ListedObject>* out) { return loads->ListStorageDir(job, dir, out); },
              options_.clock),
@@ -134,7 +135,7 @@ void Replicator::Loop() {
       peer = drop->peer;
     } else {
       const RecoverJob& recover = std::get<RecoverJob>(next);
-      const std::vector<std::string> peers = cache_->RingPeers(recover.job);
+      const std::vector<std::string> peers = members_->RingPeers(recover.job);
       if (peers.empty() || peers.front() != recover.peer) {
         // The job's ring changed: what it holds now is the new successor's
         // to give back; retrying here would hold every backup behind it.
@@ -230,7 +231,7 @@ Status Replicator::SendTag(const TagInfo& tag, int32_t node, const std::string& 
   TagToProto(tag, req.mutable_tag()->mutable_tag());
   req.mutable_tag()->set_owner_node(node);
   uid_t uid = 0;
-  if (cache_->JobUid(tag.job, &uid)) req.mutable_tag()->set_job_uid(uid);
+  if (members_->JobUid(tag.job, &uid)) req.mutable_tag()->set_job_uid(uid);
   return Ask(peer, req, links);
 }
 
@@ -293,7 +294,7 @@ Status Replicator::Backup(const BackupJob& job, std::map<std::string, std::uniqu
   b->set_version(job.version);
   b->set_owner_node(job.node);
   uid_t uid = 0;
-  if (cache_->JobUid(job.job, &uid)) b->set_job_uid(uid);
+  if (members_->JobUid(job.job, &uid)) b->set_job_uid(uid);
   RecordsToProto(records, b->mutable_records());
   if (job.disk.known) DiskToProto(job.disk, b->mutable_storage());
   s = link->Send(req);

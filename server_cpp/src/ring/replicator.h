@@ -185,6 +185,7 @@ class Replicator {
   bool SleepUnlessStopping(std::chrono::milliseconds d);
 
   RingStore* const cache_;
+  RingMembers* const members_;  // the job's ring and uid
   RingBackups* const backups_;  // what the workers send and how it went
   RecoveryStore* const recovery_;
   StorageLoads* const loads_;  // the cooperative restore's reads of storage

@@ -28,7 +28,7 @@ Status Replicator::Recover(const RecoverJob& job, std::map<std::string, std::uni
   req.mutable_list()->set_job(job.job);
   req.mutable_list()->set_owner_node(job.node);
   uid_t uid = 0;
-  if (cache_->JobUid(job.job, &uid)) req.mutable_list()->set_job_uid(uid);
+  if (members_->JobUid(job.job, &uid)) req.mutable_list()->set_job_uid(uid);
   v1::PeerListReply list;
   if (!(s = link->Send(req)).ok() || !(s = link->Recv(&list)).ok()) return s;
   if (list.code() != 0)  // e.g. the holder has not been told the ring we are in yet: retried
@@ -141,7 +141,7 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
   req.mutable_fetch()->set_claim(reader != nullptr && mode != PullMode::kCopy);
   if (req.fetch().claim() && !down.empty()) req.mutable_fetch()->add_down(down);
   uid_t uid = 0;
-  if (cache_->JobUid(job, &uid)) req.mutable_fetch()->set_job_uid(uid);
+  if (members_->JobUid(job, &uid)) req.mutable_fetch()->set_job_uid(uid);
   v1::PeerReply reply;
   Status s = link->Send(req);
   do {  // while the peer reads storage for us, it says so (within each timeout)
@@ -156,7 +156,7 @@ Status Replicator::Pull(PeerLink* link, const std::string& job, const std::strin
     return Status::FromCode(code, reply.message());
   }
   if (!reply.reader().empty()) {  // another node reads it: a ring member, or nothing
-    const std::vector<std::string> nodes = cache_->RingNodes(job);
+    const std::vector<std::string> nodes = members_->RingNodes(job);
     if (!reader || std::find(nodes.begin(), nodes.end(), reply.reader()) == nodes.end())
       return Status::DataLoss(peer + " named " + reply.reader().substr(0, 256) + " as the reader of " + path +
                               ", which is no node of job " + job + "'s ring");
@@ -224,7 +224,7 @@ Status Replicator::PullHeld(const std::string& job, const std::string& path) {
   if (!options_.held) return Status::NotFound("no copies are held here");
   HeldBackup held;
   int fd = -1;
-  Status s = options_.held->OpenForRing(job, path, cache_->RingPeers(job), &held, &fd);
+  Status s = options_.held->OpenForRing(job, path, members_->RingPeers(job), &held, &fd);
   if (!s.ok()) return s;
   const uint64_t size = held.file.size;
   std::unique_ptr<Buffer> mem;

@@ -7,7 +7,7 @@ namespace {
 constexpr size_t kMaxRemembered = 4096;
 }  // namespace
 
-RingFetch::RingFetch(ClientStore* cache, RingStore* ring, RestoreTracker* restores, Fetch fetch, Stage stage,
+RingFetch::RingFetch(ClientStore* cache, RingMembers* ring, RestoreTracker* restores, Fetch fetch, Stage stage,
                      std::chrono::milliseconds miss_ttl, Clock* clock)
     : cache_(cache),
       ring_(ring),

@@ -3,10 +3,11 @@
 // node's, for a rank that moved here): RingFetch asks the peers (`fetch`, the
 // Replicator's FetchForLoad), then looks the cache up again. It sees the
 // Cache twice: as the client's store it extends (`cache`: the lookup, the
-// restore wait) and as the ring's (`ring`: whether to ask the ring).
+// restore wait) and through the job's ring (`ring`, the Cache's Rings:
+// whether to ask the ring).
 //
 // Policy: only leased lookups (loads) ask the ring, and only for files the
-// cache says may be there (RingStore::MayBeInRing). A file no peer held is
+// cache says may be there (RingMembers::MayBeInRing). A file no peer held is
 // remembered for `miss_ttl`: a load of it within that time goes to storage
 // without asking again, so a job that probes for files it never saved does
 // not cost a round of connections each (at most 4096 misses are remembered;
@@ -24,7 +25,7 @@
 #include <vector>
 
 #include "cache/client_store.h"
-#include "cache/ring_store.h"
+#include "cache/ring_members.h"
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "common/single_flight.h"
@@ -43,7 +44,7 @@ class RingFetch {
   // restore plan names, for ranged reads (Replicator::LoadByPlan, `stage`).
   using Stage = std::function<Status(const std::string& job, const std::string& path, Clock::TimePoint deadline)>;
 
-  RingFetch(ClientStore* cache, RingStore* ring, RestoreTracker* restores, Fetch fetch, Stage stage = nullptr,
+  RingFetch(ClientStore* cache, RingMembers* ring, RestoreTracker* restores, Fetch fetch, Stage stage = nullptr,
             std::chrono::milliseconds miss_ttl = std::chrono::seconds(5), Clock* clock = Clock::Real());
 
   // ClientStore::Lookup; on a miss while the job's files are being restored
@@ -82,7 +83,7 @@ class RingFetch {
   void NoteMiss(const std::string& job, const std::string& path);
 
   ClientStore* const cache_;
-  RingStore* const ring_;
+  RingMembers* const ring_;
   RestoreTracker* const restores_;
   const Fetch fetch_;
   const Stage stage_;

@@ -18,7 +18,7 @@ class RingFetchTest : public ::testing::Test {
   RingFetchTest() : cache_(8 << 20) {
     session_ = cache_.OpenSession(getuid(), getpid());
     std::string successor;
-    EXPECT_TRUE(cache_.SetRing(session_, "job", 0, {"a:1", "b:2"}, &successor).ok());
+    EXPECT_TRUE(cache_.rings()->SetRing(session_, "job", 0, {"a:1", "b:2"}, &successor).ok());
   }
   Status Load(RingFetch& r, const std::string& path, bool lease = true) {
     FileInfo f;
@@ -33,7 +33,7 @@ class RingFetchTest : public ::testing::Test {
 
 TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
   ManualClock clock;
-  RingFetch r(&cache_, &cache_, cache_.restores(), [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint) {
+  RingFetch r(&cache_, cache_.rings(), cache_.restores(), [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint) {
     ++fetches_;
     return Status::NotFound("no peer holds it");
   }, nullptr, 50ms, &clock);
@@ -49,7 +49,7 @@ TEST_F(RingFetchTest, AMissIsRememberedForItsTtl) {
 }
 
 TEST_F(RingFetchTest, OnlyLoadsOfFilesThatMayBeInTheRingAsk) {
-  RingFetch r(&cache_, &cache_, cache_.restores(), [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint) {
+  RingFetch r(&cache_, cache_.rings(), cache_.restores(), [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint) {
     ++fetches_;
     return Status::Unavailable("peer down");
   });
@@ -74,7 +74,7 @@ TEST_F(RingFetchTest, ALoadWaitsForAnotherLoadsFetchOnlyUntilItsOwnDeadline) {
   CondVar cv;
   bool started = false, release = false;
   Clock::TimePoint passed;  // the deadline the fetch was given
-  RingFetch r(&cache_, &cache_, cache_.restores(), [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint d) {
+  RingFetch r(&cache_, cache_.rings(), cache_.restores(), [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint d) {
     MutexLock l(&mu);
     passed = d;
     started = true;
@@ -114,7 +114,7 @@ TEST_F(RingFetchTest, ALoadWaitsForAnotherLoadsFetchOnlyUntilItsOwnDeadline) {
 }
 
 TEST_F(RingFetchTest, AFetchThatFoundTheFileLooksAgain) {
-  RingFetch r(&cache_, &cache_, cache_.restores(), [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint) {
+  RingFetch r(&cache_, cache_.rings(), cache_.restores(), [&](const std::string&, const std::string&, LoadFrom*, Clock::TimePoint) {
     ++fetches_;
     return Status::OK();  // (nothing installed: the second lookup still misses)
   });

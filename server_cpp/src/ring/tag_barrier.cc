@@ -10,7 +10,8 @@
 
 namespace tce {
 
-TagBarrier::TagBarrier(RingStore* cache, TagBarrierOptions options) : cache_(cache), options_(std::move(options)) {}
+TagBarrier::TagBarrier(RingStore* cache, RingMembers* members, TagBarrierOptions options)
+    : cache_(cache), members_(members), options_(std::move(options)) {}
 
 TagBarrier::~TagBarrier() { Stop(); }
 
@@ -43,7 +44,7 @@ Status TagBarrier::Ask(const std::string& peer, const std::string& job, const st
   std::unique_ptr<PeerLink> link;
   Status s = PeerLink::Connect(peer, options_.self, options_.key, options_.io_timeout, &link, options_.breaker);
   uid_t uid = 0;
-  const bool owned = cache_->JobUid(job, &uid);
+  const bool owned = members_->JobUid(job, &uid);
   const size_t per_ask = PeerServer::kMaxDurablePaths;
   for (size_t at = 0; s.ok() && at < paths.size(); at += per_ask) {
     const auto first = paths.begin() + at, last = paths.begin() + std::min(paths.size(), at + per_ask);
@@ -72,7 +73,7 @@ void TagBarrier::CheckOnce() {
   std::map<std::string, std::set<std::string>> durable;
   for (const auto& [job, files] : by_job) {
     const std::vector<std::string> paths(files.begin(), files.end());
-    for (const std::string& peer : cache_->RingPeers(job)) {
+    for (const std::string& peer : members_->RingPeers(job)) {
       Status s = Ask(peer, job, paths, &durable[job]);
       if (!s.ok())
         TCE_LOG(kDebug, "ring") << "cannot ask " << peer << " which files of job=" << job

@@ -35,7 +35,7 @@ struct TagBarrierOptions {
 
 class TagBarrier {
  public:
-  TagBarrier(RingStore* cache, TagBarrierOptions options);
+  TagBarrier(RingStore* cache, RingMembers* members, TagBarrierOptions options);
   ~TagBarrier();
   void Start();
   void Stop();
@@ -50,6 +50,7 @@ class TagBarrier {
              std::set<std::string>* durable);
 
   RingStore* const cache_;
+  RingMembers* const members_;  // the job's peers and uid
   const TagBarrierOptions options_;
   std::thread thread_;
   Mutex mu_;

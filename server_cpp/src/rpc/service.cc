@@ -58,6 +58,7 @@ CacheService::CacheService(ClientStores stores, std::string socket_path, MetaWri
       stored_(stores.stored),
       versions_(stores.versions),
       restores_(stores.restores),
+      rings_(stores.rings),
       socket_path_(std::move(socket_path)), meta_(meta),
       metadata_url_(std::move(metadata_url)), backups_(backups),
       peer_endpoint_(std::move(peer_endpoint)), clock_(clock), started_(clock->Now()) {}
@@ -153,7 +154,7 @@ grpc::Status CacheService::ReadRange(grpc::ServerContext* ctx, const v1::ReadRan
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
   const bool object = stored_->IsObjectPath(req->path());
   if (!ranges_ && !object) return ToGrpc(tce::Status::NotSupported("this server reads no ranges"));
-  tce::Status s = cache_->CheckRangeRead(req->session(), req->job());
+  tce::Status s = rings_->CheckRangeRead(req->session(), req->job());
   RangeRead r;
   std::shared_ptr<RangeBuffers::Held> hold;  // the session's buffer, while we write into it
   unsigned char* into = nullptr;
@@ -294,7 +295,7 @@ grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingReques
         "this server takes part in no ring: start it with peer_listen and a peer token"));
   std::vector<std::string> endpoints(req->endpoints().begin(), req->endpoints().end());
   std::string successor;
-  tce::Status s = cache_->SetRing(req->session(), req->job(), req->node_rank(), std::move(endpoints),
+  tce::Status s = rings_->SetRing(req->session(), req->job(), req->node_rank(), std::move(endpoints),
                                   &successor);
   if (s.ok()) resp->set_successor(successor);
   if (s.ok() && prefetch_) {  // a restart: the newest complete tag this node knows of
@@ -311,7 +312,7 @@ grpc::Status CacheService::SetRing(grpc::ServerContext*, const v1::SetRingReques
 grpc::Status CacheService::Prefetch(grpc::ServerContext*, const v1::PrefetchRequest* req,
                                     v1::PrefetchResponse* resp) {
   if (tce::Status bad = CheckRequest(*req); !bad.ok()) return ToGrpc(bad);
-  tce::Status s = cache_->CheckRangeRead(req->session(), req->job());  // the job's own user, its ring joined
+  tce::Status s = rings_->CheckRangeRead(req->session(), req->job());  // the job's own user, its ring joined
   if (!s.ok()) return ToGrpc(s);
   std::vector<std::string> paths(req->paths().begin(), req->paths().end());
   resp->set_queued(prefetch_ && prefetch_->Prefetch(req->job(), req->dir(), std::move(paths), /*only_if_empty=*/false));

@@ -117,6 +117,7 @@ class CacheService final : public v1::Cache::Service {
   StoredFiles* const stored_;
   VersionStore* const versions_;
   RestoreTracker* const restores_;
+  ClientRings* const rings_;  // SetRing, ranged reads' check
   const std::string socket_path_;
   MetaWriter* const meta_;
   const std::string metadata_url_;
