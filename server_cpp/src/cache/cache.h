@@ -83,7 +83,8 @@ class Cache : public ClientStore,
  public:
   // Its settings and storage roots: cache/cache_options.h. The collaborators
   // made after it, because they take the Cache (the retention's tag
-  // listener, the peer endpoint once bound), are set before serving. The
+  // listener; the peer endpoint once bound, on its Rings), are set before
+  // serving. The
   // persistence and backup feeds are made before it
   // (CacheOptions::persist_feed, backup_feed).
   explicit Cache(CacheOptions options);

@@ -1,9 +1,9 @@
 // RingTable: the rings this server was told, by job: this node's rank, every
 // node's peer endpoint, the successor its files are backed up to, and who
 // told it (the owner of files recovered for the job that metadata does not
-// know). Plain data the Cache consults to decide what to back up and whom to
-// trust; the ring's work itself is in ring/. Not thread-safe: the Cache
-// guards it with its lock.
+// know). Plain data the Rings component keeps (cache/rings.h), which the
+// Cache consults to decide what to back up and whom to trust; the ring's
+// work itself is in ring/. Not thread-safe: Rings guards it with its lock.
 #pragma once
 
 #include <sys/types.h>
