@@ -85,7 +85,9 @@ Cache::Cache(CacheOptions options)
       persist_side_(MakePersistSide()),
       persistence_(std::make_unique<Persistence>(options.persist_feed, storage_.get(), persist_side_.get())),
       backup_side_(MakeBackupSide()),
-      backups_(std::make_unique<Backups>(options.backup_feed, backup_side_.get(), options.clock)) {
+      backups_(std::make_unique<Backups>(options.backup_feed, backup_side_.get(), options.clock)),
+      recovery_side_(MakeRecoverySide()),
+      recovery_(std::make_unique<Recovery>(storage_.get(), recovery_side_.get())) {
   const SessionLimits& limits = options.limits;
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
@@ -151,8 +153,9 @@ CacheStats Cache::TallyLocked() const {
   s.backed_up_files = backups.backed_up_files;
   s.backup_failures = backups.failures;
   s.backup_failing = backups.failing;
-  s.recovered_files = counts_.recovered_files;
-  s.ring_checksum_mismatches = counts_.recovery_mismatches;
+  const RecoveryFigures recovered = recovery_->Figures();
+  s.recovered_files = recovered.recovered_files;
+  s.ring_checksum_mismatches = recovered.mismatches;
   s.backup_error = backups.error;
   const PersistFigures persisted = persistence_->Figures();
   s.persisted_files = persisted.files;

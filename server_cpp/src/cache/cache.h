@@ -10,9 +10,11 @@
 // through ClientStore, whose header states the security contract,
 // persistence through PersistSource (served by its Persistence component,
 // cache/persistence.h), the ring through RingStore and, for its backups,
-// RingBackups (served by its Backups component, cache/backups.h). A job's
-// ring membership is its Rings component's (cache/rings.h): clients set a
-// ring through ClientRings, the ring asks RingMembers.
+// RingBackups (served by its Backups component, cache/backups.h), for what
+// it brings back and what peers read here, RecoveryStore (served by its
+// Recovery component, cache/recovery.h). A job's ring membership is its
+// Rings component's (cache/rings.h): clients set a ring through
+// ClientRings, the ring asks RingMembers.
 //
 // All public methods are thread-safe: they take the one mutex, `mu_` (they
 // are EXCLUDES(mu_); the private helpers that run under it are REQUIRES(mu_),
@@ -56,6 +58,7 @@
 #include "cache/persist_feed.h"
 #include "cache/persistence.h"
 #include "cache/publication.h"
+#include "cache/recovery.h"
 #include "cache/replicas.h"
 #include "cache/restore_tracker.h"
 #include "cache/ring_store.h"
@@ -78,8 +81,7 @@ namespace tce {
 
 class Cache : public ClientStore,
               public SessionStore,
-              public RingStore,
-              public RecoveryStore {
+              public RingStore {
  public:
   // Its settings and storage roots: cache/cache_options.h. The collaborators
   // made after it, because they take the Cache (the retention's tag
@@ -127,19 +129,10 @@ class Cache : public ClientStore,
                      const std::vector<std::string>& paths, std::vector<FileInfo>* out) override EXCLUDES(mu_);
 
   // ---- RingStore (cache/ring_store.h) ----
-  Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) override EXCLUDES(mu_);
-  Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
-  void AbandonRecovery(std::unique_ptr<Buffer> mem) override EXCLUDES(mu_);
-  size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) override EXCLUDES(mu_);
-  Status CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) override EXCLUDES(mu_);
-  std::vector<FileInfo> NotInMemory(const std::string& job) override EXCLUDES(mu_);
-  size_t InMemoryCount(const std::string& job) override EXCLUDES(mu_);
   std::vector<HeldMarker> MarkersAwaitingPeers() override EXCLUDES(mu_);
   void PeersDurable(const FileKey& marker, uint64_t version) override EXCLUDES(mu_);
   std::vector<std::string> DurableOf(const std::string& job, const std::vector<std::string>& paths) override
       EXCLUDES(mu_);
-  Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) override EXCLUDES(mu_);
-  void EndPeerRead(uint64_t buffer_id) override EXCLUDES(mu_);
 
 
   // ---- for the daemon (and tests) ----
@@ -170,6 +163,9 @@ class Cache : public ClientStore,
   // Backing files up around the ring (cache/backups.h): the replicator's
   // and the peer port's RingBackups.
   Backups* backups() { return backups_.get(); }
+  // What the ring brings back and what peers read of this node
+  // (cache/recovery.h): the replicator's and the peer port's RecoveryStore.
+  Recovery* recovery() { return recovery_.get(); }
   // Storage read on behalf of clients and the ring (cache/storage_access.h):
   // the RPC layer's StoredFiles, the ring's StorageLoads.
   StorageAccess* storage_access() { return storage_access_.get(); }
@@ -272,6 +268,21 @@ class Cache : public ClientStore,
   void RecordPersisted(const PersistJob& job, const Status& result, std::vector<Record> records,
                        const FileStat& written) EXCLUDES(mu_);
   void EndPersistence() EXCLUDES(mu_);
+  // RecoveryHost's steps (cache_recovery.cc), each under mu_ (CheckRecovered
+  // and ProbePath ask storage, without it). A reserved buffer is also the
+  // storage access's and the replicas' (their hosts' ReserveBuffer).
+  std::unique_ptr<RecoveryHost> MakeRecoverySide();
+  Status ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) EXCLUDES(mu_);
+  void AbandonRecovery(std::unique_ptr<Buffer> mem) EXCLUDES(mu_);
+  Status AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem, const StorageCheck& storage,
+                        const DiskIdentity& here) EXCLUDES(mu_);
+  size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) EXCLUDES(mu_);
+  std::vector<size_t> TagFilesNotHeld(const TagInfo& tag) EXCLUDES(mu_);
+  bool ProbePath(const std::string& path, Status* status, DiskIdentity* now);
+  std::vector<FileInfo> NotInMemory(const std::string& job) EXCLUDES(mu_);
+  size_t InMemoryCount(const std::string& job) EXCLUDES(mu_);
+  Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) EXCLUDES(mu_);
+  void EndPeerRead(uint64_t buffer_id) EXCLUDES(mu_);
   // Forgets a complete tag (its files were deleted from storage): neither
   // listed nor published any more, here or, once recorded, after a restart.
   void ForgetTag(const std::string& job, const std::string& tag) EXCLUDES(mu_);
@@ -491,6 +502,9 @@ class Cache : public ClientStore,
   class BackupSide;  // the same for Backups (cache_ring.cc)
   const std::unique_ptr<BackupHost> backup_side_;
   const std::unique_ptr<Backups> backups_;
+  class RecoverySide;  // the same for Recovery (cache_recovery.cc)
+  const std::unique_ptr<RecoveryHost> recovery_side_;
+  const std::unique_ptr<Recovery> recovery_;
   // Last: destroyed first, while the budget it gives its bytes back to is whole.
   // The pool's PoolBudget and the borrowers' MemoryBudget; made before the
   // pool, which it outlives.

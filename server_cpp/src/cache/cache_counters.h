@@ -12,7 +12,6 @@ struct CacheCounters {
   uint64_t evicted_files = 0;
   uint64_t discarded_files = 0, stale_drops = 0;  // coherence with storage
   uint64_t fetched_objects = 0, fetched_bytes = 0, marker_rounds = 0;  // object roots
-  uint64_t recovered_files = 0, recovery_mismatches = 0;  // the ring (backups: cache/backups.h)
   uint64_t versions_published = 0;     // complete tags recorded, followed versions learned
 };
 

@@ -19,7 +19,7 @@ class FollowTest : public VersionsTest {
   // A buffer of the cache with `bytes` in it, as a follower's transfer fills one.
   std::unique_ptr<Buffer> Filled(const std::string& bytes) {
     std::unique_ptr<Buffer> mem;
-    EXPECT_TRUE(cache_.ReserveRecovery(bytes.size(), &mem).ok());
+    EXPECT_TRUE(cache_.recovery()->ReserveRecovery(bytes.size(), &mem).ok());
     EXPECT_EQ(pwrite(mem->fd(), bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
     return mem;
   }
@@ -137,7 +137,7 @@ TEST_F(FollowTest, AVersionsDigestsAreThoseItsPublisherComputesOfItsOwnFiles) {
   ASSERT_EQ(pins.size(), 1u) << "this node's own file in memory only";
   EXPECT_EQ(out.files[pins[0].file].path, "/c/m.safetensors");
   close(pins[0].fd);
-  cache_.EndPeerRead(pins[0].buffer_id);
+  cache_.recovery()->EndPeerRead(pins[0].buffer_id);
   out.files[pins[0].file].crc32 = 42, out.files[pins[0].file].has_crc32 = true;
   cache_.replicas()->RecordDigests(out);
   TagInfo again;
@@ -224,7 +224,7 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
             Status::Code::kNotFound);
   ASSERT_TRUE(cache_.replicas()->StartVersionRead("fj", "/c/w.safetensors", "step1", &out, &fd).ok());
   close(fd);
-  cache_.EndPeerRead(out.buffer_id);
+  cache_.recovery()->EndPeerRead(out.buffer_id);
   // A replica of a size the version does not list, or of a version not
   // here, is refused.
   f.size = 6;

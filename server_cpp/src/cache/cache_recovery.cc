@@ -1,14 +1,15 @@
-// Cache: recovery, the files and tags the ring gives back to a restarted or
-// replaced node (ring/replicator.h pulls them). Each copy is checked like a
-// save and against what this server knows (metadata, the job's owner) and
-// against storage: a copy never undoes storage, nor is written over a file
-// it does not record (docs/ring.md). Loads of the job wait for the restore.
+// Cache: recovery's side, the files and tags the ring gives back to a
+// restarted or replaced node (ring/replicator.h pulls them, through the
+// Recovery component, cache/recovery.h), and this node's files in memory
+// as peers read them. Each copy is checked like a save (by Recovery) and
+// against what this server knows (metadata, the job's owner) and against
+// storage: a copy never undoes storage, nor is written over a file it does
+// not record (docs/ring.md). Loads of the job wait for the restore.
 #include "cache/cache.h"
 
 #include <algorithm>
 
 #include "common/logging.h"
-#include "common/validate.h"
 
 namespace tce {
 
@@ -31,35 +32,27 @@ size_t Cache::AdoptTags(const std::string& job, std::vector<TagInfo> tags) {
   return kept;
 }
 
-Status Cache::CheckRecoveredTag(const TagInfo& tag, const std::set<std::string>& listed) {
-  std::vector<const TagFile*> elsewhere;  // not in memory at the tag's size
-  {
-    MutexLock lock(&mu_);
-    for (const TagFile& f : tag.files) {
-      auto it = files_.find({tag.job, f.path});
-      const bool held = it != files_.end() && it->second.buffer_id != 0 && it->second.size == f.size &&
-                        it->second.state != FileState::kPending && it->second.state != FileState::kEvicted &&
-                        it->second.state != FileState::kDiscarded;
-      if (!held) elsewhere.push_back(&f);
-    }
+std::vector<size_t> Cache::TagFilesNotHeld(const TagInfo& tag) {
+  MutexLock lock(&mu_);
+  std::vector<size_t> out;
+  for (size_t i = 0; i < tag.files.size(); ++i) {
+    auto it = files_.find({tag.job, tag.files[i].path});
+    const bool held = it != files_.end() && it->second.buffer_id != 0 && it->second.size == tag.files[i].size &&
+                      it->second.state != FileState::kPending && it->second.state != FileState::kEvicted &&
+                      it->second.state != FileState::kDiscarded;
+    if (!held) out.push_back(i);
   }
-  for (const TagFile* f : elsewhere) {
-    const std::string names = "tag " + tag.tag + " names " + f->path + " (" + std::to_string(f->size) + " bytes), ";
-    if (listed.count(f->path))
-      return Status::FailedPrecondition(names + "which the ring listed as this node's but did not give back");
-    if (!storage_->has_dirs() || storage_->ObjectRootOf(f->path, nullptr)) continue;  // memory only, or an object (not checked here)
-    auto result = std::make_shared<std::pair<Status, DiskIdentity>>();
-    std::shared_ptr<const StorageRoots> roots = storage_;
-    std::string p = f->path;
-    if (!prober_->Run([=] { result->first = SnapshotPath(*roots, p, &result->second); }))
-      continue;  // storage cannot say
-    const DiskIdentity& now = result->second;
-    if (result->first.code() == Status::Code::kPermissionDenied)  // outside the roots, or a symlink on the way
-      return Status::FailedPrecondition(names + "which is not a file under a storage root: " + result->first.message());
-    if (result->first.ok() && now.exists && now.size != f->size)
-      return Status::FailedPrecondition(names + "but storage holds " + std::to_string(now.size) + " bytes there");
-  }
-  return Status::OK();
+  return out;
+}
+
+bool Cache::ProbePath(const std::string& path, Status* status, DiskIdentity* now) {
+  auto result = std::make_shared<std::pair<Status, DiskIdentity>>();
+  std::shared_ptr<const StorageRoots> roots = storage_;
+  std::string p = path;
+  if (!prober_->Run([=] { result->first = SnapshotPath(*roots, p, &result->second); })) return false;
+  *status = result->first;
+  *now = result->second;
+  return true;
 }
 
 Status Cache::ReserveRecovery(uint64_t size, std::unique_ptr<Buffer>* out) {
@@ -95,23 +88,13 @@ void Cache::AbandonRecovery(std::unique_ptr<Buffer> mem) {
   }
 }
 
-Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
-  // A peer's copy is checked like a save (its names) and against what this
-  // server knows (its metadata, the ring's owner): a peer never names a path,
-  // an owner or a size of its own choosing.
-  Status s = ValidateName("job", f.job, /*allow_empty=*/false, /*allow_slash=*/true);
-  if (s.ok()) s = ValidateName("tag", f.tag, /*allow_empty=*/true, /*allow_slash=*/false);
-  if (s.ok()) s = ValidatePath(f.path);
-  if (s.ok()) s = storage_->CheckUnder(f.path);
-  // And against storage (filesystem calls: before the lock): a copy is
-  // never written over a file that changed since it was made, nor brings
-  // back one that was deleted.
-  DiskIdentity here;
-  StorageCheck storage;
-  if (s.ok()) storage = CheckRecovered(f, &here);
+Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem, const StorageCheck& storage,
+                             const DiskIdentity& here) {
+  // Its names were checked (by Recovery), and storage asked (CheckRecovered);
+  // now against what this server knows (its metadata, the ring's owner): a
+  // peer never names an owner or a size of its own choosing.
   MutexLock lock(&mu_);
   reserved_ -= mem->capacity();
-  if (!s.ok()) return Status::PermissionDenied("the ring's copy of " + f.path + " is refused: " + s.message());
   FileKey key{f.job, f.path};
   auto it = files_.find(key);
   if (it != files_.end() && it->second.buffer_id != 0)
@@ -119,7 +102,6 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
   if (it != files_.end()) {  // known from metadata: size, owner and CRCs are metadata's
     const FileInfo& known = it->second;
     if (known.size != 0 && known.size != f.size) {
-      ++counts_.recovery_mismatches;
       return Status::DataLoss("the ring's copy of " + f.path + " has " + std::to_string(f.size) +
                               " bytes, metadata " + std::to_string(known.size) + ": storage serves it");
     }
@@ -128,7 +110,6 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
       auto same = std::find_if(f.records.begin(), f.records.end(),
                                [&](const Record& r) { return r.name == k.name; });
       if (same == f.records.end() || same->crc32 != k.crc32 || same->size != k.size) {
-        ++counts_.recovery_mismatches;
         return Status::DataLoss("the ring's copy of " + f.path + " does not match the checksums in "
                                 "metadata (record " + k.name + "): storage serves it");
       }
@@ -189,7 +170,6 @@ Status Cache::AdoptRecovered(FileInfo f, std::unique_ptr<Buffer> mem) {
     if (f.persisted_unix_ns == 0) f.persisted_unix_ns = f.committed_unix_ns;
   }
   files_[key] = f;
-  ++counts_.recovered_files;
   Note(f, false);
   if (f.state != FileState::kPersisted) QueuePersist(key);  // it may never have reached storage
   TCE_LOG(kInfo, "ring") << "recovered job=" << f.job << " path=" << f.path << " size=" << f.size
@@ -277,5 +257,65 @@ std::vector<FileInfo> Cache::NotInMemory(const std::string& job) {
       out.push_back(f);
   return out;
 }
+
+size_t Cache::InMemoryCount(const std::string& job) {
+  MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [key, f] : files_)
+    n += key.first == job && f.buffer_id != 0 && f.state != FileState::kPending;
+  return n;
+}
+
+Status Cache::StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) {
+  MutexLock lock(&mu_);
+  auto it = files_.find({job, path});
+  if (it == files_.end() || it->second.buffer_id == 0 || it->second.state == FileState::kPending ||
+      it->second.state == FileState::kEvicted || it->second.state == FileState::kDiscarded)
+    return Status::NotFound(path + " is not in this server's memory");
+  Buf& buf = buffers_[it->second.buffer_id];
+  Status s = buf.mem->NewFd(/*writable=*/false, fd);
+  if (!s.ok()) return s;
+  ++buf.pins;  // not reused until EndPeerRead
+  *out = it->second;
+  return Status::OK();
+}
+
+void Cache::EndPeerRead(uint64_t buffer_id) {
+  MutexLock lock(&mu_);
+  auto b = buffers_.find(buffer_id);
+  if (b == buffers_.end()) return;
+  --b->second.pins;
+  MaybeFree(b->second);
+}
+
+class Cache::RecoverySide : public RecoveryHost {
+ public:
+  explicit RecoverySide(Cache* cache) : c_(cache) {}
+  Status Reserve(uint64_t size, std::unique_ptr<Buffer>* out) override { return c_->ReserveRecovery(size, out); }
+  void Unreserve(std::unique_ptr<Buffer> mem) override { c_->AbandonRecovery(std::move(mem)); }
+  StorageCheck CheckStorage(const FileInfo& f, DiskIdentity* here) override { return c_->CheckRecovered(f, here); }
+  Status Adopt(FileInfo f, std::unique_ptr<Buffer> mem, const StorageCheck& storage,
+               const DiskIdentity& here) override {
+    return c_->AdoptRecovered(std::move(f), std::move(mem), storage, here);
+  }
+  size_t AdoptTags(const std::string& job, std::vector<TagInfo> tags) override {
+    return c_->AdoptTags(job, std::move(tags));
+  }
+  std::vector<size_t> NotHeld(const TagInfo& tag) override { return c_->TagFilesNotHeld(tag); }
+  bool ProbePath(const std::string& path, Status* status, DiskIdentity* now) override {
+    return c_->ProbePath(path, status, now);
+  }
+  std::vector<FileInfo> NotInMemory(const std::string& job) override { return c_->NotInMemory(job); }
+  size_t InMemoryCount(const std::string& job) override { return c_->InMemoryCount(job); }
+  Status PinForPeer(const std::string& job, const std::string& path, FileInfo* out, int* fd) override {
+    return c_->StartPeerRead(job, path, out, fd);
+  }
+  void Unpin(uint64_t buffer_id) override { c_->EndPeerRead(buffer_id); }
+
+ private:
+  Cache* const c_;
+};
+
+std::unique_ptr<RecoveryHost> Cache::MakeRecoverySide() { return std::make_unique<RecoverySide>(this); }
 
 }  // namespace tce

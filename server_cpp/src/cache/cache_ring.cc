@@ -100,36 +100,6 @@ size_t Cache::ForgetHolder(const std::string& job, const std::string& peer) {
   return n;
 }
 
-size_t Cache::InMemoryCount(const std::string& job) {
-  MutexLock lock(&mu_);
-  size_t n = 0;
-  for (const auto& [key, f] : files_)
-    n += key.first == job && f.buffer_id != 0 && f.state != FileState::kPending;
-  return n;
-}
-
-Status Cache::StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) {
-  MutexLock lock(&mu_);
-  auto it = files_.find({job, path});
-  if (it == files_.end() || it->second.buffer_id == 0 || it->second.state == FileState::kPending ||
-      it->second.state == FileState::kEvicted || it->second.state == FileState::kDiscarded)
-    return Status::NotFound(path + " is not in this server's memory");
-  Buf& buf = buffers_[it->second.buffer_id];
-  Status s = buf.mem->NewFd(/*writable=*/false, fd);
-  if (!s.ok()) return s;
-  ++buf.pins;  // not reused until EndPeerRead
-  *out = it->second;
-  return Status::OK();
-}
-
-void Cache::EndPeerRead(uint64_t buffer_id) {
-  MutexLock lock(&mu_);
-  auto b = buffers_.find(buffer_id);
-  if (b == buffers_.end()) return;
-  --b->second.pins;
-  MaybeFree(b->second);
-}
-
 class Cache::BackupSide : public BackupHost {
  public:
   explicit BackupSide(Cache* cache) : c_(cache) {}

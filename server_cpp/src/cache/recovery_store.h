@@ -1,12 +1,14 @@
-// RecoveryStore: the Cache as the ring brings files back into it
-// (ring/replicator.h, ring/peer_server.h): this node's own files and tags
-// pulled back from the ring after a restart or a node's loss (the
-// cooperative restore's reads of storage are StorageLoads').
+// RecoveryStore: the Cache as the ring brings files back into it and as
+// peers read this node's files (ring/replicator.h, ring/peer_server.h,
+// ring/range_reader.h): this node's own files and tags pulled back from the
+// ring after a restart or a node's loss (the cooperative restore's reads of
+// storage are StorageLoads'), and the files in memory a ring member reads.
 //
 // Trust: what a peer hands back is checked on adoption (AdoptRecovered,
-// CheckRecoveredTag), never taken on its word.
+// CheckRecoveredTag), never taken on its word; a peer's read is checked by
+// the caller (the peer is a member of the job's ring).
 //
-// The Cache is one. Thread-safe.
+// Served by the Cache's Recovery component (cache/recovery.h). Thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -57,6 +59,17 @@ class RecoveryStore {
   // Files of `job` that metadata recorded here and that are not in memory
   // (after a restore: what the ring could not give back).
   virtual std::vector<FileInfo> NotInMemory(const std::string& job) = 0;
+
+  // ---- peer reads ----
+  // How many committed files of `job` this node holds in memory.
+  virtual size_t InMemoryCount(const std::string& job) = 0;
+  // For a ring member's read (ring/peer_server.h; the caller checked that
+  // the peer is a member of the job's ring): the committed file (job, path)
+  // this node holds in memory, its buffer pinned and a read-only fd in *fd
+  // until EndPeerRead(out->buffer_id). NOT_FOUND if not in memory.
+  virtual Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) = 0;
+  // Ends a pin of StartPeerRead (or of PeerVersions' reads of a version's files).
+  virtual void EndPeerRead(uint64_t buffer_id) = 0;
 };
 
 }  // namespace tce

@@ -62,7 +62,7 @@ class ReplicaHost {
   // The file `tf` of version `tag` held in memory as that version published
   // it (the node's own, or, unless `own_only`, the replica brought for it):
   // its buffer pinned and a read-only fd in *fd until
-  // RingStore::EndPeerRead(out->buffer_id). NOT_FOUND when not held.
+  // RecoveryStore::EndPeerRead(out->buffer_id). NOT_FOUND when not held.
   virtual Status PinVersionFile(const TagInfo& tag, const TagFile& tf, bool own_only, FileInfo* out,
                                 int* fd) = 0;
   // Whether (job, path) is held in memory for the version recorded as `tag`.

@@ -1,9 +1,8 @@
-// RingStore: the Cache's files as the ring (ring/) sees them: the peer port
-// (ring/peer_server.h) and ranged reads (ring/range_reader.h) read this
-// node's own files in memory; tag markers wait for every node's files
-// (ring/tag_barrier.h). The job's ring itself, and who may act for a job,
-// are RingMembers' (ring_members.h); what the backup workers send and
-// report is RingBackups' (ring_backups.h); what the ring brings back is
+// RingStore: the Cache's files as the ring (ring/) sees them: tag markers
+// wait for every node's files (ring/tag_barrier.h). The job's ring itself,
+// and who may act for a job, are RingMembers' (ring_members.h); what the
+// backup workers send and report is RingBackups' (ring_backups.h); what the
+// ring brings back, and the reads of this node's own files in memory, are
 // RecoveryStore's (recovery_store.h), and the versions other nodes follow
 // are PeerVersions' (peer_versions.h); RingStores puts them together.
 //
@@ -65,33 +64,22 @@ class RingStore {
   // For a ring member's question: those of `paths` (files of `job`) this
   // node has persisted (PERSISTED, or EVICTED since).
   virtual std::vector<std::string> DurableOf(const std::string& job, const std::vector<std::string>& paths) = 0;
-
-  // ---- peer reads ----
-  // How many committed files of `job` this node holds in memory.
-  virtual size_t InMemoryCount(const std::string& job) = 0;
-  // For a ring member's read (ring/peer_server.h; the caller checked that
-  // the peer is a member of the job's ring): the committed file (job, path)
-  // this node holds in memory, its buffer pinned and a read-only fd in *fd
-  // until EndPeerRead(out->buffer_id). NOT_FOUND if not in memory.
-  virtual Status StartPeerRead(const std::string& job, const std::string& path, FileInfo* out, int* fd) = 0;
-  virtual void EndPeerRead(uint64_t buffer_id) = 0;
-
 };
 
-// What the ring reaches of this node, one interface per concern; the Cache
-// is each of them (RingStores::Of(&cache)).
+// What the ring reaches of this node, one interface per concern: the Cache,
+// or one of its components (RingStores::Of(&cache)).
 struct RingStores {
   RingStore* ring = nullptr;
   RingMembers* members = nullptr;      // the job's ring, who may act for it (the Cache's rings)
   RingBackups* backups = nullptr;      // backups to the successor (the Cache's backups)
-  RecoveryStore* recovery = nullptr;
+  RecoveryStore* recovery = nullptr;   // what the ring brings back, peers' reads (the Cache's recovery)
   PeerVersions* versions = nullptr;    // published versions across nodes (the Cache's replicas)
   NodeGrants* grants = nullptr;        // which nodes may follow a job (the Cache's publication)
   StorageLoads* loads = nullptr;       // reads of storage for the ring (the Cache's storage access)
   RestoreTracker* restores = nullptr;  // the replicator ends the restores it began
   template <class T>
   static RingStores Of(T* all) {
-    return {all,           all->rings(),        all->backups(),        all,
+    return {all,           all->rings(),        all->backups(),        all->recovery(),
             all->replicas(), all->publication(), all->storage_access(), all->restores()};
   }
 };

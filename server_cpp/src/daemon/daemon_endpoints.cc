@@ -33,7 +33,7 @@ void Daemon::MakeService() {
     rro.is_down = [r](const std::string& job, const std::string& peer) { return r->PeerDown(job, peer); };
     rro.mark_down = [r](const std::string& job, const std::string& peer) { r->MarkPeerDown(job, peer); };
   }
-  ranges_ = std::make_unique<RangeReader>(cache_.get(), cache_->rings(), rro);
+  ranges_ = std::make_unique<RangeReader>(RingStores::Of(cache_.get()), rro);
   service_->SetRangeReader(ranges_.get());
   if (ring_) {  // following other nodes' published versions (docs/weights.md)
     VersionFollowerOptions fo;

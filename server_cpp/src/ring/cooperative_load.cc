@@ -237,7 +237,7 @@ std::string BaseName(const std::string& dir) {
 bool Replicator::PrefetchStep(uid_t uid, PrefetchJob* p) {
   if (!p->started) {
     p->started = true;
-    if (p->only_if_empty && cache_->InMemoryCount(p->job) > 0) return true;  // not a restart
+    if (p->only_if_empty && recovery_->InMemoryCount(p->job) > 0) return true;  // not a restart
     const std::string dir = p->paths.empty() ? p->dir : CommonDir(p->paths);
     p->shown = progress_.Begin(ProgressBoard::kPrefetch, p->job, BaseName(dir), "", uid);
     std::vector<ListedObject> listed;  // the sizes of this node's share (one listing: this step)

@@ -37,7 +37,7 @@ class FollowWatchTest : public ::testing::Test {
     ro.self = kSelf;
     ro.key = "t";
     ro.clock = &clock_;
-    ranges_ = std::make_unique<RangeReader>(&here_, here_.rings(), ro);
+    ranges_ = std::make_unique<RangeReader>(RingStores::Of(&here_), ro);
     VersionFollowerOptions fo;
     fo.self = kSelf;
     fo.key = "t";

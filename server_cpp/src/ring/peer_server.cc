@@ -244,7 +244,7 @@ void PeerServer::ServeLink(std::unique_ptr<PeerLink>* owned) {
       }
       if (refused.ok() && cache_ &&
           MayRead(ask.job(), link->peer(), "", ask.has_job_uid(), ask.job_uid(), nullptr).ok())
-        list.set_own_files(cache_->InMemoryCount(req.list().job()));
+        list.set_own_files(recovery_->InMemoryCount(req.list().job()));
       if (!refused.ok()) {
         TCE_LOG(kWarning, "ring") << "refused the list of job=" << req.list().job() << " to "
                                   << link->peer() << ": " << refused.message();

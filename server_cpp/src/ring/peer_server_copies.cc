@@ -165,7 +165,7 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     found = MayRead(held.file.job, link->peer(), held.owner, req.has_job_uid(), req.job_uid(), &held.job_uid);
   } else if (cache_) {  // this server's own file, for a member of the job's ring only
     Status member = MayRead(req.job(), link->peer(), "", req.has_job_uid(), req.job_uid(), nullptr);
-    found = member.ok() ? cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd) : member;
+    found = member.ok() ? recovery_->StartPeerRead(req.job(), req.path(), &held.file, &fd) : member;
     if (found.code() == Status::Code::kNotFound && req.load()) {  // the restore plan names this node
       found = ValidateName("job", req.job(), /*allow_empty=*/false, /*allow_slash=*/true);
       if (found.ok()) found = ValidatePath(req.path());  // a name storage is read at: checked as a client's
@@ -179,7 +179,7 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
         return link->Send(redirect);
       }
       if (found.ok()) found = LoadForPeer(link, req.job(), req.path());
-      if (found.ok()) found = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
+      if (found.ok()) found = recovery_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
     }
     if (found.ok()) {
       pinned = held.file.buffer_id;
@@ -198,12 +198,12 @@ Status PeerServer::ServeFetch(PeerLink* link, const v1::PeerFetch& req) {
     TCE_LOG(kWarning, "ring") << "refused to send job=" << req.job() << " path=" << req.path()
                               << " to " << link->peer() << ": " << found.message();
   struct Unpin {
-    RingStore* cache;
+    RecoveryStore* reads;
     uint64_t id;
     ~Unpin() {
-      if (id) cache->EndPeerRead(id);
+      if (id) reads->EndPeerRead(id);
     }
-  } unpin{cache_, pinned};
+  } unpin{recovery_, pinned};
   v1::PeerReply reply;
   reply.set_code(static_cast<int>(found.code()));
   reply.set_message(found.message());

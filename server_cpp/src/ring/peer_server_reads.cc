@@ -46,7 +46,7 @@ void PeerServer::DigestVersion(TagInfo* tag) {
         f.has_crc32 = true;
       }
       ::close(p.fd);
-      cache_->EndPeerRead(p.buffer_id);
+      recovery_->EndPeerRead(p.buffer_id);
     }
     if (!pins.empty()) versions_->RecordDigests(*tag);
     return Status::OK();
@@ -88,7 +88,7 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
     }
   } else if (cache_) {  // this server's own file, for a member of the job's ring only
     s = MayRead(req.job(), peer, "", req.has_job_uid(), req.job_uid(), nullptr);
-    if (s.ok()) s = cache_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
+    if (s.ok()) s = recovery_->StartPeerRead(req.job(), req.path(), &held.file, &fd);
     if (s.ok()) pinned = held.file.buffer_id;
   } else {
     s = Status::NotFound(req.path() + " is not held here");
@@ -123,7 +123,7 @@ Status PeerServer::ServeReadRange(PeerLink* link, const v1::PeerReadRange& req) 
     if (sent.ok() && following) versions_->NoteVersionRangeServed();
   }
   if (fd >= 0) ::close(fd);
-  if (pinned) cache_->EndPeerRead(pinned);
+  if (pinned) recovery_->EndPeerRead(pinned);
   if (transfer) transfer->CloseRange(req.job(), req.path());
   return sent;
 }

@@ -18,8 +18,8 @@ std::chrono::milliseconds RangeReader::ConnectTimeout(Clock::TimePoint deadline)
   return std::max(std::chrono::milliseconds(1), std::min(options_.clock->Left(deadline), options_.io_timeout));
 }
 
-RangeReader::RangeReader(RingStore* cache, RingMembers* members, RangeReaderOptions options)
-    : cache_(cache), members_(members), options_(std::move(options)) {}
+RangeReader::RangeReader(RingStores stores, RangeReaderOptions options)
+    : members_(stores.members), recovery_(stores.recovery), options_(std::move(options)) {}
 
 Status RangeReader::Read(const std::string& job, const std::string& path, uint64_t offset,
                          uint64_t length, RangeRead* out, unsigned char* into, const PeerWait& wait) {
@@ -94,12 +94,12 @@ Status RangeReader::ReadOwn(const std::string& job, const std::string& path, uin
                             uint64_t length, RangeRead* out, unsigned char* to) {
   FileInfo f;
   int fd = -1;
-  Status s = cache_->StartPeerRead(job, path, &f, &fd);
+  Status s = recovery_->StartPeerRead(job, path, &f, &fd);
   if (!s.ok()) return s;
   s = CheckRange(offset, length, f.size);
   if (s.ok()) s = ReadRangeOf(fd, offset, length, to);
   ::close(fd);
-  cache_->EndPeerRead(f.buffer_id);
+  recovery_->EndPeerRead(f.buffer_id);
   if (!s.ok()) return s;
   out->source = v1::RANGE_SOURCE_LOCAL;
   out->file_size = f.size;

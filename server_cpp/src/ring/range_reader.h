@@ -66,7 +66,9 @@ class RangeReader {
  public:
   static constexpr size_t kIdleLinks = 4;  // kept per peer
 
-  RangeReader(RingStore* cache, RingMembers* members, RangeReaderOptions options);
+  // `stores.members` (the job's peers and uid) and `stores.recovery`
+  // (this node's files in memory).
+  RangeReader(RingStores stores, RangeReaderOptions options);
   // Bytes [offset, offset + length) of (job, path). NOT_FOUND when neither
   // this server nor any reachable ring member has the file (the message says
   // which member failed, if one did); OUT_OF_RANGE or
@@ -112,8 +114,8 @@ class RangeReader {
   std::unique_ptr<PeerLink> TakeLink(const std::string& peer) EXCLUDES(mu_);
   void ReturnLink(const std::string& peer, std::unique_ptr<PeerLink> link) EXCLUDES(mu_);
 
-  RingStore* const cache_;
   RingMembers* const members_;  // the job's peers and uid
+  RecoveryStore* const recovery_;  // reads of this node's own files
   const RangeReaderOptions options_;
   std::atomic<uint64_t> local_reads_{0}, held_reads_{0}, peer_reads_{0}, peer_bytes_{0};
   Mutex mu_;

@@ -231,7 +231,7 @@ TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
   o.self = "127.0.0.1:1";
   o.key = "t";
   o.io_timeout = 2000ms;
-  RangeReader reader(&mine, mine.rings(), o);
+  RangeReader reader(RingStores::Of(&mine), o);
   RangeRead got;
   for (int i = 0; i < 3; ++i) {  // the link is kept and reused
     Status st = reader.Read("j", "/c/own", 2000000 + i, 4096, &got);
@@ -272,7 +272,7 @@ TEST_F(PeerRangeTest, OnlyAReadThatAsksAPeerIsAdmittedAndARefusalIsItsAnswer) {
   o.self = "127.0.0.1:1";
   o.key = "t";
   o.io_timeout = 2000ms;
-  RangeReader reader(&mine, mine.rings(), o);
+  RangeReader reader(RingStores::Of(&mine), o);
   int asked = 0;
   PeerWait refuse;
   refuse.admit = [&] {
@@ -329,7 +329,7 @@ struct Asker {
     o.self = "127.0.0.1:1";
     o.key = "t";
     o.io_timeout = 2000ms;
-    reader = std::make_unique<RangeReader>(&cache, cache.rings(), o);
+    reader = std::make_unique<RangeReader>(RingStores::Of(&cache), o);
   }
   Cache cache;
   std::unique_ptr<RangeReader> reader;
