@@ -25,7 +25,7 @@ class BlockedCallsTest : public ::testing::Test {
     o.clock = &clock_;
     return o;
   }()) {
-    session_ = cache_.OpenSession(getuid(), getpid(), getgid());
+    session_ = cache_.sessions()->OpenSession(getuid(), getpid(), getgid());
   }
 
   // Runs `call` on a thread and returns once it waits on the clock.
@@ -63,7 +63,7 @@ TEST_F(BlockedCallsTest, AWaitForAVersionEndsWhenItsSessionCloses) {
     result = cache_.publication()->GetVersion(session_, "nobodys", 0, std::chrono::hours(24), kNoDeadline, &tag,
                                [] { return false; });
   });
-  cache_.CloseSession(session_);  // no time passes: the close itself wakes it
+  cache_.sessions()->CloseSession(session_);  // no time passes: the close itself wakes it
   t.join();
   EXPECT_EQ(result.code(), Status::Code::kUnauthenticated);
 }
@@ -76,7 +76,7 @@ TEST_F(BlockedCallsTest, AWaitForPersistenceEndsWhenTheCallerGoesOrItsSessionClo
   o.storage = std::make_shared<const StorageRoots>(std::vector<std::string>{dir}, nullptr, PosixStoreOptions());
   o.clock = &clock_;
   Cache cache(o);
-  const std::string s = cache.OpenSession(getuid(), getpid(), getgid());
+  const std::string s = cache.sessions()->OpenSession(getuid(), getpid(), getgid());
   const std::string path = dir + "/x.pt";
   AllocateResult a;
   ASSERT_TRUE(cache.Allocate({s, "job", "t", path, 0, 100}, &a).ok());
@@ -95,7 +95,7 @@ TEST_F(BlockedCallsTest, AWaitForPersistenceEndsWhenTheCallerGoesOrItsSessionClo
   EXPECT_EQ(result.code(), Status::Code::kCancelled);
 
   t = Blocked([&] { result = cache.Wait(s, "job", {path}, std::chrono::milliseconds(0), &files, [] { return false; }); });
-  cache.CloseSession(s);
+  cache.sessions()->CloseSession(s);
   t.join();
   EXPECT_EQ(result.code(), Status::Code::kUnauthenticated);
   rmdir(dir.c_str());

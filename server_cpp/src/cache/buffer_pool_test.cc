@@ -258,7 +258,7 @@ class PoolCacheTest : public ::testing::Test {
     int fd = -1;
     bool w = false;
     uint64_t cap = 0;
-    Status s = c.FdFor(session, buffer, &fd, &w, &cap);
+    Status s = c.sessions()->FdFor(session, buffer, &fd, &w, &cap);
     EXPECT_TRUE(s.ok()) << s.ToString();
     return fd;
   }
@@ -273,7 +273,7 @@ TEST_F(PoolCacheTest, PooledBytesAndBuffersStayWithinTheBudget) {
   pool.Start();
   ASSERT_TRUE(pool.WaitIdle(10000));
   EXPECT_EQ(cache.Stats().pool.held, 64 * kMiB);
-  std::string s = cache.OpenSession(getuid(), getpid());
+  std::string s = cache.sessions()->OpenSession(getuid(), getpid());
   AllocateResult a = Alloc(cache, s, "/ckpt/a.pt", 40 * kMiB);
   CacheStats st = cache.Stats();
   EXPECT_EQ(st.pool.taken, 1u);
@@ -298,7 +298,7 @@ TEST_F(PoolCacheTest, AnotherUidsBufferFromThePoolHoldsZeros) {
   BufferPool& pool = *cache.pool();
   pool.Start();
   ASSERT_TRUE(pool.WaitIdle(10000));
-  std::string alice = cache.OpenSession(1001, 1);
+  std::string alice = cache.sessions()->OpenSession(1001, 1);
   AllocateResult a = Alloc(cache, alice, "/ckpt/alice.pt", 4 * kMiB);
   int fd = Fd(cache, alice, a.buffer_id);
   void* m = mmap(nullptr, a.capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -309,10 +309,10 @@ TEST_F(PoolCacheTest, AnotherUidsBufferFromThePoolHoldsZeros) {
   FileInfo f;
   ASSERT_TRUE(cache.Commit(alice, a.allocation_id, {}, &f).ok());
   ASSERT_TRUE(cache.Remove(alice, "job", "/ckpt/alice.pt", &f).ok());
-  cache.CloseSession(alice);
+  cache.sessions()->CloseSession(alice);
   // Bob gets a new buffer (from the pool), never Alice's.
   ASSERT_TRUE(pool.WaitIdle(10000));
-  std::string bob = cache.OpenSession(1002, 2);
+  std::string bob = cache.sessions()->OpenSession(1002, 2);
   AllocateRequest r{bob, "bobs", "tag", "/ckpt/bob.pt", 0, 4 * kMiB};
   AllocateResult b;
   ASSERT_TRUE(cache.Allocate(r, &b).ok());
@@ -367,7 +367,7 @@ TEST_F(PoolCacheTest, HugetlbBuffersAreRoundedAndFallBackTo4kWhenPagesRunOut) {
     CacheOptions o(256 * kMiB);
     o.backing = Backing::kHugetlb;
     Cache cache(o);
-    std::string s = cache.OpenSession(getuid(), getpid());
+    std::string s = cache.sessions()->OpenSession(getuid(), getpid());
     AllocateResult a = Alloc(cache, s, "/ckpt/small.pt", 10000);
     EXPECT_EQ(a.capacity, kHugePage);
     CacheStats st = cache.Stats();
@@ -401,7 +401,7 @@ TEST_F(PoolCacheTest, AHugetlbPoolHandsOutHugePages) {
   pool.Start();
   ASSERT_TRUE(pool.WaitIdle(10000));
   EXPECT_EQ(pool.Stats().held, 16 * kMiB);
-  std::string s = cache.OpenSession(getuid(), getpid());
+  std::string s = cache.sessions()->OpenSession(getuid(), getpid());
   AllocateResult a = Alloc(cache, s, "/ckpt/a.pt", 3 * kMiB);
   EXPECT_EQ(a.capacity % kHugePage, 0u);
   CacheStats st = cache.Stats();

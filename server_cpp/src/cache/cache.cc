@@ -69,7 +69,8 @@ Cache::Cache(CacheOptions options)
       check_timeout_(options.storage_check_timeout),
       prober_(std::make_unique<Prober>(options.storage_check_timeout, options.clock)),
       backing_(options.backing),
-      sessions_(options.clock),
+      session_side_(MakeSessionSide()),
+      sessions_(options.limits, session_side_.get(), options.clock),
       rings_side_(MakeRingsSide()),
       rings_(options.meta, rings_side_.get()),
       restores_(options.restores ? std::move(options.restores)
@@ -91,7 +92,6 @@ Cache::Cache(CacheOptions options)
   const SessionLimits& limits = options.limits;
   MutexLock lock(&mu_);
   owners_.set_root_is_admin(limits.root_is_admin);
-  sessions_.set_max_leases(limits.max_leases_per_session);
   owners_.set_max_jobs_per_uid(limits.metadata.max_jobs_per_uid);
   quota_.SetLimits(limits.metadata);
   lock.Unlock();

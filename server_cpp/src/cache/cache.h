@@ -14,7 +14,8 @@
 // it brings back and what peers read here, RecoveryStore (served by its
 // Recovery component, cache/recovery.h). A job's ring membership is its
 // Rings component's (cache/rings.h): clients set a ring through
-// ClientRings, the ring asks RingMembers.
+// ClientRings, the ring asks RingMembers. The fd socket sees it through
+// SessionStore (served by its Sessions component, cache/sessions.h).
 //
 // All public methods are thread-safe: they take the one mutex, `mu_` (they
 // are EXCLUDES(mu_); the private helpers that run under it are REQUIRES(mu_),
@@ -66,6 +67,7 @@
 #include "cache/rings.h"
 #include "cache/session_limits.h"
 #include "cache/session_table.h"
+#include "cache/sessions.h"
 #include "common/log_limiter.h"
 #include "common/mutex.h"
 #include "common/single_flight.h"
@@ -80,7 +82,6 @@
 namespace tce {
 
 class Cache : public ClientStore,
-              public SessionStore,
               public RingStore {
  public:
   // Its settings and storage roots: cache/cache_options.h. The collaborators
@@ -95,14 +96,6 @@ class Cache : public ClientStore,
 
   // (The interfaces take every argument; the defaults here serve the
   // daemon's and the tests' calls.)
-  // ---- SessionStore (cache/session_store.h) ----
-  std::string OpenSession(uid_t uid, pid_t pid, gid_t gid = static_cast<gid_t>(-1)) override EXCLUDES(mu_);
-  void CloseSession(const std::string& session) override EXCLUDES(mu_);
-  std::vector<std::string> IdleSessions(std::chrono::milliseconds idle) override EXCLUDES(mu_);
-  Status CheckCaller(const std::string& session, bool* admin, uid_t* uid = nullptr) override EXCLUDES(mu_);
-  Status CallerIds(const std::string& session, uid_t* uid, gid_t* gid) override EXCLUDES(mu_);
-  Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
-               uint64_t* capacity, bool keep_mapped = false) override EXCLUDES(mu_);
   // ---- ClientStore (cache/client_store.h) ----
   Status Allocate(const AllocateRequest& req, AllocateResult* out) override EXCLUDES(mu_);
   Status Commit(const std::string& session, uint64_t allocation_id, std::vector<Record> records,
@@ -160,6 +153,9 @@ class Cache : public ClientStore,
   // Writing committed files to storage (cache/persistence.h): the
   // persister's and the storage retention's PersistSource.
   Persistence* persistence() { return persistence_.get(); }
+  // The client sessions and their leases (cache/sessions.h): the fd
+  // socket's and the RPC layer's SessionStore.
+  Sessions* sessions() { return &sessions_; }
   // Backing files up around the ring (cache/backups.h): the replicator's
   // and the peer port's RingBackups.
   Backups* backups() { return backups_.get(); }
@@ -209,9 +205,13 @@ class Cache : public ClientStore,
   // SessionTable::Check, then JobOwners::Check (or Claim) with the session's uid.
   Status CheckAccess(const std::string& session, const std::string& job, const std::string& what,
                      bool claim = false) REQUIRES(mu_);
-  // CloseSession under mu_: its allocations, leases and mappings end;
-  // false when there is no such session.
+  // SessionHost's steps (cache_sessions.cc), each under mu_: CloseSession
+  // (its allocations, leases and mappings end, the session is forgotten;
+  // false when there is no such session), and FdFor.
   bool CloseSessionHere(const std::string& session) EXCLUDES(mu_);
+  Status FdForHere(const std::string& session, uint64_t buffer_id, int* fd, bool* writable, uint64_t* capacity,
+                   bool keep_mapped) EXCLUDES(mu_);
+  std::unique_ptr<SessionHost> MakeSessionSide();
   // Ends the lease and lets go of the buffer it held.
   void DropLease(uint64_t lease_id) REQUIRES(mu_);
   // Makes `mem` one of the cache's buffers (counted in used_; `created`: a
@@ -450,7 +450,9 @@ class Cache : public ClientStore,
   std::deque<uint64_t> fate_order_ GUARDED_BY(mu_);
   std::map<FileKey, FileInfo> files_ GUARDED_BY(mu_);
   CacheCounters counts_ GUARDED_BY(mu_);  // what Stats() reports as done since start
-  SessionTable sessions_ GUARDED_BY(mu_);  // sessions and their leases
+  class SessionSide;  // Sessions' host (cache_sessions.cc), as for the Publication below
+  const std::unique_ptr<SessionHost> session_side_;
+  Sessions sessions_;  // sessions and their leases; its own lock, taken inside mu_ (or alone)
   JobOwners owners_ GUARDED_BY(mu_);
   MetadataQuota quota_ GUARDED_BY(mu_);  // tags, job names, grants, version leases
   // (job, tag) -> the version of each of its files held here when it was

@@ -20,7 +20,7 @@ class CacheAccessTest : public CacheTest {
   // cache says of root.
   Status RootLooksUpAlicesFile(bool* admin) {
     Save(alice_, "/c/a.pt", 1000);
-    Status s = cache_.CheckCaller(root_, admin);
+    Status s = cache_.sessions()->CheckCaller(root_, admin);
     if (!s.ok()) return s;
     FileInfo f;
     uint64_t lease = 0;
@@ -28,8 +28,8 @@ class CacheAccessTest : public CacheTest {
     return cache_.Lookup(root_, "job", "/c/a.pt", false, &f, &lease, &unmap);
   }
 
-  const std::string alice_ = cache_.OpenSession(1001, 11), bob_ = cache_.OpenSession(1002, 12),
-                    root_ = cache_.OpenSession(0, 13);
+  const std::string alice_ = cache_.sessions()->OpenSession(1001, 11), bob_ = cache_.sessions()->OpenSession(1002, 12),
+                    root_ = cache_.sessions()->OpenSession(0, 13);
 };
 
 TEST_F(CacheAccessTest, AClaimHoldsTenMinutesUnlessItsNodeIsDroppedForTheJob) {
@@ -178,16 +178,16 @@ TEST_F(CacheAccessTest, IdleMeansNoRequestNoLeaseAndNoPendingAllocation) {
   AllocateResult pending;
   ASSERT_TRUE(cache_.Allocate({bob_, "bobs", "t", "/c/b.pt", 0, 100}, &pending).ok());
   clock_.Advance(std::chrono::milliseconds(9));
-  EXPECT_TRUE(cache_.IdleSessions(std::chrono::milliseconds(10)).empty());  // used 9 ms ago
+  EXPECT_TRUE(cache_.sessions()->IdleSessions(std::chrono::milliseconds(10)).empty());  // used 9 ms ago
   clock_.Advance(std::chrono::milliseconds(1));
-  std::vector<std::string> idle = cache_.IdleSessions(std::chrono::milliseconds(10));
+  std::vector<std::string> idle = cache_.sessions()->IdleSessions(std::chrono::milliseconds(10));
   EXPECT_EQ(idle, std::vector<std::string>{root_});  // alice leases, bob writes
-  EXPECT_TRUE(cache_.IdleSessions(std::chrono::seconds(60)).empty());
+  EXPECT_TRUE(cache_.sessions()->IdleSessions(std::chrono::seconds(60)).empty());
   ASSERT_TRUE(cache_.Release(alice_, {lease}, {}).ok());
   ASSERT_TRUE(cache_.Abort(bob_, pending.allocation_id).ok());
-  EXPECT_EQ(cache_.IdleSessions(std::chrono::milliseconds(10)), std::vector<std::string>{root_});  // just used
+  EXPECT_EQ(cache_.sessions()->IdleSessions(std::chrono::milliseconds(10)), std::vector<std::string>{root_});  // just used
   clock_.Advance(std::chrono::milliseconds(10));
-  EXPECT_EQ(cache_.IdleSessions(std::chrono::milliseconds(10)).size(), 3u);
+  EXPECT_EQ(cache_.sessions()->IdleSessions(std::chrono::milliseconds(10)).size(), 3u);
 }
 
 }  // namespace

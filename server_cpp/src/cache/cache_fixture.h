@@ -46,7 +46,7 @@ class CacheTest : public ::testing::Test {
     int fd = -1;
     bool w = false;
     uint64_t cap = 0;
-    Status s = cache_.FdFor(session, buffer, &fd, &w, &cap);
+    Status s = cache_.sessions()->FdFor(session, buffer, &fd, &w, &cap);
     EXPECT_TRUE(s.ok()) << s.ToString();
     if (writable) *writable = w;
     return fd;

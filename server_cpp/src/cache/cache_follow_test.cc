@@ -105,7 +105,7 @@ TEST_F(FollowTest, AFollowedJobKeepsItsSourcesEpochAndRefusesAbsurdJumps) {
   EXPECT_EQ(s.message(), "the source's version of job 'fj': version " + std::to_string(forged) +
                              " is more than 1048576 above 3, the newest here of its numbering (epoch 7)");
   ASSERT_TRUE(cache_.replicas()->AdoptFollowed(version("s4", 4, 7)).ok());
-  const std::string reader = cache_.OpenSession(kReader, 9, kReader);
+  const std::string reader = cache_.sessions()->OpenSession(kReader, 9, kReader);
   TagInfo got;
   ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(got.version, 4u);
@@ -175,9 +175,9 @@ TEST_F(FollowTest, AFollowedJobIsThisServersAndItsFollowersRead) {
   ASSERT_TRUE(cache_.rings()->JobUid("fj", &owner));
   EXPECT_EQ(owner, kServer) << "never a uid a source names";
   TagInfo got;
-  const std::string reader = cache_.OpenSession(kReader, 9, kReader);
+  const std::string reader = cache_.sessions()->OpenSession(kReader, 9, kReader);
   EXPECT_TRUE(cache_.publication()->GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
-  const std::string stranger = cache_.OpenSession(kStranger, 10, kStranger);
+  const std::string stranger = cache_.sessions()->OpenSession(kStranger, 10, kStranger);
   EXPECT_EQ(cache_.publication()->GetVersion(stranger, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).code(),
             Status::Code::kPermissionDenied);
   AllocateResult a;
@@ -197,7 +197,7 @@ TEST_F(FollowTest, AFollowedVersionsReplicaServesThatVersionOnly) {
   v1.complete_unix_ns = 100, v1.version = 1, v1.epoch = 7;
   ASSERT_TRUE(cache_.publication()->AddFollower("fj", kOwner, kReader).ok());
   ASSERT_TRUE(cache_.replicas()->AdoptFollowed(v1).ok());
-  std::string reader = cache_.OpenSession(kReader, 9, kReader);
+  std::string reader = cache_.sessions()->OpenSession(kReader, 9, kReader);
   TagInfo got;
   ASSERT_TRUE(cache_.publication()->GetVersion(reader, "fj", 0, std::chrono::milliseconds(0), kNoDeadline, &got).ok());
   EXPECT_EQ(got.version, 1u);

@@ -1,22 +1,38 @@
-// Cache: sessions (one per client connection), who may act on which job,
-// leases on loaded files, and the fds a session gets for its buffers.
+// Cache: its side of the sessions (cache/sessions.h). Sessions keeps the
+// sessions and their leases; here are what a session holds in the Cache
+// (its allocations, the buffers it maps, what its leases pin), ended when
+// it closes, and the fds it gets for its buffers (SessionSide, each under
+// the Cache's lock); and who may act on which job.
 #include "cache/cache.h"
 
 #include "common/logging.h"
 
 namespace tce {
 
-std::string Cache::OpenSession(uid_t uid, pid_t pid, gid_t gid) {
-  MutexLock lock(&mu_);
-  std::string id = sessions_.Open(uid, pid, gid);
-  TCE_LOG(kInfo, "session") << "opened session=" << id.substr(0, 8) << " uid=" << uid
-                            << " pid=" << pid;
-  return id;
-}
+class Cache::SessionSide : public SessionHost {
+ public:
+  explicit SessionSide(Cache* cache) : c_(cache) {}
 
-void Cache::CloseSession(const std::string& session) {
-  if (CloseSessionHere(session)) publication_->SessionClosed(session);  // its version leases, its waits
-}
+  bool EndSession(const std::string& session) override { return c_->CloseSessionHere(session); }
+  void SessionEnded(const std::string& session) override {
+    c_->publication_->SessionClosed(session);  // its version leases, its waits
+  }
+  std::set<std::string> BusySessions() override {
+    MutexLock lock(&c_->mu_);
+    std::set<std::string> busy;
+    for (const auto& [id, a] : c_->pending_) busy.insert(a.session);
+    return busy;
+  }
+  Status FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable, uint64_t* capacity,
+               bool keep_mapped) override {
+    return c_->FdForHere(session, buffer_id, fd, writable, capacity, keep_mapped);
+  }
+
+ private:
+  Cache* const c_;
+};
+
+std::unique_ptr<SessionHost> Cache::MakeSessionSide() { return std::make_unique<SessionSide>(this); }
 
 bool Cache::CloseSessionHere(const std::string& session) {
   MutexLock lock(&mu_);
@@ -48,7 +64,7 @@ bool Cache::CloseSessionHere(const std::string& session) {
   done_cv_.SignalAll();  // its blocked calls end (Wait)
   TCE_LOG(kInfo, "session") << "closed session=" << session.substr(0, 8) << " pid=" << pid
                             << " aborted=" << aborted << " leases_dropped=" << leases.size();
-  sessions_.Erase(session);
+  sessions_.Forget(session);
   return true;
 }
 
@@ -67,33 +83,6 @@ Status Cache::CheckAccess(const std::string& session, const std::string& job,
   if (!s.ok() && refused_log_.Allow(&dropped))
     TCE_LOG(kWarning, "access") << "refused: " << s.message() << Suppressed(dropped);
   return s;
-}
-
-Status Cache::CheckCaller(const std::string& session, bool* admin, uid_t* uid) {
-  MutexLock lock(&mu_);
-  Status s = sessions_.Check(session);
-  if (!s.ok()) return s;
-  const uid_t caller = sessions_.Find(session)->uid;
-  *admin = owners_.IsAdmin(caller);
-  if (uid) *uid = caller;
-  return s;
-}
-
-Status Cache::CallerIds(const std::string& session, uid_t* uid, gid_t* gid) {
-  MutexLock lock(&mu_);
-  Status s = sessions_.Check(session);
-  if (!s.ok()) return s;
-  const SessionTable::Session* sess = sessions_.Find(session);
-  *uid = sess->uid;
-  *gid = sess->gid;
-  return s;
-}
-
-std::vector<std::string> Cache::IdleSessions(std::chrono::milliseconds idle) {
-  MutexLock lock(&mu_);
-  std::set<std::string> busy;
-  for (const auto& [id, a] : pending_) busy.insert(a.session);
-  return sessions_.Idle(idle, busy);
 }
 
 void Cache::DropLease(uint64_t lease_id) {
@@ -139,8 +128,8 @@ Status Cache::Release(const std::string& session, const std::vector<uint64_t>& l
   return Status::OK();
 }
 
-Status Cache::FdFor(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
-                    uint64_t* capacity, bool keep_mapped) {
+Status Cache::FdForHere(const std::string& session, uint64_t buffer_id, int* fd, bool* writable,
+                        uint64_t* capacity, bool keep_mapped) {
   MutexLock lock(&mu_);
   Status s = sessions_.Check(session);
   if (!s.ok()) return s;

@@ -15,7 +15,7 @@ namespace {
 using namespace cache_testing;
 
 TEST_F(CacheTest, RoundTripThroughTheServersMemory) {
-  std::string s = cache_.OpenSession(getuid(), getpid());
+  std::string s = cache_.sessions()->OpenSession(getuid(), getpid());
   AllocateResult a = Alloc(s, "/ckpt/a.pt", 10000);
   EXPECT_GE(a.capacity, 10000u);
   bool writable = false;
@@ -47,7 +47,7 @@ TEST_F(CacheTest, RoundTripThroughTheServersMemory) {
 }
 
 TEST_F(CacheTest, FreedBufferServesTheSameSessionAgain) {
-  std::string s = cache_.OpenSession(getuid(), getpid());
+  std::string s = cache_.sessions()->OpenSession(getuid(), getpid());
   AllocateResult a1 = Alloc(s, "/c/x.pt", 2 * kMiB);
   close(Fd(s, a1.buffer_id));
   Commit(s, a1.allocation_id);
@@ -64,7 +64,7 @@ TEST_F(CacheTest, FreedBufferServesTheSameSessionAgain) {
 }
 
 TEST_F(CacheTest, BufferMappedByAnotherSessionIsNotHandedOut) {
-  std::string a = cache_.OpenSession(1000, 1), b = cache_.OpenSession(1000, 2);
+  std::string a = cache_.sessions()->OpenSession(1000, 1), b = cache_.sessions()->OpenSession(1000, 2);
   Save(a, "/c/x.pt", kMiB);
   Save(a, "/c/x.pt", kMiB);  // first buffer is now free but mapped by a
   AllocateResult other = Alloc(b, "/c/y.pt", kMiB);
@@ -74,7 +74,7 @@ TEST_F(CacheTest, BufferMappedByAnotherSessionIsNotHandedOut) {
 }
 
 TEST_F(SmallCacheTest, FullCacheSaysWhy) {
-  std::string s = cache_.OpenSession(1000, 1);
+  std::string s = cache_.sessions()->OpenSession(1000, 1);
   AllocateResult a = Alloc(s, "/c/a.pt", 6 * kMiB);
   Status st;
   Alloc(s, "/c/b.pt", 6 * kMiB, &st);
@@ -88,7 +88,7 @@ TEST_F(SmallCacheTest, FullCacheSaysWhy) {
 }
 
 TEST_F(SmallCacheTest, ReclaimsUnmappedFreeBuffers) {
-  std::string s = cache_.OpenSession(1000, 1);
+  std::string s = cache_.sessions()->OpenSession(1000, 1);
   AllocateResult a = Alloc(s, "/c/a.pt", 6 * kMiB);  // never mapped
   ASSERT_TRUE(cache_.Abort(s, a.allocation_id).ok());
   AllocateResult b = Alloc(s, "/c/b.pt", 3 * kMiB);  // does not fit a's buffer...
@@ -99,7 +99,7 @@ TEST_F(SmallCacheTest, ReclaimsUnmappedFreeBuffers) {
 }
 
 TEST_F(SmallCacheTest, ReclaimsOurOwnMappedBufferAndSaysUnmap) {
-  std::string s = cache_.OpenSession(1000, 1);
+  std::string s = cache_.sessions()->OpenSession(1000, 1);
   AllocateResult a = Alloc(s, "/c/a.pt", 6 * kMiB);
   close(Fd(s, a.buffer_id));
   ASSERT_TRUE(cache_.Abort(s, a.allocation_id).ok());
@@ -109,7 +109,7 @@ TEST_F(SmallCacheTest, ReclaimsOurOwnMappedBufferAndSaysUnmap) {
 }
 
 TEST_F(SmallCacheTest, OtherSessionsBufferIsFreedAtOnceAndUnmappedLater) {
-  std::string a = cache_.OpenSession(1000, 1), b = cache_.OpenSession(1000, 2);
+  std::string a = cache_.sessions()->OpenSession(1000, 1), b = cache_.sessions()->OpenSession(1000, 2);
   AllocateResult x = Alloc(a, "/c/a.pt", 6 * kMiB);
   int mapped = Fd(a, x.buffer_id);  // a keeps its fd (as it keeps its mapping)
   ASSERT_TRUE(cache_.Abort(a, x.allocation_id).ok());
@@ -132,19 +132,19 @@ TEST_F(SmallCacheTest, OtherSessionsBufferIsFreedAtOnceAndUnmappedLater) {
 }
 
 TEST_F(SmallCacheTest, SessionEndForgetsRetiredBuffers) {
-  std::string a = cache_.OpenSession(1000, 1), b = cache_.OpenSession(1000, 2);
+  std::string a = cache_.sessions()->OpenSession(1000, 1), b = cache_.sessions()->OpenSession(1000, 2);
   AllocateResult x = Alloc(a, "/c/a.pt", 6 * kMiB);
   close(Fd(a, x.buffer_id));
   ASSERT_TRUE(cache_.Abort(a, x.allocation_id).ok());
   Alloc(b, "/c/b.pt", 8 * kMiB);  // retires a's buffer
   EXPECT_EQ(cache_.Stats().buffers, 2u);  // b's, and the retired one a still maps
   EXPECT_EQ(cache_.Stats().used, Buffer::CapacityFor(8 * kMiB));  // the retired one holds nothing
-  cache_.CloseSession(a);
+  cache_.sessions()->CloseSession(a);
   EXPECT_EQ(cache_.Stats().buffers, 1u);
 }
 
 TEST_F(CacheTest, LeaseKeepsReplacedBufferUntilReleased) {
-  std::string s = cache_.OpenSession(1000, 1);
+  std::string s = cache_.sessions()->OpenSession(1000, 1);
   Save(s, "/c/x.pt", kMiB);
   FileInfo f;
   uint64_t lease;
@@ -163,10 +163,10 @@ TEST_F(CacheTest, LeaseKeepsReplacedBufferUntilReleased) {
 }
 
 TEST_F(CacheTest, SessionEndAbortsPendingAllocations) {
-  std::string dead = cache_.OpenSession(1000, 1), live = cache_.OpenSession(1000, 2);
+  std::string dead = cache_.sessions()->OpenSession(1000, 1), live = cache_.sessions()->OpenSession(1000, 2);
   AllocateResult a = Alloc(dead, "/c/x.pt", 3 * kMiB);
   EXPECT_GT(cache_.Stats().pending, 0u);
-  cache_.CloseSession(dead);
+  cache_.sessions()->CloseSession(dead);
   CacheStats st = cache_.Stats();
   EXPECT_EQ(st.pending, 0u);
   EXPECT_EQ(st.sessions, 1u);
@@ -178,7 +178,7 @@ TEST_F(CacheTest, SessionEndAbortsPendingAllocations) {
 }
 
 TEST_F(CacheTest, ValidationErrors) {
-  std::string s = cache_.OpenSession(1000, 1);
+  std::string s = cache_.sessions()->OpenSession(1000, 1);
   auto code = [&](const std::string& job, const std::string& path, uint64_t size) {
     AllocateResult out;
     return cache_.Allocate({s, job, "t", path, 0, size}, &out).code();
@@ -198,7 +198,7 @@ TEST_F(CacheTest, ValidationErrors) {
 }
 
 TEST_F(CacheTest, CommitErrors) {
-  std::string s = cache_.OpenSession(1000, 1), other = cache_.OpenSession(1000, 2);
+  std::string s = cache_.sessions()->OpenSession(1000, 1), other = cache_.sessions()->OpenSession(1000, 2);
   FileInfo f;
   Status st = cache_.Commit(s, 424242, {}, &f);
   EXPECT_EQ(st.code(), Status::Code::kNotFound);
@@ -229,27 +229,27 @@ TEST_F(CacheTest, CommitErrors) {
 }
 
 TEST_F(CacheTest, FdOnlyForOwnPendingOrLeasedBuffers) {
-  std::string s = cache_.OpenSession(1000, 1), other = cache_.OpenSession(1000, 2);
+  std::string s = cache_.sessions()->OpenSession(1000, 1), other = cache_.sessions()->OpenSession(1000, 2);
   AllocateResult a = Alloc(s, "/c/a.pt", 1000);
   int fd;
   bool w;
   uint64_t cap;
-  EXPECT_EQ(cache_.FdFor(other, a.buffer_id, &fd, &w, &cap).code(), Status::Code::kPermissionDenied);
-  EXPECT_EQ(cache_.FdFor(s, 999, &fd, &w, &cap).code(), Status::Code::kNotFound);
+  EXPECT_EQ(cache_.sessions()->FdFor(other, a.buffer_id, &fd, &w, &cap).code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(cache_.sessions()->FdFor(s, 999, &fd, &w, &cap).code(), Status::Code::kNotFound);
   Commit(s, a.allocation_id);
   // committed: not writable by anyone any more, readable under a lease
-  EXPECT_EQ(cache_.FdFor(s, a.buffer_id, &fd, &w, &cap).code(), Status::Code::kPermissionDenied);
+  EXPECT_EQ(cache_.sessions()->FdFor(s, a.buffer_id, &fd, &w, &cap).code(), Status::Code::kPermissionDenied);
   FileInfo f;
   uint64_t lease;
   std::vector<uint64_t> unmap;
   ASSERT_TRUE(cache_.Lookup(other, "job", "/c/a.pt", true, &f, &lease, &unmap).ok());
-  ASSERT_TRUE(cache_.FdFor(other, a.buffer_id, &fd, &w, &cap).ok());
+  ASSERT_TRUE(cache_.sessions()->FdFor(other, a.buffer_id, &fd, &w, &cap).ok());
   EXPECT_FALSE(w);
   close(fd);
 }
 
 TEST_F(CacheTest, ListRemoveAndJobsDoNotCollide) {
-  std::string s = cache_.OpenSession(1000, 1);
+  std::string s = cache_.sessions()->OpenSession(1000, 1);
   AllocateResult a = Alloc(s, "/c/x.pt", 100);
   Commit(s, a.allocation_id);
   AllocateResult b;
@@ -275,7 +275,7 @@ TEST_F(CacheTest, ListRemoveAndJobsDoNotCollide) {
 }
 
 TEST_F(CacheTest, CommitTagValidatesAndSorts) {
-  std::string s = cache_.OpenSession(getuid(), getpid());
+  std::string s = cache_.sessions()->OpenSession(getuid(), getpid());
   TagInfo out;
   struct Bad {
     TagInfo tag;
@@ -311,7 +311,7 @@ TEST_F(CacheTest, CommitTagValidatesAndSorts) {
 }
 
 TEST_F(CacheTest, ListTagsIsPerJobOldestFirstAndReRecordingReplaces) {
-  std::string s = cache_.OpenSession(getuid(), getpid());
+  std::string s = cache_.sessions()->OpenSession(getuid(), getpid());
   TagInfo out;
   Save(s, "/c/9", 1);
   Save(s, "/c/10", 1);

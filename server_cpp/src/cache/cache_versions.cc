@@ -12,7 +12,7 @@ class Cache::PublicationSide : public PublicationHost {
   explicit PublicationSide(Cache* cache) : c_(cache) {}
 
   Status CallerIds(const std::string& session, uid_t* uid, gid_t* gid) override {
-    return c_->CallerIds(session, uid, gid);
+    return c_->sessions_.CallerIds(session, uid, gid);
   }
 
   bool OwnerOf(const std::string& job, uid_t* uid) override {

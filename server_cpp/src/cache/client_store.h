@@ -145,8 +145,8 @@ class ClientStore {
 
 };
 
-// What the RPC layer serves, one interface per concern; the Cache is each
-// of them (ClientStores::Of(&cache)).
+// What the RPC layer serves, one interface per concern; the Cache is or
+// holds each of them (ClientStores::Of(&cache)).
 struct ClientStores {
   ClientStore* files = nullptr;
   SessionStore* sessions = nullptr;
@@ -156,7 +156,7 @@ struct ClientStores {
   ClientRings* rings = nullptr;        // a job's ring, ranged reads' check (the Cache's rings)
   template <class T>
   static ClientStores Of(T* all) {
-    return {all, all, all->storage_access(), all->publication(), all->restores(), all->rings()};
+    return {all, all->sessions(), all->storage_access(), all->publication(), all->restores(), all->rings()};
   }
 };
 

@@ -55,7 +55,7 @@ class MetadataBoundsTest : public ::testing::Test {
     o.limits = limits_;
     return o;
   }()) {
-    owner_ = cache_.OpenSession(kOwner, 1, kOwner);
+    owner_ = cache_.sessions()->OpenSession(kOwner, 1, kOwner);
   }
 
   static SessionLimits Limits() {
@@ -120,10 +120,10 @@ TEST_F(MetadataBoundsTest, AUidOwnsAtMostMaxJobsPerUidJobs) {
   uid_t owner = 0;
   EXPECT_FALSE(cache_.rings()->JobUid("d", &owner));
   // Another uid still gets its own.
-  const std::string other = cache_.OpenSession(kOther, 2, kOther);
+  const std::string other = cache_.sessions()->OpenSession(kOther, 2, kOther);
   EXPECT_TRUE(Save(other, "d", "t", "/c/d").ok());
   // Root too: the bound is per uid, whoever it is.
-  const std::string root = cache_.OpenSession(0, 3, 0);
+  const std::string root = cache_.sessions()->OpenSession(0, 3, 0);
   for (const char* job : {"r1", "r2", "r3"}) ASSERT_TRUE(Save(root, job, "t", std::string("/c/") + job).ok());
   EXPECT_EQ(Save(root, "r4", "t", "/c/r4").code(), Status::Code::kResourceExhausted);
   EXPECT_TRUE(Save(root, "a", "t", "/c/a2").ok());  // an administrator's write into a user's job claims nothing
@@ -230,14 +230,14 @@ TEST_F(MetadataBoundsTest, VersionLeasesCountWhateverTheVersionHolds) {
   ASSERT_TRUE(cache_.Remove(owner_, "job", "/c/s2.pt", &removed).ok());
 
   // A lease on version 1 is 2 of the session's 4 leases (its file, itself).
-  const std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
+  const std::string reader = cache_.sessions()->OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
   ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 1, std::chrono::milliseconds(0), &g).ok());
   ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 1, std::chrono::milliseconds(0), &g).ok());
   Status s = cache_.publication()->AcquireVersion(reader, "job", 1, std::chrono::milliseconds(0), &g);
   EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
   // One on version 2, which holds nothing here, is one lease all the same.
-  const std::string far = cache_.OpenSession(kOwner, 3, kOwner);
+  const std::string far = cache_.sessions()->OpenSession(kOwner, 3, kOwner);
   int taken = 0;
   for (int i = 0; i < 100; ++i) {
     s = cache_.publication()->AcquireVersion(far, "job", 2, std::chrono::milliseconds(0), &g);
@@ -249,18 +249,18 @@ TEST_F(MetadataBoundsTest, VersionLeasesCountWhateverTheVersionHolds) {
   EXPECT_EQ(s.code(), Status::Code::kResourceExhausted);
   // Per uid, over all its sessions: 6.
   EXPECT_EQ(cache_.Stats().version_leases, 6u);
-  const std::string third = cache_.OpenSession(kOwner, 4, kOwner);
+  const std::string third = cache_.sessions()->OpenSession(kOwner, 4, kOwner);
   s = cache_.publication()->AcquireVersion(third, "job", 2, std::chrono::milliseconds(0), &g);
   EXPECT_EQ(s.message(), "uid 1000 holds 6 version leases (max_version_leases_per_uid): release one first");
   // Another uid still gets its own (a granted reader).
   std::vector<uid_t> uids{kReader};
   std::vector<gid_t> gids;
   ASSERT_TRUE(Grant(owner_, "job", uids, gids, false).ok());
-  const std::string granted = cache_.OpenSession(kReader, 5, kReader);
+  const std::string granted = cache_.sessions()->OpenSession(kReader, 5, kReader);
   EXPECT_TRUE(cache_.publication()->AcquireVersion(granted, "job", 2, std::chrono::milliseconds(0), &g).ok());
   // Closing the sessions gives every lease and its bytes back.
   const uint64_t with = cache_.Stats().metadata_bytes;
-  for (const std::string& sess : {reader, far, third, granted}) cache_.CloseSession(sess);
+  for (const std::string& sess : {reader, far, third, granted}) cache_.sessions()->CloseSession(sess);
   EXPECT_EQ(cache_.Stats().version_leases, 0u);
   EXPECT_EQ(with - cache_.Stats().metadata_bytes,
             2 * (MetadataQuota::kLeaseBytes + MetadataQuota::kFileLeaseBytes) + 5 * MetadataQuota::kLeaseBytes);
@@ -273,7 +273,7 @@ TEST_F(MetadataBoundsTest, ARevokedGrantEndsTheReadersLeases) {
   std::vector<uid_t> uids{kReader};
   std::vector<gid_t> gids;
   ASSERT_TRUE(Grant(owner_, "job", uids, gids, false).ok());
-  const std::string reader = cache_.OpenSession(kReader, 2, kReader);
+  const std::string reader = cache_.sessions()->OpenSession(kReader, 2, kReader);
   VersionGrant g;
   ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   std::chrono::milliseconds granted{0};

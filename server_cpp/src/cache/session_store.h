@@ -4,7 +4,9 @@
 // call acts with its session's uid (the security contract:
 // cache/client_store.h); the fds of the buffers a session writes or reads.
 //
-// The Cache is one. Thread-safe.
+// Served by the Cache's Sessions component (cache/sessions.h), which asks
+// the Cache for what a session holds there (its allocations, leases and
+// mapped buffers). Thread-safe.
 #pragma once
 
 #include <sys/types.h>

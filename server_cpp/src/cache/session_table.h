@@ -5,8 +5,8 @@
 // SO_PEERCRED; its id is 128 random bits, the only thing a client shows on
 // later calls. Leases are counted per session and capped (`max_leases`).
 // The table knows buffer ids only: what a lease or an unmap means for a
-// buffer is the Cache's business. Plain data: the Cache calls it under its
-// own lock.
+// buffer is the Cache's business. Plain data: Sessions (cache/sessions.h)
+// keeps it under its own lock.
 #pragma once
 
 #include <sys/types.h>

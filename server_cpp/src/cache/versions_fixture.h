@@ -38,7 +38,7 @@ class VersionsTest : public ::testing::Test {
     o.limits.read_grants = std::move(readers);
     return o;
   }()) {
-    owner_ = cache_.OpenSession(kOwner, 1, kOwner);
+    owner_ = cache_.sessions()->OpenSession(kOwner, 1, kOwner);
   }
 
   // Saves `path` (as the owner) with `size` bytes of `fill`; returns its buffer.

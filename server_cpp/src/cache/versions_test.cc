@@ -132,7 +132,7 @@ TEST_F(VersionsTest, AWaitEndsAtItsTimeoutAndNotBefore) {
 TEST_F(VersionsTest, ALeaseKeepsTheVersionsBytesWhenThePathIsSavedAgain) {
   const uint64_t first = Save("s1", "/c/model.pt", 4096);
   Publish("s1", {{0, "/c/model.pt", 4096}});
-  std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
+  std::string reader = cache_.sessions()->OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
   ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   EXPECT_EQ(g.tag.version, 1u);
@@ -146,7 +146,7 @@ TEST_F(VersionsTest, ALeaseKeepsTheVersionsBytesWhenThePathIsSavedAgain) {
   int fd = -1;
   bool writable = true;
   uint64_t cap = 0;
-  ASSERT_TRUE(cache_.FdFor(reader, first, &fd, &writable, &cap).ok());  // still readable
+  ASSERT_TRUE(cache_.sessions()->FdFor(reader, first, &fd, &writable, &cap).ok());  // still readable
   EXPECT_FALSE(writable);
   close(fd);
   // Version 1 is gone for a new reader: its file was saved again.
@@ -165,7 +165,7 @@ TEST_F(VersionsTest, ALeaseKeepsTheVersionsBytesWhenThePathIsSavedAgain) {
 TEST_F(VersionsTest, AnUnrenewedLeaseEndsAtItsTimeAndItsBuffersAreNotReused) {
   const uint64_t first = Save("s1", "/c/model.pt", 4096);
   Publish("s1", {{0, "/c/model.pt", 4096}});
-  std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
+  std::string reader = cache_.sessions()->OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
   ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 1, std::chrono::seconds(1000), &g).ok());
   EXPECT_EQ(g.lease, std::chrono::seconds(120));  // cut to the maximum
@@ -191,13 +191,13 @@ TEST_F(VersionsTest, AnUnrenewedLeaseEndsAtItsTimeAndItsBuffersAreNotReused) {
 TEST_F(VersionsTest, AReaderKeepingAMappingNeitherStopsReuseNorMissesTheBuffersEnd) {
   const uint64_t first = Save("s1", "/c/a.pt", 4096);
   Publish("s1", {{0, "/c/a.pt", 4096}});
-  std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
+  std::string reader = cache_.sessions()->OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
   ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
   int fd = -1;
   bool writable = true;
   uint64_t cap = 0;
-  ASSERT_TRUE(cache_.FdFor(reader, first, &fd, &writable, &cap, /*keep_mapped=*/true).ok());
+  ASSERT_TRUE(cache_.sessions()->FdFor(reader, first, &fd, &writable, &cap, /*keep_mapped=*/true).ok());
   close(fd);
   ASSERT_TRUE(cache_.publication()->ReleaseVersion(reader, g.lease_id).ok());
   // Saved again: the file's old buffer is free and the reader still maps
@@ -223,10 +223,10 @@ TEST_F(VersionsTest, AReaderKeepingAMappingNeitherStopsReuseNorMissesTheBuffersE
 TEST_F(VersionsTest, ASessionsEndEndsItsVersionLeases) {
   Save("s1", "/c/model.pt", 4096);
   Publish("s1", {{0, "/c/model.pt", 4096}});
-  std::string reader = cache_.OpenSession(kOwner, 2, kOwner);
+  std::string reader = cache_.sessions()->OpenSession(kOwner, 2, kOwner);
   VersionGrant g;
   ASSERT_TRUE(cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g).ok());
-  cache_.CloseSession(reader);
+  cache_.sessions()->CloseSession(reader);
   EXPECT_EQ(cache_.Stats().version_leases, 0u);
   EXPECT_EQ(cache_.Stats().leases, 0u);
 }
@@ -234,8 +234,8 @@ TEST_F(VersionsTest, ASessionsEndEndsItsVersionLeases) {
 TEST_F(VersionsTest, OtherUsersReadOnlyWithAGrantAndOnlyPublishedVersions) {
   const uint64_t buf = Save("s1", "/c/model.pt", 4096);
   Publish("s1", {{0, "/c/model.pt", 4096}});
-  std::string reader = cache_.OpenSession(kReader, 3, kStranger);
-  std::string stranger = cache_.OpenSession(kStranger, 4, kStranger);
+  std::string reader = cache_.sessions()->OpenSession(kReader, 3, kStranger);
+  std::string stranger = cache_.sessions()->OpenSession(kStranger, 4, kStranger);
   TagInfo t;
   VersionGrant g;
   Status s = cache_.publication()->AcquireVersion(reader, "job", 0, std::chrono::milliseconds(0), &g);
@@ -253,7 +253,7 @@ TEST_F(VersionsTest, OtherUsersReadOnlyWithAGrantAndOnlyPublishedVersions) {
   int fd = -1;
   bool writable = true;
   uint64_t cap = 0;
-  ASSERT_TRUE(cache_.FdFor(reader, buf, &fd, &writable, &cap).ok());
+  ASSERT_TRUE(cache_.sessions()->FdFor(reader, buf, &fd, &writable, &cap).ok());
   EXPECT_FALSE(writable);
   close(fd);
   // A grant reads versions, nothing else.
@@ -287,12 +287,12 @@ TEST_F(VersionsTest, OtherUsersReadOnlyWithAGrantAndOnlyPublishedVersions) {
 TEST_F(VersionsTest, AGroupGrantLetsItsMembersIn) {
   Save("s1", "/c/model.pt", 4096);
   Publish("s1", {{0, "/c/model.pt", 4096}});
-  std::string reader = cache_.OpenSession(kReader, 3, kReaders);
+  std::string reader = cache_.sessions()->OpenSession(kReader, 3, kReaders);
   ReadGrants::Ids ids{{}, {kReaders}, {}};
   ASSERT_TRUE(cache_.publication()->GrantRead(owner_, "job", &ids, false).ok());
   TagInfo t;
   EXPECT_TRUE(cache_.publication()->GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
-  std::string other = cache_.OpenSession(kStranger, 4, kStranger);
+  std::string other = cache_.sessions()->OpenSession(kStranger, 4, kStranger);
   EXPECT_FALSE(cache_.publication()->GetVersion(other, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
 }
 
@@ -305,9 +305,9 @@ TEST_F(ServerGrantsTest, TheServersGrantsLetReadersOfEveryJobIn) {
   Save("s1", "/c/model.pt", 4096);
   Publish("s1", {{0, "/c/model.pt", 4096}});
   TagInfo t;
-  std::string other = cache_.OpenSession(kStranger, 4, kStranger);
+  std::string other = cache_.sessions()->OpenSession(kStranger, 4, kStranger);
   EXPECT_TRUE(cache_.publication()->GetVersion(other, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).ok());
-  std::string reader = cache_.OpenSession(kReader, 3, kReaders);  // granted nothing
+  std::string reader = cache_.sessions()->OpenSession(kReader, 3, kReaders);  // granted nothing
   EXPECT_EQ(cache_.publication()->GetVersion(reader, "job", 0, std::chrono::milliseconds(0), kNoDeadline, &t).code(),
             Status::Code::kPermissionDenied);
 }

@@ -149,7 +149,7 @@ int Daemon::StartFdSocket() {
   fo.max_sessions_per_uid = static_cast<size_t>(opt_.max_sessions_per_uid);
   fo.idle_timeout = std::chrono::seconds(opt_.session_idle_timeout_s);
   fo.socket_gid = socket_gid_;
-  fds_ = std::make_unique<FdServer>(cache_.get(), cache_->publication(), fo);
+  fds_ = std::make_unique<FdServer>(cache_->sessions(), cache_->publication(), fo);
   fds_->SetRangeBuffers(range_buffers_.get());
   Status s;
   if (!(s = fds_->Start()).ok()) {

@@ -85,7 +85,7 @@ class PersisterTest : public ::testing::Test {
     cache_.reset(new Cache(co));
     persister_.reset(new Persister(cache_->persistence(), queue_.get(), &env_, o));
     if (run) persister_->Start();
-    session_ = cache_->OpenSession(getuid(), getpid());
+    session_ = cache_->sessions()->OpenSession(getuid(), getpid());
   }
   // root_ as the one storage root, through env_; `file`: how it writes.
   std::shared_ptr<const StorageRoots> DiskRoots(PosixStoreOptions file = PosixStoreOptions()) {
@@ -121,7 +121,7 @@ class PersisterTest : public ::testing::Test {
     int fd;
     bool w;
     uint64_t cap;
-    ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
+    ASSERT_TRUE(cache_->sessions()->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
     auto* p = static_cast<unsigned char*>(mmap(nullptr, cap, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     FakeZip::Fill(p, fill);
     munmap(p, cap);
@@ -139,7 +139,7 @@ class PersisterTest : public ::testing::Test {
     int fd;
     bool w;
     uint64_t cap;
-    ASSERT_TRUE(cache_->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
+    ASSERT_TRUE(cache_->sessions()->FdFor(session_, a.buffer_id, &fd, &w, &cap).ok());
     ASSERT_EQ(pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
     close(fd);
     FileInfo f;

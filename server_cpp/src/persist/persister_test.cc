@@ -120,7 +120,7 @@ TEST_F(PersisterTest, PathsOutsideTheRootsAreRefusedAtAllocate) {
 
 TEST_F(PersisterTest, WaitWithoutPersistenceSaysSo) {
   Cache memory_only(1 << 20);
-  std::string s = memory_only.OpenSession(1, 1);
+  std::string s = memory_only.sessions()->OpenSession(1, 1);
   std::vector<FileInfo> out;
   EXPECT_EQ(memory_only.Wait(s, "job", {"/x"}, 1s, &out).code(), Status::Code::kFailedPrecondition);
 }
@@ -242,7 +242,7 @@ TEST_F(PersisterTest, WritesWithTheClientsIdentity) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
   const uid_t nobody = 65534;
   Start(/*retries=*/0);
-  session_ = cache_->OpenSession(nobody, getpid(), nobody);
+  session_ = cache_->sessions()->OpenSession(nobody, getpid(), nobody);
   fs::create_directories(root_ + "/theirs");
   ASSERT_EQ(chown((root_ + "/theirs").c_str(), nobody, nobody), 0);
   fs::permissions(root_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
@@ -279,7 +279,7 @@ TEST(Restore, RecordedFilesComeBackWithoutMemory) {
   cached.version = 41;
   persisted.owner_uid = cached.owner_uid = 1;  // the job stays theirs across the restart
   cache.Restore({persisted, cached});
-  std::string s = cache.OpenSession(1, 1);
+  std::string s = cache.sessions()->OpenSession(1, 1);
   FileInfo f;
   uint64_t lease;
   std::vector<uint64_t> unmap;
@@ -296,7 +296,7 @@ TEST(Restore, RecordedFilesComeBackWithoutMemory) {
   EXPECT_GT(a.allocation_id, 41u);
   ASSERT_TRUE(cache.Commit(s, a.allocation_id, {}, &f).ok());  // a new save replaces the lost entry
   EXPECT_TRUE(cache.Lookup(s, "job", "/c/c.pt", false, &f, &lease, &unmap).ok());
-  std::string other = cache.OpenSession(2, 2);
+  std::string other = cache.sessions()->OpenSession(2, 2);
   EXPECT_EQ(cache.Lookup(other, "job", "/c/c.pt", false, &f, &lease, &unmap).code(),
             Status::Code::kPermissionDenied);
 }
@@ -417,7 +417,7 @@ TEST_F(PersisterTest, AFailureThatCannotClearIsNotRetried) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
   manual_clock_ = true;
   Start(/*retries=*/0, /*direct_io=*/true, /*run=*/false, /*failed_retry=*/20ms);
-  session_ = cache_->OpenSession(65534, getpid(), 65534);
+  session_ = cache_->sessions()->OpenSession(65534, getpid(), 65534);
   const std::string path = root_ + "/x.pt";  // root's directory: PERMISSION_DENIED for nobody
   Save(path, 'g');
   persister_->Start();
@@ -428,7 +428,7 @@ TEST_F(PersisterTest, AFailureThatCannotClearIsNotRetried) {
   // Far past the retry interval, a file queued after it is persisted (the
   // workers took every due retry before it): the failed one was not tried.
   clock_.Advance(1h);
-  session_ = cache_->OpenSession(getuid(), getpid());
+  session_ = cache_->sessions()->OpenSession(getuid(), getpid());
   const std::string later = root_ + "/later.pt";
   Save(later, 'h');
   ASSERT_TRUE(Wait(later, &out).ok());

@@ -32,7 +32,7 @@ class FollowWatchTest : public ::testing::Test {
     po.clock = &clock_;
     server_ = std::make_unique<PeerServer>(po, transport_.get(), &store_, RingStores::Of(&source_));
     ASSERT_TRUE(server_->Start().ok());
-    owner_ = source_.OpenSession(getuid(), getpid());
+    owner_ = source_.sessions()->OpenSession(getuid(), getpid());
     RangeReaderOptions ro;
     ro.self = kSelf;
     ro.key = "t";

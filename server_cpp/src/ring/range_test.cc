@@ -54,7 +54,7 @@ class PeerRangeTest : public ::testing::Test {
     signal(SIGPIPE, SIG_IGN);
     server_ = std::make_unique<PeerServer>(LoopbackPeerOptions(), transport_.get(), &store_, RingStores::Of(&cache_));
     ASSERT_TRUE(server_->Start().ok());
-    session_ = cache_.OpenSession(getuid(), getpid());
+    session_ = cache_.sessions()->OpenSession(getuid(), getpid());
     std::string successor;
     ASSERT_TRUE(cache_.rings()->SetRing(session_, "j", 0, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
     own_ = Pattern(kSize, 1);
@@ -63,7 +63,7 @@ class PeerRangeTest : public ::testing::Test {
     int fd = -1;
     bool writable = false;
     uint64_t cap = 0;
-    ASSERT_TRUE(cache_.FdFor(session_, a.buffer_id, &fd, &writable, &cap).ok());
+    ASSERT_TRUE(cache_.sessions()->FdFor(session_, a.buffer_id, &fd, &writable, &cap).ok());
     ASSERT_EQ(pwrite(fd, own_.data(), kSize, 0), static_cast<ssize_t>(kSize));
     close(fd);
     FileInfo f;
@@ -224,7 +224,7 @@ TEST_F(PeerRangeTest, AMemberActingForAnotherUidsJobReadsNothing) {
 
 TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
   Cache mine(16 << 20);  // the asking node: file-less, in the same ring as "127.0.0.1:1"
-  const std::string s = mine.OpenSession(getuid(), getpid());
+  const std::string s = mine.sessions()->OpenSession(getuid(), getpid());
   std::string successor;
   ASSERT_TRUE(mine.rings()->SetRing(s, "j", 1, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
   RangeReaderOptions o;
@@ -265,7 +265,7 @@ TEST_F(PeerRangeTest, TheRangeReaderReadsFromThePeerOverTheRing) {
 
 TEST_F(PeerRangeTest, OnlyAReadThatAsksAPeerIsAdmittedAndARefusalIsItsAnswer) {
   Cache mine(16 << 20);
-  const std::string s = mine.OpenSession(getuid(), getpid());
+  const std::string s = mine.sessions()->OpenSession(getuid(), getpid());
   std::string successor;
   ASSERT_TRUE(mine.rings()->SetRing(s, "j", 1, {server_->endpoint(), "127.0.0.1:1"}, &successor).ok());
   RangeReaderOptions o;
@@ -322,7 +322,7 @@ void HostilePeer(int lfd, const std::string& bound, std::vector<Answer> answers)
 // A RangeReader of a file-less node in ring {"127.0.0.1:1", peer}.
 struct Asker {
   explicit Asker(const std::string& peer) : cache(16 << 20) {
-    const std::string s = cache.OpenSession(getuid(), getpid());
+    const std::string s = cache.sessions()->OpenSession(getuid(), getpid());
     std::string successor;
     EXPECT_TRUE(cache.rings()->SetRing(s, "j", 0, {"127.0.0.1:1", peer}, &successor).ok());
     RangeReaderOptions o;

@@ -16,7 +16,7 @@ using namespace std::chrono_literals;
 class RingFetchTest : public ::testing::Test {
  protected:
   RingFetchTest() : cache_(8 << 20) {
-    session_ = cache_.OpenSession(getuid(), getpid());
+    session_ = cache_.sessions()->OpenSession(getuid(), getpid());
     std::string successor;
     EXPECT_TRUE(cache_.rings()->SetRing(session_, "job", 0, {"a:1", "b:2"}, &successor).ok());
   }

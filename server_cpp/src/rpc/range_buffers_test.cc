@@ -116,7 +116,7 @@ TEST(RangeBuffers, BuffersBorrowTheirBytesFromTheCachesBudgetUntilFreed) {
   EXPECT_EQ(cache.Stats().used, kSize);
   EXPECT_EQ(rb.size(), 1u);
   // A save sees the borrowed bytes: what fits beside them fits, more does not.
-  const std::string session = cache.OpenSession(me, getpid());
+  const std::string session = cache.sessions()->OpenSession(me, getpid());
   AllocateResult a;
   s = cache.Allocate(AllocateRequest{session, "job", "tag", "/ckpt/big.pt", 0, kSize * 3 / 4}, &a);
   EXPECT_EQ(s.code(), Status::Code::kResourceExhausted) << s.ToString();
@@ -151,12 +151,12 @@ TEST(RangeBuffers, BuffersBorrowTheirBytesFromTheCachesBudgetUntilFreed) {
   s = cache.Allocate(AllocateRequest{session, "job", "tag", "/ckpt/big.pt", 0, kSize * 3 / 4}, &a);
   ASSERT_TRUE(s.ok()) << s.ToString();
   bool writable = false;
-  ASSERT_TRUE(cache.FdFor(session, a.buffer_id, &fd, &writable, &capacity).ok());
+  ASSERT_TRUE(cache.sessions()->FdFor(session, a.buffer_id, &fd, &writable, &capacity).ok());
   close(fd);
   ASSERT_TRUE(cache.Abort(session, a.allocation_id).ok());
   EXPECT_EQ(rb.Fd("c", me, &fd, &capacity).code(), Status::Code::kResourceExhausted);
   EXPECT_EQ(cache.Stats().buffers, 1u);
-  cache.CloseSession(session);
+  cache.sessions()->CloseSession(session);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ TEST(Server, AllocateWriteCommitLookupOverTheWire) {
   struct stat sb;
   ASSERT_EQ(stat(sock.c_str(), &sb), 0);
   EXPECT_EQ(sb.st_mode & 0777, 0660u);
-  FdServer fds(&cache, cache.publication(), FdServerOptions{sock + ".fd", {getuid()}, 16});
+  FdServer fds(cache.sessions(), cache.publication(), FdServerOptions{sock + ".fd", {getuid()}, 16});
   ASSERT_TRUE(fds.Start().ok());
 
   int c = socket(AF_UNIX, SOCK_SEQPACKET, 0);
@@ -214,7 +214,7 @@ class PerUidCapsTest : public ::testing::Test {
 
 TEST_F(PerUidCapsTest, AUidBeyondItsSessionsIsRefusedAndAnotherUidIsNot) {
   const uid_t me = getuid();
-  FdServer fds(&cache_, cache_.publication(), FdServerOptions{sock_ + ".fd", {me, kNobody}, 16, 2});
+  FdServer fds(cache_.sessions(), cache_.publication(), FdServerOptions{sock_ + ".fd", {me, kNobody}, 16, 2});
   ASSERT_TRUE(fds.Start().ok());
   chmod((sock_ + ".fd").c_str(), 0666);
   int held[2];
