@@ -202,7 +202,7 @@ class Cache : public ClientStore,
   };
   enum class Fate { kCommitted, kAborted };
 
-  // SessionTable::Check, then JobOwners::Check (or Claim) with the session's uid.
+  // Sessions::Check, then JobOwners::Check (or Claim) with the session's uid.
   Status CheckAccess(const std::string& session, const std::string& job, const std::string& what,
                      bool claim = false) REQUIRES(mu_);
   // SessionHost's steps (cache_sessions.cc), each under mu_: CloseSession

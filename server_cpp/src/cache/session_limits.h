@@ -1,5 +1,6 @@
 // SessionLimits: what the daemon's settings bound per session and per uid
-// in the Cache (daemon/limits.cc builds it from the settings).
+// in the Cache and its components (Sessions, the Publication;
+// daemon/limits.cc builds it from the settings).
 #pragma once
 
 #include <chrono>
