@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cache/cache_fixture.h"
+#include "common/manual_clock.h"
 
 namespace tce {
 namespace {
@@ -160,6 +162,60 @@ TEST_F(SessionsTest, ClosingASessionEndsWhatItHeldInTheCache) {
   // Another session may take the lease the closed one held.
   const std::string next = sessions().OpenSession(getuid(), getpid());
   EXPECT_TRUE(Lease(next, "/ckpt/a.pt", &lease).ok());
+}
+
+// A host as the Cache is one: each step calls back into Sessions (which
+// would deadlock if Sessions held its lock while calling the host).
+class FakeHost : public SessionHost {
+ public:
+  bool EndSession(const std::string& session) override {
+    if (!sessions->Find(session)) return false;
+    for (uint64_t lease : sessions->LeasesOf(session)) dropped.push_back(sessions->DropLease(lease));
+    sessions->Forget(session);
+    return true;
+  }
+  void SessionEnded(const std::string& session) override { ended.push_back(session); }
+  std::set<std::string> BusySessions() override { return busy; }
+  Status FdFor(const std::string& session, uint64_t, int*, bool*, uint64_t*, bool) override {
+    return sessions->Check(session);
+  }
+
+  Sessions* sessions = nullptr;
+  std::set<std::string> busy;
+  std::vector<uint64_t> dropped;  // the buffers the ended leases held
+  std::vector<std::string> ended;
+};
+
+TEST(SessionsAlone, ClosingEndsTheSessionInTheHostAndTellsTheRestOnce) {
+  ManualClock clock;
+  FakeHost host;
+  Sessions sessions(OneLease(), &host, &clock);
+  host.sessions = &sessions;
+  const std::string a = sessions.OpenSession(1000, 7, 100);
+  const std::string b = sessions.OpenSession(1000, 8, 100);
+  ASSERT_TRUE(sessions.CanLease(a).ok());
+  sessions.AddLease(a, 42);
+  EXPECT_EQ(sessions.CanLease(a).code(), Status::Code::kResourceExhausted);
+  EXPECT_EQ(sessions.leases(), 1u);
+
+  host.busy = {b};
+  clock.Advance(std::chrono::seconds(5));
+  EXPECT_TRUE(sessions.IdleSessions(std::chrono::seconds(5)).empty());  // a leases, b allocates
+  host.busy.clear();
+  EXPECT_EQ(sessions.IdleSessions(std::chrono::seconds(5)), std::vector<std::string>{b});
+
+  sessions.CloseSession(a);
+  sessions.CloseSession(a);  // already gone: the rest is told once
+  EXPECT_EQ(host.dropped, std::vector<uint64_t>{42});
+  EXPECT_EQ(host.ended, std::vector<std::string>{a});
+  EXPECT_EQ(sessions.size(), 1u);
+  EXPECT_EQ(sessions.leases(), 0u);
+  int fd = -1;
+  bool writable = false;
+  uint64_t capacity = 0;
+  Status s = sessions.FdFor(a, 1, &fd, &writable, &capacity);
+  EXPECT_EQ(s.code(), Status::Code::kUnauthenticated);
+  EXPECT_NE(s.message().find("open a session on the server's fd socket (<socket>.fd) first"), std::string::npos);
 }
 
 }  // namespace
