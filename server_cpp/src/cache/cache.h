@@ -129,10 +129,6 @@ class Cache : public ClientStore,
 
 
   // ---- for the daemon (and tests) ----
-  // ClientStore::List unchecked: every file. For the daemon itself and tests.
-  std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
-  // ClientStore::ListTags unchecked. For the daemon itself and tests.
-  std::vector<TagInfo> ListTags(const std::string& job) EXCLUDES(mu_);
   // Reports every file, tag and ring to the sink again (the metadata
   // database was lost and a fresh one must hold the full state).
   void RecordAll() EXCLUDES(mu_);
@@ -410,6 +406,9 @@ class Cache : public ClientStore,
   void LetGo(FileInfo& f, FileState state, const std::string& why) REQUIRES(mu_);
   // Whether files are persisted (some storage root), or stay in memory.
   bool persistence_enabled() const { return !storage_->empty(); }
+  // ClientStore::List and ListTags unchecked: every file, every tag.
+  std::vector<FileInfo> List(const std::string& job, const std::string& tag) EXCLUDES(mu_);
+  std::vector<TagInfo> ListTags(const std::string& job) EXCLUDES(mu_);
   // Restore's tags, after its files.
   void RestoreTags(std::vector<TagInfo> tags) REQUIRES(mu_);
   void Discard(FileInfo& f, const std::string& why) REQUIRES(mu_);

@@ -19,6 +19,26 @@ namespace cache_testing {
 
 constexpr uint64_t kMiB = 1 << 20;
 
+// Every file of `job` in `tag` ("": every job, every tag), and the complete
+// tags of `job`, as uid 0 lists them (an administrator unless the Cache was
+// made with root_is_admin false): what a test looks at.
+inline std::vector<FileInfo> Files(Cache& cache, const std::string& job, const std::string& tag) {
+  const std::string admin = cache.sessions()->OpenSession(0, getpid());
+  std::vector<FileInfo> out;
+  Status s = cache.List(admin, job, tag, &out);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  cache.sessions()->CloseSession(admin);
+  return out;
+}
+inline std::vector<TagInfo> Tags(Cache& cache, const std::string& job) {
+  const std::string admin = cache.sessions()->OpenSession(0, getpid());
+  std::vector<TagInfo> out;
+  Status s = cache.ListTags(admin, job, &out);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  cache.sessions()->CloseSession(admin);
+  return out;
+}
+
 class CacheTest : public ::testing::Test {
  protected:
   // With `manual_clock`, the cache's time is clock_'s (moved by the test).

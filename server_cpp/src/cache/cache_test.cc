@@ -170,7 +170,7 @@ TEST_F(CacheTest, SessionEndAbortsPendingAllocations) {
   CacheStats st = cache_.Stats();
   EXPECT_EQ(st.pending, 0u);
   EXPECT_EQ(st.sessions, 1u);
-  EXPECT_TRUE(cache_.List("", "").empty());
+  EXPECT_TRUE(Files(cache_, "", "").empty());
   AllocateResult b = Alloc(live, "/c/y.pt", 3 * kMiB);
   EXPECT_EQ(b.buffer_id, a.buffer_id);  // reclaimed and reused
   FileInfo f;
@@ -257,11 +257,11 @@ TEST_F(CacheTest, ListRemoveAndJobsDoNotCollide) {
   FileInfo committed;
   ASSERT_TRUE(cache_.Commit(s, b.allocation_id, {}, &committed).ok());
   AllocateResult p = Alloc(s, "/c/pending.pt", 100);
-  std::vector<FileInfo> all = cache_.List("", "");
+  std::vector<FileInfo> all = Files(cache_, "", "");
   ASSERT_EQ(all.size(), 3u);
-  EXPECT_EQ(cache_.List("other-job", "").size(), 1u);
-  EXPECT_EQ(cache_.List("", "t2")[0].rank, 3);
-  std::vector<FileInfo> mine = cache_.List("job", "");  // sorted by (job, tag, path)
+  EXPECT_EQ(Files(cache_, "other-job", "").size(), 1u);
+  EXPECT_EQ(Files(cache_, "", "t2")[0].rank, 3);
+  std::vector<FileInfo> mine = Files(cache_, "job", "");  // sorted by (job, tag, path)
   ASSERT_EQ(mine.size(), 2u);
   EXPECT_EQ(mine[0].path, "/c/pending.pt");
   EXPECT_EQ(mine[0].state, FileState::kPending);
@@ -270,7 +270,7 @@ TEST_F(CacheTest, ListRemoveAndJobsDoNotCollide) {
   ASSERT_TRUE(cache_.Remove(s, "job", "/c/x.pt", &removed).ok());
   EXPECT_EQ(removed.path, "/c/x.pt");
   EXPECT_EQ(cache_.Remove(s, "job", "/c/x.pt", &removed).code(), Status::Code::kNotFound);
-  EXPECT_EQ(cache_.List("", "").size(), 2u);
+  EXPECT_EQ(Files(cache_, "", "").size(), 2u);
   (void)p;
 }
 
@@ -298,7 +298,7 @@ TEST_F(CacheTest, CommitTagValidatesAndSorts) {
   EXPECT_EQ(cache_.CommitTag(s, nojob, &out).message(), "a tag needs a job");
   EXPECT_EQ(cache_.CommitTag("nobody", Tag("t", {{0, "/c/a", 1}}), &out).code(),
             Status::Code::kUnauthenticated);
-  EXPECT_TRUE(cache_.ListTags("job").empty());  // nothing refused was recorded
+  EXPECT_TRUE(Tags(cache_, "job").empty());  // nothing refused was recorded
 
   Save(s, "/c/a", 4);
   Save(s, "/c/b", 3);
@@ -321,17 +321,17 @@ TEST_F(CacheTest, ListTagsIsPerJobOldestFirstAndReRecordingReplaces) {
   TagInfo other = Tag("step1", {{0, "/c/o", 1}});
   other.job = "other";
   ASSERT_TRUE(cache_.CommitTag(s, other, &out).ok());
-  std::vector<TagInfo> tags = cache_.ListTags("job");
+  std::vector<TagInfo> tags = Tags(cache_, "job");
   ASSERT_EQ(tags.size(), 2u);
   EXPECT_EQ(tags[0].tag, "step9");  // by completion time, not by name
   EXPECT_EQ(tags[1].tag, "step10");
   ASSERT_TRUE(cache_.CommitTag(s, Tag("step9", {{0, "/c/9", 1}, {1, "/c/9b", 2}}), &out).ok());
-  tags = cache_.ListTags("job");
+  tags = Tags(cache_, "job");
   ASSERT_EQ(tags.size(), 2u);
   EXPECT_EQ(tags[1].tag, "step9");  // replaced, and now the newest
   EXPECT_EQ(tags[1].files.size(), 2u);
-  EXPECT_EQ(cache_.ListTags("other").size(), 1u);
-  EXPECT_TRUE(cache_.ListTags("nobody").empty());
+  EXPECT_EQ(Tags(cache_, "other").size(), 1u);
+  EXPECT_TRUE(Tags(cache_, "nobody").empty());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/cache_fixture.h"
 #include "cache/metadata_quota.h"
 #include "common/manual_clock.h"
 
@@ -98,7 +99,7 @@ class MetadataBoundsTest : public ::testing::Test {
   }
   std::vector<std::string> TagNames(const std::string& job) {
     std::vector<std::string> out;
-    for (const TagInfo& t : cache_.ListTags(job)) out.push_back(t.tag);
+    for (const TagInfo& t : cache_testing::Tags(cache_, job)) out.push_back(t.tag);
     return out;
   }
 
@@ -146,7 +147,7 @@ TEST_F(MetadataBoundsTest, ATagNamesOnlyFilesItsJobHoldsOrAnotherNodesRanksHold)
   s = cache_.CommitTag(owner_, Tag("job", "s9", {{2, "/c/s9/r2.pt", 100}}, 4), &out);
   EXPECT_EQ(s.message(), "tag 's9' names no file job 'job' holds on this server: a tag is recorded on a node that "
                          "saved files of it");
-  EXPECT_TRUE(cache_.ListTags("job").empty());
+  EXPECT_TRUE(cache_testing::Tags(cache_, "job").empty());
   // Ranks 2 and 3 saved nothing here: another node's, accepted.
   ASSERT_TRUE(cache_.CommitTag(owner_, Tag("job", "s1", {{0, "/c/s1/r0.pt", 100}, {1, "/c/s1/r1.pt", 100},
                                                           {2, "/c/s1/r2.pt", 100}, {3, "/c/s1/r3.pt", 100}}, 4),

@@ -91,7 +91,7 @@ TEST_F(RecoveryTest, AdoptionRefusesACopyThatIsNotTheFileMetadataKnows) {
 
   // The copy metadata knows is adopted, BACKED_UP at its holder, with metadata's owner.
   ASSERT_TRUE(recovery()->AdoptRecovered(Copy("/c/a.pt", 4096, {Rec("data/0", 4000, 77)}), Reserved(4096)).ok());
-  std::vector<FileInfo> listed = cache_.List("job", "");
+  std::vector<FileInfo> listed = Files(cache_, "job", "");
   ASSERT_EQ(listed.size(), 1u);
   EXPECT_EQ(listed[0].state, FileState::kBackedUp);
   EXPECT_EQ(listed[0].backup_holder, "10.0.0.2:7070");
@@ -143,7 +143,7 @@ TEST_F(RecoveryTest, AReservedBufferCountsAgainstTheBudgetUntilAbandoned) {
 }
 
 TEST_F(RecoveryTest, APeerReadPinsItsBufferUntilEndPeerRead) {
-  const std::string s1 = cache_.OpenSession(getuid(), getpid(), getgid());
+  const std::string s1 = cache_.sessions()->OpenSession(getuid(), getpid(), getgid());
   Save(s1, "/c/a.pt", 1 * kMiB);
   FileInfo f;
   int fd = -1;

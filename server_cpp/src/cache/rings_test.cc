@@ -201,7 +201,7 @@ class CacheRingsTest : public ::testing::Test {
           o.backup_feed = &feed_;
           return o;
         }()),
-        session_(cache_.OpenSession(getuid(), getpid(), getgid())) {}
+        session_(cache_.sessions()->OpenSession(getuid(), getpid(), getgid())) {}
 
   FakeFeed feed_;
   Cache cache_;

@@ -24,7 +24,7 @@ class CoherenceTest : public PersisterTest {
     return cache_->Lookup(session_, "job", path, /*lease=*/false, &f, &lease, &unmap);
   }
   FileInfo Only(const std::string& path) {
-    for (const FileInfo& f : cache_->List("job", ""))
+    for (const FileInfo& f : cache_testing::Files(*cache_, "job", ""))
       if (f.path == path) return f;
     ADD_FAILURE() << path << " is not listed";
     return FileInfo();

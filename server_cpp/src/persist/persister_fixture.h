@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cache/cache.h"
+#include "cache/cache_fixture.h"
 #include "common/manual_clock.h"
 #include "common/testing.h"
 #include "env/fault_env.h"

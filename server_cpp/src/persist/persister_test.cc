@@ -155,7 +155,7 @@ TEST_F(EvictionTest, PersistedFilesMakeRoomOldestFirst) {
     std::vector<FileInfo> out;
     ASSERT_TRUE(Wait(path, &out).ok());
   }
-  std::vector<FileInfo> all = cache_->List("job", "");
+  std::vector<FileInfo> all = cache_testing::Files(*cache_, "job", "");
   ASSERT_EQ(all.size(), 6u);
   EXPECT_EQ(all[0].state, FileState::kEvicted);  // f0..f2, the oldest
   EXPECT_EQ(all[2].state, FileState::kEvicted);
@@ -187,7 +187,7 @@ TEST_F(EvictionTest, UnpersistedFilesAreNeverEvicted) {
   Status s = TryAllocate(root_ + "/u3.pt");
   EXPECT_EQ(s.code(), Status::Code::kResourceExhausted) << s.ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s);  // it did not wait out full_timeout
-  for (const FileInfo& f : cache_->List("job", "")) EXPECT_EQ(f.state, FileState::kFailed);
+  for (const FileInfo& f : cache_testing::Files(*cache_, "job", "")) EXPECT_EQ(f.state, FileState::kFailed);
 }
 
 TEST_F(EvictionTest, FullCacheWaitsForPersistenceToFreeRoom) {
@@ -223,7 +223,7 @@ TEST_F(PersisterTest, KeepLastEvictsOlderTagsOncePersisted) {
     }
   }
   std::map<std::string, FileState> states;
-  for (const FileInfo& f : cache_->List("job", "")) states[f.tag + "/" + f.path.substr(f.path.rfind('/') + 1)] = f.state;
+  for (const FileInfo& f : cache_testing::Files(*cache_, "job", "")) states[f.tag + "/" + f.path.substr(f.path.rfind('/') + 1)] = f.state;
   EXPECT_EQ(states["step1/r0.pt"], FileState::kFailed);
   EXPECT_EQ(states["step1/r1.pt"], FileState::kFailed);
   EXPECT_EQ(states["step2/r0.pt"], FileState::kEvicted);
@@ -344,7 +344,7 @@ TEST_F(PersisterTest, PersistenceWaitsForSavesInFlight) {
   std::string path = root_ + "/waits.pt";
   Save(path, 'y');
   ASSERT_TRUE(Eventually([&] { return clock_.waits() > 0; }));  // a worker yields to the save
-  for (const FileInfo& f : cache_->List("job", ""))
+  for (const FileInfo& f : cache_testing::Files(*cache_, "job", ""))
     if (f.path == path) EXPECT_EQ(f.state, FileState::kCached);  // not written meanwhile
   EXPECT_EQ(env_.appends(), 0);
   std::vector<FileInfo> out;
@@ -407,7 +407,7 @@ TEST_F(PersisterTest, AFailureThatClearsIsPersistedAgain) {
   FileInfo f;
   do {
     std::this_thread::sleep_for(20ms);
-    for (const FileInfo& g : cache_->List("job", "")) f = g;
+    for (const FileInfo& g : cache_testing::Files(*cache_, "job", "")) f = g;
   } while (f.state != FileState::kPersisted && std::chrono::steady_clock::now() < deadline);
   EXPECT_EQ(f.state, FileState::kPersisted) << f.reason;
   EXPECT_EQ(Read(path)[FakeZip::kData], 'f');
@@ -433,7 +433,7 @@ TEST_F(PersisterTest, AFailureThatCannotClearIsNotRetried) {
   Save(later, 'h');
   ASSERT_TRUE(Wait(later, &out).ok());
   ASSERT_EQ(out[0].state, FileState::kPersisted);
-  for (const FileInfo& f : cache_->List("job", ""))
+  for (const FileInfo& f : cache_testing::Files(*cache_, "job", ""))
     if (f.path == path) EXPECT_EQ(f.state, FileState::kFailed);
 
 }

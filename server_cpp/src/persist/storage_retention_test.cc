@@ -58,7 +58,7 @@ TEST(RetentionQueue, TheCacheFeedsItEachCompleteTag) {
   CacheOptions o(1 << 20);
   o.tag_feed = &q;
   Cache cache(std::move(o));
-  const std::string session = cache.OpenSession(getuid(), getpid());
+  const std::string session = cache.sessions()->OpenSession(getuid(), getpid());
   AllocateResult a;
   ASSERT_TRUE(cache.Allocate(AllocateRequest{session, "job", "t1", "/ckpt/t1/x.pt", 0, 16}, &a).ok());
   FileInfo f;
