@@ -173,3 +173,58 @@ def test_each_interface_of_the_cache_stays_narrow():
     wide = {name: n for name, n in found.items() if n > 20}
     assert wide == {}, f"interfaces over 20 methods: {wide}"
     assert all(n > 0 for n in found.values()), found
+
+
+def _public_methods(header: str, name: str) -> list[str]:
+    """The names of the methods `class name` in `header` declares public
+    (inline ones included, overloads each counted), parsed from the text:
+    comments and default arguments' braces dropped, inline bodies skipped."""
+    text = re.sub(r"//[^\n]*", "", header)
+    body = text[text.index(f"\nclass {name} "):]
+    body = body[body.index(" public:"):body.index(" private:")]
+    body = re.sub(r"=\s*\{\}", "", body)  # `= {}` default arguments
+    flat, depth = [], 0
+    for ch in body:
+        if ch == "{":
+            depth += 1
+            if depth == 1:
+                flat.append(";")
+        elif ch == "}":
+            depth -= 1
+        elif depth == 0:
+            flat.append(ch)
+    names = []
+    for decl in "".join(flat).split(";"):
+        m = re.search(r"(~?\w+)\s*\(", decl)
+        if not m or m.group(1) in (name, f"~{name}", "operator") or "operator=" in decl:
+            continue
+        names.append(m.group(1))
+    return names
+
+
+def test_the_cache_keeps_buffers_files_and_the_budget_and_no_more():
+    """`class Cache` stays at 35 public methods or fewer (the architecture's
+    rule): a new concern becomes a component beside it, with its own state,
+    lock and interface, not more methods on it."""
+    names = _public_methods((SRC / "cache" / "cache.h").read_text(), "Cache")
+    assert {"Allocate", "Commit", "Lookup", "Stats", "sessions", "rings"} <= set(names), names
+    assert len(names) <= 35, f"class Cache has {len(names)} public methods: {sorted(names)}"
+
+
+def test_the_count_sees_every_kind_of_declaration():
+    header = """
+class Cache : public Base {
+ public:
+  explicit Cache(Options o);
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+  // Comment(with parens);
+  Status Wait(const std::string& s, const CallerGone& gone = {}) override EXCLUDES(mu_);
+  Sessions* sessions() { return &sessions_; }
+  void List(int a);
+  void List(int a, int b);
+ private:
+  void Hidden();
+};
+"""
+    assert _public_methods(header, "Cache") == ["Wait", "sessions", "List", "List"]
