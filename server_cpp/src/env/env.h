@@ -38,6 +38,11 @@ class WritableFile {
   // for disjoint ranges (the same alignment rules as Append for direct files).
   virtual Status WriteAt(uint64_t offset, const char* data, size_t n) = 0;
   virtual Status Truncate(uint64_t size) = 0;
+  // Reserves [0, size) on disk and makes it the file's size (fallocate), so
+  // that positional writes inside it allocate nothing and, direct ones, run
+  // side by side (ext4 serializes direct writes that extend a file under
+  // its inode lock). NOT_SUPPORTED where the filesystem has no fallocate.
+  virtual Status Preallocate(uint64_t size) = 0;
   virtual Status Sync() = 0;  // fdatasync
   // Starts writing back [offset, offset + n) without waiting, so disk I/O
   // overlaps whatever comes next; Sync() still makes it durable.

@@ -19,6 +19,10 @@ class FaultTempFile final : public TempFile {
   }
   Status Sync() override { return base_->Sync(); }
   Status Truncate(uint64_t size) override { return base_->Truncate(size); }
+  Status Preallocate(uint64_t size) override {
+    Status s = env_->BeforePreallocate();
+    return s.ok() ? base_->Preallocate(size) : s;
+  }
   Status StartWriteback(uint64_t offset, uint64_t n) override { return base_->StartWriteback(offset, n); }
   Status Close() override { return base_->Close(); }
   Status SetMode(uint32_t mode) override { return base_->SetMode(mode); }
@@ -148,6 +152,24 @@ int FaultInjectionEnv::appends() const {
 int FaultInjectionEnv::renames() const {
   MutexLock l(&mu_);
   return renames_;
+}
+
+void FaultInjectionEnv::FailPreallocations(int err) {
+  MutexLock l(&mu_);
+  preallocate_err_ = err;
+}
+
+int FaultInjectionEnv::preallocations() const {
+  MutexLock l(&mu_);
+  return preallocations_;
+}
+
+Status FaultInjectionEnv::BeforePreallocate() {
+  MutexLock l(&mu_);
+  ++preallocations_;
+  if (preallocate_err_ == EOPNOTSUPP) return Status::NotSupported("fallocate (injected): not supported");
+  if (preallocate_err_ != 0) return Status::FromErrno(preallocate_err_, "fallocate (injected)");
+  return Status::OK();
 }
 
 Status FaultInjectionEnv::BeforeAppend() {

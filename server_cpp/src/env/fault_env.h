@@ -18,6 +18,11 @@ class FaultInjectionEnv final : public Env {
   // The next `count` publishes (the rename into place) fail with EIO, as if
   // the process died before it.
   void FailRenames(int count);
+  // Every reservation of a file's blocks (Preallocate) fails with `err`
+  // from now on (ENOSPC; EOPNOTSUPP, a filesystem without fallocate); 0
+  // ends it. Counts them.
+  void FailPreallocations(int err);
+  int preallocations() const;
   int appends() const;
   int renames() const;
   // Every stat (of a path, a directory or an entry in it) fails with `err`
@@ -38,6 +43,7 @@ class FaultInjectionEnv final : public Env {
 
   // Called by the files it creates.
   Status BeforeAppend();
+  Status BeforePreallocate();
   Status BeforeRename();
   Status BeforeStat();
 
@@ -51,6 +57,8 @@ class FaultInjectionEnv final : public Env {
   int appends_ GUARDED_BY(mu_) = 0;
   int renames_ GUARDED_BY(mu_) = 0;
   int stat_err_ GUARDED_BY(mu_) = 0;
+  int preallocate_err_ GUARDED_BY(mu_) = 0;
+  int preallocations_ GUARDED_BY(mu_) = 0;
   bool stats_blocked_ GUARDED_BY(mu_) = false;
   CondVar unblocked_;
 };

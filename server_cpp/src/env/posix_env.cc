@@ -55,6 +55,12 @@ class PosixWritableFile : public WritableFile {
       return Status::FromErrno(errno, "ftruncate " + path_);
     return Status::OK();
   }
+  Status Preallocate(uint64_t size) override {
+    if (size == 0 || ::fallocate(fd_, 0, 0, static_cast<off_t>(size)) == 0) return Status::OK();
+    if (errno == EOPNOTSUPP || errno == ENOSYS)
+      return Status::NotSupported("fallocate " + path_ + ": " + std::strerror(errno));
+    return Status::FromErrno(errno, "fallocate " + path_);
+  }
   Status StartWriteback(uint64_t offset, uint64_t n) override {
     if (::sync_file_range(fd_, static_cast<off_t>(offset), static_cast<off_t>(n),
                           SYNC_FILE_RANGE_WRITE) != 0 &&
@@ -135,6 +141,7 @@ class PosixTempFile final : public TempFile {
   Status Append(const char* data, size_t n) override { return file_.Append(data, n); }
   Status WriteAt(uint64_t offset, const char* data, size_t n) override { return file_.WriteAt(offset, data, n); }
   Status Truncate(uint64_t size) override { return file_.Truncate(size); }
+  Status Preallocate(uint64_t size) override { return file_.Preallocate(size); }
   Status Sync() override { return file_.Sync(); }
   Status StartWriteback(uint64_t offset, uint64_t n) override { return file_.StartWriteback(offset, n); }
   Status Close() override { return file_.Close(); }

@@ -245,8 +245,13 @@ Status PosixStore::WriteOnce(const std::string& key, const char* data, uint64_t 
   const uint64_t readable = std::max(options.readable, n);
   // Direct writes go out io_depth at a time (`prepare` only touches bytes
   // at or after those it was asked for, so chunks in flight are never
-  // touched again).
+  // touched again), into blocks reserved first: a direct write that extends
+  // the file is serialized with every other (ext4), one inside it is not.
   InFlight writes(file.get(), direct ? options_.io_depth : 1);
+  if (writes.depth() > 1) {
+    Status reserved = file->Preallocate(readable);
+    if (!reserved.ok() && reserved.code() != Status::Code::kUnimplemented) s = reserved;  // ENOSPC: now, not mid-file
+  }
   for (uint64_t off = 0; s.ok() && off < n; off += options_.chunk) {
     uint64_t len = std::min<uint64_t>(options_.chunk, n - off);
     if (options.prepare) options.prepare(off + len);

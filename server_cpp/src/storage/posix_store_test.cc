@@ -8,12 +8,17 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 
 #include "common/testing.h"
+#include "env/fault_env.h"
 
 namespace tce {
 namespace fs = std::filesystem;
@@ -102,6 +107,70 @@ TEST_F(PosixStoreTest, WritesReadsStatsListsAndDeletesBytesExactly) {
   EXPECT_FALSE(id.exists);
   s = store_->Read("run/step1/x.pt", 0, 1, &part[0], "", Requester());
   EXPECT_EQ(s.code(), Status::Code::kNotFound) << s.ToString();
+}
+
+// Direct writes, io_depth at a time, into blocks reserved first: the file
+// holds exactly the bytes (the reservation's padding truncated away); a
+// disk too full for the reservation fails the write before any byte goes
+// out, leaving nothing behind; a filesystem without fallocate writes on.
+class PosixStoreDirectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::canonical(MakeTempDir("tce-pstore-direct")).string();
+    StorageOptions o;
+    o.file.env = &env_;
+    o.file.chunk = 2 * 4096;
+    o.file.direct_io = true;
+    o.file.io_depth = 4;
+    std::string prefix;
+    ASSERT_TRUE(OpenObjectStore("file://" + root_, o, &store_, &prefix).ok());
+    const size_t n = 9 * 4096 + 123;  // not whole blocks: the tail is truncated
+    void* p = nullptr;
+    ASSERT_EQ(posix_memalign(&p, 4096, 10 * 4096), 0);
+    data_ = static_cast<char*>(p);
+    for (size_t i = 0; i < 10 * 4096; ++i) data_[i] = static_cast<char>(i * 13 + 5);
+    bytes_.assign(data_, n);
+  }
+  void TearDown() override {
+    std::free(data_);
+    fs::remove_all(root_);
+  }
+  Status Put(const std::string& key) {
+    WriteOptions w;
+    w.readable = 10 * 4096;  // the buffer's whole blocks may be written
+    FileStat st;
+    return store_->Write(key, data_, bytes_.size(), w, &st);
+  }
+
+  FaultInjectionEnv env_{Env::Default()};
+  std::string root_;
+  std::shared_ptr<ObjectStore> store_;
+  char* data_ = nullptr;
+  std::string bytes_;
+};
+
+TEST_F(PosixStoreDirectTest, WritesIntoReservedBlocksAndKeepsExactlyTheBytes) {
+  ASSERT_TRUE(Put("a.pt").ok());
+  EXPECT_EQ(env_.preallocations(), 1);
+  EXPECT_EQ(ReadAll(root_ + "/a.pt"), bytes_);
+  EXPECT_EQ(fs::file_size(root_ + "/a.pt"), bytes_.size());
+}
+
+TEST_F(PosixStoreDirectTest, ADiskTooFullForTheReservationFailsBeforeAnyWrite) {
+  env_.FailPreallocations(ENOSPC);
+  Status s = Put("a.pt");
+  EXPECT_EQ(s.code(), Status::Code::kResourceExhausted) << s.ToString();
+  EXPECT_NE(s.message().find("No space left on device"), std::string::npos) << s.message();
+  EXPECT_EQ(env_.appends(), 0);
+  EXPECT_FALSE(fs::exists(root_ + "/a.pt"));
+  EXPECT_TRUE(fs::is_empty(root_));  // no temp file left either
+}
+
+TEST_F(PosixStoreDirectTest, AFilesystemWithoutFallocateWritesOn) {
+  env_.FailPreallocations(EOPNOTSUPP);
+  ASSERT_TRUE(Put("a.pt").ok());
+  EXPECT_EQ(env_.preallocations(), 1);
+  EXPECT_EQ(ReadAll(root_ + "/a.pt"), bytes_);
 }
 
 TEST_F(PosixStoreTest, AReplacedFileFailsAReadPinnedToTheOldOne) {
