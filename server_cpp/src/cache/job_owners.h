@@ -31,7 +31,10 @@ class JobOwners {
 
   void set_root_is_admin(bool on) { root_is_admin_ = on; }
   void set_max_jobs_per_uid(size_t n) { max_jobs_per_uid_ = n; }
-  bool IsAdmin(uid_t uid) const { return root_is_admin_ && uid == 0; }
+  bool IsAdmin(uid_t uid) const { return AdminRule(root_is_admin_, uid); }
+  // Who is an administrator: uid 0, when root_is_admin. The one place the
+  // rule is written (the sessions' caller check applies it too).
+  static bool AdminRule(bool root_is_admin, uid_t uid) { return root_is_admin && uid == 0; }
 
   // OK when `uid` may act on `job`: it owns the job, nobody does yet, or it
   // is an administrator. Otherwise PERMISSION_DENIED "uid U may not <what>:

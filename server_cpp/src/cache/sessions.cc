@@ -1,5 +1,6 @@
 #include "cache/sessions.h"
 
+#include "cache/job_owners.h"
 #include "common/logging.h"
 
 namespace tce {
@@ -36,7 +37,7 @@ Status Sessions::CheckCaller(const std::string& session, bool* admin, uid_t* uid
   Status s = table_.Check(session);
   if (!s.ok()) return s;
   const uid_t caller = table_.Find(session)->uid;
-  *admin = root_is_admin_ && caller == 0;
+  *admin = JobOwners::AdminRule(root_is_admin_, caller);
   if (uid) *uid = caller;
   return s;
 }

@@ -99,7 +99,7 @@ class Sessions : public SessionStore {
 
  private:
   SessionHost* const host_;
-  const bool root_is_admin_;  // uid 0 is an administrator (JobOwners::IsAdmin's rule)
+  const bool root_is_admin_;  // uid 0 is an administrator (JobOwners::AdminRule)
   mutable Mutex mu_;          // a leaf: see the header comment
   SessionTable table_ GUARDED_BY(mu_);
 };
